@@ -1,0 +1,35 @@
+//! Tessera's rules for sharing GPUs between models, with no I/O: the browser runs them (wasm) to judge a
+//! plan on every keystroke, and the server runs the same functions again before it commits anything.
+//!
+//! - [`units`]: bytes and basis points, read once at the edge, shown as the seeds write them.
+//! - [`inventory`]: machines and GPUs; a GPU offers its total less what is held outside Tessera.
+//! - [`request`] and [`schedule`]: placing workers whole or shared by memory, by best fit.
+//! - [`plan`], [`group`] and [`restart`]: share plans of sharing groups, and how a change is rolled out.
+//! - [`usage`]: GPU time, use and energy split among sharers.
+#![forbid(unsafe_code)]
+#![warn(missing_docs)]
+
+pub mod group;
+pub mod inventory;
+pub mod plan;
+pub mod reason;
+pub mod request;
+pub mod restart;
+pub mod schedule;
+pub mod units;
+pub mod usage;
+
+#[cfg(test)]
+mod testing;
+
+pub use group::{choose_group, GroupChoice, GroupError};
+pub use inventory::{Gpu, GpuRef, Inventory, InventoryError, Machine};
+pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
+pub use reason::PendingReason;
+pub use request::{
+    GpuDemand, GpuMode, GpuRequests, Policy, RequestError, RequestedResources, WorkerRequest,
+};
+pub use restart::{transition, Change, Restart, Share, Step, Transition};
+pub use schedule::{Assignment, Decision, Hold, ScheduleError, Scheduler};
+pub use units::{BasisPoints, Bytes, UnitError};
+pub use usage::{GpuMillis, Holding};

@@ -1,0 +1,615 @@
+//! Placing workers on GPUs: whole or shared by memory, best fit, with a reason for every GPU that says no.
+
+use crate::inventory::{Gpu, GpuRef, Inventory, Machine};
+use crate::reason::PendingReason;
+use crate::request::{GpuDemand, GpuMode, Policy, WorkerRequest};
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+/// Where a worker runs and what it holds there.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Assignment {
+    /// The machine.
+    pub machine: String,
+    /// The GPU indices it holds, ascending.
+    pub gpus: Vec<u32>,
+    /// When shared, the memory it takes on each of those GPUs.
+    pub shared: Option<Bytes>,
+    /// CPU cores it holds.
+    pub cpu_cores: u32,
+    /// Memory it holds.
+    pub memory: Bytes,
+}
+
+/// The scheduler's answer for one worker.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Decision {
+    /// It fits here.
+    Place(Assignment),
+    /// It fits nowhere now, for these reasons.
+    Wait(Vec<PendingReason>),
+}
+
+/// Who holds a GPU. A GPU is free, held whole by one worker, or shared; never both.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Hold {
+    /// Nobody.
+    Free,
+    /// One worker, whole.
+    Whole(String),
+    /// Shared workers and the memory each takes.
+    Shared(BTreeMap<String, Bytes>),
+}
+
+impl Hold {
+    /// Memory its sharers take (zero unless shared).
+    pub fn taken(&self) -> Bytes {
+        match self {
+            Hold::Shared(sharers) => sharers.values().copied().sum(),
+            _ => Bytes::ZERO,
+        }
+    }
+}
+
+/// A worker the scheduler cannot take as given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ScheduleError {
+    /// A worker of that name holds resources already.
+    #[error("a worker named {0} is already placed")]
+    AlreadyPlaced(String),
+    /// The assignment names a machine or GPU the inventory does not have.
+    #[error("{0} is not in the inventory")]
+    Unknown(String),
+    /// The assignment does not fit what is free now.
+    #[error("{0}")]
+    DoesNotFit(PendingReason),
+}
+
+struct GpuSlot {
+    machine: usize,
+    pos: usize,
+    hold: Hold,
+    taken: Bytes,
+}
+
+struct MachineUse {
+    cpu_used: u32,
+    memory_used: Bytes,
+    gpus: Range<usize>,
+}
+
+/// What one GPU says to one demand.
+enum Fit {
+    /// It fits, leaving this much room (bytes for shared work; zero for whole).
+    Yes(u64),
+    /// It does not, for this reason.
+    No(PendingReason),
+    /// The demand's ids leave it out: no reason worth telling.
+    NotAsked,
+}
+
+/// The best-fit order: least left over, then machine name, then GPU index (flat ids follow both).
+type FitKey = (u64, usize);
+
+/// The fleet's GPUs and who holds them; places workers by best fit.
+pub struct Scheduler {
+    inventory: Inventory,
+    gpus: Vec<GpuSlot>,
+    machines: Vec<MachineUse>,
+    workers: BTreeMap<String, Assignment>,
+    /// Shareable GPUs of machines that see their GPUs apart, by room left then flat id, so the best fit for one
+    /// shared GPU is the first entry at or above the need.
+    by_room: BTreeSet<(u64, usize)>,
+    all_visible: Vec<usize>,
+}
+
+impl Scheduler {
+    /// A scheduler over `inventory` with nothing placed.
+    pub fn new(inventory: Inventory) -> Scheduler {
+        let mut gpus = Vec::new();
+        let mut machines = Vec::new();
+        let mut all_visible = Vec::new();
+        for (m, machine) in inventory.machines().iter().enumerate() {
+            let start = gpus.len();
+            gpus.extend((0..machine.gpus.len()).map(|pos| GpuSlot {
+                machine: m,
+                pos,
+                hold: Hold::Free,
+                taken: Bytes::ZERO,
+            }));
+            machines.push(MachineUse {
+                cpu_used: 0,
+                memory_used: Bytes::ZERO,
+                gpus: start..gpus.len(),
+            });
+            if machine.all_gpus_visible {
+                all_visible.push(m);
+            }
+        }
+        let mut s = Scheduler {
+            inventory,
+            gpus,
+            machines,
+            workers: BTreeMap::new(),
+            by_room: BTreeSet::new(),
+            all_visible,
+        };
+        for id in 0..s.gpus.len() {
+            s.index(id);
+        }
+        s
+    }
+
+    /// The inventory it places on.
+    pub fn inventory(&self) -> &Inventory {
+        &self.inventory
+    }
+
+    /// Every placed worker and where it runs.
+    pub fn workers(&self) -> &BTreeMap<String, Assignment> {
+        &self.workers
+    }
+
+    /// Who holds this GPU and how much its sharers take.
+    pub fn hold(&self, gpu: &GpuRef) -> Option<&Hold> {
+        self.flat_id(gpu).map(|id| &self.gpus[id].hold)
+    }
+
+    /// CPU cores and memory that workers hold on this machine.
+    pub fn machine_use(&self, machine: &str) -> Option<(u32, Bytes)> {
+        let m = self
+            .inventory
+            .machines()
+            .binary_search_by(|x| x.name.as_str().cmp(machine))
+            .ok()?;
+        Some((self.machines[m].cpu_used, self.machines[m].memory_used))
+    }
+
+    /// Where `request` would go now, or why it waits. Changes nothing.
+    pub fn decide(&self, request: &WorkerRequest) -> Decision {
+        let Some(demand) = &request.gpus else {
+            return self.decide_without_gpus(request);
+        };
+        let best = match demand.mode {
+            GpuMode::Shared(need) if demand.count == 1 => {
+                self.best_single_shared(request, demand, need)
+            }
+            _ => self.best_by_machine(request, demand, 0..self.machines.len()),
+        };
+        match best {
+            Some((_, assignment)) => Decision::Place(assignment),
+            None => Decision::Wait(self.reasons(request, demand)),
+        }
+    }
+
+    /// Decides and, when it fits, holds the resources for `worker`.
+    pub fn place(
+        &mut self,
+        worker: &str,
+        request: &WorkerRequest,
+    ) -> Result<Decision, ScheduleError> {
+        if self.workers.contains_key(worker) {
+            return Err(ScheduleError::AlreadyPlaced(worker.to_owned()));
+        }
+        let decision = self.decide(request);
+        if let Decision::Place(assignment) = &decision {
+            self.hold_for(worker, assignment.clone())?;
+        }
+        Ok(decision)
+    }
+
+    /// Holds a known assignment for `worker` (as restored from storage), checking that it still fits.
+    pub fn hold_for(&mut self, worker: &str, assignment: Assignment) -> Result<(), ScheduleError> {
+        if self.workers.contains_key(worker) {
+            return Err(ScheduleError::AlreadyPlaced(worker.to_owned()));
+        }
+        let m = self
+            .inventory
+            .machines()
+            .binary_search_by(|x| x.name.as_str().cmp(&assignment.machine))
+            .map_err(|_| ScheduleError::Unknown(assignment.machine.clone()))?;
+        let machine = &self.inventory.machines()[m];
+        let used = &self.machines[m];
+        if used.cpu_used + assignment.cpu_cores > machine.cpu_cores {
+            return Err(ScheduleError::DoesNotFit(PendingReason::TooFewCpuCores {
+                machine: machine.name.clone(),
+                free: machine.cpu_cores - used.cpu_used,
+                total: machine.cpu_cores,
+                needs: assignment.cpu_cores,
+            }));
+        }
+        if used.memory_used + assignment.memory > machine.memory {
+            return Err(ScheduleError::DoesNotFit(PendingReason::TooLittleMemory {
+                machine: machine.name.clone(),
+                free: machine.memory.saturating_sub(used.memory_used),
+                total: machine.memory,
+                needs: assignment.memory,
+            }));
+        }
+        let mut ids = Vec::with_capacity(assignment.gpus.len());
+        for &index in &assignment.gpus {
+            let gpu = GpuRef::new(&assignment.machine, index);
+            let id = self
+                .flat_id(&gpu)
+                .ok_or_else(|| ScheduleError::Unknown(gpu.to_string()))?;
+            let mode = assignment.shared.map_or(GpuMode::Whole, GpuMode::Shared);
+            if let Some(reason) = self.capacity_refusal(id, mode) {
+                return Err(ScheduleError::DoesNotFit(reason));
+            }
+            ids.push(id);
+        }
+        for id in ids {
+            self.unindex(id);
+            let slot = &mut self.gpus[id];
+            match assignment.shared {
+                None => slot.hold = Hold::Whole(worker.to_owned()),
+                Some(bytes) => {
+                    if slot.hold == Hold::Free {
+                        slot.hold = Hold::Shared(BTreeMap::new());
+                    }
+                    if let Hold::Shared(sharers) = &mut slot.hold {
+                        sharers.insert(worker.to_owned(), bytes);
+                    }
+                    slot.taken += bytes;
+                }
+            }
+            self.index(id);
+        }
+        let used = &mut self.machines[m];
+        used.cpu_used += assignment.cpu_cores;
+        used.memory_used += assignment.memory;
+        self.workers.insert(worker.to_owned(), assignment);
+        Ok(())
+    }
+
+    /// Frees what `worker` holds. A shared GPU is whole again once its last sharer ends.
+    pub fn release(&mut self, worker: &str) -> Option<Assignment> {
+        let assignment = self.workers.remove(worker)?;
+        let m = self
+            .inventory
+            .machines()
+            .binary_search_by(|x| x.name.as_str().cmp(&assignment.machine))
+            .ok()?;
+        for &index in &assignment.gpus {
+            let Some(id) = self.flat_id(&GpuRef::new(&assignment.machine, index)) else {
+                continue;
+            };
+            self.unindex(id);
+            let slot = &mut self.gpus[id];
+            if let Hold::Shared(sharers) = &mut slot.hold {
+                if let Some(bytes) = sharers.remove(worker) {
+                    slot.taken = slot.taken - bytes;
+                }
+                if sharers.is_empty() {
+                    slot.hold = Hold::Free;
+                }
+            } else if slot.hold == Hold::Whole(worker.to_owned()) {
+                slot.hold = Hold::Free;
+            }
+            self.index(id);
+        }
+        let used = &mut self.machines[m];
+        used.cpu_used -= assignment.cpu_cores;
+        used.memory_used = used.memory_used - assignment.memory;
+        Some(assignment)
+    }
+
+    fn machine(&self, m: usize) -> &Machine {
+        &self.inventory.machines()[m]
+    }
+
+    fn gpu(&self, id: usize) -> &Gpu {
+        let slot = &self.gpus[id];
+        &self.machine(slot.machine).gpus[slot.pos]
+    }
+
+    fn gpu_ref(&self, id: usize) -> GpuRef {
+        let slot = &self.gpus[id];
+        GpuRef::new(&self.machine(slot.machine).name, self.gpu(id).index)
+    }
+
+    fn flat_id(&self, gpu: &GpuRef) -> Option<usize> {
+        let m = self
+            .inventory
+            .machines()
+            .binary_search_by(|x| x.name.as_str().cmp(&gpu.machine))
+            .ok()?;
+        self.machines[m]
+            .gpus
+            .clone()
+            .find(|&id| self.gpu(id).index == gpu.index)
+    }
+
+    fn room(&self, id: usize) -> u64 {
+        self.gpu(id)
+            .offered()
+            .saturating_sub(self.gpus[id].taken)
+            .get()
+    }
+
+    fn index(&mut self, id: usize) {
+        let slot = &self.gpus[id];
+        if !matches!(slot.hold, Hold::Whole(_)) && !self.machine(slot.machine).all_gpus_visible {
+            self.by_room.insert((self.room(id), id));
+        }
+    }
+
+    fn unindex(&mut self, id: usize) {
+        self.by_room.remove(&(self.room(id), id));
+    }
+
+    /// Why this machine's CPU cores or memory cannot take the request, if they cannot.
+    fn machine_refusal(&self, m: usize, request: &WorkerRequest) -> Option<PendingReason> {
+        let machine = self.machine(m);
+        let used = &self.machines[m];
+        let free_cores = machine.cpu_cores.saturating_sub(used.cpu_used);
+        if request.cpu_cores > free_cores {
+            return Some(PendingReason::TooFewCpuCores {
+                machine: machine.name.clone(),
+                free: free_cores,
+                total: machine.cpu_cores,
+                needs: request.cpu_cores,
+            });
+        }
+        let free_memory = machine.memory.saturating_sub(used.memory_used);
+        if request.memory > free_memory {
+            return Some(PendingReason::TooLittleMemory {
+                machine: machine.name.clone(),
+                free: free_memory,
+                total: machine.memory,
+                needs: request.memory,
+            });
+        }
+        None
+    }
+
+    /// Why the GPU's holders or memory leave no room for `mode`, ignoring the request's filters.
+    fn capacity_refusal(&self, id: usize, mode: GpuMode) -> Option<PendingReason> {
+        let slot = &self.gpus[id];
+        let gpu = self.gpu(id);
+        match (&slot.hold, mode) {
+            (Hold::Whole(by), _) => Some(PendingReason::HeldWhole {
+                gpu: self.gpu_ref(id),
+                by: by.clone(),
+            }),
+            (Hold::Shared(sharers), GpuMode::Whole) => Some(PendingReason::Shared {
+                gpu: self.gpu_ref(id),
+                sharers: sharers.len(),
+            }),
+            (Hold::Free, GpuMode::Whole) => None,
+            (_, GpuMode::Shared(need)) if need > gpu.offered() => {
+                Some(PendingReason::OffersTooLittle {
+                    gpu: self.gpu_ref(id),
+                    total: gpu.total,
+                    held_outside: gpu.held_outside,
+                    needs: need,
+                })
+            }
+            (_, GpuMode::Shared(need)) if slot.taken + need > gpu.offered() => {
+                Some(PendingReason::SharedFull {
+                    gpu: self.gpu_ref(id),
+                    taken: slot.taken,
+                    offered: gpu.offered(),
+                    needs: need,
+                })
+            }
+            (_, GpuMode::Shared(_)) => None,
+        }
+    }
+
+    fn fit(&self, id: usize, demand: &GpuDemand) -> Fit {
+        let gpu = self.gpu(id);
+        let machine = &self.machine(self.gpus[id].machine).name;
+        if !demand.ids.is_empty() && !demand.ids.iter().any(|i| gpu.is_named_by(machine, i)) {
+            return Fit::NotAsked;
+        }
+        if demand.healthy_only && !gpu.healthy {
+            return Fit::No(PendingReason::Unhealthy {
+                gpu: self.gpu_ref(id),
+            });
+        }
+        if let Some(vendor) = &demand.vendor {
+            if !gpu.vendor.eq_ignore_ascii_case(vendor) {
+                return Fit::No(PendingReason::WrongVendor {
+                    gpu: self.gpu_ref(id),
+                    vendor: gpu.vendor.clone(),
+                    wanted: vendor.clone(),
+                });
+            }
+        }
+        if !demand.models.is_empty()
+            && !demand
+                .models
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(&gpu.model))
+        {
+            return Fit::No(PendingReason::WrongModel {
+                gpu: self.gpu_ref(id),
+                model: gpu.model.clone(),
+                wanted: demand.models.clone(),
+            });
+        }
+        match self.capacity_refusal(id, demand.mode) {
+            Some(reason) => Fit::No(reason),
+            None => Fit::Yes(match demand.mode {
+                GpuMode::Shared(need) => self.room(id) - need.get(),
+                GpuMode::Whole => 0,
+            }),
+        }
+    }
+
+    /// One shared GPU: the first indexed GPU at or above the need that passes the filters, against the
+    /// machines whose GPUs are all visible (which take memory on each GPU and so are weighed whole).
+    fn best_single_shared(
+        &self,
+        request: &WorkerRequest,
+        demand: &GpuDemand,
+        need: Bytes,
+    ) -> Option<(FitKey, Assignment)> {
+        let indexed = self
+            .by_room
+            .range((need.get(), 0)..)
+            .find_map(|&(room, id)| {
+                let m = self.gpus[id].machine;
+                let fits = matches!(self.fit(id, demand), Fit::Yes(_))
+                    && self.machine_refusal(m, request).is_none();
+                fits.then(|| {
+                    (
+                        (room - need.get(), id),
+                        self.assignment(m, vec![id], request),
+                    )
+                })
+            });
+        let visible = self
+            .all_visible
+            .iter()
+            .filter_map(|&m| self.machine_choice(m, request, demand).ok());
+        indexed
+            .into_iter()
+            .chain(visible)
+            .min_by_key(|(key, _)| *key)
+    }
+
+    fn best_by_machine(
+        &self,
+        request: &WorkerRequest,
+        demand: &GpuDemand,
+        machines: Range<usize>,
+    ) -> Option<(FitKey, Assignment)> {
+        machines
+            .filter_map(|m| self.machine_choice(m, request, demand).ok())
+            .min_by_key(|(key, _)| *key)
+    }
+
+    /// The best GPUs of machine `m` for the request, or every reason it cannot take it.
+    fn machine_choice(
+        &self,
+        m: usize,
+        request: &WorkerRequest,
+        demand: &GpuDemand,
+    ) -> Result<(FitKey, Assignment), Vec<PendingReason>> {
+        let ids = self.machines[m].gpus.clone();
+        if ids.is_empty() {
+            return Err(Vec::new());
+        }
+        if let Some(reason) = self.machine_refusal(m, request) {
+            return Err(vec![reason]);
+        }
+        let every_gpu = demand.policy == Policy::All
+            || (self.machine(m).all_gpus_visible && matches!(demand.mode, GpuMode::Shared(_)));
+        let mut fits = Vec::new();
+        let mut reasons = Vec::new();
+        for id in ids.clone() {
+            match self.fit(id, demand) {
+                Fit::Yes(left) => fits.push((left, id)),
+                Fit::No(reason) => reasons.push(reason),
+                Fit::NotAsked if every_gpu => {}
+                Fit::NotAsked => continue,
+            }
+        }
+        if every_gpu {
+            let enough = reasons.is_empty()
+                && fits.len() == ids.len()
+                && fits.len() >= demand.count as usize;
+            if !enough {
+                if reasons.is_empty() && fits.len() < demand.count as usize {
+                    reasons.push(self.too_few(m, fits.len(), demand.count));
+                }
+                return Err(reasons);
+            }
+            let left = fits.iter().map(|(l, _)| l).sum();
+            return Ok((
+                (left, ids.start),
+                self.assignment(m, ids.collect(), request),
+            ));
+        }
+        if fits.len() < demand.count as usize {
+            if !fits.is_empty() {
+                reasons.push(self.too_few(m, fits.len(), demand.count));
+            }
+            return Err(reasons);
+        }
+        let chosen: Vec<(u64, usize)> = match demand.mode {
+            // Shared: the fullest GPUs that fit.
+            GpuMode::Shared(_) => {
+                fits.sort_unstable();
+                fits.truncate(demand.count as usize);
+                fits
+            }
+            // Whole: the lowest indices; the machine left with the fewest free GPUs wins, to keep others whole.
+            GpuMode::Whole => {
+                let left = (fits.len() - demand.count as usize) as u64;
+                fits.truncate(demand.count as usize);
+                fits.iter().map(|&(_, id)| (left, id)).collect()
+            }
+        };
+        let left = match demand.mode {
+            GpuMode::Shared(_) => chosen.iter().map(|(l, _)| l).sum(),
+            GpuMode::Whole => chosen[0].0,
+        };
+        let mut ids: Vec<usize> = chosen.into_iter().map(|(_, id)| id).collect();
+        ids.sort_unstable();
+        Ok(((left, ids[0]), self.assignment(m, ids, request)))
+    }
+
+    fn too_few(&self, m: usize, fit: usize, needs: u32) -> PendingReason {
+        PendingReason::TooFewGpus {
+            machine: self.machine(m).name.clone(),
+            fit: fit as u32,
+            needs,
+        }
+    }
+
+    fn assignment(&self, m: usize, ids: Vec<usize>, request: &WorkerRequest) -> Assignment {
+        Assignment {
+            machine: self.machine(m).name.clone(),
+            gpus: ids.into_iter().map(|id| self.gpu(id).index).collect(),
+            shared: request.shared_memory(),
+            cpu_cores: request.cpu_cores,
+            memory: request.memory,
+        }
+    }
+
+    fn reasons(&self, request: &WorkerRequest, demand: &GpuDemand) -> Vec<PendingReason> {
+        let reasons: Vec<_> = (0..self.machines.len())
+            .filter_map(|m| self.machine_choice(m, request, demand).err())
+            .flatten()
+            .collect();
+        if reasons.is_empty() {
+            vec![PendingReason::NoGpuMatches]
+        } else {
+            reasons
+        }
+    }
+
+    /// A worker without GPUs goes to the machine left with the least free memory, then by name.
+    fn decide_without_gpus(&self, request: &WorkerRequest) -> Decision {
+        let mut reasons = Vec::new();
+        let mut best: Option<(u64, usize)> = None;
+        for m in 0..self.machines.len() {
+            match self.machine_refusal(m, request) {
+                Some(reason) => reasons.push(reason),
+                None => {
+                    let left = (self
+                        .machine(m)
+                        .memory
+                        .saturating_sub(self.machines[m].memory_used)
+                        - request.memory)
+                        .get();
+                    if best.is_none_or(|(l, _)| left < l) {
+                        best = Some((left, m));
+                    }
+                }
+            }
+        }
+        match best {
+            Some((_, m)) => Decision::Place(self.assignment(m, Vec::new(), request)),
+            None => Decision::Wait(reasons),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
