@@ -301,7 +301,10 @@ mod tests {
             taken_by_others: Bytes::ZERO,
         };
         // 90 % of 8 GB is 7.2 GB, more than the 7 GB it offers.
-        let v = judge(&plan(&[("a", Some(50)), ("b", Some(40))]), &[majin.clone()]);
+        let v = judge(
+            &plan(&[("a", Some(50)), ("b", Some(40))]),
+            std::slice::from_ref(&majin),
+        );
         assert_eq!(v.problems.len(), 1);
         assert_eq!(
             v.problems[0].message(),

@@ -343,8 +343,9 @@ fn to_request(op: &Op) -> Option<WorkerRequest> {
 /// The obviously-correct best fit for one shared GPU: weigh every GPU (every machine, for WSL2) from
 /// scratch and keep the least memory left, then the machine name, then the GPU index.
 fn oracle_single_shared(s: &Scheduler, request: &WorkerRequest) -> Option<(String, Vec<u32>)> {
+    type Choice = (String, Vec<u32>);
     let need = request.shared_memory().unwrap();
-    let mut best: Option<((u64, String, u32), (String, Vec<u32>))> = None;
+    let mut best: Option<((u64, String, u32), Choice)> = None;
     for machine in s.inventory().machines() {
         let (cores, memory) = s.machine_use(&machine.name).unwrap();
         if cores + request.cpu_cores > machine.cpu_cores || memory + request.memory > machine.memory

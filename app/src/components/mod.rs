@@ -1,0 +1,3 @@
+//! Pieces the pages share.
+
+pub mod share_panel;

@@ -1,0 +1,130 @@
+//! The Shared GPU memory panel of seed 003: a bar, one share field per member, the total and the Free row,
+//! and the verdict, all recomputed in the browser on every keystroke.
+
+use crate::share_form::{verdict_lines, ShareRow};
+use leptos::prelude::*;
+use placement::{BasisPoints, Bytes, Verdict};
+
+/// The panel. It edits `rows` in place; its parent owns the verdict so that it can gate Deploy or Save.
+#[component]
+pub fn SharedGpuMemoryPanel(
+    /// The members' rows, in display order. The set of members is fixed while the panel is open.
+    rows: RwSignal<Vec<ShareRow>>,
+    /// `placement`'s verdict on the rows.
+    #[prop(into)]
+    verdict: Signal<Verdict>,
+    /// One GPU's memory, to show each share in GB.
+    gpu_total: Bytes,
+) -> impl IntoView {
+    let count = rows.with_untracked(Vec::len);
+    let fields = (0..count)
+        .map(|i| {
+            let name = rows.with_untracked(|r| r[i].name.clone());
+            let locked = rows.with_untracked(|r| r[i].locked);
+            let id = format!("share-{i}");
+            let text = move || rows.with(|r| r[i].text.clone());
+            let error = move || rows.with(|r| r[i].field_error());
+            let gb = move || rows.with(|r| r[i].member().share.map(|s| gpu_total.share(s).gb_text()));
+            let problem = move || verdict.with(|v| v.problems.iter().any(|p| p.member() == Some(name.as_str())));
+            let label = rows.with_untracked(|r| r[i].name.clone());
+            view! {
+                <tr data-testid="share-row" class:problem=problem>
+                    <th scope="row">
+                        <label for=id.clone()>{label.clone()}</label>
+                        {locked.then(|| view! { <span class="tag" data-testid="not-editable">"not editable"</span> })}
+                    </th>
+                    <td>
+                        <input
+                            id=id
+                            type="text"
+                            inputmode="decimal"
+                            autocomplete="off"
+                            size="6"
+                            aria-label=format!("GPU memory share of {label}, percent")
+                            readonly=locked
+                            aria-readonly=locked.then_some("true")
+                            prop:value=text
+                            on:input=move |ev| {
+                                if !locked {
+                                    let value = event_target_value(&ev);
+                                    rows.update(|r| r[i].text = value);
+                                }
+                            }
+                        />
+                        "%"
+                        <span class="field-error" role="alert">{error}</span>
+                    </td>
+                    <td class="gb">{move || gb().map(|gb| format!("{gb} GB"))}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+
+    let segments = move || {
+        rows.with(|r| {
+            let shares: Vec<(String, BasisPoints)> =
+                r.iter().filter_map(|row| row.member().share.map(|s| (row.name.clone(), s))).collect();
+            // Over 100 % the bar shows the proportions; the verdict says what is wrong.
+            let scale = shares.iter().map(|(_, s)| *s).sum::<BasisPoints>().max(BasisPoints::WHOLE);
+            shares
+                .into_iter()
+                .enumerate()
+                .map(|(i, (name, share))| {
+                    let width = f64::from(share.get()) * 100.0 / f64::from(scale.get());
+                    let title = format!("{name} {share}");
+                    view! {
+                        <div class=format!("segment s{}", i % 6) style=format!("width: {width:.2}%") title=title>
+                            <span>{name}</span>
+                        </div>
+                    }
+                })
+                .collect_view()
+        })
+    };
+
+    let total = move || verdict.with(|v| v.total.to_string());
+    let free = move || verdict.with(|v| v.free().to_string());
+    let warns = move || verdict.with(Verdict::warns);
+    let refused = move || verdict.with(Verdict::is_refused);
+    let lines = move || {
+        verdict
+            .with(verdict_lines)
+            .into_iter()
+            .map(|line| view! { <li>{line}</li> })
+            .collect_view()
+    };
+
+    view! {
+        <section class="panel" aria-labelledby="shared-gpu-memory">
+            <h2 id="shared-gpu-memory">"Shared GPU memory"</h2>
+            <div class="bar" role="img" aria-label=move || format!("Shares of one accelerator: {} taken, {} free", total(), free())>
+                {segments}
+            </div>
+            <table class="shares">
+                <thead>
+                    <tr>
+                        <th scope="col">"Model"</th>
+                        <th scope="col">"GPU memory share"</th>
+                        <th scope="col">"Memory"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {fields}
+                    <tr class="total">
+                        <th scope="row">"Total"</th>
+                        <td data-testid="total">{total}</td>
+                        <td></td>
+                    </tr>
+                    <tr class="free" class:warn=warns>
+                        <th scope="row">"Free"</th>
+                        <td data-testid="free">{free}</td>
+                        <td data-testid="free-warning">{move || warns().then_some(placement::plan::FREE_ROW_WARNING)}</td>
+                    </tr>
+                </tbody>
+            </table>
+            <ul class="verdict" class:refused=refused data-testid="verdict" aria-live="polite">
+                {lines}
+            </ul>
+        </section>
+    }
+}

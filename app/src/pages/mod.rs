@@ -1,0 +1,3 @@
+//! One routed page per module.
+
+pub mod share_plan;

@@ -1,0 +1,137 @@
+//! The Shared GPU memory panel's form state, apart from any component so that it can be tested plainly.
+
+use placement::{judge, BasisPoints, GroupGpu, PlanMember, Verdict};
+
+/// One member's row: its name, the text in its share field, and whether the field is locked (the router).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShareRow {
+    /// The member's name.
+    pub name: String,
+    /// What the share field holds, as typed.
+    pub text: String,
+    /// A system member: shown and counted, never edited.
+    pub locked: bool,
+}
+
+impl ShareRow {
+    /// A row opening on the member's share of today.
+    pub fn from_member(member: &PlanMember) -> ShareRow {
+        ShareRow {
+            name: member.name.clone(),
+            text: member
+                .share
+                .map(BasisPoints::percent_text)
+                .unwrap_or_default(),
+            locked: member.locked,
+        }
+    }
+
+    /// What is wrong with the field's text, if it is not a share at all.
+    pub fn field_error(&self) -> Option<String> {
+        BasisPoints::parse_percent(&self.text)
+            .err()
+            .map(|e| format!("This share {e}."))
+    }
+
+    /// The member as the plan has it. A field that does not hold a share gives no explicit share.
+    pub fn member(&self) -> PlanMember {
+        PlanMember {
+            name: self.name.clone(),
+            share: BasisPoints::parse_percent(&self.text).ok().flatten(),
+            locked: self.locked,
+        }
+    }
+}
+
+/// The plan the rows describe.
+pub fn plan(rows: &[ShareRow]) -> Vec<PlanMember> {
+    rows.iter().map(ShareRow::member).collect()
+}
+
+/// The rows' verdict: `placement`'s, on the plan they describe, against the group's GPUs.
+pub fn verdict(rows: &[ShareRow], gpus: &[GroupGpu]) -> Verdict {
+    judge(&plan(rows), gpus)
+}
+
+/// The verdict as the panel states it, one line per problem (naming its member), or the line that it fits.
+pub fn verdict_lines(verdict: &Verdict) -> Vec<String> {
+    match verdict.fits_message() {
+        Some(line) => vec![line],
+        None => verdict
+            .problems
+            .iter()
+            .map(|p| match p.member() {
+                Some(member) => format!("{member}: {}", p.message()),
+                None => p.message(),
+            })
+            .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sample::text_router;
+
+    fn rows() -> Vec<ShareRow> {
+        text_router()
+            .members
+            .iter()
+            .map(ShareRow::from_member)
+            .collect()
+    }
+
+    #[test]
+    fn the_form_opens_on_todays_shares() {
+        let texts: Vec<_> = rows().into_iter().map(|r| r.text).collect();
+        assert_eq!(texts, ["10", "40", "25", "10"]);
+        assert_eq!(
+            verdict_lines(&verdict(&rows(), &text_router().gpus)),
+            ["The shares add up to 85% of one accelerator, which fits."]
+        );
+    }
+
+    #[test]
+    fn typing_past_one_hundred_percent_refuses_the_plan() {
+        let mut r = rows();
+        r[1].text = "70".into();
+        let v = verdict(&r, &text_router().gpus);
+        assert!(v.is_refused());
+        assert_eq!(
+            verdict_lines(&v),
+            ["The shares add up to more than the accelerator holds."]
+        );
+    }
+
+    #[test]
+    fn an_empty_field_is_a_member_without_a_share_and_is_named() {
+        let mut r = rows();
+        r[2].text.clear();
+        assert_eq!(r[2].field_error(), None);
+        assert_eq!(
+            verdict_lines(&verdict(&r, &text_router().gpus)),
+            ["vision: A model has no explicit share, so the planned total cannot include it."]
+        );
+    }
+
+    #[test]
+    fn a_zero_share_is_named() {
+        let mut r = rows();
+        r[3].text = "0".into();
+        assert_eq!(
+            verdict_lines(&verdict(&r, &text_router().gpus)),
+            ["speech: A model reserves no share of the accelerator."]
+        );
+    }
+
+    #[test]
+    fn text_that_is_not_a_share_says_so_and_counts_as_no_share() {
+        let mut r = rows();
+        r[1].text = "forty".into();
+        assert_eq!(
+            r[1].field_error().unwrap(),
+            "This share is not a percentage; enter one such as 25 or 33.33."
+        );
+        assert_eq!(r[1].member().share, None);
+    }
+}

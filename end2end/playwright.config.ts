@@ -1,0 +1,34 @@
+import { defineConfig } from "@playwright/test";
+
+// Debian's Chromium, started as this machine allows: no sandbox (root), no GPU, and no background traffic
+// to hosts the network does not reach.
+const chromiumArgs = [
+  "--headless",
+  "--no-sandbox",
+  "--disable-gpu",
+  "--disable-quic",
+  "--no-first-run",
+  "--disable-background-networking",
+  "--disable-component-update",
+  "--disable-sync",
+];
+
+export default defineConfig({
+  testDir: "./tests",
+  globalSetup: "./global-setup.ts",
+  timeout: 60_000,
+  expect: { timeout: 10_000 },
+  fullyParallel: false,
+  workers: 1,
+  retries: 0,
+  forbidOnly: !!process.env.CI,
+  reporter: [["list"]],
+  outputDir: "test-results",
+  use: {
+    baseURL: process.env.TESSERA_URL ?? "http://127.0.0.1:3000",
+    browserName: "chromium",
+    launchOptions: { executablePath: process.env.CHROMIUM_PATH ?? "/usr/bin/chromium", args: chromiumArgs },
+    screenshot: "on",
+    trace: "retain-on-failure",
+  },
+});

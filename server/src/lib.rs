@@ -1,0 +1,88 @@
+//! Tessera's server: serves the console (rendered here, hydrated in the browser) and its server functions.
+//!
+//! A library with a thin `main`, so that tests drive [`router`] without a socket.
+#![forbid(unsafe_code)]
+
+pub mod config;
+pub mod error;
+
+use app::{shell, App};
+use axum::extract::FromRef;
+use axum::routing::get;
+use axum::{Json, Router};
+use config::Config;
+use error::ServerError;
+use leptos::config::LeptosOptions;
+use leptos_axum::{generate_route_list, LeptosRoutes};
+use std::time::Duration;
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+/// Everything a request handler may need.
+#[derive(Clone, FromRef)]
+pub struct AppState {
+    /// Where the built site lives and how the page loads it.
+    pub leptos_options: LeptosOptions,
+}
+
+/// The whole HTTP surface: the console's pages, its server functions (under `/rpc`), and `/api/health`.
+pub fn router(state: AppState) -> Router {
+    let routes = generate_route_list(App);
+    let options = state.leptos_options.clone();
+    Router::new()
+        .route("/api/health", get(health))
+        .leptos_routes(&state, routes, move || shell(options.clone()))
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(TraceLayer::new_for_http())
+        // A bound on every request, so that a graceful shutdown cannot hang on a stuck one.
+        .layer(TimeoutLayer::with_status_code(
+            axum::http::StatusCode::REQUEST_TIMEOUT,
+            Duration::from_secs(30),
+        ))
+        .with_state(state)
+}
+
+/// `GET /api/health`: answers as soon as the server serves, for scripts and start-up checks.
+async fn health() -> Json<serde_json::Value> {
+    Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
+}
+
+/// Starts the server and serves until SIGTERM or Ctrl-C.
+pub async fn run(config: Config) -> Result<(), ServerError> {
+    let mut leptos_options = leptos::config::get_configuration(None)?.leptos_options;
+    leptos_options.site_addr = config.listen;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    tracing::info!("Tessera listening on http://{}", config.listen);
+    axum::serve(listener, router(AppState { leptos_options }))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(ServerError::Serve)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        tokio::signal::ctrl_c().await.expect("a Ctrl-C handler");
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler")
+            .recv()
+            .await;
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down");
+}
+
+#[cfg(test)]
+mod tests;
