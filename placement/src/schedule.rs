@@ -531,25 +531,22 @@ impl Scheduler {
             }
             return Err(reasons);
         }
-        let chosen: Vec<(u64, usize)> = match demand.mode {
-            // Shared: the fullest GPUs that fit.
+        let count = demand.count as usize;
+        let left = match demand.mode {
+            // Shared: the fullest GPUs that fit, weighed by the memory they leave.
             GpuMode::Shared(_) => {
                 fits.sort_unstable();
-                fits.truncate(demand.count as usize);
-                fits
+                fits.truncate(count);
+                fits.iter().map(|(l, _)| l).sum()
             }
-            // Whole: the lowest indices; the machine left with the fewest free GPUs wins, to keep others whole.
+            // Whole: the lowest indices, weighed by the free GPUs the machine keeps, so others stay whole.
             GpuMode::Whole => {
-                let left = (fits.len() - demand.count as usize) as u64;
-                fits.truncate(demand.count as usize);
-                fits.iter().map(|&(_, id)| (left, id)).collect()
+                let left = (fits.len() - count) as u64;
+                fits.truncate(count);
+                left
             }
         };
-        let left = match demand.mode {
-            GpuMode::Shared(_) => chosen.iter().map(|(l, _)| l).sum(),
-            GpuMode::Whole => chosen[0].0,
-        };
-        let mut ids: Vec<usize> = chosen.into_iter().map(|(_, id)| id).collect();
+        let mut ids: Vec<usize> = fits.into_iter().map(|(_, id)| id).collect();
         ids.sort_unstable();
         Ok(((left, ids[0]), self.assignment(m, ids, request)))
     }
