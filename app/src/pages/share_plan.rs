@@ -105,7 +105,12 @@ pub fn SharePlanPage() -> impl IntoView {
             <button type="button" on:click=ask disabled=move || check.pending().get()>
                 "Ask the server"
             </button>
-            <ul class="verdict" data-testid="server-verdict" aria-live="polite">
+            <ul
+                class="verdict"
+                class:refused=move || !matches!(check.value().get(), Some(Ok(v)) if !v.is_refused())
+                data-testid="server-verdict"
+                aria-live="polite"
+            >
                 {move || server_lines().into_iter().map(|line| view! { <li>{line}</li> }).collect_view()}
             </ul>
             <p data-testid="agreement">{agreement}</p>
