@@ -3,6 +3,8 @@
 //! Built twice: with `ssr` into the server, which renders every page, and with `hydrate` into the wasm
 //! bundle that makes the rendered page live in the browser.
 #![forbid(unsafe_code)]
+// The pages are deeply nested views; release builds (which keep their full types) need the room.
+#![recursion_limit = "256"]
 
 pub mod components;
 pub mod error;

@@ -67,9 +67,10 @@ impl Bytes {
         }
     }
 
-    /// The GB figure as a float, for JSON answers only; never compared.
+    /// The GB figure as a float for JSON answers, never compared: to the nearest millionth of a GB (about
+    /// a kilobyte), so that 2.2 GB read from a request reads back as 2.2.
     pub fn as_gb_f64(self) -> f64 {
-        self.0 as f64 / GB as f64
+        (self.0 as f64 / GB as f64 * 1e6).round() / 1e6
     }
 
     /// `share` of these bytes, rounded down.
@@ -284,6 +285,13 @@ mod tests {
     fn a_gb_figure_is_rounded_to_whole_bytes_once() {
         assert_eq!(Bytes::from_gb(2.5).unwrap(), Bytes(2_684_354_560));
         assert_eq!(Bytes::from_gb(1.0).unwrap(), Bytes(GB));
+    }
+
+    #[test]
+    fn a_gb_figure_reads_back_as_it_was_written() {
+        assert_eq!(Bytes::from_gb(2.2).unwrap().as_gb_f64(), 2.2);
+        assert_eq!(Bytes::from_gb(0.8).unwrap().as_gb_f64(), 0.8);
+        assert_eq!(Bytes::gb(141).as_gb_f64(), 141.0);
     }
 
     #[test]

@@ -1,10 +1,15 @@
-//! Tessera's server: serves the console (rendered here, hydrated in the browser) and its server functions.
+//! Tessera's server: the fleet and its database, the REST API, and the console (rendered here, hydrated in
+//! the browser) with its server functions.
 //!
 //! A library with a thin `main`, so that tests drive [`router`] without a socket.
 #![forbid(unsafe_code)]
 
+pub mod api;
 pub mod config;
+pub mod db;
 pub mod error;
+pub mod fleet;
+pub mod inventory;
 
 use app::{shell, App};
 use axum::extract::FromRef;
@@ -12,8 +17,10 @@ use axum::routing::get;
 use axum::{Json, Router};
 use config::Config;
 use error::ServerError;
+use fleet::Fleet;
 use leptos::config::LeptosOptions;
 use leptos_axum::{generate_route_list, LeptosRoutes};
+use std::sync::Arc;
 use std::time::Duration;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
@@ -23,14 +30,18 @@ use tower_http::trace::TraceLayer;
 pub struct AppState {
     /// Where the built site lives and how the page loads it.
     pub leptos_options: LeptosOptions,
+    /// The machines, their GPUs and the workers on them.
+    pub fleet: Arc<Fleet>,
 }
 
-/// The whole HTTP surface: the console's pages, its server functions (under `/rpc`), and `/api/health`.
+/// The whole HTTP surface: the REST API under `/api`, the console's pages and its server functions (under
+/// `/rpc`).
 pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos_options.clone();
     Router::new()
         .route("/api/health", get(health))
+        .merge(api::routes())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(TraceLayer::new_for_http())
@@ -51,6 +62,13 @@ async fn health() -> Json<serde_json::Value> {
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let mut leptos_options = leptos::config::get_configuration(None)?.leptos_options;
     leptos_options.site_addr = config.listen;
+    let inventory = gather_inventory(&config)?;
+    let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
+    let fleet = Arc::new(
+        Fleet::open(pool, inventory)
+            .await
+            .map_err(ServerError::Load)?,
+    );
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -58,10 +76,40 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             source,
         })?;
     tracing::info!("Tessera listening on http://{}", config.listen);
-    axum::serve(listener, router(AppState { leptos_options }))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(ServerError::Serve)
+    axum::serve(
+        listener,
+        router(AppState {
+            leptos_options,
+            fleet,
+        }),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await
+    .map_err(ServerError::Serve)
+}
+
+/// The machines from every source: this machine's GPUs (NVML), the inventory file, and the demo fleet.
+/// Without an NVIDIA driver NVML fails: that is said once, and the other sources carry on.
+fn gather_inventory(config: &Config) -> Result<placement::Inventory, ServerError> {
+    use inventory::LocalGpus;
+    let mut machines = Vec::new();
+    match inventory::nvml::NvmlGpus::init() {
+        Ok(nvml) => match nvml.read() {
+            Ok(reading) => machines.push(reading.machine),
+            Err(e) => tracing::warn!("{e}"),
+        },
+        Err(e) => tracing::info!("{e}"),
+    }
+    if let Some(path) = &config.inventory {
+        machines.extend(inventory::file::load_inventory(path)?);
+    }
+    if config.demo {
+        machines.extend(inventory::demo::demo_fleet());
+    }
+    if machines.is_empty() {
+        tracing::warn!("no machines: no NVIDIA driver, no --inventory file and no --demo; the console shows an empty fleet");
+    }
+    Ok(placement::Inventory::new(machines)?)
 }
 
 async fn shutdown_signal() {
@@ -84,5 +132,7 @@ async fn shutdown_signal() {
     tracing::info!("shutting down");
 }
 
+#[cfg(test)]
+mod testing;
 #[cfg(test)]
 mod tests;

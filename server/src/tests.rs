@@ -1,19 +1,14 @@
 //! The HTTP surface, driven through the router without a socket.
 
-use super::*;
+use crate::testing::{TestApp, FLEET};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
-fn app() -> Router {
-    router(AppState {
-        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
-    })
-}
-
 async fn send(request: Request<Body>) -> (StatusCode, String) {
-    let response = app().oneshot(request).await.unwrap();
+    let app = TestApp::new(FLEET).await;
+    let response = app.router.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8(body.to_vec()).unwrap())

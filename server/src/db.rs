@@ -1,0 +1,83 @@
+//! The database: SQLite through sqlx by default (a file in the data folder, WAL), migrations at start.
+
+use crate::error::ServerError;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use std::path::Path;
+use std::str::FromStr;
+use std::time::Duration;
+
+/// Opens the database named by `database_url`, or `tessera.db` in `data_dir`, and applies the migrations.
+pub async fn connect(
+    database_url: Option<&str>,
+    data_dir: &Path,
+) -> Result<SqlitePool, ServerError> {
+    let options = match database_url {
+        Some(url) => SqliteConnectOptions::from_str(url).map_err(ServerError::Database)?,
+        None => {
+            std::fs::create_dir_all(data_dir).map_err(|source| ServerError::DataDir {
+                dir: data_dir.to_path_buf(),
+                source,
+            })?;
+            SqliteConnectOptions::new().filename(data_dir.join("tessera.db"))
+        }
+    }
+    .create_if_missing(true)
+    .journal_mode(SqliteJournalMode::Wal)
+    .foreign_keys(true)
+    .busy_timeout(Duration::from_secs(5));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .map_err(ServerError::Database)?;
+    sqlx::migrate!("./migrations")
+        .run(&pool)
+        .await
+        .map_err(|e| ServerError::Database(e.into()))?;
+    Ok(pool)
+}
+
+/// A row of `workers`.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct WorkerRow {
+    /// Arrival order.
+    pub seq: i64,
+    /// The worker's name.
+    pub name: String,
+    /// `requested_resources` as accepted, JSON.
+    pub request: String,
+    /// The command to run, if given.
+    pub command: Option<String>,
+    /// Environment variables, a JSON object.
+    pub env: String,
+    /// `placed` or `pending`.
+    pub state: String,
+    /// `placement::Assignment` as JSON, when placed.
+    pub assignment: Option<String>,
+    /// The pending reasons, a JSON array of sentences.
+    pub pending_reasons: String,
+    /// Bumped at every change the server makes to the row.
+    pub revision: i64,
+}
+
+/// Every worker, oldest first.
+pub async fn workers<'e, E: sqlx::SqliteExecutor<'e>>(
+    db: E,
+) -> Result<Vec<WorkerRow>, sqlx::Error> {
+    sqlx::query_as::<_, WorkerRow>("SELECT seq, name, request, command, env, state, assignment, pending_reasons, revision FROM workers ORDER BY seq")
+        .fetch_all(db)
+        .await
+}
+
+/// One worker by name.
+pub async fn worker<'e, E: sqlx::SqliteExecutor<'e>>(
+    db: E,
+    name: &str,
+) -> Result<Option<WorkerRow>, sqlx::Error> {
+    sqlx::query_as::<_, WorkerRow>(
+        "SELECT seq, name, request, command, env, state, assignment, pending_reasons, revision FROM workers WHERE name = ?",
+    )
+    .bind(name)
+    .fetch_optional(db)
+    .await
+}

@@ -1,0 +1,476 @@
+//! The fleet: the inventory, who holds which GPU, and the workers on record. The scheduler in memory is a
+//! cache of the database: every change is decided under one lock and committed before it is answered, and
+//! at start (or after a failed write) the scheduler is rebuilt from what was committed.
+
+use crate::db::{self, WorkerRow};
+use crate::error::ApiError;
+use placement::{
+    Assignment, Decision, Hold, Inventory, RequestedResources, Scheduler, WorkerRequest,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::SqlitePool;
+use std::collections::BTreeMap;
+use tokio::sync::Mutex;
+
+/// The longest worker name.
+pub const MAX_NAME_LEN: usize = 63;
+
+/// `POST /api/workers`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewWorker {
+    /// A unique name.
+    pub name: String,
+    /// What it needs (seed 000).
+    pub requested_resources: RequestedResources,
+    /// The command to run.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Environment variables for it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A worker as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerView {
+    /// Its name.
+    pub name: String,
+    /// `placed` or `pending`.
+    pub state: String,
+    /// Where it runs, when placed.
+    pub machine: Option<String>,
+    /// The GPU indices it holds on that machine.
+    pub gpus: Vec<u32>,
+    /// When shared, the GB it takes on each of those GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_shared_gb: Option<f64>,
+    /// When pending, why: one sentence per GPU or machine.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub pending_reasons: Vec<String>,
+    /// What it asked for.
+    pub requested_resources: RequestedResources,
+    /// Its command, if any.
+    pub command: Option<String>,
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+    /// The revision to name when changing or deleting it.
+    pub revision: i64,
+}
+
+/// The fleet service.
+pub struct Fleet {
+    pool: SqlitePool,
+    scheduler: Mutex<Scheduler>,
+}
+
+impl Fleet {
+    /// Opens the fleet on `inventory`, rebuilding who holds what from the database, then placing whatever
+    /// pending work now fits (oldest first).
+    pub async fn open(pool: SqlitePool, inventory: Inventory) -> Result<Fleet, ApiError> {
+        let fleet = Fleet {
+            pool,
+            scheduler: Mutex::new(Scheduler::new(inventory)),
+        };
+        {
+            let mut scheduler = fleet.scheduler.lock().await;
+            fleet.rebuild(&mut scheduler).await?;
+            let mut tx = fleet.pool.begin().await?;
+            place_pending(&mut scheduler, &mut tx).await?;
+            tx.commit().await?;
+        }
+        Ok(fleet)
+    }
+
+    /// The inventory the fleet places on.
+    pub async fn inventory(&self) -> Inventory {
+        self.scheduler.lock().await.inventory().clone()
+    }
+
+    /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
+    pub async fn create_worker(&self, new: NewWorker) -> Result<WorkerView, ApiError> {
+        check_name(&new.name)?;
+        let request = WorkerRequest::from_wire(&new.requested_resources)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        let request_json =
+            serde_json::to_string(&new.requested_resources).map_err(ApiError::internal)?;
+        let env_json = serde_json::to_string(&new.env).map_err(ApiError::internal)?;
+        let mut scheduler = self.scheduler.lock().await;
+        let (state, assignment, reasons) = match scheduler.decide(&request) {
+            Decision::Place(a) => ("placed", Some(a), Vec::new()),
+            Decision::Wait(r) => (
+                "pending",
+                None,
+                r.iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ),
+        };
+        let assignment_json = assignment
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(ApiError::internal)?;
+        sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons) VALUES (?, ?, ?, ?, ?, ?, ?)")
+            .bind(&new.name)
+            .bind(&request_json)
+            .bind(&new.command)
+            .bind(&env_json)
+            .bind(state)
+            .bind(&assignment_json)
+            .bind(serde_json::to_string(&reasons).map_err(ApiError::internal)?)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name)))?;
+        if let Some(assignment) = assignment {
+            if let Err(e) = scheduler.hold_for(&new.name, assignment) {
+                // Decided under the same lock, so this cannot happen; if it does, trust the database.
+                tracing::error!("scheduler refused its own decision for {}: {e}", new.name);
+                self.rebuild(&mut scheduler).await?;
+            }
+        }
+        drop(scheduler);
+        self.worker(&new.name).await
+    }
+
+    /// One worker.
+    pub async fn worker(&self, name: &str) -> Result<WorkerView, ApiError> {
+        let row = db::worker(&self.pool, name)
+            .await?
+            .ok_or_else(|| no_worker(name))?;
+        view(row)
+    }
+
+    /// Every worker, oldest first.
+    pub async fn workers(&self) -> Result<Vec<WorkerView>, ApiError> {
+        db::workers(&self.pool)
+            .await?
+            .into_iter()
+            .map(view)
+            .collect()
+    }
+
+    /// Ends a worker: its memory is free for the next, and pending work that now fits is placed, oldest first.
+    /// With `revision`, refuses (409) when the worker changed since that revision.
+    pub async fn delete_worker(&self, name: &str, revision: Option<i64>) -> Result<(), ApiError> {
+        let mut scheduler = self.scheduler.lock().await;
+        let mut tx = self.pool.begin().await?;
+        let row = db::worker(&mut *tx, name)
+            .await?
+            .ok_or_else(|| no_worker(name))?;
+        if let Some(sent) = revision.filter(|r| *r != row.revision) {
+            return Err(ApiError::Conflict(format!(
+                "worker {name} is at revision {}, not {sent}; read it again and retry",
+                row.revision
+            )));
+        }
+        sqlx::query("DELETE FROM workers WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let held = scheduler.release(name);
+        let result = async {
+            place_pending(&mut scheduler, &mut tx).await?;
+            tx.commit().await?;
+            Ok::<(), ApiError>(())
+        }
+        .await;
+        if let Err(e) = result {
+            // Nothing was committed: put the scheduler back as the database has it.
+            drop(held);
+            self.rebuild(&mut scheduler).await?;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// Each machine with its GPUs, what they offer and who holds them.
+    pub async fn machines(&self) -> Vec<MachineView> {
+        let scheduler = self.scheduler.lock().await;
+        scheduler
+            .inventory()
+            .machines()
+            .iter()
+            .map(|m| machine_view(&scheduler, m))
+            .collect()
+    }
+
+    /// One machine.
+    pub async fn machine(&self, name: &str) -> Result<MachineView, ApiError> {
+        let scheduler = self.scheduler.lock().await;
+        let machine = scheduler
+            .inventory()
+            .machine(name)
+            .ok_or_else(|| no_machine(name))?;
+        Ok(machine_view(&scheduler, machine))
+    }
+
+    /// The workers placed on one machine.
+    pub async fn machine_workers(&self, name: &str) -> Result<Vec<WorkerView>, ApiError> {
+        if self
+            .scheduler
+            .lock()
+            .await
+            .inventory()
+            .machine(name)
+            .is_none()
+        {
+            return Err(no_machine(name));
+        }
+        Ok(self
+            .workers()
+            .await?
+            .into_iter()
+            .filter(|w| w.machine.as_deref() == Some(name))
+            .collect())
+    }
+
+    /// What shared work other than `except` takes on a GPU, for judging a group's plan against it.
+    pub async fn shared_taken(
+        &self,
+        gpu: &placement::GpuRef,
+        except: &[String],
+    ) -> Option<placement::Bytes> {
+        let scheduler = self.scheduler.lock().await;
+        match scheduler.hold(gpu)? {
+            Hold::Shared(sharers) => Some(
+                sharers
+                    .iter()
+                    .filter(|(w, _)| !except.contains(w))
+                    .map(|(_, b)| *b)
+                    .sum(),
+            ),
+            _ => Some(placement::Bytes::ZERO),
+        }
+    }
+
+    /// Makes the scheduler hold exactly what the database says is placed. A placed worker that no longer
+    /// fits (its GPU is gone from the inventory, say) becomes pending with the reason.
+    async fn rebuild(&self, scheduler: &mut Scheduler) -> Result<(), ApiError> {
+        *scheduler = Scheduler::new(scheduler.inventory().clone());
+        for row in db::workers(&self.pool).await? {
+            let Some(assignment) = row.assignment.as_deref() else {
+                continue;
+            };
+            let assignment: Assignment =
+                serde_json::from_str(assignment).map_err(ApiError::internal)?;
+            if let Err(e) = scheduler.hold_for(&row.name, assignment) {
+                tracing::warn!(
+                    "worker {} no longer fits where it was placed ({e}); it waits again",
+                    row.name
+                );
+                sqlx::query("UPDATE workers SET state = 'pending', assignment = NULL, pending_reasons = ?, revision = revision + 1 WHERE name = ?")
+                    .bind(serde_json::to_string(&[e.to_string()]).map_err(ApiError::internal)?)
+                    .bind(&row.name)
+                    .execute(&self.pool)
+                    .await?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Places every pending worker that fits now, oldest first, and refreshes the reasons of the rest.
+async fn place_pending(
+    scheduler: &mut Scheduler,
+    tx: &mut sqlx::SqliteConnection,
+) -> Result<(), ApiError> {
+    let pending: Vec<WorkerRow> = db::workers(&mut *tx)
+        .await?
+        .into_iter()
+        .filter(|w| w.state == "pending")
+        .collect();
+    for row in pending {
+        let wire: RequestedResources =
+            serde_json::from_str(&row.request).map_err(ApiError::internal)?;
+        let request = WorkerRequest::from_wire(&wire)
+            .map_err(|e| ApiError::internal(format!("stored request of {}: {e}", row.name)))?;
+        match scheduler.decide(&request) {
+            Decision::Place(assignment) => {
+                sqlx::query("UPDATE workers SET state = 'placed', assignment = ?, pending_reasons = '[]', revision = revision + 1 WHERE name = ?")
+                    .bind(serde_json::to_string(&assignment).map_err(ApiError::internal)?)
+                    .bind(&row.name)
+                    .execute(&mut *tx)
+                    .await?;
+                scheduler
+                    .hold_for(&row.name, assignment)
+                    .map_err(ApiError::internal)?;
+            }
+            Decision::Wait(reasons) => {
+                let reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+                sqlx::query("UPDATE workers SET pending_reasons = ? WHERE name = ?")
+                    .bind(serde_json::to_string(&reasons).map_err(ApiError::internal)?)
+                    .bind(&row.name)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Names are what URLs, logs and process names carry: letters, digits, `.`, `-`, `_`, at most 63.
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::Unprocessable(format!(
+            "name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '.', '-' or '_', starting with a letter or digit"
+        )))
+    }
+}
+
+fn no_worker(name: &str) -> ApiError {
+    ApiError::NotFound(format!("there is no worker named {name}"))
+}
+
+fn no_machine(name: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "there is no machine named {name}; GET /api/machines lists them"
+    ))
+}
+
+fn view(row: WorkerRow) -> Result<WorkerView, ApiError> {
+    let assignment: Option<Assignment> = row
+        .assignment
+        .as_deref()
+        .map(serde_json::from_str)
+        .transpose()
+        .map_err(ApiError::internal)?;
+    Ok(WorkerView {
+        gpus: assignment
+            .as_ref()
+            .map(|a| a.gpus.clone())
+            .unwrap_or_default(),
+        gpu_shared_gb: assignment
+            .as_ref()
+            .and_then(|a| a.shared)
+            .map(placement::Bytes::as_gb_f64),
+        machine: assignment.map(|a| a.machine),
+        name: row.name,
+        state: row.state,
+        pending_reasons: serde_json::from_str(&row.pending_reasons).map_err(ApiError::internal)?,
+        requested_resources: serde_json::from_str(&row.request).map_err(ApiError::internal)?,
+        command: row.command,
+        env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
+        revision: row.revision,
+    })
+}
+
+/// A machine as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineView {
+    /// Its name.
+    pub name: String,
+    /// CPU cores, and those workers hold.
+    pub cpu_cores: u32,
+    /// CPU cores held by workers.
+    pub cpu_cores_used: u32,
+    /// Memory, GB.
+    pub memory_gb: f64,
+    /// Memory held by workers, GB.
+    pub memory_gb_used: f64,
+    /// A Windows PC under WSL2.
+    pub all_gpus_visible: bool,
+    /// Its GPUs.
+    pub gpus: Vec<GpuView>,
+}
+
+/// A GPU as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// Index on its machine.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Vendor.
+    pub vendor: String,
+    /// Healthy or not.
+    pub healthy: bool,
+    /// All its memory, GB.
+    pub total_gb: f64,
+    /// What it offers Tessera, GB.
+    pub offered_gb: f64,
+    /// Held outside Tessera, GB.
+    pub held_outside_gb: f64,
+    /// `free`, `whole` or `shared`.
+    pub mode: String,
+    /// The worker holding it whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// Its sharers and the GB each takes.
+    pub sharers: Vec<SharerView>,
+    /// GB its sharers take.
+    pub taken_gb: f64,
+    /// The machine page's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// One sharer of a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharerView {
+    /// The worker.
+    pub worker: String,
+    /// The GB it takes.
+    pub gb: f64,
+}
+
+fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineView {
+    let (cpu_used, memory_used) = scheduler.machine_use(&machine.name).unwrap_or_default();
+    MachineView {
+        name: machine.name.clone(),
+        cpu_cores: machine.cpu_cores,
+        cpu_cores_used: cpu_used,
+        memory_gb: machine.memory.as_gb_f64(),
+        memory_gb_used: memory_used.as_gb_f64(),
+        all_gpus_visible: machine.all_gpus_visible,
+        gpus: machine
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let hold = scheduler
+                    .hold(&placement::GpuRef::new(&machine.name, gpu.index))
+                    .cloned()
+                    .unwrap_or(Hold::Free);
+                let (mode, held_by, sharers) = match &hold {
+                    Hold::Free => ("free", None, BTreeMap::new()),
+                    Hold::Whole(w) => ("whole", Some(w.clone()), BTreeMap::new()),
+                    Hold::Shared(s) => ("shared", None, s.clone()),
+                };
+                let summary = (!sharers.is_empty()).then(|| {
+                    let list: Vec<String> =
+                        sharers.iter().map(|(w, b)| format!("{w} {b}")).collect();
+                    format!("shared: {} — {} taken", list.join(", "), hold.taken())
+                });
+                GpuView {
+                    index: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                    model: gpu.model.clone(),
+                    vendor: gpu.vendor.clone(),
+                    healthy: gpu.healthy,
+                    total_gb: gpu.total.as_gb_f64(),
+                    offered_gb: gpu.offered().as_gb_f64(),
+                    held_outside_gb: gpu.held_outside.as_gb_f64(),
+                    mode: mode.to_owned(),
+                    held_by,
+                    sharers: sharers
+                        .iter()
+                        .map(|(w, b)| SharerView {
+                            worker: w.clone(),
+                            gb: b.as_gb_f64(),
+                        })
+                        .collect(),
+                    taken_gb: hold.taken().as_gb_f64(),
+                    summary,
+                }
+            })
+            .collect(),
+    }
+}

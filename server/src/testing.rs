@@ -1,0 +1,144 @@
+//! A test harness: the whole router on a real SQLite file in a fresh folder, driven without a socket.
+
+use crate::fleet::Fleet;
+use crate::{db, router, AppState};
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use http_body_util::BodyExt;
+use leptos::config::LeptosOptions;
+use serde_json::Value;
+use std::sync::Arc;
+use tower::ServiceExt;
+
+/// Two machines: seed 000's majin (an 8 GB RTX 4060, 1 GB held outside) and a node with two 24 GB GPUs.
+pub const FLEET: &str = r#"
+[[machine]]
+name = "majin"
+cpu_cores = 16
+memory_gb = 64
+[[machine.gpu]]
+index = 0
+model = "NVIDIA GeForce RTX 4060"
+memory_gb = 8
+held_outside_gb = 1
+
+[[machine]]
+name = "node"
+cpu_cores = 32
+memory_gb = 256
+[[machine.gpu]]
+index = 0
+model = "NVIDIA L4"
+memory_gb = 24
+[[machine.gpu]]
+index = 1
+model = "NVIDIA L4"
+memory_gb = 24
+"#;
+
+/// The server on a data folder of its own.
+pub struct TestApp {
+    /// The folder; kept so a restart finds the same database.
+    pub dir: tempfile::TempDir,
+    fleet_toml: String,
+    /// The router with its state.
+    pub router: Router,
+    /// The fleet, for checks from the inside.
+    pub fleet: Arc<Fleet>,
+}
+
+impl TestApp {
+    /// A server over the inventory in `fleet_toml`, on an empty database.
+    pub async fn new(fleet_toml: &str) -> TestApp {
+        let dir = tempfile::tempdir().expect("a temporary folder");
+        let (router, fleet) = start(dir.path(), fleet_toml).await;
+        TestApp {
+            dir,
+            fleet_toml: fleet_toml.to_owned(),
+            router,
+            fleet,
+        }
+    }
+
+    /// Stops this server and starts another on the same data.
+    pub async fn restart(self) -> TestApp {
+        let TestApp {
+            dir,
+            fleet_toml,
+            router,
+            fleet,
+        } = self;
+        drop((router, fleet));
+        let (router, fleet) = start(dir.path(), &fleet_toml).await;
+        TestApp {
+            dir,
+            fleet_toml,
+            router,
+            fleet,
+        }
+    }
+
+    /// Sends a request; answers the status and the body as JSON (`Null` when empty).
+    pub async fn call(&self, method: Method, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
+        let mut request = Request::builder().method(method).uri(uri);
+        if body.is_some() {
+            request = request.header(header::CONTENT_TYPE, "application/json");
+        }
+        let request = request
+            .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
+            .expect("a request");
+        let response = self
+            .router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("an answer");
+        let status = response.status();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .expect("a body")
+            .to_bytes();
+        let json = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        (status, json)
+    }
+
+    /// `POST /api/workers`.
+    pub async fn post_worker(&self, body: &str) -> (StatusCode, Value) {
+        self.call(Method::POST, "/api/workers", Some(body)).await
+    }
+
+    /// `GET uri`.
+    pub async fn get(&self, uri: &str) -> (StatusCode, Value) {
+        self.call(Method::GET, uri, None).await
+    }
+}
+
+/// A shared worker asking for `gb` of one GPU.
+pub fn shared_worker(name: &str, gb: f64) -> String {
+    serde_json::json!({
+        "name": name,
+        "requested_resources": { "gpu_requests": { "count": 1, "shared": true, "memory_gb": gb } }
+    })
+    .to_string()
+}
+
+async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>) {
+    let machines =
+        crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
+    let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
+    let pool = db::connect(None, dir).await.expect("a database");
+    let fleet = Arc::new(Fleet::open(pool, inventory).await.expect("the fleet opens"));
+    let state = AppState {
+        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
+        fleet: fleet.clone(),
+    };
+    (router(state), fleet)
+}
