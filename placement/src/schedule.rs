@@ -159,11 +159,7 @@ impl Scheduler {
 
     /// CPU cores and memory that workers hold on this machine.
     pub fn machine_use(&self, machine: &str) -> Option<(u32, Bytes)> {
-        let m = self
-            .inventory
-            .machines()
-            .binary_search_by(|x| x.name.as_str().cmp(machine))
-            .ok()?;
+        let m = self.machine_index(machine)?;
         Some((self.machines[m].cpu_used, self.machines[m].memory_used))
     }
 
@@ -206,27 +202,10 @@ impl Scheduler {
             return Err(ScheduleError::AlreadyPlaced(worker.to_owned()));
         }
         let m = self
-            .inventory
-            .machines()
-            .binary_search_by(|x| x.name.as_str().cmp(&assignment.machine))
-            .map_err(|_| ScheduleError::Unknown(assignment.machine.clone()))?;
-        let machine = &self.inventory.machines()[m];
-        let used = &self.machines[m];
-        if used.cpu_used + assignment.cpu_cores > machine.cpu_cores {
-            return Err(ScheduleError::DoesNotFit(PendingReason::TooFewCpuCores {
-                machine: machine.name.clone(),
-                free: machine.cpu_cores - used.cpu_used,
-                total: machine.cpu_cores,
-                needs: assignment.cpu_cores,
-            }));
-        }
-        if used.memory_used + assignment.memory > machine.memory {
-            return Err(ScheduleError::DoesNotFit(PendingReason::TooLittleMemory {
-                machine: machine.name.clone(),
-                free: machine.memory.saturating_sub(used.memory_used),
-                total: machine.memory,
-                needs: assignment.memory,
-            }));
+            .machine_index(&assignment.machine)
+            .ok_or_else(|| ScheduleError::Unknown(assignment.machine.clone()))?;
+        if let Some(reason) = self.machine_refusal(m, assignment.cpu_cores, assignment.memory) {
+            return Err(ScheduleError::DoesNotFit(reason));
         }
         let mut ids = Vec::with_capacity(assignment.gpus.len());
         for &index in &assignment.gpus {
@@ -267,11 +246,7 @@ impl Scheduler {
     /// Frees what `worker` holds. A shared GPU is whole again once its last sharer ends.
     pub fn release(&mut self, worker: &str) -> Option<Assignment> {
         let assignment = self.workers.remove(worker)?;
-        let m = self
-            .inventory
-            .machines()
-            .binary_search_by(|x| x.name.as_str().cmp(&assignment.machine))
-            .ok()?;
+        let m = self.machine_index(&assignment.machine)?;
         for &index in &assignment.gpus {
             let Some(id) = self.flat_id(&GpuRef::new(&assignment.machine, index)) else {
                 continue;
@@ -311,11 +286,7 @@ impl Scheduler {
     }
 
     fn flat_id(&self, gpu: &GpuRef) -> Option<usize> {
-        let m = self
-            .inventory
-            .machines()
-            .binary_search_by(|x| x.name.as_str().cmp(&gpu.machine))
-            .ok()?;
+        let m = self.machine_index(&gpu.machine)?;
         self.machines[m]
             .gpus
             .clone()
@@ -340,26 +311,33 @@ impl Scheduler {
         self.by_room.remove(&(self.room(id), id));
     }
 
-    /// Why this machine's CPU cores or memory cannot take the request, if they cannot.
-    fn machine_refusal(&self, m: usize, request: &WorkerRequest) -> Option<PendingReason> {
+    fn machine_index(&self, name: &str) -> Option<usize> {
+        self.inventory
+            .machines()
+            .binary_search_by(|x| x.name.as_str().cmp(name))
+            .ok()
+    }
+
+    /// Why this machine's free CPU cores or memory cannot take `cores` and `memory`, if they cannot.
+    fn machine_refusal(&self, m: usize, cores: u32, memory: Bytes) -> Option<PendingReason> {
         let machine = self.machine(m);
         let used = &self.machines[m];
         let free_cores = machine.cpu_cores.saturating_sub(used.cpu_used);
-        if request.cpu_cores > free_cores {
+        if cores > free_cores {
             return Some(PendingReason::TooFewCpuCores {
                 machine: machine.name.clone(),
                 free: free_cores,
                 total: machine.cpu_cores,
-                needs: request.cpu_cores,
+                needs: cores,
             });
         }
         let free_memory = machine.memory.saturating_sub(used.memory_used);
-        if request.memory > free_memory {
+        if memory > free_memory {
             return Some(PendingReason::TooLittleMemory {
                 machine: machine.name.clone(),
                 free: free_memory,
                 total: machine.memory,
-                needs: request.memory,
+                needs: memory,
             });
         }
         None
@@ -454,7 +432,9 @@ impl Scheduler {
             .find_map(|&(room, id)| {
                 let m = self.gpus[id].machine;
                 let fits = matches!(self.fit(id, demand), Fit::Yes(_))
-                    && self.machine_refusal(m, request).is_none();
+                    && self
+                        .machine_refusal(m, request.cpu_cores, request.memory)
+                        .is_none();
                 fits.then(|| {
                     (
                         (room - need.get(), id),
@@ -494,7 +474,7 @@ impl Scheduler {
         if ids.is_empty() {
             return Err(Vec::new());
         }
-        if let Some(reason) = self.machine_refusal(m, request) {
+        if let Some(reason) = self.machine_refusal(m, request.cpu_cores, request.memory) {
             return Err(vec![reason]);
         }
         let every_gpu = demand.policy == Policy::All
@@ -586,7 +566,7 @@ impl Scheduler {
         let mut reasons = Vec::new();
         let mut best: Option<(u64, usize)> = None;
         for m in 0..self.machines.len() {
-            match self.machine_refusal(m, request) {
+            match self.machine_refusal(m, request.cpu_cores, request.memory) {
                 Some(reason) => reasons.push(reason),
                 None => {
                     let left = (self

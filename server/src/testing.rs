@@ -11,8 +11,8 @@ use serde_json::Value;
 use std::sync::Arc;
 use tower::ServiceExt;
 
-/// Two machines: seed 000's majin (an 8 GB RTX 4060, 1 GB held outside) and a node with two 24 GB GPUs.
-pub const FLEET: &str = r#"
+/// Seed 000's majin: an 8 GB RTX 4060 whose desktop holds 1 GB, so it offers 7.
+pub const MAJIN: &str = r#"
 [[machine]]
 name = "majin"
 cpu_cores = 16
@@ -22,7 +22,10 @@ index = 0
 model = "NVIDIA GeForce RTX 4060"
 memory_gb = 8
 held_outside_gb = 1
+"#;
 
+/// A node with two 24 GB GPUs.
+const NODE: &str = r#"
 [[machine]]
 name = "node"
 cpu_cores = 32
@@ -36,6 +39,11 @@ index = 1
 model = "NVIDIA L4"
 memory_gb = 24
 "#;
+
+/// majin and the node: three GPUs on two machines.
+pub fn majin_and_node() -> String {
+    format!("{MAJIN}{NODE}")
+}
 
 /// The server on a data folder of its own.
 pub struct TestApp {

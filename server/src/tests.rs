@@ -1,13 +1,13 @@
 //! The HTTP surface, driven through the router without a socket.
 
-use crate::testing::{TestApp, FLEET};
+use crate::testing::{TestApp, MAJIN};
 use axum::body::Body;
 use axum::http::{header, Request, StatusCode};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
 
 async fn send(request: Request<Body>) -> (StatusCode, String) {
-    let app = TestApp::new(FLEET).await;
+    let app = TestApp::new(MAJIN).await;
     let response = app.router.clone().oneshot(request).await.unwrap();
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();

@@ -1,21 +1,8 @@
 //! The REST API on a real SQLite file: one test per rule and error.
 
-use crate::testing::{shared_worker, TestApp, FLEET};
+use crate::testing::{majin_and_node, shared_worker, TestApp, MAJIN};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
-
-/// Only majin: the seed's GPU with 7 of its 8 GB on offer.
-const MAJIN: &str = r#"
-[[machine]]
-name = "majin"
-cpu_cores = 16
-memory_gb = 64
-[[machine.gpu]]
-index = 0
-model = "NVIDIA GeForce RTX 4060"
-memory_gb = 8
-held_outside_gb = 1
-"#;
 
 fn error(body: &Value) -> &str {
     body["error"]
@@ -295,7 +282,7 @@ async fn everything_survives_a_restart_of_the_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_hundred_concurrent_shared_workers_never_overfill_a_gpu() {
-    let app = std::sync::Arc::new(TestApp::new(FLEET).await);
+    let app = std::sync::Arc::new(TestApp::new(&majin_and_node()).await);
     let mut calls = tokio::task::JoinSet::new();
     for n in 0..200u32 {
         let app = app.clone();
