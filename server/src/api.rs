@@ -2,12 +2,14 @@
 
 use crate::error::ApiError;
 use crate::fleet::{MachineView, NewWorker, WorkerView};
+use crate::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
+use crate::inventory::demo::CatalogModel;
 use crate::AppState;
 use axum::extract::{FromRequest, Path, Query, State};
 use axum::http::StatusCode;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use placement::{judge, BasisPoints, GpuRef, GroupGpu, PlanMember};
+use placement::{judge, BasisPoints, GpuRef, PlanMember, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
@@ -24,6 +26,11 @@ pub fn routes() -> Router<AppState> {
         .route("/api/machines/{name}", get(get_machine))
         .route("/api/machines/{name}/workers", get(machine_workers))
         .route("/api/plans/validate", post(validate_plan))
+        .route("/api/models", get(list_models).post(add_model))
+        .route("/api/groups", get(list_groups))
+        .route("/api/groups/{name}", get(get_group))
+        .route("/api/groups/{name}/plan", put(change_plan))
+        .route("/api/deployments", post(deploy))
 }
 
 async fn create_worker(
@@ -83,6 +90,46 @@ async fn machine_workers(
     Ok(Json(state.fleet.machine_workers(&name).await?))
 }
 
+async fn list_models(State(state): State<AppState>) -> Result<Json<Vec<CatalogModel>>, ApiError> {
+    Ok(Json(state.fleet.models().await?))
+}
+
+async fn add_model(
+    State(state): State<AppState>,
+    ApiJson(model): ApiJson<CatalogModel>,
+) -> Result<(StatusCode, Json<CatalogModel>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(state.fleet.add_model(model).await?),
+    ))
+}
+
+async fn list_groups(State(state): State<AppState>) -> Result<Json<Vec<GroupView>>, ApiError> {
+    Ok(Json(state.fleet.groups().await?))
+}
+
+async fn get_group(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<GroupView>, ApiError> {
+    Ok(Json(state.fleet.group(&name).await?))
+}
+
+async fn change_plan(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(update): ApiJson<PlanUpdate>,
+) -> Result<Json<PlanChange>, ApiError> {
+    Ok(Json(state.fleet.change_plan(&name, update).await?))
+}
+
+async fn deploy(
+    State(state): State<AppState>,
+    ApiJson(deploy): ApiJson<Deploy>,
+) -> Result<(StatusCode, Json<PlanChange>), ApiError> {
+    Ok((StatusCode::CREATED, Json(state.fleet.deploy(deploy).await?)))
+}
+
 /// `POST /api/plans/validate`: a group's members with their shares in percent, and the GPUs it runs on.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -91,6 +138,9 @@ struct PlanRequest {
     /// GPUs as `machine:index`.
     #[serde(default)]
     gpus: Vec<String>,
+    /// The group the plan is for, whose own memory on those GPUs does not count against it.
+    #[serde(default)]
+    group: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -104,27 +154,71 @@ struct PlanMemberRequest {
     locked: bool,
 }
 
-/// The verdict as scripts read it.
-#[derive(Debug, Serialize, Deserialize)]
-struct VerdictView {
-    /// `fits` or `refused`.
-    verdict: String,
-    total_percent: f64,
-    free_percent: f64,
-    /// The line under the bar when it fits.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    message: Option<String>,
-    /// The Free row's warning over 90 %.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    warning: Option<String>,
-    problems: Vec<ProblemView>,
+/// A GPU named as `machine:index`.
+pub(crate) fn parse_gpu_ref(id: &str) -> Result<GpuRef, ApiError> {
+    id.split_once(':')
+        .and_then(|(m, i)| Some(GpuRef::new(m, i.parse().ok()?)))
+        .ok_or_else(|| {
+            ApiError::Unprocessable(format!(
+                "GPU {id:?}: name it as machine:index, such as majin:0"
+            ))
+        })
 }
 
-#[derive(Debug, Serialize, Deserialize)]
-struct ProblemView {
-    message: String,
+/// The verdict as scripts read it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerdictView {
+    /// `fits` or `refused`.
+    pub verdict: String,
+    /// The sum of the shares, percent.
+    pub total_percent: f64,
+    /// What is left of one GPU, percent.
+    pub free_percent: f64,
+    /// The line under the bar when it fits.
     #[serde(skip_serializing_if = "Option::is_none")]
-    member: Option<String>,
+    pub message: Option<String>,
+    /// The Free row's warning over 90 %.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    /// Why it is refused, each naming its member where there is one.
+    pub problems: Vec<ProblemView>,
+}
+
+/// One reason a plan is refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProblemView {
+    /// The seed's sentence.
+    pub message: String,
+    /// The member it is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+}
+
+impl From<&Verdict> for VerdictView {
+    fn from(verdict: &Verdict) -> VerdictView {
+        VerdictView {
+            verdict: if verdict.is_refused() {
+                "refused"
+            } else {
+                "fits"
+            }
+            .to_owned(),
+            total_percent: verdict.total.as_percent_f64(),
+            free_percent: verdict.free().as_percent_f64(),
+            message: verdict.fits_message(),
+            warning: verdict
+                .warns()
+                .then(|| placement::plan::FREE_ROW_WARNING.to_owned()),
+            problems: verdict
+                .problems
+                .iter()
+                .map(|p| ProblemView {
+                    message: p.message(),
+                    member: p.member().map(str::to_owned),
+                })
+                .collect(),
+        }
+    }
 }
 
 async fn validate_plan(
@@ -149,56 +243,16 @@ async fn validate_plan(
             locked: m.locked,
         });
     }
-    let names: Vec<String> = members.iter().map(|m| m.name.clone()).collect();
-    let inventory = state.fleet.inventory().await;
     let mut gpus = Vec::with_capacity(plan.gpus.len());
     for id in &plan.gpus {
-        let gpu_ref = id
-            .split_once(':')
-            .and_then(|(m, i)| Some(GpuRef::new(m, i.parse().ok()?)))
-            .ok_or_else(|| {
-                ApiError::Unprocessable(format!(
-                    "GPU {id:?}: name it as machine:index, such as majin:0"
-                ))
-            })?;
-        let gpu = inventory
-            .gpu(&gpu_ref)
-            .ok_or_else(|| ApiError::Unprocessable(format!("{gpu_ref} is not in the inventory")))?;
-        let taken_by_others = state
-            .fleet
-            .shared_taken(&gpu_ref, &names)
-            .await
-            .unwrap_or_default();
-        gpus.push(GroupGpu {
-            gpu: gpu_ref,
-            total: gpu.total,
-            held_outside: gpu.held_outside,
-            taken_by_others,
-        });
+        gpus.push(
+            state
+                .fleet
+                .group_gpu(&parse_gpu_ref(id)?, plan.group.as_deref())
+                .await?,
+        );
     }
-    let verdict = judge(&members, &gpus);
-    Ok(Json(VerdictView {
-        verdict: if verdict.is_refused() {
-            "refused"
-        } else {
-            "fits"
-        }
-        .to_owned(),
-        total_percent: verdict.total.as_percent_f64(),
-        free_percent: verdict.free().as_percent_f64(),
-        message: verdict.fits_message(),
-        warning: verdict
-            .warns()
-            .then(|| placement::plan::FREE_ROW_WARNING.to_owned()),
-        problems: verdict
-            .problems
-            .iter()
-            .map(|p| ProblemView {
-                message: p.message(),
-                member: p.member().map(str::to_owned),
-            })
-            .collect(),
-    }))
+    Ok(Json(VerdictView::from(&judge(&members, &gpus))))
 }
 
 #[cfg(test)]

@@ -60,6 +60,14 @@ pub enum ApiError {
     /// Well-formed, but the rules refuse it (422).
     #[error("{0}")]
     Unprocessable(String),
+    /// A share plan the rules refuse (422), answered with the whole verdict beside the first problem.
+    #[error("{message}")]
+    Refused {
+        /// The first problem, naming its member.
+        message: String,
+        /// Every problem.
+        verdict: Box<crate::api::VerdictView>,
+    },
     /// Our fault (500): logged in full, answered opaquely.
     #[error("internal error: {0}")]
     Internal(String),
@@ -85,7 +93,9 @@ impl ApiError {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Unprocessable(_) | ApiError::Refused { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -118,6 +128,10 @@ impl From<JsonRejection> for ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
+        if let ApiError::Refused { message, verdict } = &self {
+            let body = serde_json::json!({ "error": message, "verdict": verdict });
+            return (self.status_code(), Json(body)).into_response();
+        }
         let message = match &self {
             ApiError::Internal(detail) => {
                 tracing::error!("{detail}");

@@ -60,8 +60,8 @@ pub struct WorkerView {
 
 /// The fleet service.
 pub struct Fleet {
-    pool: SqlitePool,
-    scheduler: Mutex<Scheduler>,
+    pub(crate) pool: SqlitePool,
+    pub(crate) scheduler: Mutex<Scheduler>,
 }
 
 impl Fleet {
@@ -80,11 +80,6 @@ impl Fleet {
             tx.commit().await?;
         }
         Ok(fleet)
-    }
-
-    /// The inventory the fleet places on.
-    pub async fn inventory(&self) -> Inventory {
-        self.scheduler.lock().await.inventory().clone()
     }
 
     /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
@@ -223,29 +218,12 @@ impl Fleet {
             .collect())
     }
 
-    /// What shared work other than `except` takes on a GPU, for judging a group's plan against it.
-    pub async fn shared_taken(
-        &self,
-        gpu: &placement::GpuRef,
-        except: &[String],
-    ) -> Option<placement::Bytes> {
-        let scheduler = self.scheduler.lock().await;
-        match scheduler.hold(gpu)? {
-            Hold::Shared(sharers) => Some(
-                sharers
-                    .iter()
-                    .filter(|(w, _)| !except.contains(w))
-                    .map(|(_, b)| *b)
-                    .sum(),
-            ),
-            _ => Some(placement::Bytes::ZERO),
-        }
-    }
-
     /// Makes the scheduler hold exactly what the database says is placed. A placed worker that no longer
     /// fits (its GPU is gone from the inventory, say) becomes pending with the reason.
-    async fn rebuild(&self, scheduler: &mut Scheduler) -> Result<(), ApiError> {
+    pub(crate) async fn rebuild(&self, scheduler: &mut Scheduler) -> Result<(), ApiError> {
         *scheduler = Scheduler::new(scheduler.inventory().clone());
+        // Committed share plans first: they were judged against every GPU they run on.
+        crate::groups::hold_groups(&self.pool, scheduler).await?;
         for row in db::workers(&self.pool).await? {
             let Some(assignment) = row.assignment.as_deref() else {
                 continue;
@@ -308,7 +286,7 @@ async fn place_pending(
 }
 
 /// Names are what URLs, logs and process names carry: letters, digits, `.`, `-`, `_`, at most 63.
-fn check_name(name: &str) -> Result<(), ApiError> {
+pub(crate) fn check_name(name: &str) -> Result<(), ApiError> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
@@ -416,8 +394,11 @@ pub struct GpuView {
 /// One sharer of a GPU.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SharerView {
-    /// The worker.
+    /// The worker, or the model of a sharing group.
     pub worker: String,
+    /// The sharing group, for a group's member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
     /// The GB it takes.
     pub gb: f64,
 }
@@ -445,8 +426,10 @@ fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineV
                     Hold::Shared(s) => ("shared", None, s.clone()),
                 };
                 let summary = (!sharers.is_empty()).then(|| {
-                    let list: Vec<String> =
-                        sharers.iter().map(|(w, b)| format!("{w} {b}")).collect();
+                    let list: Vec<String> = sharers
+                        .iter()
+                        .map(|(w, b)| format!("{} {b}", crate::groups::sharer(w).0))
+                        .collect();
                     format!("shared: {} — {} taken", list.join(", "), hold.taken())
                 });
                 GpuView {
@@ -462,9 +445,13 @@ fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineV
                     held_by,
                     sharers: sharers
                         .iter()
-                        .map(|(w, b)| SharerView {
-                            worker: w.clone(),
-                            gb: b.as_gb_f64(),
+                        .map(|(w, b)| {
+                            let (name, group) = crate::groups::sharer(w);
+                            SharerView {
+                                worker: name.to_owned(),
+                                group: group.map(str::to_owned),
+                                gb: b.as_gb_f64(),
+                            }
                         })
                         .collect(),
                     taken_gb: hold.taken().as_gb_f64(),

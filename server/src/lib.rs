@@ -9,6 +9,7 @@ pub mod config;
 pub mod db;
 pub mod error;
 pub mod fleet;
+pub mod groups;
 pub mod inventory;
 
 use app::{shell, App};

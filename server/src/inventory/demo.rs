@@ -35,6 +35,10 @@ pub struct CatalogModel {
     pub group: Option<String>,
     /// Where the engine finds the model's weights.
     pub model_path: String,
+    /// A system member (the semantic router): its share is shown but not edited, and it moves into a new
+    /// group when one starts.
+    #[serde(default)]
+    pub system: bool,
 }
 
 /// The demo fleet: majin, studio (WSL2), atlas and h200-node.
@@ -146,6 +150,7 @@ pub fn demo_catalog() -> Vec<CatalogModel> {
         default_share: BasisPoints::percent(percent),
         group: group.map(Into::into),
         model_path: model_path.into(),
+        system: name == "semantic-router",
     };
     vec![
         model(

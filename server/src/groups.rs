@@ -1,0 +1,671 @@
+//! Sharing groups (seed 003): the model catalog, each group's committed share plan, deploying a model into
+//! a group, and changing a plan. Every member holds its share on each of the group's GPUs in the scheduler,
+//! so shared workers and groups never overfill a GPU between them.
+
+use crate::api::VerdictView;
+use crate::error::ApiError;
+use crate::fleet::Fleet;
+use crate::inventory::demo::{CatalogModel, Engine};
+use placement::{
+    choose_group, judge, transition, Assignment, BasisPoints, GpuRef, GroupChoice, GroupGpu, Hold,
+    PlanMember, Restart, Scheduler, Share, Step,
+};
+use serde::{Deserialize, Serialize};
+use sqlx::SqlitePool;
+use std::collections::BTreeMap;
+
+/// A group as the API shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct GroupView {
+    /// Its name.
+    pub name: String,
+    /// The GPUs it runs on, as `machine:index`.
+    pub gpus: Vec<String>,
+    /// The revision to name when changing its plan.
+    pub revision: i64,
+    /// Its members in plan order.
+    pub members: Vec<MemberView>,
+    /// The sum of the shares, percent.
+    pub total_percent: f64,
+}
+
+/// A member of a group.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberView {
+    /// The model.
+    pub name: String,
+    /// Its share of one GPU, percent.
+    pub share_percent: f64,
+    /// A system member (the router): not editable.
+    pub locked: bool,
+}
+
+/// What a committed plan change does: the new revision, and who restarts in which order.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PlanChange {
+    /// The group.
+    pub group: String,
+    /// Its revision after the change.
+    pub revision: i64,
+    /// The wizard's line about the group (`This model joins text-router.`), for a deploy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub line: Option<String>,
+    /// Every member that restarts, stops or starts.
+    pub restarts: Vec<Restart>,
+    /// The stops and starts, in an order that never overfills a GPU.
+    pub steps: Vec<Step>,
+    /// The Free row's warning when the committed plan is over 90 %; it did not block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+}
+
+/// `POST /api/deployments`: a catalog model onto a share of the chosen GPUs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deploy {
+    /// The catalog model.
+    pub model: String,
+    /// The GPUs, as `machine:index`.
+    pub gpus: Vec<String>,
+    /// Its share, percent; the catalog's default share when absent.
+    #[serde(default)]
+    pub share: Option<f64>,
+    /// New shares for other members of the group it joins, percent.
+    #[serde(default)]
+    pub shares: BTreeMap<String, f64>,
+    /// The revision of the group it joins; required when it joins one.
+    #[serde(default)]
+    pub revision: Option<i64>,
+}
+
+/// `PUT /api/groups/{name}/plan`: every member's share, against the revision it was read at.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanUpdate {
+    /// The revision the plan was read at.
+    pub revision: i64,
+    /// Each member's share, percent. A member left out has no explicit share, which the verdict refuses.
+    pub shares: BTreeMap<String, f64>,
+}
+
+/// A group as stored.
+#[derive(Debug, Clone)]
+struct Group {
+    name: String,
+    gpus: Vec<GpuRef>,
+    /// 0 for a group a deploy is about to start, not yet stored.
+    revision: i64,
+    members: Vec<Share>,
+}
+
+/// The scheduler's name for what `member` of `group` holds on `machine`; worker names cannot contain `:`,
+/// `/` or `@`, so the two never meet.
+fn holder(group: &str, member: &str, machine: &str) -> String {
+    format!("group:{group}/{member}@{machine}")
+}
+
+/// Who a sharer is, as shown: a worker's own name, or a group member's model name with its group.
+pub(crate) fn sharer(holder: &str) -> (&str, Option<&str>) {
+    holder
+        .strip_prefix("group:")
+        .and_then(|rest| rest.split_once('/'))
+        .and_then(|(group, member)| Some((member.rsplit_once('@')?.0, Some(group))))
+        .unwrap_or((holder, None))
+}
+
+fn holder_prefix(group: &str) -> String {
+    format!("group:{group}/")
+}
+
+/// What each member of `group` holds, one assignment per machine of its GPUs.
+fn holdings(
+    scheduler: &Scheduler,
+    gpus: &[GpuRef],
+    members: &[Share],
+) -> Result<Vec<(String, String, Assignment)>, ApiError> {
+    let mut by_machine: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
+    for gpu in gpus {
+        by_machine
+            .entry(gpu.machine.as_str())
+            .or_default()
+            .push(gpu.index);
+    }
+    let mut out = Vec::new();
+    for (machine, indices) in by_machine {
+        let total = scheduler
+            .inventory()
+            .gpu(&GpuRef::new(machine, indices[0]))
+            .ok_or_else(|| {
+                ApiError::Unprocessable(format!(
+                    "{} is not in the inventory",
+                    GpuRef::new(machine, indices[0])
+                ))
+            })?
+            .total;
+        for m in members {
+            let assignment = Assignment {
+                machine: machine.to_owned(),
+                gpus: indices.clone(),
+                shared: Some(total.share(m.share)),
+                cpu_cores: 0,
+                memory: placement::Bytes::ZERO,
+            };
+            out.push((m.member.clone(), machine.to_owned(), assignment));
+        }
+    }
+    Ok(out)
+}
+
+/// Holds every committed group plan in a fresh scheduler (at start, or after a failed write).
+pub(crate) async fn hold_groups(
+    pool: &SqlitePool,
+    scheduler: &mut Scheduler,
+) -> Result<(), ApiError> {
+    for group in load_groups(pool).await? {
+        for (member, machine, assignment) in holdings(scheduler, &group.gpus, &group.members)? {
+            if let Err(e) = scheduler.hold_for(&holder(&group.name, &member, &machine), assignment)
+            {
+                tracing::warn!(
+                    "{member} of group {} cannot hold its share on {machine}: {e}",
+                    group.name
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+async fn load_groups(pool: &SqlitePool) -> Result<Vec<Group>, ApiError> {
+    let groups: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT name, gpus, revision FROM groups ORDER BY name")
+            .fetch_all(pool)
+            .await?;
+    let members: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT group_name, model, share FROM group_members ORDER BY group_name, position",
+    )
+    .fetch_all(pool)
+    .await?;
+    groups
+        .into_iter()
+        .map(|(name, gpus, revision)| {
+            Ok(Group {
+                gpus: serde_json::from_str(&gpus).map_err(ApiError::internal)?,
+                revision,
+                members: members
+                    .iter()
+                    .filter(|(g, _, _)| *g == name)
+                    .map(|(_, m, share)| Share::new(m, BasisPoints(*share as u32)))
+                    .collect(),
+                name,
+            })
+        })
+        .collect()
+}
+
+fn percent(share: f64, whose: &str) -> Result<BasisPoints, ApiError> {
+    BasisPoints::from_percent(share).map_err(|e| {
+        ApiError::Unprocessable(format!(
+            "the share of {whose} {e}; give a percentage such as 33.33"
+        ))
+    })
+}
+
+fn engine_name(engine: Engine) -> &'static str {
+    match engine {
+        Engine::Vllm => "vllm",
+        Engine::Sglang => "sglang",
+        Engine::LlamaCpp => "llamacpp",
+        Engine::Command => "command",
+    }
+}
+
+impl Fleet {
+    /// The model catalog.
+    pub async fn models(&self) -> Result<Vec<CatalogModel>, ApiError> {
+        let rows: Vec<(String, String, i64, Option<String>, String, bool)> =
+            sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system FROM models ORDER BY name")
+                .fetch_all(&self.pool)
+                .await?;
+        rows.into_iter()
+            .map(|(name, engine, share, group, model_path, system)| {
+                Ok(CatalogModel {
+                    engine: serde_json::from_value(serde_json::Value::String(engine))
+                        .map_err(ApiError::internal)?,
+                    name,
+                    default_share: BasisPoints(share as u32),
+                    group,
+                    model_path,
+                    system,
+                })
+            })
+            .collect()
+    }
+
+    /// Adds a model to the catalog.
+    pub async fn add_model(&self, model: CatalogModel) -> Result<CatalogModel, ApiError> {
+        crate::fleet::check_name(&model.name)?;
+        if model.default_share == BasisPoints::ZERO || model.default_share > BasisPoints::WHOLE {
+            return Err(ApiError::Unprocessable(
+                "default_share must be more than 0 and at most 10000 basis points (100%)"
+                    .to_owned(),
+            ));
+        }
+        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system) VALUES (?, ?, ?, ?, ?, ?)")
+            .bind(&model.name)
+            .bind(engine_name(model.engine))
+            .bind(i64::from(model.default_share.get()))
+            .bind(&model.group)
+            .bind(&model.model_path)
+            .bind(model.system)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| ApiError::on_unique(e, || format!("the catalog has a model named {} already", model.name)))?;
+        Ok(model)
+    }
+
+    /// Adds the models the catalog lacks (the demo's), leaving the ones it has as they are.
+    pub async fn seed_catalog(&self, models: &[CatalogModel]) -> Result<(), ApiError> {
+        for model in models {
+            match self.add_model(model.clone()).await {
+                Ok(_) | Err(ApiError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every group and its committed plan.
+    pub async fn groups(&self) -> Result<Vec<GroupView>, ApiError> {
+        let system = self.system_models().await?;
+        Ok(load_groups(&self.pool)
+            .await?
+            .iter()
+            .map(|g| group_view(g, &system))
+            .collect())
+    }
+
+    /// One group.
+    pub async fn group(&self, name: &str) -> Result<GroupView, ApiError> {
+        self.groups()
+            .await?
+            .into_iter()
+            .find(|g| g.name == name)
+            .ok_or_else(|| no_group(name))
+    }
+
+    /// A GPU as a group's plan is judged against it: what shared work outside `group` takes there.
+    pub async fn group_gpu(&self, gpu: &GpuRef, group: Option<&str>) -> Result<GroupGpu, ApiError> {
+        let scheduler = self.scheduler.lock().await;
+        group_gpu(&scheduler, gpu, group)
+    }
+
+    /// Changes a group's shares. Refused (422, with the verdict) when the plan does not fit, and (409) when
+    /// the group changed since `revision`; either way nothing changes.
+    pub async fn change_plan(
+        &self,
+        name: &str,
+        update: PlanUpdate,
+    ) -> Result<PlanChange, ApiError> {
+        let system = self.system_models().await?;
+        let mut scheduler = self.scheduler.lock().await;
+        let group = load_groups(&self.pool)
+            .await?
+            .into_iter()
+            .find(|g| g.name == name)
+            .ok_or_else(|| no_group(name))?;
+        check_revision(&group, Some(update.revision))?;
+        if let Some(stranger) = update
+            .shares
+            .keys()
+            .find(|m| !group.members.iter().any(|s| &&s.member == m))
+        {
+            return Err(ApiError::Unprocessable(format!(
+                "{name} has no member named {stranger}"
+            )));
+        }
+        let mut plan = Vec::with_capacity(group.members.len());
+        for s in &group.members {
+            let locked = system.contains(&s.member);
+            let share = update
+                .shares
+                .get(&s.member)
+                .map(|p| percent(*p, &s.member))
+                .transpose()?;
+            if locked && share.is_some_and(|p| p != s.share) {
+                return Err(ApiError::Unprocessable(format!(
+                    "the share of {} is not editable",
+                    s.member
+                )));
+            }
+            plan.push(PlanMember {
+                name: s.member.clone(),
+                share: if locked { Some(s.share) } else { share },
+                locked,
+            });
+        }
+        self.commit(&mut scheduler, &group, plan, None).await
+    }
+
+    /// Deploys a catalog model onto a share of the chosen GPUs: it joins the group that runs there, or
+    /// starts one (named by its recipe, or after the model), into which the router moves.
+    pub async fn deploy(&self, deploy: Deploy) -> Result<PlanChange, ApiError> {
+        let catalog = self.models().await?;
+        let model = catalog
+            .iter()
+            .find(|m| m.name == deploy.model)
+            .ok_or_else(|| {
+                ApiError::Unprocessable(format!(
+                    "the catalog has no model named {}; GET /api/models lists them",
+                    deploy.model
+                ))
+            })?;
+        if deploy.gpus.is_empty() {
+            return Err(ApiError::Unprocessable(
+                "choose at least one GPU, such as \"gpus\": [\"majin:0\"]".to_owned(),
+            ));
+        }
+        let chosen = deploy
+            .gpus
+            .iter()
+            .map(|id| crate::api::parse_gpu_ref(id))
+            .collect::<Result<Vec<_>, _>>()?;
+        let system: Vec<String> = catalog
+            .iter()
+            .filter(|m| m.system)
+            .map(|m| m.name.clone())
+            .collect();
+        let mut scheduler = self.scheduler.lock().await;
+        let groups = load_groups(&self.pool).await?;
+        if let Some(g) = groups
+            .iter()
+            .find(|g| g.members.iter().any(|s| s.member == model.name))
+        {
+            return Err(ApiError::Conflict(format!(
+                "{} runs in group {} already",
+                model.name, g.name
+            )));
+        }
+        let on_nodes: Vec<&str> = groups
+            .iter()
+            .filter(|g| g.gpus.iter().any(|gpu| chosen.contains(gpu)))
+            .map(|g| g.name.as_str())
+            .collect();
+        let choice = choose_group(&model.name, model.group.as_deref(), &on_nodes)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        let share = percent(
+            deploy.share.unwrap_or(model.default_share.as_percent_f64()),
+            &model.name,
+        )?;
+        let (group, mut plan, moving) = match &choice {
+            GroupChoice::Join(name) => {
+                let group = groups
+                    .iter()
+                    .find(|g| &g.name == name)
+                    .cloned()
+                    .ok_or_else(|| no_group(name))?;
+                check_revision(&group, deploy.revision)?;
+                let mut plan = Vec::new();
+                for s in &group.members {
+                    let locked = system.contains(&s.member);
+                    let asked = deploy
+                        .shares
+                        .get(&s.member)
+                        .map(|p| percent(*p, &s.member))
+                        .transpose()?;
+                    if locked && asked.is_some_and(|p| p != s.share) {
+                        return Err(ApiError::Unprocessable(format!(
+                            "the share of {} is not editable",
+                            s.member
+                        )));
+                    }
+                    plan.push(PlanMember {
+                        name: s.member.clone(),
+                        share: Some(asked.unwrap_or(s.share)),
+                        locked,
+                    });
+                }
+                (group, plan, None)
+            }
+            GroupChoice::New { name, .. } => {
+                if groups.iter().any(|g| &g.name == name) {
+                    return Err(ApiError::Conflict(format!(
+                        "a group named {name} runs on other GPUs; choose its GPUs to join it"
+                    )));
+                }
+                let totals: Vec<_> = chosen
+                    .iter()
+                    .map(|g| scheduler.inventory().gpu(g).map(|gpu| gpu.total))
+                    .collect();
+                if totals.iter().any(Option::is_none) {
+                    return Err(ApiError::Unprocessable(format!(
+                        "a GPU of {} is not in the inventory",
+                        deploy.gpus.join(", ")
+                    )));
+                }
+                if totals.windows(2).any(|w| w[0] != w[1]) {
+                    return Err(ApiError::Unprocessable(
+                        "a group's shares are of one GPU's memory: choose GPUs of the same size"
+                            .to_owned(),
+                    ));
+                }
+                // The router moves out of the group it runs in, with its share, into the new one.
+                let router = groups.iter().find_map(|g| {
+                    g.members
+                        .iter()
+                        .find(|s| system.contains(&s.member))
+                        .map(|s| (g.clone(), s.clone()))
+                });
+                let mut plan = Vec::new();
+                if let Some((_, s)) = &router {
+                    plan.push(PlanMember {
+                        name: s.member.clone(),
+                        share: Some(s.share),
+                        locked: true,
+                    });
+                }
+                let group = Group {
+                    name: name.clone(),
+                    gpus: chosen.clone(),
+                    revision: 0,
+                    members: Vec::new(),
+                };
+                (group, plan, router)
+            }
+        };
+        plan.push(PlanMember {
+            name: model.name.clone(),
+            share: Some(share),
+            locked: model.system,
+        });
+        let mut change = self.commit(&mut scheduler, &group, plan, moving).await?;
+        change.line = Some(choice.line());
+        Ok(change)
+    }
+
+    async fn system_models(&self) -> Result<Vec<String>, ApiError> {
+        Ok(self
+            .models()
+            .await?
+            .into_iter()
+            .filter(|m| m.system)
+            .map(|m| m.name)
+            .collect())
+    }
+
+    /// Judges `plan` for `group` and, when it fits, commits it: the database first (one transaction), then
+    /// the scheduler's holds. `moving` is the router leaving the group it runs in for this (new) one.
+    async fn commit(
+        &self,
+        scheduler: &mut Scheduler,
+        group: &Group,
+        plan: Vec<PlanMember>,
+        moving: Option<(Group, Share)>,
+    ) -> Result<PlanChange, ApiError> {
+        let gpus = group
+            .gpus
+            .iter()
+            .map(|g| group_gpu(scheduler, g, Some(&group.name)))
+            .collect::<Result<Vec<_>, _>>()?;
+        let verdict = judge(&plan, &gpus);
+        if verdict.is_refused() {
+            let first = &verdict.problems[0];
+            let message = match first.member() {
+                Some(member) => format!("{member}: {}", first.message()),
+                None => first.message(),
+            };
+            return Err(ApiError::Refused {
+                message,
+                verdict: Box::new(VerdictView::from(&verdict)),
+            });
+        }
+        let after: Vec<Share> = plan
+            .iter()
+            .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
+            .collect();
+        let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
+        let change = transition(&group.members, &after, &moving_in);
+
+        let mut tx = self.pool.begin().await?;
+        let revision = if group.revision == 0 {
+            sqlx::query("INSERT INTO groups (name, gpus) VALUES (?, ?)")
+                .bind(&group.name)
+                .bind(serde_json::to_string(&group.gpus).map_err(ApiError::internal)?)
+                .execute(&mut *tx)
+                .await?;
+            1
+        } else {
+            sqlx::query("UPDATE groups SET revision = revision + 1 WHERE name = ?")
+                .bind(&group.name)
+                .execute(&mut *tx)
+                .await?;
+            group.revision + 1
+        };
+        if let Some((from, router)) = &moving {
+            sqlx::query("DELETE FROM group_members WHERE group_name = ? AND model = ?")
+                .bind(&from.name)
+                .bind(&router.member)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE groups SET revision = revision + 1 WHERE name = ?")
+                .bind(&from.name)
+                .execute(&mut *tx)
+                .await?;
+            // A group the router was the last member of ends with its move.
+            sqlx::query(
+                "DELETE FROM groups WHERE name = ? AND NOT EXISTS (SELECT 1 FROM group_members WHERE group_name = ?)",
+            )
+            .bind(&from.name)
+            .bind(&from.name)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query("DELETE FROM group_members WHERE group_name = ?")
+            .bind(&group.name)
+            .execute(&mut *tx)
+            .await?;
+        for (position, s) in after.iter().enumerate() {
+            sqlx::query("INSERT INTO group_members (group_name, model, share, position) VALUES (?, ?, ?, ?)")
+                .bind(&group.name)
+                .bind(&s.member)
+                .bind(i64::from(s.share.get()))
+                .bind(position as i64)
+                .execute(&mut *tx)
+                .await?;
+        }
+        tx.commit().await?;
+
+        // The database now says what holds where; make the scheduler say the same.
+        self.rebuild(scheduler).await?;
+        Ok(PlanChange {
+            group: group.name.clone(),
+            revision,
+            line: None,
+            restarts: change.restarts,
+            steps: change.steps,
+            warning: verdict
+                .warns()
+                .then(|| placement::plan::FREE_ROW_WARNING.to_owned()),
+        })
+    }
+}
+
+fn group_gpu(
+    scheduler: &Scheduler,
+    gpu: &GpuRef,
+    group: Option<&str>,
+) -> Result<GroupGpu, ApiError> {
+    let found = scheduler
+        .inventory()
+        .gpu(gpu)
+        .ok_or_else(|| ApiError::Unprocessable(format!("{gpu} is not in the inventory")))?;
+    let prefix = group.map(holder_prefix);
+    let taken_by_others = match scheduler.hold(gpu) {
+        Some(Hold::Whole(by)) => {
+            return Err(ApiError::Conflict(format!(
+                "{gpu} is held whole by {by}; choose a shared or free GPU"
+            )))
+        }
+        Some(Hold::Shared(sharers)) => sharers
+            .iter()
+            .filter(|(w, _)| prefix.as_ref().is_none_or(|p| !w.starts_with(p.as_str())))
+            .map(|(_, b)| *b)
+            .sum(),
+        _ => placement::Bytes::ZERO,
+    };
+    Ok(GroupGpu {
+        gpu: gpu.clone(),
+        total: found.total,
+        held_outside: found.held_outside,
+        taken_by_others,
+    })
+}
+
+fn check_revision(group: &Group, revision: Option<i64>) -> Result<(), ApiError> {
+    match revision {
+        Some(r) if r == group.revision => Ok(()),
+        Some(r) => Err(ApiError::Conflict(format!(
+            "group {} is at revision {}, not {r}; read it again (GET /api/groups/{}) and retry",
+            group.name, group.revision, group.name
+        ))),
+        None => Err(ApiError::Conflict(format!(
+            "this changes group {}: name the revision you read (it is {})",
+            group.name, group.revision
+        ))),
+    }
+}
+
+fn no_group(name: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "there is no group named {name}; GET /api/groups lists them"
+    ))
+}
+
+fn group_view(group: &Group, system: &[String]) -> GroupView {
+    GroupView {
+        name: group.name.clone(),
+        gpus: group
+            .gpus
+            .iter()
+            .map(|g| format!("{}:{}", g.machine, g.index))
+            .collect(),
+        revision: group.revision,
+        members: group
+            .members
+            .iter()
+            .map(|s| MemberView {
+                name: s.member.clone(),
+                share_percent: s.share.as_percent_f64(),
+                locked: system.contains(&s.member),
+            })
+            .collect(),
+        total_percent: group
+            .members
+            .iter()
+            .map(|s| s.share)
+            .sum::<BasisPoints>()
+            .as_percent_f64(),
+    }
+}
+
+#[cfg(test)]
+mod tests;
