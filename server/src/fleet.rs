@@ -4,8 +4,9 @@
 
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
+use crate::inventory::LocalGpus;
 use placement::{
-    Assignment, Decision, Hold, Inventory, RequestedResources, Scheduler, WorkerRequest,
+    Assignment, Decision, Hold, Inventory, Machine, RequestedResources, Scheduler, WorkerRequest,
 };
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
@@ -218,10 +219,72 @@ impl Fleet {
             .collect())
     }
 
+    /// Takes a fresh reading of one machine (this machine's GPUs through NVML): what its GPUs offer may
+    /// have changed. Work that no longer fits waits again, with its reason; pending work that fits now is
+    /// placed, oldest first.
+    pub async fn refresh_machine(&self, machine: Machine) -> Result<(), ApiError> {
+        let mut scheduler = self.scheduler.lock().await;
+        let mut machines = scheduler.inventory().machines().to_vec();
+        if machines.contains(&machine) {
+            return Ok(());
+        }
+        machines.retain(|m| m.name != machine.name);
+        machines.push(machine);
+        let inventory =
+            Inventory::new(machines).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        self.rebuild_on(&mut scheduler, inventory).await?;
+        let mut tx = self.pool.begin().await?;
+        place_pending(&mut scheduler, &mut tx).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// Reads this machine's GPUs every `every` for as long as the server runs. A failed reading is logged
+    /// once until the next good one, and the last good reading stands meanwhile.
+    pub async fn follow_local_gpus(
+        self: std::sync::Arc<Self>,
+        gpus: std::sync::Arc<dyn LocalGpus>,
+        every: std::time::Duration,
+    ) {
+        let mut last_error = None;
+        loop {
+            tokio::time::sleep(every).await;
+            let reader = gpus.clone();
+            let reading =
+                tokio::task::spawn_blocking(move || reader.read().map_err(|e| e.to_string())).await;
+            let outcome = match reading {
+                Ok(Ok(reading)) => self
+                    .refresh_machine(reading.machine)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(e.to_string()),
+            };
+            match outcome {
+                Ok(()) => last_error = None,
+                Err(e) if last_error.as_ref() != Some(&e) => {
+                    tracing::warn!("this machine's GPUs could not be read again: {e}");
+                    last_error = Some(e);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
     /// Makes the scheduler hold exactly what the database says is placed. A placed worker that no longer
     /// fits (its GPU is gone from the inventory, say) becomes pending with the reason.
     pub(crate) async fn rebuild(&self, scheduler: &mut Scheduler) -> Result<(), ApiError> {
-        *scheduler = Scheduler::new(scheduler.inventory().clone());
+        let inventory = scheduler.inventory().clone();
+        self.rebuild_on(scheduler, inventory).await
+    }
+
+    /// [`Fleet::rebuild`] over another inventory (a machine's GPUs changed).
+    async fn rebuild_on(
+        &self,
+        scheduler: &mut Scheduler,
+        inventory: Inventory,
+    ) -> Result<(), ApiError> {
+        *scheduler = Scheduler::new(inventory);
         // Committed share plans first: they were judged against every GPU they run on.
         crate::groups::hold_groups(&self.pool, scheduler).await?;
         for row in db::workers(&self.pool).await? {

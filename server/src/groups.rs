@@ -246,8 +246,7 @@ impl Fleet {
         crate::fleet::check_name(&model.name)?;
         if model.default_share == BasisPoints::ZERO || model.default_share > BasisPoints::WHOLE {
             return Err(ApiError::Unprocessable(
-                "default_share must be more than 0 and at most 10000 basis points (100%)"
-                    .to_owned(),
+                "default_share_percent must be more than 0 and at most 100".to_owned(),
             ));
         }
         sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system) VALUES (?, ?, ?, ?, ?, ?)")

@@ -63,13 +63,23 @@ async fn health() -> Json<serde_json::Value> {
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let mut leptos_options = leptos::config::get_configuration(None)?.leptos_options;
     leptos_options.site_addr = config.listen;
-    let inventory = gather_inventory(&config)?;
+    let (inventory, local_gpus) = gather_inventory(&config)?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
     let fleet = Arc::new(
         Fleet::open(pool, inventory)
             .await
             .map_err(ServerError::Load)?,
     );
+    if config.demo {
+        let catalog = inventory::demo::demo_catalog();
+        fleet
+            .seed_catalog(&catalog)
+            .await
+            .map_err(ServerError::Load)?;
+    }
+    if let Some(gpus) = local_gpus {
+        tokio::spawn(fleet.clone().follow_local_gpus(gpus, LOCAL_GPU_REFRESH));
+    }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -89,14 +99,24 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     .map_err(ServerError::Serve)
 }
 
-/// The machines from every source: this machine's GPUs (NVML), the inventory file, and the demo fleet.
-/// Without an NVIDIA driver NVML fails: that is said once, and the other sources carry on.
-fn gather_inventory(config: &Config) -> Result<placement::Inventory, ServerError> {
+/// How often this machine's GPUs are read again: what they offer moves as other programs come and go.
+const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);
+
+/// The machines from every source: this machine's GPUs (NVML), the inventory file, and the demo fleet,
+/// with the NVML reader to follow this machine by. Without an NVIDIA driver NVML fails: that is said once,
+/// and the other sources carry on.
+fn gather_inventory(
+    config: &Config,
+) -> Result<(placement::Inventory, Option<Arc<dyn inventory::LocalGpus>>), ServerError> {
     use inventory::LocalGpus;
     let mut machines = Vec::new();
+    let mut local: Option<Arc<dyn LocalGpus>> = None;
     match inventory::nvml::NvmlGpus::init() {
         Ok(nvml) => match nvml.read() {
-            Ok(reading) => machines.push(reading.machine),
+            Ok(reading) => {
+                machines.push(reading.machine);
+                local = Some(Arc::new(nvml));
+            }
             Err(e) => tracing::warn!("{e}"),
         },
         Err(e) => tracing::info!("{e}"),
@@ -110,7 +130,7 @@ fn gather_inventory(config: &Config) -> Result<placement::Inventory, ServerError
     if machines.is_empty() {
         tracing::warn!("no machines: no NVIDIA driver, no --inventory file and no --demo; the console shows an empty fleet");
     }
-    Ok(placement::Inventory::new(machines)?)
+    Ok((placement::Inventory::new(machines)?, local))
 }
 
 async fn shutdown_signal() {

@@ -383,3 +383,29 @@ async fn a_plan_is_validated_against_the_gpus_it_runs_on() {
         "the share of a is negative; give a percentage such as 33.33"
     );
 }
+
+#[tokio::test]
+async fn a_fresh_reading_of_a_machine_moves_what_it_offers_and_who_fits() {
+    let app = TestApp::new(MAJIN).await;
+    app.post_worker(&shared_worker("a", 3.0)).await;
+    app.post_worker(&shared_worker("b", 3.0)).await;
+    let inventory = crate::inventory::file::parse_inventory(MAJIN).unwrap();
+    let mut majin = inventory[0].clone();
+    majin.gpus[0].held_outside = placement::Bytes::gb(3);
+    app.fleet.refresh_machine(majin.clone()).await.unwrap();
+    let (_, machine) = app.get("/api/machines/majin").await;
+    assert_eq!(machine["gpus"][0]["offered_gb"], 5.0);
+    let (_, b) = app.get("/api/workers/b").await;
+    assert_eq!(b["state"], "pending", "b no longer fits beside a: {b}");
+    assert_eq!(
+        b["pending_reasons"],
+        json!(["GPU 0 of majin: 3 of 5 GB taken by shared work; it needs 3"])
+    );
+    majin.gpus[0].held_outside = placement::Bytes::gb(1);
+    app.fleet.refresh_machine(majin).await.unwrap();
+    let (_, b) = app.get("/api/workers/b").await;
+    assert_eq!(
+        b["state"], "placed",
+        "placed again once the desktop lets go"
+    );
+}

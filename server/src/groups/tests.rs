@@ -358,7 +358,7 @@ async fn the_catalog_lists_and_takes_models() {
     let app = app().await;
     let (_, models) = app.get("/api/models").await;
     assert_eq!(models.as_array().unwrap().len(), demo_catalog().len());
-    let model = json!({"name": "reranker", "engine": "vllm", "default_share": 500, "group": null, "model_path": "BAAI/bge-reranker"});
+    let model = json!({"name": "reranker", "engine": "vllm", "default_share_percent": 5, "group": null, "model_path": "BAAI/bge-reranker"});
     let (status, _) = app
         .call(Method::POST, "/api/models", Some(&model.to_string()))
         .await;

@@ -29,7 +29,8 @@ pub struct CatalogModel {
     pub name: String,
     /// What runs it.
     pub engine: Engine,
-    /// The share of one GPU the deploy wizard proposes.
+    /// The share of one GPU the deploy wizard proposes; percent in JSON, like every share of the API.
+    #[serde(rename = "default_share_percent", with = "as_percent")]
     pub default_share: BasisPoints,
     /// The sharing group the model's recipe names, if any.
     pub group: Option<String>,
@@ -39,6 +40,22 @@ pub struct CatalogModel {
     /// group when one starts.
     #[serde(default)]
     pub system: bool,
+}
+
+/// A share as a percentage in JSON (`33.33`), read once into basis points.
+mod as_percent {
+    use placement::BasisPoints;
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(share: &BasisPoints, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(share.as_percent_f64())
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<BasisPoints, D::Error> {
+        let percent = f64::deserialize(d)?;
+        BasisPoints::from_percent(percent)
+            .map_err(|e| serde::de::Error::custom(format!("default_share_percent {e}")))
+    }
 }
 
 /// The demo fleet: majin, studio (WSL2), atlas and h200-node.
