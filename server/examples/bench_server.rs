@@ -1,0 +1,56 @@
+//! A Tessera server for load tests: the demo fleet, 16 shared workers on the 8 × H200 node (two per GPU),
+//! the whole router, and an axum hello-world route beside it to measure against in the same run.
+//! `scripts/bench-api` starts it and drives both routes with wrk.
+
+use axum::routing::get;
+use leptos::config::LeptosOptions;
+use placement::{GpuRequests, Inventory, RequestedResources};
+use server::fleet::{Fleet, NewWorker};
+use server::inventory::demo::demo_fleet;
+use server::{db, router, AppState};
+use std::sync::Arc;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let addr = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "127.0.0.1:3099".to_owned());
+    let dir = tempfile::tempdir()?;
+    let pool = db::connect(None, dir.path()).await?;
+    let fleet = Arc::new(
+        Fleet::open(pool, Inventory::new(demo_fleet())?)
+            .await
+            .map_err(|e| e.to_string())?,
+    );
+    for n in 0..16u32 {
+        let gpu_requests = GpuRequests {
+            shared: true,
+            memory_gb: Some(f64::from(8 + n)),
+            ids: vec![format!("h200-node:{}", n % 8)],
+            ..Default::default()
+        };
+        let worker = NewWorker {
+            name: format!("worker-{n:02}"),
+            requested_resources: RequestedResources {
+                cpu_cores: Some(2.0),
+                memory_bytes: None,
+                gpu_requests: Some(gpu_requests),
+            },
+            command: None,
+            env: Default::default(),
+        };
+        fleet
+            .create_worker(worker)
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let state = AppState {
+        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
+        fleet,
+    };
+    let app = router(state).route("/bench/hello", get(|| async { "Hello, World!" }));
+    let listener = tokio::net::TcpListener::bind(&addr).await?;
+    eprintln!("bench server on http://{addr}");
+    axum::serve(listener, app).await?;
+    Ok(())
+}
