@@ -11,6 +11,7 @@ use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use placement::{judge, BasisPoints, GpuRef, PlanMember, Verdict};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
 #[derive(FromRequest)]
@@ -43,15 +44,15 @@ async fn create_worker(
     ))
 }
 
-async fn list_workers(State(state): State<AppState>) -> Result<Json<Vec<WorkerView>>, ApiError> {
-    Ok(Json(state.fleet.workers().await?))
+async fn list_workers(State(state): State<AppState>) -> Json<Vec<WorkerView>> {
+    Json(state.fleet.workers())
 }
 
 async fn get_worker(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<WorkerView>, ApiError> {
-    Ok(Json(state.fleet.worker(&name).await?))
+    Ok(Json(state.fleet.worker(&name)?))
 }
 
 /// `?revision=N`: delete only if the worker is still at revision N.
@@ -86,8 +87,8 @@ async fn get_machine(
 async fn machine_workers(
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Vec<WorkerView>>, ApiError> {
-    Ok(Json(state.fleet.machine_workers(&name).await?))
+) -> Result<Json<Arc<Vec<WorkerView>>>, ApiError> {
+    Ok(Json(state.fleet.machine_workers(&name)?))
 }
 
 async fn list_models(State(state): State<AppState>) -> Result<Json<Vec<CatalogModel>>, ApiError> {

@@ -11,6 +11,7 @@ use placement::{
 use serde::{Deserialize, Serialize};
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
+use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::Mutex;
 
 /// The longest worker name.
@@ -62,7 +63,20 @@ pub struct WorkerView {
 /// The fleet service.
 pub struct Fleet {
     pub(crate) pool: SqlitePool,
+    /// Every write is decided and committed under this lock.
     pub(crate) scheduler: Mutex<Scheduler>,
+    /// What reads are answered from, published after each committed write, so that a read waits on neither
+    /// the write lock nor the database.
+    views: RwLock<Arc<Views>>,
+}
+
+/// Every worker's view, as of the last committed write.
+#[derive(Default)]
+struct Views {
+    /// Oldest first.
+    workers: Vec<WorkerView>,
+    /// The workers placed on each machine of the inventory (an empty list for a machine with none).
+    by_machine: BTreeMap<String, Arc<Vec<WorkerView>>>,
 }
 
 impl Fleet {
@@ -72,6 +86,7 @@ impl Fleet {
         let fleet = Fleet {
             pool,
             scheduler: Mutex::new(Scheduler::new(inventory)),
+            views: RwLock::default(),
         };
         {
             let mut scheduler = fleet.scheduler.lock().await;
@@ -79,6 +94,7 @@ impl Fleet {
             let mut tx = fleet.pool.begin().await?;
             place_pending(&mut scheduler, &mut tx).await?;
             tx.commit().await?;
+            fleet.publish(&scheduler).await?;
         }
         Ok(fleet)
     }
@@ -123,25 +139,23 @@ impl Fleet {
                 self.rebuild(&mut scheduler).await?;
             }
         }
-        drop(scheduler);
-        self.worker(&new.name).await
+        self.publish(&scheduler).await?;
+        self.worker(&new.name)
     }
 
     /// One worker.
-    pub async fn worker(&self, name: &str) -> Result<WorkerView, ApiError> {
-        let row = db::worker(&self.pool, name)
-            .await?
-            .ok_or_else(|| no_worker(name))?;
-        view(row)
+    pub fn worker(&self, name: &str) -> Result<WorkerView, ApiError> {
+        self.views()
+            .workers
+            .iter()
+            .find(|w| w.name == name)
+            .cloned()
+            .ok_or_else(|| no_worker(name))
     }
 
     /// Every worker, oldest first.
-    pub async fn workers(&self) -> Result<Vec<WorkerView>, ApiError> {
-        db::workers(&self.pool)
-            .await?
-            .into_iter()
-            .map(view)
-            .collect()
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.views().workers.clone()
     }
 
     /// Ends a worker: its memory is free for the next, and pending work that now fits is placed, oldest first.
@@ -175,7 +189,7 @@ impl Fleet {
             self.rebuild(&mut scheduler).await?;
             return Err(e);
         }
-        Ok(())
+        self.publish(&scheduler).await
     }
 
     /// Each machine with its GPUs, what they offer and who holds them.
@@ -200,23 +214,48 @@ impl Fleet {
     }
 
     /// The workers placed on one machine.
-    pub async fn machine_workers(&self, name: &str) -> Result<Vec<WorkerView>, ApiError> {
-        if self
-            .scheduler
-            .lock()
-            .await
-            .inventory()
-            .machine(name)
-            .is_none()
-        {
-            return Err(no_machine(name));
-        }
-        Ok(self
-            .workers()
+    pub fn machine_workers(&self, name: &str) -> Result<Arc<Vec<WorkerView>>, ApiError> {
+        self.views()
+            .by_machine
+            .get(name)
+            .cloned()
+            .ok_or_else(|| no_machine(name))
+    }
+
+    fn views(&self) -> Arc<Views> {
+        self.views
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Makes reads answer what the database now says.
+    async fn publish(&self, scheduler: &Scheduler) -> Result<(), ApiError> {
+        let workers = db::workers(&self.pool)
             .await?
             .into_iter()
-            .filter(|w| w.machine.as_deref() == Some(name))
-            .collect())
+            .map(view)
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut by_machine: BTreeMap<String, Vec<WorkerView>> = scheduler
+            .inventory()
+            .machines()
+            .iter()
+            .map(|m| (m.name.clone(), Vec::new()))
+            .collect();
+        for worker in &workers {
+            if let Some(list) = worker.machine.as_ref().and_then(|m| by_machine.get_mut(m)) {
+                list.push(worker.clone());
+            }
+        }
+        let views = Views {
+            workers,
+            by_machine: by_machine
+                .into_iter()
+                .map(|(m, list)| (m, Arc::new(list)))
+                .collect(),
+        };
+        *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
+        Ok(())
     }
 
     /// Takes a fresh reading of one machine (this machine's GPUs through NVML): what its GPUs offer may
@@ -236,7 +275,7 @@ impl Fleet {
         let mut tx = self.pool.begin().await?;
         place_pending(&mut scheduler, &mut tx).await?;
         tx.commit().await?;
-        Ok(())
+        self.publish(&scheduler).await
     }
 
     /// Reads this machine's GPUs every `every` for as long as the server runs. A failed reading is logged
@@ -305,7 +344,7 @@ impl Fleet {
                     .await?;
             }
         }
-        Ok(())
+        self.publish(scheduler).await
     }
 }
 
