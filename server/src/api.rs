@@ -6,12 +6,12 @@ use crate::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
 use crate::inventory::demo::CatalogModel;
 use crate::AppState;
 use axum::extract::{FromRequest, Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use placement::{judge, BasisPoints, GpuRef, PlanMember, Verdict};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
 #[derive(FromRequest)]
@@ -87,8 +87,9 @@ async fn get_machine(
 async fn machine_workers(
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Arc<Vec<WorkerView>>>, ApiError> {
-    Ok(Json(state.fleet.machine_workers(&name)?))
+) -> Result<impl IntoResponse, ApiError> {
+    let json = state.fleet.machine_workers(&name)?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json))
 }
 
 async fn list_models(State(state): State<AppState>) -> Result<Json<Vec<CatalogModel>>, ApiError> {

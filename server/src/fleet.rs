@@ -75,8 +75,9 @@ pub struct Fleet {
 struct Views {
     /// Oldest first.
     workers: Vec<WorkerView>,
-    /// The workers placed on each machine of the inventory (an empty list for a machine with none).
-    by_machine: BTreeMap<String, Arc<Vec<WorkerView>>>,
+    /// The workers placed on each machine of the inventory, as the JSON answer: the API's most read
+    /// route is served as it was serialized at the last write.
+    by_machine: BTreeMap<String, axum::body::Bytes>,
 }
 
 impl Fleet {
@@ -213,8 +214,8 @@ impl Fleet {
         Ok(machine_view(&scheduler, machine))
     }
 
-    /// The workers placed on one machine.
-    pub fn machine_workers(&self, name: &str) -> Result<Arc<Vec<WorkerView>>, ApiError> {
+    /// The workers placed on one machine, as a JSON array.
+    pub fn machine_workers(&self, name: &str) -> Result<axum::body::Bytes, ApiError> {
         self.views()
             .by_machine
             .get(name)
@@ -247,12 +248,20 @@ impl Fleet {
                 list.push(worker.clone());
             }
         }
+        let by_machine = by_machine
+            .into_iter()
+            .map(|(m, list)| {
+                Ok((
+                    m,
+                    serde_json::to_vec(&list)
+                        .map_err(ApiError::internal)?
+                        .into(),
+                ))
+            })
+            .collect::<Result<_, ApiError>>()?;
         let views = Views {
             workers,
-            by_machine: by_machine
-                .into_iter()
-                .map(|(m, list)| (m, Arc::new(list)))
-                .collect(),
+            by_machine,
         };
         *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
         Ok(())
