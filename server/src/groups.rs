@@ -313,35 +313,7 @@ impl Fleet {
             .find(|g| g.name == name)
             .ok_or_else(|| no_group(name))?;
         check_revision(&group, Some(update.revision))?;
-        if let Some(stranger) = update
-            .shares
-            .keys()
-            .find(|m| !group.members.iter().any(|s| &&s.member == m))
-        {
-            return Err(ApiError::Unprocessable(format!(
-                "{name} has no member named {stranger}"
-            )));
-        }
-        let mut plan = Vec::with_capacity(group.members.len());
-        for s in &group.members {
-            let locked = system.contains(&s.member);
-            let share = update
-                .shares
-                .get(&s.member)
-                .map(|p| percent(*p, &s.member))
-                .transpose()?;
-            if locked && share.is_some_and(|p| p != s.share) {
-                return Err(ApiError::Unprocessable(format!(
-                    "the share of {} is not editable",
-                    s.member
-                )));
-            }
-            plan.push(PlanMember {
-                name: s.member.clone(),
-                share: if locked { Some(s.share) } else { share },
-                locked,
-            });
-        }
+        let plan = plan_with(&group, &system, &update.shares, false)?;
         self.commit(&mut scheduler, &group, plan, None).await
     }
 
@@ -403,26 +375,7 @@ impl Fleet {
                     .cloned()
                     .ok_or_else(|| no_group(name))?;
                 check_revision(&group, deploy.revision)?;
-                let mut plan = Vec::new();
-                for s in &group.members {
-                    let locked = system.contains(&s.member);
-                    let asked = deploy
-                        .shares
-                        .get(&s.member)
-                        .map(|p| percent(*p, &s.member))
-                        .transpose()?;
-                    if locked && asked.is_some_and(|p| p != s.share) {
-                        return Err(ApiError::Unprocessable(format!(
-                            "the share of {} is not editable",
-                            s.member
-                        )));
-                    }
-                    plan.push(PlanMember {
-                        name: s.member.clone(),
-                        share: Some(asked.unwrap_or(s.share)),
-                        locked,
-                    });
-                }
+                let plan = plan_with(&group, &system, &deploy.shares, true)?;
                 (group, plan, None)
             }
             GroupChoice::New { name, .. } => {
@@ -617,6 +570,53 @@ fn group_gpu(
         held_outside: found.held_outside,
         taken_by_others,
     })
+}
+
+/// The group's members with the shares asked for, in percent. The router keeps its share (asking to change
+/// it is refused), and a member not asked about keeps its share when `keep_unasked`, or has none (which the
+/// verdict refuses) when the whole plan was sent.
+fn plan_with(
+    group: &Group,
+    system: &[String],
+    asked: &BTreeMap<String, f64>,
+    keep_unasked: bool,
+) -> Result<Vec<PlanMember>, ApiError> {
+    if let Some(stranger) = asked
+        .keys()
+        .find(|m| !group.members.iter().any(|s| &&s.member == m))
+    {
+        return Err(ApiError::Unprocessable(format!(
+            "{} has no member named {stranger}",
+            group.name
+        )));
+    }
+    group
+        .members
+        .iter()
+        .map(|s| {
+            let locked = system.contains(&s.member);
+            let share = asked
+                .get(&s.member)
+                .map(|p| percent(*p, &s.member))
+                .transpose()?;
+            if locked && share.is_some_and(|p| p != s.share) {
+                return Err(ApiError::Unprocessable(format!(
+                    "the share of {} is not editable",
+                    s.member
+                )));
+            }
+            let share = if locked || (keep_unasked && share.is_none()) {
+                Some(s.share)
+            } else {
+                share
+            };
+            Ok(PlanMember {
+                name: s.member.clone(),
+                share,
+                locked,
+            })
+        })
+        .collect()
 }
 
 fn check_revision(group: &Group, revision: Option<i64>) -> Result<(), ApiError> {

@@ -221,6 +221,14 @@ async fn a_refused_plan_is_a_422_with_the_seeds_words_and_changes_nothing() {
         assert_eq!(body["error"], message);
         assert_eq!(body["verdict"]["verdict"], "refused");
     }
+    let (status, body) = put_plan(
+        &app,
+        "text-router",
+        json!({"revision": 2, "shares": {"glm-5.3": 40, "speech": 10, "ghost": 5}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"], "text-router has no member named ghost");
     let (_, group) = app.get("/api/groups/text-router").await;
     assert_eq!(group["revision"], 2);
     assert_eq!(group["total_percent"], 50.0);
