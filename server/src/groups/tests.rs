@@ -33,6 +33,22 @@ async fn app() -> TestApp {
     app
 }
 
+/// text-router on atlas:1 at revision 2: glm-5.3 at 40 %, then speech at 10 %.
+async fn text_router_at_revision_2() -> TestApp {
+    let app = app().await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &app,
+        json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "revision": 1}),
+    )
+    .await;
+    app
+}
+
 async fn deploy(app: &TestApp, body: Value) -> (StatusCode, Value) {
     app.call(Method::POST, "/api/deployments", Some(&body.to_string()))
         .await
@@ -138,17 +154,7 @@ async fn a_model_joins_the_group_on_its_gpus_and_a_shrinking_member_restarts_fir
 
 #[tokio::test]
 async fn a_plan_change_restarts_only_the_members_whose_share_changed() {
-    let app = app().await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-    )
-    .await;
-    deploy(
-        &app,
-        json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "revision": 1}),
-    )
-    .await;
+    let app = text_router_at_revision_2().await;
     let (status, change) = put_plan(
         &app,
         "text-router",
@@ -185,17 +191,7 @@ async fn a_stale_revision_is_a_409_and_changes_nothing() {
 
 #[tokio::test]
 async fn a_refused_plan_is_a_422_with_the_seeds_words_and_changes_nothing() {
-    let app = app().await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-    )
-    .await;
-    deploy(
-        &app,
-        json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "revision": 1}),
-    )
-    .await;
+    let app = text_router_at_revision_2().await;
     let cases = [
         (
             json!({"glm-5.3": 95, "speech": 10}),
