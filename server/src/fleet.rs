@@ -188,6 +188,7 @@ impl Fleet {
             // Nothing was committed: put the scheduler back as the database has it.
             drop(held);
             self.rebuild(&mut scheduler).await?;
+            self.publish(&scheduler).await?;
             return Err(e);
         }
         self.publish(&scheduler).await
@@ -231,7 +232,7 @@ impl Fleet {
     }
 
     /// Makes reads answer what the database now says.
-    async fn publish(&self, scheduler: &Scheduler) -> Result<(), ApiError> {
+    pub(crate) async fn publish(&self, scheduler: &Scheduler) -> Result<(), ApiError> {
         let workers = db::workers(&self.pool)
             .await?
             .into_iter()
@@ -353,7 +354,7 @@ impl Fleet {
                     .await?;
             }
         }
-        self.publish(scheduler).await
+        Ok(())
     }
 }
 
@@ -385,11 +386,15 @@ async fn place_pending(
             }
             Decision::Wait(reasons) => {
                 let reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
-                sqlx::query("UPDATE workers SET pending_reasons = ? WHERE name = ?")
-                    .bind(serde_json::to_string(&reasons).map_err(ApiError::internal)?)
-                    .bind(&row.name)
-                    .execute(&mut *tx)
-                    .await?;
+                let reasons = serde_json::to_string(&reasons).map_err(ApiError::internal)?;
+                // Most writes leave most pending workers' reasons as they were: write only a change.
+                if reasons != row.pending_reasons {
+                    sqlx::query("UPDATE workers SET pending_reasons = ? WHERE name = ?")
+                        .bind(&reasons)
+                        .bind(&row.name)
+                        .execute(&mut *tx)
+                        .await?;
+                }
             }
         }
     }

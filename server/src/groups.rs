@@ -528,6 +528,7 @@ impl Fleet {
 
         // The database now says what holds where; make the scheduler say the same.
         self.rebuild(scheduler).await?;
+        self.publish(scheduler).await?;
         Ok(PlanChange {
             group: group.name.clone(),
             revision,
