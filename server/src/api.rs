@@ -10,7 +10,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use placement::{judge, BasisPoints, GpuRef, PlanMember, Verdict};
+use placement::{judge, GpuRef, PlanMember, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
@@ -231,14 +231,8 @@ async fn validate_plan(
     for m in &plan.members {
         let share = m
             .share
-            .map(BasisPoints::from_percent)
-            .transpose()
-            .map_err(|e| {
-                ApiError::Unprocessable(format!(
-                    "the share of {} {e}; give a percentage such as 33.33",
-                    m.name
-                ))
-            })?;
+            .map(|p| crate::groups::percent(p, &m.name))
+            .transpose()?;
         members.push(PlanMember {
             name: m.name.clone(),
             share,

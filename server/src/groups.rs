@@ -202,7 +202,8 @@ async fn load_groups(pool: &SqlitePool) -> Result<Vec<Group>, ApiError> {
         .collect()
 }
 
-fn percent(share: f64, whose: &str) -> Result<BasisPoints, ApiError> {
+/// A share in percent from a request, read once into basis points.
+pub(crate) fn percent(share: f64, whose: &str) -> Result<BasisPoints, ApiError> {
     BasisPoints::from_percent(share).map_err(|e| {
         ApiError::Unprocessable(format!(
             "the share of {whose} {e}; give a percentage such as 33.33"
