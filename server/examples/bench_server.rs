@@ -7,6 +7,7 @@ use leptos::config::LeptosOptions;
 use placement::{GpuRequests, Inventory, RequestedResources};
 use server::fleet::{Fleet, NewWorker};
 use server::inventory::demo::demo_fleet;
+use server::runtime::{Hosts, Runtime, Settings};
 use server::{db, router, AppState};
 use std::sync::Arc;
 
@@ -17,10 +18,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "127.0.0.1:3099".to_owned());
     let dir = tempfile::tempdir()?;
     let pool = db::connect(None, dir.path()).await?;
+    // Every machine counts as remote here: what is measured is the server, not engines starting.
+    let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
+    let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
     let fleet = Arc::new(
-        Fleet::open(pool, Inventory::new(demo_fleet())?)
-            .await
-            .map_err(|e| e.to_string())?,
+        Fleet::open(
+            pool,
+            Inventory::new(demo_fleet())?,
+            runtime,
+            Hosts::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?,
     );
     for n in 0..16u32 {
         let gpu_requests = GpuRequests {

@@ -8,6 +8,7 @@ use placement::Inventory;
 use server::fleet::Fleet;
 use server::groups::Deploy;
 use server::inventory::demo::{demo_catalog, demo_fleet};
+use server::runtime::{Hosts, Runtime, Settings};
 use server::{db, router, AppState};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -19,10 +20,18 @@ const COMMITS: usize = 2_000;
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = tempfile::tempdir()?;
     let pool = db::connect(None, dir.path()).await?;
+    // Every machine counts as remote here: what is measured is the server, not engines starting.
+    let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
+    let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
     let fleet = Arc::new(
-        Fleet::open(pool, Inventory::new(demo_fleet())?)
-            .await
-            .map_err(|e| e.to_string())?,
+        Fleet::open(
+            pool,
+            Inventory::new(demo_fleet())?,
+            runtime,
+            Hosts::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?,
     );
     fleet
         .seed_catalog(&demo_catalog())
@@ -34,6 +43,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         share: Some(30.0),
         shares: Default::default(),
         revision,
+        args: Vec::new(),
+        env: Default::default(),
     };
     fleet
         .deploy(deploy("glm-5.3", None))

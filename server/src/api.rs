@@ -4,6 +4,7 @@ use crate::error::ApiError;
 use crate::fleet::{MachineView, NewWorker, WorkerView};
 use crate::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
 use crate::inventory::demo::CatalogModel;
+use crate::runtime::EngineView;
 use crate::AppState;
 use axum::extract::{FromRequest, Path, Query, State};
 use axum::http::{header, StatusCode};
@@ -32,6 +33,85 @@ pub fn routes() -> Router<AppState> {
         .route("/api/groups/{name}", get(get_group))
         .route("/api/groups/{name}/plan", put(change_plan))
         .route("/api/deployments", post(deploy))
+        .route("/api/engines", get(list_engines))
+        .route("/api/engines/{id}", get(get_engine))
+        .route("/api/engines/{id}/logs", get(engine_logs))
+        .route("/api/events", get(events))
+}
+
+async fn list_engines(State(state): State<AppState>) -> Json<Vec<EngineView>> {
+    Json(state.fleet.runtime().engines())
+}
+
+async fn get_engine(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<EngineView>, ApiError> {
+    state
+        .fleet
+        .runtime()
+        .engine(&id)
+        .map(Json)
+        .ok_or_else(|| no_engine(&id))
+}
+
+/// `?lines=N`: how many of the last lines (100 unless said, at most 1000).
+#[derive(Debug, Deserialize)]
+struct LinesQuery {
+    lines: Option<usize>,
+}
+
+/// An engine's last lines of output.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EngineLogs {
+    /// The engine's id.
+    pub engine: String,
+    /// Oldest first.
+    pub lines: Vec<String>,
+}
+
+async fn engine_logs(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    query: Result<Query<LinesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EngineLogs>, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::BadRequest("lines must be a whole number, such as ?lines=50".to_owned())
+    })?;
+    let lines = query.lines.unwrap_or(100).min(1000);
+    let read = state
+        .fleet
+        .runtime()
+        .logs(&id, lines)
+        .ok_or_else(|| no_engine(&id))?;
+    Ok(Json(EngineLogs {
+        engine: id,
+        lines: read.map_err(ApiError::internal)?,
+    }))
+}
+
+fn no_engine(id: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "there is no engine {id}; GET /api/engines lists them"
+    ))
+}
+
+/// `GET /api/events`: engine states and plan-change steps as server-sent events, each a JSON object with
+/// its `kind`, until the server stops.
+async fn events(
+    State(state): State<AppState>,
+) -> axum::response::Sse<
+    impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+> {
+    use futures::StreamExt;
+    let stream = state.fleet.runtime().events().map(|event| {
+        Ok(axum::response::sse::Event::default()
+            .json_data(&event)
+            .unwrap_or_else(|_| {
+                axum::response::sse::Event::default().comment("unserializable event")
+            }))
+    });
+    axum::response::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default())
 }
 
 async fn create_worker(

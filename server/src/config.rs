@@ -31,6 +31,93 @@ pub struct Config {
     /// A database other than the SQLite file in the data folder, such as sqlite:///var/lib/tessera.db.
     #[arg(long, env = "DATABASE_URL", value_name = "URL")]
     pub database_url: Option<String>,
+    /// How engines are supervised.
+    #[command(flatten)]
+    pub engines: EngineFlags,
+    /// Run something other than the server.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// What else the binary runs.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// The demo engine: serves /health on $TESSERA_PORT and reports how it was started, standing in for
+    /// the engine command line that follows `--`.
+    DemoEngine {
+        /// The real engine's command line.
+        #[arg(last = true)]
+        stands_in_for: Vec<String>,
+    },
+}
+
+/// The supervisor's timings. The defaults suit engines that load real weights; the tests shorten them.
+#[derive(Debug, Clone, clap::Args)]
+pub struct EngineFlags {
+    /// How often each engine's health is checked, in milliseconds.
+    #[arg(
+        long,
+        env = "TESSERA_HEALTH_INTERVAL_MS",
+        default_value_t = 2000,
+        value_name = "MS"
+    )]
+    pub health_interval_ms: u64,
+    /// How long an engine may take to become healthy after it starts (loading weights), in seconds.
+    #[arg(
+        long,
+        env = "TESSERA_START_TIMEOUT_S",
+        default_value_t = 900,
+        value_name = "S"
+    )]
+    pub start_timeout_s: u64,
+    /// How long a stopping engine is given after SIGTERM before SIGKILL, in milliseconds.
+    #[arg(
+        long,
+        env = "TESSERA_STOP_TIMEOUT_MS",
+        default_value_t = 30_000,
+        value_name = "MS"
+    )]
+    pub stop_timeout_ms: u64,
+    /// The first wait before restarting a failed engine, in milliseconds; it doubles with each failure.
+    #[arg(
+        long,
+        env = "TESSERA_RESTART_BACKOFF_MS",
+        default_value_t = 1000,
+        value_name = "MS"
+    )]
+    pub restart_backoff_ms: u64,
+    /// The longest wait before a restart, in milliseconds.
+    #[arg(
+        long,
+        env = "TESSERA_RESTART_BACKOFF_MAX_MS",
+        default_value_t = 60_000,
+        value_name = "MS"
+    )]
+    pub restart_backoff_max_ms: u64,
+    /// Failures in a row after which an engine is left failed.
+    #[arg(
+        long,
+        env = "TESSERA_MAX_RESTARTS",
+        default_value_t = 5,
+        value_name = "N"
+    )]
+    pub max_restarts: u32,
+}
+
+impl EngineFlags {
+    /// The runtime's settings, with the demo engine run from `exe` and logs kept in `log_dir`.
+    pub fn settings(&self, exe: PathBuf, log_dir: PathBuf) -> crate::runtime::Settings {
+        use std::time::Duration;
+        crate::runtime::Settings {
+            health_interval: Duration::from_millis(self.health_interval_ms.max(10)),
+            start_timeout: Duration::from_secs(self.start_timeout_s),
+            stop_timeout: Duration::from_millis(self.stop_timeout_ms),
+            backoff: Duration::from_millis(self.restart_backoff_ms),
+            backoff_max: Duration::from_millis(self.restart_backoff_max_ms),
+            max_restarts: self.max_restarts,
+            ..crate::runtime::Settings::new(exe, log_dir)
+        }
+    }
 }
 
 #[cfg(test)]
@@ -67,5 +154,25 @@ mod tests {
         assert!(config.demo);
         assert_eq!(config.inventory, Some(PathBuf::from("fleet.toml")));
         assert_eq!(config.data_dir, PathBuf::from("/tmp/t"));
+    }
+
+    #[test]
+    fn the_demo_engine_takes_the_command_line_it_stands_in_for_after_two_dashes() {
+        let config = Config::try_parse_from([
+            "tessera",
+            "demo-engine",
+            "--",
+            "vllm",
+            "serve",
+            "--port",
+            "1",
+        ])
+        .unwrap();
+        match config.command {
+            Some(Command::DemoEngine { stands_in_for }) => {
+                assert_eq!(stands_in_for, ["vllm", "serve", "--port", "1"]);
+            }
+            None => panic!("no subcommand"),
+        }
     }
 }

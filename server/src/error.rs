@@ -40,6 +40,9 @@ pub enum ServerError {
     /// The stored state could not be loaded.
     #[error("the stored workers could not be loaded: {0}")]
     Load(ApiError),
+    /// The server's own binary cannot be found, to run the demo engine from.
+    #[error("could not find this program's own path (to run the demo engine): {0}")]
+    Exe(std::io::Error),
     /// Serving failed.
     #[error("the server stopped: {0}")]
     Serve(std::io::Error),

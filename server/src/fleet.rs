@@ -4,7 +4,10 @@
 
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
+use crate::inventory::demo::Engine;
 use crate::inventory::LocalGpus;
+use crate::runtime::spec::{EngineSpec, Recipe};
+use crate::runtime::{Change, Hosts, Runtime};
 use placement::{
     Assignment, Decision, Hold, Inventory, Machine, RequestedResources, Scheduler, WorkerRequest,
 };
@@ -63,6 +66,10 @@ pub struct WorkerView {
 /// The fleet service.
 pub struct Fleet {
     pub(crate) pool: SqlitePool,
+    /// Runs what the committed state says should run.
+    pub(crate) runtime: Arc<Runtime>,
+    /// Which machines engines can be started for.
+    hosts: Hosts,
     /// Every write is decided and committed under this lock.
     pub(crate) scheduler: Mutex<Scheduler>,
     /// What reads are answered from, published after each committed write, so that a read waits on neither
@@ -82,10 +89,17 @@ struct Views {
 
 impl Fleet {
     /// Opens the fleet on `inventory`, rebuilding who holds what from the database, then placing whatever
-    /// pending work now fits (oldest first).
-    pub async fn open(pool: SqlitePool, inventory: Inventory) -> Result<Fleet, ApiError> {
+    /// pending work now fits (oldest first). The runtime then reconciles the engines with what was committed.
+    pub async fn open(
+        pool: SqlitePool,
+        inventory: Inventory,
+        runtime: Arc<Runtime>,
+        hosts: Hosts,
+    ) -> Result<Fleet, ApiError> {
         let fleet = Fleet {
             pool,
+            runtime,
+            hosts,
             scheduler: Mutex::new(Scheduler::new(inventory)),
             views: RwLock::default(),
         };
@@ -96,8 +110,67 @@ impl Fleet {
             place_pending(&mut scheduler, &mut tx).await?;
             tx.commit().await?;
             fleet.publish(&scheduler).await?;
+            let desired = fleet.desired(&scheduler).await?;
+            fleet.runtime.submit(Change::Reconcile(desired));
         }
         Ok(fleet)
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Runtime {
+        &self.runtime
+    }
+
+    /// Every engine the committed state wants running: each group member on each machine of its group, then
+    /// each placed worker, oldest first.
+    pub(crate) async fn desired(&self, scheduler: &Scheduler) -> Result<Vec<EngineSpec>, ApiError> {
+        let mut specs = crate::groups::member_engines(&self.pool, scheduler, &self.hosts).await?;
+        for row in db::workers(&self.pool).await? {
+            let Some(assignment) = row.assignment.as_deref() else {
+                continue;
+            };
+            let assignment: Assignment =
+                serde_json::from_str(assignment).map_err(ApiError::internal)?;
+            let gpus: Vec<&placement::Gpu> = assignment
+                .gpus
+                .iter()
+                .filter_map(|i| {
+                    scheduler
+                        .inventory()
+                        .gpu(&placement::GpuRef::new(&assignment.machine, *i))
+                })
+                .collect();
+            specs.push(EngineSpec {
+                unit: row.name,
+                host: self.hosts.host(&assignment.machine),
+                gpu_total: gpus.first().map(|g| g.total).unwrap_or_default(),
+                gpu_offered: gpus.iter().map(|g| g.offered()).min().unwrap_or_default(),
+                gpus: assignment.gpus,
+                share: assignment.shared,
+                recipe: Recipe {
+                    engine: Engine::Command,
+                    model_path: String::new(),
+                    command: row.command,
+                    args: Vec::new(),
+                    env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
+                },
+                machine: assignment.machine,
+            });
+        }
+        Ok(specs)
+    }
+
+    /// Hands the committed state to the runtime. The write it follows is committed already: a failure here
+    /// is logged, and the next write (or start) hands it over again.
+    async fn sync_engines(&self, scheduler: &Scheduler) {
+        match self.desired(scheduler).await {
+            Ok(desired) => {
+                self.runtime.submit(Change::Apply(desired));
+            }
+            Err(e) => tracing::error!(
+                "the engines could not be brought in line with the committed state: {e}"
+            ),
+        }
     }
 
     /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
@@ -141,6 +214,7 @@ impl Fleet {
             }
         }
         self.publish(&scheduler).await?;
+        self.sync_engines(&scheduler).await;
         self.worker(&new.name)
     }
 
@@ -191,7 +265,9 @@ impl Fleet {
             self.publish(&scheduler).await?;
             return Err(e);
         }
-        self.publish(&scheduler).await
+        self.publish(&scheduler).await?;
+        self.sync_engines(&scheduler).await;
+        Ok(())
     }
 
     /// Each machine with its GPUs, what they offer and who holds them.
@@ -285,7 +361,9 @@ impl Fleet {
         let mut tx = self.pool.begin().await?;
         place_pending(&mut scheduler, &mut tx).await?;
         tx.commit().await?;
-        self.publish(&scheduler).await
+        self.publish(&scheduler).await?;
+        self.sync_engines(&scheduler).await;
+        Ok(())
     }
 
     /// Reads this machine's GPUs every `every` for as long as the server runs. A failed reading is logged
@@ -299,8 +377,10 @@ impl Fleet {
         loop {
             tokio::time::sleep(every).await;
             let reader = gpus.clone();
+            let ours = self.runtime.pids();
             let reading =
-                tokio::task::spawn_blocking(move || reader.read().map_err(|e| e.to_string())).await;
+                tokio::task::spawn_blocking(move || reader.read(&ours).map_err(|e| e.to_string()))
+                    .await;
             let outcome = match reading {
                 Ok(Ok(reading)) => self
                     .refresh_machine(reading.machine)

@@ -6,6 +6,8 @@ use crate::api::VerdictView;
 use crate::error::ApiError;
 use crate::fleet::Fleet;
 use crate::inventory::demo::{CatalogModel, Engine};
+use crate::runtime::spec::{EngineSpec, Recipe};
+use crate::runtime::{EngineState, Progress};
 use placement::{
     choose_group, judge, transition, Assignment, BasisPoints, GpuRef, GroupChoice, GroupGpu, Hold,
     PlanMember, Restart, Scheduler, Share, Step,
@@ -27,6 +29,9 @@ pub struct GroupView {
     pub members: Vec<MemberView>,
     /// The sum of the shares, percent.
     pub total_percent: f64,
+    /// The last plan change carried out (or being carried out) since the server started, step by step.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
 }
 
 /// A member of a group.
@@ -38,6 +43,21 @@ pub struct MemberView {
     pub share_percent: f64,
     /// A system member (the router): not editable.
     pub locked: bool,
+    /// Its engine on each machine of the group, and how each is.
+    #[serde(default)]
+    pub engines: Vec<MemberEngine>,
+}
+
+/// A member's engine on one machine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberEngine {
+    /// The machine.
+    pub machine: String,
+    /// Its state.
+    pub state: EngineState,
+    /// Why it is not as wanted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// What a committed plan change does: the new revision, and who restarts in which order.
@@ -76,6 +96,19 @@ pub struct Deploy {
     /// The revision of the group it joins; required when it joins one.
     #[serde(default)]
     pub revision: Option<i64>,
+    /// Serving configuration: arguments added to the model's recipe.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Serving configuration: environment variables added to the model's recipe.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A deployment's own serving configuration.
+#[derive(Debug, Clone, Default)]
+struct Serving {
+    args: Vec<String>,
+    env: BTreeMap<String, String>,
 }
 
 /// `PUT /api/groups/{name}/plan`: every member's share, against the revision it was read at.
@@ -223,22 +256,38 @@ fn engine_name(engine: Engine) -> &'static str {
 impl Fleet {
     /// The model catalog.
     pub async fn models(&self) -> Result<Vec<CatalogModel>, ApiError> {
-        let rows: Vec<(String, String, i64, Option<String>, String, bool)> =
-            sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system FROM models ORDER BY name")
+        type Row = (
+            String,
+            String,
+            i64,
+            Option<String>,
+            String,
+            bool,
+            Option<String>,
+            String,
+            String,
+        );
+        let rows: Vec<Row> =
+            sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system, command, args, env FROM models ORDER BY name")
                 .fetch_all(&self.pool)
                 .await?;
         rows.into_iter()
-            .map(|(name, engine, share, group, model_path, system)| {
-                Ok(CatalogModel {
-                    engine: serde_json::from_value(serde_json::Value::String(engine))
-                        .map_err(ApiError::internal)?,
-                    name,
-                    default_share: BasisPoints(share as u32),
-                    group,
-                    model_path,
-                    system,
-                })
-            })
+            .map(
+                |(name, engine, share, group, model_path, system, command, args, env)| {
+                    Ok(CatalogModel {
+                        engine: serde_json::from_value(serde_json::Value::String(engine))
+                            .map_err(ApiError::internal)?,
+                        name,
+                        default_share: BasisPoints(share as u32),
+                        group,
+                        model_path,
+                        system,
+                        command,
+                        args: serde_json::from_str(&args).map_err(ApiError::internal)?,
+                        env: serde_json::from_str(&env).map_err(ApiError::internal)?,
+                    })
+                },
+            )
             .collect()
     }
 
@@ -250,13 +299,29 @@ impl Fleet {
                 "default_share_percent must be more than 0 and at most 100".to_owned(),
             ));
         }
-        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system) VALUES (?, ?, ?, ?, ?, ?)")
+        if model.engine == Engine::Command
+            && model
+                .command
+                .as_deref()
+                .and_then(shlex::split)
+                .is_none_or(|words| words.is_empty())
+        {
+            return Err(ApiError::Unprocessable(format!(
+                "{} runs on the command engine, so it needs a \"command\" template, such as \"my-server --port {{port}} --model {{model}}\" (without unclosed quotes)",
+                model.name
+            )));
+        }
+        check_env(&model.env)?;
+        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&model.name)
             .bind(engine_name(model.engine))
             .bind(i64::from(model.default_share.get()))
             .bind(&model.group)
             .bind(&model.model_path)
             .bind(model.system)
+            .bind(&model.command)
+            .bind(serde_json::to_string(&model.args).map_err(ApiError::internal)?)
+            .bind(serde_json::to_string(&model.env).map_err(ApiError::internal)?)
             .execute(&self.pool)
             .await
             .map_err(|e| ApiError::on_unique(e, || format!("the catalog has a model named {} already", model.name)))?;
@@ -277,10 +342,29 @@ impl Fleet {
     /// Every group and its committed plan.
     pub async fn groups(&self) -> Result<Vec<GroupView>, ApiError> {
         let system = self.system_models().await?;
+        let engines = self.runtime.engines();
         Ok(load_groups(&self.pool)
             .await?
             .iter()
-            .map(|g| group_view(g, &system))
+            .map(|g| {
+                let mut view = group_view(g, &system);
+                for member in &mut view.members {
+                    member.engines = engines
+                        .iter()
+                        .filter(|e| {
+                            e.group.as_deref() == Some(&g.name)
+                                && e.model.as_ref() == Some(&member.name)
+                        })
+                        .map(|e| MemberEngine {
+                            machine: e.machine.clone(),
+                            state: e.state,
+                            message: e.message.clone(),
+                        })
+                        .collect();
+                }
+                view.progress = self.runtime.progress(&g.name);
+                view
+            })
             .collect())
     }
 
@@ -315,7 +399,7 @@ impl Fleet {
             .ok_or_else(|| no_group(name))?;
         check_revision(&group, Some(update.revision))?;
         let plan = plan_with(&group, &system, &update.shares, false)?;
-        self.commit(&mut scheduler, &group, plan, None).await
+        self.commit(&mut scheduler, &group, plan, None, None).await
     }
 
     /// Deploys a catalog model onto a share of the chosen GPUs: it joins the group that runs there, or
@@ -336,6 +420,7 @@ impl Fleet {
                 "choose at least one GPU, such as \"gpus\": [\"majin:0\"]".to_owned(),
             ));
         }
+        check_env(&deploy.env)?;
         let chosen = deploy
             .gpus
             .iter()
@@ -430,7 +515,19 @@ impl Fleet {
             share: Some(share),
             locked: model.system,
         });
-        let mut change = self.commit(&mut scheduler, &group, plan, moving).await?;
+        let serving = Serving {
+            args: deploy.args.clone(),
+            env: deploy.env.clone(),
+        };
+        let mut change = self
+            .commit(
+                &mut scheduler,
+                &group,
+                plan,
+                moving,
+                Some((&model.name, serving)),
+            )
+            .await?;
         change.line = Some(choice.line());
         Ok(change)
     }
@@ -446,13 +543,15 @@ impl Fleet {
     }
 
     /// Judges `plan` for `group` and, when it fits, commits it: the database first (one transaction), then
-    /// the scheduler's holds. `moving` is the router leaving the group it runs in for this (new) one.
+    /// the scheduler's holds; then the runtime carries the change out. `moving` is the router leaving the
+    /// group it runs in for this (new) one; `serving` the serving configuration of a model being deployed.
     async fn commit(
         &self,
         scheduler: &mut Scheduler,
         group: &Group,
         plan: Vec<PlanMember>,
         moving: Option<(Group, Share)>,
+        serving: Option<(&str, Serving)>,
     ) -> Result<PlanChange, ApiError> {
         let gpus = group
             .gpus
@@ -479,6 +578,27 @@ impl Fleet {
         let change = transition(&group.members, &after, &moving_in);
 
         let mut tx = self.pool.begin().await?;
+        // Members keep their serving configuration through a change of shares (and the router through a move).
+        let mut configs: BTreeMap<String, Serving> = BTreeMap::new();
+        for s in &after {
+            let row: Option<(String, String)> =
+                sqlx::query_as("SELECT args, env FROM group_members WHERE model = ?")
+                    .bind(&s.member)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            if let Some((args, env)) = row {
+                configs.insert(
+                    s.member.clone(),
+                    Serving {
+                        args: serde_json::from_str(&args).map_err(ApiError::internal)?,
+                        env: serde_json::from_str(&env).map_err(ApiError::internal)?,
+                    },
+                );
+            }
+        }
+        if let Some((model, serving)) = serving {
+            configs.insert(model.to_owned(), serving);
+        }
         let revision = if group.revision == 0 {
             sqlx::query("INSERT INTO groups (name, gpus) VALUES (?, ?)")
                 .bind(&group.name)
@@ -517,19 +637,28 @@ impl Fleet {
             .execute(&mut *tx)
             .await?;
         for (position, s) in after.iter().enumerate() {
-            sqlx::query("INSERT INTO group_members (group_name, model, share, position) VALUES (?, ?, ?, ?)")
+            let serving = configs.remove(&s.member).unwrap_or_default();
+            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env) VALUES (?, ?, ?, ?, ?, ?)")
                 .bind(&group.name)
                 .bind(&s.member)
                 .bind(i64::from(s.share.get()))
                 .bind(position as i64)
+                .bind(serde_json::to_string(&serving.args).map_err(ApiError::internal)?)
+                .bind(serde_json::to_string(&serving.env).map_err(ApiError::internal)?)
                 .execute(&mut *tx)
                 .await?;
         }
         tx.commit().await?;
 
-        // The database now says what holds where; make the scheduler say the same.
+        // The database now says what holds where; make the scheduler say the same, then the engines.
         self.rebuild(scheduler).await?;
         self.publish(scheduler).await?;
+        self.runtime.submit(crate::runtime::Change::Plan {
+            group: group.name.clone(),
+            revision,
+            steps: change.steps.clone(),
+            desired: self.desired(scheduler).await?,
+        });
         Ok(PlanChange {
             group: group.name.clone(),
             revision,
@@ -621,6 +750,114 @@ fn plan_with(
         .collect()
 }
 
+/// The engines of every group member: one per member and machine of its group's GPUs, in plan order.
+pub(crate) async fn member_engines(
+    pool: &SqlitePool,
+    scheduler: &Scheduler,
+    hosts: &crate::runtime::Hosts,
+) -> Result<Vec<EngineSpec>, ApiError> {
+    type Row = (
+        String,
+        String,
+        i64,
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        String,
+        String,
+        String,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT gm.group_name, gm.model, gm.share, gm.args, gm.env, m.engine, m.model_path, m.command, m.args, m.env, g.gpus \
+         FROM group_members gm JOIN models m ON m.name = gm.model JOIN groups g ON g.name = gm.group_name \
+         ORDER BY gm.group_name, gm.position",
+    )
+    .fetch_all(pool)
+    .await?;
+    let json =
+        |text: &str| serde_json::from_str::<serde_json::Value>(text).map_err(ApiError::internal);
+    let mut out = Vec::new();
+    for (
+        group,
+        model,
+        share,
+        args,
+        env,
+        engine,
+        model_path,
+        command,
+        model_args,
+        model_env,
+        gpus,
+    ) in rows
+    {
+        let gpus: Vec<GpuRef> = serde_json::from_str(&gpus).map_err(ApiError::internal)?;
+        let mut recipe_args: Vec<String> =
+            serde_json::from_value(json(&model_args)?).map_err(ApiError::internal)?;
+        recipe_args.extend(
+            serde_json::from_value::<Vec<String>>(json(&args)?).map_err(ApiError::internal)?,
+        );
+        let mut recipe_env: BTreeMap<String, String> =
+            serde_json::from_value(json(&model_env)?).map_err(ApiError::internal)?;
+        recipe_env.extend(
+            serde_json::from_value::<BTreeMap<String, String>>(json(&env)?)
+                .map_err(ApiError::internal)?,
+        );
+        let recipe = Recipe {
+            engine: serde_json::from_value(serde_json::Value::String(engine))
+                .map_err(ApiError::internal)?,
+            model_path,
+            command,
+            args: recipe_args,
+            env: recipe_env,
+        };
+        let share = Share::new(&model, BasisPoints(share as u32));
+        for (member, machine, assignment) in
+            holdings(scheduler, &gpus, std::slice::from_ref(&share))?
+        {
+            let offered = assignment
+                .gpus
+                .iter()
+                .filter_map(|i| scheduler.inventory().gpu(&GpuRef::new(&machine, *i)))
+                .map(placement::Gpu::offered)
+                .min()
+                .unwrap_or_default();
+            let total = scheduler
+                .inventory()
+                .gpu(&GpuRef::new(&machine, assignment.gpus[0]))
+                .map(|g| g.total)
+                .unwrap_or_default();
+            out.push(EngineSpec {
+                unit: holder(&group, &member, &machine),
+                host: hosts.host(&machine),
+                gpus: assignment.gpus,
+                gpu_total: total,
+                share: assignment.shared,
+                gpu_offered: offered,
+                recipe: recipe.clone(),
+                machine,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// Environment variable names as a shell and the engines take them.
+pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    let bad = env.keys().find(|k| {
+        !k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    });
+    match bad {
+        Some(k) => Err(ApiError::Unprocessable(format!(
+            "environment variable name {k:?}: use letters, digits and '_', not starting with a digit"
+        ))),
+        None => Ok(()),
+    }
+}
+
 fn check_revision(group: &Group, revision: Option<i64>) -> Result<(), ApiError> {
     match revision {
         Some(r) if r == group.revision => Ok(()),
@@ -657,6 +894,7 @@ fn group_view(group: &Group, system: &[String]) -> GroupView {
                 name: s.member.clone(),
                 share_percent: s.share.as_percent_f64(),
                 locked: system.contains(&s.member),
+                engines: Vec::new(),
             })
             .collect(),
         total_percent: group
@@ -665,6 +903,7 @@ fn group_view(group: &Group, system: &[String]) -> GroupView {
             .map(|s| s.share)
             .sum::<BasisPoints>()
             .as_percent_f64(),
+        progress: None,
     }
 }
 

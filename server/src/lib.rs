@@ -7,10 +7,12 @@
 pub mod api;
 pub mod config;
 pub mod db;
+pub mod demo_engine;
 pub mod error;
 pub mod fleet;
 pub mod groups;
 pub mod inventory;
+pub mod runtime;
 
 use app::{shell, App};
 use axum::extract::FromRef;
@@ -63,10 +65,19 @@ async fn health() -> Json<serde_json::Value> {
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let mut leptos_options = leptos::config::get_configuration(None)?.leptos_options;
     leptos_options.site_addr = config.listen;
-    let (inventory, local_gpus) = gather_inventory(&config)?;
+    let (inventory, local_gpus, hosts) = gather_inventory(&config)?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
+    let exe = std::env::current_exe().map_err(ServerError::Exe)?;
+    let settings = config
+        .engines
+        .settings(exe, config.data_dir.join("engines"));
+    let runtime = Arc::new(
+        runtime::Runtime::open(pool.clone(), settings)
+            .await
+            .map_err(ServerError::Database)?,
+    );
     let fleet = Arc::new(
-        Fleet::open(pool, inventory)
+        Fleet::open(pool, inventory, runtime.clone(), hosts)
             .await
             .map_err(ServerError::Load)?,
     );
@@ -94,9 +105,19 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             fleet,
         }),
     )
-    .with_graceful_shutdown(shutdown_signal())
+    .with_graceful_shutdown({
+        let runtime = runtime.clone();
+        async move {
+            shutdown_signal().await;
+            runtime.close_streams();
+        }
+    })
     .await
-    .map_err(ServerError::Serve)
+    .map_err(ServerError::Serve)?;
+    // A graceful stop takes the engines with it; a crash leaves them to be adopted by the next start.
+    tracing::info!("stopping the engines");
+    runtime.shutdown().await;
+    Ok(())
 }
 
 /// How often this machine's GPUs are read again: what they offer moves as other programs come and go.
@@ -105,15 +126,21 @@ const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);
 /// The machines from every source: this machine's GPUs (NVML), the inventory file, and the demo fleet,
 /// with the NVML reader to follow this machine by. Without an NVIDIA driver NVML fails: that is said once,
 /// and the other sources carry on.
-fn gather_inventory(
-    config: &Config,
-) -> Result<(placement::Inventory, Option<Arc<dyn inventory::LocalGpus>>), ServerError> {
+type Gathered = (
+    placement::Inventory,
+    Option<Arc<dyn inventory::LocalGpus>>,
+    runtime::Hosts,
+);
+
+fn gather_inventory(config: &Config) -> Result<Gathered, ServerError> {
     use inventory::LocalGpus;
     let mut machines = Vec::new();
     let mut local: Option<Arc<dyn LocalGpus>> = None;
+    let mut hosts = runtime::Hosts::default();
     match inventory::nvml::NvmlGpus::init() {
-        Ok(nvml) => match nvml.read() {
+        Ok(nvml) => match nvml.read(&[]) {
             Ok(reading) => {
+                hosts.local = Some(reading.machine.name.clone());
                 machines.push(reading.machine);
                 local = Some(Arc::new(nvml));
             }
@@ -125,12 +152,14 @@ fn gather_inventory(
         machines.extend(inventory::file::load_inventory(path)?);
     }
     if config.demo {
-        machines.extend(inventory::demo::demo_fleet());
+        let demo = inventory::demo::demo_fleet();
+        hosts.simulated = demo.iter().map(|m| m.name.clone()).collect();
+        machines.extend(demo);
     }
     if machines.is_empty() {
         tracing::warn!("no machines: no NVIDIA driver, no --inventory file and no --demo; the console shows an empty fleet");
     }
-    Ok((placement::Inventory::new(machines)?, local))
+    Ok((placement::Inventory::new(machines)?, local, hosts))
 }
 
 async fn shutdown_signal() {

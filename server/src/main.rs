@@ -10,6 +10,15 @@ async fn main() -> std::process::ExitCode {
         )
         .init();
     let config = server::config::Config::parse();
+    if let Some(server::config::Command::DemoEngine { stands_in_for }) = config.command {
+        return match server::demo_engine::run(stands_in_for).await {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("tessera demo-engine: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match server::run(config).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

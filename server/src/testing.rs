@@ -1,6 +1,7 @@
 //! A test harness: the whole router on a real SQLite file in a fresh folder, driven without a socket.
 
 use crate::fleet::Fleet;
+use crate::runtime::{Hosts, Runtime, Settings};
 use crate::{db, router, AppState};
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
@@ -143,7 +144,22 @@ async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>) 
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
     let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
     let pool = db::connect(None, dir).await.expect("a database");
-    let fleet = Arc::new(Fleet::open(pool, inventory).await.expect("the fleet opens"));
+    // The test inventory's machines are remote: engines are recorded, not started (the runtime's own
+    // tests start real ones).
+    let settings = Settings::new(
+        std::env::current_exe().expect("the test binary"),
+        dir.join("engines"),
+    );
+    let runtime = Arc::new(
+        Runtime::open(pool.clone(), settings)
+            .await
+            .expect("the runtime"),
+    );
+    let fleet = Arc::new(
+        Fleet::open(pool, inventory, runtime, Hosts::default())
+            .await
+            .expect("the fleet opens"),
+    );
     let state = AppState {
         leptos_options: LeptosOptions::builder().output_name("tessera").build(),
         fleet: fleet.clone(),

@@ -7,6 +7,7 @@
 use placement::units::GB;
 use placement::{BasisPoints, Bytes, Gpu, Machine};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// The engine a model runs on, which decides how its share is passed to it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -40,6 +41,15 @@ pub struct CatalogModel {
     /// group when one starts.
     #[serde(default)]
     pub system: bool,
+    /// The command template of a `command` engine, such as `my-server --port {port} --model {model}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<String>,
+    /// Extra arguments for every deployment of the model.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Extra environment variables for every deployment of the model.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
 }
 
 /// A share as a percentage in JSON (`33.33`), read once into basis points.
@@ -168,6 +178,9 @@ pub fn demo_catalog() -> Vec<CatalogModel> {
         group: group.map(Into::into),
         model_path: model_path.into(),
         system: name == "semantic-router",
+        command: None,
+        args: Vec::new(),
+        env: BTreeMap::new(),
     };
     vec![
         model(
@@ -194,6 +207,19 @@ pub fn demo_catalog() -> Vec<CatalogModel> {
         model("speech", Engine::LlamaCpp, 10, None, "models/speech.gguf"),
         model("embedder", Engine::Command, 5, None, "BAAI/bge-m3"),
     ]
+    .into_iter()
+    .map(|mut m| {
+        m.command = match m.name.as_str() {
+            "semantic-router" => {
+                Some("semantic-router serve --port {port} --config {model}".into())
+            }
+            // Hugging Face's text-embeddings-inference.
+            "embedder" => Some("text-embeddings-router --model-id {model} --port {port}".into()),
+            _ => None,
+        };
+        m
+    })
+    .collect()
 }
 
 #[cfg(test)]

@@ -15,8 +15,9 @@ use serde::{Deserialize, Serialize};
 
 /// Reads the GPUs of the machine the server runs on.
 pub trait LocalGpus: Send + Sync {
-    /// The machine as it is now: its GPUs with what each offers, and their live figures.
-    fn read(&self) -> Result<LocalReading, InventoryError>;
+    /// The machine as it is now: its GPUs with what each offers, and their live figures. The memory of
+    /// `tessera_pids` (Tessera's own engines) is not counted as held outside.
+    fn read(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError>;
 }
 
 /// One reading of the local machine.

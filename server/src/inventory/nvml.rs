@@ -37,7 +37,7 @@ impl NvmlGpus {
 
     /// Reads the machine, counting the memory of `tessera_pids` (Tessera's own workers) as Tessera's
     /// rather than as held outside.
-    pub fn read_with(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError> {
+    fn read_with(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError> {
         let count = self
             .nvml
             .device_count()
@@ -63,9 +63,8 @@ impl NvmlGpus {
 }
 
 impl LocalGpus for NvmlGpus {
-    /// Reads the machine as if Tessera ran nothing on it: all used memory counts as held outside.
-    fn read(&self) -> Result<LocalReading, InventoryError> {
-        self.read_with(&[])
+    fn read(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError> {
+        self.read_with(tessera_pids)
     }
 }
 
@@ -154,7 +153,7 @@ mod tests {
         match NvmlGpus::init() {
             Ok(gpus) => {
                 println!("NVML loaded here, so this machine has a driver; reading it instead");
-                let reading = gpus.read().unwrap();
+                let reading = gpus.read(&[]).unwrap();
                 assert_eq!(reading.machine.gpus.len(), reading.live.len());
             }
             Err(e) => {

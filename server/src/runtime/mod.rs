@@ -1,0 +1,940 @@
+//! The runtime: every engine the committed state wants runs as a supervised process, and a committed plan
+//! change restarts exactly the members it changes, in the order `placement` gives.
+//!
+//! Changes are carried out one at a time, in the order they were committed. Each carries the desired state
+//! as of its commit, so nothing starts with a share that was not committed.
+
+mod process;
+pub mod spec;
+mod supervisor;
+
+use placement::{Bytes, Step};
+use serde::{Deserialize, Serialize};
+use spec::{EngineSpec, Host, Launch};
+use sqlx::SqlitePool;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use supervisor::{Begin, Control};
+use tokio::sync::{broadcast, mpsc, oneshot, watch};
+
+/// How engines are supervised.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The program that runs the demo engine (`tessera demo-engine`): this server's own binary.
+    pub demo_engine: PathBuf,
+    /// Where each engine's output is kept.
+    pub log_dir: PathBuf,
+    /// How often each engine's health is checked.
+    pub health_interval: Duration,
+    /// How long a starting engine may take to answer its first health check (loading weights).
+    pub start_timeout: Duration,
+    /// How long a stopping engine is given after SIGTERM before SIGKILL.
+    pub stop_timeout: Duration,
+    /// The first wait before a restart; it doubles with each failure in a row.
+    pub backoff: Duration,
+    /// The longest wait before a restart.
+    pub backoff_max: Duration,
+    /// Failures in a row after which an engine is left failed.
+    pub max_restarts: u32,
+    /// Failed health checks in a row after which a running engine is unhealthy.
+    pub unhealthy_after: u32,
+    /// Failed health checks in a row after which it is restarted.
+    pub restart_unhealthy_after: u32,
+}
+
+impl Settings {
+    /// The defaults for engines that load real weights: health every 2 s, 15 minutes to load, 30 s to stop,
+    /// restarts after 1, 2, 4 … up to 60 s, left failed after 5 failures in a row.
+    pub fn new(demo_engine: PathBuf, log_dir: PathBuf) -> Settings {
+        Settings {
+            demo_engine,
+            log_dir,
+            health_interval: Duration::from_secs(2),
+            start_timeout: Duration::from_secs(15 * 60),
+            stop_timeout: Duration::from_secs(30),
+            backoff: Duration::from_secs(1),
+            backoff_max: Duration::from_secs(60),
+            max_restarts: 5,
+            unhealthy_after: 3,
+            restart_unhealthy_after: 15,
+        }
+    }
+
+    /// The wait before restart number `failures` (1-based).
+    pub fn backoff(&self, failures: u32) -> Duration {
+        let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+        self.backoff.saturating_mul(factor).min(self.backoff_max)
+    }
+}
+
+/// Which machines engines can be started for: this one (through NVML) runs recipes, the demo fleet's run
+/// the demo engine in their place, and any other is remote.
+#[derive(Debug, Clone, Default)]
+pub struct Hosts {
+    /// This machine, when NVML found it.
+    pub local: Option<String>,
+    /// The demo fleet's machines.
+    pub simulated: std::collections::BTreeSet<String>,
+}
+
+impl Hosts {
+    /// Where `machine` is.
+    pub fn host(&self, machine: &str) -> Host {
+        if self.local.as_deref() == Some(machine) {
+            Host::Local
+        } else if self.simulated.contains(machine) {
+            Host::Simulated
+        } else {
+            Host::Remote
+        }
+    }
+}
+
+/// Where an engine is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineState {
+    /// Started, not yet answering its health check.
+    Starting,
+    /// Answering its health check.
+    Healthy,
+    /// Running, but its health checks fail.
+    Unhealthy,
+    /// Exited or killed; waiting out its backoff before it starts again.
+    Restarting,
+    /// Not running, as wanted (or on a machine Tessera cannot start engines on).
+    Stopped,
+    /// Not running, against what was wanted: its start failed, or it failed too often in a row.
+    Failed,
+}
+
+/// What the event stream (`GET /api/events`) carries.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Event {
+    /// An engine changed state.
+    Engine {
+        /// When, RFC 3339.
+        at: String,
+        /// The engine (its unit name).
+        engine: String,
+        /// Its new state.
+        state: EngineState,
+        /// Why, when it is not what was wanted.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+    /// A step of a committed plan change began or ended.
+    Step {
+        /// When, RFC 3339.
+        at: String,
+        /// The group.
+        group: String,
+        /// The revision being carried out.
+        revision: i64,
+        /// The member.
+        member: String,
+        /// `stop` or `start`.
+        action: String,
+        /// `running`, `done` or `failed`.
+        status: StepStatus,
+        /// Why it failed.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        message: Option<String>,
+    },
+}
+
+/// Where a step of a plan change is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StepStatus {
+    /// Not begun.
+    Waiting,
+    /// Under way.
+    Running,
+    /// Done.
+    Done,
+    /// A start that did not become healthy.
+    Failed,
+}
+
+/// An engine as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineView {
+    /// Its id in URLs: the unit with `:`, `/` and `@` written as `~`.
+    pub id: String,
+    /// The unit: a worker's name, or `group:{group}/{model}@{machine}`.
+    pub unit: String,
+    /// The worker it runs, if it runs one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worker: Option<String>,
+    /// The group and model it runs, if it runs a member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The model of the group member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// The machine.
+    pub machine: String,
+    /// Its GPUs there.
+    pub gpus: Vec<u32>,
+    /// GB it may take on each.
+    pub memory_gb: f64,
+    /// `local`, `simulated` (the demo engine stands in) or `remote`.
+    pub host: Host,
+    /// Its state.
+    pub state: EngineState,
+    /// Since when, RFC 3339.
+    pub since: String,
+    /// Its PID, while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pid: Option<u32>,
+    /// Its port, while it runs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub port: Option<u16>,
+    /// Restarts after a failure since this server started.
+    pub restarts: u32,
+    /// Why it is not as wanted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The command line it was started with.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub command: Option<Vec<String>>,
+    /// Tessera's variables in its environment (`TESSERA_*`, `CUDA_VISIBLE_DEVICES`).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A plan change being carried out, step by step, for the console.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// The revision.
+    pub revision: i64,
+    /// The steps in order.
+    pub steps: Vec<StepProgress>,
+}
+
+/// One step and where it is.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepProgress {
+    /// `stop` or `start`.
+    pub action: String,
+    /// The member.
+    pub member: String,
+    /// Where it is.
+    pub status: StepStatus,
+    /// Why it failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Something the runtime carries out, in commit order.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// At start: adopt the engines a previous server left running as committed, stop every other engine of
+    /// this installation, and start what is missing.
+    Reconcile(Vec<EngineSpec>),
+    /// Make what runs match `desired`: stop what should not run (or runs as something else), then start
+    /// what is missing.
+    Apply(Vec<EngineSpec>),
+    /// A committed plan change: `steps` in order, then the rest as [`Change::Apply`].
+    Plan {
+        /// The group.
+        group: String,
+        /// Its new revision.
+        revision: i64,
+        /// From `placement::transition`.
+        steps: Vec<Step>,
+        /// Everything that should run once it is done.
+        desired: Vec<EngineSpec>,
+    },
+}
+
+/// An engine the runtime knows of.
+struct Unit {
+    spec: EngineSpec,
+    status: watch::Sender<Status>,
+    control: Option<mpsc::Sender<Control>>,
+}
+
+#[derive(Debug, Clone)]
+struct Status {
+    state: EngineState,
+    since: String,
+    pid: Option<u32>,
+    port: Option<u16>,
+    restarts: u32,
+    message: Option<String>,
+    launch: Option<Launch>,
+}
+
+/// What the supervisors share with the runtime.
+pub(crate) struct Shared {
+    pool: SqlitePool,
+    settings: Settings,
+    /// Carried by every engine (`TESSERA_INSTANCE`): this installation's engines, found after a crash.
+    instance: String,
+    units: Mutex<BTreeMap<String, Unit>>,
+    events: broadcast::Sender<Event>,
+    progress: Mutex<BTreeMap<String, Progress>>,
+}
+
+/// The runtime.
+pub struct Runtime {
+    shared: Arc<Shared>,
+    /// To the conductor, which carries out changes one at a time, in commit order.
+    orders: mpsc::UnboundedSender<Order>,
+    /// Set when the server is stopping.
+    closing: watch::Sender<bool>,
+}
+
+enum Order {
+    Change(Change),
+    Settled(oneshot::Sender<()>),
+    Shutdown(oneshot::Sender<()>),
+}
+
+/// Carries out orders one at a time until the runtime is dropped.
+async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>) {
+    while let Some(order) = orders.recv().await {
+        match order {
+            Order::Change(Change::Reconcile(desired)) => {
+                if let Err(e) = reconcile(&shared, &desired).await {
+                    tracing::error!(
+                        "the engines left by the previous server could not be reconciled: {e}"
+                    );
+                }
+            }
+            Order::Change(Change::Apply(desired)) => apply(&shared, &desired).await,
+            Order::Change(Change::Plan {
+                group,
+                revision,
+                steps,
+                desired,
+            }) => carry_out(&shared, &group, revision, &steps, &desired).await,
+            Order::Settled(done) => {
+                let _ = done.send(());
+            }
+            Order::Shutdown(done) => {
+                let units = shared.unit_names();
+                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
+                shared.drop_units(&units);
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+impl Runtime {
+    /// The runtime over `pool`, with this installation's instance token (made on first use).
+    pub async fn open(pool: SqlitePool, settings: Settings) -> Result<Runtime, sqlx::Error> {
+        let fresh = format!(
+            "{:x}-{:x}",
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_nanos(),
+            std::process::id()
+        );
+        sqlx::query("INSERT OR IGNORE INTO instance (id, token) VALUES (1, ?)")
+            .bind(&fresh)
+            .execute(&pool)
+            .await?;
+        let (instance,): (String,) = sqlx::query_as("SELECT token FROM instance WHERE id = 1")
+            .fetch_one(&pool)
+            .await?;
+        let shared = Arc::new(Shared {
+            pool,
+            settings,
+            instance,
+            units: Mutex::default(),
+            events: broadcast::channel(1024).0,
+            progress: Mutex::default(),
+        });
+        let (orders, inbox) = mpsc::unbounded_channel();
+        tokio::spawn(conduct(shared.clone(), inbox));
+        Ok(Runtime {
+            shared,
+            orders,
+            closing: watch::channel(false).0,
+        })
+    }
+
+    /// Carries out `change` after every change submitted before it; returns at once.
+    pub fn submit(&self, change: Change) {
+        // The conductor ends only with the runtime, so a send cannot fail while `self` lives.
+        let _ = self.orders.send(Order::Change(change));
+    }
+
+    /// Every engine, by unit.
+    pub fn engines(&self) -> Vec<EngineView> {
+        let units = self
+            .shared
+            .units
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        units.values().map(view).collect()
+    }
+
+    /// One engine by its id or unit.
+    pub fn engine(&self, id: &str) -> Option<EngineView> {
+        self.engines()
+            .into_iter()
+            .find(|e| e.id == id || e.unit == id)
+    }
+
+    /// The last `lines` lines of an engine's output.
+    pub fn logs(&self, id: &str, lines: usize) -> Option<std::io::Result<Vec<String>>> {
+        let engine = self.engine(id)?;
+        Some(process::tail(&self.shared.log_path(&engine.unit), lines))
+    }
+
+    /// The PIDs of the engines running now: their memory is Tessera's, not held outside it.
+    pub fn pids(&self) -> Vec<u32> {
+        self.engines().iter().filter_map(|e| e.pid).collect()
+    }
+
+    /// The events from now on, until the server closes (a client too slow to keep up misses some, and
+    /// reads the state again).
+    pub fn events(&self) -> impl futures::Stream<Item = Event> + Send + 'static {
+        use futures::StreamExt;
+        let mut closing = self.closing.subscribe();
+        tokio_stream::wrappers::BroadcastStream::new(self.shared.events.subscribe())
+            .filter_map(|event| std::future::ready(event.ok()))
+            .take_until(async move {
+                let _ = closing.wait_for(|closed| *closed).await;
+            })
+    }
+
+    /// Ends every event stream, so that a graceful shutdown does not wait on them.
+    pub fn close_streams(&self) {
+        self.closing.send_replace(true);
+    }
+
+    /// The last plan change of `group` and where each step is.
+    pub fn progress(&self, group: &str) -> Option<Progress> {
+        self.shared
+            .progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(group)
+            .cloned()
+    }
+
+    /// Waits for the changes submitted so far to be carried out.
+    pub async fn settled(&self) {
+        let (done, settled) = oneshot::channel();
+        if self.orders.send(Order::Settled(done)).is_ok() {
+            let _ = settled.await;
+        }
+    }
+
+    /// Stops every engine once the changes submitted so far are carried out (the server is shutting down).
+    pub async fn shutdown(&self) {
+        let (done, stopped) = oneshot::channel();
+        if self.orders.send(Order::Shutdown(done)).is_ok() {
+            let _ = stopped.await;
+        }
+    }
+}
+
+/// Adopts the engines a previous server left running as `desired` wants (same PID and start time), stops
+/// every other engine of this installation, and starts what is missing.
+async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> Result<(), sqlx::Error> {
+    let rows: Vec<(String, String, i64, i64, i64)> =
+        sqlx::query_as("SELECT unit, fingerprint, pid, start_ticks, port FROM engines")
+            .fetch_all(&shared.pool)
+            .await?;
+    let wanted: BTreeMap<&str, &EngineSpec> =
+        desired.iter().map(|s| (s.unit.as_str(), s)).collect();
+    let mut adopted = Vec::new();
+    for (unit, fingerprint, pid, ticks, port) in rows {
+        let (pid, ticks, port) = (pid as u32, ticks as u64, port as u16);
+        let alive = process::is_same(pid, ticks);
+        match wanted.get(unit.as_str()) {
+            Some(spec) if alive && spec.fingerprint() == fingerprint => {
+                tracing::info!("adopting engine {unit} (PID {pid}), still running as committed");
+                shared.launch_unit(
+                    (*spec).clone(),
+                    Begin::Adopt {
+                        pid,
+                        start_ticks: ticks,
+                        port,
+                    },
+                );
+                adopted.push(pid);
+            }
+            _ => {
+                if alive {
+                    tracing::info!("stopping engine {unit} (PID {pid}): the committed state no longer runs it so");
+                    stop_stray(pid, ticks, &shared.settings).await;
+                }
+                sqlx::query("DELETE FROM engines WHERE unit = ?")
+                    .bind(&unit)
+                    .execute(&shared.pool)
+                    .await?;
+            }
+        }
+    }
+    // Engines started by a server that died before it could record them.
+    for (pid, unit) in process::instance_processes(&shared.instance) {
+        if !adopted.contains(&pid) && pid != std::process::id() {
+            if let Some(ticks) = process::start_ticks(pid) {
+                tracing::info!("stopping orphan engine {unit} (PID {pid})");
+                stop_stray(pid, ticks, &shared.settings).await;
+            }
+        }
+    }
+    apply(shared, desired).await;
+    Ok(())
+}
+
+/// Stops what should not run as it does, then starts what is missing, one at a time: an engine that sizes
+/// itself by the memory free at its start (SGLang) must not start while another is still loading.
+async fn apply(shared: &Arc<Shared>, desired: &[EngineSpec]) {
+    let stale: Vec<String> = {
+        let units = shared.units.lock().unwrap_or_else(PoisonError::into_inner);
+        units
+            .iter()
+            .filter(|(name, unit)| {
+                desired
+                    .iter()
+                    .find(|s| &&s.unit == name)
+                    .is_none_or(|s| s.fingerprint() != unit.spec.fingerprint())
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    };
+    futures::future::join_all(stale.iter().map(|u| shared.stop_unit(u))).await;
+    shared.drop_units(&stale);
+    for spec in desired {
+        if !shared.has(&spec.unit) {
+            // A start that fails says so in its state and events; the others still start.
+            let _ = shared.start_and_wait(spec.clone()).await;
+        }
+    }
+}
+
+/// A committed plan change of `group`: its steps in order, then everything else.
+async fn carry_out(
+    shared: &Arc<Shared>,
+    group: &str,
+    revision: i64,
+    steps: &[Step],
+    desired: &[EngineSpec],
+) {
+    let mut progress = Progress {
+        revision,
+        steps: steps
+            .iter()
+            .map(|step| {
+                let (action, member) = match step {
+                    Step::Stop(m) => ("stop", m),
+                    Step::Start(m, _) => ("start", m),
+                };
+                StepProgress {
+                    action: action.to_owned(),
+                    member: member.clone(),
+                    status: StepStatus::Waiting,
+                    message: None,
+                }
+            })
+            .collect(),
+    };
+    shared.set_progress(group, &progress);
+    for (i, step) in steps.iter().enumerate() {
+        shared.step(group, &mut progress, i, StepStatus::Running, None);
+        let outcome = match step {
+            // Wherever it runs: the router moving in stops in the group it leaves.
+            Step::Stop(member) => {
+                let units: Vec<String> = shared
+                    .unit_names()
+                    .into_iter()
+                    .filter(|u| is_member(u, None, member))
+                    .collect();
+                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
+                shared.drop_units(&units);
+                Ok(())
+            }
+            Step::Start(member, _) => {
+                let mut outcome = Ok(());
+                for spec in desired
+                    .iter()
+                    .filter(|s| is_member(&s.unit, Some(group), member))
+                {
+                    if shared.has(&spec.unit) {
+                        continue;
+                    }
+                    if let Err(why) = shared.start_and_wait(spec.clone()).await {
+                        outcome = Err(format!("{} on {}: {why}", member, spec.machine));
+                    }
+                }
+                outcome
+            }
+        };
+        match outcome {
+            Ok(()) => shared.step(group, &mut progress, i, StepStatus::Done, None),
+            Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
+        }
+    }
+    apply(shared, desired).await;
+}
+
+/// Whether `unit` is `member` of `group` (of any group when `None`) on some machine.
+fn is_member(unit: &str, group: Option<&str>, member: &str) -> bool {
+    let Some(rest) = unit.strip_prefix("group:") else {
+        return false;
+    };
+    let Some((g, rest)) = rest.split_once('/') else {
+        return false;
+    };
+    let Some((m, _machine)) = rest.rsplit_once('@') else {
+        return false;
+    };
+    m == member && group.is_none_or(|want| want == g)
+}
+
+/// Stops an engine this server did not start and will not keep.
+async fn stop_stray(pid: u32, ticks: u64, settings: &Settings) {
+    process::signal(pid, process::TERM);
+    let gone = async {
+        while process::is_same(pid, ticks) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(settings.stop_timeout, gone)
+        .await
+        .is_err()
+    {
+        process::signal(pid, process::KILL);
+    }
+}
+
+fn view(unit: &Unit) -> EngineView {
+    let status = unit.status.borrow();
+    let spec = &unit.spec;
+    let (worker, group, model) = match crate::groups::sharer(&spec.unit) {
+        (model, Some(group)) => (None, Some(group.to_owned()), Some(model.to_owned())),
+        (worker, None) => (Some(worker.to_owned()), None, None),
+    };
+    EngineView {
+        id: engine_id(&spec.unit),
+        unit: spec.unit.clone(),
+        worker,
+        group,
+        model,
+        machine: spec.machine.clone(),
+        gpus: spec.gpus.clone(),
+        memory_gb: spec.memory().as_gb_f64(),
+        host: spec.host.clone(),
+        state: status.state,
+        since: status.since.clone(),
+        pid: status.pid,
+        port: status.port,
+        restarts: status.restarts,
+        message: status.message.clone(),
+        command: status.launch.as_ref().map(|l| {
+            std::iter::once(l.program.clone())
+                .chain(l.args.iter().cloned())
+                .collect()
+        }),
+        env: status
+            .launch
+            .as_ref()
+            .map(|l| {
+                l.env
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.starts_with("TESSERA_") || k.as_str() == "CUDA_VISIBLE_DEVICES"
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+/// A unit as a URL path segment and a file name: worker, group and model names cannot hold `~`.
+pub fn engine_id(unit: &str) -> String {
+    unit.replace([':', '/', '@'], "~")
+}
+
+/// Now, RFC 3339 in UTC.
+fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Unit>> {
+        self.units.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn unit_names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    fn has(&self, unit: &str) -> bool {
+        self.lock().contains_key(unit)
+    }
+
+    fn log_path(&self, unit: &str) -> PathBuf {
+        self.settings
+            .log_dir
+            .join(format!("{}.log", engine_id(unit)))
+    }
+
+    /// Registers `spec` and starts its supervisor; a remote engine is only shown.
+    fn launch_unit(self: &Arc<Self>, spec: EngineSpec, begin: Begin) -> watch::Receiver<Status> {
+        let remote = spec.host == Host::Remote;
+        let (status, watcher) = watch::channel(Status {
+            state: EngineState::Stopped,
+            since: now(),
+            pid: None,
+            port: None,
+            restarts: 0,
+            message: remote.then(|| {
+                format!(
+                    "{} is not this machine, and Tessera has no agent there to start engines with",
+                    spec.machine
+                )
+            }),
+            launch: None,
+        });
+        let (control, commands) = if remote {
+            (None, None)
+        } else {
+            let (tx, rx) = mpsc::channel(4);
+            (Some(tx), Some(rx))
+        };
+        // Registered before its supervisor runs, so that the supervisor's first state is not lost.
+        self.lock().insert(
+            spec.unit.clone(),
+            Unit {
+                spec: spec.clone(),
+                status,
+                control,
+            },
+        );
+        if let Some(rx) = commands {
+            tokio::spawn(supervisor::supervise(self.clone(), spec, begin, rx));
+        }
+        watcher
+    }
+
+    /// Starts `spec` and waits until it is healthy, or has failed.
+    async fn start_and_wait(self: &Arc<Self>, spec: EngineSpec) -> Result<(), String> {
+        let unit = spec.unit.clone();
+        if spec.host == Host::Remote {
+            self.launch_unit(spec, Begin::Start);
+            return Ok(());
+        }
+        let mut watcher = self.launch_unit(spec, Begin::Start);
+        let done = watcher
+            .wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed))
+            .await
+            .map(|s| (s.state, s.message.clone()));
+        match done {
+            Ok((EngineState::Healthy, _)) => Ok(()),
+            Ok((_, message)) => Err(message.unwrap_or_else(|| "failed".to_owned())),
+            Err(_) => Err(format!("{unit} was stopped as it started")),
+        }
+    }
+
+    /// Stops one engine and waits until it has exited.
+    async fn stop_unit(&self, unit: &str) {
+        let control = self.lock().get(unit).and_then(|u| u.control.clone());
+        if let Some(control) = control {
+            let (done, exited) = oneshot::channel();
+            if control.send(Control::Stop(done)).await.is_ok() {
+                let _ = exited.await;
+            }
+        }
+    }
+
+    fn drop_units(&self, units: &[String]) {
+        let mut all = self.lock();
+        for u in units {
+            all.remove(u);
+        }
+    }
+
+    fn state(&self, unit: &str) -> Option<EngineState> {
+        self.lock().get(unit).map(|u| u.status.borrow().state)
+    }
+
+    /// Records a new state (with its PID and port while it runs) and says so on the event stream.
+    fn set(
+        &self,
+        unit: &str,
+        state: EngineState,
+        pid: Option<u32>,
+        port: Option<u16>,
+        message: Option<String>,
+    ) {
+        let changed = {
+            let units = self.lock();
+            let Some(u) = units.get(unit) else { return };
+            let mut changed = false;
+            u.status.send_if_modified(|s| {
+                changed = s.state != state || s.message != message;
+                if changed {
+                    s.since = now();
+                }
+                let keep_port = matches!(
+                    state,
+                    EngineState::Starting | EngineState::Healthy | EngineState::Unhealthy
+                );
+                s.state = state;
+                s.pid = pid;
+                s.port = if keep_port { port.or(s.port) } else { None };
+                s.message = message.clone();
+                true
+            });
+            changed
+        };
+        if changed {
+            if let Some(m) = &message {
+                tracing::info!("engine {unit}: {state:?}: {m}");
+            }
+            let _ = self.events.send(Event::Engine {
+                at: now(),
+                engine: unit.to_owned(),
+                state,
+                message,
+            });
+        }
+    }
+
+    fn set_launch(&self, unit: &str, launch: &Launch) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| s.launch = Some(launch.clone()));
+        }
+    }
+
+    fn count_restart(&self, unit: &str) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| s.restarts += 1);
+        }
+    }
+
+    /// The memory free on `spec`'s GPUs as it starts: what they offer less what the other running engines
+    /// there take.
+    fn free_at_start(&self, spec: &EngineSpec) -> Bytes {
+        let units = self.lock();
+        let taken: Bytes = units
+            .values()
+            .filter(|u| u.spec.unit != spec.unit && u.spec.machine == spec.machine)
+            .filter(|u| u.spec.gpus.iter().any(|g| spec.gpus.contains(g)))
+            .filter(|u| u.status.borrow().pid.is_some())
+            .map(|u| u.spec.memory())
+            .sum();
+        spec.gpu_offered.saturating_sub(taken)
+    }
+
+    /// Records a started engine, so that a server started after a crash can adopt it.
+    async fn remember(&self, spec: &EngineSpec, pid: u32, start_ticks: u64, port: u16) {
+        let result = sqlx::query("INSERT OR REPLACE INTO engines (unit, fingerprint, pid, start_ticks, port) VALUES (?, ?, ?, ?, ?)")
+            .bind(&spec.unit)
+            .bind(spec.fingerprint())
+            .bind(i64::from(pid))
+            .bind(start_ticks as i64)
+            .bind(i64::from(port))
+            .execute(&self.pool)
+            .await;
+        if let Err(e) = result {
+            // The engine runs regardless; after a crash it would be found by its instance token and stopped.
+            tracing::warn!("could not record engine {} (PID {pid}): {e}", spec.unit);
+        }
+    }
+
+    /// Forgets a stopped engine's record.
+    async fn forget(&self, unit: &str) {
+        if let Err(e) = sqlx::query("DELETE FROM engines WHERE unit = ?")
+            .bind(unit)
+            .execute(&self.pool)
+            .await
+        {
+            tracing::warn!("could not forget engine {unit}: {e}");
+        }
+    }
+
+    fn set_progress(&self, group: &str, progress: &Progress) {
+        self.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(group.to_owned(), progress.clone());
+    }
+
+    fn step(
+        &self,
+        group: &str,
+        progress: &mut Progress,
+        i: usize,
+        status: StepStatus,
+        message: Option<String>,
+    ) {
+        let step = &mut progress.steps[i];
+        step.status = status;
+        step.message.clone_from(&message);
+        let event = Event::Step {
+            at: now(),
+            group: group.to_owned(),
+            revision: progress.revision,
+            member: step.member.clone(),
+            action: step.action.clone(),
+            status,
+            message,
+        };
+        self.set_progress(group, progress);
+        let _ = self.events.send(event);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_backoff_doubles_up_to_its_cap() {
+        let settings = Settings {
+            backoff_max: Duration::from_secs(10),
+            ..Settings::new(PathBuf::new(), PathBuf::new())
+        };
+        let waits: Vec<u64> = (1..=6).map(|n| settings.backoff(n).as_secs()).collect();
+        assert_eq!(waits, [1, 2, 4, 8, 10, 10]);
+    }
+
+    #[test]
+    fn a_unit_is_a_member_of_its_group_on_any_machine() {
+        assert!(is_member(
+            "group:text-router/glm@atlas",
+            Some("text-router"),
+            "glm"
+        ));
+        assert!(is_member("group:other/glm@atlas", None, "glm"));
+        assert!(!is_member(
+            "group:other/glm@atlas",
+            Some("text-router"),
+            "glm"
+        ));
+        assert!(!is_member("glm", None, "glm"));
+        assert_eq!(
+            engine_id("group:text-router/glm@atlas"),
+            "group~text-router~glm~atlas"
+        );
+    }
+
+    #[test]
+    fn times_are_written_in_rfc_3339() {
+        let t = now();
+        assert!(
+            time::OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).is_ok(),
+            "{t}"
+        );
+        assert!(t.ends_with('Z'), "{t}");
+    }
+}

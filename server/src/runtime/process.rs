@@ -1,0 +1,201 @@
+//! The operating system's side of an engine: starting it in a process group of its own with its output in
+//! a log file, telling it apart from a reused PID, signalling it, and finding this installation's engines.
+//! Linux: identity comes from `/proc`.
+
+use super::spec::Launch;
+use rustix::process::{kill_process, kill_process_group, Pid, Signal};
+use std::fs::{self, File};
+use std::io::{self, Read, Seek, SeekFrom};
+use std::path::Path;
+use std::process::Stdio;
+
+/// The environment variable that marks an engine as this installation's (its value is the instance token
+/// stored in the database), so that engines left by a crashed server are found again.
+pub const INSTANCE_VAR: &str = "TESSERA_INSTANCE";
+
+/// A started engine.
+pub struct Spawned {
+    /// The child, to wait on.
+    pub child: tokio::process::Child,
+    /// Its PID, also its process group.
+    pub pid: u32,
+    /// Its start time: with the PID, who it is.
+    pub start_ticks: u64,
+}
+
+/// Starts `launch` with its output appended to a fresh `log` (the previous one is kept as `.prev`), in a
+/// process group of its own: a Ctrl-C on the server's terminal does not reach it, and a stop reaches every
+/// process it started.
+pub fn spawn(launch: &Launch, log: &Path, instance: &str) -> io::Result<Spawned> {
+    if log.exists() {
+        // Best effort: the last run's output is worth keeping, but not worth failing a start for.
+        let _ = fs::rename(log, log.with_extension("log.prev"));
+    }
+    if let Some(dir) = log.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let out = File::create(log)?;
+    let err = out.try_clone()?;
+    let child = tokio::process::Command::new(&launch.program)
+        .args(&launch.args)
+        .envs(&launch.env)
+        .env(INSTANCE_VAR, instance)
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .process_group(0)
+        .spawn()?;
+    let pid = child
+        .id()
+        .ok_or_else(|| io::Error::other("the engine exited as it started"))?;
+    let start_ticks =
+        start_ticks(pid).ok_or_else(|| io::Error::other("the engine exited as it started"))?;
+    Ok(Spawned {
+        child,
+        pid,
+        start_ticks,
+    })
+}
+
+/// When the process `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`), or `None` when
+/// there is no such process or it is a zombie.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The name (field 2) is in parentheses and may hold spaces: count from the last `)`.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let mut fields = rest.split(' ');
+    if fields.next()? == "Z" {
+        return None;
+    }
+    // `rest` starts at field 3; field 22 is 19 further on.
+    fields.nth(18)?.parse().ok()
+}
+
+/// Whether `pid` is still the process that started at `ticks`.
+pub fn is_same(pid: u32, ticks: u64) -> bool {
+    start_ticks(pid) == Some(ticks)
+}
+
+/// Sends `signal` to the engine's process group, or to the engine alone when the group is gone.
+pub fn signal(pid: u32, signal: Signal) {
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return;
+    };
+    if kill_process_group(pid, signal).is_err() {
+        let _ = kill_process(pid, signal);
+    }
+}
+
+/// SIGTERM.
+pub const TERM: Signal = Signal::TERM;
+/// SIGKILL.
+pub const KILL: Signal = Signal::KILL;
+
+/// Every process that carries this installation's `instance` token, with the engine it says it is.
+pub fn instance_processes(instance: &str) -> Vec<(u32, String)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let marker = format!("{INSTANCE_VAR}={instance}");
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            // Other users' processes cannot be read, and are not ours anyway.
+            let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+            let mut ours = false;
+            let mut engine = String::new();
+            for var in environ.split(|&b| b == 0) {
+                let var = String::from_utf8_lossy(var);
+                if var == marker {
+                    ours = true;
+                } else if let Some(name) = var.strip_prefix("TESSERA_ENGINE=") {
+                    engine = name.to_owned();
+                }
+            }
+            ours.then_some((pid, engine))
+        })
+        .collect()
+}
+
+/// The last `lines` lines of `log` (reading at most its last 64 KiB).
+pub fn tail(log: &Path, lines: usize) -> io::Result<Vec<String>> {
+    const WINDOW: u64 = 64 * 1024;
+    let mut file = match File::open(log) {
+        Ok(f) => f,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let len = file.metadata()?.len();
+    let from = len.saturating_sub(WINDOW);
+    file.seek(SeekFrom::Start(from))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    let text = String::from_utf8_lossy(&bytes);
+    let mut all: Vec<&str> = text.lines().collect();
+    if from > 0 && !all.is_empty() {
+        // The first line was cut by the window.
+        all.remove(0);
+    }
+    let skip = all.len().saturating_sub(lines);
+    Ok(all[skip..].iter().map(|l| (*l).to_owned()).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn sleeper(seconds: &str) -> Launch {
+        Launch {
+            program: "sh".into(),
+            args: vec![
+                "-c".into(),
+                format!("echo started; echo $TESSERA_ENGINE; sleep {seconds}"),
+            ],
+            env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_spawned_engine_is_known_by_pid_and_start_time_and_found_by_its_instance() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("a.log");
+        let mut spawned = spawn(&sleeper("30"), &log, "instance-under-test").unwrap();
+        assert!(is_same(spawned.pid, spawned.start_ticks));
+        assert!(
+            !is_same(spawned.pid, spawned.start_ticks + 1),
+            "another start time is another process"
+        );
+        let found = instance_processes("instance-under-test");
+        assert!(
+            found.contains(&(spawned.pid, "unit-a".to_owned())),
+            "{found:?}"
+        );
+        assert!(instance_processes("another-instance").is_empty());
+        while tail(&log, 10).unwrap().len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        signal(spawned.pid, TERM);
+        let status = spawned.child.wait().await.unwrap();
+        assert!(!status.success());
+        assert!(!is_same(spawned.pid, spawned.start_ticks));
+        assert_eq!(tail(&log, 10).unwrap(), ["started", "unit-a"]);
+    }
+
+    #[test]
+    fn tail_keeps_the_last_lines_and_a_missing_log_is_empty() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("b.log");
+        assert!(tail(&log, 5).unwrap().is_empty());
+        let text: String = (1..=300).map(|i| format!("line {i}\n")).collect();
+        fs::write(&log, text).unwrap();
+        assert_eq!(tail(&log, 2).unwrap(), ["line 299", "line 300"]);
+    }
+
+    #[test]
+    fn the_start_time_is_read_past_a_name_with_spaces_and_parentheses() {
+        assert!(start_ticks(std::process::id()).is_some());
+        assert_eq!(start_ticks(u32::MAX), None);
+    }
+}

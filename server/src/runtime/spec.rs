@@ -1,0 +1,418 @@
+//! What an engine is started as: its recipe (vLLM, SGLang, llama.cpp or any command), turned into a program,
+//! arguments and environment for the share it holds. Pure: the supervisor does the starting.
+
+use crate::inventory::demo::Engine;
+use placement::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// How a model (or a worker's command) is run, whatever its share.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recipe {
+    /// What runs it.
+    pub engine: Engine,
+    /// Where the engine finds the weights.
+    pub model_path: String,
+    /// The command template of a `command` engine, such as `my-server --port {port}`.
+    pub command: Option<String>,
+    /// Added after the engine's own arguments.
+    pub args: Vec<String>,
+    /// Added to the server's environment; Tessera's own variables win over these.
+    pub env: BTreeMap<String, String>,
+}
+
+/// Where an engine runs, which decides what is started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum Host {
+    /// This machine: the recipe itself runs.
+    Local,
+    /// A machine of the demo fleet, which does not exist: the demo engine runs here in its place, told the
+    /// command line the recipe would have run.
+    Simulated,
+    /// Another machine, where Tessera has no agent: nothing can be started.
+    Remote,
+}
+
+/// One engine the committed state says should run: a placed worker, or one member of a sharing group on
+/// one machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineSpec {
+    /// The scheduler's holder name: a worker's name, or `group:{group}/{model}@{machine}`.
+    pub unit: String,
+    /// The machine.
+    pub machine: String,
+    /// Where that machine is, for the runtime.
+    pub host: Host,
+    /// The GPU indices on that machine.
+    pub gpus: Vec<u32>,
+    /// The memory of one of those GPUs.
+    pub gpu_total: Bytes,
+    /// The memory it may take on each GPU; `None` holds the GPUs whole.
+    pub share: Option<Bytes>,
+    /// What the least of its GPUs offers Tessera now (moves with NVML's readings; not part of what it is).
+    pub gpu_offered: Bytes,
+    /// What runs.
+    pub recipe: Recipe,
+}
+
+/// A spec that cannot be turned into a command line, said so that the operator knows what to fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// A `command` engine (or a worker) without a command.
+    #[error("{unit} has no command to run: give the worker a \"command\", or the model a command template")]
+    NoCommand {
+        /// The engine.
+        unit: String,
+    },
+    /// The template does not split into words.
+    #[error("the command of {unit} has an unclosed quote: {template}")]
+    BadTemplate {
+        /// The engine.
+        unit: String,
+        /// The template as given.
+        template: String,
+    },
+}
+
+/// A command line ready to start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Launch {
+    /// The program.
+    pub program: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Added to the server's environment.
+    pub env: BTreeMap<String, String>,
+}
+
+impl EngineSpec {
+    /// What a change of this spec would change in the running engine: when this differs from what an engine
+    /// was started as, it restarts. The port and the moment's free memory are left out.
+    pub fn fingerprint(&self) -> String {
+        serde_json::json!({
+            "machine": self.machine,
+            "host": self.host,
+            "gpus": self.gpus,
+            "gpu_total": self.gpu_total.get(),
+            "share": self.share.map(Bytes::get),
+            "recipe": self.recipe,
+        })
+        .to_string()
+    }
+
+    /// The memory it takes on each of its GPUs.
+    pub fn memory(&self) -> Bytes {
+        self.share.unwrap_or(self.gpu_total)
+    }
+
+    /// The recipe's command line on `port`. `free_at_start` is the memory free on its GPUs as it starts
+    /// (what SGLang sizes itself by).
+    pub fn command_line(&self, port: u16, free_at_start: Bytes) -> Result<Launch, SpecError> {
+        let (program, args) = self.argv(port, free_at_start)?;
+        Ok(Launch {
+            program,
+            args,
+            env: self.env(port),
+        })
+    }
+
+    /// What the supervisor starts: the recipe on this machine, or the demo engine standing in for it on a
+    /// simulated one (which runs even where the recipe has no command yet).
+    pub fn launch(
+        &self,
+        port: u16,
+        free_at_start: Bytes,
+        demo_engine: &Path,
+    ) -> Result<Launch, SpecError> {
+        match self.host {
+            Host::Local | Host::Remote => self.command_line(port, free_at_start),
+            Host::Simulated => {
+                let mut args = vec!["demo-engine".to_owned(), "--".to_owned()];
+                if let Ok((program, real)) = self.argv(port, free_at_start) {
+                    args.push(program);
+                    args.extend(real);
+                }
+                Ok(Launch {
+                    program: demo_engine.display().to_string(),
+                    args,
+                    env: self.env(port),
+                })
+            }
+        }
+    }
+
+    fn argv(&self, port: u16, free_at_start: Bytes) -> Result<(String, Vec<String>), SpecError> {
+        let r = &self.recipe;
+        let fraction = |of: Bytes| self.share.map(|share| fraction(share, of));
+        let port_text = port.to_string();
+        let tensor_parallel = (self.gpus.len() > 1).then(|| self.gpus.len().to_string());
+        let (program, mut args): (String, Vec<String>) = match r.engine {
+            Engine::Vllm => {
+                let mut args = words(&[
+                    "serve",
+                    &r.model_path,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port_text,
+                ]);
+                // vLLM's fraction is of the GPU's whole memory.
+                if let Some(f) = fraction(self.gpu_total) {
+                    args.extend(words(&["--gpu-memory-utilization", &f]));
+                }
+                if let Some(n) = &tensor_parallel {
+                    args.extend(words(&["--tensor-parallel-size", n]));
+                }
+                ("vllm".to_owned(), args)
+            }
+            Engine::Sglang => {
+                let mut args = words(&[
+                    "-m",
+                    "sglang.launch_server",
+                    "--model-path",
+                    &r.model_path,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port_text,
+                ]);
+                // SGLang's fraction is of the memory free when it starts, not of the GPU.
+                if let Some(f) = fraction(free_at_start) {
+                    args.extend(words(&["--mem-fraction-static", &f]));
+                }
+                if let Some(n) = &tensor_parallel {
+                    args.extend(words(&["--tp-size", n]));
+                }
+                ("python3".to_owned(), args)
+            }
+            Engine::LlamaCpp => (
+                "llama-server".to_owned(),
+                words(&[
+                    "-m",
+                    &r.model_path,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    &port_text,
+                ]),
+            ),
+            Engine::Command => {
+                let template = r.command.as_deref().ok_or_else(|| SpecError::NoCommand {
+                    unit: self.unit.clone(),
+                })?;
+                let mut parts = shlex::split(template)
+                    .ok_or_else(|| SpecError::BadTemplate {
+                        unit: self.unit.clone(),
+                        template: template.to_owned(),
+                    })?
+                    .into_iter();
+                let program = parts.next().ok_or_else(|| SpecError::NoCommand {
+                    unit: self.unit.clone(),
+                })?;
+                let fraction = fraction(self.gpu_total).unwrap_or_else(|| "1".to_owned());
+                let args = parts
+                    .map(|word| {
+                        word.replace("{port}", &port_text)
+                            .replace("{model}", &r.model_path)
+                            .replace("{gpu_memory_gb}", &self.memory().gb_text())
+                            .replace("{gpu_memory_fraction}", &fraction)
+                    })
+                    .collect();
+                (program, args)
+            }
+        };
+        args.extend(r.args.iter().cloned());
+        Ok((program, args))
+    }
+
+    /// The recipe's environment with Tessera's variables, which win over it.
+    fn env(&self, port: u16) -> BTreeMap<String, String> {
+        let mut env = self.recipe.env.clone();
+        env.insert("TESSERA_GPU_MEMORY_GB".into(), self.memory().gb_text());
+        env.insert("CUDA_VISIBLE_DEVICES".into(), self.cuda_visible_devices());
+        env.insert("TESSERA_PORT".into(), port.to_string());
+        env.insert("TESSERA_ENGINE".into(), self.unit.clone());
+        env
+    }
+
+    fn cuda_visible_devices(&self) -> String {
+        self.gpus
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+}
+
+fn words(list: &[&str]) -> Vec<String> {
+    list.iter().map(|&w| w.to_owned()).collect()
+}
+
+/// `share / of` with four decimals, rounded down so that an engine never takes more than its share; at
+/// most 1. A share is itself rounded down to whole bytes (30 % of 96 GiB is 0.2 byte short): the numerator
+/// gets those bytes back, so that 30 % reads 0.3 and not 0.2999; it moves the result by under one byte.
+fn fraction(share: Bytes, of: Bytes) -> String {
+    if of == Bytes::ZERO || share >= of {
+        return "1".to_owned();
+    }
+    let ten_thousandths = (u128::from(share.get()) * 10_000 + 10_000) / u128::from(of.get());
+    let ten_thousandths = ten_thousandths.min(9_999);
+    // Display of an f64 is its shortest exact form: 3000 / 10 000 reads 0.3.
+    (ten_thousandths as f64 / 10_000.0).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(engine: Engine, share_gb: Option<u64>, gpus: &[u32]) -> EngineSpec {
+        EngineSpec {
+            unit: "group:text-router/glm@atlas".into(),
+            machine: "atlas".into(),
+            host: Host::Local,
+            gpus: gpus.to_vec(),
+            gpu_total: Bytes::gb(80),
+            share: share_gb.map(Bytes::gb),
+            gpu_offered: Bytes::gb(80),
+            recipe: Recipe {
+                engine,
+                model_path: "zai-org/GLM".into(),
+                command: None,
+                args: vec!["--max-model-len".into(), "8192".into()],
+                env: BTreeMap::from([("HF_HOME".into(), "/models".into())]),
+            },
+        }
+    }
+
+    #[test]
+    fn vllm_gets_its_share_as_a_fraction_of_the_whole_gpu() {
+        let launch = spec(Engine::Vllm, Some(32), &[0])
+            .command_line(8001, Bytes::gb(40))
+            .unwrap();
+        assert_eq!(launch.program, "vllm");
+        assert_eq!(
+            launch.args.join(" "),
+            "serve zai-org/GLM --host 127.0.0.1 --port 8001 --gpu-memory-utilization 0.4 --max-model-len 8192"
+        );
+        assert_eq!(launch.env["TESSERA_GPU_MEMORY_GB"], "32");
+        assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "0");
+        assert_eq!(launch.env["TESSERA_PORT"], "8001");
+        assert_eq!(launch.env["HF_HOME"], "/models");
+    }
+
+    #[test]
+    fn sglang_gets_its_share_as_a_fraction_of_the_memory_free_when_it_starts() {
+        // 32 GB of an 80 GB GPU, of which 64 GB are free as it starts: half of the free memory.
+        let launch = spec(Engine::Sglang, Some(32), &[0, 1])
+            .command_line(8002, Bytes::gb(64))
+            .unwrap();
+        assert_eq!(launch.program, "python3");
+        assert_eq!(
+            launch.args.join(" "),
+            "-m sglang.launch_server --model-path zai-org/GLM --host 127.0.0.1 --port 8002 --mem-fraction-static 0.5 --tp-size 2 --max-model-len 8192"
+        );
+        assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "0,1");
+    }
+
+    #[test]
+    fn fractions_round_down_and_never_pass_one() {
+        assert_eq!(fraction(Bytes::gb(1), Bytes::gb(3)), "0.3333");
+        assert_eq!(fraction(Bytes::gb(2), Bytes::gb(8)), "0.25");
+        assert_eq!(fraction(Bytes::gb(9), Bytes::gb(8)), "1");
+        let gpu = Bytes::gb(96);
+        assert_eq!(
+            fraction(gpu.share(placement::BasisPoints::percent(30)), gpu),
+            "0.3"
+        );
+        assert_eq!(fraction(Bytes::gb(96) - Bytes(1), gpu), "0.9999");
+    }
+
+    #[test]
+    fn llama_cpp_is_told_its_share_by_the_environment() {
+        let launch = spec(Engine::LlamaCpp, Some(8), &[0])
+            .command_line(8003, Bytes::gb(80))
+            .unwrap();
+        assert_eq!(
+            launch.args.join(" "),
+            "-m zai-org/GLM --host 127.0.0.1 --port 8003 --max-model-len 8192"
+        );
+        assert_eq!(launch.env["TESSERA_GPU_MEMORY_GB"], "8");
+    }
+
+    #[test]
+    fn a_command_template_is_split_into_words_and_filled_in() {
+        let mut s = spec(Engine::Command, Some(20), &[0]);
+        s.recipe.command = Some("serve-model --port {port} --name 'my model' --mem {gpu_memory_gb}GB --util {gpu_memory_fraction}".into());
+        s.recipe.env.insert("TESSERA_PORT".into(), "1".into());
+        let launch = s.command_line(9000, Bytes::gb(80)).unwrap();
+        assert_eq!(launch.program, "serve-model");
+        assert_eq!(
+            launch.args,
+            [
+                "--port",
+                "9000",
+                "--name",
+                "my model",
+                "--mem",
+                "20GB",
+                "--util",
+                "0.25",
+                "--max-model-len",
+                "8192"
+            ]
+        );
+        // Tessera's own variables win over the recipe's.
+        assert_eq!(launch.env["TESSERA_PORT"], "9000");
+    }
+
+    #[test]
+    fn a_command_engine_without_a_usable_command_says_what_to_fix() {
+        let s = spec(Engine::Command, Some(20), &[0]);
+        assert_eq!(
+            s.command_line(1, Bytes::ZERO).unwrap_err().to_string(),
+            "group:text-router/glm@atlas has no command to run: give the worker a \"command\", or the model a command template"
+        );
+        let mut s = s;
+        s.recipe.command = Some("serve 'open".into());
+        assert!(matches!(
+            s.command_line(1, Bytes::ZERO),
+            Err(SpecError::BadTemplate { .. })
+        ));
+    }
+
+    #[test]
+    fn a_whole_gpu_engine_is_told_the_whole_memory() {
+        let launch = spec(Engine::Vllm, None, &[0])
+            .command_line(1, Bytes::gb(80))
+            .unwrap();
+        assert!(!launch.args.contains(&"--gpu-memory-utilization".to_owned()));
+        assert_eq!(launch.env["TESSERA_GPU_MEMORY_GB"], "80");
+    }
+
+    #[test]
+    fn a_simulated_engine_runs_the_demo_engine_with_the_real_command_line() {
+        let mut s = spec(Engine::Vllm, Some(32), &[0]);
+        s.host = Host::Simulated;
+        let launch = s
+            .launch(8001, Bytes::gb(80), Path::new("/bin/tessera"))
+            .unwrap();
+        assert_eq!(launch.program, "/bin/tessera");
+        assert_eq!(&launch.args[..4], ["demo-engine", "--", "vllm", "serve"]);
+        assert_eq!(launch.env["TESSERA_GPU_MEMORY_GB"], "32");
+        // Without a command of its own, a simulated worker still runs: the demo engine stands in for nothing.
+        s.recipe.engine = Engine::Command;
+        let launch = s.launch(1, Bytes::ZERO, Path::new("/bin/tessera")).unwrap();
+        assert_eq!(launch.args, ["demo-engine", "--"]);
+    }
+
+    #[test]
+    fn the_fingerprint_moves_with_the_share_and_not_otherwise() {
+        let a = spec(Engine::Vllm, Some(32), &[0]);
+        let mut b = a.clone();
+        assert_eq!(a.fingerprint(), b.fingerprint());
+        b.share = Some(Bytes::gb(24));
+        assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+}

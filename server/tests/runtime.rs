@@ -1,0 +1,312 @@
+//! The runtime with real processes: the `tessera` binary with the demo fleet, whose machines run the demo
+//! engine (a real HTTP process) in place of vLLM, SGLang or llama.cpp.
+
+mod support;
+
+use serde_json::{json, Value};
+use support::{at, kill, processes_of, report, wait_until, Server};
+
+async fn deploy(server: &Server, body: Value) -> Value {
+    let (status, answer) = server.send("POST", "/api/deployments", body).await;
+    assert_eq!(status, 201, "{answer}");
+    answer
+}
+
+/// glm-5.3 (40 %), the router (10 %) and the embedder (5 %) in text-router on atlas:0 (96 GB).
+async fn text_router(server: &Server) {
+    deploy(
+        server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        server,
+        json!({"model": "semantic-router", "gpus": ["atlas:0"], "share": 10, "revision": 1}),
+    )
+    .await;
+    deploy(
+        server,
+        json!({"model": "embedder", "gpus": ["atlas:0"], "share": 5, "revision": 2}),
+    )
+    .await;
+}
+
+/// The plan change of these tests: glm-5.3 shrinks to 30 %, the embedder grows to 15 %.
+async fn shrink_glm_grow_embedder(server: &Server) -> Value {
+    let (status, change) = server
+        .send(
+            "PUT",
+            "/api/groups/text-router/plan",
+            json!({"revision": 3, "shares": {"glm-5.3": 30, "semantic-router": 10, "embedder": 15}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{change}");
+    change
+}
+
+fn pid(engines: &[Value], model: &str) -> u64 {
+    engines
+        .iter()
+        .find(|e| e["model"] == model)
+        .and_then(|e| e["pid"].as_u64())
+        .unwrap_or_else(|| panic!("{model} runs"))
+}
+
+fn engine_events<'a>(
+    events: &'a [Value],
+    model: &'a str,
+    state: &'a str,
+) -> impl Iterator<Item = &'a Value> {
+    let unit = format!("group:text-router/{model}@atlas");
+    events.iter().filter(move |e| {
+        e["kind"] == "engine" && e["engine"] == unit.as_str() && e["state"] == state
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_change_restarts_only_that_member_with_its_new_share_shrinking_stops_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    text_router(&server).await;
+    let before = server.wait_healthy(3).await;
+    let events = server.follow_events().await;
+
+    let change = shrink_glm_grow_embedder(&server).await;
+    let restarts: Vec<&str> = change["restarts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["member"].as_str().unwrap())
+        .collect();
+    assert_eq!(restarts, ["glm-5.3", "embedder"]);
+    wait_until("the plan change is carried out", || async {
+        let (_, group) = server.get("/api/groups/text-router").await;
+        group["progress"]["revision"] == 4
+            && group["progress"]["steps"]
+                .as_array()
+                .is_some_and(|steps| steps.iter().all(|s| s["status"] == "done"))
+    })
+    .await;
+    let after = server.wait_healthy(3).await;
+
+    // Only the members whose share changed restarted.
+    assert_eq!(
+        pid(&before, "semantic-router"),
+        pid(&after, "semantic-router")
+    );
+    assert_ne!(pid(&before, "glm-5.3"), pid(&after, "glm-5.3"));
+    assert_ne!(pid(&before, "embedder"), pid(&after, "embedder"));
+
+    // Each started again with its new share: 30 % and 15 % of 96 GB.
+    let glm = report(after.iter().find(|e| e["model"] == "glm-5.3").unwrap()).await;
+    assert_eq!(glm["gpu_memory_gb"], "28.8");
+    assert_eq!(glm["env"]["TESSERA_GPU_MEMORY_GB"], "28.8");
+    assert_eq!(glm["cuda_visible_devices"], "0");
+    let argv: Vec<&str> = glm["stands_in_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(argv[..3], ["vllm", "serve", "zai-org/GLM-5.3"]);
+    assert!(
+        argv.windows(2)
+            .any(|w| w == ["--gpu-memory-utilization", "0.3"]),
+        "{argv:?}"
+    );
+    let embedder = report(after.iter().find(|e| e["model"] == "embedder").unwrap()).await;
+    assert_eq!(embedder["gpu_memory_gb"], "14.4");
+
+    // Every shrinking stop came before any growing start.
+    let seen = events.all();
+    let glm_stopped = engine_events(&seen, "glm-5.3", "stopped")
+        .map(at)
+        .max()
+        .expect("glm-5.3 stopped");
+    let embedder_started = engine_events(&seen, "embedder", "starting")
+        .map(at)
+        .min()
+        .expect("the embedder started");
+    assert!(
+        glm_stopped < embedder_started,
+        "{glm_stopped} is not before {embedder_started}"
+    );
+    assert_eq!(
+        engine_events(&seen, "semantic-router", "stopped").count(),
+        0,
+        "the router was not touched"
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_engine_is_restarted_after_its_backoff_and_the_state_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    let first = server.wait_healthy(1).await[0]["pid"].as_u64().unwrap();
+    let events = server.follow_events().await;
+
+    kill(first as u32, "KILL");
+    wait_until("speech runs again", || async {
+        let engine = server.engine("speech").await;
+        engine["state"] == "healthy" && engine["pid"].as_u64() != Some(first)
+    })
+    .await;
+    let engine = server.engine("speech").await;
+    assert_eq!(engine["restarts"], 1);
+
+    let seen = events.all();
+    let unit = "group:speech/speech@majin";
+    let restarting = seen
+        .iter()
+        .find(|e| e["engine"] == unit && e["state"] == "restarting")
+        .expect("a restarting event");
+    let message = restarting["message"].as_str().unwrap();
+    assert!(message.contains("SIGKILL"), "{message}");
+    assert!(
+        message.contains("restarting in 0.2 s (attempt 1 of 3)"),
+        "{message}"
+    );
+    let started = seen
+        .iter()
+        .find(|e| e["engine"] == unit && e["state"] == "starting")
+        .expect("a starting event");
+    assert!(
+        at(started) - at(restarting) >= time::Duration::milliseconds(200),
+        "the backoff was waited out"
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_keeps_failing_backs_off_doubling_and_the_plan_shows_why_it_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 1000).await;
+    let events = server.follow_events().await;
+    deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 25, "env": {"TESSERA_DEMO_EXIT_AFTER_MS": "100"}}),
+    )
+    .await;
+    wait_until("vision is left failed", || async {
+        server.engine("vision").await["state"] == "failed"
+    })
+    .await;
+    let engine = server.engine("vision").await;
+    assert_eq!(engine["restarts"], 3);
+    let message = engine["message"].as_str().unwrap();
+    assert!(
+        message.contains("it failed 4 times in a row, so it is not restarted again"),
+        "{message}"
+    );
+
+    let waits: Vec<String> = events
+        .all()
+        .iter()
+        .filter(|e| e["state"] == "restarting")
+        .map(|e| {
+            let m = e["message"].as_str().unwrap();
+            m[m.find("restarting in").unwrap()..].to_owned()
+        })
+        .collect();
+    assert_eq!(
+        waits,
+        [
+            "restarting in 0.2 s (attempt 1 of 3)",
+            "restarting in 0.4 s (attempt 2 of 3)",
+            "restarting in 0.8 s (attempt 3 of 3)"
+        ]
+    );
+
+    let (_, group) = server.get("/api/groups/vision").await;
+    let step = &group["progress"]["steps"][0];
+    assert_eq!(step["action"], "start");
+    assert_eq!(step["status"], "failed");
+    assert!(
+        step["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("vision on atlas: "),
+        "{step}"
+    );
+    assert_eq!(group["members"][0]["engines"][0]["state"], "failed");
+
+    let id = engine["id"].as_str().unwrap();
+    let (status, logs) = server.get(&format!("/api/engines/{id}/logs?lines=5")).await;
+    assert_eq!(status, 200);
+    let lines: Vec<&str> = logs["lines"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l.as_str().unwrap())
+        .collect();
+    assert!(
+        lines.contains(&"exiting after 100 ms, as told"),
+        "{lines:?}"
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_in_the_middle_of_a_restart_comes_back_to_exactly_the_committed_plan() {
+    let dir = tempfile::tempdir().unwrap();
+    // Engines take 1.5 s to load, so that the kill lands in the middle of the change.
+    let server = Server::start(dir.path(), 1500).await;
+    text_router(&server).await;
+    let before = server.wait_healthy(3).await;
+    let router = before
+        .iter()
+        .find(|e| e["model"] == "semantic-router")
+        .unwrap();
+    let instance = report(router).await["env"]["TESSERA_INSTANCE"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let events = server.follow_events().await;
+
+    shrink_glm_grow_embedder(&server).await;
+    wait_until("glm-5.3 stopped and is starting again", || async {
+        let seen = events.all();
+        engine_events(&seen, "glm-5.3", "stopped").count() == 1
+            && engine_events(&seen, "glm-5.3", "starting").count() == 1
+    })
+    .await;
+    server.kill_9().await;
+
+    let server = Server::start(dir.path(), 1500).await;
+    let after = server.wait_healthy(3).await;
+    // The router was running as committed: adopted, not restarted.
+    assert_eq!(
+        pid(&before, "semantic-router"),
+        pid(&after, "semantic-router")
+    );
+    for (model, gb) in [
+        ("glm-5.3", "28.8"),
+        ("embedder", "14.4"),
+        ("semantic-router", "9.6"),
+    ] {
+        let engine = after.iter().find(|e| e["model"] == model).unwrap();
+        assert_eq!(report(engine).await["gpu_memory_gb"], gb, "{model}");
+    }
+    // Exactly these engines run: no orphan from the killed server.
+    let mut running: Vec<u64> = processes_of(&instance).into_iter().map(u64::from).collect();
+    running.sort_unstable();
+    let mut engines: Vec<u64> = after.iter().map(|e| e["pid"].as_u64().unwrap()).collect();
+    engines.sort_unstable();
+    assert_eq!(running, engines);
+
+    server.stop().await;
+    assert_eq!(
+        processes_of(&instance),
+        Vec::<u32>::new(),
+        "a graceful stop takes the engines with it"
+    );
+}

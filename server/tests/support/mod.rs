@@ -1,0 +1,257 @@
+//! The real `tessera` binary on a data folder of its own, with the demo fleet (whose machines run the demo
+//! engine), driven over HTTP as an operator's script would.
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde_json::Value;
+use std::future::Future;
+use std::path::Path;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A running server.
+pub struct Server {
+    pub port: u16,
+    child: tokio::process::Child,
+}
+
+/// How long anything in these tests may take before it counts as never.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+impl Server {
+    /// Starts the server on `data`, with fast supervisor timings; `demo_start_ms` is how long each demo
+    /// engine takes to "load".
+    pub async fn start(data: &Path, demo_start_ms: u64) -> Server {
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "--demo",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--data-dir",
+            ])
+            .arg(data)
+            .args([
+                "--health-interval-ms",
+                "50",
+                "--stop-timeout-ms",
+                "3000",
+                "--restart-backoff-ms",
+                "200",
+                "--restart-backoff-max-ms",
+                "1000",
+                "--max-restarts",
+                "3",
+            ])
+            .env("TESSERA_DEMO_START_MS", demo_start_ms.to_string())
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the tessera binary starts");
+        let server = Server { port, child };
+        wait_until("the server answers", || async {
+            server.get("/api/health").await.0 == 200
+        })
+        .await;
+        server
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("the server runs")
+    }
+
+    /// SIGKILL: the server dies without a word to its engines.
+    pub async fn kill_9(mut self) {
+        self.child.kill().await.expect("the server is killed");
+    }
+
+    /// SIGTERM, and wait for it to stop its engines and exit.
+    pub async fn stop(mut self) {
+        kill(self.pid(), "TERM");
+        tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("the server stops on SIGTERM")
+            .unwrap();
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        request(self.port, "GET", path, None).await
+    }
+
+    pub async fn send(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
+        request(self.port, method, path, Some(body)).await
+    }
+
+    /// The engines, by model (or worker) name.
+    pub async fn engines(&self) -> Vec<Value> {
+        let (status, body) = self.get("/api/engines").await;
+        assert_eq!(status, 200, "{body}");
+        body.as_array().unwrap().clone()
+    }
+
+    pub async fn engine(&self, model: &str) -> Value {
+        self.engines()
+            .await
+            .into_iter()
+            .find(|e| e["model"] == model || e["worker"] == model)
+            .unwrap_or_else(|| panic!("no engine runs {model}"))
+    }
+
+    /// Waits until every engine is healthy and there are `count` of them.
+    pub async fn wait_healthy(&self, count: usize) -> Vec<Value> {
+        wait_until(&format!("{count} healthy engines"), || async {
+            let engines = self.engines().await;
+            engines.len() == count && engines.iter().all(|e| e["state"] == "healthy")
+        })
+        .await;
+        self.engines().await
+    }
+
+    /// Follows `GET /api/events` from now on.
+    pub async fn follow_events(&self) -> Events {
+        let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+            .await
+            .unwrap();
+        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let request = hyper::Request::get("/api/events")
+            .header(hyper::header::HOST, "127.0.0.1")
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        let response = sender.send_request(request).await.unwrap();
+        assert_eq!(response.status(), 200);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let into = seen.clone();
+        tokio::spawn(async move {
+            let _sender = sender;
+            let mut body = response.into_body();
+            let mut pending = String::new();
+            while let Some(Ok(frame)) = body.frame().await {
+                let Ok(data) = frame.into_data() else {
+                    continue;
+                };
+                pending.push_str(&String::from_utf8_lossy(&data));
+                while let Some(end) = pending.find("\n\n") {
+                    let event: String = pending.drain(..end + 2).collect();
+                    for line in event.lines() {
+                        if let Some(json) = line.strip_prefix("data: ") {
+                            into.lock()
+                                .unwrap()
+                                .push(serde_json::from_str(json).unwrap());
+                        }
+                    }
+                }
+            }
+        });
+        Events { seen }
+    }
+}
+
+/// The events seen so far on one stream.
+pub struct Events {
+    seen: Arc<Mutex<Vec<Value>>>,
+}
+
+impl Events {
+    pub fn all(&self) -> Vec<Value> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
+    let Ok(stream) = stream else {
+        return (0, Value::Null);
+    };
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "127.0.0.1")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(
+            body.map(|b| b.to_string()).unwrap_or_default(),
+        )))
+        .unwrap();
+    let Ok(response) = sender.send_request(request).await else {
+        return (0, Value::Null);
+    };
+    let status = response.status().as_u16();
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    (status, json)
+}
+
+/// Asks a demo engine how it was started.
+pub async fn report(engine: &Value) -> Value {
+    let port = engine["port"]
+        .as_u64()
+        .expect("a running engine has a port") as u16;
+    let (status, body) = request(port, "GET", "/", None).await;
+    assert_eq!(status, 200, "the demo engine on {port} reports");
+    body
+}
+
+/// Polls `check` until it holds, or fails the test after [`PATIENCE`].
+pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let start = Instant::now();
+    while !check().await {
+        assert!(start.elapsed() < PATIENCE, "waited {PATIENCE:?} for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Sends a signal with kill(1), as an operator would.
+pub fn kill(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// Every process on this machine that carries `instance` (this data folder's engines).
+pub fn processes_of(instance: &str) -> Vec<u32> {
+    let marker = format!("TESSERA_INSTANCE={instance}");
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ"))
+                .map(|env| env.split(|&b| b == 0).any(|v| v == marker.as_bytes()))
+                .unwrap_or(false)
+        })
+        .filter(|pid| {
+            // A zombie is gone in all but name.
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// An RFC 3339 time, comparable.
+pub fn at(event: &Value) -> time::OffsetDateTime {
+    time::OffsetDateTime::parse(
+        event["at"].as_str().unwrap(),
+        &time::format_description::well_known::Rfc3339,
+    )
+    .unwrap()
+}
