@@ -36,6 +36,7 @@ pub fn routes() -> Router<AppState> {
         .route("/api/engines", get(list_engines))
         .route("/api/engines/{id}", get(get_engine))
         .route("/api/engines/{id}/logs", get(engine_logs))
+        .route("/api/engines/{id}/restart", post(restart_engine))
         .route("/api/events", get(events))
 }
 
@@ -88,6 +89,24 @@ async fn engine_logs(
         engine: id,
         lines: read.map_err(ApiError::internal)?,
     }))
+}
+
+/// `POST /api/engines/{id}/restart`: stops the engine and starts it again as it is specified now, with a
+/// fresh count of failures; 202, the restart follows the changes before it.
+async fn restart_engine(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<EngineView>), ApiError> {
+    let runtime = state.fleet.runtime();
+    let engine = runtime.engine(&id).ok_or_else(|| no_engine(&id))?;
+    if engine.host == crate::runtime::spec::Host::Remote {
+        return Err(ApiError::Conflict(format!(
+            "{} runs on {}, where Tessera has no agent: it cannot be restarted from here",
+            engine.unit, engine.machine
+        )));
+    }
+    runtime.submit(crate::runtime::Change::Restart(engine.unit.clone()));
+    Ok((StatusCode::ACCEPTED, Json(engine)))
 }
 
 fn no_engine(id: &str) -> ApiError {

@@ -310,3 +310,96 @@ async fn a_server_killed_in_the_middle_of_a_restart_comes_back_to_exactly_the_co
         "a graceful stop takes the engines with it"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_failing_its_health_check_is_unhealthy_then_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    let engine = server.wait_healthy(1).await.remove(0);
+    let first = engine["pid"].as_u64().unwrap();
+    let events = server.follow_events().await;
+    let port = engine["port"].as_u64().unwrap() as u16;
+    assert_eq!(
+        support::request(port, "POST", "/fail-health", None).await.0,
+        204
+    );
+
+    wait_until("speech runs again, healthy", || async {
+        let engine = server.engine("speech").await;
+        engine["state"] == "healthy" && engine["pid"].as_u64() != Some(first)
+    })
+    .await;
+    let seen = events.all();
+    let states: Vec<&str> = seen
+        .iter()
+        .filter(|e| e["kind"] == "engine")
+        .map(|e| e["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(states, ["unhealthy", "restarting", "starting", "healthy"]);
+    assert_eq!(seen[0]["message"], "3 health checks in a row failed");
+    assert!(
+        seen[1]["message"]
+            .as_str()
+            .unwrap()
+            .starts_with("failed 15 health checks in a row; restarting in"),
+        "{}",
+        seen[1]
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_runs_with_its_share_and_environment_restarts_on_request_and_stops_when_deleted() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let (status, worker) = server
+        .send(
+            "POST",
+            "/api/workers",
+            json!({
+                "name": "listen",
+                "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 2.2}},
+                "env": {"GREETING": "hello"}
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{worker}");
+    let engine = server.wait_healthy(1).await.remove(0);
+    assert_eq!(engine["worker"], "listen");
+    assert_eq!(engine["env"]["TESSERA_GPU_MEMORY_GB"], "2.2");
+    let reported = report(&engine).await;
+    assert_eq!(reported["gpu_memory_gb"], "2.2");
+    assert_eq!(reported["cuda_visible_devices"], "0");
+    let instance = reported["env"]["TESSERA_INSTANCE"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let (status, _) = server
+        .send("POST", "/api/engines/listen/restart", json!({}))
+        .await;
+    assert_eq!(status, 202);
+    wait_until("listen runs again", || async {
+        let now = server.engine("listen").await;
+        now["state"] == "healthy" && now["pid"] != engine["pid"]
+    })
+    .await;
+
+    let (status, _) = server
+        .send("DELETE", "/api/workers/listen", json!({}))
+        .await;
+    assert_eq!(status, 204);
+    wait_until("no engine is left", || async {
+        server.engines().await.is_empty()
+    })
+    .await;
+    assert_eq!(processes_of(&instance), Vec::<u32>::new());
+
+    server.stop().await;
+}

@@ -409,3 +409,88 @@ async fn a_fresh_reading_of_a_machine_moves_what_it_offers_and_who_fits() {
         "placed again once the desktop lets go"
     );
 }
+
+#[tokio::test]
+async fn an_engine_on_a_machine_without_an_agent_is_listed_as_stopped_with_the_reason() {
+    let app = TestApp::new(MAJIN).await;
+    let (status, _) = app.post_worker(&shared_worker("listen", 2.2)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    app.fleet.runtime().settled().await;
+    let (status, engines) = app.get("/api/engines").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(engines[0]["worker"], "listen");
+    assert_eq!(engines[0]["state"], "stopped");
+    assert_eq!(engines[0]["host"]["kind"], "remote");
+    assert_eq!(
+        engines[0]["message"],
+        "majin is not this machine, and Tessera has no agent there to start engines with"
+    );
+    let (status, body) = app
+        .call(Method::POST, "/api/engines/listen/restart", None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(
+        error(&body),
+        "listen runs on majin, where Tessera has no agent: it cannot be restarted from here"
+    );
+    let (status, body) = app.get("/api/engines/nothing/logs").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    assert_eq!(
+        error(&body),
+        "there is no engine nothing; GET /api/engines lists them"
+    );
+    let (status, body) = app.get("/api/engines/listen/logs?lines=many").await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(
+        error(&body),
+        "lines must be a whole number, such as ?lines=50"
+    );
+
+    let (status, _) = app.call(Method::DELETE, "/api/workers/listen", None).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    app.fleet.runtime().settled().await;
+    assert_eq!(app.get("/api/engines").await.1, json!([]));
+}
+
+#[tokio::test]
+async fn a_command_model_needs_a_command_template_and_env_names_are_checked() {
+    let app = TestApp::new(MAJIN).await;
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/api/models",
+            Some(r#"{"name": "tei", "engine": "command", "default_share_percent": 5, "group": null, "model_path": "BAAI/bge-m3"}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        error(&body),
+        "tei runs on the command engine, so it needs a \"command\" template, such as \"my-server --port {port} --model {model}\" (without unclosed quotes)"
+    );
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/api/models",
+            Some(r#"{"name": "tei", "engine": "command", "default_share_percent": 5, "group": null, "model_path": "BAAI/bge-m3",
+                     "command": "text-embeddings-router --port {port}", "env": {"1BAD": "x"}}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        error(&body),
+        "environment variable name \"1BAD\": use letters, digits and '_', not starting with a digit"
+    );
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/api/models",
+            Some(r#"{"name": "tei", "engine": "command", "default_share_percent": 5, "group": null, "model_path": "BAAI/bge-m3",
+                     "command": "text-embeddings-router --port {port}", "args": ["--max-batch-tokens", "16384"], "env": {"HF_HOME": "/models"}}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, models) = app.get("/api/models").await;
+    assert_eq!(models[0]["command"], "text-embeddings-router --port {port}");
+    assert_eq!(models[0]["args"], json!(["--max-batch-tokens", "16384"]));
+    assert_eq!(models[0]["env"], json!({"HF_HOME": "/models"}));
+}

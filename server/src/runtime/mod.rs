@@ -236,6 +236,8 @@ pub enum Change {
     /// At start: adopt the engines a previous server left running as committed, stop every other engine of
     /// this installation, and start what is missing.
     Reconcile(Vec<EngineSpec>),
+    /// An operator's restart of one engine (a failed one, say), as it is specified now.
+    Restart(String),
     /// Make what runs match `desired`: stop what should not run (or runs as something else), then start
     /// what is missing.
     Apply(Vec<EngineSpec>),
@@ -308,6 +310,14 @@ async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>
                 }
             }
             Order::Change(Change::Apply(desired)) => apply(&shared, &desired).await,
+            Order::Change(Change::Restart(unit)) => {
+                let spec = shared.lock().get(&unit).map(|u| u.spec.clone());
+                if let Some(spec) = spec {
+                    shared.stop_unit(&unit).await;
+                    shared.drop_units(std::slice::from_ref(&unit));
+                    let _ = shared.start_and_wait(spec).await;
+                }
+            }
             Order::Change(Change::Plan {
                 group,
                 revision,
@@ -391,9 +401,15 @@ impl Runtime {
         Some(process::tail(&self.shared.log_path(&engine.unit), lines))
     }
 
-    /// The PIDs of the engines running now: their memory is Tessera's, not held outside it.
+    /// The PIDs of the engines running now and of every process they started: their GPU memory is
+    /// Tessera's, not held outside it.
     pub fn pids(&self) -> Vec<u32> {
-        self.engines().iter().filter_map(|e| e.pid).collect()
+        let engines: Vec<u32> = self.engines().iter().filter_map(|e| e.pid).collect();
+        process::all_groups()
+            .into_iter()
+            .filter(|(_, group)| engines.contains(group))
+            .map(|(pid, _)| pid)
+            .collect()
     }
 
     /// The events from now on, until the server closes (a client too slow to keep up misses some, and

@@ -71,6 +71,34 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     fields.nth(18)?.parse().ok()
 }
 
+/// The live processes of the process group `pgid`: an engine and whatever it started (vLLM's workers hold
+/// GPU memory too), zombies left out.
+pub fn group_members(pgid: u32) -> Vec<u32> {
+    all_groups()
+        .into_iter()
+        .filter(|&(_, group)| group == pgid)
+        .map(|(pid, _)| pid)
+        .collect()
+}
+
+/// Every live process on the machine with its process group.
+pub fn all_groups() -> Vec<(u32, u32)> {
+    let Ok(entries) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter_map(|pid| {
+            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let mut fields = stat[stat.rfind(')')? + 2..].split(' ');
+            let state = fields.next()?;
+            let pgrp = fields.nth(1)?.parse().ok()?;
+            (state != "Z").then_some((pid, pgrp))
+        })
+        .collect()
+}
+
 /// Whether `pid` is still the process that started at `ticks`.
 pub fn is_same(pid: u32, ticks: u64) -> bool {
     start_ticks(pid) == Some(ticks)
@@ -173,6 +201,11 @@ mod tests {
             "{found:?}"
         );
         assert!(instance_processes("another-instance").is_empty());
+        assert_eq!(
+            group_members(spawned.pid),
+            [spawned.pid],
+            "sh leads a group of its own"
+        );
         while tail(&log, 10).unwrap().len() < 2 {
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }

@@ -232,6 +232,8 @@ impl EngineSpec {
         let mut env = self.recipe.env.clone();
         env.insert("TESSERA_GPU_MEMORY_GB".into(), self.memory().gb_text());
         env.insert("CUDA_VISIBLE_DEVICES".into(), self.cuda_visible_devices());
+        // The indices are NVML's, which count in PCI bus order; CUDA counts fastest first unless told.
+        env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         env.insert("TESSERA_PORT".into(), port.to_string());
         env.insert("TESSERA_ENGINE".into(), self.unit.clone());
         env

@@ -42,8 +42,19 @@ impl Proc {
         }
     }
 
-    /// Waits until it exits, and says how.
+    /// Waits until it exits, and says how. What it started and left behind is killed: those processes may
+    /// hold GPU memory the next start needs.
     async fn exited(&mut self, poll: Duration) -> String {
+        let how = self.leader_exited(poll).await;
+        let pgid = self.pid();
+        if !process::group_members(pgid).is_empty() {
+            process::signal(pgid, KILL);
+            group_gone(pgid, poll).await;
+        }
+        how
+    }
+
+    async fn leader_exited(&mut self, poll: Duration) -> String {
         match self {
             Proc::Child(s) => match s.child.wait().await {
                 Ok(status) => format!("exited ({status})"),
@@ -59,17 +70,27 @@ impl Proc {
         }
     }
 
-    /// SIGTERM, then SIGKILL after `grace`; returns once it has exited.
+    /// SIGTERM to the engine and everything it started, then SIGKILL after `grace`; returns once all of
+    /// them have exited, which is when their GPU memory is free.
     async fn stop(&mut self, grace: Duration, poll: Duration) {
-        process::signal(self.pid(), TERM);
-        if timeout(grace, self.exited(poll)).await.is_err() {
-            tracing::warn!(
-                "engine {} did not stop within {grace:?}: killing it",
-                self.pid()
-            );
-            process::signal(self.pid(), KILL);
+        let pgid = self.pid();
+        process::signal(pgid, TERM);
+        let all_gone = async {
+            self.leader_exited(poll).await;
+            group_gone(pgid, poll).await;
+        };
+        if timeout(grace, all_gone).await.is_err() {
+            tracing::warn!("engine {pgid} did not stop within {grace:?}: killing it");
+            process::signal(pgid, KILL);
             self.exited(poll).await;
         }
+    }
+}
+
+/// Waits until no process of the group `pgid` is left.
+async fn group_gone(pgid: u32, poll: Duration) {
+    while !process::group_members(pgid).is_empty() {
+        sleep(poll).await;
     }
 }
 
@@ -125,7 +146,8 @@ pub(super) async fn supervise(
                 }
                 how = running.exited(settings.health_interval) => break how,
                 _ = tick.tick() => {
-                    if healthy(port, settings.health_interval).await {
+                    // A loaded machine answers slowly: a probe may take longer than the interval.
+                    if healthy(port, settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
                             healthy_once = true;
@@ -258,3 +280,6 @@ async fn probe(port: u16) -> bool {
         Err(_) => false,
     }
 }
+
+/// The least time a health check is given to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(1);

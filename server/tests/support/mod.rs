@@ -167,7 +167,7 @@ impl Events {
     }
 }
 
-async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+pub async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
     let Ok(stream) = stream else {
         return (0, Value::Null);
