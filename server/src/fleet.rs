@@ -69,7 +69,7 @@ pub struct Fleet {
     /// Runs what the committed state says should run.
     pub(crate) runtime: Arc<Runtime>,
     /// Which machines engines can be started for.
-    hosts: Hosts,
+    pub(crate) hosts: Hosts,
     /// Every write is decided and committed under this lock.
     pub(crate) scheduler: Mutex<Scheduler>,
     /// What reads are answered from, published after each committed write, so that a read waits on neither
@@ -124,7 +124,8 @@ impl Fleet {
     /// Every engine the committed state wants running: each group member on each machine of its group, then
     /// each placed worker, oldest first.
     pub(crate) async fn desired(&self, scheduler: &Scheduler) -> Result<Vec<EngineSpec>, ApiError> {
-        let mut specs = crate::groups::member_engines(&self.pool, scheduler, &self.hosts).await?;
+        let mut specs =
+            crate::groups::member_engines(&self.pool, scheduler, &self.hosts, None).await?;
         for row in db::workers(&self.pool).await? {
             let Some(assignment) = row.assignment.as_deref() else {
                 continue;

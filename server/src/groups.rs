@@ -657,7 +657,7 @@ impl Fleet {
             group: group.name.clone(),
             revision,
             steps: change.steps.clone(),
-            desired: self.desired(scheduler).await?,
+            members: member_engines(&self.pool, scheduler, &self.hosts, Some(&group.name)).await?,
         });
         Ok(PlanChange {
             group: group.name.clone(),
@@ -750,11 +750,13 @@ fn plan_with(
         .collect()
 }
 
-/// The engines of every group member: one per member and machine of its group's GPUs, in plan order.
+/// The engines of every group member (of `only` that group): one per member and machine of its group's
+/// GPUs, in plan order.
 pub(crate) async fn member_engines(
     pool: &SqlitePool,
     scheduler: &Scheduler,
     hosts: &crate::runtime::Hosts,
+    only: Option<&str>,
 ) -> Result<Vec<EngineSpec>, ApiError> {
     type Row = (
         String,
@@ -772,8 +774,9 @@ pub(crate) async fn member_engines(
     let rows: Vec<Row> = sqlx::query_as(
         "SELECT gm.group_name, gm.model, gm.share, gm.args, gm.env, m.engine, m.model_path, m.command, m.args, m.env, g.gpus \
          FROM group_members gm JOIN models m ON m.name = gm.model JOIN groups g ON g.name = gm.group_name \
-         ORDER BY gm.group_name, gm.position",
+         WHERE ?1 IS NULL OR gm.group_name = ?1 ORDER BY gm.group_name, gm.position",
     )
+    .bind(only)
     .fetch_all(pool)
     .await?;
     let json =

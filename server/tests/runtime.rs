@@ -403,3 +403,57 @@ async fn a_worker_runs_with_its_share_and_environment_restarts_on_request_and_st
 
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_router_moves_into_a_new_group_and_restarts_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "semantic-router", "gpus": ["atlas:0"], "share": 10, "revision": 1}),
+    )
+    .await;
+    let before = server.wait_healthy(2).await;
+
+    let change = deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 25}),
+    )
+    .await;
+    assert_eq!(change["group"], "vision");
+    wait_until("the router runs in vision", || async {
+        let engines = server.engines().await;
+        engines.len() == 3
+            && engines.iter().all(|e| e["state"] == "healthy")
+            && engines
+                .iter()
+                .any(|e| e["model"] == "semantic-router" && e["group"] == "vision")
+    })
+    .await;
+    let after = server.engines().await;
+    let router = after
+        .iter()
+        .find(|e| e["model"] == "semantic-router")
+        .unwrap();
+    assert_eq!(router["gpus"], json!([1]));
+    assert_ne!(
+        router["pid"],
+        before
+            .iter()
+            .find(|e| e["model"] == "semantic-router")
+            .unwrap()["pid"]
+    );
+    assert_eq!(report(router).await["gpu_memory_gb"], "9.6");
+    assert_eq!(
+        pid(&before, "glm-5.3"),
+        pid(&after, "glm-5.3"),
+        "glm-5.3 kept running"
+    );
+
+    server.stop().await;
+}

@@ -241,7 +241,8 @@ pub enum Change {
     /// Make what runs match `desired`: stop what should not run (or runs as something else), then start
     /// what is missing.
     Apply(Vec<EngineSpec>),
-    /// A committed plan change: `steps` in order, then the rest as [`Change::Apply`].
+    /// A committed plan change: `steps` in order; then members that left stop and any member not yet
+    /// running starts. Nothing outside the group (and the router moving in) is touched.
     Plan {
         /// The group.
         group: String,
@@ -249,8 +250,8 @@ pub enum Change {
         revision: i64,
         /// From `placement::transition`.
         steps: Vec<Step>,
-        /// Everything that should run once it is done.
-        desired: Vec<EngineSpec>,
+        /// The group's engines as committed.
+        members: Vec<EngineSpec>,
     },
 }
 
@@ -322,8 +323,8 @@ async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>
                 group,
                 revision,
                 steps,
-                desired,
-            }) => carry_out(&shared, &group, revision, &steps, &desired).await,
+                members,
+            }) => carry_out(&shared, &group, revision, &steps, &members).await,
             Order::Settled(done) => {
                 let _ = done.send(());
             }
@@ -510,10 +511,16 @@ async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> Result<(), s
 /// Stops what should not run as it does, then starts what is missing, one at a time: an engine that sizes
 /// itself by the memory free at its start (SGLang) must not start while another is still loading.
 async fn apply(shared: &Arc<Shared>, desired: &[EngineSpec]) {
+    apply_to(shared, desired, |_| true).await;
+}
+
+/// [`apply`] to the units `within` takes in.
+async fn apply_to(shared: &Arc<Shared>, desired: &[EngineSpec], within: impl Fn(&str) -> bool) {
     let stale: Vec<String> = {
-        let units = shared.units.lock().unwrap_or_else(PoisonError::into_inner);
+        let units = shared.lock();
         units
             .iter()
+            .filter(|(name, _)| within(name))
             .filter(|(name, unit)| {
                 desired
                     .iter()
@@ -533,13 +540,14 @@ async fn apply(shared: &Arc<Shared>, desired: &[EngineSpec]) {
     }
 }
 
-/// A committed plan change of `group`: its steps in order, then everything else.
+/// A committed plan change of `group`: its steps in order, then whatever of the group is still not as
+/// committed.
 async fn carry_out(
     shared: &Arc<Shared>,
     group: &str,
     revision: i64,
     steps: &[Step],
-    desired: &[EngineSpec],
+    members: &[EngineSpec],
 ) {
     let mut progress = Progress {
         revision,
@@ -576,7 +584,7 @@ async fn carry_out(
             }
             Step::Start(member, _) => {
                 let mut outcome = Ok(());
-                for spec in desired
+                for spec in members
                     .iter()
                     .filter(|s| is_member(&s.unit, Some(group), member))
                 {
@@ -595,7 +603,8 @@ async fn carry_out(
             Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
         }
     }
-    apply(shared, desired).await;
+    let prefix = format!("group:{group}/");
+    apply_to(shared, members, |unit| unit.starts_with(&prefix)).await;
 }
 
 /// Whether `unit` is `member` of `group` (of any group when `None`) on some machine.
