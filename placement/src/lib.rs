@@ -32,4 +32,4 @@ pub use request::{
 pub use restart::{transition, Change, Restart, Share, Step, Transition};
 pub use schedule::{Assignment, Decision, Hold, ScheduleError, Scheduler};
 pub use units::{BasisPoints, Bytes, UnitError};
-pub use usage::{GpuMillis, Holding};
+pub use usage::{Figures, GpuMillis, Grouping, Holder, Holding, Sample, UsageReport, UsageRow};

@@ -56,6 +56,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let state = AppState {
         leptos_options: LeptosOptions::builder().output_name("tessera").build(),
         fleet,
+        http_metrics: Arc::default(),
     };
     let app = router(state).route("/bench/hello", get(|| async { "Hello, World!" }));
     let listener = tokio::net::TcpListener::bind(&addr).await?;

@@ -57,6 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let app = router(AppState {
         leptos_options: LeptosOptions::builder().output_name("tessera").build(),
         fleet,
+        http_metrics: Arc::default(),
     });
 
     let mut latencies = Vec::with_capacity(COMMITS);

@@ -11,7 +11,7 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post, put};
 use axum::{Json, Router};
-use placement::{judge, GpuRef, PlanMember, Verdict};
+use placement::{judge, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
 use serde::{Deserialize, Serialize};
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
@@ -38,6 +38,89 @@ pub fn routes() -> Router<AppState> {
         .route("/api/engines/{id}/logs", get(engine_logs))
         .route("/api/engines/{id}/restart", post(restart_engine))
         .route("/api/events", get(events))
+        .route("/api/usage", get(usage))
+        .route("/api/usage.csv", get(usage_csv))
+}
+
+/// `?from=…&to=…&by=…`: a period in RFC 3339 (the last 24 hours unless said) and what to add up by.
+#[derive(Debug, Deserialize)]
+struct UsageQuery {
+    from: Option<String>,
+    to: Option<String>,
+    by: Option<String>,
+}
+
+impl UsageQuery {
+    /// The period in milliseconds since the epoch, and the grouping.
+    fn read(&self) -> Result<(u64, u64, Grouping), ApiError> {
+        let time = |name: &str, text: &Option<String>| -> Result<Option<u64>, ApiError> {
+            text.as_deref()
+                .map(|t| {
+                    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+                        .ok()
+                        .and_then(|at| u64::try_from(at.unix_timestamp_nanos() / 1_000_000).ok())
+                        .ok_or_else(|| {
+                            ApiError::BadRequest(format!(
+                                "{name} must be a time such as 2026-12-01T00:00:00Z, not {t:?}"
+                            ))
+                        })
+                })
+                .transpose()
+        };
+        let to = time("to", &self.to)?.unwrap_or_else(crate::usage::now_ms);
+        let from =
+            time("from", &self.from)?.unwrap_or(to.saturating_sub(24 * placement::usage::HOUR_MS));
+        if from >= to {
+            return Err(ApiError::Unprocessable("from must be before to".to_owned()));
+        }
+        let by = match self.by.as_deref() {
+            None => Grouping::default(),
+            Some(name) => Grouping::parse(name).ok_or_else(|| {
+                ApiError::BadRequest(format!(
+                    "by must be machine, group, model or worker, not {name:?}"
+                ))
+            })?,
+        };
+        Ok((from, to, by))
+    }
+}
+
+fn usage_query(
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<(u64, u64, Grouping), ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::BadRequest(e.body_text()))?;
+    query.read()
+}
+
+/// `GET /api/usage`: GPU-hours, use and energy over a period, split among sharers by their share.
+async fn usage(
+    State(state): State<AppState>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<UsageReport>, ApiError> {
+    let (from, to, by) = usage_query(query)?;
+    Ok(Json(state.fleet.usage(from, to, by).await?))
+}
+
+/// `GET /api/usage.csv`: the same report as CSV, the figures as the Usage page shows them.
+async fn usage_csv(
+    State(state): State<AppState>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (from, to, by) = usage_query(query)?;
+    let report = state.fleet.usage(from, to, by).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8".to_owned()),
+            (
+                header::CONTENT_DISPOSITION,
+                format!(
+                    "attachment; filename=\"tessera-usage-by-{}.csv\"",
+                    by.as_str()
+                ),
+            ),
+        ],
+        report.to_csv(),
+    ))
 }
 
 async fn list_engines(State(state): State<AppState>) -> Json<Vec<EngineView>> {

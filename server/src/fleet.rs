@@ -308,8 +308,9 @@ impl Fleet {
             .clone()
     }
 
-    /// Makes reads answer what the database now says.
+    /// Makes reads answer what the database now says, and the usage record follow what is held.
     pub(crate) async fn publish(&self, scheduler: &Scheduler) -> Result<(), ApiError> {
+        crate::usage::record_holdings(&self.pool, scheduler, crate::usage::now_ms()).await?;
         let workers = db::workers(&self.pool)
             .await?
             .into_iter()
@@ -383,10 +384,17 @@ impl Fleet {
                 tokio::task::spawn_blocking(move || reader.read(&ours).map_err(|e| e.to_string()))
                     .await;
             let outcome = match reading {
-                Ok(Ok(reading)) => self
-                    .refresh_machine(reading.machine)
-                    .await
-                    .map_err(|e| e.to_string()),
+                Ok(Ok(reading)) => {
+                    let at = crate::usage::now_ms();
+                    match self
+                        .record_samples(&reading.machine.name, &reading.live, at)
+                        .await
+                    {
+                        Ok(()) => self.refresh_machine(reading.machine).await,
+                        Err(e) => Err(e),
+                    }
+                    .map_err(|e| e.to_string())
+                }
                 Ok(Err(e)) => Err(e),
                 Err(e) => Err(e.to_string()),
             };
@@ -570,10 +578,16 @@ pub struct GpuView {
     pub healthy: bool,
     /// All its memory, GB.
     pub total_gb: f64,
+    /// All its memory, bytes.
+    pub total_bytes: u64,
     /// What it offers Tessera, GB.
     pub offered_gb: f64,
+    /// What it offers Tessera, bytes.
+    pub offered_bytes: u64,
     /// Held outside Tessera, GB.
     pub held_outside_gb: f64,
+    /// Held outside Tessera, bytes.
+    pub held_outside_bytes: u64,
     /// `free`, `whole` or `shared`.
     pub mode: String,
     /// The worker holding it whole.
@@ -583,6 +597,8 @@ pub struct GpuView {
     pub sharers: Vec<SharerView>,
     /// GB its sharers take.
     pub taken_gb: f64,
+    /// Bytes its sharers take.
+    pub taken_bytes: u64,
     /// The machine page's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
@@ -598,6 +614,8 @@ pub struct SharerView {
     pub group: Option<String>,
     /// The GB it takes.
     pub gb: f64,
+    /// The bytes it takes.
+    pub bytes: u64,
 }
 
 fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineView {
@@ -636,8 +654,11 @@ fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineV
                     vendor: gpu.vendor.clone(),
                     healthy: gpu.healthy,
                     total_gb: gpu.total.as_gb_f64(),
+                    total_bytes: gpu.total.get(),
                     offered_gb: gpu.offered().as_gb_f64(),
+                    offered_bytes: gpu.offered().get(),
                     held_outside_gb: gpu.held_outside.as_gb_f64(),
+                    held_outside_bytes: gpu.held_outside.get(),
                     mode: mode.to_owned(),
                     held_by,
                     sharers: sharers
@@ -648,10 +669,12 @@ fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineV
                                 worker: name.to_owned(),
                                 group: group.map(str::to_owned),
                                 gb: b.as_gb_f64(),
+                                bytes: b.get(),
                             }
                         })
                         .collect(),
                     taken_gb: hold.taken().as_gb_f64(),
+                    taken_bytes: hold.taken().get(),
                     summary,
                 }
             })

@@ -12,7 +12,9 @@ pub mod error;
 pub mod fleet;
 pub mod groups;
 pub mod inventory;
+pub mod metrics;
 pub mod runtime;
+pub mod usage;
 
 use app::{shell, App};
 use axum::extract::FromRef;
@@ -35,6 +37,8 @@ pub struct AppState {
     pub leptos_options: LeptosOptions,
     /// The machines, their GPUs and the workers on them.
     pub fleet: Arc<Fleet>,
+    /// The HTTP requests served, for `/metrics`.
+    pub http_metrics: Arc<metrics::HttpMetrics>,
 }
 
 /// The whole HTTP surface: the REST API under `/api`, the console's pages and its server functions (under
@@ -44,9 +48,14 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos_options.clone();
     Router::new()
         .route("/api/health", get(health))
+        .route("/metrics", get(metrics::metrics))
         .merge(api::routes())
         .leptos_routes(&state, routes, move || shell(options.clone()))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            metrics::track,
+        ))
         .layer(TraceLayer::new_for_http())
         // A bound on every request, so that a graceful shutdown cannot hang on a stuck one.
         .layer(TimeoutLayer::with_status_code(
@@ -103,6 +112,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         router(AppState {
             leptos_options,
             fleet,
+            http_metrics: Arc::default(),
         }),
     )
     .with_graceful_shutdown({

@@ -163,6 +163,7 @@ async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>) 
     let state = AppState {
         leptos_options: LeptosOptions::builder().output_name("tessera").build(),
         fleet: fleet.clone(),
+        http_metrics: Arc::default(),
     };
     (router(state), fleet)
 }

@@ -51,6 +51,8 @@ impl Server {
             ])
             .env("TESSERA_DEMO_START_MS", demo_start_ms.to_string())
             .env("RUST_LOG", "warn")
+            // What cargo-leptos would set; the API needs no built site.
+            .env("LEPTOS_OUTPUT_NAME", "tessera")
             .stdin(Stdio::null())
             .kill_on_drop(true)
             .spawn()
@@ -168,9 +170,23 @@ impl Events {
 }
 
 pub async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let (status, bytes) = request_bytes(port, method, path, body).await;
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// A request answered with its status and raw body.
+pub async fn request_bytes(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Bytes) {
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
     let Ok(stream) = stream else {
-        return (0, Value::Null);
+        return (0, Bytes::new());
     };
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -186,12 +202,13 @@ pub async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -
         )))
         .unwrap();
     let Ok(response) = sender.send_request(request).await else {
-        return (0, Value::Null);
+        return (0, Bytes::new());
     };
     let status = response.status().as_u16();
-    let bytes = response.into_body().collect().await.unwrap().to_bytes();
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    (status, json)
+    (
+        status,
+        response.into_body().collect().await.unwrap().to_bytes(),
+    )
 }
 
 /// Asks a demo engine how it was started.

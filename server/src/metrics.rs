@@ -1,0 +1,243 @@
+//! `GET /metrics` in Prometheus's text format: each GPU's memory and sharers, each worker's share, state and
+//! restarts, engine health, and the HTTP requests served. Labels follow dcgm-exporter (`gpu`, `UUID`,
+//! `Hostname`), so that dashboards built for it can join on them; its `modelName` is `model_name` here,
+//! because `promtool check metrics` refuses camelCase label names.
+
+use crate::runtime::EngineState;
+use crate::AppState;
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+};
+use std::time::Instant;
+
+/// The HTTP figures, kept from one scrape to the next.
+pub struct HttpMetrics {
+    registry: Registry,
+    requests: IntCounterVec,
+    latency: HistogramVec,
+}
+
+impl Default for HttpMetrics {
+    fn default() -> HttpMetrics {
+        let registry = Registry::new();
+        let requests = IntCounterVec::new(
+            Opts::new(
+                "tessera_http_requests_total",
+                "HTTP requests answered, by route and status.",
+            ),
+            &["method", "route", "status"],
+        )
+        .expect("a valid metric");
+        let latency = HistogramVec::new(
+            HistogramOpts::new(
+                "tessera_http_request_duration_seconds",
+                "Time to answer an HTTP request.",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+            ]),
+            &["method", "route"],
+        )
+        .expect("a valid metric");
+        registry
+            .register(Box::new(requests.clone()))
+            .expect("registered once");
+        registry
+            .register(Box::new(latency.clone()))
+            .expect("registered once");
+        HttpMetrics {
+            registry,
+            requests,
+            latency,
+        }
+    }
+}
+
+/// Counts and times every request by its route's pattern (not its path, so that names in paths do not
+/// make a series each).
+pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let method = request.method().as_str().to_owned();
+    let route = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
+    let start = Instant::now();
+    let response = next.run(request).await;
+    let metrics = &state.http_metrics;
+    metrics
+        .requests
+        .with_label_values(&[method.as_str(), route.as_str(), response.status().as_str()])
+        .inc();
+    metrics
+        .latency
+        .with_label_values(&[method.as_str(), route.as_str()])
+        .observe(start.elapsed().as_secs_f64());
+    response
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<AppState>) -> Response {
+    match render(&state).await {
+        Ok(text) => ([(header::CONTENT_TYPE, prometheus::TEXT_FORMAT)], text).into_response(),
+        Err(e) => crate::error::ApiError::internal(e).into_response(),
+    }
+}
+
+const STATES: [(EngineState, &str); 6] = [
+    (EngineState::Starting, "starting"),
+    (EngineState::Healthy, "healthy"),
+    (EngineState::Unhealthy, "unhealthy"),
+    (EngineState::Restarting, "restarting"),
+    (EngineState::Stopped, "stopped"),
+    (EngineState::Failed, "failed"),
+];
+
+/// The fleet as it is now, then the HTTP figures.
+async fn render(state: &AppState) -> Result<String, prometheus::Error> {
+    let fleet = &state.fleet;
+    let registry = Registry::new();
+    let gauge =
+        |name: &str, help: &str, labels: &[&str]| -> Result<IntGaugeVec, prometheus::Error> {
+            let g = IntGaugeVec::new(Opts::new(name, help), labels)?;
+            registry.register(Box::new(g.clone()))?;
+            Ok(g)
+        };
+    // dcgm-exporter's names, but `model_name` for its `modelName`: promtool refuses camelCase label names.
+    let gpu_labels = ["gpu", "UUID", "model_name", "Hostname"];
+    let total = gauge(
+        "tessera_gpu_memory_total_bytes",
+        "All of the GPU's memory.",
+        &gpu_labels,
+    )?;
+    let offered = gauge(
+        "tessera_gpu_memory_offered_bytes",
+        "The GPU's memory offered to Tessera: its total less what is held outside.",
+        &gpu_labels,
+    )?;
+    let outside = gauge(
+        "tessera_gpu_memory_held_outside_bytes",
+        "The GPU's memory held by programs Tessera does not run.",
+        &gpu_labels,
+    )?;
+    let taken = gauge(
+        "tessera_gpu_memory_taken_bytes",
+        "The GPU's memory taken by Tessera's shared work.",
+        &gpu_labels,
+    )?;
+    let sharers = gauge(
+        "tessera_gpu_sharers",
+        "Workers and models sharing the GPU.",
+        &gpu_labels,
+    )?;
+    let share = gauge(
+        "tessera_worker_share_bytes",
+        "The GPU memory a worker (or a sharing group's model) holds on a GPU: its share, or the whole GPU.",
+        &["worker", "group", "gpu", "UUID", "Hostname"],
+    )?;
+    for machine in fleet.machines().await {
+        for gpu in &machine.gpus {
+            let index = gpu.index.to_string();
+            let labels = [
+                index.as_str(),
+                gpu.uuid.as_str(),
+                gpu.model.as_str(),
+                machine.name.as_str(),
+            ];
+            total.with_label_values(&labels).set(gpu.total_bytes as i64);
+            offered
+                .with_label_values(&labels)
+                .set(gpu.offered_bytes as i64);
+            outside
+                .with_label_values(&labels)
+                .set(gpu.held_outside_bytes as i64);
+            taken.with_label_values(&labels).set(gpu.taken_bytes as i64);
+            sharers
+                .with_label_values(&labels)
+                .set(gpu.sharers.len() as i64);
+            for sharer in &gpu.sharers {
+                share
+                    .with_label_values(&[
+                        sharer.worker.as_str(),
+                        sharer.group.as_deref().unwrap_or(""),
+                        index.as_str(),
+                        gpu.uuid.as_str(),
+                        machine.name.as_str(),
+                    ])
+                    .set(sharer.bytes as i64);
+            }
+            if let Some(worker) = &gpu.held_by {
+                share
+                    .with_label_values(&[
+                        worker.as_str(),
+                        "",
+                        index.as_str(),
+                        gpu.uuid.as_str(),
+                        machine.name.as_str(),
+                    ])
+                    .set(gpu.total_bytes as i64);
+            }
+        }
+    }
+    let workers = gauge(
+        "tessera_worker_state",
+        "1 for the state each worker is in: placed or pending.",
+        &["worker", "state"],
+    )?;
+    for worker in fleet.workers() {
+        for s in ["placed", "pending"] {
+            workers
+                .with_label_values(&[worker.name.as_str(), s])
+                .set(i64::from(worker.state == s));
+        }
+    }
+    let engine_labels = ["engine", "worker", "group", "Hostname"];
+    let engine_state = gauge(
+        "tessera_engine_state",
+        "1 for the state each engine is in: starting, healthy, unhealthy, restarting, stopped or failed.",
+        &["engine", "worker", "group", "Hostname", "state"],
+    )?;
+    let healthy = gauge(
+        "tessera_engine_healthy",
+        "1 while the engine answers its health check.",
+        &engine_labels,
+    )?;
+    let restarts = IntCounterVec::new(
+        Opts::new(
+            "tessera_engine_restarts_total",
+            "Restarts after a crash or failed health checks since the server started.",
+        ),
+        &engine_labels,
+    )?;
+    registry.register(Box::new(restarts.clone()))?;
+    for engine in fleet.runtime().engines() {
+        let name = engine
+            .worker
+            .as_deref()
+            .or(engine.model.as_deref())
+            .unwrap_or_default();
+        let group = engine.group.as_deref().unwrap_or_default();
+        let labels = [engine.id.as_str(), name, group, engine.machine.as_str()];
+        for (s, text) in STATES {
+            let mut with_state = labels.to_vec();
+            with_state.push(text);
+            engine_state
+                .with_label_values(&with_state)
+                .set(i64::from(engine.state == s));
+        }
+        healthy
+            .with_label_values(&labels)
+            .set(i64::from(engine.state == EngineState::Healthy));
+        restarts
+            .with_label_values(&labels)
+            .inc_by(u64::from(engine.restarts));
+    }
+    let mut families = registry.gather();
+    families.extend(state.http_metrics.registry.gather());
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&families, &mut out)?;
+    String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
