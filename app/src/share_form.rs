@@ -71,14 +71,32 @@ pub fn verdict_lines(verdict: &Verdict) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sample::text_router;
+    use placement::{Bytes, GpuRef};
 
+    /// text-router on one 96 GB GPU: the router (locked) and three models, 85 % in all.
     fn rows() -> Vec<ShareRow> {
-        text_router()
-            .members
-            .iter()
-            .map(ShareRow::from_member)
-            .collect()
+        let member = |name: &str, pct: u32| PlanMember::new(name, BasisPoints::percent(pct));
+        [
+            PlanMember {
+                locked: true,
+                ..member("semantic-router", 10)
+            },
+            member("glm-5.3", 40),
+            member("vision", 25),
+            member("speech", 10),
+        ]
+        .iter()
+        .map(ShareRow::from_member)
+        .collect()
+    }
+
+    fn gpus() -> Vec<GroupGpu> {
+        vec![GroupGpu {
+            gpu: GpuRef::new("atlas", 0),
+            total: Bytes::gb(96),
+            held_outside: Bytes::ZERO,
+            taken_by_others: Bytes::ZERO,
+        }]
     }
 
     #[test]
@@ -86,7 +104,7 @@ mod tests {
         let texts: Vec<_> = rows().into_iter().map(|r| r.text).collect();
         assert_eq!(texts, ["10", "40", "25", "10"]);
         assert_eq!(
-            verdict_lines(&verdict(&rows(), &text_router().gpus)),
+            verdict_lines(&verdict(&rows(), &gpus())),
             ["The shares add up to 85% of one accelerator, which fits."]
         );
     }
@@ -95,7 +113,7 @@ mod tests {
     fn typing_past_one_hundred_percent_refuses_the_plan() {
         let mut r = rows();
         r[1].text = "70".into();
-        let v = verdict(&r, &text_router().gpus);
+        let v = verdict(&r, &gpus());
         assert!(v.is_refused());
         assert_eq!(
             verdict_lines(&v),
@@ -109,7 +127,7 @@ mod tests {
         r[2].text.clear();
         assert_eq!(r[2].field_error(), None);
         assert_eq!(
-            verdict_lines(&verdict(&r, &text_router().gpus)),
+            verdict_lines(&verdict(&r, &gpus())),
             ["vision: A model has no explicit share, so the planned total cannot include it."]
         );
     }
@@ -119,7 +137,7 @@ mod tests {
         let mut r = rows();
         r[3].text = "0".into();
         assert_eq!(
-            verdict_lines(&verdict(&r, &text_router().gpus)),
+            verdict_lines(&verdict(&r, &gpus())),
             ["speech: A model reserves no share of the accelerator."]
         );
     }

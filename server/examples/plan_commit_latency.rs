@@ -40,6 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let deploy = |model: &str, revision: Option<i64>| Deploy {
         model: model.to_owned(),
         gpus: vec!["atlas:0".to_owned()],
+        shared: true,
         share: Some(30.0),
         shares: Default::default(),
         revision,

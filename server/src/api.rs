@@ -1,5 +1,6 @@
 //! The REST API for scripts: JSON in, JSON out, errors as `{"error": "..."}` with the right status.
 
+use crate::deployments::{ServingChange, ServingUpdate};
 use crate::error::ApiError;
 use crate::fleet::{MachineView, NewWorker, WorkerView};
 use crate::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
@@ -9,7 +10,7 @@ use crate::AppState;
 use axum::extract::{FromRequest, Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{get, post, put};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use placement::{judge, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,8 @@ pub fn routes() -> Router<AppState> {
         .route("/api/groups/{name}", get(get_group))
         .route("/api/groups/{name}/plan", put(change_plan))
         .route("/api/deployments", post(deploy))
+        .route("/api/deployments/{model}", delete(remove_deployment))
+        .route("/api/deployments/{model}/serving", put(change_serving))
         .route("/api/engines", get(list_engines))
         .route("/api/engines/{id}", get(get_engine))
         .route("/api/engines/{id}/logs", get(engine_logs))
@@ -312,6 +315,42 @@ async fn deploy(
     ApiJson(deploy): ApiJson<Deploy>,
 ) -> Result<(StatusCode, Json<PlanChange>), ApiError> {
     Ok((StatusCode::CREATED, Json(state.fleet.deploy(deploy).await?)))
+}
+
+/// `?revision=N`: required, the revision the deployment was read at.
+#[derive(Debug, Deserialize)]
+struct RequiredRevision {
+    revision: i64,
+}
+
+/// `DELETE /api/deployments/{model}?revision=N`: the model stops; a group's other members keep their
+/// shares. 200 with what stops.
+async fn remove_deployment(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+    query: Result<Query<RequiredRevision>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<PlanChange>, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::BadRequest(
+            "name the revision you read as ?revision=N (the group's, or the worker's on whole GPUs)"
+                .to_owned(),
+        )
+    })?;
+    Ok(Json(
+        state
+            .fleet
+            .remove_deployment(&model, query.revision)
+            .await?,
+    ))
+}
+
+/// `PUT /api/deployments/{model}/serving`: the model's extra arguments and environment; it restarts alone.
+async fn change_serving(
+    State(state): State<AppState>,
+    Path(model): Path<String>,
+    ApiJson(update): ApiJson<ServingUpdate>,
+) -> Result<Json<ServingChange>, ApiError> {
+    Ok(Json(state.fleet.change_serving(&model, update).await?))
 }
 
 /// `POST /api/plans/validate`: a group's members with their shares in percent, and the GPUs it runs on.

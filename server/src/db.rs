@@ -58,15 +58,22 @@ pub struct WorkerRow {
     pub pending_reasons: String,
     /// Bumped at every change the server makes to the row.
     pub revision: i64,
+    /// The catalog model it runs, for a model deployed on whole GPUs.
+    pub model: Option<String>,
+    /// That deployment's extra arguments, a JSON array.
+    pub args: String,
 }
 
 /// Every worker, oldest first.
 pub async fn workers<'e, E: sqlx::SqliteExecutor<'e>>(
     db: E,
 ) -> Result<Vec<WorkerRow>, sqlx::Error> {
-    sqlx::query_as::<_, WorkerRow>("SELECT seq, name, request, command, env, state, assignment, pending_reasons, revision FROM workers ORDER BY seq")
-        .fetch_all(db)
-        .await
+    sqlx::query_as::<_, WorkerRow>(
+        "SELECT seq, name, request, command, env, state, assignment, pending_reasons, revision, model, args \
+         FROM workers ORDER BY seq",
+    )
+    .fetch_all(db)
+    .await
 }
 
 /// One worker by name.
@@ -75,7 +82,8 @@ pub async fn worker<'e, E: sqlx::SqliteExecutor<'e>>(
     name: &str,
 ) -> Result<Option<WorkerRow>, sqlx::Error> {
     sqlx::query_as::<_, WorkerRow>(
-        "SELECT seq, name, request, command, env, state, assignment, pending_reasons, revision FROM workers WHERE name = ?",
+        "SELECT seq, name, request, command, env, state, assignment, pending_reasons, revision, model, args \
+         FROM workers WHERE name = ?",
     )
     .bind(name)
     .fetch_optional(db)

@@ -61,6 +61,18 @@ pub struct WorkerView {
     pub env: BTreeMap<String, String>,
     /// The revision to name when changing or deleting it.
     pub revision: i64,
+    /// The catalog model it runs, for a model deployed on whole GPUs.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub model: Option<String>,
+}
+
+/// A catalog model that a worker runs on whole GPUs, with the deployment's own extra arguments.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelRun {
+    /// The catalog model.
+    pub model: String,
+    /// Added to the model's arguments.
+    pub args: Vec<String>,
 }
 
 /// The fleet service.
@@ -126,6 +138,7 @@ impl Fleet {
     pub(crate) async fn desired(&self, scheduler: &Scheduler) -> Result<Vec<EngineSpec>, ApiError> {
         let mut specs =
             crate::groups::member_engines(&self.pool, scheduler, &self.hosts, None).await?;
+        let catalog = self.models().await?;
         for row in db::workers(&self.pool).await? {
             let Some(assignment) = row.assignment.as_deref() else {
                 continue;
@@ -141,6 +154,7 @@ impl Fleet {
                         .gpu(&placement::GpuRef::new(&assignment.machine, *i))
                 })
                 .collect();
+            let recipe = worker_recipe(&row, &catalog)?;
             specs.push(EngineSpec {
                 unit: row.name,
                 host: self.hosts.host(&assignment.machine),
@@ -148,13 +162,7 @@ impl Fleet {
                 gpu_offered: gpus.iter().map(|g| g.offered()).min().unwrap_or_default(),
                 gpus: assignment.gpus,
                 share: assignment.shared,
-                recipe: Recipe {
-                    engine: Engine::Command,
-                    model_path: String::new(),
-                    command: row.command,
-                    args: Vec::new(),
-                    env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
-                },
+                recipe,
                 machine: assignment.machine,
             });
         }
@@ -163,7 +171,7 @@ impl Fleet {
 
     /// Hands the committed state to the runtime. The write it follows is committed already: a failure here
     /// is logged, and the next write (or start) hands it over again.
-    async fn sync_engines(&self, scheduler: &Scheduler) {
+    pub(crate) async fn sync_engines(&self, scheduler: &Scheduler) {
         match self.desired(scheduler).await {
             Ok(desired) => {
                 self.runtime.submit(Change::Apply(desired));
@@ -176,6 +184,16 @@ impl Fleet {
 
     /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
     pub async fn create_worker(&self, new: NewWorker) -> Result<WorkerView, ApiError> {
+        self.accept_worker(new, None).await
+    }
+
+    /// Accepts a worker. One that runs a catalog model (`run`: a deployment on whole GPUs) is placed at
+    /// once or refused with its reasons, never left pending.
+    pub(crate) async fn accept_worker(
+        &self,
+        new: NewWorker,
+        run: Option<ModelRun>,
+    ) -> Result<WorkerView, ApiError> {
         check_name(&new.name)?;
         let request = WorkerRequest::from_wire(&new.requested_resources)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
@@ -185,18 +203,29 @@ impl Fleet {
         let mut scheduler = self.scheduler.lock().await;
         let (state, assignment, reasons) = match scheduler.decide(&request) {
             Decision::Place(a) => ("placed", Some(a), Vec::new()),
+            Decision::Wait(r) if run.is_some() => {
+                let reasons: Vec<String> = r.iter().map(ToString::to_string).collect();
+                return Err(ApiError::Unprocessable(format!(
+                    "{} does not fit there: {}",
+                    new.name,
+                    reasons.join("; ")
+                )));
+            }
             Decision::Wait(r) => (
                 "pending",
                 None,
                 r.iter().map(ToString::to_string).collect::<Vec<_>>(),
             ),
         };
+        let args_json =
+            serde_json::to_string(&run.as_ref().map(|r| r.args.clone()).unwrap_or_default())
+                .map_err(ApiError::internal)?;
         let assignment_json = assignment
             .as_ref()
             .map(serde_json::to_string)
             .transpose()
             .map_err(ApiError::internal)?;
-        sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons) VALUES (?, ?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons, model, args) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&new.name)
             .bind(&request_json)
             .bind(&new.command)
@@ -204,6 +233,8 @@ impl Fleet {
             .bind(state)
             .bind(&assignment_json)
             .bind(serde_json::to_string(&reasons).map_err(ApiError::internal)?)
+            .bind(run.as_ref().map(|r| r.model.as_str()))
+            .bind(&args_json)
             .execute(&self.pool)
             .await
             .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name)))?;
@@ -541,6 +572,42 @@ fn view(row: WorkerRow) -> Result<WorkerView, ApiError> {
         command: row.command,
         env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
         revision: row.revision,
+        model: row.model,
+    })
+}
+
+/// What a worker runs: its own command, or its catalog model's recipe with the deployment's additions.
+fn worker_recipe(
+    row: &db::WorkerRow,
+    catalog: &[crate::inventory::demo::CatalogModel],
+) -> Result<Recipe, ApiError> {
+    let env: BTreeMap<String, String> =
+        serde_json::from_str(&row.env).map_err(ApiError::internal)?;
+    let Some(name) = &row.model else {
+        return Ok(Recipe {
+            engine: Engine::Command,
+            model_path: String::new(),
+            command: row.command.clone(),
+            args: Vec::new(),
+            env,
+        });
+    };
+    let model = catalog.iter().find(|m| &m.name == name).ok_or_else(|| {
+        ApiError::internal(format!(
+            "worker {} runs {name}, which is not in the catalog",
+            row.name
+        ))
+    })?;
+    let mut args = model.args.clone();
+    args.extend(serde_json::from_str::<Vec<String>>(&row.args).map_err(ApiError::internal)?);
+    let mut recipe_env = model.env.clone();
+    recipe_env.extend(env);
+    Ok(Recipe {
+        engine: model.engine,
+        model_path: model.model_path.clone(),
+        command: model.command.clone(),
+        args,
+        env: recipe_env,
     })
 }
 
@@ -557,6 +624,10 @@ pub struct MachineView {
     pub memory_gb: f64,
     /// Memory held by workers, GB.
     pub memory_gb_used: f64,
+    /// Memory, bytes.
+    pub memory_bytes: u64,
+    /// Memory held by workers, bytes.
+    pub memory_bytes_used: u64,
     /// A Windows PC under WSL2.
     pub all_gpus_visible: bool,
     /// Its GPUs.
@@ -626,6 +697,8 @@ fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineV
         cpu_cores_used: cpu_used,
         memory_gb: machine.memory.as_gb_f64(),
         memory_gb_used: memory_used.as_gb_f64(),
+        memory_bytes: machine.memory.get(),
+        memory_bytes_used: memory_used.get(),
         all_gpus_visible: machine.all_gpus_visible,
         gpus: machine
             .gpus

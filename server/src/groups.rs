@@ -63,9 +63,10 @@ pub struct MemberEngine {
 /// What a committed plan change does: the new revision, and who restarts in which order.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PlanChange {
-    /// The group.
-    pub group: String,
-    /// Its revision after the change.
+    /// The group; none for a model deployed on whole GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Its revision after the change (the worker's, for a model on whole GPUs).
     pub revision: i64,
     /// The wizard's line about the group (`This model joins text-router.`), for a deploy.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -87,6 +88,9 @@ pub struct Deploy {
     pub model: String,
     /// The GPUs, as `machine:index`.
     pub gpus: Vec<String>,
+    /// Share the GPUs with a group (the default), or take them whole (`false`: one machine's GPUs).
+    #[serde(default = "sharing_by_default")]
+    pub shared: bool,
     /// Its share, percent; the catalog's default share when absent.
     #[serde(default)]
     pub share: Option<f64>,
@@ -104,11 +108,15 @@ pub struct Deploy {
     pub env: BTreeMap<String, String>,
 }
 
+fn sharing_by_default() -> bool {
+    true
+}
+
 /// A deployment's own serving configuration.
 #[derive(Debug, Clone, Default)]
-struct Serving {
-    args: Vec<String>,
-    env: BTreeMap<String, String>,
+pub(crate) struct Serving {
+    pub(crate) args: Vec<String>,
+    pub(crate) env: BTreeMap<String, String>,
 }
 
 /// `PUT /api/groups/{name}/plan`: every member's share, against the revision it was read at.
@@ -123,12 +131,12 @@ pub struct PlanUpdate {
 
 /// A group as stored.
 #[derive(Debug, Clone)]
-struct Group {
-    name: String,
-    gpus: Vec<GpuRef>,
+pub(crate) struct Group {
+    pub(crate) name: String,
+    pub(crate) gpus: Vec<GpuRef>,
     /// 0 for a group a deploy is about to start, not yet stored.
-    revision: i64,
-    members: Vec<Share>,
+    pub(crate) revision: i64,
+    pub(crate) members: Vec<Share>,
 }
 
 /// The scheduler's name for what `member` of `group` holds on `machine`; worker names cannot contain `:`,
@@ -208,7 +216,7 @@ pub(crate) async fn hold_groups(
     Ok(())
 }
 
-async fn load_groups(pool: &SqlitePool) -> Result<Vec<Group>, ApiError> {
+pub(crate) async fn load_groups(pool: &SqlitePool) -> Result<Vec<Group>, ApiError> {
     let groups: Vec<(String, String, i64)> =
         sqlx::query_as("SELECT name, gpus, revision FROM groups ORDER BY name")
             .fetch_all(pool)
@@ -244,7 +252,7 @@ pub(crate) fn percent(share: f64, whose: &str) -> Result<BasisPoints, ApiError> 
     })
 }
 
-fn engine_name(engine: Engine) -> &'static str {
+pub(crate) fn engine_name(engine: Engine) -> &'static str {
     match engine {
         Engine::Vllm => "vllm",
         Engine::Sglang => "sglang",
@@ -421,6 +429,16 @@ impl Fleet {
             ));
         }
         check_env(&deploy.env)?;
+        if let Some(worker) = self.whole_deployment(&model.name).await? {
+            return Err(ApiError::Conflict(format!(
+                "{} runs on whole GPUs of {} already",
+                model.name,
+                worker.machine.as_deref().unwrap_or("a machine")
+            )));
+        }
+        if !deploy.shared {
+            return self.deploy_whole(model, &deploy).await;
+        }
         let chosen = deploy
             .gpus
             .iter()
@@ -532,7 +550,7 @@ impl Fleet {
         Ok(change)
     }
 
-    async fn system_models(&self) -> Result<Vec<String>, ApiError> {
+    pub(crate) async fn system_models(&self) -> Result<Vec<String>, ApiError> {
         Ok(self
             .models()
             .await?
@@ -545,7 +563,7 @@ impl Fleet {
     /// Judges `plan` for `group` and, when it fits, commits it: the database first (one transaction), then
     /// the scheduler's holds; then the runtime carries the change out. `moving` is the router leaving the
     /// group it runs in for this (new) one; `serving` the serving configuration of a model being deployed.
-    async fn commit(
+    pub(crate) async fn commit(
         &self,
         scheduler: &mut Scheduler,
         group: &Group,
@@ -636,6 +654,13 @@ impl Fleet {
             .bind(&group.name)
             .execute(&mut *tx)
             .await?;
+        if after.is_empty() {
+            // Its last member left: the group ends, and its GPUs are whole again.
+            sqlx::query("DELETE FROM groups WHERE name = ?")
+                .bind(&group.name)
+                .execute(&mut *tx)
+                .await?;
+        }
         for (position, s) in after.iter().enumerate() {
             let serving = configs.remove(&s.member).unwrap_or_default();
             sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env) VALUES (?, ?, ?, ?, ?, ?)")
@@ -660,7 +685,7 @@ impl Fleet {
             members: member_engines(&self.pool, scheduler, &self.hosts, Some(&group.name)).await?,
         });
         Ok(PlanChange {
-            group: group.name.clone(),
+            group: Some(group.name.clone()),
             revision,
             line: None,
             restarts: change.restarts,
@@ -861,7 +886,7 @@ pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> 
     }
 }
 
-fn check_revision(group: &Group, revision: Option<i64>) -> Result<(), ApiError> {
+pub(crate) fn check_revision(group: &Group, revision: Option<i64>) -> Result<(), ApiError> {
     match revision {
         Some(r) if r == group.revision => Ok(()),
         Some(r) => Err(ApiError::Conflict(format!(

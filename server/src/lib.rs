@@ -6,8 +6,10 @@
 
 pub mod api;
 pub mod config;
+pub mod console;
 pub mod db;
 pub mod demo_engine;
+pub mod deployments;
 pub mod error;
 pub mod fleet;
 pub mod groups;
@@ -46,11 +48,19 @@ pub struct AppState {
 pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos_options.clone();
+    let services = app::services::Services {
+        console: Arc::new(console::ConsoleService::new(state.fleet.clone())),
+    };
     Router::new()
         .route("/api/health", get(health))
         .route("/metrics", get(metrics::metrics))
         .merge(api::routes())
-        .leptos_routes(&state, routes, move || shell(options.clone()))
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || leptos::prelude::provide_context(services.clone()),
+            move || shell(options.clone()),
+        )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -1,3 +1,7 @@
 //! Pieces the pages share.
 
+pub mod cluster_tabs;
+pub mod confirm;
+pub mod live;
+pub mod memory_bar;
 pub mod share_panel;

@@ -1,3 +1,9 @@
 //! One routed page per module.
 
-pub mod share_plan;
+pub mod deploy;
+pub mod machine;
+pub mod models;
+pub mod nodes;
+pub mod serving;
+pub mod sharing;
+pub mod usage;

@@ -201,9 +201,9 @@ mod tests {
             "{found:?}"
         );
         assert!(instance_processes("another-instance").is_empty());
-        assert_eq!(
-            group_members(spawned.pid),
-            [spawned.pid],
+        // sh may have started its sleep already, which joins sh's group.
+        assert!(
+            group_members(spawned.pid).contains(&spawned.pid),
             "sh leads a group of its own"
         );
         while tail(&log, 10).unwrap().len() < 2 {

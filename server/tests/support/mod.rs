@@ -1,5 +1,7 @@
 //! The real `tessera` binary on a data folder of its own, with the demo fleet (whose machines run the demo
 //! engine), driven over HTTP as an operator's script would.
+// Each test binary compiles this module and uses a part of it.
+#![allow(dead_code)]
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;

@@ -1,0 +1,526 @@
+//! The Deploy a model wizard's reasoning, apart from any component so that it can be tested plainly: which
+//! group the model joins on the chosen nodes, which GPUs it runs on, the plan the Shared GPU memory panel
+//! opens on, and who restarts. The rules themselves are `placement`'s.
+
+use crate::share_form::ShareRow;
+use crate::views::{CatalogEntry, DeployOptions, GroupPlan, NodeOption};
+use placement::{
+    choose_group, transition, BasisPoints, GpuRef, GroupChoice, GroupGpu, PlanMember, Share,
+};
+
+/// Step one of the wizard as filled in.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Placement {
+    /// The catalog model.
+    pub model: String,
+    /// The chosen nodes, in the order the wizard lists them.
+    pub nodes: Vec<String>,
+    /// How many GPUs the model takes on each node.
+    pub width: u32,
+}
+
+/// A deploy with sharing, worked out from step one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SharedDeploy {
+    /// The group it joins or starts, and the wizard's line about it.
+    pub choice: GroupChoice,
+    /// The revision of the group it joins.
+    pub revision: Option<i64>,
+    /// The GPUs the plan is judged against, with the shared work outside the group on each.
+    pub gpus: Vec<GroupGpu>,
+    /// The plan the panel opens on: the group's members (the router locked), then the new model.
+    pub members: Vec<PlanMember>,
+    /// The group's committed shares (empty for a new group).
+    pub before: Vec<Share>,
+    /// Members that run in another group now and move into this new one (the router).
+    pub moving_in: Vec<String>,
+}
+
+impl SharedDeploy {
+    /// The panel's rows.
+    pub fn rows(&self) -> Vec<ShareRow> {
+        self.members.iter().map(ShareRow::from_member).collect()
+    }
+
+    /// Who restarts, stops or starts if the rows are deployed, in plan order (`placement::transition`).
+    pub fn restarts(&self, plan: &[PlanMember]) -> Vec<String> {
+        let after: Vec<Share> = plan
+            .iter()
+            .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
+            .collect();
+        let moving: Vec<&str> = self.moving_in.iter().map(String::as_str).collect();
+        transition(&self.before, &after, &moving)
+            .restarts
+            .into_iter()
+            .map(|r| r.member)
+            .collect()
+    }
+
+    /// The other members' shares that the rows change, as the server wants them.
+    pub fn changed_shares(&self, plan: &[PlanMember]) -> Vec<(String, BasisPoints)> {
+        plan.iter()
+            .filter_map(|m| {
+                let before = self.before.iter().find(|s| s.member == m.name)?;
+                let share = m.share?;
+                (share != before.share).then(|| (m.name.clone(), share))
+            })
+            .collect()
+    }
+}
+
+/// The nodes the wizard may offer: those with a GPU that shared work can use (`shared`), or with a free GPU.
+pub fn selectable(node: &NodeOption, shared: bool) -> bool {
+    node.gpus
+        .iter()
+        .any(|g| g.healthy && if shared { !g.held_whole } else { g.is_free() })
+}
+
+fn node<'a>(options: &'a DeployOptions, name: &str) -> Result<&'a NodeOption, String> {
+    options
+        .nodes
+        .iter()
+        .find(|n| n.name == name)
+        .ok_or_else(|| format!("There is no node named {name}."))
+}
+
+fn check_placement(placement: &Placement) -> Result<(), String> {
+    if placement.model.is_empty() {
+        return Err("Choose a model.".to_owned());
+    }
+    if placement.nodes.is_empty() {
+        return Err("Choose at least one node.".to_owned());
+    }
+    if placement.width == 0 {
+        return Err("Choose a GPU width of at least 1.".to_owned());
+    }
+    Ok(())
+}
+
+fn entry<'a>(options: &'a DeployOptions, model: &str) -> Result<&'a CatalogEntry, String> {
+    options
+        .catalog
+        .iter()
+        .find(|m| m.name == model)
+        .ok_or_else(|| format!("The catalog has no model named {model}."))
+}
+
+/// The deploy with sharing that step one describes, or what to change in step one.
+pub fn shared_deploy(
+    options: &DeployOptions,
+    placement: &Placement,
+) -> Result<SharedDeploy, String> {
+    check_placement(placement)?;
+    let model = entry(options, &placement.model)?;
+    let on_nodes: Vec<&GroupPlan> = options
+        .groups
+        .iter()
+        .filter(|g| {
+            g.gpus
+                .iter()
+                .any(|gpu| placement.nodes.contains(&gpu.machine))
+        })
+        .collect();
+    let names: Vec<&str> = on_nodes.iter().map(|g| g.name.as_str()).collect();
+    let choice =
+        choose_group(&model.name, model.group.as_deref(), &names).map_err(|e| e.to_string())?;
+    let new_member = PlanMember {
+        name: model.name.clone(),
+        share: Some(model.default_share),
+        locked: model.system,
+    };
+    match &choice {
+        GroupChoice::Join(name) => {
+            let group = on_nodes
+                .iter()
+                .find(|g| &g.name == name)
+                .expect("the group chosen runs on the nodes");
+            let gpus = group
+                .gpus
+                .iter()
+                .map(|gpu| group_gpu(options, gpu, Some(&group.name)))
+                .collect::<Result<Vec<_>, _>>()?;
+            let mut members = group.members.clone();
+            members.push(new_member);
+            Ok(SharedDeploy {
+                revision: Some(group.revision),
+                gpus,
+                before: group
+                    .members
+                    .iter()
+                    .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
+                    .collect(),
+                members,
+                moving_in: Vec::new(),
+                choice,
+            })
+        }
+        GroupChoice::New { name, .. } => {
+            if let Some(elsewhere) = options.groups.iter().find(|g| &g.name == name) {
+                let nodes: Vec<&str> = elsewhere.gpus.iter().map(|g| g.machine.as_str()).collect();
+                return Err(format!(
+                    "The recipe of {} names the group {name}, which runs on {}: choose that node to join it.",
+                    model.name,
+                    nodes.join(", ")
+                ));
+            }
+            let mut gpus = Vec::new();
+            for name in &placement.nodes {
+                let node = node(options, name)?;
+                gpus.extend(pick_shared(node, placement.width, model.default_share)?);
+            }
+            if gpus.windows(2).any(|w| w[0].total != w[1].total) {
+                return Err(
+                    "A group's shares are of one GPU's memory: choose nodes whose GPUs are of one size."
+                        .to_owned(),
+                );
+            }
+            // The router leaves the group it runs in, with its share, and restarts in the new one.
+            let router = options
+                .groups
+                .iter()
+                .find_map(|g| g.members.iter().find(|m| m.locked));
+            let mut members: Vec<PlanMember> = router.cloned().into_iter().collect();
+            members.push(new_member);
+            Ok(SharedDeploy {
+                revision: None,
+                gpus,
+                moving_in: router.map(|r| r.name.clone()).into_iter().collect(),
+                members,
+                before: Vec::new(),
+                choice,
+            })
+        }
+    }
+}
+
+fn group_gpu(
+    options: &DeployOptions,
+    gpu: &GpuRef,
+    group: Option<&str>,
+) -> Result<GroupGpu, String> {
+    node(options, &gpu.machine)?
+        .gpus
+        .iter()
+        .find(|g| g.index == gpu.index)
+        .map(|g| g.for_group(&gpu.machine, group))
+        .ok_or_else(|| format!("{gpu} is no longer in the inventory."))
+}
+
+/// `width` GPUs of `node` for a new group: healthy, not held whole, and by best fit for `share` (the fullest
+/// that still fits first, so that free GPUs stay whole), ties by index.
+fn pick_shared(node: &NodeOption, width: u32, share: BasisPoints) -> Result<Vec<GroupGpu>, String> {
+    let mut usable: Vec<(bool, placement::Bytes, GroupGpu)> = node
+        .gpus
+        .iter()
+        .filter(|g| g.healthy && !g.held_whole)
+        .map(|g| {
+            let gpu = g.for_group(&node.name, None);
+            let room = gpu.offered().saturating_sub(gpu.taken_by_others);
+            let need = gpu.total.share(share);
+            (room < need, room.saturating_sub(need), gpu)
+        })
+        .collect();
+    usable.sort_by_key(|a| (a.0, a.1, a.2.gpu.index));
+    if usable.len() < width as usize {
+        return Err(too_few(node, width, usable.len(), "shared work can use"));
+    }
+    let mut chosen: Vec<GroupGpu> = usable
+        .into_iter()
+        .take(width as usize)
+        .map(|(_, _, g)| g)
+        .collect();
+    chosen.sort_by_key(|g| g.gpu.index);
+    Ok(chosen)
+}
+
+fn too_few(node: &NodeOption, width: u32, have: usize, what: &str) -> String {
+    let gpus = if have == 1 { "GPU" } else { "GPUs" };
+    format!(
+        "{} has {have} {gpus} that {what}, fewer than a GPU width of {width}: choose a smaller width or another node.",
+        node.name
+    )
+}
+
+/// The GPUs a deploy without sharing takes whole: the first `width` free, healthy GPUs of each chosen node.
+pub fn whole_gpus(options: &DeployOptions, placement: &Placement) -> Result<Vec<GpuRef>, String> {
+    check_placement(placement)?;
+    entry(options, &placement.model)?;
+    let mut out = Vec::new();
+    for name in &placement.nodes {
+        let node = node(options, name)?;
+        let free: Vec<GpuRef> = node
+            .gpus
+            .iter()
+            .filter(|g| g.healthy && g.is_free())
+            .map(|g| GpuRef::new(&node.name, g.index))
+            .collect();
+        if free.len() < placement.width as usize {
+            return Err(too_few(node, placement.width, free.len(), "are free"));
+        }
+        out.extend(free.into_iter().take(placement.width as usize));
+    }
+    Ok(out)
+}
+
+/// Environment variables as the form's text area holds them, one `NAME=value` per line.
+pub fn parse_env(text: &str) -> Result<Vec<(String, String)>, String> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let Some((name, value)) = line.split_once('=') else {
+            return Err(format!(
+                "Line {}: write each variable as NAME=value, such as VLLM_LOGGING_LEVEL=INFO.",
+                n + 1
+            ));
+        };
+        let name = name.trim();
+        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            return Err(format!(
+                "Line {}: {name:?} is not a variable name; use letters, digits and '_', not starting with a digit.",
+                n + 1
+            ));
+        }
+        if out.iter().any(|(k, _)| k == name) {
+            return Err(format!("Line {}: {name} is set twice.", n + 1));
+        }
+        out.push((name.to_owned(), value.trim().to_owned()));
+    }
+    Ok(out)
+}
+
+/// Extra arguments as the form's field holds them, split as a shell would (no shell runs them).
+pub fn parse_args(text: &str) -> Result<Vec<String>, String> {
+    shlex::split(text).ok_or_else(|| {
+        "The extra arguments have an unclosed quote; close it, or write the argument without quotes."
+            .to_owned()
+    })
+}
+
+/// The extra arguments as the form's field shows them, quoted where a shell would need it.
+pub fn args_text(args: &[String]) -> String {
+    shlex::try_join(args.iter().map(String::as_str)).unwrap_or_else(|_| args.join(" "))
+}
+
+/// The environment as the form's text area shows it.
+pub fn env_text(env: &[(String, String)]) -> String {
+    env.iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::views::{GpuOption, Sharer};
+    use placement::Bytes;
+
+    fn gpu(index: u32, gb: u64) -> GpuOption {
+        GpuOption {
+            index,
+            model: "NVIDIA RTX PRO 6000".into(),
+            total: Bytes::gb(gb),
+            held_outside: Bytes::ZERO,
+            healthy: true,
+            held_whole: false,
+            sharers: Vec::new(),
+        }
+    }
+
+    fn entry(name: &str, pct: u32, group: Option<&str>, system: bool) -> CatalogEntry {
+        CatalogEntry {
+            name: name.into(),
+            engine: "vllm".into(),
+            default_share: BasisPoints::percent(pct),
+            group: group.map(Into::into),
+            system,
+            deployed: false,
+        }
+    }
+
+    /// atlas (2 × 96 GB) runs text-router on GPU 0 with the router at 10 % and glm-5.3 at 40 %; h200-node
+    /// is free, but for a worker holding GPU 0 whole and a 2 GB sharer on GPU 1.
+    fn options() -> DeployOptions {
+        let mut atlas0 = gpu(0, 96);
+        atlas0.sharers = vec![
+            Sharer {
+                name: "semantic-router".into(),
+                group: Some("text-router".into()),
+                bytes: Bytes::gb(96).share(BasisPoints::percent(10)),
+            },
+            Sharer {
+                name: "glm-5.3".into(),
+                group: Some("text-router".into()),
+                bytes: Bytes::gb(96).share(BasisPoints::percent(40)),
+            },
+        ];
+        let mut h0 = gpu(0, 141);
+        h0.held_whole = true;
+        let mut h1 = gpu(1, 141);
+        h1.sharers = vec![Sharer {
+            name: "listen".into(),
+            group: None,
+            bytes: Bytes::gb(2),
+        }];
+        DeployOptions {
+            catalog: vec![
+                entry("semantic-router", 10, Some("text-router"), true),
+                entry("glm-5.3", 40, Some("text-router"), false),
+                entry("vision", 25, None, false),
+                entry("qwen", 30, Some("text-router"), false),
+            ],
+            nodes: vec![
+                NodeOption {
+                    name: "atlas".into(),
+                    gpus: vec![atlas0, gpu(1, 96)],
+                },
+                NodeOption {
+                    name: "h200-node".into(),
+                    gpus: vec![h0, h1, gpu(2, 141)],
+                },
+            ],
+            groups: vec![GroupPlan {
+                name: "text-router".into(),
+                revision: 4,
+                gpus: vec![GpuRef::new("atlas", 0)],
+                members: vec![
+                    PlanMember {
+                        locked: true,
+                        ..PlanMember::new("semantic-router", BasisPoints::percent(10))
+                    },
+                    PlanMember::new("glm-5.3", BasisPoints::percent(40)),
+                ],
+            }],
+        }
+    }
+
+    fn placement(model: &str, nodes: &[&str], width: u32) -> Placement {
+        Placement {
+            model: model.into(),
+            nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
+            width,
+        }
+    }
+
+    #[test]
+    fn a_model_on_a_node_of_a_group_joins_it_with_the_group_s_plan() {
+        let deploy = shared_deploy(&options(), &placement("vision", &["atlas"], 1)).unwrap();
+        assert_eq!(deploy.choice.line(), "This model joins text-router.");
+        assert_eq!(deploy.revision, Some(4));
+        let texts: Vec<_> = deploy
+            .rows()
+            .into_iter()
+            .map(|r| (r.name, r.text, r.locked))
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                ("semantic-router".to_owned(), "10".to_owned(), true),
+                ("glm-5.3".to_owned(), "40".to_owned(), false),
+                ("vision".to_owned(), "25".to_owned(), false),
+            ]
+        );
+        // The group's own memory does not count against it.
+        assert_eq!(deploy.gpus[0].taken_by_others, Bytes::ZERO);
+        assert_eq!(deploy.restarts(&deploy.members), ["vision"]);
+    }
+
+    #[test]
+    fn lowering_another_member_restarts_it_and_is_sent_as_a_change() {
+        let deploy = shared_deploy(&options(), &placement("vision", &["atlas"], 1)).unwrap();
+        let mut plan = deploy.members.clone();
+        plan[1].share = Some(BasisPoints::percent(30));
+        assert_eq!(deploy.restarts(&plan), ["glm-5.3", "vision"]);
+        assert_eq!(
+            deploy.changed_shares(&plan),
+            [("glm-5.3".to_owned(), BasisPoints::percent(30))]
+        );
+    }
+
+    #[test]
+    fn a_new_group_is_named_after_the_model_and_the_router_moves_into_it() {
+        let deploy = shared_deploy(&options(), &placement("vision", &["h200-node"], 1)).unwrap();
+        assert_eq!(
+            deploy.choice.line(),
+            "Tessera names the group after this model."
+        );
+        assert_eq!(deploy.revision, None);
+        // GPU 0 is held whole; GPU 1, already shared, is the best fit and leaves GPU 2 whole.
+        assert_eq!(deploy.gpus[0].gpu, GpuRef::new("h200-node", 1));
+        assert_eq!(deploy.gpus[0].taken_by_others, Bytes::gb(2));
+        let names: Vec<_> = deploy
+            .members
+            .iter()
+            .map(|m| (m.name.as_str(), m.locked))
+            .collect();
+        assert_eq!(names, [("semantic-router", true), ("vision", false)]);
+        assert_eq!(
+            deploy.restarts(&deploy.members),
+            ["semantic-router", "vision"]
+        );
+    }
+
+    #[test]
+    fn a_recipe_group_running_elsewhere_sends_the_operator_to_its_node() {
+        let err = shared_deploy(&options(), &placement("qwen", &["h200-node"], 1)).unwrap_err();
+        assert_eq!(
+            err,
+            "The recipe of qwen names the group text-router, which runs on atlas: choose that node to join it."
+        );
+    }
+
+    #[test]
+    fn too_wide_a_placement_says_what_the_node_has() {
+        let err = shared_deploy(&options(), &placement("vision", &["h200-node"], 3)).unwrap_err();
+        assert_eq!(
+            err,
+            "h200-node has 2 GPUs that shared work can use, fewer than a GPU width of 3: choose a smaller width or another node."
+        );
+        assert_eq!(
+            whole_gpus(&options(), &placement("vision", &["h200-node"], 1)).unwrap(),
+            [GpuRef::new("h200-node", 2)]
+        );
+        assert!(whole_gpus(&options(), &placement("vision", &["h200-node"], 2)).is_err());
+    }
+
+    #[test]
+    fn a_node_whose_gpus_are_all_in_use_is_offered_only_with_sharing() {
+        let options = options();
+        let mut atlas = options.nodes[0].clone();
+        atlas.gpus.truncate(1);
+        assert!(selectable(&atlas, true));
+        assert!(!selectable(&atlas, false));
+    }
+
+    #[test]
+    fn environment_lines_are_read_as_name_and_value() {
+        assert_eq!(
+            parse_env("A=1\n\n B = x=y \n").unwrap(),
+            [
+                ("A".to_owned(), "1".to_owned()),
+                ("B".to_owned(), "x=y".to_owned())
+            ]
+        );
+        assert_eq!(
+            parse_env("1A=2").unwrap_err(),
+            "Line 1: \"1A\" is not a variable name; use letters, digits and '_', not starting with a digit."
+        );
+        assert!(parse_env("A=1\nA=2").is_err());
+        assert!(parse_env("novalue").is_err());
+        let args = parse_args("--max-model-len 8192 --served-model-name 'glm 5'").unwrap();
+        assert_eq!(
+            args,
+            ["--max-model-len", "8192", "--served-model-name", "glm 5"]
+        );
+        assert_eq!(
+            args_text(&args),
+            "--max-model-len 8192 --served-model-name 'glm 5'"
+        );
+        assert!(parse_args("--name 'open").is_err());
+    }
+}

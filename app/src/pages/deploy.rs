@@ -1,0 +1,411 @@
+//! The Deploy a model wizard (seed 003): Model and placement → Serving → GPU sharing. The GPU sharing step
+//! states the group the model joins and opens the Shared GPU memory panel on the group's plan with the new
+//! model in it; `placement` judges it in the browser on every keystroke. Deploy is unavailable while the
+//! plan is refused; when the deploy restarts other models a confirmation names each, and Deploy again
+//! commits it on the server, which judges the plan again first.
+
+use crate::components::confirm::Confirm;
+use crate::components::share_panel::SharedGpuMemoryPanel;
+use crate::deploy_form::{
+    parse_args, parse_env, selectable, shared_deploy, whole_gpus, Placement, SharedDeploy,
+};
+use crate::error::AppError;
+use crate::share_form::{self, ShareRow};
+use crate::views::{ChangeOutcome, DeployOptions, DeployRequest, NodeOption, Serving};
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use leptos_router::components::A;
+use leptos_router::hooks::use_navigate;
+use placement::{judge, Verdict};
+
+/// The catalog, the nodes and the groups, as committed now.
+#[server(prefix = "/rpc", endpoint = "load_deploy_options")]
+pub async fn load_deploy_options() -> Result<DeployOptions, AppError> {
+    let console = crate::services::console()?;
+    crate::services::answer(console.deploy_options()).await
+}
+
+/// Deploys a model as the wizard describes it.
+#[server(prefix = "/rpc", endpoint = "deploy_model", input = Json)]
+pub async fn deploy_model(request: DeployRequest) -> Result<ChangeOutcome, AppError> {
+    let console = crate::services::console()?;
+    crate::services::answer(console.deploy(request)).await
+}
+
+/// The wizard's steps, in order.
+const STEPS: [&str; 3] = ["Model and placement", "Serving", "GPU sharing"];
+
+/// The page.
+#[component]
+pub fn DeployPage() -> impl IntoView {
+    let options = Resource::new(|| (), |_| load_deploy_options());
+    view! {
+        <div class="page">
+            <p class="crumbs"><A href="/">"Models"</A> " / Deploy a model"</p>
+            <h1>"Deploy a model"</h1>
+            <Suspense fallback=|| view! { <p>"Loading the catalog…"</p> }>
+                {move || options.get().map(|answer| match answer {
+                    Ok(options) => view! { <Wizard options /> }.into_any(),
+                    Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                })}
+            </Suspense>
+        </div>
+    }
+}
+
+/// A short account of a node's GPUs for its checkbox.
+fn node_text(node: &NodeOption) -> String {
+    let free = node
+        .gpus
+        .iter()
+        .filter(|g| g.healthy && g.is_free())
+        .count();
+    let shared = node.gpus.iter().filter(|g| !g.sharers.is_empty()).count();
+    let models: Vec<String> = {
+        let mut m: Vec<String> = node
+            .gpus
+            .iter()
+            .map(|g| format!("{} ({})", g.model, g.total))
+            .collect();
+        m.dedup();
+        m
+    };
+    format!(
+        "{} × {} · {free} free, {shared} shared",
+        node.gpus.len(),
+        models.join(", ")
+    )
+}
+
+#[component]
+fn Wizard(options: DeployOptions) -> impl IntoView {
+    let options = StoredValue::new(options);
+    let step = RwSignal::new(0usize);
+    let model = RwSignal::new(String::new());
+    let nodes = RwSignal::new(Vec::<String>::new());
+    let width = RwSignal::new(1u32);
+    // With a sharing group running, the wizard starts with sharing on (seed 003).
+    let sharing = RwSignal::new(options.with_value(|o| !o.groups.is_empty()));
+    let args = RwSignal::new(String::new());
+    let env = RwSignal::new(String::new());
+    let rows = RwSignal::new(Vec::<ShareRow>::new());
+    let confirming = RwSignal::new(None::<Vec<String>>);
+    let deploy = ServerAction::<DeployModel>::new();
+    let hydrated = RwSignal::new(false);
+    Effect::new(move |_| hydrated.set(true));
+
+    let placement = Memo::new(move |_| Placement {
+        model: model.get(),
+        nodes: nodes.get(),
+        width: width.get(),
+    });
+    let shared = Memo::new(move |_| options.with_value(|o| shared_deploy(o, &placement.get())));
+    let whole = Memo::new(move |_| options.with_value(|o| whole_gpus(o, &placement.get())));
+    let serving = Memo::new(move |_| {
+        Ok::<Serving, String>(Serving {
+            args: parse_args(&args.get())?,
+            env: parse_env(&env.get())?,
+        })
+    });
+    let placement_problem = move || {
+        if sharing.get() {
+            shared.get().err()
+        } else {
+            whole.get().err()
+        }
+    };
+    let verdict: Memo<Verdict> = Memo::new(move |_| {
+        shared.with(|plan| match plan {
+            Ok(plan) => rows.with(|r| share_form::verdict(r, &plan.gpus)),
+            Err(_) => judge(&[], &[]),
+        })
+    });
+    let refused = move || sharing.get() && verdict.with(Verdict::is_refused);
+
+    let navigate = use_navigate();
+    Effect::new(move |_| {
+        if let Some(Ok(_)) = deploy.value().get() {
+            let name = deploy
+                .input()
+                .get_untracked()
+                .map(|d| d.request.model)
+                .unwrap_or_default();
+            navigate(&format!("/?deployed={name}"), Default::default());
+        }
+    });
+
+    let next = move |_| {
+        if step.get_untracked() == 0 {
+            // The panel opens on the plan of the placement just chosen.
+            if let Ok(plan) = shared.get_untracked() {
+                rows.set(plan.rows());
+            }
+        }
+        step.update(|s| *s += 1);
+    };
+    let back = move |_| {
+        confirming.set(None);
+        step.update(|s| *s = s.saturating_sub(1));
+    };
+    let request = move || -> Option<DeployRequest> {
+        let serving = serving.get_untracked().ok()?;
+        let model = model.get_untracked();
+        if sharing.get_untracked() {
+            let plan = shared.get_untracked().ok()?;
+            let members = rows.with_untracked(|r| share_form::plan(r));
+            Some(DeployRequest {
+                share: members
+                    .iter()
+                    .find(|m| m.name == model)
+                    .and_then(|m| m.share),
+                shares: plan.changed_shares(&members),
+                gpus: plan.gpus.iter().map(|g| g.gpu.clone()).collect(),
+                revision: plan.revision,
+                shared: true,
+                model,
+                serving,
+            })
+        } else {
+            Some(DeployRequest {
+                gpus: whole.get_untracked().ok()?,
+                share: None,
+                shares: Vec::new(),
+                revision: None,
+                shared: false,
+                model,
+                serving,
+            })
+        }
+    };
+    let send = move || {
+        if let Some(request) = request() {
+            deploy.dispatch(DeployModel { request });
+        }
+    };
+    let ask = move |_| {
+        let name = model.get_untracked();
+        let restarts = if sharing.get_untracked() {
+            shared.get_untracked().ok().map(|plan: SharedDeploy| {
+                rows.with_untracked(|r| plan.restarts(&share_form::plan(r)))
+            })
+        } else {
+            None
+        };
+        match restarts {
+            // Others restart: name each of them first (seed 003).
+            Some(names) if names.iter().any(|n| *n != name) => confirming.set(Some(names)),
+            _ => send(),
+        }
+    };
+
+    view! {
+        <div class="wizard" data-hydrated=move || hydrated.get().to_string()>
+            <ol class="steps" aria-label="Steps">
+                {STEPS.iter().enumerate().map(|(i, name)| view! {
+                    <li class:current=move || step.get() == i aria-current=move || (step.get() == i).then_some("step")>{*name}</li>
+                }).collect_view()}
+            </ol>
+            <h2 data-testid="step">{move || STEPS[step.get()]}</h2>
+            {move || match step.get() {
+                0 => view! { <PlacementStep options model nodes width sharing /> }.into_any(),
+                1 => view! { <ServingStep args env /> }.into_any(),
+                _ => view! { <SharingStep sharing shared rows verdict whole /> }.into_any(),
+            }}
+            {move || (step.get() == 0).then(|| placement_problem().filter(|_| !model.get().is_empty() && !nodes.get().is_empty()).map(|p| view! {
+                <p class="error" role="alert" data-testid="placement-problem">{p}</p>
+            }))}
+            {move || deploy.value().get().and_then(Result::err).map(|e| view! {
+                <p class="error" role="alert" data-testid="deploy-error">{e.to_string()}</p>
+            })}
+            {move || match confirming.get() {
+                Some(names) => view! {
+                    <Confirm
+                        title=format!("Deploy {}?", model.get_untracked())
+                        restarts=names
+                        confirm="Deploy"
+                        pending=deploy.pending()
+                        on_confirm=send
+                        on_cancel=move || confirming.set(None)
+                    />
+                }.into_any(),
+                None => view! {
+                    <div class="actions">
+                        {move || (step.get() > 0).then(|| view! { <button type="button" class="secondary" on:click=back>"Back"</button> })}
+                        {move || if step.get() < STEPS.len() - 1 {
+                            let blocked = move || {
+                                (step.get() == 0 && (model.get().is_empty() || placement_problem().is_some()))
+                                    || (step.get() == 1 && serving.with(Result::is_err))
+                            };
+                            view! { <button type="button" class="primary" disabled=blocked on:click=next>"Next"</button> }.into_any()
+                        } else {
+                            let blocked = move || refused() || placement_problem().is_some() || deploy.pending().get();
+                            view! { <button type="button" class="primary" disabled=blocked on:click=ask>"Deploy"</button> }.into_any()
+                        }}
+                    </div>
+                }.into_any(),
+            }}
+        </div>
+    }
+}
+
+/// Step one: the model, the nodes and the GPU width.
+#[component]
+fn PlacementStep(
+    options: StoredValue<DeployOptions>,
+    model: RwSignal<String>,
+    nodes: RwSignal<Vec<String>>,
+    width: RwSignal<u32>,
+    sharing: RwSignal<bool>,
+) -> impl IntoView {
+    let catalog = options.with_value(|o| o.catalog.clone());
+    let all_nodes = options.with_value(|o| o.nodes.clone());
+    let widest = move || {
+        options.with_value(|o| {
+            o.nodes
+                .iter()
+                .filter(|n| nodes.with(|chosen| chosen.contains(&n.name)))
+                .map(|n| n.gpus.len() as u32)
+                .min()
+                .unwrap_or(1)
+                .max(1)
+        })
+    };
+    view! {
+        <label for="model">"Model"</label>
+        <select id="model" on:change=move |ev| model.set(event_target_value(&ev)) prop:value=move || model.get()>
+            <option value="" disabled=true selected=move || model.get().is_empty()>"Choose a model"</option>
+            {catalog.into_iter().map(|m| {
+                let label = if m.deployed { format!("{} (runs already)", m.name) } else { m.name.clone() };
+                view! { <option value=m.name.clone() disabled=m.deployed>{label}</option> }
+            }).collect_view()}
+        </select>
+        <fieldset class="nodes">
+            <legend>"Nodes"</legend>
+            <p class="muted">{move || if sharing.get() {
+                "GPU sharing is on, so a node whose GPUs are all in use can be chosen too."
+            } else {
+                "Each chosen node needs as many free GPUs as the GPU width."
+            }}</p>
+            <ul class="choices">
+                {all_nodes.into_iter().map(|node| {
+                    let id = format!("node-{}", node.name);
+                    let name = node.name.clone();
+                    let text = node_text(&node);
+                    let name_checked = name.clone();
+                    let label = node.name.clone();
+                    view! {
+                        <li>
+                            <input
+                                type="checkbox"
+                                id=id.clone()
+                                prop:checked=move || nodes.with(|n| n.contains(&name_checked))
+                                disabled=move || !selectable(&node, sharing.get())
+                                on:change=move |ev| {
+                                    let on = event_target_checked(&ev);
+                                    nodes.update(|n| {
+                                        n.retain(|x| *x != name);
+                                        if on {
+                                            n.push(name.clone());
+                                        }
+                                    });
+                                }
+                            />
+                            <label for=id>{label} <span class="muted">" · " {text}</span></label>
+                        </li>
+                    }
+                }).collect_view()}
+            </ul>
+        </fieldset>
+        <label for="width">"GPU width"</label>
+        <select id="width" on:change=move |ev| width.set(event_target_value(&ev).parse().unwrap_or(1))>
+            {move || (1..=widest()).map(|w| view! {
+                <option value=w.to_string() selected=move || width.get() == w>{w.to_string()}</option>
+            }).collect_view()}
+        </select>
+    }
+}
+
+/// Step two: the engine's serving settings.
+#[component]
+fn ServingStep(args: RwSignal<String>, env: RwSignal<String>) -> impl IntoView {
+    let problem = move || {
+        parse_args(&args.get())
+            .err()
+            .or_else(|| parse_env(&env.get()).err())
+    };
+    view! {
+        <label for="args">"Extra arguments"</label>
+        <input
+            id="args"
+            type="text"
+            class="wide"
+            autocomplete="off"
+            placeholder="--max-model-len 8192"
+            prop:value=move || args.get()
+            on:input=move |ev| args.set(event_target_value(&ev))
+        />
+        <label for="env">"Environment variables"</label>
+        <textarea
+            id="env"
+            rows="4"
+            aria-describedby="env-help"
+            prop:value=move || env.get()
+            on:input=move |ev| env.set(event_target_value(&ev))
+        ></textarea>
+        <p id="env-help" class="muted">"One NAME=value per line."</p>
+        {move || problem().map(|p| view! { <p class="field-error" role="alert">{p}</p> })}
+    }
+}
+
+/// Step three: the toggle, the line naming the group, and the Shared GPU memory panel.
+#[component]
+fn SharingStep(
+    sharing: RwSignal<bool>,
+    shared: Memo<Result<SharedDeploy, String>>,
+    rows: RwSignal<Vec<ShareRow>>,
+    verdict: Memo<Verdict>,
+    whole: Memo<Result<Vec<placement::GpuRef>, String>>,
+) -> impl IntoView {
+    view! {
+        <div class="toggle">
+            <input
+                type="checkbox"
+                role="switch"
+                id="sharing"
+                prop:checked=move || sharing.get()
+                on:change=move |ev| {
+                    let on = event_target_checked(&ev);
+                    if on {
+                        if let Ok(plan) = shared.get_untracked() {
+                            rows.set(plan.rows());
+                        }
+                    }
+                    sharing.set(on);
+                }
+            />
+            <label for="sharing">"GPU sharing"</label>
+        </div>
+        {move || if sharing.get() {
+            match shared.get() {
+                Ok(plan) => {
+                    let gpu_total = plan.gpus.first().map(|g| g.total).unwrap_or_default();
+                    let on = plan.gpus.iter().map(|g| g.gpu.to_string()).collect::<Vec<_>>().join(", ");
+                    view! {
+                        <p class="group-line" data-testid="group-line">{plan.choice.line()}</p>
+                        <p class="muted">"On " {on} "."</p>
+                        <SharedGpuMemoryPanel rows verdict gpu_total />
+                    }.into_any()
+                }
+                Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),
+            }
+        } else {
+            match whole.get() {
+                Ok(gpus) => {
+                    let list = gpus.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+                    view! { <p data-testid="whole-line">{format!("The model takes whole GPUs: {list}.")}</p> }.into_any()
+                }
+                Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),
+            }
+        }}
+    }
+}

@@ -1,0 +1,137 @@
+//! A machine's page: each GPU's total, what it offers and what is held outside Tessera, its sharers
+//! (`shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`) and a memory bar; what runs there, with the GPUs
+//! column `1 · shared 2.2 GB`; and the workers that wait, with their reasons.
+
+use crate::components::live::use_live;
+use crate::components::memory_bar::MemoryBar;
+use crate::error::AppError;
+use crate::views::{GpuDetail, GpuUse, MachineDetail};
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use leptos_router::components::A;
+use leptos_router::hooks::use_params_map;
+
+/// One machine.
+#[server(prefix = "/rpc", endpoint = "load_machine", input = Json)]
+pub async fn load_machine(name: String) -> Result<MachineDetail, AppError> {
+    let console = crate::services::console()?;
+    crate::services::answer(console.machine(name)).await
+}
+
+/// The page.
+#[component]
+pub fn MachinePage() -> impl IntoView {
+    let live = use_live();
+    let params = use_params_map();
+    let name = move || params.read().get("name").unwrap_or_default();
+    let machine = Resource::new(
+        move || (name(), live.track()),
+        |(name, _)| load_machine(name),
+    );
+    view! {
+        <div class="page">
+            <p class="crumbs"><A href="/nodes">"Nodes"</A> " / " {name}</p>
+            <Transition fallback=|| view! { <p>"Loading the machine…"</p> }>
+                {move || machine.get().map(|answer| match answer {
+                    Ok(machine) => view! { <Machine machine /> }.into_any(),
+                    Err(e) => view! { <h1>"No such machine"</h1><p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                })}
+            </Transition>
+        </div>
+    }
+}
+
+#[component]
+fn Machine(machine: MachineDetail) -> impl IntoView {
+    let facts = format!(
+        "{} of {} CPU cores and {} of {} memory held by workers{}",
+        machine.cpu_cores_used,
+        machine.cpu_cores,
+        machine.memory_used,
+        machine.memory,
+        if machine.all_gpus_visible {
+            " · a Windows PC under WSL2: every container sees every GPU, so shared work takes its memory on each"
+        } else {
+            ""
+        }
+    );
+    view! {
+        <h1>{machine.name.clone()}</h1>
+        <p class="lede">{facts}</p>
+        <section aria-labelledby="gpus">
+            <h2 id="gpus">"GPUs"</h2>
+            {machine.gpus.into_iter().map(|gpu| view! { <GpuCard gpu /> }).collect_view()}
+        </section>
+        <section class="panel" aria-labelledby="workers">
+            <h2 id="workers">"Workers"</h2>
+            {if machine.workers.is_empty() {
+                view! { <p class="empty">"Nothing runs here."</p> }.into_any()
+            } else {
+                view! {
+                    <table class="list" data-testid="workers">
+                        <thead>
+                            <tr>
+                                <th scope="col">"Name"</th>
+                                <th scope="col">"Group"</th>
+                                <th scope="col">"GPUs"</th>
+                                <th scope="col">"State"</th>
+                            </tr>
+                        </thead>
+                        <tbody>
+                            {machine.workers.into_iter().map(|w| view! {
+                                <tr data-testid="worker-row" data-worker=w.name.clone()>
+                                    <th scope="row">{w.name.clone()}</th>
+                                    <td>{w.group.clone().unwrap_or_else(|| "—".to_owned())}</td>
+                                    <td data-testid="worker-gpus">{w.gpus_text()}</td>
+                                    <td>{w.status.map(|s| s.label()).unwrap_or("—")}</td>
+                                </tr>
+                            }).collect_view()}
+                        </tbody>
+                    </table>
+                }.into_any()
+            }}
+        </section>
+        {(!machine.pending.is_empty()).then(|| view! {
+            <section class="panel" aria-labelledby="pending">
+                <h2 id="pending">"Pending workers"</h2>
+                <ul class="pending" data-testid="pending">
+                    {machine.pending.into_iter().map(|p| view! {
+                        <li>
+                            <strong>{p.name}</strong>
+                            <ul>{p.reasons.into_iter().map(|r| view! { <li data-testid="pending-reason">{r}</li> }).collect_view()}</ul>
+                        </li>
+                    }).collect_view()}
+                </ul>
+            </section>
+        })}
+    }
+}
+
+/// One GPU: its figures, its sharers and its memory bar.
+#[component]
+fn GpuCard(gpu: GpuDetail) -> impl IntoView {
+    let heading = format!("GPU {} · {}", gpu.index, gpu.model);
+    let usage = match &gpu.usage {
+        GpuUse::Free => "Free: nothing holds it.".to_owned(),
+        GpuUse::Whole(by) => format!("Held whole by {by}."),
+        GpuUse::Shared => format!(
+            "Shared by memory: {} left of the {} it offers.",
+            gpu.offered().saturating_sub(gpu.taken()),
+            gpu.offered()
+        ),
+    };
+    view! {
+        <article class="panel gpu" data-testid="gpu" data-index=gpu.index>
+            <h3>{heading} {(!gpu.healthy).then(|| view! { <span class="tag bad">"unhealthy"</span> })}</h3>
+            <dl class="figures">
+                <div><dt>"Total"</dt><dd data-testid="gpu-total">{gpu.total.to_string()}</dd></div>
+                <div><dt>"Offers"</dt><dd data-testid="gpu-offered">{gpu.offered().to_string()}</dd></div>
+                <div><dt>"Held outside Tessera"</dt><dd data-testid="gpu-outside">{gpu.held_outside.to_string()}</dd></div>
+            </dl>
+            <p data-testid="gpu-offer">{gpu.offer_text()}</p>
+            <MemoryBar gpu=gpu.clone() />
+            <p data-testid="gpu-usage">{usage}</p>
+            {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
+        </article>
+    }
+}

@@ -1,0 +1,84 @@
+//! What the server functions ask of the server. `app` never depends on `server`: the server implements
+//! [`Console`] and provides it in the Leptos context of every page and server function, so that each
+//! server function stays a thin call.
+
+use crate::error::AppError;
+use crate::views::{
+    ChangeOutcome, DeployOptions, DeployRequest, MachineDetail, ModelRow, NodeRow, Serving,
+    ServingForm, SharingForm,
+};
+use placement::{BasisPoints, Grouping, UsageReport};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+/// A boxed future, so that the trait stays object-safe.
+pub type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, AppError>> + Send + 'a>>;
+
+/// The fleet as the console reads and changes it.
+pub trait Console: Send + Sync {
+    /// The Models tab: every deployed model.
+    fn models(&self) -> Answer<'_, Vec<ModelRow>>;
+    /// The Nodes tab.
+    fn nodes(&self) -> Answer<'_, Vec<NodeRow>>;
+    /// One machine's page.
+    fn machine(&self, name: String) -> Answer<'_, MachineDetail>;
+    /// What the Deploy a model wizard judges a deploy against.
+    fn deploy_options(&self) -> Answer<'_, DeployOptions>;
+    /// Deploys a model; the server judges the plan again before it commits.
+    fn deploy(&self, request: DeployRequest) -> Answer<'_, ChangeOutcome>;
+    /// The GPU sharing form of a running model.
+    fn sharing_form(&self, model: String) -> Answer<'_, SharingForm>;
+    /// Commits a group's new shares, read at `revision`.
+    fn change_shares(
+        &self,
+        group: String,
+        revision: i64,
+        shares: Vec<(String, BasisPoints)>,
+    ) -> Answer<'_, ChangeOutcome>;
+    /// The Serving configuration form of a running model.
+    fn serving_form(&self, model: String) -> Answer<'_, ServingForm>;
+    /// Changes a running model's serving configuration, read at `revision`; it restarts alone.
+    fn change_serving(
+        &self,
+        model: String,
+        revision: i64,
+        serving: Serving,
+    ) -> Answer<'_, ChangeOutcome>;
+    /// Removes a running model, read at `revision`; its engines stop.
+    fn remove(&self, model: String, revision: i64) -> Answer<'_, ChangeOutcome>;
+    /// The usage report of `[from_ms, to_ms)` by `by`.
+    fn usage(&self, from_ms: u64, to_ms: u64, by: Grouping) -> Answer<'_, UsageReport>;
+    /// Milliseconds since the epoch, now.
+    fn now_ms(&self) -> u64;
+}
+
+/// Everything the server provides to the console.
+#[derive(Clone)]
+pub struct Services {
+    /// The fleet.
+    pub console: Arc<dyn Console>,
+}
+
+/// The console service of this request.
+pub fn console() -> Result<Arc<dyn Console>, AppError> {
+    leptos::prelude::use_context::<Services>()
+        .map(|s| s.console)
+        .ok_or_else(|| AppError::Transport("the server provides no console service".to_owned()))
+}
+
+/// Awaits `answer`, and on an error sets the response's status to the error's.
+pub async fn answer<T>(answer: Answer<'_, T>) -> Result<T, AppError> {
+    // Read before the await: the context belongs to the request's owner.
+    let options = leptos::prelude::use_context::<leptos_axum::ResponseOptions>();
+    let result = answer.await;
+    if let Err(e) = &result {
+        if let Some(options) = options {
+            options.set_status(
+                http::StatusCode::from_u16(e.status())
+                    .unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR),
+            );
+        }
+    }
+    result
+}

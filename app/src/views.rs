@@ -1,0 +1,565 @@
+//! What the console's pages show, as the server sends it, and the requests the pages send back. Plain
+//! serde types in the units of `placement`: the server fills them in, the browser only shows them (and
+//! judges plans with `placement`).
+
+use placement::{BasisPoints, Bytes, GpuRef, GroupGpu, PlanMember};
+use serde::{Deserialize, Serialize};
+
+/// Where an engine is in its life, as the runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineStatus {
+    /// Started, not yet answering its health check.
+    Starting,
+    /// Answering its health check: it can serve.
+    Healthy,
+    /// Running, but its health checks fail.
+    Unhealthy,
+    /// Exited; waiting out its backoff before it starts again.
+    Restarting,
+    /// Not running, as wanted (or on a machine Tessera cannot start engines on).
+    Stopped,
+    /// Not running, against what was wanted.
+    Failed,
+}
+
+impl EngineStatus {
+    /// The word the Models tab shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            EngineStatus::Starting => "Starting",
+            EngineStatus::Healthy => "Serving",
+            EngineStatus::Unhealthy => "Unhealthy",
+            EngineStatus::Restarting => "Restarting",
+            EngineStatus::Stopped => "Stopped",
+            EngineStatus::Failed => "Failed",
+        }
+    }
+
+    /// How much the state needs an operator's eye: the row shows its worst engine.
+    fn concern(self) -> u8 {
+        match self {
+            EngineStatus::Healthy => 0,
+            EngineStatus::Starting => 1,
+            EngineStatus::Restarting => 2,
+            EngineStatus::Stopped => 3,
+            EngineStatus::Unhealthy => 4,
+            EngineStatus::Failed => 5,
+        }
+    }
+}
+
+/// One engine of a model: the model runs one per machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineLine {
+    /// The machine it runs on.
+    pub machine: String,
+    /// Its state.
+    pub status: EngineStatus,
+    /// Why it is not as wanted.
+    pub message: Option<String>,
+}
+
+/// A row of the Models tab: a deployed model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRow {
+    /// The catalog model.
+    pub name: String,
+    /// The sharing group it runs in; `None` for a model on whole GPUs.
+    pub group: Option<String>,
+    /// Its share of one GPU, in a group.
+    pub share: Option<BasisPoints>,
+    /// How many whole GPUs it takes on each node, outside any group.
+    pub whole_gpus: Option<u32>,
+    /// The nodes it runs on.
+    pub nodes: Vec<String>,
+    /// Its engines.
+    pub engines: Vec<EngineLine>,
+    /// A system member (the semantic router): its share is not editable and it is not removed here.
+    pub system: bool,
+    /// The revision a change must name: its group's, or its own outside a group.
+    pub revision: i64,
+}
+
+impl ModelRow {
+    /// The health chip: `2/2 healthy`.
+    pub fn health(&self) -> String {
+        let healthy = self
+            .engines
+            .iter()
+            .filter(|e| e.status == EngineStatus::Healthy)
+            .count();
+        format!("{healthy}/{} healthy", self.engines.len())
+    }
+
+    /// The state of its worst engine (`Serving` when every engine is healthy), with why.
+    pub fn state(&self) -> (EngineStatus, Option<String>) {
+        self.engines
+            .iter()
+            .max_by_key(|e| e.status.concern())
+            .map(|e| (e.status, e.message.clone()))
+            .unwrap_or((EngineStatus::Stopped, None))
+    }
+
+    /// The Share column: `40%` in a group, `2 whole GPUs` outside one.
+    pub fn share_text(&self) -> String {
+        match (self.share, self.whole_gpus) {
+            (Some(share), _) => share.to_string(),
+            (None, Some(1)) => "1 whole GPU".to_owned(),
+            (None, Some(n)) => format!("{n} whole GPUs"),
+            (None, None) => "—".to_owned(),
+        }
+    }
+}
+
+/// A model on a node, as the Nodes tab lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeModel {
+    /// The model.
+    pub name: String,
+    /// Its share of one GPU; `None` on whole GPUs.
+    pub share: Option<BasisPoints>,
+}
+
+/// A row of the Nodes tab.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeRow {
+    /// The machine.
+    pub name: String,
+    /// The sharing groups running on it.
+    pub groups: Vec<String>,
+    /// Its models, in group order.
+    pub models: Vec<NodeModel>,
+    /// Its GPUs.
+    pub gpus: u32,
+    /// Its GPUs that shared work may use: healthy and not held whole.
+    pub shareable: u32,
+    /// All its GPUs' memory.
+    pub total: Bytes,
+    /// What its shareable GPUs offer beyond what their sharers take.
+    pub free: Bytes,
+}
+
+impl NodeRow {
+    /// `2 of 2 shareable · 180 GB free (94%)`: the percentage is of all the node's GPU memory.
+    pub fn summary(&self) -> String {
+        let percent = if self.total == Bytes::ZERO {
+            0
+        } else {
+            // Rounded half up, in integers.
+            (u128::from(self.free.get()) * 200 + u128::from(self.total.get()))
+                / (2 * u128::from(self.total.get()))
+        };
+        format!(
+            "{} of {} shareable · {} free ({percent}%)",
+            self.shareable, self.gpus, self.free
+        )
+    }
+}
+
+/// Who holds a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum GpuUse {
+    /// Nobody.
+    Free,
+    /// One worker or model, whole.
+    Whole(String),
+    /// Shared work, by memory.
+    Shared,
+}
+
+/// One sharer of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sharer {
+    /// The worker, or the group's model.
+    pub name: String,
+    /// The group, for a group's model.
+    pub group: Option<String>,
+    /// What it takes.
+    pub bytes: Bytes,
+}
+
+/// A GPU on the machine page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuDetail {
+    /// Its index on the machine.
+    pub index: u32,
+    /// Its model name.
+    pub model: String,
+    /// Its UUID.
+    pub uuid: String,
+    /// Whether it is healthy.
+    pub healthy: bool,
+    /// All its memory.
+    pub total: Bytes,
+    /// Memory something outside Tessera holds.
+    pub held_outside: Bytes,
+    /// Who holds it.
+    pub usage: GpuUse,
+    /// Its sharers, largest first as the server lists them.
+    pub sharers: Vec<Sharer>,
+    /// The seed's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
+    pub summary: Option<String>,
+}
+
+impl GpuDetail {
+    /// What it offers Tessera: its total less what is held outside.
+    pub fn offered(&self) -> Bytes {
+        self.total.saturating_sub(self.held_outside)
+    }
+
+    /// What its sharers take.
+    pub fn taken(&self) -> Bytes {
+        self.sharers.iter().map(|s| s.bytes).sum()
+    }
+
+    /// `Offers 7 of its 8 GB (1 GB held outside Tessera)`, or `Offers all of its 96 GB`.
+    pub fn offer_text(&self) -> String {
+        if self.held_outside == Bytes::ZERO {
+            format!("Offers all of its {}", self.total)
+        } else {
+            format!(
+                "Offers {} of its {} ({} held outside Tessera)",
+                self.offered().gb_text(),
+                self.total,
+                self.held_outside
+            )
+        }
+    }
+}
+
+/// A worker or model placed on the machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerLine {
+    /// Its name.
+    pub name: String,
+    /// The sharing group, for a group's model.
+    pub group: Option<String>,
+    /// The GPU indices it holds here.
+    pub gpus: Vec<u32>,
+    /// What it takes on each, when shared.
+    pub shared: Option<Bytes>,
+    /// Its engine's state.
+    pub status: Option<EngineStatus>,
+}
+
+impl WorkerLine {
+    /// The GPUs column: `1 · shared 2.2 GB`, or `2 · whole`.
+    pub fn gpus_text(&self) -> String {
+        match self.shared {
+            Some(bytes) => format!("{} · shared {bytes}", self.gpus.len()),
+            None => format!("{} · whole", self.gpus.len()),
+        }
+    }
+}
+
+/// A worker that waits, with its reasons.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingLine {
+    /// Its name.
+    pub name: String,
+    /// One sentence per GPU or machine, in the seed's words.
+    pub reasons: Vec<String>,
+}
+
+/// The machine page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MachineDetail {
+    /// Its name.
+    pub name: String,
+    /// CPU cores.
+    pub cpu_cores: u32,
+    /// CPU cores its workers hold.
+    pub cpu_cores_used: u32,
+    /// Memory.
+    pub memory: Bytes,
+    /// Memory its workers hold.
+    pub memory_used: Bytes,
+    /// A Windows PC under WSL2: shared work takes its memory on every GPU.
+    pub all_gpus_visible: bool,
+    /// Its GPUs.
+    pub gpus: Vec<GpuDetail>,
+    /// What runs here.
+    pub workers: Vec<WorkerLine>,
+    /// Workers that wait anywhere, with the reasons about this machine.
+    pub pending: Vec<PendingLine>,
+}
+
+/// A catalog model the wizard offers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CatalogEntry {
+    /// Its name.
+    pub name: String,
+    /// What runs it: `vllm`, `sglang`, `llamacpp` or `command`.
+    pub engine: String,
+    /// The share the wizard proposes.
+    pub default_share: BasisPoints,
+    /// The sharing group its recipe names.
+    pub group: Option<String>,
+    /// The semantic router.
+    pub system: bool,
+    /// Whether it runs already (a model runs once).
+    pub deployed: bool,
+}
+
+/// A GPU as the wizard weighs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuOption {
+    /// Its index.
+    pub index: u32,
+    /// Its model name.
+    pub model: String,
+    /// All its memory.
+    pub total: Bytes,
+    /// Memory held outside Tessera.
+    pub held_outside: Bytes,
+    /// Whether it is healthy.
+    pub healthy: bool,
+    /// Held whole by someone: shared work cannot go there.
+    pub held_whole: bool,
+    /// What each sharer takes, with its group (none for a shared worker).
+    pub sharers: Vec<Sharer>,
+}
+
+impl GpuOption {
+    /// The GPU as a plan for `group` is judged against it: shared work outside the group counts against it.
+    pub fn for_group(&self, machine: &str, group: Option<&str>) -> GroupGpu {
+        GroupGpu {
+            gpu: GpuRef::new(machine, self.index),
+            total: self.total,
+            held_outside: self.held_outside,
+            taken_by_others: self
+                .sharers
+                .iter()
+                .filter(|s| group.is_none() || s.group.as_deref() != group)
+                .map(|s| s.bytes)
+                .sum(),
+        }
+    }
+
+    /// Whether nothing holds it at all.
+    pub fn is_free(&self) -> bool {
+        !self.held_whole && self.sharers.is_empty()
+    }
+}
+
+/// A node as the wizard offers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodeOption {
+    /// The machine.
+    pub name: String,
+    /// Its GPUs.
+    pub gpus: Vec<GpuOption>,
+}
+
+/// A sharing group's committed plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GroupPlan {
+    /// Its name.
+    pub name: String,
+    /// The revision a change must name.
+    pub revision: i64,
+    /// The GPUs it runs on.
+    pub gpus: Vec<GpuRef>,
+    /// Its members with their shares; the router locked.
+    pub members: Vec<PlanMember>,
+}
+
+/// What the Deploy a model wizard needs to judge a deploy in the browser.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployOptions {
+    /// The catalog.
+    pub catalog: Vec<CatalogEntry>,
+    /// Every node with GPUs.
+    pub nodes: Vec<NodeOption>,
+    /// Every sharing group.
+    pub groups: Vec<GroupPlan>,
+}
+
+/// A model's serving configuration: extra arguments and environment variables for its engine.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Serving {
+    /// Added after the engine's own arguments, one per entry.
+    pub args: Vec<String>,
+    /// Added to the engine's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// A deploy from the wizard.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeployRequest {
+    /// The catalog model.
+    pub model: String,
+    /// Share GPUs with a group (on), or take them whole (off).
+    pub shared: bool,
+    /// The GPUs: the group's, or the ones chosen on each node.
+    pub gpus: Vec<GpuRef>,
+    /// The model's share, when shared.
+    pub share: Option<BasisPoints>,
+    /// New shares of other members of the group it joins (only those that change).
+    pub shares: Vec<(String, BasisPoints)>,
+    /// The revision of the group it joins, as the wizard read it.
+    pub revision: Option<i64>,
+    /// Its serving configuration.
+    pub serving: Serving,
+}
+
+/// What a committed change does.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChangeOutcome {
+    /// The group it changed, if any.
+    pub group: Option<String>,
+    /// The models that restart, stop or start, in plan order.
+    pub restarts: Vec<String>,
+    /// The Free row's warning, when the committed plan is over 90 %.
+    pub warning: Option<String>,
+}
+
+/// The GPU sharing form of a running model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharingForm {
+    /// The model the form was opened for.
+    pub model: String,
+    /// Its group's committed plan.
+    pub group: GroupPlan,
+    /// The group's GPUs with what else holds them.
+    pub gpus: Vec<GroupGpu>,
+}
+
+/// The Serving configuration form of a running model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ServingForm {
+    /// The model.
+    pub model: String,
+    /// Its group.
+    pub group: Option<String>,
+    /// The revision a change must name (its group's).
+    pub revision: i64,
+    /// Every node, as the wizard offers them.
+    pub nodes: Vec<NodeOption>,
+    /// The GPUs it runs on.
+    pub placed: Vec<GpuRef>,
+    /// Its serving configuration today.
+    pub serving: Serving,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(engines: &[EngineStatus]) -> ModelRow {
+        ModelRow {
+            name: "glm-5.3".into(),
+            group: Some("text-router".into()),
+            share: Some(BasisPoints::percent(40)),
+            whole_gpus: None,
+            nodes: vec!["atlas".into()],
+            engines: engines
+                .iter()
+                .map(|s| EngineLine {
+                    machine: "atlas".into(),
+                    status: *s,
+                    message: None,
+                })
+                .collect(),
+            system: false,
+            revision: 1,
+        }
+    }
+
+    #[test]
+    fn the_health_chip_counts_healthy_engines() {
+        let r = row(&[EngineStatus::Healthy, EngineStatus::Starting]);
+        assert_eq!(r.health(), "1/2 healthy");
+        assert_eq!(r.state().0, EngineStatus::Starting);
+        assert_eq!(
+            row(&[EngineStatus::Healthy; 2]).state().0.label(),
+            "Serving"
+        );
+        assert_eq!(
+            row(&[EngineStatus::Restarting, EngineStatus::Failed])
+                .state()
+                .0,
+            EngineStatus::Failed
+        );
+    }
+
+    #[test]
+    fn a_node_reads_as_the_seed_writes_it() {
+        // Two 96 GB GPUs with 6 GB taken on each: 180 of 192 GB free, 93.75 % shown as 94 %.
+        let node = NodeRow {
+            name: "atlas".into(),
+            groups: vec!["text-router".into()],
+            models: Vec::new(),
+            gpus: 2,
+            shareable: 2,
+            total: Bytes::gb(192),
+            free: Bytes::gb(180),
+        };
+        assert_eq!(node.summary(), "2 of 2 shareable · 180 GB free (94%)");
+    }
+
+    #[test]
+    fn the_gpus_column_counts_gpus_and_says_the_share() {
+        let line = WorkerLine {
+            name: "listen".into(),
+            group: None,
+            gpus: vec![0],
+            shared: Some(Bytes(2_362_232_013)),
+            status: None,
+        };
+        assert_eq!(line.gpus_text(), "1 · shared 2.2 GB");
+    }
+
+    #[test]
+    fn a_gpu_says_what_it_offers_and_what_is_held_outside() {
+        let gpu = GpuDetail {
+            index: 0,
+            model: "NVIDIA GeForce RTX 4060".into(),
+            uuid: String::new(),
+            healthy: true,
+            total: Bytes::gb(8),
+            held_outside: Bytes::gb(1),
+            usage: GpuUse::Free,
+            sharers: Vec::new(),
+            summary: None,
+        };
+        assert_eq!(
+            gpu.offer_text(),
+            "Offers 7 of its 8 GB (1 GB held outside Tessera)"
+        );
+    }
+
+    #[test]
+    fn a_group_is_judged_against_shared_work_outside_it_only() {
+        let gpu = GpuOption {
+            index: 0,
+            model: "H200".into(),
+            total: Bytes::gb(141),
+            held_outside: Bytes::ZERO,
+            healthy: true,
+            held_whole: false,
+            sharers: vec![
+                Sharer {
+                    name: "listen".into(),
+                    group: None,
+                    bytes: Bytes::gb(2),
+                },
+                Sharer {
+                    name: "glm-5.3".into(),
+                    group: Some("text-router".into()),
+                    bytes: Bytes::gb(50),
+                },
+            ],
+        };
+        assert_eq!(
+            gpu.for_group("h200-node", Some("text-router"))
+                .taken_by_others,
+            Bytes::gb(2)
+        );
+        assert_eq!(
+            gpu.for_group("h200-node", None).taken_by_others,
+            Bytes::gb(52)
+        );
+    }
+}

@@ -1,0 +1,578 @@
+//! The console's service: [`app::services::Console`] over the fleet. It turns what the fleet holds into what
+//! the pages show, and the pages' requests into the fleet's calls, so that a server function is one line and
+//! the REST API and the console change the fleet through the same code.
+
+use crate::deployments::{Deployed, ServingUpdate};
+use crate::error::ApiError;
+use crate::fleet::{Fleet, GpuView, MachineView, WorkerView};
+use crate::groups::{load_groups, Deploy, Group, PlanChange, PlanUpdate};
+use crate::runtime::{EngineState, EngineView};
+use app::error::AppError;
+use app::services::{Answer, Console};
+use app::views::{
+    CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest, EngineLine, EngineStatus, GpuDetail,
+    GpuOption, GpuUse, GroupPlan, MachineDetail, ModelRow, NodeModel, NodeOption, NodeRow,
+    PendingLine, Serving, ServingForm, Sharer, SharingForm, WorkerLine,
+};
+use placement::{BasisPoints, Bytes, GpuRef, Grouping, PlanMember, UsageReport};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// The console's view of the fleet.
+pub struct ConsoleService {
+    fleet: Arc<Fleet>,
+}
+
+impl ConsoleService {
+    /// The console over `fleet`.
+    pub fn new(fleet: Arc<Fleet>) -> ConsoleService {
+        ConsoleService { fleet }
+    }
+}
+
+/// The fleet's error as the console states it; an internal error is logged and answered opaquely.
+fn app_error(e: ApiError) -> AppError {
+    match e {
+        ApiError::BadRequest(m) => AppError::BadRequest(m),
+        ApiError::NotFound(m) => AppError::NotFound(m),
+        ApiError::Conflict(m) => AppError::Conflict(m),
+        ApiError::Unprocessable(m) | ApiError::Refused { message: m, .. } => AppError::Refused(m),
+        ApiError::Internal(detail) => {
+            tracing::error!("{detail}");
+            AppError::Transport("something went wrong on the server; it has been logged".to_owned())
+        }
+    }
+}
+
+fn status(state: EngineState) -> EngineStatus {
+    match state {
+        EngineState::Starting => EngineStatus::Starting,
+        EngineState::Healthy => EngineStatus::Healthy,
+        EngineState::Unhealthy => EngineStatus::Unhealthy,
+        EngineState::Restarting => EngineStatus::Restarting,
+        EngineState::Stopped => EngineStatus::Stopped,
+        EngineState::Failed => EngineStatus::Failed,
+    }
+}
+
+fn engine_line(e: &EngineView) -> EngineLine {
+    EngineLine {
+        machine: e.machine.clone(),
+        status: status(e.state),
+        message: e.message.clone(),
+    }
+}
+
+/// The machines a group runs on, in the order of its GPUs.
+fn group_machines(group: &Group) -> Vec<String> {
+    let mut machines: Vec<String> = Vec::new();
+    for gpu in &group.gpus {
+        if !machines.contains(&gpu.machine) {
+            machines.push(gpu.machine.clone());
+        }
+    }
+    machines
+}
+
+fn plan_of(group: &Group, system: &[String]) -> GroupPlan {
+    GroupPlan {
+        name: group.name.clone(),
+        revision: group.revision,
+        gpus: group.gpus.clone(),
+        members: group
+            .members
+            .iter()
+            .map(|s| PlanMember {
+                name: s.member.clone(),
+                share: Some(s.share),
+                locked: system.contains(&s.member),
+            })
+            .collect(),
+    }
+}
+
+fn sharers(gpu: &GpuView) -> Vec<Sharer> {
+    gpu.sharers
+        .iter()
+        .map(|s| Sharer {
+            name: s.worker.clone(),
+            group: s.group.clone(),
+            bytes: Bytes(s.bytes),
+        })
+        .collect()
+}
+
+fn gpu_option(gpu: &GpuView) -> GpuOption {
+    GpuOption {
+        index: gpu.index,
+        model: gpu.model.clone(),
+        total: Bytes(gpu.total_bytes),
+        held_outside: Bytes(gpu.held_outside_bytes),
+        healthy: gpu.healthy,
+        held_whole: gpu.mode == "whole",
+        sharers: sharers(gpu),
+    }
+}
+
+fn node_options(machines: &[MachineView]) -> Vec<NodeOption> {
+    machines
+        .iter()
+        .filter(|m| !m.gpus.is_empty())
+        .map(|m| NodeOption {
+            name: m.name.clone(),
+            gpus: m.gpus.iter().map(gpu_option).collect(),
+        })
+        .collect()
+}
+
+/// The deployments on whole GPUs: workers that name a catalog model.
+fn whole_deployments(workers: &[WorkerView]) -> impl Iterator<Item = &WorkerView> {
+    workers.iter().filter(|w| w.model.is_some())
+}
+
+/// Whether a pending reason is about `machine`: `GPU 0 of majin: …`, `majin has …`, `majin: …`.
+fn concerns(reason: &str, machine: &str) -> bool {
+    reason
+        .strip_prefix(machine)
+        .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with(':'))
+        || reason.contains(&format!(" of {machine}:"))
+        || reason.contains(&format!(" of {machine} "))
+}
+
+impl ConsoleService {
+    async fn model_rows(&self) -> Result<Vec<ModelRow>, ApiError> {
+        let system = self.fleet.system_models().await?;
+        let engines = self.fleet.runtime().engines();
+        let mut rows = Vec::new();
+        for group in load_groups(&self.fleet.pool).await? {
+            for share in &group.members {
+                rows.push(ModelRow {
+                    name: share.member.clone(),
+                    group: Some(group.name.clone()),
+                    share: Some(share.share),
+                    whole_gpus: None,
+                    nodes: group_machines(&group),
+                    engines: engines
+                        .iter()
+                        .filter(|e| {
+                            e.group.as_deref() == Some(&group.name)
+                                && e.model.as_deref() == Some(&share.member)
+                        })
+                        .map(engine_line)
+                        .collect(),
+                    system: system.contains(&share.member),
+                    revision: group.revision,
+                });
+            }
+        }
+        for worker in whole_deployments(&self.fleet.workers()) {
+            rows.push(ModelRow {
+                name: worker.model.clone().unwrap_or_default(),
+                group: None,
+                share: None,
+                whole_gpus: Some(worker.gpus.len() as u32),
+                nodes: worker.machine.iter().cloned().collect(),
+                engines: engines
+                    .iter()
+                    .filter(|e| e.worker.as_deref() == Some(&worker.name))
+                    .map(engine_line)
+                    .collect(),
+                system: false,
+                revision: worker.revision,
+            });
+        }
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(rows)
+    }
+
+    async fn node_rows(&self) -> Result<Vec<NodeRow>, ApiError> {
+        let groups = load_groups(&self.fleet.pool).await?;
+        let workers = self.fleet.workers();
+        Ok(self
+            .fleet
+            .machines()
+            .await
+            .iter()
+            .map(|machine| {
+                let here: Vec<&Group> = groups
+                    .iter()
+                    .filter(|g| g.gpus.iter().any(|gpu| gpu.machine == machine.name))
+                    .collect();
+                let mut models: Vec<NodeModel> = here
+                    .iter()
+                    .flat_map(|g| g.members.iter())
+                    .map(|s| NodeModel {
+                        name: s.member.clone(),
+                        share: Some(s.share),
+                    })
+                    .collect();
+                models.extend(
+                    whole_deployments(&workers)
+                        .filter(|w| w.machine.as_deref() == Some(&machine.name))
+                        .map(|w| NodeModel {
+                            name: w.model.clone().unwrap_or_default(),
+                            share: None,
+                        }),
+                );
+                let shareable: Vec<&GpuView> = machine
+                    .gpus
+                    .iter()
+                    .filter(|g| g.healthy && g.mode != "whole")
+                    .collect();
+                NodeRow {
+                    name: machine.name.clone(),
+                    groups: here.iter().map(|g| g.name.clone()).collect(),
+                    models,
+                    gpus: machine.gpus.len() as u32,
+                    shareable: shareable.len() as u32,
+                    total: machine.gpus.iter().map(|g| Bytes(g.total_bytes)).sum(),
+                    free: shareable
+                        .iter()
+                        .map(|g| Bytes(g.offered_bytes).saturating_sub(Bytes(g.taken_bytes)))
+                        .sum(),
+                }
+            })
+            .collect())
+    }
+
+    async fn machine_detail(&self, name: &str) -> Result<MachineDetail, ApiError> {
+        let machine = self.fleet.machine(name).await?;
+        let engines = self.fleet.runtime().engines();
+        let workers = self.fleet.workers();
+        let sharer_bytes = |who: &str| {
+            machine
+                .gpus
+                .iter()
+                .flat_map(|g| g.sharers.iter())
+                .find(|s| s.worker == who)
+                .map(|s| Bytes(s.bytes))
+        };
+        let mut lines: Vec<WorkerLine> = workers
+            .iter()
+            .filter(|w| w.machine.as_deref() == Some(name))
+            .map(|w| WorkerLine {
+                name: w.model.clone().unwrap_or_else(|| w.name.clone()),
+                group: None,
+                gpus: w.gpus.clone(),
+                shared: w.gpu_shared_gb.and(sharer_bytes(&w.name)),
+                status: engines
+                    .iter()
+                    .find(|e| e.worker.as_deref() == Some(&w.name))
+                    .map(|e| status(e.state)),
+            })
+            .collect();
+        for group in load_groups(&self.fleet.pool).await? {
+            let gpus: Vec<u32> = group
+                .gpus
+                .iter()
+                .filter(|g| g.machine == name)
+                .map(|g| g.index)
+                .collect();
+            let Some(first) = gpus.first() else {
+                continue;
+            };
+            let total = machine
+                .gpus
+                .iter()
+                .find(|g| g.index == *first)
+                .map(|g| Bytes(g.total_bytes))
+                .unwrap_or_default();
+            for share in &group.members {
+                lines.push(WorkerLine {
+                    name: share.member.clone(),
+                    group: Some(group.name.clone()),
+                    gpus: gpus.clone(),
+                    shared: Some(total.share(share.share)),
+                    status: engines
+                        .iter()
+                        .find(|e| {
+                            e.group.as_deref() == Some(&group.name)
+                                && e.model.as_deref() == Some(&share.member)
+                                && e.machine == name
+                        })
+                        .map(|e| status(e.state)),
+                });
+            }
+        }
+        let pending = workers
+            .iter()
+            .filter(|w| w.state == "pending")
+            .filter_map(|w| {
+                let reasons: Vec<String> = w
+                    .pending_reasons
+                    .iter()
+                    .filter(|r| concerns(r, name))
+                    .cloned()
+                    .collect();
+                (!reasons.is_empty()).then(|| PendingLine {
+                    name: w.name.clone(),
+                    reasons,
+                })
+            })
+            .collect();
+        Ok(MachineDetail {
+            cpu_cores: machine.cpu_cores,
+            cpu_cores_used: machine.cpu_cores_used,
+            memory: Bytes(machine.memory_bytes),
+            memory_used: Bytes(machine.memory_bytes_used),
+            all_gpus_visible: machine.all_gpus_visible,
+            gpus: machine
+                .gpus
+                .iter()
+                .map(|g| GpuDetail {
+                    index: g.index,
+                    model: g.model.clone(),
+                    uuid: g.uuid.clone(),
+                    healthy: g.healthy,
+                    total: Bytes(g.total_bytes),
+                    held_outside: Bytes(g.held_outside_bytes),
+                    usage: match (g.mode.as_str(), &g.held_by) {
+                        ("whole", Some(by)) => GpuUse::Whole(by.clone()),
+                        ("shared", _) => GpuUse::Shared,
+                        _ => GpuUse::Free,
+                    },
+                    sharers: sharers(g),
+                    summary: g.summary.clone(),
+                })
+                .collect(),
+            workers: lines,
+            pending,
+            name: machine.name,
+        })
+    }
+
+    async fn options(&self) -> Result<DeployOptions, ApiError> {
+        let groups = load_groups(&self.fleet.pool).await?;
+        let system = self.fleet.system_models().await?;
+        let workers = self.fleet.workers();
+        let catalog = self
+            .fleet
+            .models()
+            .await?
+            .into_iter()
+            .map(|m| CatalogEntry {
+                deployed: groups
+                    .iter()
+                    .any(|g| g.members.iter().any(|s| s.member == m.name))
+                    || whole_deployments(&workers).any(|w| w.model.as_ref() == Some(&m.name)),
+                engine: crate::groups::engine_name(m.engine).to_owned(),
+                default_share: m.default_share,
+                group: m.group,
+                system: m.system,
+                name: m.name,
+            })
+            .collect();
+        Ok(DeployOptions {
+            catalog,
+            nodes: node_options(&self.fleet.machines().await),
+            groups: groups.iter().map(|g| plan_of(g, &system)).collect(),
+        })
+    }
+
+    async fn sharing(&self, model: &str) -> Result<SharingForm, ApiError> {
+        let group = match self.fleet.deployed(model).await? {
+            Some(Deployed::Group(group)) => group,
+            Some(Deployed::Whole(_)) => {
+                return Err(ApiError::Unprocessable(format!(
+                    "{model} runs on whole GPUs, so it has no share to change; remove it and deploy it with GPU sharing on to share"
+                )))
+            }
+            None => return Err(not_running(model)),
+        };
+        let system = self.fleet.system_models().await?;
+        let mut gpus = Vec::with_capacity(group.gpus.len());
+        for gpu in &group.gpus {
+            gpus.push(self.fleet.group_gpu(gpu, Some(&group.name)).await?);
+        }
+        Ok(SharingForm {
+            model: model.to_owned(),
+            group: plan_of(&group, &system),
+            gpus,
+        })
+    }
+
+    async fn serving(&self, model: &str) -> Result<ServingForm, ApiError> {
+        let (group, revision, placed) = match self.fleet.deployed(model).await? {
+            Some(Deployed::Group(group)) => {
+                (Some(group.name.clone()), group.revision, group.gpus.clone())
+            }
+            Some(Deployed::Whole(worker)) => {
+                let view = self.fleet.worker(&worker.name)?;
+                let machine = view.machine.clone().unwrap_or_default();
+                let placed = view
+                    .gpus
+                    .iter()
+                    .map(|i| GpuRef::new(&machine, *i))
+                    .collect();
+                (None, worker.revision, placed)
+            }
+            None => return Err(not_running(model)),
+        };
+        let (args, env) = self.fleet.serving_of(model).await?;
+        Ok(ServingForm {
+            model: model.to_owned(),
+            group,
+            revision,
+            nodes: node_options(&self.fleet.machines().await),
+            placed,
+            serving: Serving {
+                args,
+                env: env.into_iter().collect(),
+            },
+        })
+    }
+}
+
+fn not_running(model: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "{model} does not run; the Models tab lists what runs"
+    ))
+}
+
+/// Environment variables from a form, refusing a name given twice.
+fn env_map(env: Vec<(String, String)>) -> Result<BTreeMap<String, String>, ApiError> {
+    let mut map = BTreeMap::new();
+    for (name, value) in env {
+        if map.insert(name.clone(), value).is_some() {
+            return Err(ApiError::Unprocessable(format!(
+                "the environment variable {name} is set twice; keep one"
+            )));
+        }
+    }
+    Ok(map)
+}
+
+fn outcome(change: PlanChange) -> ChangeOutcome {
+    ChangeOutcome {
+        group: change.group,
+        restarts: change.restarts.into_iter().map(|r| r.member).collect(),
+        warning: change.warning,
+    }
+}
+
+fn percents(shares: Vec<(String, BasisPoints)>) -> BTreeMap<String, f64> {
+    shares
+        .into_iter()
+        .map(|(name, share)| (name, share.as_percent_f64()))
+        .collect()
+}
+
+impl Console for ConsoleService {
+    fn models(&self) -> Answer<'_, Vec<ModelRow>> {
+        Box::pin(async move { self.model_rows().await.map_err(app_error) })
+    }
+
+    fn nodes(&self) -> Answer<'_, Vec<NodeRow>> {
+        Box::pin(async move { self.node_rows().await.map_err(app_error) })
+    }
+
+    fn machine(&self, name: String) -> Answer<'_, MachineDetail> {
+        Box::pin(async move { self.machine_detail(&name).await.map_err(app_error) })
+    }
+
+    fn deploy_options(&self) -> Answer<'_, DeployOptions> {
+        Box::pin(async move { self.options().await.map_err(app_error) })
+    }
+
+    fn deploy(&self, request: DeployRequest) -> Answer<'_, ChangeOutcome> {
+        Box::pin(async move {
+            let deploy = Deploy {
+                model: request.model,
+                gpus: request
+                    .gpus
+                    .iter()
+                    .map(|g| format!("{}:{}", g.machine, g.index))
+                    .collect(),
+                shared: request.shared,
+                share: request.share.map(BasisPoints::as_percent_f64),
+                shares: percents(request.shares),
+                revision: request.revision,
+                args: request.serving.args,
+                env: env_map(request.serving.env).map_err(app_error)?,
+            };
+            self.fleet
+                .deploy(deploy)
+                .await
+                .map(outcome)
+                .map_err(app_error)
+        })
+    }
+
+    fn sharing_form(&self, model: String) -> Answer<'_, SharingForm> {
+        Box::pin(async move { self.sharing(&model).await.map_err(app_error) })
+    }
+
+    fn change_shares(
+        &self,
+        group: String,
+        revision: i64,
+        shares: Vec<(String, BasisPoints)>,
+    ) -> Answer<'_, ChangeOutcome> {
+        Box::pin(async move {
+            let update = PlanUpdate {
+                revision,
+                shares: percents(shares),
+            };
+            self.fleet
+                .change_plan(&group, update)
+                .await
+                .map(outcome)
+                .map_err(app_error)
+        })
+    }
+
+    fn serving_form(&self, model: String) -> Answer<'_, ServingForm> {
+        Box::pin(async move { self.serving(&model).await.map_err(app_error) })
+    }
+
+    fn change_serving(
+        &self,
+        model: String,
+        revision: i64,
+        serving: Serving,
+    ) -> Answer<'_, ChangeOutcome> {
+        Box::pin(async move {
+            let update = ServingUpdate {
+                revision,
+                args: serving.args,
+                env: env_map(serving.env).map_err(app_error)?,
+            };
+            let change = self
+                .fleet
+                .change_serving(&model, update)
+                .await
+                .map_err(app_error)?;
+            Ok(ChangeOutcome {
+                group: change.group,
+                restarts: change.restarts,
+                warning: None,
+            })
+        })
+    }
+
+    fn remove(&self, model: String, revision: i64) -> Answer<'_, ChangeOutcome> {
+        Box::pin(async move {
+            self.fleet
+                .remove_deployment(&model, revision)
+                .await
+                .map(outcome)
+                .map_err(app_error)
+        })
+    }
+
+    fn usage(&self, from_ms: u64, to_ms: u64, by: Grouping) -> Answer<'_, UsageReport> {
+        Box::pin(async move {
+            self.fleet
+                .usage(from_ms, to_ms, by)
+                .await
+                .map_err(app_error)
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        crate::usage::now_ms()
+    }
+}
+
+#[cfg(test)]
+mod tests;

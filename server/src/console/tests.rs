@@ -1,0 +1,243 @@
+//! The console's pages rendered by the server, and its server functions over HTTP, on a real SQLite file.
+
+use super::concerns;
+use crate::inventory::demo::demo_catalog;
+use crate::testing::{shared_worker, TestApp, MAJIN};
+use axum::http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+const ATLAS: &str = r#"
+[[machine]]
+name = "atlas"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+[[machine.gpu]]
+index = 1
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+"#;
+
+async fn app() -> TestApp {
+    let app = TestApp::new(&format!("{MAJIN}{ATLAS}")).await;
+    app.fleet.seed_catalog(&demo_catalog()).await.unwrap();
+    app
+}
+
+/// The page at `uri` as the server renders it, resources resolved.
+async fn page(app: &TestApp, uri: &str) -> String {
+    let (status, body) = app.get(uri).await;
+    assert_eq!(status, StatusCode::OK, "{uri}");
+    match body {
+        Value::String(html) => html,
+        other => panic!("{uri} answered JSON: {other}"),
+    }
+}
+
+async fn deploy(app: &TestApp, body: Value) {
+    let (status, answer) = app
+        .call(Method::POST, "/api/deployments", Some(&body.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+}
+
+/// A server function called as the browser calls it: JSON in, JSON out.
+async fn call_rpc(app: &TestApp, name: &str, body: Value) -> (StatusCode, Value) {
+    app.call(
+        Method::POST,
+        &format!("/rpc/{name}"),
+        Some(&body.to_string()),
+    )
+    .await
+}
+
+#[test]
+fn a_pending_reason_is_shown_on_the_page_of_the_machine_it_names() {
+    assert!(concerns(
+        "GPU 0 of majin: 6.5 of 7 GB taken by shared work; it needs 1.5",
+        "majin"
+    ));
+    assert!(concerns(
+        "majin has 2 of its 16 CPU cores free; it needs 4",
+        "majin"
+    ));
+    assert!(concerns("majin: 0 GPUs fit; it needs 2", "majin"));
+    assert!(!concerns(
+        "GPU 0 of majin2: 6.5 of 7 GB taken by shared work; it needs 1.5",
+        "majin"
+    ));
+    assert!(!concerns(
+        "majin2 has 2 of its 16 CPU cores free; it needs 4",
+        "majin"
+    ));
+}
+
+#[tokio::test]
+async fn the_nodes_tab_names_the_group_its_models_and_the_memory_left() {
+    let app = app().await;
+    // 6.25 % of each 96 GB GPU is 6 GB: 180 of atlas's 192 GB are left, 93.75 %, shown as 94 %.
+    deploy(
+        &app,
+        json!({"model": "vision", "gpus": ["atlas:0", "atlas:1"], "share": 6.25}),
+    )
+    .await;
+    let html = page(&app, "/nodes").await;
+    assert!(
+        html.contains("2 of 2 shareable · 180 GB free (94%)"),
+        "{html}"
+    );
+    assert!(html.contains("vision 6.25%"), "{html}");
+    assert!(
+        html.contains("1 of 1 shareable · 7 GB free (88%)"),
+        "majin: {html}"
+    );
+}
+
+#[tokio::test]
+async fn the_machine_page_shows_each_gpu_its_sharers_and_who_waits() {
+    let app = TestApp::new(MAJIN).await;
+    for (name, gb) in [("listen", 2.2), ("voice", 4.2), ("late", 0.7)] {
+        app.post_worker(&shared_worker(name, gb)).await;
+    }
+    let html = page(&app, "/machines/majin").await;
+    for text in [
+        "Offers 7 of its 8 GB (1 GB held outside Tessera)",
+        "shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken",
+        "1 · shared 2.2 GB",
+        "1 · shared 4.2 GB",
+        "GPU 0 of majin: 6.4 of 7 GB taken by shared work; it needs 0.7",
+    ] {
+        assert!(html.contains(text), "{text} in {html}");
+    }
+    assert!(
+        html.contains("<svg"),
+        "the memory bar is drawn on the server"
+    );
+    let (status, body) = app.get("/machines/nowhere").await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    assert!(body
+        .as_str()
+        .unwrap()
+        .contains("there is no machine named nowhere"));
+}
+
+#[tokio::test]
+async fn the_models_tab_lists_each_deployed_model_with_its_group() {
+    let app = app().await;
+    let html = page(&app, "/").await;
+    assert!(html.contains("No model runs yet"), "{html}");
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &app,
+        json!({"model": "speech", "gpus": ["majin:0"], "shared": false}),
+    )
+    .await;
+    let html = page(&app, "/").await;
+    for text in [
+        "glm-5.3",
+        "text-router",
+        "40%",
+        "1 whole GPU",
+        "0/1 healthy",
+    ] {
+        assert!(html.contains(text), "{text} in {html}");
+    }
+}
+
+#[tokio::test]
+async fn a_deploy_from_the_wizard_is_judged_again_on_the_server() {
+    let app = app().await;
+    let request = |share: u32| {
+        json!({"request": {
+            "model": "glm-5.3", "shared": true,
+            "gpus": [{"machine": "atlas", "index": 0}],
+            "share": share, "shares": [], "revision": null,
+            "serving": {"args": ["--max-model-len", "8192"], "env": [["VLLM_LOGGING_LEVEL", "INFO"]]}
+        }})
+    };
+    let (status, body) = call_rpc(&app, "deploy_model", request(10_100)).await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(
+        body["Refused"],
+        "The shares add up to more than the accelerator holds."
+    );
+    let (_, groups) = app.get("/api/groups").await;
+    assert_eq!(groups, json!([]), "nothing was committed");
+
+    let (status, body) = call_rpc(&app, "deploy_model", request(4_000)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["group"], "text-router");
+    assert_eq!(body["restarts"], json!(["glm-5.3"]));
+    let (args, env) = app.fleet.serving_of("glm-5.3").await.unwrap();
+    assert_eq!(args, ["--max-model-len", "8192"]);
+    assert_eq!(env["VLLM_LOGGING_LEVEL"], "INFO");
+}
+
+#[tokio::test]
+async fn a_share_change_names_its_revision_and_restarts_only_what_changed() {
+    let app = app().await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &app,
+        json!({"model": "speech", "gpus": ["atlas:0"], "share": 10, "revision": 1}),
+    )
+    .await;
+    let (status, form) = call_rpc(&app, "load_sharing_form", json!({"model": "speech"})).await;
+    assert_eq!(status, StatusCode::OK, "{form}");
+    assert_eq!(form["group"]["revision"], 2);
+    let shares = |glm: u32| json!([["glm-5.3", glm], ["speech", 1000]]);
+    let (status, body) = call_rpc(
+        &app,
+        "save_shares",
+        json!({"group": "text-router", "revision": 1, "shares": shares(3000)}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = call_rpc(
+        &app,
+        "save_shares",
+        json!({"group": "text-router", "revision": 2, "shares": shares(3000)}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["restarts"], json!(["glm-5.3"]));
+}
+
+#[tokio::test]
+async fn the_router_keeps_its_committed_share_whatever_the_browser_sends() {
+    let app = app().await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &app,
+        json!({"model": "semantic-router", "gpus": ["atlas:0"], "share": 10, "revision": 1}),
+    )
+    .await;
+    let (status, body) = call_rpc(
+        &app,
+        "save_shares",
+        json!({"group": "text-router", "revision": 2, "shares": [["glm-5.3", 4000], ["semantic-router", 500]]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(
+        body["Refused"],
+        "the share of semantic-router is not editable"
+    );
+    let (_, group) = app.get("/api/groups/text-router").await;
+    assert_eq!(group["revision"], 2, "nothing changed");
+}
