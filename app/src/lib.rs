@@ -19,7 +19,7 @@ use components::live::provide_live;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, Link, MetaTags, Stylesheet, Title};
 use leptos_router::components::{Route, Router, Routes, A};
-use leptos_router::path;
+use leptos_router::{path, SsrMode};
 use pages::deploy::DeployPage;
 use pages::machine::MachinePage;
 use pages::models::ModelsPage;
@@ -52,6 +52,9 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 pub fn App() -> impl IntoView {
     provide_meta_context();
     provide_live();
+    // Effects run only in the browser: this flips once the wasm has hydrated the page, for tests to wait on.
+    let hydrated = RwSignal::new(false);
+    Effect::new(move |_| hydrated.set(true));
     view! {
         <Stylesheet id="leptos" href="/pkg/tessera.css" />
         <Title text="Tessera" />
@@ -65,15 +68,16 @@ pub fn App() -> impl IntoView {
                     <A href="/usage">"Usage"</A>
                 </nav>
             </header>
-            <main id="main">
+            <main id="main" data-hydrated=move || hydrated.get().to_string()>
+                // Async: each page is sent once its data is read, so it reads in full before any wasm runs.
                 <Routes fallback=|| view! { <h1>"Page not found"</h1> }>
-                    <Route path=path!("") view=ModelsPage />
-                    <Route path=path!("nodes") view=NodesPage />
-                    <Route path=path!("deploy") view=DeployPage />
-                    <Route path=path!("machines/:name") view=MachinePage />
-                    <Route path=path!("models/:name/sharing") view=SharingPage />
-                    <Route path=path!("models/:name/serving") view=ServingPage />
-                    <Route path=path!("usage") view=UsagePage />
+                    <Route path=path!("") view=ModelsPage ssr=SsrMode::Async />
+                    <Route path=path!("nodes") view=NodesPage ssr=SsrMode::Async />
+                    <Route path=path!("deploy") view=DeployPage ssr=SsrMode::Async />
+                    <Route path=path!("machines/:name") view=MachinePage ssr=SsrMode::Async />
+                    <Route path=path!("models/:name/sharing") view=SharingPage ssr=SsrMode::Async />
+                    <Route path=path!("models/:name/serving") view=ServingPage ssr=SsrMode::Async />
+                    <Route path=path!("usage") view=UsagePage ssr=SsrMode::Async />
                 </Routes>
             </main>
         </Router>

@@ -37,6 +37,15 @@ pub async fn connect(
     Ok(pool)
 }
 
+/// Begins a write transaction that takes SQLite's write lock at once (`BEGIN IMMEDIATE`), waiting up to the
+/// busy timeout for it. A deferred transaction that reads first and writes later fails outright, without
+/// waiting, when another connection (the runtime recording an engine, say) wrote in between.
+pub async fn write(
+    pool: &SqlitePool,
+) -> Result<sqlx::Transaction<'static, sqlx::Sqlite>, sqlx::Error> {
+    pool.begin_with("BEGIN IMMEDIATE").await
+}
+
 /// A row of `workers`.
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct WorkerRow {

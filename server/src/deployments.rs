@@ -239,7 +239,7 @@ impl Fleet {
         {
             Deployed::Group(group) => {
                 check_revision(&group, Some(update.revision))?;
-                let mut tx = self.pool.begin().await?;
+                let mut tx = crate::db::write(&self.pool).await?;
                 sqlx::query("UPDATE group_members SET args = ?, env = ? WHERE model = ?")
                     .bind(&args)
                     .bind(&env)

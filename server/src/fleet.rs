@@ -118,7 +118,7 @@ impl Fleet {
         {
             let mut scheduler = fleet.scheduler.lock().await;
             fleet.rebuild(&mut scheduler).await?;
-            let mut tx = fleet.pool.begin().await?;
+            let mut tx = crate::db::write(&fleet.pool).await?;
             place_pending(&mut scheduler, &mut tx).await?;
             tx.commit().await?;
             fleet.publish(&scheduler).await?;
@@ -269,7 +269,7 @@ impl Fleet {
     /// With `revision`, refuses (409) when the worker changed since that revision.
     pub async fn delete_worker(&self, name: &str, revision: Option<i64>) -> Result<(), ApiError> {
         let mut scheduler = self.scheduler.lock().await;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::db::write(&self.pool).await?;
         let row = db::worker(&mut *tx, name)
             .await?
             .ok_or_else(|| no_worker(name))?;
@@ -391,7 +391,7 @@ impl Fleet {
         let inventory =
             Inventory::new(machines).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
         self.rebuild_on(&mut scheduler, inventory).await?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::db::write(&self.pool).await?;
         place_pending(&mut scheduler, &mut tx).await?;
         tx.commit().await?;
         self.publish(&scheduler).await?;

@@ -595,7 +595,7 @@ impl Fleet {
         let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
         let change = transition(&group.members, &after, &moving_in);
 
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::db::write(&self.pool).await?;
         // Members keep their serving configuration through a change of shares (and the router through a move).
         let mut configs: BTreeMap<String, Serving> = BTreeMap::new();
         for s in &after {

@@ -27,7 +27,7 @@ async fn every_page_is_rendered_on_the_server_and_loads_its_wasm_bundle() {
         let (status, body) = send(Request::get(uri).body(Body::empty()).unwrap()).await;
         assert_eq!(status, StatusCode::OK, "{uri}");
         assert!(body.contains("/pkg/tessera.js"), "{uri}: {body}");
-        assert!(body.contains(r#"<main id="main">"#), "{uri}: {body}");
+        assert!(body.contains(r#"<main id="main""#), "{uri}: {body}");
     }
 }
 

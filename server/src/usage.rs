@@ -85,7 +85,7 @@ pub(crate) async fn record_holdings(
     if ended.is_empty() && started.is_empty() {
         return Ok(());
     }
-    let mut tx = pool.begin().await?;
+    let mut tx = crate::db::write(pool).await?;
     for id in ended {
         sqlx::query("UPDATE holdings SET end_ms = ? WHERE id = ?")
             .bind(now_ms as i64)
@@ -119,7 +119,7 @@ impl Fleet {
         live: &[GpuLive],
         at_ms: u64,
     ) -> Result<(), ApiError> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = crate::db::write(&self.pool).await?;
         for gpu in live {
             sqlx::query("INSERT OR IGNORE INTO gpu_samples (machine, gpu_index, at_ms, utilisation_percent, energy_mj) VALUES (?, ?, ?, ?, ?)")
                 .bind(machine)

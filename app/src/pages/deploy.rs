@@ -125,11 +125,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
     let navigate = use_navigate();
     Effect::new(move |_| {
         if let Some(Ok(_)) = deploy.value().get() {
-            let name = deploy
-                .input()
-                .get_untracked()
-                .map(|d| d.request.model)
-                .unwrap_or_default();
+            let name = model.get_untracked();
             navigate(&format!("/?deployed={name}"), Default::default());
         }
     });

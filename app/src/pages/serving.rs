@@ -93,7 +93,10 @@ fn ServingEditor(form: ServingForm) -> impl IntoView {
                 .collect();
             let id = format!("node-{}", node.name);
             let detail = if on.is_empty() {
-                format!("{} GPUs", node.gpus.len())
+                match node.gpus.len() {
+                    1 => "1 GPU".to_owned(),
+                    n => format!("{n} GPUs"),
+                }
             } else {
                 let list: Vec<String> = on.iter().map(ToString::to_string).collect();
                 format!("runs on GPU {}", list.join(", "))

@@ -1,0 +1,56 @@
+// Every page: 0 serious or critical axe-core violations, reachable by keyboard, and a screenshot.
+import AxeBuilder from "@axe-core/playwright";
+import { deploy, expect, test } from "./fixtures/tessera";
+import { open, Wizard } from "./fixtures/console";
+import type { Page } from "@playwright/test";
+
+async function audit(page: Page, name: string): Promise<void> {
+  const results = await new AxeBuilder({ page }).analyze();
+  const bad = results.violations.filter((v) => v.impact === "serious" || v.impact === "critical");
+  await page.screenshot({ path: test.info().outputPath(`${name}.png`), fullPage: true });
+  expect(
+    bad.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(" ")).join(", ")})`),
+    `${name}: serious or critical violations`,
+  ).toEqual([]);
+}
+
+test("every page passes axe-core", async ({ page, request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
+  await request.post("/api/workers", {
+    data: { name: "listen", requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: 2.2 } } },
+  });
+  for (const [path, name] of [
+    ["/", "models"],
+    ["/nodes", "nodes"],
+    ["/machines/majin", "machine"],
+    ["/models/glm-5.3/sharing", "gpu-sharing"],
+    ["/models/glm-5.3/serving", "serving-configuration"],
+    ["/usage", "usage"],
+  ]) {
+    await open(page, path);
+    await audit(page, name);
+  }
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await audit(page, "deploy-step-1");
+  await wizard.place("vision", ["atlas"]);
+  await audit(page, "deploy-step-3");
+  await wizard.panel.type("vision", "80");
+  await audit(page, "deploy-refused");
+});
+
+test("the wizard can be driven by keyboard alone", async ({ page, request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await page.getByLabel("Model", { exact: true }).focus();
+  await page.keyboard.press("ArrowDown");
+  await expect(page.getByLabel("Model", { exact: true })).not.toHaveValue("");
+  await page.locator("#node-atlas").focus();
+  await page.keyboard.press("Space");
+  await expect(page.locator("#node-atlas")).toBeChecked();
+  await wizard.next.focus();
+  await page.keyboard.press("Enter");
+  await expect(wizard.step).toHaveText("Serving");
+});

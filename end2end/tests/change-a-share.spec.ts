@@ -1,0 +1,100 @@
+// Seed 003, "Change a Running Model's GPU Memory Share", and the Serving configuration beside it.
+import { deploy, expect, test } from "./fixtures/tessera";
+import { FITS, ModelsTab, open, OVER, SharePanel } from "./fixtures/console";
+
+test.beforeEach(async ({ request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
+  await deploy(request, { model: "vision", gpus: ["atlas:0"], share: 25, revision: 2 });
+});
+
+test("the form opens on today's shares, Save waits for a change, and the confirmation names who restarts", async ({ page, request }) => {
+  await open(page, "/");
+  const models = new ModelsTab(page);
+  await models.menu("vision", "GPU sharing");
+  await expect(page).toHaveURL(/\/models\/vision\/sharing$/);
+  await expect(page.locator('[data-hydrated="true"]').first()).toBeVisible();
+  const panel = new SharePanel(page);
+  const save = page.getByRole("button", { name: "Save" });
+  await expect(panel.share("glm-5.3")).toHaveValue("40");
+  await expect(panel.share("vision")).toHaveValue("25");
+  await expect(panel.verdict).toHaveText(FITS("75%"));
+  await expect(save).toBeDisabled();
+
+  // The router's row is marked not editable and keeps its share.
+  const router = panel.share("semantic-router");
+  await expect(router).toHaveAttribute("readonly", "");
+  await expect(page.getByTestId("not-editable")).toHaveText("not editable");
+  await router.pressSequentially("99");
+  await expect(router).toHaveValue("10");
+  await expect(save).toBeDisabled();
+
+  await panel.type("vision", "70");
+  await expect(panel.verdict).toHaveText(OVER);
+  await expect(save).toBeDisabled();
+  await panel.type("vision", "25");
+  await expect(save).toBeDisabled();
+
+  await panel.type("vision", "30");
+  await panel.type("glm-5.3", "35");
+  await expect(save).toBeEnabled();
+  await page.screenshot({ path: test.info().outputPath("gpu-sharing-form.png"), fullPage: true });
+  await save.click();
+  await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts 2 models: glm-5.3, vision.");
+  await page.getByTestId("confirm").getByRole("button", { name: "Save" }).click();
+
+  await expect(page.getByTestId("notice")).toHaveText("Saved. glm-5.3 and vision restart with their new settings.");
+  await expect(models.row("vision").getByTestId("share")).toHaveText("30%");
+  await expect(models.row("glm-5.3").getByTestId("share")).toHaveText("35%");
+  await expect(models.row("semantic-router").getByTestId("share")).toHaveText("10%");
+  // Only the two whose share changed restart, growing after shrinking (placement's order).
+  const progress = async () => {
+    const group = await (await request.get("/api/groups/text-router")).json();
+    return [group.revision, group.progress.steps.map((s: any) => `${s.action} ${s.member} ${s.status}`)];
+  };
+  await expect
+    .poll(progress, { timeout: 20_000 })
+    .toEqual([4, ["stop glm-5.3 done", "start glm-5.3 done", "stop vision done", "start vision done"]]);
+  await expect(models.row("vision").getByTestId("health")).toHaveText("1/1 healthy");
+});
+
+test("a plan changed by someone else first is refused, and the form says to read it again", async ({ page, request }) => {
+  await open(page, "/models/vision/sharing");
+  const panel = new SharePanel(page);
+  await expect(page.locator('[data-hydrated="true"]').first()).toBeVisible();
+  const changed = await request.put("/api/groups/text-router/plan", {
+    data: { revision: 3, shares: { "glm-5.3": 40, "semantic-router": 10, vision: 20 } },
+  });
+  expect(changed.status()).toBe(200);
+  await panel.type("vision", "30");
+  await page.getByRole("button", { name: "Save" }).click();
+  await page.getByTestId("confirm").getByRole("button", { name: "Save" }).click();
+  await expect(page.getByTestId("save-error")).toContainText("group text-router is at revision 4, not 3");
+  const group = await (await request.get("/api/groups/text-router")).json();
+  expect(group.members.find((m: any) => m.name === "vision").share_percent).toBe(20);
+});
+
+test("the serving configuration opens on the placement the model has, and a change restarts that model alone", async ({ page, request }) => {
+  // majin's only GPU is shared out: no free GPU is left there, and vision's placement still shows.
+  await deploy(request, { model: "speech", gpus: ["majin:0"], share: 50 });
+  await open(page, "/");
+  const models = new ModelsTab(page);
+  await models.menu("speech", "Serving configuration");
+  await expect(page).toHaveURL(/\/models\/speech\/serving$/);
+  await expect(page.locator('[data-hydrated="true"]').first()).toBeVisible();
+  await expect(page.locator("#node-majin")).toBeChecked();
+  await expect(page.locator("#node-atlas")).not.toBeChecked();
+  await expect(page.getByLabel("GPU width")).toHaveValue("1");
+  const save = page.getByRole("button", { name: "Save" });
+  await expect(save).toBeDisabled();
+  const before = (await (await request.get("/api/engines")).json()).find((e: any) => e.model === "glm-5.3").pid;
+  await page.getByLabel("Environment variables").fill("LLAMA_ARG_CTX_SIZE=4096");
+  await expect(save).toBeEnabled();
+  await save.click();
+  await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts speech.");
+  await page.getByTestId("confirm").getByRole("button", { name: "Save" }).click();
+  await expect(page.getByTestId("notice")).toHaveText("Saved. speech restarts with its new settings.");
+  await expect(models.row("speech").getByTestId("health")).toHaveText("1/1 healthy");
+  const engines = await (await request.get("/api/engines")).json();
+  expect(engines.find((e: any) => e.model === "glm-5.3").pid, "the others keep running").toBe(before);
+});

@@ -1,0 +1,106 @@
+// Seed 003, "Deploy a Model That Shares a GPU": the wizard from the Models tab to a healthy model.
+import { deploy, expect, test } from "./fixtures/tessera";
+import { FITS, ModelsTab, Wizard } from "./fixtures/console";
+
+test("a model joins the running group, another member gives up room, and the model serves", async ({ page, request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
+
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await expect(page.getByRole("heading", { name: "Deploy a model" })).toBeVisible();
+  await expect(wizard.step).toHaveText("Model and placement");
+  // A group runs, so the wizard starts with sharing on and offers nodes whose GPUs are in use.
+  await expect(page.getByText("GPU sharing is on, so a node whose GPUs are all in use can be chosen too.")).toBeVisible();
+  await wizard.page.getByLabel("Model", { exact: true }).selectOption("vision");
+  await page.locator("#node-atlas").check();
+  await wizard.next.click();
+  await expect(wizard.step).toHaveText("Serving");
+  await page.getByLabel("Extra arguments").fill("--max-model-len 8192");
+  await page.getByLabel("Environment variables").fill("VLLM_LOGGING_LEVEL=INFO");
+  await wizard.next.click();
+
+  await expect(wizard.step).toHaveText("GPU sharing");
+  await expect(page.getByRole("switch", { name: "GPU sharing" })).toBeChecked();
+  await expect(wizard.groupLine).toHaveText("This model joins text-router.");
+  await expect(wizard.panel.share("glm-5.3")).toHaveValue("40");
+  await expect(wizard.panel.share("vision")).toHaveValue("25");
+  await expect(wizard.panel.verdict).toHaveText(FITS("75%"));
+
+  await wizard.panel.type("vision", "35");
+  await wizard.panel.type("glm-5.3", "30");
+  await expect(wizard.panel.verdict).toHaveText(FITS("75%"));
+  await page.screenshot({ path: test.info().outputPath("deploy-gpu-sharing.png"), fullPage: true });
+
+  await wizard.deploy.click();
+  await expect(wizard.confirm).toBeVisible();
+  await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts 2 models: glm-5.3, vision.");
+  await page.screenshot({ path: test.info().outputPath("deploy-confirmation.png"), fullPage: true });
+  await wizard.confirm.getByRole("button", { name: "Deploy" }).click();
+
+  await expect(page).toHaveURL(/\/\?deployed=vision$/);
+  await expect(page.getByTestId("notice")).toHaveText("vision is being deployed.");
+  const models = new ModelsTab(page);
+  await expect(models.row("vision").getByTestId("group")).toHaveText("text-router");
+  await expect(models.row("vision").getByTestId("share")).toHaveText("35%");
+  await expect(models.row("glm-5.3").getByTestId("share")).toHaveText("30%");
+  await expect(models.row("vision").getByTestId("health")).toHaveText("1/1 healthy");
+  await expect(models.row("vision").getByTestId("state")).toHaveText("Serving");
+  await page.screenshot({ path: test.info().outputPath("models-after-deploy.png"), fullPage: true });
+
+  const group = await (await request.get("/api/groups/text-router")).json();
+  expect(group.members.map((m: any) => [m.name, m.share_percent])).toEqual([
+    ["glm-5.3", 30],
+    ["semantic-router", 10],
+    ["vision", 35],
+  ]);
+  const engine = (await (await request.get("/api/engines")).json()).find((e: any) => e.model === "vision");
+  expect(engine.command).toContain("--max-model-len");
+});
+
+test("with no group running, the model starts one named after it and the router moves in", async ({ page, request }) => {
+  await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10 });
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await wizard.place("vision", ["h200-node"]);
+  await expect(wizard.groupLine).toHaveText("Tessera names the group after this model.");
+  await expect(wizard.panel.share("semantic-router")).toHaveAttribute("readonly", "");
+  await wizard.deploy.click();
+  // The router restarts in the new group: the confirmation says so.
+  await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts 2 models: semantic-router, vision.");
+  await wizard.confirm.getByRole("button", { name: "Deploy" }).click();
+  const models = new ModelsTab(page);
+  await expect(models.row("vision").getByTestId("group")).toHaveText("vision");
+  await expect(models.row("semantic-router").getByTestId("group")).toHaveText("vision");
+  await expect(models.row("semantic-router").getByTestId("health")).toHaveText("1/1 healthy");
+});
+
+test("with sharing off, the model takes whole GPUs", async ({ page, request }) => {
+  const wizard = new Wizard(page);
+  await wizard.open();
+  // No group runs: the wizard starts with sharing off, so only nodes with free GPUs count.
+  await wizard.place("speech", ["h200-node"], 2);
+  await expect(page.getByRole("switch", { name: "GPU sharing" })).not.toBeChecked();
+  await expect(page.getByTestId("whole-line")).toHaveText("The model takes whole GPUs: GPU 0 of h200-node, GPU 1 of h200-node.");
+  await wizard.deploy.click();
+  const models = new ModelsTab(page);
+  await expect(models.row("speech").getByTestId("share")).toHaveText("2 whole GPUs");
+  await expect(models.row("speech").getByTestId("group")).toHaveText("—");
+  await expect(models.row("speech").getByTestId("health")).toHaveText("1/1 healthy");
+  const machine = await (await request.get("/api/machines/h200-node")).json();
+  expect(machine.gpus.slice(0, 3).map((g: any) => g.mode)).toEqual(["whole", "whole", "free"]);
+});
+
+test("a removed model stops and leaves the others as they were", async ({ page, request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  await deploy(request, { model: "speech", gpus: ["atlas:0"], share: 10, revision: 1 });
+  await page.goto("/");
+  const models = new ModelsTab(page);
+  await expect(models.row("speech")).toBeVisible();
+  await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
+  await models.menu("speech", "Remove");
+  await expect(page.getByRole("alertdialog")).toContainText("Remove speech?");
+  await page.getByRole("alertdialog").getByRole("button", { name: "Remove" }).click();
+  await expect(models.row("speech")).toHaveCount(0);
+  await expect(models.row("glm-5.3").getByTestId("share")).toHaveText("40%");
+});

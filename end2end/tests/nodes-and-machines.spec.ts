@@ -1,0 +1,45 @@
+// The Nodes tab (seed 003) and a machine's page (seed 000), as an operator reads them.
+import { deploy, expect, test } from "./fixtures/tessera";
+import { open } from "./fixtures/console";
+
+test("each node's row names its group, its models with their shares, and the memory left", async ({ page, request }) => {
+  // 6.25 % of each 96 GB GPU is 6 GB: 180 of atlas's 192 GB are left.
+  await deploy(request, { model: "vision", gpus: ["atlas:0", "atlas:1"], share: 6.25 });
+  await open(page, "/nodes");
+  const atlas = page.locator('tr[data-node="atlas"]');
+  await expect(atlas.getByTestId("node-group")).toHaveText("vision");
+  await expect(atlas.getByTestId("node-models")).toHaveText("vision 6.25%");
+  await expect(atlas.getByTestId("node-memory")).toHaveText("2 of 2 shareable · 180 GB free (94%)");
+  await expect(page.locator('tr[data-node="majin"]').getByTestId("node-memory")).toHaveText("1 of 1 shareable · 7 GB free (88%)");
+  await page.screenshot({ path: test.info().outputPath("nodes.png"), fullPage: true });
+  await atlas.getByRole("link", { name: "atlas" }).click();
+  await expect(page).toHaveURL(/\/machines\/atlas$/);
+  await expect(page.getByRole("heading", { name: "atlas", level: 1 })).toBeVisible();
+});
+
+test("the machine page shows what each GPU offers, its sharers, and who waits and why", async ({ page, request }) => {
+  for (const [name, gb] of [["listen", 2.2], ["voice", 4.2]] as const) {
+    const r = await request.post("/api/workers", {
+      data: { name, requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: gb } } },
+    });
+    expect(r.status()).toBe(201);
+  }
+  // Only an RTX 4060 will do, and majin's has 0.6 GB left.
+  const late = await request.post("/api/workers", {
+    data: { name: "late", requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: 1.5, models: ["NVIDIA GeForce RTX 4060"] } } },
+  });
+  expect((await late.json()).state).toBe("pending");
+
+  await open(page, "/machines/majin");
+  const gpu = page.getByTestId("gpu").first();
+  await expect(gpu.getByTestId("gpu-total")).toHaveText("8 GB");
+  await expect(gpu.getByTestId("gpu-offered")).toHaveText("7 GB");
+  await expect(gpu.getByTestId("gpu-outside")).toHaveText("1 GB");
+  await expect(gpu.getByTestId("gpu-offer")).toHaveText("Offers 7 of its 8 GB (1 GB held outside Tessera)");
+  await expect(gpu.getByTestId("gpu-sharers")).toHaveText("shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken");
+  await expect(gpu.getByTestId("memory-bar").locator("rect")).toHaveCount(4);
+  await expect(page.locator('tr[data-worker="listen"]').getByTestId("worker-gpus")).toHaveText("1 · shared 2.2 GB");
+  await expect(page.locator('tr[data-worker="voice"]').getByTestId("worker-gpus")).toHaveText("1 · shared 4.2 GB");
+  await expect(page.getByTestId("pending-reason")).toHaveText("GPU 0 of majin: 6.4 of 7 GB taken by shared work; it needs 1.5");
+  await page.screenshot({ path: test.info().outputPath("machine-majin.png"), fullPage: true });
+});

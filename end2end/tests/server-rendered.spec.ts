@@ -1,0 +1,23 @@
+// Every page reads well before any wasm runs: the server renders it with its data.
+import { deploy, expect, test } from "./fixtures/tessera";
+import { FITS } from "./fixtures/console";
+
+test("the pages are rendered on the server, data included", async ({ browser, request, server }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  const context = await browser.newContext({ javaScriptEnabled: false, baseURL: server });
+  const page = await context.newPage();
+
+  await page.goto("/");
+  await expect(page.locator('tr[data-model="glm-5.3"]').getByTestId("group")).toHaveText("text-router");
+  await page.goto("/nodes");
+  await expect(page.locator('tr[data-node="atlas"]').getByTestId("node-models")).toHaveText("glm-5.3 40%");
+  await page.goto("/machines/atlas");
+  await expect(page.getByTestId("gpu-sharers").first()).toHaveText("shared: glm-5.3 38.4 GB — 38.4 GB taken");
+  await page.goto("/models/glm-5.3/sharing");
+  await expect(page.getByTestId("verdict")).toHaveText(FITS("40%"));
+  await page.goto("/deploy");
+  await expect(page.getByTestId("step")).toHaveText("Model and placement");
+  await page.goto("/machines/nowhere");
+  await expect(page.getByRole("alert")).toContainText("there is no machine named nowhere");
+  await context.close();
+});
