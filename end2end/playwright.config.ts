@@ -15,7 +15,6 @@ const chromiumArgs = [
 
 export default defineConfig({
   testDir: "./tests",
-  globalSetup: "./global-setup.ts",
   timeout: 60_000,
   expect: { timeout: 10_000 },
   fullyParallel: false,
@@ -25,7 +24,6 @@ export default defineConfig({
   reporter: [["list"]],
   outputDir: "test-results",
   use: {
-    baseURL: process.env.TESSERA_URL ?? "http://127.0.0.1:3000",
     browserName: "chromium",
     launchOptions: { executablePath: process.env.CHROMIUM_PATH ?? "/usr/bin/chromium", args: chromiumArgs },
     screenshot: "on",

@@ -15,6 +15,7 @@ pub mod services;
 pub mod share_form;
 pub mod views;
 
+use components::cluster_tabs::TopNav;
 use components::live::provide_live;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, Link, MetaTags, Stylesheet, Title};
@@ -63,10 +64,7 @@ pub fn App() -> impl IntoView {
             <a class="skip" href="#main">"Skip to the content"</a>
             <header class="top">
                 <A href="/" attr:class="brand">"Tessera"</A>
-                <nav aria-label="Console">
-                    <A href="/" exact=true>"Cluster"</A>
-                    <A href="/usage">"Usage"</A>
-                </nav>
+                <TopNav />
             </header>
             <main id="main" data-hydrated=move || hydrated.get().to_string()>
                 // Async: each page is sent once its data is read, so it reads in full before any wasm runs.
@@ -82,6 +80,40 @@ pub fn App() -> impl IntoView {
             </main>
         </Router>
     }
+}
+
+/// For BENCHMARKS.md: the mean time, in microseconds, of the verdict the Shared GPU memory panel works out on
+/// a keystroke (its fields read, then `placement::judge`), for a group of `members` on one 96 GB GPU, over
+/// `rounds` verdicts, timed with `performance.now()` in the browser that runs it.
+#[cfg(feature = "hydrate")]
+#[wasm_bindgen::prelude::wasm_bindgen]
+pub fn time_verdict(members: u32, rounds: u32) -> f64 {
+    use placement::{BasisPoints, Bytes, GpuRef, GroupGpu};
+    let each = BasisPoints::WHOLE.get() / members.max(1);
+    let rows: Vec<share_form::ShareRow> = (0..members)
+        .map(|i| share_form::ShareRow {
+            name: format!("model-{i}"),
+            text: BasisPoints(each).percent_text(),
+            locked: i == 0,
+        })
+        .collect();
+    let gpus = [GroupGpu {
+        gpu: GpuRef::new("atlas", 0),
+        total: Bytes::gb(96),
+        held_outside: Bytes::ZERO,
+        taken_by_others: Bytes::ZERO,
+    }];
+    let Some(clock) = web_sys::window().and_then(|w| w.performance()) else {
+        return f64::NAN;
+    };
+    let start = clock.now();
+    let mut refused = 0u32;
+    for _ in 0..rounds {
+        refused += u32::from(share_form::verdict(std::hint::black_box(&rows), &gpus).is_refused());
+    }
+    let elapsed = clock.now() - start;
+    std::hint::black_box(refused);
+    elapsed * 1000.0 / f64::from(rounds.max(1))
 }
 
 /// The wasm entry point: makes the server-rendered page live.

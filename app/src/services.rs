@@ -4,8 +4,8 @@
 
 use crate::error::AppError;
 use crate::views::{
-    ChangeOutcome, DeployOptions, DeployRequest, MachineDetail, ModelRow, NodeRow, Serving,
-    ServingForm, SharingForm,
+    ChangeOutcome, DeployOptions, DeployRequest, MachineDetail, ModelRow, NodeRow, PlanProgress,
+    Serving, ServingForm, SharingForm,
 };
 use placement::{BasisPoints, Grouping, UsageReport};
 use std::future::Future;
@@ -19,6 +19,8 @@ pub type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, AppError>> + Send
 pub trait Console: Send + Sync {
     /// The Models tab: every deployed model.
     fn models(&self) -> Answer<'_, Vec<ModelRow>>;
+    /// The plan changes being carried out, and those with a failed step.
+    fn changes(&self) -> Answer<'_, Vec<PlanProgress>>;
     /// The Nodes tab.
     fn nodes(&self) -> Answer<'_, Vec<NodeRow>>;
     /// One machine's page.

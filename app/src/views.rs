@@ -36,6 +36,18 @@ impl EngineStatus {
         }
     }
 
+    /// Its CSS class.
+    pub fn css_class(self) -> &'static str {
+        match self {
+            EngineStatus::Starting => "starting",
+            EngineStatus::Healthy => "serving",
+            EngineStatus::Unhealthy => "unhealthy",
+            EngineStatus::Restarting => "restarting",
+            EngineStatus::Stopped => "stopped",
+            EngineStatus::Failed => "failed",
+        }
+    }
+
     /// How much the state needs an operator's eye: the row shows its worst engine.
     fn concern(self) -> u8 {
         match self {
@@ -108,6 +120,84 @@ impl ModelRow {
             (None, Some(1)) => "1 whole GPU".to_owned(),
             (None, Some(n)) => format!("{n} whole GPUs"),
             (None, None) => "—".to_owned(),
+        }
+    }
+}
+
+/// Where a step of a plan change is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum StepState {
+    /// Not begun.
+    Waiting,
+    /// Under way.
+    Running,
+    /// Done.
+    Done,
+    /// A start that did not become healthy.
+    Failed,
+}
+
+/// One stop or start of a plan change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StepLine {
+    /// `stop` or `start`.
+    pub action: String,
+    /// The member.
+    pub member: String,
+    /// Where it is.
+    pub state: StepState,
+    /// Why it failed.
+    pub message: Option<String>,
+}
+
+impl StepLine {
+    /// `Stop glm-5.3: done`, `Start vision: failed: …`.
+    pub fn text(&self) -> String {
+        let action = match self.action.as_str() {
+            "stop" => "Stop",
+            _ => "Start",
+        };
+        let state = match self.state {
+            StepState::Waiting => "waiting",
+            StepState::Running => "under way",
+            StepState::Done => "done",
+            StepState::Failed => "failed",
+        };
+        match &self.message {
+            Some(why) => format!("{action} {}: {state}: {why}", self.member),
+            None => format!("{action} {}: {state}", self.member),
+        }
+    }
+}
+
+/// A group's last plan change, while it is carried out or when a step failed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanProgress {
+    /// The group.
+    pub group: String,
+    /// The revision being carried out.
+    pub revision: i64,
+    /// Its steps in order.
+    pub steps: Vec<StepLine>,
+}
+
+impl PlanProgress {
+    /// Whether a step is still to be done.
+    pub fn is_underway(&self) -> bool {
+        self.steps
+            .iter()
+            .any(|s| matches!(s.state, StepState::Waiting | StepState::Running))
+    }
+
+    /// The heading: `Restarting text-router (revision 4)`, or that a step failed.
+    pub fn heading(&self) -> String {
+        if self.steps.iter().any(|s| s.state == StepState::Failed) {
+            format!(
+                "A restart of {} (revision {}) failed",
+                self.group, self.revision
+            )
+        } else {
+            format!("Restarting {} (revision {})", self.group, self.revision)
         }
     }
 }

@@ -6,13 +6,14 @@ use crate::deployments::{Deployed, ServingUpdate};
 use crate::error::ApiError;
 use crate::fleet::{Fleet, GpuView, MachineView, WorkerView};
 use crate::groups::{load_groups, Deploy, Group, PlanChange, PlanUpdate};
-use crate::runtime::{EngineState, EngineView};
+use crate::runtime::{EngineState, EngineView, StepStatus};
 use app::error::AppError;
 use app::services::{Answer, Console};
 use app::views::{
     CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest, EngineLine, EngineStatus, GpuDetail,
     GpuOption, GpuUse, GroupPlan, MachineDetail, ModelRow, NodeModel, NodeOption, NodeRow,
-    PendingLine, Serving, ServingForm, Sharer, SharingForm, WorkerLine,
+    PendingLine, PlanProgress, Serving, ServingForm, Sharer, SharingForm, StepLine, StepState,
+    WorkerLine,
 };
 use placement::{BasisPoints, Bytes, GpuRef, Grouping, PlanMember, UsageReport};
 use std::collections::BTreeMap;
@@ -183,6 +184,36 @@ impl ConsoleService {
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));
         Ok(rows)
+    }
+
+    async fn progress(&self) -> Result<Vec<PlanProgress>, ApiError> {
+        let runtime = self.fleet.runtime();
+        Ok(load_groups(&self.fleet.pool)
+            .await?
+            .iter()
+            .filter_map(|g| runtime.progress(&g.name).map(|p| (g.name.clone(), p)))
+            .map(|(group, p)| PlanProgress {
+                group,
+                revision: p.revision,
+                steps: p
+                    .steps
+                    .into_iter()
+                    .map(|s| StepLine {
+                        action: s.action,
+                        member: s.member,
+                        state: match s.status {
+                            StepStatus::Waiting => StepState::Waiting,
+                            StepStatus::Running => StepState::Running,
+                            StepStatus::Done => StepState::Done,
+                            StepStatus::Failed => StepState::Failed,
+                        },
+                        message: s.message,
+                    })
+                    .collect(),
+            })
+            // Done changes drop out; a failed step stays in sight until the next change.
+            .filter(|p| p.steps.iter().any(|s| s.state != StepState::Done))
+            .collect())
     }
 
     async fn node_rows(&self) -> Result<Vec<NodeRow>, ApiError> {
@@ -460,6 +491,10 @@ fn percents(shares: Vec<(String, BasisPoints)>) -> BTreeMap<String, f64> {
 impl Console for ConsoleService {
     fn models(&self) -> Answer<'_, Vec<ModelRow>> {
         Box::pin(async move { self.model_rows().await.map_err(app_error) })
+    }
+
+    fn changes(&self) -> Answer<'_, Vec<PlanProgress>> {
+        Box::pin(async move { self.progress().await.map_err(app_error) })
     }
 
     fn nodes(&self) -> Answer<'_, Vec<NodeRow>> {

@@ -1,7 +1,30 @@
-//! The Cluster section's tabs: Models and Nodes.
+//! The console's navigation: the top bar's sections, and the Cluster section's tabs (Models, Nodes).
 
 use leptos::prelude::*;
 use leptos_router::components::A;
+use leptos_router::hooks::use_location;
+
+/// Whether `path` is a page of the Cluster section: the tabs and the pages they lead to.
+fn in_cluster(path: &str) -> bool {
+    path == "/"
+        || ["/nodes", "/deploy", "/models/", "/machines/"]
+            .iter()
+            .any(|p| path.starts_with(p))
+}
+
+/// The top bar's sections; the current one is marked for assistive technology and the eye.
+#[component]
+pub fn TopNav() -> impl IntoView {
+    let location = use_location();
+    let cluster = move || in_cluster(&location.pathname.get()).then_some("page");
+    let usage = move || (location.pathname.get() == "/usage").then_some("page");
+    view! {
+        <nav aria-label="Console">
+            <a href="/" aria-current=cluster>"Cluster"</a>
+            <a href="/usage" aria-current=usage>"Usage"</a>
+        </nav>
+    }
+}
 
 /// The tab bar above the Models and Nodes tabs.
 #[component]
@@ -11,5 +34,24 @@ pub fn ClusterTabs() -> impl IntoView {
             <A href="/" exact=true>"Models"</A>
             <A href="/nodes">"Nodes"</A>
         </nav>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::in_cluster;
+
+    #[test]
+    fn the_cluster_section_covers_its_tabs_and_what_they_lead_to() {
+        for path in [
+            "/",
+            "/nodes",
+            "/deploy",
+            "/models/vision/sharing",
+            "/machines/majin",
+        ] {
+            assert!(in_cluster(path), "{path}");
+        }
+        assert!(!in_cluster("/usage"));
     }
 }

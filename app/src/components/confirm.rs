@@ -11,6 +11,9 @@ pub fn Confirm(
     title: String,
     /// The models that restart.
     restarts: Vec<String>,
+    /// What happens, when it is not a restart (a removal).
+    #[prop(optional, into)]
+    line: Option<String>,
     /// The confirming button's text (the action again: Deploy, Save).
     #[prop(into)]
     confirm: String,
@@ -29,11 +32,11 @@ pub fn Confirm(
         }
     });
     let names = restarts.join(", ");
-    let line = match restarts.len() {
+    let line = line.unwrap_or_else(|| match restarts.len() {
         0 => "Nothing restarts.".to_owned(),
         1 => format!("This restarts {names}."),
         _ => format!("This restarts {} models: {names}.", restarts.len()),
-    };
+    });
     view! {
         <div class="confirm" role="alertdialog" aria-labelledby="confirm-title" aria-describedby="confirm-line" data-testid="confirm">
             <h2 id="confirm-title">{title}</h2>

@@ -70,10 +70,11 @@ pub fn SharedGpuMemoryPanel(
                 .into_iter()
                 .enumerate()
                 .map(|(i, (name, share))| {
-                    let width = f64::from(share.get()) * 100.0 / f64::from(scale.get());
+                    // Hundredths of a percent of the bar, in integers (float formatting is large in wasm).
+                    let width = u64::from(share.get()) * 10_000 / u64::from(scale.get().max(1));
                     let title = format!("{name} {share}");
                     view! {
-                        <div class=format!("segment s{}", i % 6) style=format!("width: {width:.2}%") title=title>
+                        <div class=format!("segment s{}", i % 6) style=format!("width: {}.{:02}%", width / 100, width % 100) title=title>
                             <span>{name}</span>
                         </div>
                     }

@@ -5,7 +5,7 @@ use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{ChangeOutcome, EngineStatus, ModelRow};
+use crate::views::{ChangeOutcome, EngineStatus, ModelRow, PlanProgress, StepState};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
@@ -16,6 +16,13 @@ use leptos_router::hooks::use_query_map;
 pub async fn list_models() -> Result<Vec<ModelRow>, AppError> {
     let console = crate::services::console()?;
     crate::services::answer(console.models()).await
+}
+
+/// The restarts under way, and those that failed.
+#[server(prefix = "/rpc", endpoint = "list_changes")]
+pub async fn list_changes() -> Result<Vec<PlanProgress>, AppError> {
+    let console = crate::services::console()?;
+    crate::services::answer(console.changes()).await
 }
 
 /// Removes a model: its engines stop, and the other members of its group keep their shares.
@@ -52,6 +59,7 @@ pub fn ModelsPage() -> impl IntoView {
         move || (live.track(), remove.version().get()),
         |_| list_models(),
     );
+    let changes = Resource::new(move || live.track(), |_| list_changes());
     let query = use_query_map();
     let notice = move || query.with(notice);
     let removed = move || match remove.value().get() {
@@ -72,29 +80,72 @@ pub fn ModelsPage() -> impl IntoView {
                 Ok(_) => view! { <p class="notice" role="status">"Removed. Its engines stop."</p> }.into_any(),
                 Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),
             })}
+            <Transition fallback=|| ()>
+                {move || changes.get().and_then(Result::ok).map(|changes| view! { <Changes changes /> })}
+            </Transition>
             <Transition fallback=|| view! { <p>"Loading the models…"</p> }>
-                {move || models.get().map(|answer| match answer {
-                    Ok(rows) if rows.is_empty() => view! {
-                        <p class="empty" data-testid="no-models">"No model runs yet. Select Deploy Model to deploy one."</p>
-                    }.into_any(),
-                    Ok(rows) => view! { <ModelsTable rows remove /> }.into_any(),
-                    Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
-                })}
+                {move || models.get().and_then(Result::err).map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })}
+                <ModelsTable rows=Signal::derive(move || models.get().and_then(Result::ok).unwrap_or_default()) remove />
             </Transition>
         </div>
     }
 }
 
-/// The table of deployed models.
+/// Each plan change under way, step by step, and each that failed, with why.
+#[component]
+fn Changes(
+    /// The changes.
+    changes: Vec<PlanProgress>,
+) -> impl IntoView {
+    view! {
+        <section class="changes" aria-live="polite" aria-label="Restarts" data-testid="changes">
+            {changes
+                .into_iter()
+                .map(|change| {
+                    let failed = !change.is_underway();
+                    view! {
+                        <div class="panel change" class:failed=failed data-group=change.group.clone()>
+                            <h3>{change.heading()}</h3>
+                            <ol>
+                                {change
+                                    .steps
+                                    .iter()
+                                    .map(|s| {
+                                        let class = match s.state {
+                                            StepState::Waiting => "waiting",
+                                            StepState::Running => "running",
+                                            StepState::Done => "done",
+                                            StepState::Failed => "failed",
+                                        };
+                                        view! { <li class=class data-testid="step-line">{s.text()}</li> }
+                                    })
+                                    .collect_view()}
+                            </ol>
+                        </div>
+                    }
+                })
+                .collect_view()}
+        </section>
+    }
+    .into_any()
+}
+
+/// The table of deployed models. Rows are keyed by model, so that a live refresh updates each row in place
+/// and an open menu or confirmation stays open.
 #[component]
 fn ModelsTable(
-    /// The rows.
-    rows: Vec<ModelRow>,
+    /// The rows, as last read.
+    #[prop(into)]
+    rows: Signal<Vec<ModelRow>>,
     /// The Remove action, confirmed in the row's menu.
     remove: ServerAction<RemoveModel>,
 ) -> impl IntoView {
+    let empty = move || rows.with(Vec::is_empty);
     view! {
-        <table class="list models" data-testid="models">
+        <p class="empty" data-testid="no-models" hidden=move || !empty()>
+            "No model runs yet. Select Deploy Model to deploy one."
+        </p>
+        <table class="list models" data-testid="models" hidden=empty>
             <thead>
                 <tr>
                     <th scope="col">"Name"</th>
@@ -107,50 +158,60 @@ fn ModelsTable(
                 </tr>
             </thead>
             <tbody>
-                {rows.into_iter().map(|row| view! { <ModelLine row remove /> }).collect_view()}
+                <For
+                    each=move || rows.get()
+                    key=|row| row.name.clone()
+                    children=move |row| {
+                        let name = row.name.clone();
+                        let row = Memo::new(move |_| {
+                            rows.with(|rows| rows.iter().find(|r| r.name == name).cloned())
+                                .unwrap_or_else(|| row.clone())
+                        });
+                        view! { <ModelLine row remove /> }
+                    }
+                />
             </tbody>
         </table>
     }
 }
 
-/// One model's row.
+/// One model's row, updated in place as the model changes.
 #[component]
 fn ModelLine(
-    /// The model.
-    row: ModelRow,
+    /// The model, as last read.
+    row: Memo<ModelRow>,
     /// The Remove action.
     remove: ServerAction<RemoveModel>,
 ) -> impl IntoView {
-    let (status, message) = row.state();
-    let healthy = status == EngineStatus::Healthy;
     let confirming = RwSignal::new(false);
-    let name = row.name.clone();
-    let revision = row.revision;
-    let menu_label = format!("Actions for {}", row.name);
-    let nodes = row.nodes.join(", ");
+    let (name, system, in_group) =
+        row.with_untracked(|r| (r.name.clone(), r.system, r.group.is_some()));
+    let state = move || row.with(ModelRow::state);
+    let healthy = move || state().0 == EngineStatus::Healthy;
+    let sharing = format!("/models/{name}/sharing");
+    let serving = format!("/models/{name}/serving");
+    let remove_name = name.clone();
     view! {
-        <tr data-testid="model-row" data-model=row.name.clone()>
-            <th scope="row">{row.name.clone()}</th>
-            <td data-testid="group">{row.group.clone().unwrap_or_else(|| "—".to_owned())}</td>
-            <td data-testid="share">{row.share_text()}</td>
-            <td>{nodes}</td>
+        <tr data-testid="model-row" data-model=name.clone()>
+            <th scope="row">{name.clone()}</th>
+            <td data-testid="group">{move || row.with(|r| r.group.clone()).unwrap_or_else(|| "—".to_owned())}</td>
+            <td data-testid="share">{move || row.with(ModelRow::share_text)}</td>
+            <td>{move || row.with(|r| r.nodes.join(", "))}</td>
             <td>
-                <span class="chip" class:ok=healthy data-testid="health">{row.health()}</span>
+                <span class="chip" class:ok=healthy data-testid="health">{move || row.with(ModelRow::health)}</span>
             </td>
             <td data-testid="state">
-                <span class=format!("state {}", status.label().to_lowercase())>{status.label()}</span>
-                {message.map(|m| view! { <span class="why">{m}</span> })}
+                <span class=move || format!("state {}", state().0.css_class())>{move || state().0.label()}</span>
+                {move || state().1.map(|m| view! { <span class="why">{m}</span> })}
             </td>
             <td class="menu-cell">
                 <details class="menu">
-                    <summary aria-label=menu_label>"⋮"</summary>
+                    <summary aria-label=format!("Actions for {name}")>"⋮"</summary>
                     <ul>
-                        {row.group.is_some().then(|| view! {
-                            <li><A href=format!("/models/{}/sharing", row.name)>"GPU sharing"</A></li>
-                        })}
-                        <li><A href=format!("/models/{}/serving", row.name)>"Serving configuration"</A></li>
+                        {in_group.then(|| view! { <li><A href=sharing>"GPU sharing"</A></li> })}
+                        <li><A href=serving>"Serving configuration"</A></li>
                         <li>
-                            {if row.system {
+                            {if system {
                                 view! { <span class="muted">"Remove (the semantic router stays)"</span> }.into_any()
                             } else {
                                 view! {
@@ -161,14 +222,16 @@ fn ModelLine(
                     </ul>
                 </details>
                 {move || confirming.get().then(|| {
-                    let name = name.clone();
+                    let name = remove_name.clone();
                     view! {
                         <Confirm
                             title=format!("Remove {name}?")
                             restarts=Vec::new()
+                            line="Its engines stop; the other models keep running."
                             confirm="Remove"
                             pending=remove.pending()
                             on_confirm=move || {
+                                let revision = row.with_untracked(|r| r.revision);
                                 remove.dispatch(RemoveModel { model: name.clone(), revision });
                                 confirming.set(false);
                             }
@@ -179,8 +242,6 @@ fn ModelLine(
             </td>
         </tr>
     }
-    // Erased here: the row's full type is deep enough to overflow the compiler's query depth.
-    .into_any()
 }
 
 #[cfg(test)]

@@ -114,7 +114,8 @@ fn Report(report: UsageReport) -> impl IntoView {
     let csv = format!(
         "/api/usage.csv?from={}&to={}&by={}",
         rfc3339(report.from_ms),
-        rfc3339(report.to_ms),
+        // Up to the next whole second, so that the CSV covers all of the page's period.
+        rfc3339(report.to_ms.div_ceil(1000) * 1000),
         report.by.as_str()
     );
     if report.rows.is_empty() {

@@ -195,6 +195,10 @@ mod tests {
             !is_same(spawned.pid, spawned.start_ticks + 1),
             "another start time is another process"
         );
+        // Until sh has exec'd, /proc shows the parent's environment: wait for its first lines.
+        while tail(&log, 10).unwrap().len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
         let found = instance_processes("instance-under-test");
         assert!(
             found.contains(&(spawned.pid, "unit-a".to_owned())),
@@ -206,9 +210,6 @@ mod tests {
             group_members(spawned.pid).contains(&spawned.pid),
             "sh leads a group of its own"
         );
-        while tail(&log, 10).unwrap().len() < 2 {
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
         signal(spawned.pid, TERM);
         let status = spawned.child.wait().await.unwrap();
         assert!(!status.success());

@@ -8,7 +8,7 @@ use placement::Bytes;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-/// 2026-12-01T00:00:00Z.
+/// 2025-12-01T00:00:00Z.
 const T: u64 = 1_764_547_200_000;
 
 fn at(ms: u64) -> String {
@@ -359,4 +359,76 @@ async fn each_engine_has_one_state_set_and_its_restarts_counted() {
     ]);
     assert_eq!(metrics["tessera_engine_healthy"][&engine], 0.0);
     assert_eq!(metrics["tessera_engine_restarts_total"][&engine], 0.0);
+}
+
+/// The cells of the Usage page's table, row by row, as the page renders them.
+fn page_rows(html: &str) -> Vec<Vec<String>> {
+    let table = &html[html
+        .find(r#"data-testid="usage-table""#)
+        .expect("the usage table")..];
+    let table = &table[..table.find("</table>").unwrap()];
+    let body = &table[table.find("<tbody>").unwrap()..];
+    body.split("<tr>")
+        .skip(1)
+        .map(|row| {
+            let parts: Vec<&str> = row.split(['<', '>']).collect();
+            parts
+                .windows(2)
+                .filter(|w| w[0].starts_with("th") || w[0].starts_with("td"))
+                .map(|w| w[1].replace('—', ""))
+                .collect()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_usage_page_shows_what_the_csv_says() {
+    let app = TestApp::new(MAJIN).await;
+    let now = crate::usage::now_ms();
+    held(
+        &app,
+        "listen",
+        "majin",
+        0,
+        2,
+        8,
+        (now - 3 * HOUR_MS, now - 2 * HOUR_MS),
+    )
+    .await;
+    held(
+        &app,
+        "voice",
+        "majin",
+        0,
+        4,
+        8,
+        (now - 2 * HOUR_MS, now - HOUR_MS),
+    )
+    .await;
+    let (status, page) = app.get("/usage?period=24h&by=worker").await;
+    assert_eq!(status, StatusCode::OK);
+    let rows = page_rows(page.as_str().unwrap());
+    let (_, csv) = app
+        .get(&format!(
+            "/api/usage.csv?from={}&to={}&by=worker",
+            at(now - 24 * HOUR_MS),
+            at(now)
+        ))
+        .await;
+    let csv: Vec<Vec<String>> = csv
+        .as_str()
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(str::to_owned).collect())
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ["voice", "0.5", "", ""],
+            ["listen", "0.25", "", ""],
+            ["Total", "0.75", "", ""]
+        ]
+    );
+    assert_eq!(rows, csv);
 }

@@ -1,0 +1,120 @@
+//! The server's time for the Nodes tab with 100 machines: each of 8 × 80 GB GPUs, each running a sharing
+//! group of three models. `GET /nodes` through the whole router (server-side rendering with its data, as a
+//! browser's first load gets it), 300 times on a real SQLite file, then the percentiles.
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use leptos::config::LeptosOptions;
+use placement::{BasisPoints, Bytes, Gpu, Inventory, Machine};
+use server::fleet::Fleet;
+use server::groups::Deploy;
+use server::inventory::demo::{CatalogModel, Engine};
+use server::runtime::{Hosts, Runtime, Settings};
+use server::{db, router, AppState};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tower::ServiceExt;
+
+const MACHINES: usize = 100;
+const RENDERS: usize = 300;
+
+fn machine(n: usize) -> Machine {
+    Machine {
+        name: format!("node-{n:03}"),
+        cpu_cores: 128,
+        memory: Bytes::gb(1024),
+        all_gpus_visible: false,
+        gpus: (0..8)
+            .map(|index| Gpu {
+                index,
+                uuid: format!("GPU-{n:03}-{index}"),
+                model: "NVIDIA H100 80GB HBM3".into(),
+                vendor: "nvidia".into(),
+                total: Bytes::gb(80),
+                held_outside: Bytes::ZERO,
+                healthy: true,
+            })
+            .collect(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = tempfile::tempdir()?;
+    let pool = db::connect(None, dir.path()).await?;
+    // Every machine counts as remote here: what is measured is the server, not engines starting.
+    let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
+    let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
+    let fleet = Arc::new(
+        Fleet::open(
+            pool,
+            Inventory::new((0..MACHINES).map(machine).collect())?,
+            runtime,
+            Hosts::default(),
+        )
+        .await
+        .map_err(|e| e.to_string())?,
+    );
+    for n in 0..MACHINES {
+        for (i, member) in ["llm", "embedder", "speech"].iter().enumerate() {
+            let name = format!("{member}-{n:03}");
+            fleet
+                .add_model(CatalogModel {
+                    name: name.clone(),
+                    engine: Engine::Command,
+                    default_share: BasisPoints::percent(20),
+                    group: None,
+                    model_path: String::new(),
+                    system: false,
+                    command: Some("engine --port {port}".into()),
+                    args: Vec::new(),
+                    env: Default::default(),
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            fleet
+                .deploy(Deploy {
+                    model: name,
+                    gpus: vec![format!("node-{n:03}:0"), format!("node-{n:03}:1")],
+                    shared: true,
+                    share: None,
+                    shares: Default::default(),
+                    revision: (i > 0).then_some(i as i64),
+                    args: Vec::new(),
+                    env: Default::default(),
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    let app = router(AppState {
+        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
+        fleet,
+        http_metrics: Arc::default(),
+    });
+
+    let mut latencies = Vec::with_capacity(RENDERS);
+    let mut size = 0;
+    for _ in 0..RENDERS {
+        let started = Instant::now();
+        let response = app
+            .clone()
+            .oneshot(Request::get("/nodes").body(Body::empty())?)
+            .await?;
+        assert_eq!(response.status(), StatusCode::OK);
+        let body = response.into_body().collect().await?.to_bytes();
+        latencies.push(started.elapsed());
+        size = body.len();
+    }
+    latencies.sort();
+    let at = |p: f64| latencies[((latencies.len() as f64 * p) as usize).min(latencies.len() - 1)];
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    println!(
+        "GET /nodes, {MACHINES} machines, {RENDERS} renders ({size} bytes): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        ms(at(0.50)),
+        ms(at(0.99)),
+        ms(latencies[latencies.len() - 1])
+    );
+    Ok(())
+}
