@@ -10,6 +10,12 @@ pub enum AppError {
     /// The request cannot be taken as sent (400).
     #[error("{0}")]
     BadRequest(String),
+    /// Nobody is signed in (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The caller's role does not allow it (403).
+    #[error("{0}")]
+    Forbidden(String),
     /// It names something that does not exist (404).
     #[error("{0}")]
     NotFound(String),
@@ -29,6 +35,8 @@ impl AppError {
     pub fn status(&self) -> u16 {
         match self {
             AppError::BadRequest(_) => 400,
+            AppError::Unauthorized(_) => 401,
+            AppError::Forbidden(_) => 403,
             AppError::NotFound(_) => 404,
             AppError::Conflict(_) => 409,
             AppError::Refused(_) => 422,

@@ -6,37 +6,60 @@
 // The pages are deeply nested views; release builds (which keep their full types) need the room.
 #![recursion_limit = "256"]
 
+pub mod auth;
 pub mod components;
+pub mod csrf;
 pub mod deploy_form;
 pub mod error;
 pub mod pages;
+pub mod security;
 #[cfg(feature = "ssr")]
 pub mod services;
 pub mod share_form;
 pub mod views;
 
+use components::account_menu::{provide_signed_in, AccountMenu};
 use components::cluster_tabs::TopNav;
 use components::live::provide_live;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, Link, MetaTags, Stylesheet, Title};
 use leptos_router::components::{Route, Router, Routes, A};
 use leptos_router::{path, SsrMode};
+use pages::admin::AdminPage;
+use pages::audit::AuditPage;
 use pages::deploy::DeployPage;
 use pages::machine::MachinePage;
 use pages::models::ModelsPage;
 use pages::nodes::NodesPage;
 use pages::serving::ServingPage;
 use pages::sharing::SharingPage;
+use pages::sign_in::{SetupPage, SignInPage};
 use pages::usage::UsagePage;
 
-/// The HTML document around the app, rendered on the server.
+/// The HTML document around the app, rendered on the server: the session's CSRF token for the page's
+/// changes to carry, and (through the response) the Content Security Policy with this page's nonce.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    #[cfg(feature = "ssr")]
+    let csrf = auth::csrf_token().unwrap_or_default();
+    #[cfg(not(feature = "ssr"))]
+    let csrf = String::new();
+    #[cfg(feature = "ssr")]
+    if let (Some(response), Some(nonce)) = (
+        use_context::<leptos_axum::ResponseOptions>(),
+        leptos::nonce::use_nonce(),
+    ) {
+        if let Ok(policy) = http::HeaderValue::from_str(&security::page_policy(&nonce.to_string()))
+        {
+            response.insert_header(http::header::CONTENT_SECURITY_POLICY, policy);
+        }
+    }
     view! {
         <!DOCTYPE html>
         <html lang="en">
             <head>
                 <meta charset="utf-8" />
                 <meta name="viewport" content="width=device-width, initial-scale=1" />
+                <meta name="csrf-token" content=csrf />
                 <AutoReload options=options.clone() />
                 <HydrationScripts options />
                 <MetaTags />
@@ -53,6 +76,7 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 pub fn App() -> impl IntoView {
     provide_meta_context();
     provide_live();
+    provide_signed_in();
     // Effects run only in the browser: this flips once the wasm has hydrated the page, for tests to wait on.
     let hydrated = RwSignal::new(false);
     Effect::new(move |_| hydrated.set(true));
@@ -65,6 +89,7 @@ pub fn App() -> impl IntoView {
             <header class="top">
                 <A href="/" attr:class="brand">"Tessera"</A>
                 <TopNav />
+                <AccountMenu />
             </header>
             <main id="main" data-hydrated=move || hydrated.get().to_string()>
                 // Async: each page is sent once its data is read, so it reads in full before any wasm runs.
@@ -76,6 +101,10 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("models/:name/sharing") view=SharingPage ssr=SsrMode::Async />
                     <Route path=path!("models/:name/serving") view=ServingPage ssr=SsrMode::Async />
                     <Route path=path!("usage") view=UsagePage ssr=SsrMode::Async />
+                    <Route path=path!("audit") view=AuditPage ssr=SsrMode::Async />
+                    <Route path=path!("admin") view=AdminPage ssr=SsrMode::Async />
+                    <Route path=path!("login") view=SignInPage ssr=SsrMode::Async />
+                    <Route path=path!("setup") view=SetupPage ssr=SsrMode::Async />
                 </Routes>
             </main>
         </Router>

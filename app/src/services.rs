@@ -2,10 +2,11 @@
 //! [`Console`] and provides it in the Leptos context of every page and server function, so that each
 //! server function stays a thin call.
 
+use crate::auth::{Caller, Role};
 use crate::error::AppError;
 use crate::views::{
-    ChangeOutcome, DeployOptions, DeployRequest, MachineDetail, ModelRow, NodeRow, PlanProgress,
-    Serving, ServingForm, SharingForm,
+    AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest,
+    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Serving, ServingForm, SharingForm,
 };
 use placement::{BasisPoints, Grouping, UsageReport};
 use std::future::Future;
@@ -28,12 +29,13 @@ pub trait Console: Send + Sync {
     /// What the Deploy a model wizard judges a deploy against.
     fn deploy_options(&self) -> Answer<'_, DeployOptions>;
     /// Deploys a model; the server judges the plan again before it commits.
-    fn deploy(&self, request: DeployRequest) -> Answer<'_, ChangeOutcome>;
+    fn deploy(&self, actor: Caller, request: DeployRequest) -> Answer<'_, ChangeOutcome>;
     /// The GPU sharing form of a running model.
     fn sharing_form(&self, model: String) -> Answer<'_, SharingForm>;
     /// Commits a group's new shares, read at `revision`.
     fn change_shares(
         &self,
+        actor: Caller,
         group: String,
         revision: i64,
         shares: Vec<(String, BasisPoints)>,
@@ -43,12 +45,31 @@ pub trait Console: Send + Sync {
     /// Changes a running model's serving configuration, read at `revision`; it restarts alone.
     fn change_serving(
         &self,
+        actor: Caller,
         model: String,
         revision: i64,
         serving: Serving,
     ) -> Answer<'_, ChangeOutcome>;
     /// Removes a running model, read at `revision`; its engines stop.
-    fn remove(&self, model: String, revision: i64) -> Answer<'_, ChangeOutcome>;
+    fn remove(&self, actor: Caller, model: String, revision: i64) -> Answer<'_, ChangeOutcome>;
+    /// Every account and API token.
+    fn accounts(&self) -> Answer<'_, AccountsPage>;
+    /// Makes an account.
+    fn create_account(
+        &self,
+        actor: Caller,
+        name: String,
+        role: Role,
+        password: String,
+    ) -> Answer<'_, ()>;
+    /// Removes an account and its tokens.
+    fn delete_account(&self, actor: Caller, name: String) -> Answer<'_, ()>;
+    /// Makes an API token acting for `user`.
+    fn create_token(&self, actor: Caller, user: String, name: String) -> Answer<'_, NewApiToken>;
+    /// Revokes an API token.
+    fn revoke_token(&self, actor: Caller, id: i64) -> Answer<'_, ()>;
+    /// The audit log, newest first, as `query` narrows it.
+    fn audit(&self, query: AuditQuery) -> Answer<'_, Vec<AuditLine>>;
     /// The usage report of `[from_ms, to_ms)` by `by`.
     fn usage(&self, from_ms: u64, to_ms: u64, by: Grouping) -> Answer<'_, UsageReport>;
     /// Milliseconds since the epoch, now.

@@ -533,6 +533,88 @@ pub struct ServingForm {
     pub serving: Serving,
 }
 
+/// An account, as the admin page lists it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Account {
+    /// Its name.
+    pub name: String,
+    /// Its role.
+    pub role: crate::auth::Role,
+    /// When it was made.
+    pub created_at: String,
+}
+
+/// An API token, as the admin page lists it (never its secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiToken {
+    /// Its id.
+    pub id: i64,
+    /// What it is for.
+    pub name: String,
+    /// Whose role it acts with.
+    pub user: String,
+    /// Its first characters.
+    pub prefix: String,
+    /// When it was made.
+    pub created_at: String,
+    /// When it was last used.
+    pub last_used_at: Option<String>,
+    /// When it was revoked.
+    pub revoked_at: Option<String>,
+}
+
+/// A token just made, with its secret: shown this once.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewApiToken {
+    /// The token.
+    pub token: ApiToken,
+    /// The secret to send as `Authorization: Bearer …`.
+    pub secret: String,
+}
+
+/// The accounts and API tokens, for the admin page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccountsPage {
+    /// Every account.
+    pub accounts: Vec<Account>,
+    /// Every API token, newest first.
+    pub tokens: Vec<ApiToken>,
+}
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditLine {
+    /// Its number.
+    pub id: i64,
+    /// When.
+    pub at: String,
+    /// Who.
+    pub actor: String,
+    /// What kind of change.
+    pub action: String,
+    /// What it was done to.
+    pub target: String,
+    /// Before, as JSON text.
+    pub before: Option<String>,
+    /// After, as JSON text.
+    pub after: Option<String>,
+    /// The revision it made.
+    pub revision: Option<i64>,
+    /// Who restarted.
+    pub restarts: Vec<String>,
+}
+
+/// What the Audit page narrows the log to; empty fields leave it wide.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditQuery {
+    /// Only this account's changes.
+    pub actor: String,
+    /// Only this kind (or family: `plan`) of change.
+    pub action: String,
+    /// Only changes to this.
+    pub target: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

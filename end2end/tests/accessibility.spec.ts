@@ -1,6 +1,6 @@
 // Every page: 0 serious or critical axe-core violations, reachable by keyboard, and a screenshot.
 import AxeBuilder from "@axe-core/playwright";
-import { deploy, expect, test } from "./fixtures/tessera";
+import { deploy, expect, tessera, test } from "./fixtures/tessera";
 import { open, Wizard } from "./fixtures/console";
 import type { Page } from "@playwright/test";
 
@@ -27,6 +27,8 @@ test("every page passes axe-core", async ({ page, request }) => {
     ["/models/glm-5.3/sharing", "gpu-sharing"],
     ["/models/glm-5.3/serving", "serving-configuration"],
     ["/usage", "usage"],
+    ["/audit", "audit"],
+    ["/admin", "accounts"],
   ]) {
     await open(page, path);
     await audit(page, name);
@@ -38,6 +40,18 @@ test("every page passes axe-core", async ({ page, request }) => {
   await audit(page, "deploy-step-3");
   await wizard.panel.type("vision", "80");
   await audit(page, "deploy-refused");
+});
+
+test.describe("signed out", () => {
+  test.use({ withAdmin: false });
+  test("the setup and sign-in pages pass axe-core", async ({ page, data }) => {
+    await page.goto("/");
+    await expect(page).toHaveURL(/\/setup$/);
+    await audit(page, "setup");
+    tessera(data, ["user", "add", "admin", "--role", "admin"], "a long e2e password\n");
+    await page.goto("/login?error=wrong");
+    await audit(page, "sign-in");
+  });
 });
 
 test("the wizard can be driven by keyboard alone", async ({ page, request }) => {

@@ -1,11 +1,13 @@
 // Every page reads well before any wasm runs: the server renders it with its data.
-import { deploy, expect, test } from "./fixtures/tessera";
+import { deploy, expect, signIn, test } from "./fixtures/tessera";
 import { FITS } from "./fixtures/console";
 
 test("the pages are rendered on the server, data included", async ({ browser, request, server }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   const context = await browser.newContext({ javaScriptEnabled: false, baseURL: server });
   const page = await context.newPage();
+  // The sign-in form is plain HTML: it works without any script too.
+  await signIn(page);
 
   await page.goto("/");
   await expect(page.locator('tr[data-model="glm-5.3"]').getByTestId("group")).toHaveText("text-router");

@@ -1,6 +1,6 @@
 //! A Tessera server for load tests: the demo fleet, 16 shared workers on the 8 × H200 node (two per GPU),
 //! the whole router, and an axum hello-world route beside it to measure against in the same run.
-//! `scripts/bench-api` starts it and drives both routes with wrk.
+//! `scripts/bench-api` starts it and drives both routes with wrk. It prints an API token to send.
 
 use axum::routing::get;
 use leptos::config::LeptosOptions;
@@ -49,15 +49,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             env: Default::default(),
         };
         fleet
-            .create_worker(worker)
+            .create_worker(worker, "bench")
             .await
             .map_err(|e| e.to_string())?;
     }
-    let state = AppState {
-        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
+    // The load generator sends an operator's API token, as a script would.
+    let token = server::bench_token(&fleet).await?;
+    println!("{token}");
+    let state = AppState::new(
+        LeptosOptions::builder().output_name("tessera").build(),
         fleet,
-        http_metrics: Arc::default(),
-    };
+    );
     let app = router(state).route("/bench/hello", get(|| async { "Hello, World!" }));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("bench server on http://{addr}");

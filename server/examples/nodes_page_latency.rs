@@ -60,39 +60,45 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (i, member) in ["llm", "embedder", "speech"].iter().enumerate() {
             let name = format!("{member}-{n:03}");
             fleet
-                .add_model(CatalogModel {
-                    name: name.clone(),
-                    engine: Engine::Command,
-                    default_share: BasisPoints::percent(20),
-                    group: None,
-                    model_path: String::new(),
-                    system: false,
-                    command: Some("engine --port {port}".into()),
-                    args: Vec::new(),
-                    env: Default::default(),
-                })
+                .add_model(
+                    CatalogModel {
+                        name: name.clone(),
+                        engine: Engine::Command,
+                        default_share: BasisPoints::percent(20),
+                        group: None,
+                        model_path: String::new(),
+                        system: false,
+                        command: Some("engine --port {port}".into()),
+                        args: Vec::new(),
+                        env: Default::default(),
+                    },
+                    "bench",
+                )
                 .await
                 .map_err(|e| e.to_string())?;
             fleet
-                .deploy(Deploy {
-                    model: name,
-                    gpus: vec![format!("node-{n:03}:0"), format!("node-{n:03}:1")],
-                    shared: true,
-                    share: None,
-                    shares: Default::default(),
-                    revision: (i > 0).then_some(i as i64),
-                    args: Vec::new(),
-                    env: Default::default(),
-                })
+                .deploy(
+                    Deploy {
+                        model: name,
+                        gpus: vec![format!("node-{n:03}:0"), format!("node-{n:03}:1")],
+                        shared: true,
+                        share: None,
+                        shares: Default::default(),
+                        revision: (i > 0).then_some(i as i64),
+                        args: Vec::new(),
+                        env: Default::default(),
+                    },
+                    "bench",
+                )
                 .await
                 .map_err(|e| e.to_string())?;
         }
     }
-    let app = router(AppState {
-        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
+    let token = server::bench_token(&fleet).await?;
+    let app = router(AppState::new(
+        LeptosOptions::builder().output_name("tessera").build(),
         fleet,
-        http_metrics: Arc::default(),
-    });
+    ));
 
     let mut latencies = Vec::with_capacity(RENDERS);
     let mut size = 0;
@@ -100,7 +106,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let started = Instant::now();
         let response = app
             .clone()
-            .oneshot(Request::get("/nodes").body(Body::empty())?)
+            .oneshot(
+                Request::get("/nodes")
+                    .header("authorization", format!("Bearer {token}"))
+                    .body(Body::empty())?,
+            )
             .await?;
         assert_eq!(response.status(), StatusCode::OK);
         let body = response.into_body().collect().await?.to_bytes();

@@ -48,18 +48,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         env: Default::default(),
     };
     fleet
-        .deploy(deploy("glm-5.3", None))
+        .deploy(deploy("glm-5.3", None), "bench")
         .await
         .map_err(|e| e.to_string())?;
     fleet
-        .deploy(deploy("vision", Some(1)))
+        .deploy(deploy("vision", Some(1)), "bench")
         .await
         .map_err(|e| e.to_string())?;
-    let app = router(AppState {
-        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
+    let token = server::bench_token(&fleet).await?;
+    let app = router(AppState::new(
+        LeptosOptions::builder().output_name("tessera").build(),
         fleet,
-        http_metrics: Arc::default(),
-    });
+    ));
 
     let mut latencies = Vec::with_capacity(COMMITS);
     for n in 0..COMMITS {
@@ -72,6 +72,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .method(Method::PUT)
             .uri("/api/groups/text-router/plan")
             .header(header::CONTENT_TYPE, "application/json")
+            .header(header::AUTHORIZATION, format!("Bearer {token}"))
             .body(Body::from(body))?;
         let started = Instant::now();
         let response = app.clone().oneshot(request).await?;

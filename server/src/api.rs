@@ -1,5 +1,6 @@
 //! The REST API for scripts: JSON in, JSON out, errors as `{"error": "..."}` with the right status.
 
+use crate::auth::Actor;
 use crate::deployments::{ServingChange, ServingUpdate};
 use crate::error::ApiError;
 use crate::fleet::{MachineView, NewWorker, WorkerView};
@@ -8,9 +9,10 @@ use crate::inventory::demo::CatalogModel;
 use crate::runtime::EngineView;
 use crate::AppState;
 use axum::extract::{FromRequest, Path, Query, State};
+use axum::http::Method;
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
-use axum::routing::{delete, get, post, put};
+use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
 use placement::{judge, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
 use serde::{Deserialize, Serialize};
@@ -20,29 +22,94 @@ use serde::{Deserialize, Serialize};
 #[from_request(via(axum::Json), rejection(ApiError))]
 pub struct ApiJson<T>(pub T);
 
-/// The routes under `/api`.
+/// One route of the REST API. The router is built from [`table`], and a test holds the OpenAPI document
+/// (`server/openapi.json`) to the same list, so that the two cannot drift apart.
+pub struct ApiRoute {
+    /// The path, in axum's `{param}` form, as OpenAPI writes it too.
+    pub path: &'static str,
+    /// The method.
+    pub method: Method,
+    handler: MethodRouter<AppState>,
+}
+
+fn route(path: &'static str, method: Method, handler: MethodRouter<AppState>) -> ApiRoute {
+    ApiRoute {
+        path,
+        method,
+        handler,
+    }
+}
+
+/// Every route of the REST API.
+pub fn table() -> Vec<ApiRoute> {
+    use Method as M;
+    vec![
+        route("/api/health", M::GET, get(crate::health)),
+        route("/api/openapi.json", M::GET, get(openapi)),
+        route("/metrics", M::GET, get(crate::metrics::metrics)),
+        route("/api/me", M::GET, get(accounts::me)),
+        route("/api/users", M::GET, get(accounts::list_users)),
+        route("/api/users", M::POST, post(accounts::create_user)),
+        route(
+            "/api/users/{name}",
+            M::DELETE,
+            delete(accounts::delete_user),
+        ),
+        route("/api/tokens", M::GET, get(accounts::list_tokens)),
+        route("/api/tokens", M::POST, post(accounts::create_token)),
+        route(
+            "/api/tokens/{id}",
+            M::DELETE,
+            delete(accounts::revoke_token),
+        ),
+        route("/api/audit", M::GET, get(accounts::audit)),
+        route("/api/workers", M::POST, post(create_worker)),
+        route("/api/workers", M::GET, get(list_workers)),
+        route("/api/workers/{name}", M::GET, get(get_worker)),
+        route("/api/workers/{name}", M::DELETE, delete(delete_worker)),
+        route("/api/machines", M::GET, get(list_machines)),
+        route("/api/machines/{name}", M::GET, get(get_machine)),
+        route("/api/machines/{name}/workers", M::GET, get(machine_workers)),
+        route("/api/plans/validate", M::POST, post(validate_plan)),
+        route("/api/models", M::GET, get(list_models)),
+        route("/api/models", M::POST, post(add_model)),
+        route("/api/groups", M::GET, get(list_groups)),
+        route("/api/groups/{name}", M::GET, get(get_group)),
+        route("/api/groups/{name}/plan", M::PUT, put(change_plan)),
+        route("/api/deployments", M::POST, post(deploy)),
+        route(
+            "/api/deployments/{model}",
+            M::DELETE,
+            delete(remove_deployment),
+        ),
+        route(
+            "/api/deployments/{model}/serving",
+            M::PUT,
+            put(change_serving),
+        ),
+        route("/api/engines", M::GET, get(list_engines)),
+        route("/api/engines/{id}", M::GET, get(get_engine)),
+        route("/api/engines/{id}/logs", M::GET, get(engine_logs)),
+        route("/api/engines/{id}/restart", M::POST, post(restart_engine)),
+        route("/api/events", M::GET, get(events)),
+        route("/api/usage", M::GET, get(usage)),
+        route("/api/usage.csv", M::GET, get(usage_csv)),
+    ]
+}
+
+/// The REST API's router.
 pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/api/workers", post(create_worker).get(list_workers))
-        .route("/api/workers/{name}", get(get_worker).delete(delete_worker))
-        .route("/api/machines", get(list_machines))
-        .route("/api/machines/{name}", get(get_machine))
-        .route("/api/machines/{name}/workers", get(machine_workers))
-        .route("/api/plans/validate", post(validate_plan))
-        .route("/api/models", get(list_models).post(add_model))
-        .route("/api/groups", get(list_groups))
-        .route("/api/groups/{name}", get(get_group))
-        .route("/api/groups/{name}/plan", put(change_plan))
-        .route("/api/deployments", post(deploy))
-        .route("/api/deployments/{model}", delete(remove_deployment))
-        .route("/api/deployments/{model}/serving", put(change_serving))
-        .route("/api/engines", get(list_engines))
-        .route("/api/engines/{id}", get(get_engine))
-        .route("/api/engines/{id}/logs", get(engine_logs))
-        .route("/api/engines/{id}/restart", post(restart_engine))
-        .route("/api/events", get(events))
-        .route("/api/usage", get(usage))
-        .route("/api/usage.csv", get(usage_csv))
+    table()
+        .into_iter()
+        .fold(Router::new(), |router, r| router.route(r.path, r.handler))
+}
+
+/// The OpenAPI document of the REST API.
+pub const OPENAPI: &str = include_str!("../openapi.json");
+
+/// `GET /api/openapi.json`.
+async fn openapi() -> impl IntoResponse {
+    ([(header::CONTENT_TYPE, "application/json")], OPENAPI)
 }
 
 /// `?from=…&to=…&by=…`: a period in RFC 3339 (the last 24 hours unless said) and what to add up by.
@@ -221,11 +288,12 @@ async fn events(
 
 async fn create_worker(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     ApiJson(new): ApiJson<NewWorker>,
 ) -> Result<(StatusCode, Json<WorkerView>), ApiError> {
     Ok((
         StatusCode::CREATED,
-        Json(state.fleet.create_worker(new).await?),
+        Json(state.fleet.create_worker(new, &actor.name).await?),
     ))
 }
 
@@ -248,13 +316,17 @@ struct RevisionQuery {
 
 async fn delete_worker(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(name): Path<String>,
     query: Result<Query<RevisionQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<StatusCode, ApiError> {
     let Query(query) = query.map_err(|_| {
         ApiError::BadRequest("revision must be a whole number, such as ?revision=2".to_owned())
     })?;
-    state.fleet.delete_worker(&name, query.revision).await?;
+    state
+        .fleet
+        .delete_worker(&name, query.revision, &actor.name)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -283,11 +355,12 @@ async fn list_models(State(state): State<AppState>) -> Result<Json<Vec<CatalogMo
 
 async fn add_model(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     ApiJson(model): ApiJson<CatalogModel>,
 ) -> Result<(StatusCode, Json<CatalogModel>), ApiError> {
     Ok((
         StatusCode::CREATED,
-        Json(state.fleet.add_model(model).await?),
+        Json(state.fleet.add_model(model, &actor.name).await?),
     ))
 }
 
@@ -304,17 +377,24 @@ async fn get_group(
 
 async fn change_plan(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(name): Path<String>,
     ApiJson(update): ApiJson<PlanUpdate>,
 ) -> Result<Json<PlanChange>, ApiError> {
-    Ok(Json(state.fleet.change_plan(&name, update).await?))
+    Ok(Json(
+        state.fleet.change_plan(&name, update, &actor.name).await?,
+    ))
 }
 
 async fn deploy(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     ApiJson(deploy): ApiJson<Deploy>,
 ) -> Result<(StatusCode, Json<PlanChange>), ApiError> {
-    Ok((StatusCode::CREATED, Json(state.fleet.deploy(deploy).await?)))
+    Ok((
+        StatusCode::CREATED,
+        Json(state.fleet.deploy(deploy, &actor.name).await?),
+    ))
 }
 
 /// `?revision=N`: required, the revision the deployment was read at.
@@ -327,6 +407,7 @@ struct RequiredRevision {
 /// shares. 200 with what stops.
 async fn remove_deployment(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(model): Path<String>,
     query: Result<Query<RequiredRevision>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<PlanChange>, ApiError> {
@@ -339,7 +420,7 @@ async fn remove_deployment(
     Ok(Json(
         state
             .fleet
-            .remove_deployment(&model, query.revision)
+            .remove_deployment(&model, query.revision, &actor.name)
             .await?,
     ))
 }
@@ -347,10 +428,16 @@ async fn remove_deployment(
 /// `PUT /api/deployments/{model}/serving`: the model's extra arguments and environment; it restarts alone.
 async fn change_serving(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(model): Path<String>,
     ApiJson(update): ApiJson<ServingUpdate>,
 ) -> Result<Json<ServingChange>, ApiError> {
-    Ok(Json(state.fleet.change_serving(&model, update).await?))
+    Ok(Json(
+        state
+            .fleet
+            .change_serving(&model, update, &actor.name)
+            .await?,
+    ))
 }
 
 /// `POST /api/plans/validate`: a group's members with their shares in percent, and the GPUs it runs on.
@@ -471,6 +558,8 @@ async fn validate_plan(
     }
     Ok(Json(VerdictView::from(&judge(&members, &gpus))))
 }
+
+mod accounts;
 
 #[cfg(test)]
 mod tests;

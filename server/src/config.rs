@@ -31,6 +31,9 @@ pub struct Config {
     /// A database other than the SQLite file in the data folder, such as sqlite:///var/lib/tessera.db.
     #[arg(long, env = "DATABASE_URL", value_name = "URL")]
     pub database_url: Option<String>,
+    /// The console is reached over https (directly or behind a proxy): session cookies are then Secure.
+    #[arg(long, env = "TESSERA_HTTPS")]
+    pub https: bool,
     /// How engines are supervised.
     #[command(flatten)]
     pub engines: EngineFlags,
@@ -49,6 +52,48 @@ pub enum Command {
         #[arg(last = true)]
         stands_in_for: Vec<String>,
     },
+    /// Accounts, for scripts and CI: `tessera user add NAME --role operator` reads the password from
+    /// standard input.
+    User {
+        #[command(subcommand)]
+        action: UserCommand,
+    },
+    /// API tokens: `tessera token add ci --user NAME` prints a new token (shown once).
+    Token {
+        #[command(subcommand)]
+        action: TokenCommand,
+    },
+}
+
+/// `tessera user …`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum UserCommand {
+    /// Makes an account; its password is the first line of standard input.
+    Add {
+        /// Letters, digits, '.', '-', '_'.
+        name: String,
+        /// admin, operator or viewer.
+        #[arg(long, value_parser = parse_role)]
+        role: app::auth::Role,
+    },
+}
+
+/// `tessera token …`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum TokenCommand {
+    /// Makes an API token acting for an account, and prints it.
+    Add {
+        /// What the token is for, such as ci.
+        name: String,
+        /// The account whose role it acts with.
+        #[arg(long)]
+        user: String,
+    },
+}
+
+fn parse_role(text: &str) -> Result<app::auth::Role, String> {
+    app::auth::Role::parse(text)
+        .ok_or_else(|| format!("{text:?} is not a role: use admin, operator or viewer"))
 }
 
 /// The supervisor's timings. The defaults suit engines that load real weights; the tests shorten them.
@@ -172,7 +217,24 @@ mod tests {
             Some(Command::DemoEngine { stands_in_for }) => {
                 assert_eq!(stands_in_for, ["vllm", "serve", "--port", "1"]);
             }
-            None => panic!("no subcommand"),
+            other => panic!("not the demo engine: {other:?}"),
         }
+    }
+
+    #[test]
+    fn an_account_is_made_with_a_role_and_a_bad_role_is_named() {
+        let config =
+            Config::try_parse_from(["tessera", "user", "add", "ada", "--role", "admin"]).unwrap();
+        assert!(matches!(
+            config.command,
+            Some(Command::User { action: UserCommand::Add { ref name, role: app::auth::Role::Admin } }) if name == "ada"
+        ));
+        let err = Config::try_parse_from(["tessera", "user", "add", "ada", "--role", "root"])
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("\"root\" is not a role: use admin, operator or viewer"),
+            "{err}"
+        );
     }
 }

@@ -7,13 +7,15 @@ use crate::error::ApiError;
 use crate::fleet::{Fleet, GpuView, MachineView, WorkerView};
 use crate::groups::{load_groups, Deploy, Group, PlanChange, PlanUpdate};
 use crate::runtime::{EngineState, EngineView, StepStatus};
+use crate::{accounts, audit};
+use app::auth::{Caller, Role};
 use app::error::AppError;
 use app::services::{Answer, Console};
 use app::views::{
-    CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest, EngineLine, EngineStatus, GpuDetail,
-    GpuOption, GpuUse, GroupPlan, MachineDetail, ModelRow, NodeModel, NodeOption, NodeRow,
-    PendingLine, PlanProgress, Serving, ServingForm, Sharer, SharingForm, StepLine, StepState,
-    WorkerLine,
+    Account, AccountsPage, ApiToken, AuditLine, AuditQuery, CatalogEntry, ChangeOutcome,
+    DeployOptions, DeployRequest, EngineLine, EngineStatus, GpuDetail, GpuOption, GpuUse,
+    GroupPlan, MachineDetail, ModelRow, NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine,
+    PlanProgress, Serving, ServingForm, Sharer, SharingForm, StepLine, StepState, WorkerLine,
 };
 use placement::{BasisPoints, Bytes, GpuRef, Grouping, PlanMember, UsageReport};
 use std::collections::BTreeMap;
@@ -22,19 +24,22 @@ use std::sync::Arc;
 /// The console's view of the fleet.
 pub struct ConsoleService {
     fleet: Arc<Fleet>,
+    tokens: Arc<accounts::TokenCache>,
 }
 
 impl ConsoleService {
-    /// The console over `fleet`.
-    pub fn new(fleet: Arc<Fleet>) -> ConsoleService {
-        ConsoleService { fleet }
+    /// The console over `fleet`; `tokens` is forgotten when an account or a token goes.
+    pub fn new(fleet: Arc<Fleet>, tokens: Arc<accounts::TokenCache>) -> ConsoleService {
+        ConsoleService { fleet, tokens }
     }
 }
 
 /// The fleet's error as the console states it; an internal error is logged and answered opaquely.
 fn app_error(e: ApiError) -> AppError {
     match e {
-        ApiError::BadRequest(m) => AppError::BadRequest(m),
+        ApiError::BadRequest(m) | ApiError::TooLarge(m) => AppError::BadRequest(m),
+        ApiError::Unauthorized(m) => AppError::Unauthorized(m),
+        ApiError::Forbidden(m) => AppError::Forbidden(m),
         ApiError::NotFound(m) => AppError::NotFound(m),
         ApiError::Conflict(m) => AppError::Conflict(m),
         ApiError::Unprocessable(m) | ApiError::Refused { message: m, .. } => AppError::Refused(m),
@@ -473,6 +478,18 @@ fn env_map(env: Vec<(String, String)>) -> Result<BTreeMap<String, String>, ApiEr
     Ok(map)
 }
 
+fn api_token(t: accounts::TokenView) -> ApiToken {
+    ApiToken {
+        id: t.id,
+        name: t.name,
+        user: t.user,
+        prefix: t.prefix,
+        created_at: t.created_at,
+        last_used_at: t.last_used_at,
+        revoked_at: t.revoked_at,
+    }
+}
+
 fn outcome(change: PlanChange) -> ChangeOutcome {
     ChangeOutcome {
         group: change.group,
@@ -509,7 +526,7 @@ impl Console for ConsoleService {
         Box::pin(async move { self.options().await.map_err(app_error) })
     }
 
-    fn deploy(&self, request: DeployRequest) -> Answer<'_, ChangeOutcome> {
+    fn deploy(&self, actor: Caller, request: DeployRequest) -> Answer<'_, ChangeOutcome> {
         Box::pin(async move {
             let deploy = Deploy {
                 model: request.model,
@@ -526,7 +543,7 @@ impl Console for ConsoleService {
                 env: env_map(request.serving.env).map_err(app_error)?,
             };
             self.fleet
-                .deploy(deploy)
+                .deploy(deploy, &actor.name)
                 .await
                 .map(outcome)
                 .map_err(app_error)
@@ -539,6 +556,7 @@ impl Console for ConsoleService {
 
     fn change_shares(
         &self,
+        actor: Caller,
         group: String,
         revision: i64,
         shares: Vec<(String, BasisPoints)>,
@@ -549,7 +567,7 @@ impl Console for ConsoleService {
                 shares: percents(shares),
             };
             self.fleet
-                .change_plan(&group, update)
+                .change_plan(&group, update, &actor.name)
                 .await
                 .map(outcome)
                 .map_err(app_error)
@@ -562,6 +580,7 @@ impl Console for ConsoleService {
 
     fn change_serving(
         &self,
+        actor: Caller,
         model: String,
         revision: i64,
         serving: Serving,
@@ -574,7 +593,7 @@ impl Console for ConsoleService {
             };
             let change = self
                 .fleet
-                .change_serving(&model, update)
+                .change_serving(&model, update, &actor.name)
                 .await
                 .map_err(app_error)?;
             Ok(ChangeOutcome {
@@ -585,13 +604,113 @@ impl Console for ConsoleService {
         })
     }
 
-    fn remove(&self, model: String, revision: i64) -> Answer<'_, ChangeOutcome> {
+    fn remove(&self, actor: Caller, model: String, revision: i64) -> Answer<'_, ChangeOutcome> {
         Box::pin(async move {
             self.fleet
-                .remove_deployment(&model, revision)
+                .remove_deployment(&model, revision, &actor.name)
                 .await
                 .map(outcome)
                 .map_err(app_error)
+        })
+    }
+
+    fn accounts(&self) -> Answer<'_, AccountsPage> {
+        Box::pin(async move {
+            let pool = &self.fleet.pool;
+            let accounts = accounts::users(pool).await.map_err(app_error)?;
+            let tokens = accounts::tokens(pool).await.map_err(app_error)?;
+            Ok(AccountsPage {
+                accounts: accounts
+                    .into_iter()
+                    .map(|u| Account {
+                        name: u.name,
+                        role: u.role,
+                        created_at: u.created_at,
+                    })
+                    .collect(),
+                tokens: tokens.into_iter().map(api_token).collect(),
+            })
+        })
+    }
+
+    fn create_account(
+        &self,
+        actor: Caller,
+        name: String,
+        role: Role,
+        password: String,
+    ) -> Answer<'_, ()> {
+        Box::pin(async move {
+            let new = accounts::NewUser {
+                name,
+                role,
+                password,
+            };
+            accounts::create_user(&self.fleet.pool, &new, &actor.name)
+                .await
+                .map(drop)
+                .map_err(app_error)
+        })
+    }
+
+    fn delete_account(&self, actor: Caller, name: String) -> Answer<'_, ()> {
+        Box::pin(async move {
+            accounts::delete_user(&self.fleet.pool, &name, &actor.name)
+                .await
+                .map_err(app_error)?;
+            self.tokens.forget();
+            Ok(())
+        })
+    }
+
+    fn create_token(&self, actor: Caller, user: String, name: String) -> Answer<'_, NewApiToken> {
+        Box::pin(async move {
+            let issued = accounts::create_token(&self.fleet.pool, &user, &name, &actor.name)
+                .await
+                .map_err(app_error)?;
+            Ok(NewApiToken {
+                token: api_token(issued.token),
+                secret: issued.secret,
+            })
+        })
+    }
+
+    fn revoke_token(&self, actor: Caller, id: i64) -> Answer<'_, ()> {
+        Box::pin(async move {
+            accounts::revoke_token(&self.fleet.pool, id, &actor.name)
+                .await
+                .map_err(app_error)?;
+            self.tokens.forget();
+            Ok(())
+        })
+    }
+
+    fn audit(&self, query: AuditQuery) -> Answer<'_, Vec<AuditLine>> {
+        Box::pin(async move {
+            let text = |s: String| (!s.is_empty()).then_some(s);
+            let filter = audit::AuditFilter {
+                actor: text(query.actor),
+                action: text(query.action),
+                target: text(query.target),
+                limit: None,
+            };
+            let entries = audit::entries(&self.fleet.pool, &filter)
+                .await
+                .map_err(app_error)?;
+            Ok(entries
+                .into_iter()
+                .map(|e| AuditLine {
+                    id: e.id,
+                    at: e.at,
+                    actor: e.actor,
+                    action: e.action,
+                    target: e.target,
+                    before: e.before.map(|v| v.to_string()),
+                    after: e.after.map(|v| v.to_string()),
+                    revision: e.revision,
+                    restarts: e.restarts,
+                })
+                .collect())
         })
     }
 

@@ -1,10 +1,11 @@
 //! A deployed catalog model, wherever it runs: as a member of a sharing group, or on whole GPUs (a worker
 //! that names its model). Removing one, and changing its serving configuration, which restarts it alone.
 
+use crate::audit::Entry;
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
 use crate::fleet::{check_name, Fleet, ModelRun, NewWorker};
-use crate::groups::{check_env, check_revision, load_groups, Deploy, Group, PlanChange};
+use crate::groups::{check_revision, check_serving, load_groups, Deploy, Group, Note, PlanChange};
 use crate::inventory::demo::CatalogModel;
 use placement::{BasisPoints, GpuRequests, PlanMember, RequestedResources, Restart, Step};
 use serde::{Deserialize, Serialize};
@@ -103,6 +104,7 @@ impl Fleet {
         &self,
         model: &CatalogModel,
         deploy: &Deploy,
+        actor: &str,
     ) -> Result<PlanChange, ApiError> {
         if deploy.share.is_some() || !deploy.shares.is_empty() || deploy.revision.is_some() {
             return Err(ApiError::Unprocessable(
@@ -147,7 +149,7 @@ impl Fleet {
             model: model.name.clone(),
             args: deploy.args.clone(),
         };
-        let worker = self.accept_worker(new, Some(run)).await?;
+        let worker = self.accept_worker(new, Some(run), actor).await?;
         let on: Vec<String> = worker
             .gpus
             .iter()
@@ -175,11 +177,13 @@ impl Fleet {
         &self,
         model: &str,
         revision: i64,
+        actor: &str,
     ) -> Result<PlanChange, ApiError> {
         let system = self.system_models().await?;
         match self.deployed(model).await?.ok_or_else(|| not_deployed(model))? {
             Deployed::Whole(worker) => {
-                self.delete_worker(&worker.name, Some(revision)).await?;
+                self.delete_worker(&worker.name, Some(revision), actor)
+                    .await?;
                 Ok(PlanChange {
                     group: None,
                     revision,
@@ -216,7 +220,9 @@ impl Fleet {
                         locked: system.contains(&s.member),
                     })
                     .collect();
-                self.commit(&mut scheduler, &group, plan, None, None).await
+                let note = Note::new(actor, "deployment.remove", model);
+                self.commit(&mut scheduler, &group, plan, None, None, note)
+                    .await
             }
         }
     }
@@ -227,11 +233,14 @@ impl Fleet {
         &self,
         model: &str,
         update: ServingUpdate,
+        actor: &str,
     ) -> Result<ServingChange, ApiError> {
-        check_env(&update.env)?;
+        check_serving(&update.args, &update.env)?;
         let args = serde_json::to_string(&update.args).map_err(ApiError::internal)?;
         let env = serde_json::to_string(&update.env).map_err(ApiError::internal)?;
         let scheduler = self.scheduler.lock().await;
+        let (before_args, before_env) = self.serving_of(model).await?;
+        let mut tx = crate::db::write(&self.pool).await?;
         let (group, revision) = match self
             .deployed(model)
             .await?
@@ -239,7 +248,6 @@ impl Fleet {
         {
             Deployed::Group(group) => {
                 check_revision(&group, Some(update.revision))?;
-                let mut tx = crate::db::write(&self.pool).await?;
                 sqlx::query("UPDATE group_members SET args = ?, env = ? WHERE model = ?")
                     .bind(&args)
                     .bind(&env)
@@ -250,7 +258,6 @@ impl Fleet {
                     .bind(&group.name)
                     .execute(&mut *tx)
                     .await?;
-                tx.commit().await?;
                 (Some(group.name), group.revision + 1)
             }
             Deployed::Whole(worker) => {
@@ -266,11 +273,21 @@ impl Fleet {
                 .bind(&args)
                 .bind(&env)
                 .bind(&worker.name)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
                 (None, worker.revision + 1)
             }
         };
+        crate::audit::record(
+            &mut tx,
+            Entry::new(actor, "serving.change", model)
+                .before(serde_json::json!({ "args": before_args, "env": before_env }))
+                .after(serde_json::json!({ "args": update.args, "env": update.env }))
+                .revision(revision)
+                .restarts(vec![model.to_owned()]),
+        )
+        .await?;
+        tx.commit().await?;
         self.publish(&scheduler).await?;
         // Its engines now run as something else, so the runtime restarts exactly them.
         self.sync_engines(&scheduler).await;

@@ -54,6 +54,15 @@ pub enum ApiError {
     /// The body is not JSON (400).
     #[error("{0}")]
     BadRequest(String),
+    /// No session and no API token (401).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The caller's role does not allow it, or a browser's change lacks its CSRF token (403).
+    #[error("{0}")]
+    Forbidden(String),
+    /// The request body is larger than any route takes (413).
+    #[error("{0}")]
+    TooLarge(String),
     /// Nothing by that name (404).
     #[error("{0}")]
     NotFound(String),
@@ -94,6 +103,9 @@ impl ApiError {
     pub fn status_code(&self) -> StatusCode {
         match self {
             ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::Unprocessable(_) | ApiError::Refused { .. } => {
@@ -112,6 +124,12 @@ impl From<sqlx::Error> for ApiError {
 
 impl From<JsonRejection> for ApiError {
     fn from(rejection: JsonRejection) -> ApiError {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::TooLarge(format!(
+                "the request body is larger than the {} KiB a request may send",
+                crate::security::MAX_BODY_BYTES / 1024
+            ));
+        }
         match rejection {
             // Valid JSON of the wrong shape: say which field.
             JsonRejection::JsonDataError(e) => {

@@ -183,8 +183,8 @@ impl Fleet {
     }
 
     /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
-    pub async fn create_worker(&self, new: NewWorker) -> Result<WorkerView, ApiError> {
-        self.accept_worker(new, None).await
+    pub async fn create_worker(&self, new: NewWorker, actor: &str) -> Result<WorkerView, ApiError> {
+        self.accept_worker(new, None, actor).await
     }
 
     /// Accepts a worker. One that runs a catalog model (`run`: a deployment on whole GPUs) is placed at
@@ -193,8 +193,13 @@ impl Fleet {
         &self,
         new: NewWorker,
         run: Option<ModelRun>,
+        actor: &str,
     ) -> Result<WorkerView, ApiError> {
         check_name(&new.name)?;
+        crate::groups::check_serving(&[], &new.env)?;
+        if let Some(command) = &new.command {
+            crate::groups::check_text("command", command)?;
+        }
         let request = WorkerRequest::from_wire(&new.requested_resources)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
         let request_json =
@@ -225,6 +230,7 @@ impl Fleet {
             .map(serde_json::to_string)
             .transpose()
             .map_err(ApiError::internal)?;
+        let mut tx = crate::db::write(&self.pool).await?;
         sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons, model, args) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&new.name)
             .bind(&request_json)
@@ -235,9 +241,28 @@ impl Fleet {
             .bind(serde_json::to_string(&reasons).map_err(ApiError::internal)?)
             .bind(run.as_ref().map(|r| r.model.as_str()))
             .bind(&args_json)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await
             .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name)))?;
+        let (action, target) = match &run {
+            Some(run) => ("deploy", run.model.as_str()),
+            None => ("worker.create", new.name.as_str()),
+        };
+        let placed = serde_json::json!({
+            "requested_resources": new.requested_resources,
+            "state": state,
+            "assignment": assignment,
+            "pending_reasons": reasons,
+        });
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(actor, action, target)
+                .after(placed)
+                .revision(1)
+                .restarts(run.iter().map(|r| r.model.clone()).collect()),
+        )
+        .await?;
+        tx.commit().await?;
         if let Some(assignment) = assignment {
             if let Err(e) = scheduler.hold_for(&new.name, assignment) {
                 // Decided under the same lock, so this cannot happen; if it does, trust the database.
@@ -267,7 +292,12 @@ impl Fleet {
 
     /// Ends a worker: its memory is free for the next, and pending work that now fits is placed, oldest first.
     /// With `revision`, refuses (409) when the worker changed since that revision.
-    pub async fn delete_worker(&self, name: &str, revision: Option<i64>) -> Result<(), ApiError> {
+    pub async fn delete_worker(
+        &self,
+        name: &str,
+        revision: Option<i64>,
+        actor: &str,
+    ) -> Result<(), ApiError> {
         let mut scheduler = self.scheduler.lock().await;
         let mut tx = crate::db::write(&self.pool).await?;
         let row = db::worker(&mut *tx, name)
@@ -283,6 +313,17 @@ impl Fleet {
             .bind(name)
             .execute(&mut *tx)
             .await?;
+        let (action, target) = match &row.model {
+            Some(model) => ("deployment.remove", model.clone()),
+            None => ("worker.delete", name.to_owned()),
+        };
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(actor, action, &target)
+                .before(serde_json::to_value(view(row.clone())?).map_err(ApiError::internal)?)
+                .revision(row.revision),
+        )
+        .await?;
         let held = scheduler.release(name);
         let result = async {
             place_pending(&mut scheduler, &mut tx).await?;

@@ -108,6 +108,23 @@ pub struct Deploy {
     pub env: BTreeMap<String, String>,
 }
 
+/// Who makes a plan change and what it is, for the audit log.
+pub(crate) struct Note<'a> {
+    actor: &'a str,
+    action: &'a str,
+    target: &'a str,
+}
+
+impl<'a> Note<'a> {
+    pub(crate) fn new(actor: &'a str, action: &'a str, target: &'a str) -> Note<'a> {
+        Note {
+            actor,
+            action,
+            target,
+        }
+    }
+}
+
 fn sharing_by_default() -> bool {
     true
 }
@@ -300,7 +317,11 @@ impl Fleet {
     }
 
     /// Adds a model to the catalog.
-    pub async fn add_model(&self, model: CatalogModel) -> Result<CatalogModel, ApiError> {
+    pub async fn add_model(
+        &self,
+        model: CatalogModel,
+        actor: &str,
+    ) -> Result<CatalogModel, ApiError> {
         crate::fleet::check_name(&model.name)?;
         if model.default_share == BasisPoints::ZERO || model.default_share > BasisPoints::WHOLE {
             return Err(ApiError::Unprocessable(
@@ -319,7 +340,8 @@ impl Fleet {
                 model.name
             )));
         }
-        check_env(&model.env)?;
+        check_recipe(&model)?;
+        let mut tx = crate::db::write(&self.pool).await?;
         sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&model.name)
             .bind(engine_name(model.engine))
@@ -330,16 +352,23 @@ impl Fleet {
             .bind(&model.command)
             .bind(serde_json::to_string(&model.args).map_err(ApiError::internal)?)
             .bind(serde_json::to_string(&model.env).map_err(ApiError::internal)?)
-            .execute(&self.pool)
+            .execute(&mut *tx)
             .await
             .map_err(|e| ApiError::on_unique(e, || format!("the catalog has a model named {} already", model.name)))?;
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(actor, "model.add", &model.name)
+                .after(serde_json::to_value(&model).map_err(ApiError::internal)?),
+        )
+        .await?;
+        tx.commit().await?;
         Ok(model)
     }
 
     /// Adds the models the catalog lacks (the demo's), leaving the ones it has as they are.
     pub async fn seed_catalog(&self, models: &[CatalogModel]) -> Result<(), ApiError> {
         for model in models {
-            match self.add_model(model.clone()).await {
+            match self.add_model(model.clone(), crate::audit::TESSERA).await {
                 Ok(_) | Err(ApiError::Conflict(_)) => {}
                 Err(e) => return Err(e),
             }
@@ -397,6 +426,7 @@ impl Fleet {
         &self,
         name: &str,
         update: PlanUpdate,
+        actor: &str,
     ) -> Result<PlanChange, ApiError> {
         let system = self.system_models().await?;
         let mut scheduler = self.scheduler.lock().await;
@@ -407,12 +437,14 @@ impl Fleet {
             .ok_or_else(|| no_group(name))?;
         check_revision(&group, Some(update.revision))?;
         let plan = plan_with(&group, &system, &update.shares, false)?;
-        self.commit(&mut scheduler, &group, plan, None, None).await
+        let note = Note::new(actor, "plan.change", name);
+        self.commit(&mut scheduler, &group, plan, None, None, note)
+            .await
     }
 
     /// Deploys a catalog model onto a share of the chosen GPUs: it joins the group that runs there, or
     /// starts one (named by its recipe, or after the model), into which the router moves.
-    pub async fn deploy(&self, deploy: Deploy) -> Result<PlanChange, ApiError> {
+    pub async fn deploy(&self, deploy: Deploy, actor: &str) -> Result<PlanChange, ApiError> {
         let catalog = self.models().await?;
         let model = catalog
             .iter()
@@ -428,7 +460,7 @@ impl Fleet {
                 "choose at least one GPU, such as \"gpus\": [\"majin:0\"]".to_owned(),
             ));
         }
-        check_env(&deploy.env)?;
+        check_serving(&deploy.args, &deploy.env)?;
         if let Some(worker) = self.whole_deployment(&model.name).await? {
             return Err(ApiError::Conflict(format!(
                 "{} runs on whole GPUs of {} already",
@@ -437,7 +469,7 @@ impl Fleet {
             )));
         }
         if !deploy.shared {
-            return self.deploy_whole(model, &deploy).await;
+            return self.deploy_whole(model, &deploy, actor).await;
         }
         let chosen = deploy
             .gpus
@@ -544,6 +576,7 @@ impl Fleet {
                 plan,
                 moving,
                 Some((&model.name, serving)),
+                Note::new(actor, "deploy", &model.name),
             )
             .await?;
         change.line = Some(choice.line());
@@ -570,6 +603,7 @@ impl Fleet {
         plan: Vec<PlanMember>,
         moving: Option<(Group, Share)>,
         serving: Option<(&str, Serving)>,
+        note: Note<'_>,
     ) -> Result<PlanChange, ApiError> {
         let gpus = group
             .gpus
@@ -614,6 +648,10 @@ impl Fleet {
                 );
             }
         }
+        // A deploy's serving configuration is part of what it changed.
+        let deployed = serving.as_ref().map(|(model, serving)| {
+            serde_json::json!({ "model": model, "args": serving.args, "env": serving.env })
+        });
         if let Some((model, serving)) = serving {
             configs.insert(model.to_owned(), serving);
         }
@@ -673,6 +711,32 @@ impl Fleet {
                 .execute(&mut *tx)
                 .await?;
         }
+        let shares = |members: &[Share]| -> serde_json::Value {
+            members
+                .iter()
+                .map(|s| {
+                    (
+                        s.member.clone(),
+                        serde_json::json!(s.share.as_percent_f64()),
+                    )
+                })
+                .collect::<serde_json::Map<_, _>>()
+                .into()
+        };
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(note.actor, note.action, note.target)
+                .before(
+                    serde_json::json!({ "group": group.name, "shares": shares(&group.members) }),
+                )
+                .after(match deployed {
+                    Some(serving) => serde_json::json!({ "group": group.name, "shares": shares(&after), "serving": serving }),
+                    None => serde_json::json!({ "group": group.name, "shares": shares(&after) }),
+                })
+                .revision(revision)
+                .restarts(change.restarts.iter().map(|r| r.member.clone()).collect()),
+        )
+        .await?;
         tx.commit().await?;
 
         // The database now says what holds where; make the scheduler say the same, then the engines.
@@ -870,6 +934,57 @@ pub(crate) async fn member_engines(
         }
     }
     Ok(out)
+}
+
+/// The most extra arguments and environment variables one recipe or deployment takes.
+const MAX_SETTINGS: usize = 64;
+/// The longest argument, variable value, command template or model path.
+const MAX_SETTING_LEN: usize = 4096;
+
+pub(crate) fn check_text(what: &str, text: &str) -> Result<(), ApiError> {
+    if text.len() > MAX_SETTING_LEN {
+        return Err(ApiError::Unprocessable(format!(
+            "{what} is {} bytes long; at most {MAX_SETTING_LEN}",
+            text.len()
+        )));
+    }
+    if text.contains('\0') {
+        return Err(ApiError::Unprocessable(format!(
+            "{what} contains a NUL character, which no program can be given"
+        )));
+    }
+    Ok(())
+}
+
+/// A serving configuration (extra arguments and environment) that a process can be started with.
+pub(crate) fn check_serving(
+    args: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    if args.len() > MAX_SETTINGS || env.len() > MAX_SETTINGS {
+        return Err(ApiError::Unprocessable(format!(
+            "at most {MAX_SETTINGS} extra arguments and {MAX_SETTINGS} environment variables"
+        )));
+    }
+    for (i, arg) in args.iter().enumerate() {
+        check_text(&format!("extra argument {}", i + 1), arg)?;
+    }
+    for (name, value) in env {
+        check_text(&format!("the value of {name}"), value)?;
+    }
+    check_env(env)
+}
+
+/// A catalog recipe's fields, beyond its name and share.
+fn check_recipe(model: &CatalogModel) -> Result<(), ApiError> {
+    if let Some(group) = &model.group {
+        crate::fleet::check_name(group)?;
+    }
+    check_text("model_path", &model.model_path)?;
+    if let Some(command) = &model.command {
+        check_text("command", command)?;
+    }
+    check_serving(&model.args, &model.env)
 }
 
 /// Environment variable names as a shell and the engines take them.

@@ -4,7 +4,11 @@
 //! A library with a thin `main`, so that tests drive [`router`] without a socket.
 #![forbid(unsafe_code)]
 
+pub mod accounts;
 pub mod api;
+pub mod audit;
+pub mod auth;
+pub mod cli;
 pub mod config;
 pub mod console;
 pub mod db;
@@ -16,11 +20,13 @@ pub mod groups;
 pub mod inventory;
 pub mod metrics;
 pub mod runtime;
+pub mod security;
 pub mod usage;
 
 use app::{shell, App};
+use axum::extract::DefaultBodyLimit;
 use axum::extract::FromRef;
-use axum::routing::get;
+use axum::routing::post;
 use axum::{Json, Router};
 use config::Config;
 use error::ServerError;
@@ -41,19 +47,45 @@ pub struct AppState {
     pub fleet: Arc<Fleet>,
     /// The HTTP requests served, for `/metrics`.
     pub http_metrics: Arc<metrics::HttpMetrics>,
+    /// Failed sign-ins, per account and per address.
+    pub throttle: Arc<auth::throttle::Throttle>,
+    /// API tokens seen lately.
+    pub tokens: Arc<accounts::TokenCache>,
+    /// Served over https: session cookies are Secure.
+    pub https: bool,
+}
+
+impl AppState {
+    /// The state over `fleet`, served over plain http.
+    pub fn new(leptos_options: LeptosOptions, fleet: Arc<Fleet>) -> AppState {
+        AppState {
+            leptos_options,
+            fleet,
+            http_metrics: Arc::default(),
+            throttle: Arc::default(),
+            tokens: Arc::default(),
+            https: false,
+        }
+    }
 }
 
 /// The whole HTTP surface: the REST API under `/api`, the console's pages and its server functions (under
-/// `/rpc`).
+/// `/rpc`), the sign-in forms; every request through the guard (`auth`), every answer with the security
+/// headers.
 pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let options = state.leptos_options.clone();
     let services = app::services::Services {
-        console: Arc::new(console::ConsoleService::new(state.fleet.clone())),
+        console: Arc::new(console::ConsoleService::new(
+            state.fleet.clone(),
+            state.tokens.clone(),
+        )),
     };
+    let sessions = auth::session_layer(state.fleet.pool.clone(), state.https);
     Router::new()
-        .route("/api/health", get(health))
-        .route("/metrics", get(metrics::metrics))
+        .route("/login", post(auth::sign_in))
+        .route("/logout", post(auth::sign_out))
+        .route("/setup", post(auth::set_up))
         .merge(api::routes())
         .leptos_routes_with_context(
             &state,
@@ -62,6 +94,13 @@ pub fn router(state: AppState) -> Router {
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard,
+        ))
+        .layer(sessions)
+        .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(security::headers))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             metrics::track,
@@ -76,7 +115,7 @@ pub fn router(state: AppState) -> Router {
 }
 
 /// `GET /api/health`: answers as soon as the server serves, for scripts and start-up checks.
-async fn health() -> Json<serde_json::Value> {
+pub(crate) async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
 }
 
@@ -116,14 +155,25 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             addr: config.listen,
             source,
         })?;
+    if accounts::count(&fleet.pool)
+        .await
+        .map_err(ServerError::Load)?
+        == 0
+    {
+        tracing::warn!(
+            "no account yet: open http://{}/setup to make the first admin (or run `tessera user add NAME --role admin`)",
+            config.listen
+        );
+    }
+    tokio::spawn(forget_expired_sessions(fleet.pool.clone()));
     tracing::info!("Tessera listening on http://{}", config.listen);
+    let state = AppState {
+        https: config.https,
+        ..AppState::new(leptos_options, fleet)
+    };
     axum::serve(
         listener,
-        router(AppState {
-            leptos_options,
-            fleet,
-            http_metrics: Arc::default(),
-        }),
+        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
     .with_graceful_shutdown({
         let runtime = runtime.clone();
@@ -138,6 +188,36 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     tracing::info!("stopping the engines");
     runtime.shutdown().await;
     Ok(())
+}
+
+/// For the benchmarks (`server/examples`): an operator named `bench` and an API token for it.
+pub async fn bench_token(fleet: &Fleet) -> Result<String, ServerError> {
+    let operator = accounts::NewUser {
+        name: "bench".to_owned(),
+        role: app::auth::Role::Operator,
+        password: "the benchmarks' password".to_owned(),
+    };
+    accounts::create_user(&fleet.pool, &operator, audit::TESSERA)
+        .await
+        .map_err(ServerError::Load)?;
+    Ok(
+        accounts::create_token(&fleet.pool, "bench", "bench", audit::TESSERA)
+            .await
+            .map_err(ServerError::Load)?
+            .secret,
+    )
+}
+
+/// Deletes expired sessions every hour, for as long as the server runs.
+async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
+    let sessions = auth::sessions::SqliteSessions::new(pool);
+    let mut every = tokio::time::interval(Duration::from_secs(3600));
+    loop {
+        every.tick().await;
+        if let Err(e) = sessions.delete_expired().await {
+            tracing::warn!("expired sessions could not be deleted: {e}");
+        }
+    }
 }
 
 /// How often this machine's GPUs are read again: what they offer moves as other programs come and go.

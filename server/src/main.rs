@@ -1,4 +1,5 @@
 use clap::Parser;
+use server::config::{Command, Config};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -9,21 +10,26 @@ async fn main() -> std::process::ExitCode {
                 .unwrap_or_else(|_| EnvFilter::new("info,tower_http=info")),
         )
         .init();
-    let config = server::config::Config::parse();
-    if let Some(server::config::Command::DemoEngine { stands_in_for }) = config.command {
-        return match server::demo_engine::run(stands_in_for).await {
-            Ok(()) => std::process::ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("tessera demo-engine: {e}");
-                std::process::ExitCode::FAILURE
-            }
-        };
-    }
-    match server::run(config).await {
+    let config = Config::parse();
+    let outcome = match config.command.clone() {
+        Some(Command::DemoEngine { stands_in_for }) => server::demo_engine::run(stands_in_for)
+            .await
+            .map_err(|e| format!("tessera demo-engine: {e}")),
+        Some(Command::User { action }) => server::cli::user(&config, action)
+            .await
+            .map_err(|e| format!("tessera user: {e}")),
+        Some(Command::Token { action }) => server::cli::token(&config, action)
+            .await
+            .map_err(|e| format!("tessera token: {e}")),
+        None => server::run(config).await.map_err(|e| {
+            tracing::error!("{e}");
+            format!("tessera: {e}")
+        }),
+    };
+    match outcome {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            tracing::error!("{e}");
-            eprintln!("tessera: {e}");
+            eprintln!("{e}");
             std::process::ExitCode::FAILURE
         }
     }

@@ -55,18 +55,41 @@ pub struct TestApp {
     pub router: Router,
     /// The fleet, for checks from the inside.
     pub fleet: Arc<Fleet>,
+    /// An admin's API token, which [`TestApp::call`] sends.
+    pub token: String,
 }
+
+/// The admin every test server has; its password, for the tests that sign in.
+pub const ADMIN: &str = "ada";
+/// The admin's password.
+pub const ADMIN_PASSWORD: &str = "correct horse battery";
 
 impl TestApp {
     /// A server over the inventory in `fleet_toml`, on an empty database.
     pub async fn new(fleet_toml: &str) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
         let (router, fleet) = start(dir.path(), fleet_toml).await;
+        // One hash for every test server of the run: argon2 is slow by design.
+        static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+        let hash = HASH.get_or_init(|| {
+            crate::accounts::hash_password(ADMIN_PASSWORD).expect("a password hash")
+        });
+        sqlx::query("INSERT INTO users (name, password_hash, role) VALUES (?, ?, 'admin')")
+            .bind(ADMIN)
+            .bind(hash)
+            .execute(&fleet.pool)
+            .await
+            .expect("the test admin");
+        let token = crate::accounts::create_token(&fleet.pool, ADMIN, "tests", "test")
+            .await
+            .expect("the test admin's token")
+            .secret;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),
             router,
             fleet,
+            token,
         }
     }
 
@@ -77,6 +100,7 @@ impl TestApp {
             fleet_toml,
             router,
             fleet,
+            token,
         } = self;
         drop((router, fleet));
         let (router, fleet) = start(dir.path(), &fleet_toml).await;
@@ -85,24 +109,34 @@ impl TestApp {
             fleet_toml,
             router,
             fleet,
+            token,
         }
     }
 
-    /// Sends a request; answers the status and the body as JSON (`Null` when empty).
+    /// Sends a request as the admin; answers the status and the body as JSON (`Null` when empty).
     pub async fn call(&self, method: Method, uri: &str, body: Option<&str>) -> (StatusCode, Value) {
+        self.call_with(Some(&self.token), method, uri, body).await
+    }
+
+    /// Sends a request with `token` (or none); answers the status and the body as JSON.
+    pub async fn call_with(
+        &self,
+        token: Option<&str>,
+        method: Method,
+        uri: &str,
+        body: Option<&str>,
+    ) -> (StatusCode, Value) {
         let mut request = Request::builder().method(method).uri(uri);
         if body.is_some() {
             request = request.header(header::CONTENT_TYPE, "application/json");
         }
+        if let Some(token) = token {
+            request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+        }
         let request = request
             .body(body.map_or_else(Body::empty, |b| Body::from(b.to_owned())))
             .expect("a request");
-        let response = self
-            .router
-            .clone()
-            .oneshot(request)
-            .await
-            .expect("an answer");
+        let response = self.send(request).await;
         let status = response.status();
         let bytes = response
             .into_body()
@@ -117,6 +151,15 @@ impl TestApp {
                 .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
         };
         (status, json)
+    }
+
+    /// Sends a request as it is.
+    pub async fn send(&self, request: Request<Body>) -> axum::response::Response {
+        self.router
+            .clone()
+            .oneshot(request)
+            .await
+            .expect("an answer")
     }
 
     /// `POST /api/workers`.
@@ -160,10 +203,9 @@ async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>) 
             .await
             .expect("the fleet opens"),
     );
-    let state = AppState {
-        leptos_options: LeptosOptions::builder().output_name("tessera").build(),
-        fleet: fleet.clone(),
-        http_metrics: Arc::default(),
-    };
+    let state = AppState::new(
+        LeptosOptions::builder().output_name("tessera").build(),
+        fleet.clone(),
+    );
     (router(state), fleet)
 }

@@ -4,11 +4,16 @@ use crate::testing::{TestApp, MAJIN};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use tower::ServiceExt;
 
+/// Sends `request` as the test admin.
 async fn send(request: Request<Body>) -> (StatusCode, String) {
     let app = TestApp::new(MAJIN).await;
-    let response = app.router.clone().oneshot(request).await.unwrap();
+    let mut request = request;
+    request.headers_mut().insert(
+        axum::http::header::AUTHORIZATION,
+        format!("Bearer {}", app.token).parse().unwrap(),
+    );
+    let response = app.send(request).await;
     let status = response.status();
     let body = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8(body.to_vec()).unwrap())

@@ -28,7 +28,7 @@ async fn the_metrics_pass_promtool() {
         )
         .await;
     server.wait_healthy(2).await;
-    let (status, body) = support::request_bytes(server.port, "GET", "/metrics", None).await;
+    let (status, body) = server.get_bytes("/metrics").await;
     assert_eq!(status, 200);
     let text = String::from_utf8(body.to_vec()).unwrap();
     assert!(text.contains("tessera_engine_healthy{"), "{text}");

@@ -1,5 +1,7 @@
 //! The console's navigation: the top bar's sections, and the Cluster section's tabs (Models, Nodes).
 
+use crate::auth::Role;
+use crate::components::account_menu::signed_in;
 use leptos::prelude::*;
 use leptos_router::components::A;
 use leptos_router::hooks::use_location;
@@ -12,16 +14,22 @@ fn in_cluster(path: &str) -> bool {
             .any(|p| path.starts_with(p))
 }
 
-/// The top bar's sections; the current one is marked for assistive technology and the eye.
+/// The top bar's sections; the current one is marked for assistive technology and the eye. Admins also
+/// see Accounts.
 #[component]
 pub fn TopNav() -> impl IntoView {
     let location = use_location();
     let cluster = move || in_cluster(&location.pathname.get()).then_some("page");
-    let usage = move || (location.pathname.get() == "/usage").then_some("page");
+    let at = move |path: &'static str| move || (location.pathname.get() == path).then_some("page");
+    let admin = move || signed_in().is_some_and(|c| c.role == Role::Admin);
     view! {
         <nav aria-label="Console">
             <a href="/" aria-current=cluster>"Cluster"</a>
-            <a href="/usage" aria-current=usage>"Usage"</a>
+            <a href="/usage" aria-current=at("/usage")>"Usage"</a>
+            <a href="/audit" aria-current=at("/audit")>"Audit"</a>
+            <Suspense fallback=|| ()>
+                {move || admin().then(|| view! { <a href="/admin" aria-current=at("/admin")>"Accounts"</a> })}
+            </Suspense>
         </nav>
     }
 }

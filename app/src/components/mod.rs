@@ -1,5 +1,6 @@
 //! Pieces the pages share.
 
+pub mod account_menu;
 pub mod cluster_tabs;
 pub mod confirm;
 pub mod live;

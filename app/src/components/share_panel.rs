@@ -5,6 +5,9 @@ use crate::share_form::{verdict_lines, ShareRow};
 use leptos::prelude::*;
 use placement::{BasisPoints, Bytes, Verdict};
 
+/// The bar's width in SVG units.
+const BAR_WIDTH: u64 = 1000;
+
 /// The panel. It edits `rows` in place; its parent owns the verdict so that it can gate Deploy or Save.
 #[component]
 pub fn SharedGpuMemoryPanel(
@@ -30,6 +33,8 @@ pub fn SharedGpuMemoryPanel(
             view! {
                 <tr data-testid="share-row" class:problem=problem>
                     <th scope="row">
+                        // The swatch ties the row to its segment of the bar.
+                        <span class=format!("swatch s{}", i % 6) aria-hidden="true"></span>
                         <label for=id.clone()>{label.clone()}</label>
                         {locked.then(|| view! { <span class="tag" data-testid="not-editable">"not editable"</span> })}
                     </th>
@@ -60,23 +65,25 @@ pub fn SharedGpuMemoryPanel(
         })
         .collect_view();
 
+    // SVG rather than styled boxes: the page's Content Security Policy allows no inline styles.
     let segments = move || {
         rows.with(|r| {
             let shares: Vec<(String, BasisPoints)> =
                 r.iter().filter_map(|row| row.member().share.map(|s| (row.name.clone(), s))).collect();
             // Over 100 % the bar shows the proportions; the verdict says what is wrong.
             let scale = shares.iter().map(|(_, s)| *s).sum::<BasisPoints>().max(BasisPoints::WHOLE);
+            let mut x = 0u64;
             shares
                 .into_iter()
                 .enumerate()
                 .map(|(i, (name, share))| {
-                    // Hundredths of a percent of the bar, in integers (float formatting is large in wasm).
-                    let width = u64::from(share.get()) * 10_000 / u64::from(scale.get().max(1));
-                    let title = format!("{name} {share}");
+                    let width = u64::from(share.get()) * BAR_WIDTH / u64::from(scale.get().max(1));
+                    let at = x;
+                    x += width;
                     view! {
-                        <div class=format!("segment s{}", i % 6) style=format!("width: {}.{:02}%", width / 100, width % 100) title=title>
-                            <span>{name}</span>
-                        </div>
+                        <g class=format!("segment s{}", i % 6)>
+                            <rect x=at y="0" width=width height="32"><title>{format!("{name} {share}")}</title></rect>
+                        </g>
                     }
                 })
                 .collect_view()
@@ -98,9 +105,10 @@ pub fn SharedGpuMemoryPanel(
     view! {
         <section class="panel" aria-labelledby="shared-gpu-memory">
             <h2 id="shared-gpu-memory">"Shared GPU memory"</h2>
-            <div class="bar" role="img" aria-label=move || format!("Shares of one accelerator: {} taken, {} free", total(), free())>
+            <svg class="bar" viewBox=format!("0 0 {BAR_WIDTH} 32") preserveAspectRatio="none" role="img" aria-label=move || format!("Shares of one accelerator: {} taken, {} free", total(), free())>
+                <rect class="left" x="0" y="0" width=BAR_WIDTH height="32"></rect>
                 {segments}
-            </div>
+            </svg>
             <table class="shares">
                 <thead>
                     <tr>

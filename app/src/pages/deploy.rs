@@ -19,17 +19,19 @@ use leptos_router::hooks::use_navigate;
 use placement::{judge, Verdict};
 
 /// The catalog, the nodes and the groups, as committed now.
-#[server(prefix = "/rpc", endpoint = "load_deploy_options")]
+#[server(prefix = "/rpc", endpoint = "load_deploy_options", client = crate::csrf::CsrfClient)]
 pub async fn load_deploy_options() -> Result<DeployOptions, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.deploy_options()).await
 }
 
 /// Deploys a model as the wizard describes it.
-#[server(prefix = "/rpc", endpoint = "deploy_model", input = Json)]
+#[server(prefix = "/rpc", endpoint = "deploy_model", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn deploy_model(request: DeployRequest) -> Result<ChangeOutcome, AppError> {
+    let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.deploy(request)).await
+    crate::services::answer(console.deploy(actor, request)).await
 }
 
 /// The wizard's steps, in order.

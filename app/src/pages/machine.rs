@@ -12,8 +12,9 @@ use leptos_router::components::A;
 use leptos_router::hooks::use_params_map;
 
 /// One machine.
-#[server(prefix = "/rpc", endpoint = "load_machine", input = Json)]
+#[server(prefix = "/rpc", endpoint = "load_machine", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn load_machine(name: String) -> Result<MachineDetail, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.machine(name)).await
 }

@@ -1,9 +1,12 @@
 //! One routed page per module.
 
+pub mod admin;
+pub mod audit;
 pub mod deploy;
 pub mod machine;
 pub mod models;
 pub mod nodes;
 pub mod serving;
 pub mod sharing;
+pub mod sign_in;
 pub mod usage;

@@ -12,24 +12,27 @@ use leptos_router::components::A;
 use leptos_router::hooks::use_query_map;
 
 /// Every deployed model.
-#[server(prefix = "/rpc", endpoint = "list_models")]
+#[server(prefix = "/rpc", endpoint = "list_models", client = crate::csrf::CsrfClient)]
 pub async fn list_models() -> Result<Vec<ModelRow>, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.models()).await
 }
 
 /// The restarts under way, and those that failed.
-#[server(prefix = "/rpc", endpoint = "list_changes")]
+#[server(prefix = "/rpc", endpoint = "list_changes", client = crate::csrf::CsrfClient)]
 pub async fn list_changes() -> Result<Vec<PlanProgress>, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.changes()).await
 }
 
 /// Removes a model: its engines stop, and the other members of its group keep their shares.
-#[server(prefix = "/rpc", endpoint = "remove_model", input = Json)]
+#[server(prefix = "/rpc", endpoint = "remove_model", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn remove_model(model: String, revision: i64) -> Result<ChangeOutcome, AppError> {
+    let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.remove(model, revision)).await
+    crate::services::answer(console.remove(actor, model, revision)).await
 }
 
 /// The line the tab shows after a change elsewhere sent the operator here.

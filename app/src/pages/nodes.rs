@@ -9,8 +9,9 @@ use leptos::prelude::*;
 use leptos_router::components::A;
 
 /// Every node.
-#[server(prefix = "/rpc", endpoint = "list_nodes")]
+#[server(prefix = "/rpc", endpoint = "list_nodes", client = crate::csrf::CsrfClient)]
 pub async fn list_nodes() -> Result<Vec<NodeRow>, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.nodes()).await
 }

@@ -12,21 +12,23 @@ use leptos_router::components::A;
 use leptos_router::hooks::{use_navigate, use_params_map};
 
 /// The form of `model` as it runs now.
-#[server(prefix = "/rpc", endpoint = "load_serving_form", input = Json)]
+#[server(prefix = "/rpc", endpoint = "load_serving_form", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn load_serving_form(model: String) -> Result<ServingForm, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.serving_form(model)).await
 }
 
 /// Changes `model`'s serving configuration, read at `revision`.
-#[server(prefix = "/rpc", endpoint = "save_serving", input = Json)]
+#[server(prefix = "/rpc", endpoint = "save_serving", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn save_serving(
     model: String,
     revision: i64,
     serving: Serving,
 ) -> Result<ChangeOutcome, AppError> {
+    let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.change_serving(model, revision, serving)).await
+    crate::services::answer(console.change_serving(actor, model, revision, serving)).await
 }
 
 /// The page.

@@ -14,21 +14,23 @@ use leptos_router::hooks::{use_navigate, use_params_map};
 use placement::{transition, BasisPoints, Share, Verdict};
 
 /// The form of `model`'s group, as committed now.
-#[server(prefix = "/rpc", endpoint = "load_sharing_form", input = Json)]
+#[server(prefix = "/rpc", endpoint = "load_sharing_form", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn load_sharing_form(model: String) -> Result<SharingForm, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.sharing_form(model)).await
 }
 
 /// Commits a group's shares, read at `revision`.
-#[server(prefix = "/rpc", endpoint = "save_shares", input = Json)]
+#[server(prefix = "/rpc", endpoint = "save_shares", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn save_shares(
     group: String,
     revision: i64,
     shares: Vec<(String, BasisPoints)>,
 ) -> Result<ChangeOutcome, AppError> {
+    let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.change_shares(group, revision, shares)).await
+    crate::services::answer(console.change_shares(actor, group, revision, shares)).await
 }
 
 /// The page.

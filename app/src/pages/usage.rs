@@ -18,8 +18,9 @@ pub const PERIODS: [(&str, &str, u64); 4] = [
 ];
 
 /// The usage report for the period ending now.
-#[server(prefix = "/rpc", endpoint = "load_usage", input = Json)]
+#[server(prefix = "/rpc", endpoint = "load_usage", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn load_usage(period: String, by: String) -> Result<UsageReport, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     let length = PERIODS
         .iter()

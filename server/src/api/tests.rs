@@ -494,3 +494,52 @@ async fn a_command_model_needs_a_command_template_and_env_names_are_checked() {
     assert_eq!(models[0]["args"], json!(["--max-batch-tokens", "16384"]));
     assert_eq!(models[0]["env"], json!({"HF_HOME": "/models"}));
 }
+
+#[test]
+fn the_openapi_document_lists_exactly_the_routes_the_router_serves() {
+    let doc: Value =
+        serde_json::from_str(crate::api::OPENAPI).expect("server/openapi.json is JSON");
+    let mut documented: Vec<(String, String)> = doc["paths"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .flat_map(|(path, ops)| {
+            ops.as_object()
+                .unwrap()
+                .keys()
+                .map(move |method| (path.clone(), method.to_uppercase()))
+        })
+        .collect();
+    let mut served: Vec<(String, String)> = crate::api::table()
+        .iter()
+        .map(|r| (r.path.to_owned(), r.method.to_string()))
+        .collect();
+    documented.sort();
+    served.sort();
+    assert_eq!(documented, served);
+    for (path, ops) in doc["paths"].as_object().unwrap() {
+        for (method, op) in ops.as_object().unwrap() {
+            assert!(
+                op["summary"].is_string(),
+                "{method} {path} says what it does"
+            );
+            for reference in op.to_string().split("#/components/schemas/").skip(1) {
+                let name = reference.split('"').next().unwrap();
+                assert!(
+                    doc["components"]["schemas"].get(name).is_some(),
+                    "{method} {path} names the schema {name}, which the document lacks"
+                );
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_openapi_document_is_served_to_anyone() {
+    let app = TestApp::new(MAJIN).await;
+    let (status, doc) = app
+        .call_with(None, Method::GET, "/api/openapi.json", None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(doc["info"]["title"], "Tessera");
+}

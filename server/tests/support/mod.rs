@@ -16,7 +16,42 @@ use std::time::{Duration, Instant};
 /// A running server.
 pub struct Server {
     pub port: u16,
+    /// An admin's API token, which every request of these tests sends.
+    pub token: String,
     child: tokio::process::Child,
+}
+
+/// An admin for the data folder, made once with `tessera user add` and `tessera token add` (as a script
+/// would), its token kept in the folder so that a server started again on the same data finds it.
+fn admin_token(data: &Path) -> String {
+    let kept = data.join("test-token");
+    if let Ok(token) = std::fs::read_to_string(&kept) {
+        return token;
+    }
+    let tessera = |args: &[&str], stdin: &str| {
+        let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .arg("--data-dir")
+            .arg(data)
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the tessera binary runs");
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin.as_bytes()).unwrap();
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "tessera {args:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    tessera(
+        &["user", "add", "tester", "--role", "admin"],
+        "a long test password\n",
+    );
+    let token = tessera(&["token", "add", "tests", "--user", "tester"], "")
+        .trim()
+        .to_owned();
+    std::fs::write(&kept, &token).unwrap();
+    token
 }
 
 /// How long anything in these tests may take before it counts as never.
@@ -31,6 +66,7 @@ impl Server {
             .local_addr()
             .unwrap()
             .port();
+        let token = admin_token(data);
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args([
                 "--demo",
@@ -59,7 +95,7 @@ impl Server {
             .kill_on_drop(true)
             .spawn()
             .expect("the tessera binary starts");
-        let server = Server { port, child };
+        let server = Server { port, token, child };
         wait_until("the server answers", || async {
             server.get("/api/health").await.0 == 200
         })
@@ -86,11 +122,24 @@ impl Server {
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        request(self.port, "GET", path, None).await
+        let (status, bytes) = self.get_bytes(path).await;
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    pub async fn get_bytes(&self, path: &str) -> (u16, Bytes) {
+        request_bytes(self.port, Some(&self.token), "GET", path, None).await
     }
 
     pub async fn send(&self, method: &str, path: &str, body: Value) -> (u16, Value) {
-        request(self.port, method, path, Some(body)).await
+        let (status, bytes) =
+            request_bytes(self.port, Some(&self.token), method, path, Some(body)).await;
+        (
+            status,
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
     }
 
     /// The engines, by model (or worker) name.
@@ -129,6 +178,10 @@ impl Server {
         tokio::spawn(connection);
         let request = hyper::Request::get("/api/events")
             .header(hyper::header::HOST, "127.0.0.1")
+            .header(
+                hyper::header::AUTHORIZATION,
+                format!("Bearer {}", self.token),
+            )
             .body(Full::new(Bytes::new()))
             .unwrap();
         let response = sender.send_request(request).await.unwrap();
@@ -171,8 +224,9 @@ impl Events {
     }
 }
 
+/// A request to anything on this machine (a demo engine, say), without credentials.
 pub async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let (status, bytes) = request_bytes(port, method, path, body).await;
+    let (status, bytes) = request_bytes(port, None, method, path, body).await;
     (
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
@@ -182,6 +236,7 @@ pub async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -
 /// A request answered with its status and raw body.
 pub async fn request_bytes(
     port: u16,
+    token: Option<&str>,
     method: &str,
     path: &str,
     body: Option<Value>,
@@ -194,11 +249,15 @@ pub async fn request_bytes(
         .await
         .unwrap();
     tokio::spawn(connection);
-    let request = hyper::Request::builder()
+    let mut request = hyper::Request::builder()
         .method(method)
         .uri(path)
         .header(hyper::header::HOST, "127.0.0.1")
-        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(hyper::header::CONTENT_TYPE, "application/json");
+    if let Some(token) = token {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = request
         .body(Full::new(Bytes::from(
             body.map(|b| b.to_string()).unwrap_or_default(),
         )))

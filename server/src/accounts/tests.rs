@@ -1,0 +1,144 @@
+//! Accounts and tokens on a real SQLite file.
+
+use super::*;
+use crate::testing::{TestApp, ADMIN, MAJIN};
+
+fn new_user(name: &str, role: Role, password: &str) -> NewUser {
+    NewUser {
+        name: name.to_owned(),
+        role,
+        password: password.to_owned(),
+    }
+}
+
+#[test]
+fn a_password_is_stored_as_an_argon2id_hash_that_only_it_matches() {
+    let hash = hash_password("correct horse battery").unwrap();
+    assert!(hash.starts_with("$argon2id$"), "{hash}");
+    assert!(!hash.contains("correct horse"));
+    assert!(verify_password(&hash, "correct horse battery"));
+    assert!(!verify_password(&hash, "correct horse batterx"));
+    assert!(!verify_password("not a hash", "correct horse battery"));
+}
+
+#[tokio::test]
+async fn an_account_needs_a_good_name_a_long_password_and_a_name_of_its_own() {
+    let app = TestApp::new(MAJIN).await;
+    let pool = &app.fleet.pool;
+    let short = create_user(pool, &new_user("otto", Role::Operator, "short"), ADMIN).await;
+    assert_eq!(
+        short.unwrap_err().to_string(),
+        "a password needs 12 to 1024 characters; this one has 5"
+    );
+    let hostile = create_user(
+        pool,
+        &new_user(
+            "<script>alert(1)</script>",
+            Role::Viewer,
+            "long enough pass",
+        ),
+        ADMIN,
+    )
+    .await;
+    assert!(hostile
+        .unwrap_err()
+        .to_string()
+        .starts_with("name \"<script>alert(1)</script>\": use 1 to 63 letters"));
+    create_user(
+        pool,
+        &new_user("otto", Role::Operator, "long enough pass"),
+        ADMIN,
+    )
+    .await
+    .unwrap();
+    let again = create_user(
+        pool,
+        &new_user("otto", Role::Viewer, "long enough pass"),
+        ADMIN,
+    )
+    .await;
+    assert!(matches!(again, Err(ApiError::Conflict(_))));
+    let found = authenticate(pool, "otto", "long enough pass")
+        .await
+        .unwrap();
+    assert_eq!(found.map(|(_, c)| c.role), Some(Role::Operator));
+    assert_eq!(
+        authenticate(pool, "otto", "wrong password!").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        authenticate(pool, "nobody", "long enough pass")
+            .await
+            .unwrap(),
+        None
+    );
+}
+
+#[tokio::test]
+async fn the_last_admin_stays() {
+    let app = TestApp::new(MAJIN).await;
+    let pool = &app.fleet.pool;
+    let refused = delete_user(pool, ADMIN, ADMIN).await;
+    assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
+    create_user(
+        pool,
+        &new_user("grace", Role::Admin, "long enough pass"),
+        ADMIN,
+    )
+    .await
+    .unwrap();
+    delete_user(pool, ADMIN, "grace").await.unwrap();
+    assert_eq!(
+        users(pool)
+            .await
+            .unwrap()
+            .iter()
+            .map(|u| u.name.as_str())
+            .collect::<Vec<_>>(),
+        ["grace"]
+    );
+}
+
+#[tokio::test]
+async fn a_token_is_stored_as_its_digest_and_shown_once() {
+    let app = TestApp::new(MAJIN).await;
+    let pool = &app.fleet.pool;
+    let issued = create_token(pool, ADMIN, "ci", ADMIN).await.unwrap();
+    assert!(issued.secret.starts_with(TOKEN_PREFIX));
+    assert!(issued.secret.starts_with(&issued.token.prefix));
+    let stored: Vec<(String,)> = sqlx::query_as("SELECT hash FROM api_tokens")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    assert!(stored
+        .iter()
+        .all(|(h,)| !h.contains(&issued.secret[TOKEN_PREFIX.len()..])));
+    let cache = TokenCache::default();
+    let caller = caller_by_token(pool, &cache, &issued.secret)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(caller.name, ADMIN);
+    assert!(tokens(pool)
+        .await
+        .unwrap()
+        .iter()
+        .any(|t| t.name == "ci" && t.last_used_at.is_some()));
+    revoke_token(pool, issued.token.id, ADMIN).await.unwrap();
+    assert!(
+        caller_by_token(pool, &cache, &issued.secret)
+            .await
+            .unwrap()
+            .is_some(),
+        "remembered a while"
+    );
+    cache.forget();
+    assert_eq!(
+        caller_by_token(pool, &cache, &issued.secret).await.unwrap(),
+        None
+    );
+    assert!(matches!(
+        revoke_token(pool, issued.token.id, ADMIN).await,
+        Err(ApiError::NotFound(_))
+    ));
+}

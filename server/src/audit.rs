@@ -1,0 +1,177 @@
+//! The audit log: every change, who made it and when, what it was before and after, the plan revision it
+//! made and who restarted. Each entry is written in the same transaction as the change it records, so the
+//! log never tells of a change that did not happen, nor misses one that did.
+
+use crate::error::ApiError;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use sqlx::{SqliteConnection, SqlitePool};
+
+/// The actor of what the server does by itself (the demo catalog it seeds, say).
+pub const TESSERA: &str = "tessera";
+
+/// The most entries one read answers.
+pub const MAX_ENTRIES: i64 = 1000;
+
+/// An entry about to be written.
+#[derive(Debug, Clone)]
+pub struct Entry {
+    actor: String,
+    action: String,
+    target: String,
+    before: Option<Value>,
+    after: Option<Value>,
+    revision: Option<i64>,
+    restarts: Vec<String>,
+}
+
+impl Entry {
+    /// `actor` did `action` (such as `plan.change`) to `target`.
+    pub fn new(actor: &str, action: &str, target: &str) -> Entry {
+        Entry {
+            actor: actor.to_owned(),
+            action: action.to_owned(),
+            target: target.to_owned(),
+            before: None,
+            after: None,
+            revision: None,
+            restarts: Vec::new(),
+        }
+    }
+
+    /// What it was before.
+    pub fn before(mut self, before: Value) -> Entry {
+        self.before = Some(before);
+        self
+    }
+
+    /// What it is after.
+    pub fn after(mut self, after: Value) -> Entry {
+        self.after = Some(after);
+        self
+    }
+
+    /// The plan (or worker) revision the change made.
+    pub fn revision(mut self, revision: i64) -> Entry {
+        self.revision = Some(revision);
+        self
+    }
+
+    /// The models that restart because of it.
+    pub fn restarts(mut self, restarts: Vec<String>) -> Entry {
+        self.restarts = restarts;
+        self
+    }
+}
+
+/// Writes `entry` inside the change's own transaction.
+pub async fn record(tx: &mut SqliteConnection, entry: Entry) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO audit (actor, action, target, before, after, revision, restarts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(&entry.actor)
+    .bind(&entry.action)
+    .bind(&entry.target)
+    .bind(entry.before.as_ref().map(Value::to_string))
+    .bind(entry.after.as_ref().map(Value::to_string))
+    .bind(entry.revision)
+    .bind(serde_json::Value::from(entry.restarts).to_string())
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// An entry as the API and the Audit page show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AuditEntry {
+    /// Its number, in the order written.
+    pub id: i64,
+    /// When, RFC 3339.
+    pub at: String,
+    /// Who: an account's name (or `tessera` for what the server does by itself).
+    pub actor: String,
+    /// What, such as `deploy`, `plan.change`, `worker.create`, `token.revoke`.
+    pub action: String,
+    /// What it was done to: a model, a group, a worker, an account.
+    pub target: String,
+    /// Before the change.
+    pub before: Option<Value>,
+    /// After it.
+    pub after: Option<Value>,
+    /// The revision it made.
+    pub revision: Option<i64>,
+    /// The models that restarted.
+    pub restarts: Vec<String>,
+}
+
+/// Which entries to read: each field narrows it; newest first.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditFilter {
+    /// Only this account's changes.
+    pub actor: Option<String>,
+    /// Only this kind of change, or a family of them (`plan` takes `plan.change`).
+    pub action: Option<String>,
+    /// Only changes to this.
+    pub target: Option<String>,
+    /// At most this many (100 unless said, at most 1000).
+    pub limit: Option<i64>,
+}
+
+/// The entries `filter` picks, newest first.
+pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<AuditEntry>, ApiError> {
+    let limit = filter.limit.unwrap_or(100);
+    if !(1..=MAX_ENTRIES).contains(&limit) {
+        return Err(ApiError::Unprocessable(format!(
+            "limit must be from 1 to {MAX_ENTRIES}, not {limit}"
+        )));
+    }
+    type Row = (
+        i64,
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+        String,
+    );
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, at, actor, action, target, before, after, revision, restarts FROM audit \
+         WHERE (?1 IS NULL OR actor = ?1) \
+           AND (?2 IS NULL OR action = ?2 OR action LIKE ?2 || '.%') \
+           AND (?3 IS NULL OR target = ?3) \
+         ORDER BY id DESC LIMIT ?4",
+    )
+    .bind(filter.actor.as_deref().filter(|s| !s.is_empty()))
+    .bind(filter.action.as_deref().filter(|s| !s.is_empty()))
+    .bind(filter.target.as_deref().filter(|s| !s.is_empty()))
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
+    let json = |text: Option<String>| -> Result<Option<Value>, ApiError> {
+        text.map(|t| serde_json::from_str(&t).map_err(ApiError::internal))
+            .transpose()
+    };
+    rows.into_iter()
+        .map(
+            |(id, at, actor, action, target, before, after, revision, restarts)| {
+                Ok(AuditEntry {
+                    id,
+                    at,
+                    actor,
+                    action,
+                    target,
+                    before: json(before)?,
+                    after: json(after)?,
+                    revision,
+                    restarts: serde_json::from_str(&restarts).map_err(ApiError::internal)?,
+                })
+            },
+        )
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,154 @@
+//! Every change lands in the audit log with who, what, before and after; a refused one does not.
+
+use crate::inventory::demo::demo_catalog;
+use crate::testing::{TestApp, ADMIN, MAJIN};
+use axum::http::{Method, StatusCode};
+use serde_json::{json, Value};
+
+async fn app() -> TestApp {
+    let fleet = format!(
+        "{MAJIN}{}",
+        r#"
+[[machine]]
+name = "atlas"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+"#
+    );
+    let app = TestApp::new(&fleet).await;
+    app.fleet.seed_catalog(&demo_catalog()).await.unwrap();
+    app
+}
+
+async fn send(app: &TestApp, method: Method, uri: &str, body: Value) -> (StatusCode, Value) {
+    app.call(method, uri, Some(&body.to_string())).await
+}
+
+#[tokio::test]
+async fn a_plan_change_is_logged_with_before_after_revision_and_restarts() {
+    let app = app().await;
+    send(
+        &app,
+        Method::POST,
+        "/api/deployments",
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    send(
+        &app,
+        Method::POST,
+        "/api/deployments",
+        json!({"model": "vision", "gpus": ["atlas:0"], "share": 25, "revision": 1}),
+    )
+    .await;
+    let (status, _) = send(
+        &app,
+        Method::PUT,
+        "/api/groups/text-router/plan",
+        json!({"revision": 2, "shares": {"glm-5.3": 30, "vision": 35}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (_, log) = app.get("/api/audit?action=plan").await;
+    let entry = &log[0];
+    assert_eq!(entry["actor"], ADMIN);
+    assert_eq!(entry["action"], "plan.change");
+    assert_eq!(entry["target"], "text-router");
+    assert_eq!(entry["revision"], 3);
+    assert_eq!(
+        entry["before"]["shares"],
+        json!({"glm-5.3": 40.0, "vision": 25.0})
+    );
+    assert_eq!(
+        entry["after"]["shares"],
+        json!({"glm-5.3": 30.0, "vision": 35.0})
+    );
+    assert_eq!(entry["restarts"], json!(["glm-5.3", "vision"]));
+
+    let (_, deploys) = app.get("/api/audit?action=deploy&target=vision").await;
+    assert_eq!(deploys.as_array().unwrap().len(), 1);
+    assert_eq!(deploys[0]["after"]["shares"]["vision"], 25.0);
+}
+
+#[tokio::test]
+async fn a_refused_or_stale_change_writes_nothing_to_the_log() {
+    let app = app().await;
+    send(
+        &app,
+        Method::POST,
+        "/api/deployments",
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    let (_, before) = app.get("/api/audit").await;
+    let (status, _) = send(
+        &app,
+        Method::PUT,
+        "/api/groups/text-router/plan",
+        json!({"revision": 1, "shares": {"glm-5.3": 130}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    let (status, _) = send(
+        &app,
+        Method::PUT,
+        "/api/groups/text-router/plan",
+        json!({"revision": 7, "shares": {"glm-5.3": 30}}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    let (_, after) = app.get("/api/audit").await;
+    assert_eq!(before, after);
+}
+
+#[tokio::test]
+async fn workers_models_accounts_and_tokens_are_logged_too() {
+    let app = app().await;
+    let worker = json!({"name": "listen", "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 2}}});
+    send(&app, Method::POST, "/api/workers", worker).await;
+    app.call(Method::DELETE, "/api/workers/listen", None).await;
+    send(
+        &app,
+        Method::POST,
+        "/api/users",
+        json!({"name": "otto", "role": "operator", "password": "long enough pass"}),
+    )
+    .await;
+    send(
+        &app,
+        Method::POST,
+        "/api/tokens",
+        json!({"name": "ci", "user": "otto"}),
+    )
+    .await;
+    let (_, log) = app.get("/api/audit?limit=4").await;
+    let actions: Vec<&str> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "token.create",
+            "user.create",
+            "worker.delete",
+            "worker.create"
+        ]
+    );
+    assert_eq!(log[2]["before"]["name"], "listen");
+    let (_, seeded) = app.get("/api/audit?actor=tessera&action=model").await;
+    assert_eq!(
+        seeded.as_array().unwrap().len(),
+        demo_catalog().len(),
+        "the demo catalog, by the server itself"
+    );
+    let (status, body) = app.get("/api/audit?limit=5000").await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}

@@ -1,0 +1,399 @@
+//! Who may do what. Every request's caller is resolved here, from an API token (`Authorization: Bearer`,
+//! for scripts) or a browser session (a cookie, HttpOnly and SameSite=Strict), and checked before any
+//! handler runs:
+//!
+//! - the REST API and `/metrics` need a caller: a viewer reads, an operator changes, an admin manages
+//!   accounts and tokens; server functions check their own role (they all arrive as POST);
+//! - a change that a browser session makes must carry the session's CSRF token (`x-csrf-token`, or the
+//!   form's `csrf` field for the sign-in forms), which another site cannot read;
+//! - pages need a caller, and send a visitor to the sign-in page (or to setup, before the first account).
+
+pub mod sessions;
+pub mod throttle;
+
+use crate::accounts;
+use crate::error::ApiError;
+use crate::AppState;
+use app::auth::{Caller, CsrfToken, Role, CSRF_HEADER};
+use argon2::password_hash::rand_core::{OsRng, RngCore};
+use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, Method};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Redirect, Response};
+use axum::Form;
+use serde::Deserialize;
+use sessions::SqliteSessions;
+use std::net::SocketAddr;
+use std::time::Instant;
+use throttle::Key;
+use tower_sessions::cookie::SameSite;
+use tower_sessions::{Expiry, Session, SessionManagerLayer};
+
+/// The session's account id.
+const USER_ID: &str = "user_id";
+/// The session's CSRF token.
+const CSRF: &str = "csrf";
+
+/// How long a browser session lasts without being used.
+const IDLE: time::Duration = time::Duration::hours(12);
+
+/// The session layer: cookies HttpOnly and SameSite=Strict, and Secure when the console is served over
+/// https (`--https`).
+pub fn session_layer(pool: sqlx::SqlitePool, https: bool) -> SessionManagerLayer<SqliteSessions> {
+    SessionManagerLayer::new(SqliteSessions::new(pool))
+        .with_name("tessera_session")
+        .with_http_only(true)
+        .with_same_site(SameSite::Strict)
+        .with_secure(https)
+        .with_expiry(Expiry::OnInactivity(IDLE))
+}
+
+/// Where a request goes, which decides what it needs.
+#[derive(Debug, PartialEq, Eq)]
+enum Area {
+    /// Open to anyone: health, the sign-in and setup pages, static files.
+    Public,
+    /// The REST API and `/metrics`: a caller with at least this role.
+    Api(Role),
+    /// Server functions: a caller; each checks its own role.
+    ServerFunction,
+    /// A console page: a caller, or off to sign in.
+    Page,
+}
+
+fn area(method: &Method, path: &str) -> Area {
+    let reads = matches!(*method, Method::GET | Method::HEAD);
+    match path {
+        "/api/health" | "/api/openapi.json" | "/login" | "/setup" | "/favicon.svg" => Area::Public,
+        _ if path.starts_with("/pkg/") => Area::Public,
+        _ if path.starts_with("/api/users") || path.starts_with("/api/tokens") => {
+            Area::Api(Role::Admin)
+        }
+        _ if path.starts_with("/api/") || path == "/metrics" => {
+            Area::Api(if reads { Role::Viewer } else { Role::Operator })
+        }
+        _ if path.starts_with("/rpc/") => Area::ServerFunction,
+        "/logout" => Area::ServerFunction,
+        _ => Area::Page,
+    }
+}
+
+/// A fresh random token, hex.
+fn random_token() -> String {
+    let mut bytes = [0u8; 24];
+    OsRng.fill_bytes(&mut bytes);
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The session's CSRF token, made when `make` and the session has none.
+async fn csrf_of(session: &Session, make: bool) -> Result<Option<String>, ApiError> {
+    let token: Option<String> = session.get(CSRF).await.map_err(ApiError::internal)?;
+    match token {
+        Some(token) => Ok(Some(token)),
+        None if make => {
+            let token = random_token();
+            session
+                .insert(CSRF, &token)
+                .await
+                .map_err(ApiError::internal)?;
+            Ok(Some(token))
+        }
+        None => Ok(None),
+    }
+}
+
+/// Resolves the caller and lets the request on only if it may go where it goes.
+pub async fn guard(
+    State(state): State<AppState>,
+    session: Session,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match check(&state, &session, &mut request).await {
+        Ok(None) => next.run(request).await,
+        Ok(Some(elsewhere)) => elsewhere,
+        Err(e) => e.into_response(),
+    }
+}
+
+/// `Ok(None)` lets the request on, with its caller and CSRF token in its extensions; `Ok(Some(..))`
+/// answers it instead (a redirect to sign in).
+async fn check(
+    state: &AppState,
+    session: &Session,
+    request: &mut Request,
+) -> Result<Option<Response>, ApiError> {
+    let pool = &state.fleet.pool;
+    let area = area(request.method(), request.uri().path());
+    let bearer = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::to_owned);
+    let (caller, by_session) = match &bearer {
+        Some(secret) => match accounts::caller_by_token(pool, &state.tokens, secret).await? {
+            Some(caller) => (Some(caller), false),
+            None => {
+                return Err(ApiError::Unauthorized(
+                    "that API token is unknown or revoked; an admin can make another (POST /api/tokens)"
+                        .to_owned(),
+                ))
+            }
+        },
+        None => {
+            let id: Option<i64> = session.get(USER_ID).await.map_err(ApiError::internal)?;
+            match id {
+                Some(id) => (accounts::caller_by_id(pool, id).await?, true),
+                None => (None, false),
+            }
+        }
+    };
+    // Pages (the sign-in page above all) carry the token in their forms; the rest only check it.
+    let csrf = if bearer.is_none() {
+        csrf_of(session, matches!(area, Area::Page | Area::Public)).await?
+    } else {
+        None
+    };
+    let unsafe_method = !matches!(
+        *request.method(),
+        Method::GET | Method::HEAD | Method::OPTIONS
+    );
+    match &area {
+        Area::Public => {}
+        Area::Api(_) | Area::ServerFunction => {
+            let Some(caller) = &caller else {
+                return Err(ApiError::Unauthorized(
+                    "sign in, or send an API token as Authorization: Bearer tsr_…".to_owned(),
+                ));
+            };
+            // The sign-out form posts its token as a field, checked by its handler.
+            let form = request.uri().path() == "/logout";
+            if by_session && unsafe_method && !form {
+                let sent = request
+                    .headers()
+                    .get(CSRF_HEADER)
+                    .and_then(|v| v.to_str().ok());
+                if sent.is_none() || sent != csrf.as_deref() {
+                    return Err(ApiError::Forbidden(
+                        "this change lacks the page's CSRF token; reload the page and try again"
+                            .to_owned(),
+                    ));
+                }
+            }
+            if let Area::Api(needed) = area {
+                if !caller.role.allows(needed) {
+                    return Err(ApiError::Forbidden(format!(
+                        "{} is a {}: this needs the {} role",
+                        caller.name,
+                        caller.role.as_str(),
+                        needed.as_str()
+                    )));
+                }
+            }
+        }
+        Area::Page => {
+            if caller.is_none() {
+                let to = if accounts::count(pool).await? == 0 {
+                    "/setup".to_owned()
+                } else {
+                    let here = request
+                        .uri()
+                        .path_and_query()
+                        .map(|p| p.as_str().to_owned())
+                        .unwrap_or_default();
+                    format!("/login?next={}", percent_encode(&here))
+                };
+                return Ok(Some(Redirect::to(&to).into_response()));
+            }
+        }
+    }
+    if let Some(caller) = caller {
+        request.extensions_mut().insert(caller);
+    }
+    if let Some(token) = csrf {
+        request.extensions_mut().insert(CsrfToken(token));
+    }
+    Ok(None)
+}
+
+/// The characters a path may keep in a query value; the rest are written `%XX`.
+fn percent_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Where to go after signing in: a path of this console, never another site.
+fn safe_next(next: &str) -> &str {
+    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+        next
+    } else {
+        "/"
+    }
+}
+
+/// The caller the guard resolved, for handlers that record who did what.
+pub struct Actor(pub Caller);
+
+impl<S: Send + Sync> FromRequestParts<S> for Actor {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Actor, ApiError> {
+        parts
+            .extensions
+            .get::<Caller>()
+            .cloned()
+            .map(Actor)
+            .ok_or_else(|| ApiError::Unauthorized("sign in, or send an API token".to_owned()))
+    }
+}
+
+/// The address a request came from, when the server knows it.
+pub struct Peer(pub String);
+
+impl<S: Send + Sync> FromRequestParts<S> for Peer {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Peer, Self::Rejection> {
+        Ok(Peer(
+            parts
+                .extensions
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|ConnectInfo(addr)| addr.ip().to_string())
+                .unwrap_or_else(|| "unknown".to_owned()),
+        ))
+    }
+}
+
+/// The sign-in form.
+#[derive(Debug, Deserialize)]
+pub struct SignIn {
+    name: String,
+    password: String,
+    csrf: String,
+    #[serde(default)]
+    next: String,
+}
+
+async fn form_csrf_matches(session: &Session, sent: &str) -> Result<bool, ApiError> {
+    Ok(csrf_of(session, false).await?.as_deref() == Some(sent))
+}
+
+/// `POST /login`: the same answer for an unknown name and a wrong password; throttled per account and per
+/// address.
+pub async fn sign_in(
+    State(state): State<AppState>,
+    session: Session,
+    Peer(peer): Peer,
+    Form(form): Form<SignIn>,
+) -> Result<Redirect, ApiError> {
+    let back = |error: &str| {
+        Redirect::to(&format!(
+            "/login?error={error}&next={}",
+            percent_encode(safe_next(&form.next))
+        ))
+    };
+    if !form_csrf_matches(&session, &form.csrf).await? {
+        return Ok(back("expired"));
+    }
+    let keys = [Key::Account(form.name.clone()), Key::Address(peer)];
+    let now = Instant::now();
+    if let Some(wait) = state.throttle.wait(&keys, now) {
+        return Ok(Redirect::to(&format!(
+            "/login?error=throttled&wait={}&next={}",
+            // Whole seconds, rounded up: never a wait of 0.
+            wait.as_millis().div_ceil(1000).max(1),
+            percent_encode(safe_next(&form.next))
+        )));
+    }
+    match accounts::authenticate(&state.fleet.pool, &form.name, &form.password).await? {
+        None => {
+            state.throttle.fail(&keys, now);
+            Ok(back("wrong"))
+        }
+        Some((id, caller)) => {
+            state.throttle.succeed(&caller.name);
+            start_session(&session, id).await?;
+            Ok(Redirect::to(safe_next(&form.next)))
+        }
+    }
+}
+
+/// A signed-in session: a new id (so that one planted before sign-in is worth nothing) and a new token.
+async fn start_session(session: &Session, id: i64) -> Result<(), ApiError> {
+    session.cycle_id().await.map_err(ApiError::internal)?;
+    session
+        .insert(USER_ID, id)
+        .await
+        .map_err(ApiError::internal)?;
+    session
+        .insert(CSRF, random_token())
+        .await
+        .map_err(ApiError::internal)
+}
+
+/// The sign-out form.
+#[derive(Debug, Deserialize)]
+pub struct SignOut {
+    csrf: String,
+}
+
+/// `POST /logout`.
+pub async fn sign_out(session: Session, Form(form): Form<SignOut>) -> Result<Redirect, ApiError> {
+    if !form_csrf_matches(&session, &form.csrf).await? {
+        return Err(ApiError::Forbidden(
+            "the sign-out form lacks its CSRF token; reload the page and try again".to_owned(),
+        ));
+    }
+    session.flush().await.map_err(ApiError::internal)?;
+    Ok(Redirect::to("/login"))
+}
+
+/// The setup form, which makes the first admin.
+#[derive(Debug, Deserialize)]
+pub struct SetUp {
+    name: String,
+    password: String,
+    again: String,
+    csrf: String,
+}
+
+/// `POST /setup`: only while no account exists.
+pub async fn set_up(
+    State(state): State<AppState>,
+    session: Session,
+    Form(form): Form<SetUp>,
+) -> Result<Redirect, ApiError> {
+    if !form_csrf_matches(&session, &form.csrf).await? {
+        return Ok(Redirect::to("/setup?error=expired"));
+    }
+    if form.password != form.again {
+        return Ok(Redirect::to("/setup?error=mismatch"));
+    }
+    match accounts::create_first_admin(&state.fleet.pool, &form.name, &form.password).await {
+        Ok(_) => {}
+        Err(ApiError::Conflict(_)) => return Ok(Redirect::to("/login")),
+        Err(ApiError::Unprocessable(why)) => {
+            return Ok(Redirect::to(&format!(
+                "/setup?error={}",
+                percent_encode(&why)
+            )))
+        }
+        Err(e) => return Err(e),
+    }
+    let signed_in = accounts::authenticate(&state.fleet.pool, &form.name, &form.password)
+        .await?
+        .ok_or_else(|| ApiError::internal("the admin just made cannot sign in"))?;
+    start_session(&session, signed_in.0).await?;
+    Ok(Redirect::to("/"))
+}
+
+#[cfg(test)]
+mod tests;

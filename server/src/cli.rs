@@ -1,0 +1,55 @@
+//! The commands that manage accounts without the console, for scripts and CI: they work on the same
+//! database as the server (which may be running).
+
+use crate::accounts::{self, NewUser};
+use crate::config::{Config, TokenCommand, UserCommand};
+use std::io::BufRead;
+
+/// Who the audit log says made a change from the command line.
+const CLI: &str = "tessera-cli";
+
+/// `tessera user add NAME --role ROLE`, the password read from standard input.
+pub async fn user(config: &Config, action: UserCommand) -> Result<(), String> {
+    let pool = crate::db::connect(config.database_url.as_deref(), &config.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    match action {
+        UserCommand::Add { name, role } => {
+            let mut password = String::new();
+            std::io::stdin()
+                .lock()
+                .read_line(&mut password)
+                .map_err(|e| format!("could not read the password from standard input: {e}"))?;
+            let password = password.trim_end_matches(['\r', '\n']).to_owned();
+            let user = accounts::create_user(
+                &pool,
+                &NewUser {
+                    name,
+                    role,
+                    password,
+                },
+                CLI,
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+            println!("made {} ({})", user.name, user.role.as_str());
+            Ok(())
+        }
+    }
+}
+
+/// `tessera token add NAME --user USER`: prints the token, which is not shown again.
+pub async fn token(config: &Config, action: TokenCommand) -> Result<(), String> {
+    let pool = crate::db::connect(config.database_url.as_deref(), &config.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    match action {
+        TokenCommand::Add { name, user } => {
+            let issued = accounts::create_token(&pool, &user, &name, CLI)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("{}", issued.secret);
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,35 @@
+//! What every answer carries (pages add their own policy: `app::security`) to keep a browser from being turned against the console: a Content Security
+//! Policy, no framing, no content sniffing, and a bound on request bodies.
+
+use axum::extract::Request;
+use axum::http::{header, HeaderValue};
+use axum::middleware::Next;
+use axum::response::Response;
+
+/// The largest request body any route takes: a deploy or a plan is a few kilobytes.
+pub const MAX_BODY_BYTES: usize = 256 * 1024;
+
+/// The policy of everything that is not a page (JSON, CSV, events, assets).
+const OTHER_POLICY: &str = "default-src 'none'; frame-ancestors 'none'";
+
+/// Adds the security headers to every answer; a page's own policy (with its nonce) stands.
+pub async fn headers(request: Request, next: Next) -> Response {
+    let mut response = next.run(request).await;
+    let headers = response.headers_mut();
+    if !headers.contains_key(header::CONTENT_SECURITY_POLICY) {
+        headers.insert(
+            header::CONTENT_SECURITY_POLICY,
+            HeaderValue::from_static(OTHER_POLICY),
+        );
+    }
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    headers.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("same-origin"),
+    );
+    response
+}
