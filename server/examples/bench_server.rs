@@ -2,35 +2,20 @@
 //! the whole router, and an axum hello-world route beside it to measure against in the same run.
 //! `scripts/bench-api` starts it and drives both routes with wrk. It prints an API token to send.
 
+mod support;
+
 use axum::routing::get;
-use leptos::config::LeptosOptions;
-use placement::{GpuRequests, Inventory, RequestedResources};
-use server::fleet::{Fleet, NewWorker};
+use placement::{GpuRequests, RequestedResources};
+use server::fleet::NewWorker;
 use server::inventory::demo::demo_fleet;
-use server::runtime::{Hosts, Runtime, Settings};
-use server::{db, router, AppState};
-use std::sync::Arc;
+use support::Bench;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let addr = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "127.0.0.1:3099".to_owned());
-    let dir = tempfile::tempdir()?;
-    let pool = db::connect(None, dir.path()).await?;
-    // Every machine counts as remote here: what is measured is the server, not engines starting.
-    let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
-    let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
-    let fleet = Arc::new(
-        Fleet::open(
-            pool,
-            Inventory::new(demo_fleet())?,
-            runtime,
-            Hosts::default(),
-        )
-        .await
-        .map_err(|e| e.to_string())?,
-    );
+    let bench = Bench::open(demo_fleet()).await?;
     for n in 0..16u32 {
         let gpu_requests = GpuRequests {
             shared: true,
@@ -48,19 +33,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             command: None,
             env: Default::default(),
         };
-        fleet
+        bench
+            .fleet
             .create_worker(worker, "bench")
             .await
             .map_err(|e| e.to_string())?;
     }
-    // The load generator sends an operator's API token, as a script would.
-    let token = server::bench_token(&fleet).await?;
-    println!("{token}");
-    let state = AppState::new(
-        LeptosOptions::builder().output_name("tessera").build(),
-        fleet,
-    );
-    let app = router(state).route("/bench/hello", get(|| async { "Hello, World!" }));
+    // The load generator sends the operator's API token, as a script would.
+    println!("{}", bench.token);
+    let app = bench
+        .router()
+        .route("/bench/hello", get(|| async { "Hello, World!" }));
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("bench server on http://{addr}");
     axum::serve(listener, app).await?;

@@ -2,18 +2,16 @@
 //! group of three models. `GET /nodes` through the whole router (server-side rendering with its data, as a
 //! browser's first load gets it), 300 times on a real SQLite file, then the percentiles.
 
+mod support;
+
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use leptos::config::LeptosOptions;
-use placement::{BasisPoints, Bytes, Gpu, Inventory, Machine};
-use server::fleet::Fleet;
+use placement::{BasisPoints, Bytes, Gpu, Machine};
 use server::groups::Deploy;
 use server::inventory::demo::{CatalogModel, Engine};
-use server::runtime::{Hosts, Runtime, Settings};
-use server::{db, router, AppState};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::Bench;
 use tower::ServiceExt;
 
 const MACHINES: usize = 100;
@@ -41,21 +39,8 @@ fn machine(n: usize) -> Machine {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    let pool = db::connect(None, dir.path()).await?;
-    // Every machine counts as remote here: what is measured is the server, not engines starting.
-    let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
-    let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
-    let fleet = Arc::new(
-        Fleet::open(
-            pool,
-            Inventory::new((0..MACHINES).map(machine).collect())?,
-            runtime,
-            Hosts::default(),
-        )
-        .await
-        .map_err(|e| e.to_string())?,
-    );
+    let bench = Bench::open((0..MACHINES).map(machine).collect()).await?;
+    let fleet = &bench.fleet;
     for n in 0..MACHINES {
         for (i, member) in ["llm", "embedder", "speech"].iter().enumerate() {
             let name = format!("{member}-{n:03}");
@@ -94,11 +79,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map_err(|e| e.to_string())?;
         }
     }
-    let token = server::bench_token(&fleet).await?;
-    let app = router(AppState::new(
-        LeptosOptions::builder().output_name("tessera").build(),
-        fleet,
-    ));
+    let token = &bench.token;
+    let app = bench.router();
 
     let mut latencies = Vec::with_capacity(RENDERS);
     let mut size = 0;

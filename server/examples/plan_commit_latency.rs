@@ -1,38 +1,22 @@
 //! The latency of committing a plan change (`PUT /api/groups/{name}/plan`) through the whole router, on a
 //! real SQLite file: 2,000 commits that alternate two members' shares, then the percentiles.
 
+mod support;
+
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use leptos::config::LeptosOptions;
-use placement::Inventory;
-use server::fleet::Fleet;
 use server::groups::Deploy;
 use server::inventory::demo::{demo_catalog, demo_fleet};
-use server::runtime::{Hosts, Runtime, Settings};
-use server::{db, router, AppState};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
+use support::Bench;
 use tower::ServiceExt;
 
 const COMMITS: usize = 2_000;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let dir = tempfile::tempdir()?;
-    let pool = db::connect(None, dir.path()).await?;
-    // Every machine counts as remote here: what is measured is the server, not engines starting.
-    let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
-    let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
-    let fleet = Arc::new(
-        Fleet::open(
-            pool,
-            Inventory::new(demo_fleet())?,
-            runtime,
-            Hosts::default(),
-        )
-        .await
-        .map_err(|e| e.to_string())?,
-    );
+    let bench = Bench::open(demo_fleet()).await?;
+    let fleet = &bench.fleet;
     fleet
         .seed_catalog(&demo_catalog())
         .await
@@ -55,11 +39,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .deploy(deploy("vision", Some(1)), "bench")
         .await
         .map_err(|e| e.to_string())?;
-    let token = server::bench_token(&fleet).await?;
-    let app = router(AppState::new(
-        LeptosOptions::builder().output_name("tessera").build(),
-        fleet,
-    ));
+    let token = &bench.token;
+    let app = bench.router();
 
     let mut latencies = Vec::with_capacity(COMMITS);
     for n in 0..COMMITS {

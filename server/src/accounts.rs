@@ -4,10 +4,11 @@
 use crate::audit::{self, Entry};
 use crate::error::ApiError;
 use app::auth::{Caller, Role};
+use app::views::{Account, ApiToken, NewApiToken};
 use argon2::password_hash::rand_core::{OsRng, RngCore};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 use std::collections::HashMap;
@@ -33,17 +34,6 @@ pub struct NewUser {
     pub password: String,
 }
 
-/// An account as the API shows it (never its password).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct UserView {
-    /// Its name.
-    pub name: String,
-    /// Its role.
-    pub role: Role,
-    /// When it was made, RFC 3339.
-    pub created_at: String,
-}
-
 /// `POST /api/tokens`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -53,35 +43,6 @@ pub struct NewToken {
     /// Whose role it acts with; the caller's own account when absent.
     #[serde(default)]
     pub user: Option<String>,
-}
-
-/// An API token as the API lists it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct TokenView {
-    /// Its id, to revoke it by.
-    pub id: i64,
-    /// What it is for.
-    pub name: String,
-    /// Whose role it acts with.
-    pub user: String,
-    /// Its first characters, to tell it apart.
-    pub prefix: String,
-    /// When it was made, RFC 3339.
-    pub created_at: String,
-    /// When it was last used.
-    pub last_used_at: Option<String>,
-    /// When it was revoked; a revoked token no longer works.
-    pub revoked_at: Option<String>,
-}
-
-/// A token just made: the only time its secret is shown.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct IssuedToken {
-    /// The token as listed.
-    #[serde(flatten)]
-    pub token: TokenView,
-    /// Send it as `Authorization: Bearer …`. It is not shown again.
-    pub secret: String,
 }
 
 /// The argon2id hash of `password`, in PHC form.
@@ -142,7 +103,7 @@ pub async fn create_user(
     pool: &SqlitePool,
     new: &NewUser,
     actor: &str,
-) -> Result<UserView, ApiError> {
+) -> Result<Account, ApiError> {
     crate::fleet::check_name(&new.name)?;
     check_password(&new.password)?;
     let hash = hash_password(&new.password)?;
@@ -172,7 +133,7 @@ pub async fn create_first_admin(
     pool: &SqlitePool,
     name: &str,
     password: &str,
-) -> Result<UserView, ApiError> {
+) -> Result<Account, ApiError> {
     crate::fleet::check_name(name)?;
     check_password(password)?;
     let hash = hash_password(password)?;
@@ -199,7 +160,7 @@ pub async fn create_first_admin(
 }
 
 /// One account.
-pub async fn user(pool: &SqlitePool, name: &str) -> Result<UserView, ApiError> {
+pub async fn user(pool: &SqlitePool, name: &str) -> Result<Account, ApiError> {
     let row: Option<(String, String, String)> =
         sqlx::query_as("SELECT name, role, created_at FROM users WHERE name = ?")
             .bind(name)
@@ -207,7 +168,7 @@ pub async fn user(pool: &SqlitePool, name: &str) -> Result<UserView, ApiError> {
             .await?;
     let (name, role, created_at) =
         row.ok_or_else(|| ApiError::NotFound(format!("there is no account named {name}")))?;
-    Ok(UserView {
+    Ok(Account {
         role: role_of(&role)?,
         name,
         created_at,
@@ -215,14 +176,14 @@ pub async fn user(pool: &SqlitePool, name: &str) -> Result<UserView, ApiError> {
 }
 
 /// Every account, by name.
-pub async fn users(pool: &SqlitePool) -> Result<Vec<UserView>, ApiError> {
+pub async fn users(pool: &SqlitePool) -> Result<Vec<Account>, ApiError> {
     let rows: Vec<(String, String, String)> =
         sqlx::query_as("SELECT name, role, created_at FROM users ORDER BY name")
             .fetch_all(pool)
             .await?;
     rows.into_iter()
         .map(|(name, role, created_at)| {
-            Ok(UserView {
+            Ok(Account {
                 role: role_of(&role)?,
                 name,
                 created_at,
@@ -394,7 +355,7 @@ pub async fn create_token(
     user: &str,
     name: &str,
     actor: &str,
-) -> Result<IssuedToken, ApiError> {
+) -> Result<NewApiToken, ApiError> {
     crate::fleet::check_name(name)?;
     let secret = new_secret();
     let prefix: String = secret.chars().take(TOKEN_PREFIX.len() + 6).collect();
@@ -426,11 +387,11 @@ pub async fn create_token(
         .into_iter()
         .find(|t| t.id == id)
         .ok_or_else(|| ApiError::internal("a token just made is gone"))?;
-    Ok(IssuedToken { token, secret })
+    Ok(NewApiToken { token, secret })
 }
 
 /// Every API token, newest first.
-pub async fn tokens(pool: &SqlitePool) -> Result<Vec<TokenView>, ApiError> {
+pub async fn tokens(pool: &SqlitePool) -> Result<Vec<ApiToken>, ApiError> {
     type Row = (
         i64,
         String,
@@ -449,7 +410,7 @@ pub async fn tokens(pool: &SqlitePool) -> Result<Vec<TokenView>, ApiError> {
     Ok(rows
         .into_iter()
         .map(
-            |(id, name, user, prefix, created_at, last_used_at, revoked_at)| TokenView {
+            |(id, name, user, prefix, created_at, last_used_at, revoked_at)| ApiToken {
                 id,
                 name,
                 user,
@@ -463,7 +424,7 @@ pub async fn tokens(pool: &SqlitePool) -> Result<Vec<TokenView>, ApiError> {
 }
 
 /// Revokes a token: it stops working at once, and stays listed as revoked.
-pub async fn revoke_token(pool: &SqlitePool, id: i64, actor: &str) -> Result<TokenView, ApiError> {
+pub async fn revoke_token(pool: &SqlitePool, id: i64, actor: &str) -> Result<ApiToken, ApiError> {
     let mut tx = crate::db::write(pool).await?;
     let revoked = sqlx::query(
         "UPDATE api_tokens SET revoked_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ? AND revoked_at IS NULL",

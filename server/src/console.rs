@@ -12,10 +12,10 @@ use app::auth::{Caller, Role};
 use app::error::AppError;
 use app::services::{Answer, Console};
 use app::views::{
-    Account, AccountsPage, ApiToken, AuditLine, AuditQuery, CatalogEntry, ChangeOutcome,
-    DeployOptions, DeployRequest, EngineLine, EngineStatus, GpuDetail, GpuOption, GpuUse,
-    GroupPlan, MachineDetail, ModelRow, NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine,
-    PlanProgress, Serving, ServingForm, Sharer, SharingForm, StepLine, StepState, WorkerLine,
+    AccountsPage, AuditLine, AuditQuery, CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest,
+    EngineLine, EngineStatus, GpuDetail, GpuOption, GpuUse, GroupPlan, MachineDetail, ModelRow,
+    NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine, PlanProgress, Serving, ServingForm,
+    Sharer, SharingForm, StepLine, StepState, WorkerLine,
 };
 use placement::{BasisPoints, Bytes, GpuRef, Grouping, PlanMember, UsageReport};
 use std::collections::BTreeMap;
@@ -478,18 +478,6 @@ fn env_map(env: Vec<(String, String)>) -> Result<BTreeMap<String, String>, ApiEr
     Ok(map)
 }
 
-fn api_token(t: accounts::TokenView) -> ApiToken {
-    ApiToken {
-        id: t.id,
-        name: t.name,
-        user: t.user,
-        prefix: t.prefix,
-        created_at: t.created_at,
-        last_used_at: t.last_used_at,
-        revoked_at: t.revoked_at,
-    }
-}
-
 fn outcome(change: PlanChange) -> ChangeOutcome {
     ChangeOutcome {
         group: change.group,
@@ -619,17 +607,7 @@ impl Console for ConsoleService {
             let pool = &self.fleet.pool;
             let accounts = accounts::users(pool).await.map_err(app_error)?;
             let tokens = accounts::tokens(pool).await.map_err(app_error)?;
-            Ok(AccountsPage {
-                accounts: accounts
-                    .into_iter()
-                    .map(|u| Account {
-                        name: u.name,
-                        role: u.role,
-                        created_at: u.created_at,
-                    })
-                    .collect(),
-                tokens: tokens.into_iter().map(api_token).collect(),
-            })
+            Ok(AccountsPage { accounts, tokens })
         })
     }
 
@@ -665,13 +643,9 @@ impl Console for ConsoleService {
 
     fn create_token(&self, actor: Caller, user: String, name: String) -> Answer<'_, NewApiToken> {
         Box::pin(async move {
-            let issued = accounts::create_token(&self.fleet.pool, &user, &name, &actor.name)
+            accounts::create_token(&self.fleet.pool, &user, &name, &actor.name)
                 .await
-                .map_err(app_error)?;
-            Ok(NewApiToken {
-                token: api_token(issued.token),
-                secret: issued.secret,
-            })
+                .map_err(app_error)
         })
     }
 

@@ -190,24 +190,6 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// For the benchmarks (`server/examples`): an operator named `bench` and an API token for it.
-pub async fn bench_token(fleet: &Fleet) -> Result<String, ServerError> {
-    let operator = accounts::NewUser {
-        name: "bench".to_owned(),
-        role: app::auth::Role::Operator,
-        password: "the benchmarks' password".to_owned(),
-    };
-    accounts::create_user(&fleet.pool, &operator, audit::TESSERA)
-        .await
-        .map_err(ServerError::Load)?;
-    Ok(
-        accounts::create_token(&fleet.pool, "bench", "bench", audit::TESSERA)
-            .await
-            .map_err(ServerError::Load)?
-            .secret,
-    )
-}
-
 /// Deletes expired sessions every hour, for as long as the server runs.
 async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
     let sessions = auth::sessions::SqliteSessions::new(pool);

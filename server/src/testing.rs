@@ -41,9 +41,35 @@ model = "NVIDIA L4"
 memory_gb = 24
 "#;
 
+/// atlas: two 96 GB GPUs.
+const ATLAS: &str = r#"
+[[machine]]
+name = "atlas"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+[[machine.gpu]]
+index = 1
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+"#;
+
 /// majin and the node: three GPUs on two machines.
 pub fn majin_and_node() -> String {
     format!("{MAJIN}{NODE}")
+}
+
+/// majin and atlas, with the demo catalog: the fleet the sharing-group tests deploy onto.
+pub async fn majin_and_atlas_with_catalog() -> TestApp {
+    let app = TestApp::new(&format!("{MAJIN}{ATLAS}")).await;
+    app.fleet
+        .seed_catalog(&crate::inventory::demo::demo_catalog())
+        .await
+        .expect("the demo catalog");
+    app
 }
 
 /// The server on a data folder of its own.

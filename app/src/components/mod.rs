@@ -5,4 +5,5 @@ pub mod cluster_tabs;
 pub mod confirm;
 pub mod live;
 pub mod memory_bar;
+pub mod serving_fields;
 pub mod share_panel;

@@ -5,6 +5,7 @@
 //! commits it on the server, which judges the plan again first.
 
 use crate::components::confirm::Confirm;
+use crate::components::serving_fields::ServingFields;
 use crate::components::share_panel::SharedGpuMemoryPanel;
 use crate::deploy_form::{
     parse_args, parse_env, selectable, shared_deploy, whole_gpus, Placement, SharedDeploy,
@@ -206,7 +207,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             <h2 data-testid="step">{move || STEPS[step.get()]}</h2>
             {move || match step.get() {
                 0 => view! { <PlacementStep options model nodes width sharing /> }.into_any(),
-                1 => view! { <ServingStep args env /> }.into_any(),
+                1 => view! { <ServingFields args env /> }.into_any(),
                 _ => view! { <SharingStep sharing shared rows verdict whole /> }.into_any(),
             }}
             {move || (step.get() == 0).then(|| placement_problem().filter(|_| !model.get().is_empty() && !nodes.get().is_empty()).map(|p| view! {
@@ -320,38 +321,6 @@ fn PlacementStep(
                 <option value=w.to_string() selected=move || width.get() == w>{w.to_string()}</option>
             }).collect_view()}
         </select>
-    }
-}
-
-/// Step two: the engine's serving settings.
-#[component]
-fn ServingStep(args: RwSignal<String>, env: RwSignal<String>) -> impl IntoView {
-    let problem = move || {
-        parse_args(&args.get())
-            .err()
-            .or_else(|| parse_env(&env.get()).err())
-    };
-    view! {
-        <label for="args">"Extra arguments"</label>
-        <input
-            id="args"
-            type="text"
-            class="wide"
-            autocomplete="off"
-            placeholder="--max-model-len 8192"
-            prop:value=move || args.get()
-            on:input=move |ev| args.set(event_target_value(&ev))
-        />
-        <label for="env">"Environment variables"</label>
-        <textarea
-            id="env"
-            rows="4"
-            aria-describedby="env-help"
-            prop:value=move || env.get()
-            on:input=move |ev| env.set(event_target_value(&ev))
-        ></textarea>
-        <p id="env-help" class="muted">"One NAME=value per line."</p>
-        {move || problem().map(|p| view! { <p class="field-error" role="alert">{p}</p> })}
     }
 }
 

@@ -3,6 +3,7 @@
 //! that model alone, after a confirmation.
 
 use crate::components::confirm::Confirm;
+use crate::components::serving_fields::ServingFields;
 use crate::deploy_form::{args_text, env_text, parse_args, parse_env};
 use crate::error::AppError;
 use crate::views::{ChangeOutcome, Serving, ServingForm};
@@ -52,10 +53,8 @@ pub fn ServingPage() -> impl IntoView {
 
 #[component]
 fn ServingEditor(form: ServingForm) -> impl IntoView {
-    let opened_args = args_text(&form.serving.args);
-    let opened_env = env_text(&form.serving.env);
-    let args = RwSignal::new(opened_args.clone());
-    let env = RwSignal::new(opened_env.clone());
+    let args = RwSignal::new(args_text(&form.serving.args));
+    let env = RwSignal::new(env_text(&form.serving.env));
     let parsed = Memo::new(move |_| {
         let args = parse_args(&args.get())?;
         let env = parse_env(&env.get())?;
@@ -128,27 +127,7 @@ fn ServingEditor(form: ServingForm) -> impl IntoView {
             </fieldset>
             <fieldset class="panel">
                 <legend>"Serving"</legend>
-                <label for="args">"Extra arguments"</label>
-                <input
-                    id="args"
-                    type="text"
-                    class="wide"
-                    autocomplete="off"
-                    prop:value=move || args.get()
-                    on:input=move |ev| args.set(event_target_value(&ev))
-                />
-                <label for="env">"Environment variables"</label>
-                <textarea
-                    id="env"
-                    rows="4"
-                    aria-describedby="env-help"
-                    prop:value=move || env.get()
-                    on:input=move |ev| env.set(event_target_value(&ev))
-                >
-                    {opened_env}
-                </textarea>
-                <p id="env-help" class="muted">"One NAME=value per line."</p>
-                {move || parsed.get().err().map(|e| view! { <p class="field-error" role="alert">{e}</p> })}
+                <ServingFields args env />
             </fieldset>
             {move || save.value().get().and_then(Result::err).map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })}
             {move || if confirming.get() {

@@ -1,12 +1,13 @@
 //! The REST API's accounts, API tokens and audit log routes.
 
-use crate::accounts::{self, IssuedToken, NewToken, NewUser, TokenView, UserView};
+use crate::accounts::{self, NewToken, NewUser};
 use crate::api::ApiJson;
 use crate::audit::{self, AuditEntry, AuditFilter};
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::AppState;
 use app::auth::Caller;
+use app::views::{Account, ApiToken, NewApiToken};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
@@ -17,7 +18,7 @@ pub async fn me(Actor(caller): Actor) -> Json<Caller> {
 }
 
 /// `GET /api/users`.
-pub async fn list_users(State(state): State<AppState>) -> Result<Json<Vec<UserView>>, ApiError> {
+pub async fn list_users(State(state): State<AppState>) -> Result<Json<Vec<Account>>, ApiError> {
     Ok(Json(accounts::users(&state.fleet.pool).await?))
 }
 
@@ -26,7 +27,7 @@ pub async fn create_user(
     State(state): State<AppState>,
     Actor(actor): Actor,
     ApiJson(new): ApiJson<NewUser>,
-) -> Result<(StatusCode, Json<UserView>), ApiError> {
+) -> Result<(StatusCode, Json<Account>), ApiError> {
     let user = accounts::create_user(&state.fleet.pool, &new, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
@@ -43,7 +44,7 @@ pub async fn delete_user(
 }
 
 /// `GET /api/tokens`.
-pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<Vec<TokenView>>, ApiError> {
+pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<Vec<ApiToken>>, ApiError> {
     Ok(Json(accounts::tokens(&state.fleet.pool).await?))
 }
 
@@ -52,7 +53,7 @@ pub async fn create_token(
     State(state): State<AppState>,
     Actor(actor): Actor,
     ApiJson(new): ApiJson<NewToken>,
-) -> Result<(StatusCode, Json<IssuedToken>), ApiError> {
+) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
     let user = new.user.unwrap_or_else(|| actor.name.clone());
     let issued = accounts::create_token(&state.fleet.pool, &user, &new.name, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(issued)))
@@ -63,7 +64,7 @@ pub async fn revoke_token(
     State(state): State<AppState>,
     Actor(actor): Actor,
     Path(id): Path<String>,
-) -> Result<Json<TokenView>, ApiError> {
+) -> Result<Json<ApiToken>, ApiError> {
     let id: i64 = id.parse().map_err(|_| {
         ApiError::BadRequest(format!(
             "a token's id is a whole number (GET /api/tokens lists them), not {id:?}"

@@ -1,27 +1,12 @@
 //! Every change lands in the audit log with who, what, before and after; a refused one does not.
 
 use crate::inventory::demo::demo_catalog;
-use crate::testing::{TestApp, ADMIN, MAJIN};
+use crate::testing::{majin_and_atlas_with_catalog, TestApp, ADMIN};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
 async fn app() -> TestApp {
-    let fleet = format!(
-        "{MAJIN}{}",
-        r#"
-[[machine]]
-name = "atlas"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-"#
-    );
-    let app = TestApp::new(&fleet).await;
-    app.fleet.seed_catalog(&demo_catalog()).await.unwrap();
-    app
+    majin_and_atlas_with_catalog().await
 }
 
 async fn send(app: &TestApp, method: Method, uri: &str, body: Value) -> (StatusCode, Value) {

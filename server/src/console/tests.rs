@@ -1,30 +1,12 @@
 //! The console's pages rendered by the server, and its server functions over HTTP, on a real SQLite file.
 
 use super::concerns;
-use crate::inventory::demo::demo_catalog;
-use crate::testing::{shared_worker, TestApp, MAJIN};
+use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, MAJIN};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
-const ATLAS: &str = r#"
-[[machine]]
-name = "atlas"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-[[machine.gpu]]
-index = 1
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-"#;
-
 async fn app() -> TestApp {
-    let app = TestApp::new(&format!("{MAJIN}{ATLAS}")).await;
-    app.fleet.seed_catalog(&demo_catalog()).await.unwrap();
-    app
+    majin_and_atlas_with_catalog().await
 }
 
 /// The page at `uri` as the server renders it, resources resolved.

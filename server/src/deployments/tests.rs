@@ -1,33 +1,12 @@
 //! Removing deployed models, models on whole GPUs, and serving changes, through the REST API on a real
 //! SQLite file.
 
-use crate::inventory::demo::demo_catalog;
-use crate::testing::{TestApp, MAJIN};
+use crate::testing::{majin_and_atlas_with_catalog, TestApp};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
-/// majin and atlas (two 96 GB GPUs), with the demo catalog.
 async fn app() -> TestApp {
-    let fleet = format!(
-        "{MAJIN}{}",
-        r#"
-[[machine]]
-name = "atlas"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-[[machine.gpu]]
-index = 1
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-"#
-    );
-    let app = TestApp::new(&fleet).await;
-    app.fleet.seed_catalog(&demo_catalog()).await.unwrap();
-    app
+    majin_and_atlas_with_catalog().await
 }
 
 async fn post(app: &TestApp, uri: &str, body: Value) -> (StatusCode, Value) {

@@ -2,35 +2,12 @@
 
 use super::sharer;
 use crate::inventory::demo::demo_catalog;
-use crate::testing::{TestApp, MAJIN};
+use crate::testing::{majin_and_atlas_with_catalog, TestApp};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
-/// majin and atlas (two 96 GB GPUs).
-fn fleet() -> String {
-    format!(
-        "{MAJIN}{}",
-        r#"
-[[machine]]
-name = "atlas"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-[[machine.gpu]]
-index = 1
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-"#
-    )
-}
-
 async fn app() -> TestApp {
-    let app = TestApp::new(&fleet()).await;
-    app.fleet.seed_catalog(&demo_catalog()).await.unwrap();
-    app
+    majin_and_atlas_with_catalog().await
 }
 
 /// text-router on atlas:1 at revision 2: glm-5.3 at 40 %, then speech at 10 %.

@@ -1,0 +1,66 @@
+//! What the benchmark examples share: a fleet on a fresh SQLite file, its machines all remote (what is
+//! measured is the server, not engines starting), an operator's API token, and the whole router.
+
+use leptos::config::LeptosOptions;
+use placement::{Inventory, Machine};
+use server::accounts::{self, NewUser};
+use server::fleet::Fleet;
+use server::runtime::{Hosts, Runtime, Settings};
+use server::{db, router, AppState};
+use std::error::Error;
+use std::sync::Arc;
+
+/// A fleet to measure.
+pub struct Bench {
+    /// The fleet.
+    pub fleet: Arc<Fleet>,
+    /// An operator's API token, sent as a script would.
+    pub token: String,
+    /// Kept for as long as the bench runs: the database is in it.
+    _dir: tempfile::TempDir,
+}
+
+impl Bench {
+    /// `machines` on a fresh database, with an operator named `bench`.
+    pub async fn open(machines: Vec<Machine>) -> Result<Bench, Box<dyn Error>> {
+        let dir = tempfile::tempdir()?;
+        let pool = db::connect(None, dir.path()).await?;
+        let settings = Settings::new(std::env::current_exe()?, dir.path().join("engines"));
+        let runtime = Arc::new(Runtime::open(pool.clone(), settings).await?);
+        let fleet = Arc::new(
+            Fleet::open(
+                pool.clone(),
+                Inventory::new(machines)?,
+                runtime,
+                Hosts::default(),
+            )
+            .await
+            .map_err(|e| e.to_string())?,
+        );
+        let operator = NewUser {
+            name: "bench".to_owned(),
+            role: app::auth::Role::Operator,
+            password: "the benchmarks' password".to_owned(),
+        };
+        accounts::create_user(&pool, &operator, "bench")
+            .await
+            .map_err(|e| e.to_string())?;
+        let token = accounts::create_token(&pool, "bench", "bench", "bench")
+            .await
+            .map_err(|e| e.to_string())?
+            .secret;
+        Ok(Bench {
+            fleet,
+            token,
+            _dir: dir,
+        })
+    }
+
+    /// The whole router over the fleet.
+    pub fn router(&self) -> axum::Router {
+        router(AppState::new(
+            LeptosOptions::builder().output_name("tessera").build(),
+            self.fleet.clone(),
+        ))
+    }
+}
