@@ -75,8 +75,8 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
-    provide_live();
     provide_signed_in();
+    provide_live();
     // Effects run only in the browser: this flips once the wasm has hydrated the page, for tests to wait on.
     let hydrated = RwSignal::new(false);
     Effect::new(move |_| hydrated.set(true));

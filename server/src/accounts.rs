@@ -73,18 +73,30 @@ fn check_password(password: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Bytes as lower-case hex. (Every API request digests its token: no allocation per byte.)
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        out.push(DIGITS[usize::from(b >> 4)] as char);
+        out.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    out
+}
+
 fn token_digest(secret: &str) -> String {
-    Sha256::digest(secret.as_bytes())
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    hex(&Sha256::digest(secret.as_bytes()))
+}
+
+/// `count` random bytes from the operating system, as hex.
+pub(crate) fn random_hex(count: usize) -> String {
+    let mut bytes = vec![0u8; count];
+    OsRng.fill_bytes(&mut bytes);
+    hex(&bytes)
 }
 
 fn new_secret() -> String {
-    let mut bytes = [0u8; 32];
-    OsRng.fill_bytes(&mut bytes);
-    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!("{TOKEN_PREFIX}{hex}")
+    format!("{TOKEN_PREFIX}{}", random_hex(32))
 }
 
 fn role_of(text: &str) -> Result<Role, ApiError> {

@@ -15,7 +15,6 @@ use crate::accounts;
 use crate::error::ApiError;
 use crate::AppState;
 use app::auth::{Caller, CsrfToken, Role, CSRF_HEADER};
-use argon2::password_hash::rand_core::{OsRng, RngCore};
 use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, Method};
@@ -49,6 +48,73 @@ pub fn session_layer(pool: sqlx::SqlitePool, https: bool) -> SessionManagerLayer
         .with_expiry(Expiry::OnInactivity(IDLE))
 }
 
+/// The session layer, except for REST API requests that carry an API token: a script has no session, and
+/// making one for each of its requests cost a fifth of the time of a read (BENCHMARKS.md).
+#[derive(Clone)]
+pub struct SessionsUnlessToken {
+    sessions: SessionManagerLayer<SqliteSessions>,
+}
+
+impl SessionsUnlessToken {
+    /// `sessions` for every request but a script's.
+    pub fn new(sessions: SessionManagerLayer<SqliteSessions>) -> SessionsUnlessToken {
+        SessionsUnlessToken { sessions }
+    }
+}
+
+impl<S: Clone> tower::Layer<S> for SessionsUnlessToken
+where
+    SessionManagerLayer<SqliteSessions>: tower::Layer<S>,
+{
+    type Service =
+        SkipSessions<S, <SessionManagerLayer<SqliteSessions> as tower::Layer<S>>::Service>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        SkipSessions {
+            plain: inner.clone(),
+            sessions: self.sessions.layer(inner),
+        }
+    }
+}
+
+/// The service of [`SessionsUnlessToken`]: the same routes with sessions and without.
+#[derive(Clone)]
+pub struct SkipSessions<P, W> {
+    plain: P,
+    sessions: W,
+}
+
+impl<P, W, B> tower::Service<axum::http::Request<B>> for SkipSessions<P, W>
+where
+    P: tower::Service<axum::http::Request<B>>,
+    W: tower::Service<axum::http::Request<B>, Response = P::Response, Error = P::Error>,
+{
+    type Response = P::Response;
+    type Error = P::Error;
+    type Future = futures::future::Either<P::Future, W::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        match self.plain.poll_ready(cx) {
+            std::task::Poll::Ready(Ok(())) => self.sessions.poll_ready(cx),
+            other => other,
+        }
+    }
+
+    fn call(&mut self, request: axum::http::Request<B>) -> Self::Future {
+        let path = request.uri().path();
+        let script = (path.starts_with("/api/") || path == "/metrics")
+            && request.headers().contains_key(header::AUTHORIZATION);
+        if script {
+            futures::future::Either::Left(self.plain.call(request))
+        } else {
+            futures::future::Either::Right(self.sessions.call(request))
+        }
+    }
+}
+
 /// Where a request goes, which decides what it needs.
 #[derive(Debug, PartialEq, Eq)]
 enum Area {
@@ -79,11 +145,9 @@ fn area(method: &Method, path: &str) -> Area {
     }
 }
 
-/// A fresh random token, hex.
+/// A fresh random CSRF token.
 fn random_token() -> String {
-    let mut bytes = [0u8; 24];
-    OsRng.fill_bytes(&mut bytes);
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    accounts::random_hex(24)
 }
 
 /// The session's CSRF token, made when `make` and the session has none.
@@ -104,13 +168,10 @@ async fn csrf_of(session: &Session, make: bool) -> Result<Option<String>, ApiErr
 }
 
 /// Resolves the caller and lets the request on only if it may go where it goes.
-pub async fn guard(
-    State(state): State<AppState>,
-    session: Session,
-    mut request: Request,
-    next: Next,
-) -> Response {
-    match check(&state, &session, &mut request).await {
+pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
+    // Every request has a session but a script's (see [`SessionsUnlessToken`]).
+    let session = request.extensions().get::<Session>().cloned();
+    match check(&state, session.as_ref(), &mut request).await {
         Ok(None) => next.run(request).await,
         Ok(Some(elsewhere)) => elsewhere,
         Err(e) => e.into_response(),
@@ -121,7 +182,7 @@ pub async fn guard(
 /// answers it instead (a redirect to sign in).
 async fn check(
     state: &AppState,
-    session: &Session,
+    session: Option<&Session>,
     request: &mut Request,
 ) -> Result<Option<Response>, ApiError> {
     let pool = &state.fleet.pool;
@@ -143,7 +204,11 @@ async fn check(
             }
         },
         None => {
-            let id: Option<i64> = session.get(USER_ID).await.map_err(ApiError::internal)?;
+            // No session: a script's request with some other Authorization header, anonymous.
+            let id: Option<i64> = match session {
+                Some(session) => session.get(USER_ID).await.map_err(ApiError::internal)?,
+                None => None,
+            };
             match id {
                 Some(id) => (accounts::caller_by_id(pool, id).await?, true),
                 None => (None, false),
@@ -151,10 +216,11 @@ async fn check(
         }
     };
     // Pages (the sign-in page above all) carry the token in their forms; the rest only check it.
-    let csrf = if bearer.is_none() {
-        csrf_of(session, matches!(area, Area::Page | Area::Public)).await?
-    } else {
-        None
+    let csrf = match session {
+        Some(session) if bearer.is_none() => {
+            csrf_of(session, matches!(area, Area::Page | Area::Public)).await?
+        }
+        _ => None,
     };
     let unsafe_method = !matches!(
         *request.method(),

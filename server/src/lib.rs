@@ -38,9 +38,14 @@ use std::time::Duration;
 use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
-/// Everything a request handler may need.
-#[derive(Clone, FromRef)]
-pub struct AppState {
+/// Everything a request handler may need, behind one `Arc`: every request clones the state (each
+/// middleware and handler that takes it), and a clone of the parts themselves (the Leptos options, a
+/// dozen strings) would cost more than the answer to a read.
+#[derive(Clone)]
+pub struct AppState(Arc<Shared>);
+
+/// What [`AppState`] holds.
+pub struct Shared {
     /// Where the built site lives and how the page loads it.
     pub leptos_options: LeptosOptions,
     /// The machines, their GPUs and the workers on them.
@@ -55,17 +60,37 @@ pub struct AppState {
     pub https: bool,
 }
 
+impl std::ops::Deref for AppState {
+    type Target = Shared;
+
+    fn deref(&self) -> &Shared {
+        &self.0
+    }
+}
+
+/// What leptos_axum takes from the state.
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> LeptosOptions {
+        state.leptos_options.clone()
+    }
+}
+
 impl AppState {
     /// The state over `fleet`, served over plain http.
     pub fn new(leptos_options: LeptosOptions, fleet: Arc<Fleet>) -> AppState {
-        AppState {
+        AppState::serving(leptos_options, fleet, false)
+    }
+
+    /// The state over `fleet`; `https` when the console is reached over https.
+    pub fn serving(leptos_options: LeptosOptions, fleet: Arc<Fleet>, https: bool) -> AppState {
+        AppState(Arc::new(Shared {
             leptos_options,
             fleet,
             http_metrics: Arc::default(),
             throttle: Arc::default(),
             tokens: Arc::default(),
-            https: false,
-        }
+            https,
+        }))
     }
 }
 
@@ -98,7 +123,7 @@ pub fn router(state: AppState) -> Router {
             state.clone(),
             auth::guard,
         ))
-        .layer(sessions)
+        .layer(auth::SessionsUnlessToken::new(sessions))
         .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
         .layer(axum::middleware::from_fn(security::headers))
         .layer(axum::middleware::from_fn_with_state(
@@ -167,10 +192,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     }
     tokio::spawn(forget_expired_sessions(fleet.pool.clone()));
     tracing::info!("Tessera listening on http://{}", config.listen);
-    let state = AppState {
-        https: config.https,
-        ..AppState::new(leptos_options, fleet)
-    };
+    let state = AppState::serving(leptos_options, fleet, config.https);
     axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),

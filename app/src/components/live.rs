@@ -1,6 +1,7 @@
 //! What changes on the server shows without a reload: the browser follows the runtime's event stream
 //! (`GET /api/events`) and every page's reads depend on a counter that each event moves on.
 
+use crate::components::account_menu::signed_in;
 use leptos::prelude::*;
 
 /// The counter the reads depend on; it moves when something changed on the server.
@@ -19,12 +20,19 @@ impl Live {
     }
 }
 
-/// Provides [`Live`] to the app and, in the browser, opens the event stream.
+/// Provides [`Live`] to the app and, in the browser, opens the event stream once someone is signed in
+/// (the sign-in page has nothing to follow, and the stream would refuse it).
 pub fn provide_live() {
     let live = Live(RwSignal::new(0));
     provide_context(live);
+    let following = StoredValue::new(false);
     // Effects run in the browser only: the server renders what it has.
-    Effect::new(move |_| follow_events(live));
+    Effect::new(move |_| {
+        if signed_in().is_some() && !following.get_value() {
+            following.set_value(true);
+            follow_events(live);
+        }
+    });
 }
 
 /// The app's [`Live`].

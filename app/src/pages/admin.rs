@@ -149,7 +149,7 @@ fn Accounts(
             }>
                 <h3>"Add an account"</h3>
                 <label for="account-name">"Name"</label>
-                <input id="account-name" type="text" class="wide" required=true prop:value=move || name.get() on:input=move |ev| name.set(event_target_value(&ev)) />
+                <input id="account-name" type="text" class="wide" autocomplete="off" required=true prop:value=move || name.get() on:input=move |ev| name.set(event_target_value(&ev)) />
                 <label for="account-role">"Role"</label>
                 <select id="account-role" on:change=move |ev| role.set(Role::parse(&event_target_value(&ev)).unwrap_or(Role::Viewer))>
                     {Role::ALL.into_iter().map(|r| view! { <option value=r.as_str() selected=move || role.get() == r>{r.as_str()}</option> }).collect_view()}
@@ -175,7 +175,7 @@ fn Accounts(
             }>
                 <h3>"Make a token"</h3>
                 <label for="token-name">"What it is for"</label>
-                <input id="token-name" type="text" class="wide" placeholder="ci" required=true prop:value=move || token_name.get() on:input=move |ev| token_name.set(event_target_value(&ev)) />
+                <input id="token-name" type="text" class="wide" autocomplete="off" placeholder="ci" required=true prop:value=move || token_name.get() on:input=move |ev| token_name.set(event_target_value(&ev)) />
                 <label for="token-user">"Acting for"</label>
                 <select id="token-user" on:change=move |ev| token_user.set(event_target_value(&ev))>
                     {names.into_iter().map(|n| { let v = n.clone(); view! { <option value=v selected=move || token_user.get() == n>{n.clone()}</option> } }).collect_view()}

@@ -12,6 +12,12 @@ fn new_user(name: &str, role: Role, password: &str) -> NewUser {
 }
 
 #[test]
+fn bytes_are_written_as_lower_case_hex() {
+    assert_eq!(hex(&[0x00, 0x0f, 0xa5, 0xff]), "000fa5ff");
+    assert_eq!(random_hex(24).len(), 48);
+}
+
+#[test]
 fn a_password_is_stored_as_an_argon2id_hash_that_only_it_matches() {
     let hash = hash_password("correct horse battery").unwrap();
     assert!(hash.starts_with("$argon2id$"), "{hash}");

@@ -224,6 +224,11 @@ async fn a_revoked_or_unknown_token_gets_401() {
         .call_with(Some("tsr_0000"), Method::GET, "/api/machines", None)
         .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let basic = Request::get("/api/machines")
+        .header(header::AUTHORIZATION, "Basic YWRhOnBhc3N3b3Jk")
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(app.send(basic).await.status(), StatusCode::UNAUTHORIZED);
 }
 
 #[tokio::test]
