@@ -12,6 +12,7 @@ pub mod csrf;
 pub mod deploy_form;
 pub mod error;
 pub mod pages;
+mod routes;
 pub mod security;
 #[cfg(feature = "ssr")]
 pub mod services;
@@ -24,33 +25,22 @@ use components::live::provide_live;
 use leptos::prelude::*;
 use leptos_meta::{provide_meta_context, Link, MetaTags, Stylesheet, Title};
 use leptos_router::components::{Route, Router, Routes, A};
-use leptos_router::{path, SsrMode};
-use pages::admin::AdminPage;
-use pages::audit::AuditPage;
-use pages::deploy::DeployPage;
-use pages::machine::MachinePage;
-use pages::models::ModelsPage;
-use pages::nodes::NodesPage;
-use pages::serving::ServingPage;
-use pages::sharing::SharingPage;
-use pages::sign_in::{SetupPage, SignInPage};
-use pages::usage::UsagePage;
+use leptos_router::{path, Lazy, SsrMode};
 
 /// The HTML document around the app, rendered on the server: the session's CSRF token for the page's
-/// changes to carry, and (through the response) the Content Security Policy with this page's nonce.
+/// changes to carry, and the page's nonce for its Content Security Policy (`security`).
 pub fn shell(options: LeptosOptions) -> impl IntoView {
     #[cfg(feature = "ssr")]
     let csrf = auth::csrf_token().unwrap_or_default();
     #[cfg(not(feature = "ssr"))]
     let csrf = String::new();
     #[cfg(feature = "ssr")]
-    if let (Some(response), Some(nonce)) = (
-        use_context::<leptos_axum::ResponseOptions>(),
+    if let (Some(parts), Some(nonce)) = (
+        use_context::<http::request::Parts>(),
         leptos::nonce::use_nonce(),
     ) {
-        if let Ok(policy) = http::HeaderValue::from_str(&security::page_policy(&nonce.to_string()))
-        {
-            response.insert_header(http::header::CONTENT_SECURITY_POLICY, policy);
+        if let Some(slot) = parts.extensions.get::<security::PageNonce>() {
+            let _ = slot.0.set(nonce.to_string());
         }
     }
     view! {
@@ -77,9 +67,9 @@ pub fn App() -> impl IntoView {
     provide_meta_context();
     provide_signed_in();
     provide_live();
-    // Effects run only in the browser: this flips once the wasm has hydrated the page, for tests to wait on.
+    // Flips once the page on show has hydrated (routes::Hydrated), for tests to wait on.
     let hydrated = RwSignal::new(false);
-    Effect::new(move |_| hydrated.set(true));
+    provide_context(routes::PageHydrated(hydrated));
     view! {
         <Stylesheet id="leptos" href="/pkg/tessera.css" />
         <Title text="Tessera" />
@@ -94,17 +84,17 @@ pub fn App() -> impl IntoView {
             <main id="main" data-hydrated=move || hydrated.get().to_string()>
                 // Async: each page is sent once its data is read, so it reads in full before any wasm runs.
                 <Routes fallback=|| view! { <h1>"Page not found"</h1> }>
-                    <Route path=path!("") view=ModelsPage ssr=SsrMode::Async />
-                    <Route path=path!("nodes") view=NodesPage ssr=SsrMode::Async />
-                    <Route path=path!("deploy") view=DeployPage ssr=SsrMode::Async />
-                    <Route path=path!("machines/:name") view=MachinePage ssr=SsrMode::Async />
-                    <Route path=path!("models/:name/sharing") view=SharingPage ssr=SsrMode::Async />
-                    <Route path=path!("models/:name/serving") view=ServingPage ssr=SsrMode::Async />
-                    <Route path=path!("usage") view=UsagePage ssr=SsrMode::Async />
-                    <Route path=path!("audit") view=AuditPage ssr=SsrMode::Async />
-                    <Route path=path!("admin") view=AdminPage ssr=SsrMode::Async />
-                    <Route path=path!("login") view=SignInPage ssr=SsrMode::Async />
-                    <Route path=path!("setup") view=SetupPage ssr=SsrMode::Async />
+                    <Route path=path!("") view={Lazy::<routes::Models>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("nodes") view={Lazy::<routes::Nodes>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("deploy") view={Lazy::<routes::Deploy>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("machines/:name") view={Lazy::<routes::MachineRoute>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("models/:name/sharing") view={Lazy::<routes::Sharing>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("models/:name/serving") view={Lazy::<routes::ServingRoute>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("usage") view={Lazy::<routes::Usage>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("audit") view={Lazy::<routes::Audit>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("admin") view={Lazy::<routes::Admin>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("login") view={Lazy::<routes::SignIn>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("setup") view={Lazy::<routes::Setup>::new()} ssr=SsrMode::Async />
                 </Routes>
             </main>
         </Router>
@@ -150,5 +140,5 @@ pub fn time_verdict(members: u32, rounds: u32) -> f64 {
 #[wasm_bindgen::prelude::wasm_bindgen]
 pub fn hydrate() {
     console_error_panic_hook::set_once();
-    leptos::mount::hydrate_body(App);
+    leptos::mount::hydrate_lazy(App);
 }

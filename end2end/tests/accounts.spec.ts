@@ -67,6 +67,9 @@ test("an admin adds an operator and a viewer; the viewer reads, and its change i
     await page.getByRole("button", { name: "Add the account" }).click();
     await expect(page.locator(`tr[data-account="${name}"]`)).toContainText(role);
   }
+  // Others can be removed from here; one's own account cannot.
+  await expect(page.getByRole("button", { name: "Remove otto" })).toBeVisible();
+  await expect(page.getByRole("button", { name: "Remove admin" })).toHaveCount(0);
   await page.screenshot({ path: test.info().outputPath("accounts.png"), fullPage: true });
 
   const context = await browser.newContext({ baseURL: server });

@@ -204,8 +204,14 @@ pub async fn users(pool: &SqlitePool) -> Result<Vec<Account>, ApiError> {
         .collect()
 }
 
-/// Removes an account and its tokens; the last admin stays, so that someone can still manage accounts.
+/// Removes an account and its tokens; the last admin stays, so that someone can still manage accounts, and
+/// no one removes their own account, which would end the session (or the script) that asked.
 pub async fn delete_user(pool: &SqlitePool, name: &str, actor: &str) -> Result<(), ApiError> {
+    if name == actor {
+        return Err(ApiError::Conflict(format!(
+            "{name} is your own account; another admin can remove it"
+        )));
+    }
     let mut tx = crate::db::write(pool).await?;
     let role: Option<String> = sqlx::query_scalar("SELECT role FROM users WHERE name = ?")
         .bind(name)

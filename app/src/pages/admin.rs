@@ -2,6 +2,7 @@
 //! token's secret is shown once, when it is made.
 
 use crate::auth::Role;
+use crate::components::account_menu::signed_in;
 use crate::components::confirm::Confirm;
 use crate::error::AppError;
 use crate::views::{AccountsPage, ApiToken, NewApiToken};
@@ -120,7 +121,14 @@ fn Accounts(
                                 <th scope="row">{a.name.clone()}</th>
                                 <td>{a.role.as_str()}</td>
                                 <td>{a.created_at}</td>
-                                <td><button type="button" class="link" on:click=move |_| confirming.set(Some(who.clone()))>{format!("Remove {}", a.name)}</button></td>
+                                // One's own account is removed by another admin (the server refuses it too).
+                                <td>{move || {
+                                    let who = who.clone();
+                                    let label = format!("Remove {who}");
+                                    (signed_in().map(|me| me.name) != Some(who.clone())).then(|| view! {
+                                        <button type="button" class="link" on:click=move |_| confirming.set(Some(who.clone()))>{label}</button>
+                                    })
+                                }}</td>
                             </tr>
                         }
                     }).collect_view()}

@@ -81,11 +81,14 @@ async fn an_account_needs_a_good_name_a_long_password_and_a_name_of_its_own() {
 }
 
 #[tokio::test]
-async fn the_last_admin_stays() {
+async fn the_last_admin_stays_and_no_one_removes_their_own_account() {
     let app = TestApp::new(MAJIN).await;
     let pool = &app.fleet.pool;
-    let refused = delete_user(pool, ADMIN, ADMIN).await;
-    assert!(matches!(refused, Err(ApiError::Conflict(_))), "{refused:?}");
+    let refused = delete_user(pool, ADMIN, "someone").await;
+    assert!(
+        matches!(&refused, Err(ApiError::Conflict(m)) if m.contains("last admin")),
+        "{refused:?}"
+    );
     create_user(
         pool,
         &new_user("grace", Role::Admin, "long enough pass"),
@@ -93,6 +96,11 @@ async fn the_last_admin_stays() {
     )
     .await
     .unwrap();
+    let own = delete_user(pool, ADMIN, ADMIN).await;
+    assert!(
+        matches!(&own, Err(ApiError::Conflict(m)) if m.contains("your own account")),
+        "{own:?}"
+    );
     delete_user(pool, ADMIN, "grace").await.unwrap();
     assert_eq!(
         users(pool)
