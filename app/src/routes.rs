@@ -30,156 +30,44 @@ fn Hydrated() -> impl IntoView {
     }
 }
 
-/// Cluster → Models.
-pub struct Models;
+/// A route whose view is `$page` and whose code is loaded when it is first shown.
+macro_rules! lazy_page {
+    ($(#[$doc:meta])* $route:ident => $page:ident) => {
+        $(#[$doc])*
+        pub struct $route;
 
-#[lazy_route]
-impl LazyRoute for Models {
-    fn data() -> Self {
-        Models
-    }
+        #[lazy_route]
+        impl LazyRoute for $route {
+            fn data() -> Self {
+                $route
+            }
 
-    fn view(_this: Self) -> AnyView {
-        view! { <ModelsPage /> <Hydrated /> }.into_any()
-    }
+            fn view(_this: Self) -> AnyView {
+                view! { <$page /> <Hydrated /> }.into_any()
+            }
+        }
+    };
 }
 
-/// Cluster → Nodes.
-pub struct Nodes;
-
-#[lazy_route]
-impl LazyRoute for Nodes {
-    fn data() -> Self {
-        Nodes
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <NodesPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// The Deploy a model wizard.
-pub struct Deploy;
-
-#[lazy_route]
-impl LazyRoute for Deploy {
-    fn data() -> Self {
-        Deploy
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <DeployPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// A machine's page.
-pub struct MachineRoute;
-
-#[lazy_route]
-impl LazyRoute for MachineRoute {
-    fn data() -> Self {
-        MachineRoute
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <MachinePage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// The GPU sharing form of a running model.
-pub struct Sharing;
-
-#[lazy_route]
-impl LazyRoute for Sharing {
-    fn data() -> Self {
-        Sharing
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <SharingPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// The Serving configuration form of a running model.
-pub struct ServingRoute;
-
-#[lazy_route]
-impl LazyRoute for ServingRoute {
-    fn data() -> Self {
-        ServingRoute
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <ServingPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// The Usage page.
-pub struct Usage;
-
-#[lazy_route]
-impl LazyRoute for Usage {
-    fn data() -> Self {
-        Usage
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <UsagePage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// The audit log.
-pub struct Audit;
-
-#[lazy_route]
-impl LazyRoute for Audit {
-    fn data() -> Self {
-        Audit
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <AuditPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// Accounts and API tokens.
-pub struct Admin;
-
-#[lazy_route]
-impl LazyRoute for Admin {
-    fn data() -> Self {
-        Admin
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <AdminPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// Signing in.
-pub struct SignIn;
-
-#[lazy_route]
-impl LazyRoute for SignIn {
-    fn data() -> Self {
-        SignIn
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <SignInPage /> <Hydrated /> }.into_any()
-    }
-}
-
-/// The first start's setup.
-pub struct Setup;
-
-#[lazy_route]
-impl LazyRoute for Setup {
-    fn data() -> Self {
-        Setup
-    }
-
-    fn view(_this: Self) -> AnyView {
-        view! { <SetupPage /> <Hydrated /> }.into_any()
-    }
-}
+lazy_page!(/// Cluster → Models.
+    Models => ModelsPage);
+lazy_page!(/// Cluster → Nodes.
+    Nodes => NodesPage);
+lazy_page!(/// The Deploy a model wizard.
+    Deploy => DeployPage);
+lazy_page!(/// A machine's page.
+    MachineRoute => MachinePage);
+lazy_page!(/// The GPU sharing form of a running model.
+    Sharing => SharingPage);
+lazy_page!(/// The Serving configuration form of a running model.
+    ServingRoute => ServingPage);
+lazy_page!(/// The Usage page.
+    Usage => UsagePage);
+lazy_page!(/// The audit log.
+    Audit => AuditPage);
+lazy_page!(/// Accounts and API tokens.
+    Admin => AdminPage);
+lazy_page!(/// Signing in.
+    SignIn => SignInPage);
+lazy_page!(/// The first start's setup.
+    Setup => SetupPage);

@@ -124,9 +124,8 @@ fn Accounts(
                                 // One's own account is removed by another admin (the server refuses it too).
                                 <td>{move || {
                                     let who = who.clone();
-                                    let label = format!("Remove {who}");
-                                    (signed_in().map(|me| me.name) != Some(who.clone())).then(|| view! {
-                                        <button type="button" class="link" on:click=move |_| confirming.set(Some(who.clone()))>{label}</button>
+                                    signed_in().is_none_or(|me| me.name != who).then(|| view! {
+                                        <button type="button" class="link" on:click=move |_| confirming.set(Some(who.clone()))>{format!("Remove {who}")}</button>
                                     })
                                 }}</td>
                             </tr>
