@@ -1,6 +1,11 @@
-//! Which sharing group a deployed model joins, and the line the wizard states about it (seed 003).
+//! Which sharing group a deployed model joins, the line the wizard states about it (seed 003), and the rules
+//! of a group's GPUs: which it holds, which a new group may be started on, and what each member holds there.
 
+use crate::inventory::{GpuRef, Inventory};
+use crate::schedule::Assignment;
+use crate::units::{BasisPoints, Bytes};
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The group a model deployed with sharing goes into.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,12 +48,36 @@ impl GroupChoice {
     }
 }
 
-/// Nodes that cannot take one group.
+/// Nodes or GPUs that cannot take one group.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
 pub enum GroupError {
     /// The chosen nodes run different groups.
     #[error("The chosen nodes run two sharing groups, {0} and {1}; choose nodes of one group.")]
     TwoGroups(String, String),
+    /// No GPU was chosen for a new group.
+    #[error("a group runs on GPUs: choose at least one")]
+    NoGpus,
+    /// A GPU the inventory does not have.
+    #[error("{0} is not in the inventory")]
+    UnknownGpu(GpuRef),
+    /// A GPU that reports 0 bytes of memory: a share of it is 0.
+    #[error("{0} reports no memory, so no share of it can be planned; check its driver")]
+    NoMemory(GpuRef),
+    /// An unhealthy GPU.
+    #[error("{0} is unhealthy; choose another")]
+    Unhealthy(GpuRef),
+    /// GPUs of different sizes: one share could not mean one amount of memory on each.
+    #[error("a group's shares are of one GPU's memory: choose GPUs of the same size")]
+    DifferentSizes {
+        /// The first GPU chosen.
+        first: GpuRef,
+        /// Its memory.
+        first_total: Bytes,
+        /// The first GPU chosen of another size.
+        other: GpuRef,
+        /// Its memory.
+        other_total: Bytes,
+    },
 }
 
 /// The group a model joins: the one running on the chosen nodes; when none runs, the group its recipe names;
@@ -77,9 +106,107 @@ pub fn choose_group(
     }
 }
 
+/// The GPUs a group chosen on `chosen` holds, sorted by machine then index, each once: on a machine whose
+/// containers see every GPU (WSL2) every GPU of it, since shared work there takes memory on each; elsewhere
+/// exactly the chosen ones. A GPU the inventory does not have is kept as given, for the caller to refuse.
+pub fn group_gpus(inventory: &Inventory, chosen: &[GpuRef]) -> Vec<GpuRef> {
+    let mut gpus = BTreeSet::new();
+    for gpu in chosen {
+        if let Some(machine) = inventory
+            .machine(&gpu.machine)
+            .filter(|m| m.all_gpus_visible)
+        {
+            gpus.extend(
+                machine
+                    .gpus
+                    .iter()
+                    .map(|g| GpuRef::new(&machine.name, g.index)),
+            );
+        }
+        gpus.insert(gpu.clone());
+    }
+    gpus.into_iter().collect()
+}
+
+/// Whether a new group may start on the `chosen` GPUs: at least one, each in the inventory, reporting memory
+/// and healthy, and all of one size (a share is a share of one GPU's memory).
+pub fn check_new_group(inventory: &Inventory, chosen: &[GpuRef]) -> Result<(), GroupError> {
+    let Some(first) = chosen.first() else {
+        return Err(GroupError::NoGpus);
+    };
+    let mut first_total = None;
+    for gpu in chosen {
+        let found = inventory
+            .gpu(gpu)
+            .ok_or_else(|| GroupError::UnknownGpu(gpu.clone()))?;
+        if found.total == Bytes::ZERO {
+            return Err(GroupError::NoMemory(gpu.clone()));
+        }
+        if !found.healthy {
+            return Err(GroupError::Unhealthy(gpu.clone()));
+        }
+        let first_total = *first_total.get_or_insert(found.total);
+        if found.total != first_total {
+            return Err(GroupError::DifferentSizes {
+                first: first.clone(),
+                first_total,
+                other: gpu.clone(),
+                other_total: found.total,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What one member with `share` holds on the group's `gpus`: one assignment per machine, machines in name
+/// order, each with that machine's GPU indices ascending and `share` of its first listed GPU's memory on each.
+pub fn member_assignments(
+    inventory: &Inventory,
+    gpus: &[GpuRef],
+    share: BasisPoints,
+) -> Result<Vec<Assignment>, GroupError> {
+    let mut by_machine: BTreeMap<&str, BTreeSet<u32>> = BTreeMap::new();
+    for gpu in gpus {
+        by_machine
+            .entry(gpu.machine.as_str())
+            .or_default()
+            .insert(gpu.index);
+    }
+    by_machine
+        .into_iter()
+        .map(|(machine, indices)| {
+            let mut total = None;
+            for &index in &indices {
+                let gpu = GpuRef::new(machine, index);
+                let found = inventory.gpu(&gpu).ok_or(GroupError::UnknownGpu(gpu))?;
+                total.get_or_insert(found.total);
+            }
+            Ok(Assignment {
+                machine: machine.to_owned(),
+                gpus: indices.into_iter().collect(),
+                shared: total.map(|t: Bytes| t.share(share)),
+                cpu_cores: 0,
+                memory: Bytes::ZERO,
+            })
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::machine;
+
+    fn refs(ids: &[&str]) -> Vec<GpuRef> {
+        ids.iter().map(|id| id.parse().unwrap()).collect()
+    }
+
+    /// node: two 24 GB GPUs and a 48 GB one; desk: a WSL2 PC with a 12 GB and an 8 GB GPU.
+    fn fleet() -> Inventory {
+        let mut desk = machine("desk", &[12, 8]);
+        desk.all_gpus_visible = true;
+        Inventory::new(vec![machine("node", &[24, 24, 48]), desk]).unwrap()
+    }
 
     #[test]
     fn a_model_joins_the_group_running_on_its_nodes() {
@@ -117,5 +244,159 @@ mod tests {
             err.to_string(),
             "The chosen nodes run two sharing groups, a and b; choose nodes of one group."
         );
+    }
+
+    #[test]
+    fn a_group_holds_exactly_the_gpus_chosen_sorted_and_once() {
+        let inv = fleet();
+        assert_eq!(
+            group_gpus(&inv, &refs(&["node:1", "node:0", "node:1"])),
+            refs(&["node:0", "node:1"])
+        );
+        assert_eq!(group_gpus(&inv, &[]), Vec::<GpuRef>::new());
+    }
+
+    #[test]
+    fn a_group_chosen_on_one_gpu_of_a_wsl2_pc_holds_every_gpu_of_it() {
+        let inv = fleet();
+        assert_eq!(
+            group_gpus(&inv, &refs(&["node:2", "desk:1"])),
+            refs(&["desk:0", "desk:1", "node:2"])
+        );
+    }
+
+    #[test]
+    fn a_gpu_not_in_the_inventory_is_kept_as_given_for_the_caller_to_refuse() {
+        let inv = fleet();
+        assert_eq!(
+            group_gpus(&inv, &refs(&["nowhere:3", "node:9", "desk:5"])),
+            refs(&["desk:0", "desk:1", "desk:5", "node:9", "nowhere:3"])
+        );
+    }
+
+    #[test]
+    fn a_new_group_may_start_on_healthy_gpus_of_one_size() {
+        let inv = fleet();
+        assert_eq!(check_new_group(&inv, &refs(&["node:0", "node:1"])), Ok(()));
+        assert_eq!(check_new_group(&inv, &refs(&["desk:1"])), Ok(()));
+    }
+
+    #[test]
+    fn a_new_group_on_no_gpu_or_an_unknown_one_is_refused() {
+        let inv = fleet();
+        assert_eq!(
+            check_new_group(&inv, &[]).unwrap_err().to_string(),
+            "a group runs on GPUs: choose at least one"
+        );
+        assert_eq!(
+            check_new_group(&inv, &refs(&["node:0", "node:7"]))
+                .unwrap_err()
+                .to_string(),
+            "GPU 7 of node is not in the inventory"
+        );
+    }
+
+    #[test]
+    fn a_new_group_on_a_gpu_without_memory_or_unhealthy_is_refused() {
+        let mut x = machine("x", &[0, 24, 24]);
+        x.gpus[2].healthy = false;
+        let inv = Inventory::new(vec![x]).unwrap();
+        assert_eq!(
+            check_new_group(&inv, &refs(&["x:0"]))
+                .unwrap_err()
+                .to_string(),
+            "GPU 0 of x reports no memory, so no share of it can be planned; check its driver"
+        );
+        assert_eq!(
+            check_new_group(&inv, &refs(&["x:1", "x:2"]))
+                .unwrap_err()
+                .to_string(),
+            "GPU 2 of x is unhealthy; choose another"
+        );
+    }
+
+    #[test]
+    fn a_new_group_on_gpus_of_different_sizes_is_refused() {
+        let inv = fleet();
+        let err = check_new_group(&inv, &refs(&["node:0", "node:2"])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "a group's shares are of one GPU's memory: choose GPUs of the same size"
+        );
+        assert_eq!(
+            err,
+            GroupError::DifferentSizes {
+                first: GpuRef::new("node", 0),
+                first_total: Bytes::gb(24),
+                other: GpuRef::new("node", 2),
+                other_total: Bytes::gb(48),
+            }
+        );
+    }
+
+    #[test]
+    fn a_member_holds_its_share_on_each_machine_of_the_group() {
+        let mut inv_machines = vec![machine("node", &[24, 24]), machine("atlas", &[80])];
+        inv_machines[1].cpu_cores = 8;
+        let inv = Inventory::new(inv_machines).unwrap();
+        let held = member_assignments(
+            &inv,
+            &refs(&["node:1", "atlas:0", "node:0"]),
+            BasisPoints::percent(25),
+        )
+        .unwrap();
+        assert_eq!(
+            held,
+            [
+                Assignment {
+                    machine: "atlas".into(),
+                    gpus: vec![0],
+                    shared: Some(Bytes::gb(20)),
+                    cpu_cores: 0,
+                    memory: Bytes::ZERO,
+                },
+                Assignment {
+                    machine: "node".into(),
+                    gpus: vec![0, 1],
+                    shared: Some(Bytes::gb(6)),
+                    cpu_cores: 0,
+                    memory: Bytes::ZERO,
+                },
+            ]
+        );
+        assert_eq!(
+            member_assignments(&inv, &[], BasisPoints::percent(25)),
+            Ok(Vec::new())
+        );
+    }
+
+    #[test]
+    fn on_a_wsl2_pc_a_member_holds_its_share_of_the_first_gpu_on_both() {
+        let inv = fleet();
+        let gpus = group_gpus(&inv, &refs(&["desk:0"]));
+        let held = member_assignments(&inv, &gpus, BasisPoints::percent(50)).unwrap();
+        assert_eq!(held.len(), 1);
+        assert_eq!(held[0].machine, "desk");
+        assert_eq!(held[0].gpus, [0, 1]);
+        assert_eq!(held[0].shared, Some(Bytes::gb(6)));
+    }
+
+    #[test]
+    fn a_member_on_a_gpu_not_in_the_inventory_is_refused_naming_it() {
+        let inv = fleet();
+        let err = member_assignments(
+            &inv,
+            &refs(&["node:0", "node:1", "node:3"]),
+            BasisPoints::percent(10),
+        )
+        .unwrap_err();
+        assert_eq!(err, GroupError::UnknownGpu(GpuRef::new("node", 3)));
+        let err = member_assignments(
+            &inv,
+            &refs(&["node:0", "nowhere:1"]),
+            BasisPoints::percent(10),
+        )
+        .unwrap_err();
+        assert_eq!(err.to_string(), "GPU 1 of nowhere is not in the inventory");
     }
 }

@@ -2,7 +2,9 @@
 
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::fmt;
+use std::str::FromStr;
 
 /// One GPU of one machine: the machine's name and the GPU's index on it.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -21,12 +23,91 @@ impl GpuRef {
             index,
         }
     }
+
+    /// The `machine:index` form that [`GpuRef::from_str`] reads back, such as `majin:0`.
+    pub fn id(&self) -> String {
+        format!("{}:{}", self.machine, self.index)
+    }
 }
 
 impl fmt::Display for GpuRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "GPU {} of {}", self.index, self.machine)
     }
+}
+
+/// A GPU named in a form other than `machine:index`, or named twice in one list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GpuRefError {
+    /// No `:` between a machine and an index.
+    #[error("GPU \"{0}\": name it as machine:index, such as majin:0")]
+    NotMachineIndex(String),
+    /// Nothing before the last `:`.
+    #[error("GPU \"{0}\": name its machine before the ':', such as majin:0")]
+    NoMachine(String),
+    /// What follows the last `:` is not a GPU's index (digits only, as NVML numbers them).
+    #[error(
+        "GPU \"{0}\": after the ':' give the GPU's index on its machine in digits, such as majin:0"
+    )]
+    BadIndex(String),
+    /// Two entries of one list name the same GPU.
+    #[error("{}", listed_twice(first, again, gpu))]
+    ListedTwice {
+        /// The entry that named it first, as written.
+        first: String,
+        /// The later entry that names it again, as written.
+        again: String,
+        /// The GPU both name.
+        gpu: GpuRef,
+    },
+}
+
+fn listed_twice(first: &str, again: &str, gpu: &GpuRef) -> String {
+    if first == again {
+        format!("\"{again}\" is listed twice; list each GPU once")
+    } else {
+        format!("\"{again}\" names {gpu}, which \"{first}\" names already; list each GPU once")
+    }
+}
+
+impl FromStr for GpuRef {
+    type Err = GpuRefError;
+
+    /// Reads `machine:index`, split at the last `:`; the index is digits only (`atlas:00` is GPU 0 of atlas).
+    fn from_str(id: &str) -> Result<GpuRef, GpuRefError> {
+        let Some((machine, index)) = id.rsplit_once(':') else {
+            return Err(GpuRefError::NotMachineIndex(id.to_owned()));
+        };
+        if machine.is_empty() {
+            return Err(GpuRefError::NoMachine(id.to_owned()));
+        }
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+            return Err(GpuRefError::BadIndex(id.to_owned()));
+        }
+        let index = index
+            .parse()
+            .map_err(|_| GpuRefError::BadIndex(id.to_owned()))?;
+        Ok(GpuRef::new(machine, index))
+    }
+}
+
+/// Reads a list of `machine:index` names in order, refusing one that is malformed or names a GPU named before.
+pub fn parse_gpu_list(ids: &[String]) -> Result<Vec<GpuRef>, GpuRefError> {
+    let mut seen: BTreeMap<GpuRef, &String> = BTreeMap::new();
+    let mut gpus = Vec::with_capacity(ids.len());
+    for id in ids {
+        let gpu: GpuRef = id.parse()?;
+        if let Some(first) = seen.get(&gpu) {
+            return Err(GpuRefError::ListedTwice {
+                first: (*first).clone(),
+                again: id.clone(),
+                gpu,
+            });
+        }
+        seen.insert(gpu.clone(), id);
+        gpus.push(gpu);
+    }
+    Ok(gpus)
 }
 
 /// A GPU as the inventory sees it.
@@ -148,6 +229,19 @@ impl Inventory {
         &self.machines
     }
 
+    /// The inventory with `machine` as a fresh reading has it: in place of the machine of that name, or
+    /// added when there was none.
+    pub fn with_machine(&self, machine: Machine) -> Result<Inventory, InventoryError> {
+        let mut machines: Vec<Machine> = self
+            .machines
+            .iter()
+            .filter(|m| m.name != machine.name)
+            .cloned()
+            .collect();
+        machines.push(machine);
+        Inventory::new(machines)
+    }
+
     /// The machine with this name.
     pub fn machine(&self, name: &str) -> Option<&Machine> {
         self.machines
@@ -190,6 +284,17 @@ mod tests {
     }
 
     #[test]
+    fn a_fresh_reading_of_a_machine_takes_its_place_and_a_new_one_is_added() {
+        let inv = Inventory::new(vec![machine("alpha", &[8]), machine("zeta", &[8])]).unwrap();
+        let read = inv.with_machine(machine("alpha", &[24, 24])).unwrap();
+        assert_eq!(read.machines().len(), 2);
+        assert_eq!(read.machine("alpha").unwrap().gpus.len(), 2);
+        let grown = inv.with_machine(machine("beta", &[8])).unwrap();
+        let names: Vec<_> = grown.machines().iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["alpha", "beta", "zeta"]);
+    }
+
+    #[test]
     fn an_inventory_that_contradicts_itself_is_refused() {
         let twice = Inventory::new(vec![machine("a", &[8]), machine("a", &[8])]);
         assert_eq!(twice, Err(InventoryError::DuplicateMachine("a".into())));
@@ -205,6 +310,97 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "GPU 0 of a holds 9 GB outside Tessera but has only 8 GB; lower held_outside_gb"
+        );
+    }
+
+    #[test]
+    fn a_gpu_ref_reads_back_from_its_id() {
+        for gpu in [
+            GpuRef::new("majin", 0),
+            GpuRef::new("atlas", 7),
+            GpuRef::new("host:8080", 4_294_967_295),
+        ] {
+            assert_eq!(gpu.id().parse::<GpuRef>(), Ok(gpu.clone()));
+        }
+        assert_eq!(GpuRef::new("majin", 0).id(), "majin:0");
+        assert_eq!(GpuRef::new("majin", 0).to_string(), "GPU 0 of majin");
+    }
+
+    #[test]
+    fn a_gpu_ref_splits_at_the_last_colon_and_reads_leading_zeros() {
+        assert_eq!("atlas:00".parse(), Ok(GpuRef::new("atlas", 0)));
+        assert_eq!("a:b:3".parse(), Ok(GpuRef::new("a:b", 3)));
+    }
+
+    #[test]
+    fn a_gpu_not_named_as_machine_and_index_is_refused_with_what_to_fix() {
+        let read = |s: &str| s.parse::<GpuRef>().map_err(|e| e.to_string());
+        assert_eq!(
+            read("atlas"),
+            Err("GPU \"atlas\": name it as machine:index, such as majin:0".into())
+        );
+        assert_eq!(
+            read(":0"),
+            Err("GPU \":0\": name its machine before the ':', such as majin:0".into())
+        );
+        for bad in [
+            "a:b",
+            "atlas:-1",
+            "atlas: 1",
+            "atlas:",
+            "atlas:1 ",
+            "atlas:+1",
+            "atlas:4294967296",
+        ] {
+            assert_eq!(
+                read(bad),
+                Err(format!(
+                    "GPU \"{bad}\": after the ':' give the GPU's index on its machine in digits, such as majin:0"
+                )),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_list_of_gpus_is_read_in_order() {
+        let ids = ["node:1".to_owned(), "atlas:0".to_owned()];
+        assert_eq!(
+            parse_gpu_list(&ids),
+            Ok(vec![GpuRef::new("node", 1), GpuRef::new("atlas", 0)])
+        );
+        assert_eq!(parse_gpu_list(&[]), Ok(Vec::new()));
+        let bad = ["node:1".to_owned(), "atlas".to_owned()];
+        assert_eq!(
+            parse_gpu_list(&bad),
+            Err(GpuRefError::NotMachineIndex("atlas".into()))
+        );
+    }
+
+    #[test]
+    fn a_list_that_names_one_gpu_twice_is_refused() {
+        let ids = [
+            "atlas:0".to_owned(),
+            "node:1".to_owned(),
+            "atlas:00".to_owned(),
+        ];
+        let err = parse_gpu_list(&ids).unwrap_err();
+        assert_eq!(
+            err,
+            GpuRefError::ListedTwice {
+                first: "atlas:0".into(),
+                again: "atlas:00".into(),
+                gpu: GpuRef::new("atlas", 0),
+            }
+        );
+        assert_eq!(
+            err.to_string(),
+            "\"atlas:00\" names GPU 0 of atlas, which \"atlas:0\" names already; list each GPU once"
+        );
+        let same = ["node:1".to_owned(), "node:1".to_owned()];
+        assert_eq!(
+            parse_gpu_list(&same).unwrap_err().to_string(),
+            "\"node:1\" is listed twice; list each GPU once"
         );
     }
 

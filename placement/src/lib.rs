@@ -22,14 +22,16 @@ pub mod usage;
 #[cfg(test)]
 mod testing;
 
-pub use group::{choose_group, GroupChoice, GroupError};
-pub use inventory::{Gpu, GpuRef, Inventory, InventoryError, Machine};
+pub use group::{
+    check_new_group, choose_group, group_gpus, member_assignments, GroupChoice, GroupError,
+};
+pub use inventory::{parse_gpu_list, Gpu, GpuRef, GpuRefError, Inventory, InventoryError, Machine};
 pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
 pub use reason::PendingReason;
 pub use request::{
     GpuDemand, GpuMode, GpuRequests, Policy, RequestError, RequestedResources, WorkerRequest,
 };
 pub use restart::{transition, Change, Restart, Share, Step, Transition};
-pub use schedule::{Assignment, Decision, Hold, ScheduleError, Scheduler};
+pub use schedule::{Assignment, Decision, Hold, Overcommit, ScheduleError, Scheduler};
 pub use units::{BasisPoints, Bytes, UnitError};
 pub use usage::{Figures, GpuMillis, Grouping, Holder, Holding, Sample, UsageReport, UsageRow};

@@ -6,6 +6,7 @@ use crate::request::{GpuDemand, GpuMode, Policy, WorkerRequest};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 use std::ops::Range;
 
 /// Where a worker runs and what it holds there.
@@ -65,6 +66,66 @@ pub enum ScheduleError {
     /// The assignment does not fit what is free now.
     #[error("{0}")]
     DoesNotFit(PendingReason),
+}
+
+/// A GPU whose sharers take more than it offers: what was committed no longer fits (more is held outside
+/// Tessera now, or the GPU reports less memory). Nothing new is placed on it until enough sharers end.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Overcommit {
+    /// The GPU.
+    pub gpu: GpuRef,
+    /// All of its memory.
+    pub total: Bytes,
+    /// Memory held outside Tessera.
+    pub held_outside: Bytes,
+    /// What its sharers take.
+    pub taken: Bytes,
+}
+
+impl Overcommit {
+    /// What the GPU offers: its total less what is held outside.
+    pub fn offered(&self) -> Bytes {
+        self.total.saturating_sub(self.held_outside)
+    }
+
+    /// How much its sharers take past what it offers.
+    pub fn over(&self) -> Bytes {
+        self.taken.saturating_sub(self.offered())
+    }
+}
+
+impl fmt::Display for Overcommit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let gpu = &self.gpu;
+        if self.held_outside > Bytes::ZERO {
+            write!(
+                f,
+                "{gpu} offers {} of its {} ({} held outside Tessera) but its sharers take {}: {} over",
+                self.offered().gb_text(),
+                self.total,
+                self.held_outside,
+                self.taken,
+                self.over()
+            )
+        } else {
+            write!(
+                f,
+                "{gpu} offers all of its {} but its sharers take {}: {} over",
+                self.total,
+                self.taken,
+                self.over()
+            )
+        }
+    }
+}
+
+/// How strictly a hold is checked before it is taken.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Check {
+    /// Everything must fit what is free now.
+    Fits,
+    /// Only who holds the GPUs: what was committed is held even past a GPU's or machine's memory.
+    Holders,
 }
 
 struct GpuSlot {
@@ -198,49 +259,41 @@ impl Scheduler {
 
     /// Holds a known assignment for `worker` (as restored from storage), checking that it still fits.
     pub fn hold_for(&mut self, worker: &str, assignment: Assignment) -> Result<(), ScheduleError> {
-        if self.workers.contains_key(worker) {
-            return Err(ScheduleError::AlreadyPlaced(worker.to_owned()));
-        }
-        let m = self
-            .machine_index(&assignment.machine)
-            .ok_or_else(|| ScheduleError::Unknown(assignment.machine.clone()))?;
-        if let Some(reason) = self.machine_refusal(m, assignment.cpu_cores, assignment.memory) {
-            return Err(ScheduleError::DoesNotFit(reason));
-        }
-        let mut ids = Vec::with_capacity(assignment.gpus.len());
-        for &index in &assignment.gpus {
-            let gpu = GpuRef::new(&assignment.machine, index);
-            let id = self
-                .flat_id(&gpu)
-                .ok_or_else(|| ScheduleError::Unknown(gpu.to_string()))?;
-            let mode = assignment.shared.map_or(GpuMode::Whole, GpuMode::Shared);
-            if let Some(reason) = self.capacity_refusal(id, mode) {
-                return Err(ScheduleError::DoesNotFit(reason));
-            }
-            ids.push(id);
-        }
-        for id in ids {
-            self.unindex(id);
-            let slot = &mut self.gpus[id];
-            match assignment.shared {
-                None => slot.hold = Hold::Whole(worker.to_owned()),
-                Some(bytes) => {
-                    if slot.hold == Hold::Free {
-                        slot.hold = Hold::Shared(BTreeMap::new());
-                    }
-                    if let Hold::Shared(sharers) = &mut slot.hold {
-                        sharers.insert(worker.to_owned(), bytes);
-                    }
-                    slot.taken += bytes;
-                }
-            }
-            self.index(id);
-        }
-        let used = &mut self.machines[m];
-        used.cpu_used += assignment.cpu_cores;
-        used.memory_used += assignment.memory;
-        self.workers.insert(worker.to_owned(), assignment);
+        let (m, ids) = self.check_hold(worker, &assignment, Check::Fits)?;
+        self.take(worker, assignment, m, ids);
         Ok(())
+    }
+
+    /// Holds what was committed for `worker` even where it no longer fits: memory past what a GPU offers
+    /// (the GPU is then over-committed, see [`Scheduler::overcommitted`]) and CPU cores or memory past the
+    /// machine's are held anyway, so that nothing new is placed in their room.
+    ///
+    /// Refuses only what cannot be held at all: a worker placed already, a machine or GPU the inventory does
+    /// not have, whole work on a GPU that is shared or held, and shared work on a GPU held whole.
+    pub fn hold_committed(
+        &mut self,
+        worker: &str,
+        assignment: Assignment,
+    ) -> Result<(), ScheduleError> {
+        let (m, ids) = self.check_hold(worker, &assignment, Check::Holders)?;
+        self.take(worker, assignment, m, ids);
+        Ok(())
+    }
+
+    /// Every GPU whose sharers take more than it offers, in inventory order.
+    pub fn overcommitted(&self) -> Vec<Overcommit> {
+        (0..self.gpus.len())
+            .filter_map(|id| {
+                let gpu = self.gpu(id);
+                let taken = self.gpus[id].taken;
+                (taken > gpu.offered()).then(|| Overcommit {
+                    gpu: self.gpu_ref(id),
+                    total: gpu.total,
+                    held_outside: gpu.held_outside,
+                    taken,
+                })
+            })
+            .collect()
     }
 
     /// Frees what `worker` holds. A shared GPU is whole again once its last sharer ends.
@@ -318,6 +371,73 @@ impl Scheduler {
             .ok()
     }
 
+    /// The machine and the GPUs (flat ids, ascending, each once) `assignment` holds, or why `worker` cannot
+    /// hold it as `check` asks. Changes nothing.
+    fn check_hold(
+        &self,
+        worker: &str,
+        assignment: &Assignment,
+        check: Check,
+    ) -> Result<(usize, Vec<usize>), ScheduleError> {
+        if self.workers.contains_key(worker) {
+            return Err(ScheduleError::AlreadyPlaced(worker.to_owned()));
+        }
+        let m = self
+            .machine_index(&assignment.machine)
+            .ok_or_else(|| ScheduleError::Unknown(assignment.machine.clone()))?;
+        if check == Check::Fits {
+            if let Some(reason) = self.machine_refusal(m, assignment.cpu_cores, assignment.memory) {
+                return Err(ScheduleError::DoesNotFit(reason));
+            }
+        }
+        let mode = assignment.shared.map_or(GpuMode::Whole, GpuMode::Shared);
+        let mut ids = Vec::with_capacity(assignment.gpus.len());
+        for &index in &assignment.gpus {
+            let gpu = GpuRef::new(&assignment.machine, index);
+            let id = self
+                .flat_id(&gpu)
+                .ok_or_else(|| ScheduleError::Unknown(gpu.to_string()))?;
+            let refusal = match check {
+                Check::Fits => self.capacity_refusal(id, mode),
+                Check::Holders => self.holder_refusal(id, mode),
+            };
+            if let Some(reason) = refusal {
+                return Err(ScheduleError::DoesNotFit(reason));
+            }
+            ids.push(id);
+        }
+        // A GPU listed twice is held once: its memory is taken once, as release gives it back once.
+        ids.sort_unstable();
+        ids.dedup();
+        Ok((m, ids))
+    }
+
+    /// Holds `assignment` for `worker` on machine `m` and GPUs `ids`, as [`Scheduler::check_hold`] found them,
+    /// keeping the room index in step.
+    fn take(&mut self, worker: &str, assignment: Assignment, m: usize, ids: Vec<usize>) {
+        for id in ids {
+            self.unindex(id);
+            let slot = &mut self.gpus[id];
+            match assignment.shared {
+                None => slot.hold = Hold::Whole(worker.to_owned()),
+                Some(bytes) => {
+                    if slot.hold == Hold::Free {
+                        slot.hold = Hold::Shared(BTreeMap::new());
+                    }
+                    if let Hold::Shared(sharers) = &mut slot.hold {
+                        sharers.insert(worker.to_owned(), bytes);
+                    }
+                    slot.taken += bytes;
+                }
+            }
+            self.index(id);
+        }
+        let used = &mut self.machines[m];
+        used.cpu_used += assignment.cpu_cores;
+        used.memory_used += assignment.memory;
+        self.workers.insert(worker.to_owned(), assignment);
+    }
+
     /// Why this machine's free CPU cores or memory cannot take `cores` and `memory`, if they cannot.
     fn machine_refusal(&self, m: usize, cores: u32, memory: Bytes) -> Option<PendingReason> {
         let machine = self.machine(m);
@@ -343,11 +463,9 @@ impl Scheduler {
         None
     }
 
-    /// Why the GPU's holders or memory leave no room for `mode`, ignoring the request's filters.
-    fn capacity_refusal(&self, id: usize, mode: GpuMode) -> Option<PendingReason> {
-        let slot = &self.gpus[id];
-        let gpu = self.gpu(id);
-        match (&slot.hold, mode) {
+    /// Why the GPU's holders alone leave no room for `mode`: held whole, or shared when whole is wanted.
+    fn holder_refusal(&self, id: usize, mode: GpuMode) -> Option<PendingReason> {
+        match (&self.gpus[id].hold, mode) {
             (Hold::Whole(by), _) => Some(PendingReason::HeldWhole {
                 gpu: self.gpu_ref(id),
                 by: by.clone(),
@@ -356,24 +474,37 @@ impl Scheduler {
                 gpu: self.gpu_ref(id),
                 sharers: sharers.len(),
             }),
-            (Hold::Free, GpuMode::Whole) => None,
-            (_, GpuMode::Shared(need)) if need > gpu.offered() => {
-                Some(PendingReason::OffersTooLittle {
-                    gpu: self.gpu_ref(id),
-                    total: gpu.total,
-                    held_outside: gpu.held_outside,
-                    needs: need,
-                })
-            }
-            (_, GpuMode::Shared(need)) if slot.taken + need > gpu.offered() => {
-                Some(PendingReason::SharedFull {
-                    gpu: self.gpu_ref(id),
-                    taken: slot.taken,
-                    offered: gpu.offered(),
-                    needs: need,
-                })
-            }
-            (_, GpuMode::Shared(_)) => None,
+            _ => None,
+        }
+    }
+
+    /// Why the GPU's holders or memory leave no room for `mode`, ignoring the request's filters. An
+    /// over-committed GPU has no room for shared work of any size.
+    fn capacity_refusal(&self, id: usize, mode: GpuMode) -> Option<PendingReason> {
+        if let Some(reason) = self.holder_refusal(id, mode) {
+            return Some(reason);
+        }
+        let GpuMode::Shared(need) = mode else {
+            return None;
+        };
+        let taken = self.gpus[id].taken;
+        let gpu = self.gpu(id);
+        if need > gpu.offered() {
+            Some(PendingReason::OffersTooLittle {
+                gpu: self.gpu_ref(id),
+                total: gpu.total,
+                held_outside: gpu.held_outside,
+                needs: need,
+            })
+        } else if taken + need > gpu.offered() {
+            Some(PendingReason::SharedFull {
+                gpu: self.gpu_ref(id),
+                taken,
+                offered: gpu.offered(),
+                needs: need,
+            })
+        } else {
+            None
         }
     }
 

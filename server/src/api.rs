@@ -1,10 +1,10 @@
 //! The REST API for scripts: JSON in, JSON out, errors as `{"error": "..."}` with the right status.
 
 use crate::auth::Actor;
-use crate::deployments::{ServingChange, ServingUpdate};
 use crate::error::ApiError;
+use crate::fleet::deployments::{ServingChange, ServingUpdate};
+use crate::fleet::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
 use crate::fleet::{MachineView, NewWorker, WorkerView};
-use crate::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
 use crate::inventory::demo::CatalogModel;
 use crate::runtime::EngineView;
 use crate::AppState;
@@ -137,7 +137,7 @@ impl UsageQuery {
                 })
                 .transpose()
         };
-        let to = time("to", &self.to)?.unwrap_or_else(crate::usage::now_ms);
+        let to = time("to", &self.to)?.unwrap_or_else(crate::fleet::usage::now_ms);
         let from =
             time("from", &self.from)?.unwrap_or(to.saturating_sub(24 * placement::usage::HOUR_MS));
         if from >= to {
@@ -331,14 +331,14 @@ async fn delete_worker(
 }
 
 async fn list_machines(State(state): State<AppState>) -> Json<Vec<MachineView>> {
-    Json(state.fleet.machines().await)
+    Json(state.fleet.machines())
 }
 
 async fn get_machine(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<MachineView>, ApiError> {
-    Ok(Json(state.fleet.machine(&name).await?))
+    Ok(Json(state.fleet.machine(&name)?))
 }
 
 async fn machine_workers(
@@ -350,7 +350,7 @@ async fn machine_workers(
 }
 
 async fn list_models(State(state): State<AppState>) -> Result<Json<Vec<CatalogModel>>, ApiError> {
-    Ok(Json(state.fleet.models().await?))
+    Ok(Json(state.fleet.models()))
 }
 
 async fn add_model(
@@ -365,14 +365,14 @@ async fn add_model(
 }
 
 async fn list_groups(State(state): State<AppState>) -> Result<Json<Vec<GroupView>>, ApiError> {
-    Ok(Json(state.fleet.groups().await?))
+    Ok(Json(state.fleet.groups()))
 }
 
 async fn get_group(
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<GroupView>, ApiError> {
-    Ok(Json(state.fleet.group(&name).await?))
+    Ok(Json(state.fleet.group(&name)?))
 }
 
 async fn change_plan(
@@ -539,7 +539,7 @@ async fn validate_plan(
     for m in &plan.members {
         let share = m
             .share
-            .map(|p| crate::groups::percent(p, &m.name))
+            .map(|p| crate::fleet::groups::percent(p, &m.name))
             .transpose()?;
         members.push(PlanMember {
             name: m.name.clone(),

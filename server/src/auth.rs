@@ -185,7 +185,7 @@ async fn check(
     session: Option<&Session>,
     request: &mut Request,
 ) -> Result<Option<Response>, ApiError> {
-    let pool = &state.fleet.pool;
+    let pool = &state.pool;
     let area = area(request.method(), request.uri().path());
     let bearer = request
         .headers()
@@ -379,7 +379,7 @@ pub async fn sign_in(
             percent_encode(safe_next(&form.next))
         )));
     }
-    match accounts::authenticate(&state.fleet.pool, &form.name, &form.password).await? {
+    match accounts::authenticate(&state.pool, &form.name, &form.password).await? {
         None => {
             state.throttle.fail(&keys, now);
             Ok(back("wrong"))
@@ -443,7 +443,7 @@ pub async fn set_up(
     if form.password != form.again {
         return Ok(Redirect::to("/setup?error=mismatch"));
     }
-    match accounts::create_first_admin(&state.fleet.pool, &form.name, &form.password).await {
+    match accounts::create_first_admin(&state.pool, &form.name, &form.password).await {
         Ok(_) => {}
         Err(ApiError::Conflict(_)) => return Ok(Redirect::to("/login")),
         Err(ApiError::Unprocessable(why)) => {
@@ -454,7 +454,7 @@ pub async fn set_up(
         }
         Err(e) => return Err(e),
     }
-    let signed_in = accounts::authenticate(&state.fleet.pool, &form.name, &form.password)
+    let signed_in = accounts::authenticate(&state.pool, &form.name, &form.password)
         .await?
         .ok_or_else(|| ApiError::internal("the admin just made cannot sign in"))?;
     start_session(&session, signed_in.0).await?;

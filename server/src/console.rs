@@ -2,10 +2,10 @@
 //! the pages show, and the pages' requests into the fleet's calls, so that a server function is one line and
 //! the REST API and the console change the fleet through the same code.
 
-use crate::deployments::{Deployed, ServingUpdate};
 use crate::error::ApiError;
+use crate::fleet::deployments::{Deployed, ServingUpdate};
+use crate::fleet::groups::{Deploy, Group, PlanChange, PlanUpdate};
 use crate::fleet::{Fleet, GpuView, MachineView, WorkerView};
-use crate::groups::{load_groups, Deploy, Group, PlanChange, PlanUpdate};
 use crate::runtime::{EngineState, EngineView, StepStatus};
 use crate::{accounts, audit};
 use app::auth::{Caller, Role};
@@ -18,19 +18,31 @@ use app::views::{
     Sharer, SharingForm, StepLine, StepState, WorkerLine,
 };
 use placement::{BasisPoints, Bytes, GpuRef, Grouping, PlanMember, UsageReport};
+use sqlx::SqlitePool;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// The console's view of the fleet.
 pub struct ConsoleService {
     fleet: Arc<Fleet>,
+    /// The database, for accounts and the audit log (the fleet's own state goes through the fleet).
+    pool: SqlitePool,
     tokens: Arc<accounts::TokenCache>,
 }
 
 impl ConsoleService {
-    /// The console over `fleet`; `tokens` is forgotten when an account or a token goes.
-    pub fn new(fleet: Arc<Fleet>, tokens: Arc<accounts::TokenCache>) -> ConsoleService {
-        ConsoleService { fleet, tokens }
+    /// The console over `fleet`, with accounts in `pool`; `tokens` is forgotten when an account or a
+    /// token goes.
+    pub fn new(
+        fleet: Arc<Fleet>,
+        pool: SqlitePool,
+        tokens: Arc<accounts::TokenCache>,
+    ) -> ConsoleService {
+        ConsoleService {
+            fleet,
+            pool,
+            tokens,
+        }
     }
 }
 
@@ -147,10 +159,10 @@ fn concerns(reason: &str, machine: &str) -> bool {
 
 impl ConsoleService {
     async fn model_rows(&self) -> Result<Vec<ModelRow>, ApiError> {
-        let system = self.fleet.system_models().await?;
+        let system = self.fleet.system_models();
         let engines = self.fleet.runtime().engines();
         let mut rows = Vec::new();
-        for group in load_groups(&self.fleet.pool).await? {
+        for group in self.fleet.committed().groups.clone() {
             for share in &group.members {
                 rows.push(ModelRow {
                     name: share.member.clone(),
@@ -193,8 +205,10 @@ impl ConsoleService {
 
     async fn progress(&self) -> Result<Vec<PlanProgress>, ApiError> {
         let runtime = self.fleet.runtime();
-        Ok(load_groups(&self.fleet.pool)
-            .await?
+        Ok(self
+            .fleet
+            .committed()
+            .groups
             .iter()
             .filter_map(|g| runtime.progress(&g.name).map(|p| (g.name.clone(), p)))
             .map(|(group, p)| PlanProgress {
@@ -222,12 +236,11 @@ impl ConsoleService {
     }
 
     async fn node_rows(&self) -> Result<Vec<NodeRow>, ApiError> {
-        let groups = load_groups(&self.fleet.pool).await?;
+        let groups = self.fleet.committed().groups.clone();
         let workers = self.fleet.workers();
         Ok(self
             .fleet
             .machines()
-            .await
             .iter()
             .map(|machine| {
                 let here: Vec<&Group> = groups
@@ -272,7 +285,7 @@ impl ConsoleService {
     }
 
     async fn machine_detail(&self, name: &str) -> Result<MachineDetail, ApiError> {
-        let machine = self.fleet.machine(name).await?;
+        let machine = self.fleet.machine(name)?;
         let engines = self.fleet.runtime().engines();
         let workers = self.fleet.workers();
         let sharer_bytes = |who: &str| {
@@ -297,7 +310,7 @@ impl ConsoleService {
                     .map(|e| status(e.state)),
             })
             .collect();
-        for group in load_groups(&self.fleet.pool).await? {
+        for group in self.fleet.committed().groups.clone() {
             let gpus: Vec<u32> = group
                 .gpus
                 .iter()
@@ -378,20 +391,19 @@ impl ConsoleService {
     }
 
     async fn options(&self) -> Result<DeployOptions, ApiError> {
-        let groups = load_groups(&self.fleet.pool).await?;
-        let system = self.fleet.system_models().await?;
+        let groups = self.fleet.committed().groups.clone();
+        let system = self.fleet.system_models();
         let workers = self.fleet.workers();
         let catalog = self
             .fleet
             .models()
-            .await?
             .into_iter()
             .map(|m| CatalogEntry {
                 deployed: groups
                     .iter()
                     .any(|g| g.members.iter().any(|s| s.member == m.name))
                     || whole_deployments(&workers).any(|w| w.model.as_ref() == Some(&m.name)),
-                engine: crate::groups::engine_name(m.engine).to_owned(),
+                engine: crate::fleet::groups::engine_name(m.engine).to_owned(),
                 default_share: m.default_share,
                 group: m.group,
                 system: m.system,
@@ -400,13 +412,13 @@ impl ConsoleService {
             .collect();
         Ok(DeployOptions {
             catalog,
-            nodes: node_options(&self.fleet.machines().await),
+            nodes: node_options(&self.fleet.machines()),
             groups: groups.iter().map(|g| plan_of(g, &system)).collect(),
         })
     }
 
     async fn sharing(&self, model: &str) -> Result<SharingForm, ApiError> {
-        let group = match self.fleet.deployed(model).await? {
+        let group = match self.fleet.deployed(model) {
             Some(Deployed::Group(group)) => group,
             Some(Deployed::Whole(_)) => {
                 return Err(ApiError::Unprocessable(format!(
@@ -415,7 +427,7 @@ impl ConsoleService {
             }
             None => return Err(not_running(model)),
         };
-        let system = self.fleet.system_models().await?;
+        let system = self.fleet.system_models();
         let mut gpus = Vec::with_capacity(group.gpus.len());
         for gpu in &group.gpus {
             gpus.push(self.fleet.group_gpu(gpu, Some(&group.name)).await?);
@@ -428,7 +440,7 @@ impl ConsoleService {
     }
 
     async fn serving(&self, model: &str) -> Result<ServingForm, ApiError> {
-        let (group, revision, placed) = match self.fleet.deployed(model).await? {
+        let (group, revision, placed) = match self.fleet.deployed(model) {
             Some(Deployed::Group(group)) => {
                 (Some(group.name.clone()), group.revision, group.gpus.clone())
             }
@@ -444,12 +456,12 @@ impl ConsoleService {
             }
             None => return Err(not_running(model)),
         };
-        let (args, env) = self.fleet.serving_of(model).await?;
+        let (args, env) = self.fleet.serving_of(model)?;
         Ok(ServingForm {
             model: model.to_owned(),
             group,
             revision,
-            nodes: node_options(&self.fleet.machines().await),
+            nodes: node_options(&self.fleet.machines()),
             placed,
             serving: Serving {
                 args,
@@ -604,7 +616,7 @@ impl Console for ConsoleService {
 
     fn accounts(&self) -> Answer<'_, AccountsPage> {
         Box::pin(async move {
-            let pool = &self.fleet.pool;
+            let pool = &self.pool;
             let accounts = accounts::users(pool).await.map_err(app_error)?;
             let tokens = accounts::tokens(pool).await.map_err(app_error)?;
             Ok(AccountsPage { accounts, tokens })
@@ -624,7 +636,7 @@ impl Console for ConsoleService {
                 role,
                 password,
             };
-            accounts::create_user(&self.fleet.pool, &new, &actor.name)
+            accounts::create_user(&self.pool, &new, &actor.name)
                 .await
                 .map(drop)
                 .map_err(app_error)
@@ -633,7 +645,7 @@ impl Console for ConsoleService {
 
     fn delete_account(&self, actor: Caller, name: String) -> Answer<'_, ()> {
         Box::pin(async move {
-            accounts::delete_user(&self.fleet.pool, &name, &actor.name)
+            accounts::delete_user(&self.pool, &name, &actor.name)
                 .await
                 .map_err(app_error)?;
             self.tokens.forget();
@@ -643,7 +655,7 @@ impl Console for ConsoleService {
 
     fn create_token(&self, actor: Caller, user: String, name: String) -> Answer<'_, NewApiToken> {
         Box::pin(async move {
-            accounts::create_token(&self.fleet.pool, &user, &name, &actor.name)
+            accounts::create_token(&self.pool, &user, &name, &actor.name)
                 .await
                 .map_err(app_error)
         })
@@ -651,7 +663,7 @@ impl Console for ConsoleService {
 
     fn revoke_token(&self, actor: Caller, id: i64) -> Answer<'_, ()> {
         Box::pin(async move {
-            accounts::revoke_token(&self.fleet.pool, id, &actor.name)
+            accounts::revoke_token(&self.pool, id, &actor.name)
                 .await
                 .map_err(app_error)?;
             self.tokens.forget();
@@ -668,7 +680,7 @@ impl Console for ConsoleService {
                 target: text(query.target),
                 limit: None,
             };
-            let entries = audit::entries(&self.fleet.pool, &filter)
+            let entries = audit::entries(&self.pool, &filter)
                 .await
                 .map_err(app_error)?;
             Ok(entries
@@ -698,7 +710,7 @@ impl Console for ConsoleService {
     }
 
     fn now_ms(&self) -> u64 {
-        crate::usage::now_ms()
+        crate::fleet::usage::now_ms()
     }
 }
 

@@ -1,128 +1,132 @@
-//! The fleet: the inventory, who holds which GPU, and the workers on record. The scheduler in memory is a
-//! cache of the database: every change is decided under one lock and committed before it is answered, and
-//! at start (or after a failed write) the scheduler is rebuilt from what was committed.
+//! The fleet: the one owner of committed state (workers, the catalog, sharing groups and their plans) and of
+//! the ledger, who holds which GPU.
+//!
+//! The ledger is a pure function of the inventory and the committed state ([`ledger::Ledger::build`]): it is
+//! built whole on the side and swapped in, never mended in place. Every write goes one way ([`Fleet::write`]):
+//! in a task of its own, so that a client that goes away cannot stop it half-way, it takes the lock,
+//! decides with `placement`, writes its rows, then [`Fleet::settle`] reads the committed state back inside
+//! the same transaction, builds the ledger from it, applies the over-commit policy, places pending work that
+//! now fits, records who holds what for usage, and commits; only then are the new state, the read views
+//! and the runtime's orders installed, none of which can fail.
 
-use crate::db::{self, WorkerRow};
+mod committed;
+pub mod deployments;
+pub mod groups;
+mod ledger;
+pub mod usage;
+
+mod catalog;
+mod engines;
+mod machines;
+mod workers;
+
+pub use machines::{GpuView, MachineView, SharerView};
+pub use workers::{NewWorker, WorkerView};
+
 use crate::error::ApiError;
-use crate::inventory::demo::Engine;
 use crate::inventory::LocalGpus;
-use crate::runtime::spec::{EngineSpec, Recipe};
 use crate::runtime::{Change, Hosts, Runtime};
-use placement::{
-    Assignment, Decision, Hold, Inventory, Machine, RequestedResources, Scheduler, WorkerRequest,
-};
-use serde::{Deserialize, Serialize};
+use committed::Committed;
+use ledger::Ledger;
+use placement::Inventory;
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
+use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::Mutex;
 
 /// The longest worker name.
 pub const MAX_NAME_LEN: usize = 63;
 
-/// `POST /api/workers`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewWorker {
-    /// A unique name.
-    pub name: String,
-    /// What it needs (seed 000).
-    pub requested_resources: RequestedResources,
-    /// The command to run.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// Environment variables for it.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-}
-
-/// A worker as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct WorkerView {
-    /// Its name.
-    pub name: String,
-    /// `placed` or `pending`.
-    pub state: String,
-    /// Where it runs, when placed.
-    pub machine: Option<String>,
-    /// The GPU indices it holds on that machine.
-    pub gpus: Vec<u32>,
-    /// When shared, the GB it takes on each of those GPUs.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub gpu_shared_gb: Option<f64>,
-    /// When pending, why: one sentence per GPU or machine.
-    #[serde(skip_serializing_if = "Vec::is_empty", default)]
-    pub pending_reasons: Vec<String>,
-    /// What it asked for.
-    pub requested_resources: RequestedResources,
-    /// Its command, if any.
-    pub command: Option<String>,
-    /// Its environment.
-    pub env: BTreeMap<String, String>,
-    /// The revision to name when changing or deleting it.
-    pub revision: i64,
-    /// The catalog model it runs, for a model deployed on whole GPUs.
-    #[serde(skip_serializing_if = "Option::is_none", default)]
-    pub model: Option<String>,
-}
-
-/// A catalog model that a worker runs on whole GPUs, with the deployment's own extra arguments.
-#[derive(Debug, Clone)]
-pub(crate) struct ModelRun {
-    /// The catalog model.
-    pub model: String,
-    /// Added to the model's arguments.
-    pub args: Vec<String>,
-}
-
 /// The fleet service.
 pub struct Fleet {
-    pub(crate) pool: SqlitePool,
+    pool: SqlitePool,
     /// Runs what the committed state says should run.
-    pub(crate) runtime: Arc<Runtime>,
+    runtime: Arc<Runtime>,
     /// Which machines engines can be started for.
-    pub(crate) hosts: Hosts,
-    /// Every write is decided and committed under this lock.
-    pub(crate) scheduler: Mutex<Scheduler>,
+    hosts: Hosts,
+    /// The write lock, over what was last committed and the ledger built from it.
+    state: Mutex<State>,
     /// What reads are answered from, published after each committed write, so that a read waits on neither
     /// the write lock nor the database.
     views: RwLock<Arc<Views>>,
 }
 
-/// Every worker's view, as of the last committed write.
+/// What was last committed, and the ledger built from it.
+struct State {
+    committed: Arc<Committed>,
+    ledger: Ledger,
+}
+
+/// The read side, as of the last committed write.
 #[derive(Default)]
 struct Views {
-    /// Oldest first.
+    /// Every worker, oldest first.
     workers: Vec<WorkerView>,
     /// The workers placed on each machine of the inventory, as the JSON answer: the API's most read
     /// route is served as it was serialized at the last write.
     by_machine: BTreeMap<String, axum::body::Bytes>,
+    /// Each machine with its GPUs and who holds them.
+    machines: Vec<MachineView>,
+    /// The committed state itself, for the reads that need more than the views above.
+    committed: Arc<Committed>,
+    /// Committed holders that hold nothing now (their GPU left the inventory), and why.
+    unplaced: BTreeMap<String, String>,
 }
 
+/// A group's committed plan change for the runtime to carry out in order: the group, its new revision and
+/// the steps `placement::transition` ordered.
+pub(crate) type PlanOrder = Option<(String, i64, Vec<placement::Step>)>;
+
 impl Fleet {
-    /// Opens the fleet on `inventory`, rebuilding who holds what from the database, then placing whatever
-    /// pending work now fits (oldest first). The runtime then reconciles the engines with what was committed.
+    /// Opens the fleet on `inventory`, with `local` (this machine's GPUs, through NVML) read once more now
+    /// that the engines Tessera left running are known, so that their memory is never counted as held
+    /// outside. The ledger is built from what was committed, pending work that fits is placed, and the
+    /// runtime then reconciles the engines with it.
     pub async fn open(
         pool: SqlitePool,
         inventory: Inventory,
+        local: Option<Arc<dyn LocalGpus>>,
         runtime: Arc<Runtime>,
         hosts: Hosts,
     ) -> Result<Fleet, ApiError> {
+        let committed = {
+            let mut conn = pool.acquire().await?;
+            Committed::load(&mut conn).await?
+        };
+        let mut inventory = inventory;
+        if let Some(local) = local {
+            let ledger = Ledger::build(inventory.clone(), &committed);
+            let machine = hosts.local.as_deref().unwrap_or_default();
+            let ours = engines::ours(&ledger, machine, &runtime.recorded().await?);
+            let reading = tokio::task::spawn_blocking(move || local.read(&ours))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+                .and_then(|r| inventory.with_machine(r.machine).map_err(|e| e.to_string()));
+            match reading {
+                Ok(read) => inventory = read,
+                // The first reading, before Tessera's engines were known, stands.
+                Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
+            }
+        }
+        let ledger = Ledger::build(inventory.clone(), &committed);
         let fleet = Fleet {
             pool,
             runtime,
             hosts,
-            scheduler: Mutex::new(Scheduler::new(inventory)),
+            state: Mutex::new(State {
+                committed: Arc::new(committed),
+                ledger,
+            }),
             views: RwLock::default(),
         };
         {
-            let mut scheduler = fleet.scheduler.lock().await;
-            fleet.rebuild(&mut scheduler).await?;
-            let mut tx = crate::db::write(&fleet.pool).await?;
-            place_pending(&mut scheduler, &mut tx).await?;
-            tx.commit().await?;
-            fleet.publish(&scheduler).await?;
-            let desired = fleet.desired(&scheduler).await?;
+            let mut state = fleet.state.lock().await;
+            let tx = crate::db::write(&fleet.pool).await?;
+            let (committed, ledger) = fleet.settle(tx, inventory).await?;
+            fleet.install(&mut state, committed, ledger);
+            let desired = engines::desired(&state.committed, &state.ledger, &fleet.hosts);
             fleet.runtime.submit(Change::Reconcile(desired));
         }
         Ok(fleet)
@@ -133,244 +137,83 @@ impl Fleet {
         &self.runtime
     }
 
-    /// Every engine the committed state wants running: each group member on each machine of its group, then
-    /// each placed worker, oldest first.
-    pub(crate) async fn desired(&self, scheduler: &Scheduler) -> Result<Vec<EngineSpec>, ApiError> {
-        let mut specs =
-            crate::groups::member_engines(&self.pool, scheduler, &self.hosts, None).await?;
-        let catalog = self.models().await?;
-        for row in db::workers(&self.pool).await? {
-            let Some(assignment) = row.assignment.as_deref() else {
-                continue;
-            };
-            let assignment: Assignment =
-                serde_json::from_str(assignment).map_err(ApiError::internal)?;
-            let gpus: Vec<&placement::Gpu> = assignment
-                .gpus
-                .iter()
-                .filter_map(|i| {
-                    scheduler
-                        .inventory()
-                        .gpu(&placement::GpuRef::new(&assignment.machine, *i))
-                })
-                .collect();
-            let recipe = worker_recipe(&row, &catalog)?;
-            specs.push(EngineSpec {
-                unit: row.name,
-                host: self.hosts.host(&assignment.machine),
-                gpu_total: gpus.first().map(|g| g.total).unwrap_or_default(),
-                gpu_offered: gpus.iter().map(|g| g.offered()).min().unwrap_or_default(),
-                gpus: assignment.gpus,
-                share: assignment.shared,
-                recipe,
-                machine: assignment.machine,
+    /// Runs a write to completion in a task of its own: a request that is dropped (its client went away,
+    /// or it timed out) leaves the write to finish rather than cutting it between the commit and the
+    /// ledger. The caller still gets the answer when it waits.
+    pub(crate) async fn write<T, F, Fut>(self: &Arc<Self>, work: F) -> Result<T, ApiError>
+    where
+        F: FnOnce(Arc<Fleet>) -> Fut,
+        Fut: Future<Output = Result<T, ApiError>> + Send + 'static,
+        T: Send + 'static,
+    {
+        tokio::spawn(work(self.clone()))
+            .await
+            .map_err(ApiError::internal)?
+    }
+
+    /// Ends a write: reads the committed state back inside `tx`, builds the ledger from it on `inventory`,
+    /// lets the over-commit policy make room, places pending work that fits now, records who holds what,
+    /// and commits. Nothing in memory changes here: the caller installs what this returns.
+    async fn settle(
+        &self,
+        mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        inventory: Inventory,
+    ) -> Result<(Committed, Ledger), ApiError> {
+        let mut committed = Committed::load(&mut tx).await?;
+        let mut ledger = Ledger::build(inventory, &committed);
+        for evicted in ledger.relieve(&committed) {
+            workers::unplace(&mut tx, &mut committed, &evicted.worker, &evicted.reason).await?;
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(crate::audit::TESSERA, "worker.evict", &evicted.worker)
+                    .after(serde_json::json!({ "reason": evicted.reason })),
+            )
+            .await?;
+        }
+        workers::place_pending(&mut ledger, &mut committed, &mut tx).await?;
+        usage::record_holdings(&mut tx, &ledger, usage::now_ms()).await?;
+        tx.commit().await?;
+        Ok((committed, ledger))
+    }
+
+    /// Makes the settled state the fleet's: swaps it in, publishes the read views, and tells the runtime
+    /// (a group's plan change first, in its order; then every engine as committed). Cannot fail: the
+    /// write is committed already.
+    fn install(&self, state: &mut State, committed: Committed, ledger: Ledger) {
+        let committed = Arc::new(committed);
+        let views = Views::of(&committed, &ledger);
+        *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
+        state.committed = committed;
+        state.ledger = ledger;
+    }
+
+    /// [`Fleet::settle`], [`Fleet::install`], then the runtime's orders: `plan` first, then every engine as
+    /// committed.
+    async fn finish(
+        &self,
+        state: &mut State,
+        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        inventory: Inventory,
+        plan: PlanOrder,
+    ) -> Result<(), ApiError> {
+        let (committed, ledger) = self.settle(tx, inventory).await?;
+        self.install(state, committed, ledger);
+        if let Some((group, revision, steps)) = plan {
+            let members =
+                engines::group_engines(&state.committed, &state.ledger, &self.hosts, &group);
+            self.runtime.submit(Change::Plan {
+                group,
+                revision,
+                steps,
+                members,
             });
         }
-        Ok(specs)
-    }
-
-    /// Hands the committed state to the runtime. The write it follows is committed already: a failure here
-    /// is logged, and the next write (or start) hands it over again.
-    pub(crate) async fn sync_engines(&self, scheduler: &Scheduler) {
-        match self.desired(scheduler).await {
-            Ok(desired) => {
-                self.runtime.submit(Change::Apply(desired));
-            }
-            Err(e) => tracing::error!(
-                "the engines could not be brought in line with the committed state: {e}"
-            ),
-        }
-    }
-
-    /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
-    pub async fn create_worker(&self, new: NewWorker, actor: &str) -> Result<WorkerView, ApiError> {
-        self.accept_worker(new, None, actor).await
-    }
-
-    /// Accepts a worker. One that runs a catalog model (`run`: a deployment on whole GPUs) is placed at
-    /// once or refused with its reasons, never left pending.
-    pub(crate) async fn accept_worker(
-        &self,
-        new: NewWorker,
-        run: Option<ModelRun>,
-        actor: &str,
-    ) -> Result<WorkerView, ApiError> {
-        check_name(&new.name)?;
-        crate::groups::check_serving(&[], &new.env)?;
-        if let Some(command) = &new.command {
-            crate::groups::check_text("command", command)?;
-        }
-        let request = WorkerRequest::from_wire(&new.requested_resources)
-            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-        let request_json =
-            serde_json::to_string(&new.requested_resources).map_err(ApiError::internal)?;
-        let env_json = serde_json::to_string(&new.env).map_err(ApiError::internal)?;
-        let mut scheduler = self.scheduler.lock().await;
-        let (state, assignment, reasons) = match scheduler.decide(&request) {
-            Decision::Place(a) => ("placed", Some(a), Vec::new()),
-            Decision::Wait(r) if run.is_some() => {
-                let reasons: Vec<String> = r.iter().map(ToString::to_string).collect();
-                return Err(ApiError::Unprocessable(format!(
-                    "{} does not fit there: {}",
-                    new.name,
-                    reasons.join("; ")
-                )));
-            }
-            Decision::Wait(r) => (
-                "pending",
-                None,
-                r.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            ),
-        };
-        let args_json =
-            serde_json::to_string(&run.as_ref().map(|r| r.args.clone()).unwrap_or_default())
-                .map_err(ApiError::internal)?;
-        let assignment_json = assignment
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(ApiError::internal)?;
-        let mut tx = crate::db::write(&self.pool).await?;
-        sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons, model, args) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            .bind(&new.name)
-            .bind(&request_json)
-            .bind(&new.command)
-            .bind(&env_json)
-            .bind(state)
-            .bind(&assignment_json)
-            .bind(serde_json::to_string(&reasons).map_err(ApiError::internal)?)
-            .bind(run.as_ref().map(|r| r.model.as_str()))
-            .bind(&args_json)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name)))?;
-        let (action, target) = match &run {
-            Some(run) => ("deploy", run.model.as_str()),
-            None => ("worker.create", new.name.as_str()),
-        };
-        let placed = serde_json::json!({
-            "requested_resources": new.requested_resources,
-            "state": state,
-            "assignment": assignment,
-            "pending_reasons": reasons,
-        });
-        crate::audit::record(
-            &mut tx,
-            crate::audit::Entry::new(actor, action, target)
-                .after(placed)
-                .revision(1)
-                .restarts(run.iter().map(|r| r.model.clone()).collect()),
-        )
-        .await?;
-        tx.commit().await?;
-        if let Some(assignment) = assignment {
-            if let Err(e) = scheduler.hold_for(&new.name, assignment) {
-                // Decided under the same lock, so this cannot happen; if it does, trust the database.
-                tracing::error!("scheduler refused its own decision for {}: {e}", new.name);
-                self.rebuild(&mut scheduler).await?;
-            }
-        }
-        self.publish(&scheduler).await?;
-        self.sync_engines(&scheduler).await;
-        self.worker(&new.name)
-    }
-
-    /// One worker.
-    pub fn worker(&self, name: &str) -> Result<WorkerView, ApiError> {
-        self.views()
-            .workers
-            .iter()
-            .find(|w| w.name == name)
-            .cloned()
-            .ok_or_else(|| no_worker(name))
-    }
-
-    /// Every worker, oldest first.
-    pub fn workers(&self) -> Vec<WorkerView> {
-        self.views().workers.clone()
-    }
-
-    /// Ends a worker: its memory is free for the next, and pending work that now fits is placed, oldest first.
-    /// With `revision`, refuses (409) when the worker changed since that revision.
-    pub async fn delete_worker(
-        &self,
-        name: &str,
-        revision: Option<i64>,
-        actor: &str,
-    ) -> Result<(), ApiError> {
-        let mut scheduler = self.scheduler.lock().await;
-        let mut tx = crate::db::write(&self.pool).await?;
-        let row = db::worker(&mut *tx, name)
-            .await?
-            .ok_or_else(|| no_worker(name))?;
-        if let Some(sent) = revision.filter(|r| *r != row.revision) {
-            return Err(ApiError::Conflict(format!(
-                "worker {name} is at revision {}, not {sent}; read it again and retry",
-                row.revision
-            )));
-        }
-        sqlx::query("DELETE FROM workers WHERE name = ?")
-            .bind(name)
-            .execute(&mut *tx)
-            .await?;
-        let (action, target) = match &row.model {
-            Some(model) => ("deployment.remove", model.clone()),
-            None => ("worker.delete", name.to_owned()),
-        };
-        crate::audit::record(
-            &mut tx,
-            crate::audit::Entry::new(actor, action, &target)
-                .before(serde_json::to_value(view(row.clone())?).map_err(ApiError::internal)?)
-                .revision(row.revision),
-        )
-        .await?;
-        let held = scheduler.release(name);
-        let result = async {
-            place_pending(&mut scheduler, &mut tx).await?;
-            tx.commit().await?;
-            Ok::<(), ApiError>(())
-        }
-        .await;
-        if let Err(e) = result {
-            // Nothing was committed: put the scheduler back as the database has it.
-            drop(held);
-            self.rebuild(&mut scheduler).await?;
-            self.publish(&scheduler).await?;
-            return Err(e);
-        }
-        self.publish(&scheduler).await?;
-        self.sync_engines(&scheduler).await;
+        self.runtime.submit(Change::Apply(engines::desired(
+            &state.committed,
+            &state.ledger,
+            &self.hosts,
+        )));
         Ok(())
-    }
-
-    /// Each machine with its GPUs, what they offer and who holds them.
-    pub async fn machines(&self) -> Vec<MachineView> {
-        let scheduler = self.scheduler.lock().await;
-        scheduler
-            .inventory()
-            .machines()
-            .iter()
-            .map(|m| machine_view(&scheduler, m))
-            .collect()
-    }
-
-    /// One machine.
-    pub async fn machine(&self, name: &str) -> Result<MachineView, ApiError> {
-        let scheduler = self.scheduler.lock().await;
-        let machine = scheduler
-            .inventory()
-            .machine(name)
-            .ok_or_else(|| no_machine(name))?;
-        Ok(machine_view(&scheduler, machine))
-    }
-
-    /// The workers placed on one machine, as a JSON array.
-    pub fn machine_workers(&self, name: &str) -> Result<axum::body::Bytes, ApiError> {
-        self.views()
-            .by_machine
-            .get(name)
-            .cloned()
-            .ok_or_else(|| no_machine(name))
     }
 
     fn views(&self) -> Arc<Views> {
@@ -380,186 +223,25 @@ impl Fleet {
             .clone()
     }
 
-    /// Makes reads answer what the database now says, and the usage record follow what is held.
-    pub(crate) async fn publish(&self, scheduler: &Scheduler) -> Result<(), ApiError> {
-        crate::usage::record_holdings(&self.pool, scheduler, crate::usage::now_ms()).await?;
-        let workers = db::workers(&self.pool)
-            .await?
-            .into_iter()
-            .map(view)
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut by_machine: BTreeMap<String, Vec<WorkerView>> = scheduler
-            .inventory()
-            .machines()
-            .iter()
-            .map(|m| (m.name.clone(), Vec::new()))
-            .collect();
-        for worker in &workers {
-            if let Some(list) = worker.machine.as_ref().and_then(|m| by_machine.get_mut(m)) {
-                list.push(worker.clone());
-            }
-        }
-        let by_machine = by_machine
-            .into_iter()
-            .map(|(m, list)| {
-                Ok((
-                    m,
-                    serde_json::to_vec(&list)
-                        .map_err(ApiError::internal)?
-                        .into(),
-                ))
-            })
-            .collect::<Result<_, ApiError>>()?;
-        let views = Views {
-            workers,
-            by_machine,
-        };
-        *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
-        Ok(())
+    /// The committed state as of the last write.
+    pub(crate) fn committed(&self) -> Arc<Committed> {
+        self.views().committed.clone()
     }
 
-    /// Takes a fresh reading of one machine (this machine's GPUs through NVML): what its GPUs offer may
-    /// have changed. Work that no longer fits waits again, with its reason; pending work that fits now is
-    /// placed, oldest first.
-    pub async fn refresh_machine(&self, machine: Machine) -> Result<(), ApiError> {
-        let mut scheduler = self.scheduler.lock().await;
-        let mut machines = scheduler.inventory().machines().to_vec();
-        if machines.contains(&machine) {
-            return Ok(());
+    /// Checks the ledger against one rebuilt from what the database holds now: the same holds, the same
+    /// committed holders left unplaced. For tests and for a look from the outside; it reads the database.
+    pub async fn check_ledger(&self) -> Result<(), String> {
+        let state = self.state.lock().await;
+        let mut conn = self.pool.acquire().await.map_err(|e| e.to_string())?;
+        let stored = Committed::load(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if stored != *state.committed {
+            return Err("the committed state in memory differs from the database's".to_owned());
         }
-        machines.retain(|m| m.name != machine.name);
-        machines.push(machine);
-        let inventory =
-            Inventory::new(machines).map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-        self.rebuild_on(&mut scheduler, inventory).await?;
-        let mut tx = crate::db::write(&self.pool).await?;
-        place_pending(&mut scheduler, &mut tx).await?;
-        tx.commit().await?;
-        self.publish(&scheduler).await?;
-        self.sync_engines(&scheduler).await;
-        Ok(())
+        let rebuilt = Ledger::build(state.ledger.inventory().clone(), &stored);
+        state.ledger.same_as(&rebuilt)
     }
-
-    /// Reads this machine's GPUs every `every` for as long as the server runs. A failed reading is logged
-    /// once until the next good one, and the last good reading stands meanwhile.
-    pub async fn follow_local_gpus(
-        self: std::sync::Arc<Self>,
-        gpus: std::sync::Arc<dyn LocalGpus>,
-        every: std::time::Duration,
-    ) {
-        let mut last_error = None;
-        loop {
-            tokio::time::sleep(every).await;
-            let reader = gpus.clone();
-            let ours = self.runtime.pids();
-            let reading =
-                tokio::task::spawn_blocking(move || reader.read(&ours).map_err(|e| e.to_string()))
-                    .await;
-            let outcome = match reading {
-                Ok(Ok(reading)) => {
-                    let at = crate::usage::now_ms();
-                    match self
-                        .record_samples(&reading.machine.name, &reading.live, at)
-                        .await
-                    {
-                        Ok(()) => self.refresh_machine(reading.machine).await,
-                        Err(e) => Err(e),
-                    }
-                    .map_err(|e| e.to_string())
-                }
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(e.to_string()),
-            };
-            match outcome {
-                Ok(()) => last_error = None,
-                Err(e) if last_error.as_ref() != Some(&e) => {
-                    tracing::warn!("this machine's GPUs could not be read again: {e}");
-                    last_error = Some(e);
-                }
-                Err(_) => {}
-            }
-        }
-    }
-
-    /// Makes the scheduler hold exactly what the database says is placed. A placed worker that no longer
-    /// fits (its GPU is gone from the inventory, say) becomes pending with the reason.
-    pub(crate) async fn rebuild(&self, scheduler: &mut Scheduler) -> Result<(), ApiError> {
-        let inventory = scheduler.inventory().clone();
-        self.rebuild_on(scheduler, inventory).await
-    }
-
-    /// [`Fleet::rebuild`] over another inventory (a machine's GPUs changed).
-    async fn rebuild_on(
-        &self,
-        scheduler: &mut Scheduler,
-        inventory: Inventory,
-    ) -> Result<(), ApiError> {
-        *scheduler = Scheduler::new(inventory);
-        // Committed share plans first: they were judged against every GPU they run on.
-        crate::groups::hold_groups(&self.pool, scheduler).await?;
-        for row in db::workers(&self.pool).await? {
-            let Some(assignment) = row.assignment.as_deref() else {
-                continue;
-            };
-            let assignment: Assignment =
-                serde_json::from_str(assignment).map_err(ApiError::internal)?;
-            if let Err(e) = scheduler.hold_for(&row.name, assignment) {
-                tracing::warn!(
-                    "worker {} no longer fits where it was placed ({e}); it waits again",
-                    row.name
-                );
-                sqlx::query("UPDATE workers SET state = 'pending', assignment = NULL, pending_reasons = ?, revision = revision + 1 WHERE name = ?")
-                    .bind(serde_json::to_string(&[e.to_string()]).map_err(ApiError::internal)?)
-                    .bind(&row.name)
-                    .execute(&self.pool)
-                    .await?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// Places every pending worker that fits now, oldest first, and refreshes the reasons of the rest.
-async fn place_pending(
-    scheduler: &mut Scheduler,
-    tx: &mut sqlx::SqliteConnection,
-) -> Result<(), ApiError> {
-    let pending: Vec<WorkerRow> = db::workers(&mut *tx)
-        .await?
-        .into_iter()
-        .filter(|w| w.state == "pending")
-        .collect();
-    for row in pending {
-        let wire: RequestedResources =
-            serde_json::from_str(&row.request).map_err(ApiError::internal)?;
-        let request = WorkerRequest::from_wire(&wire)
-            .map_err(|e| ApiError::internal(format!("stored request of {}: {e}", row.name)))?;
-        match scheduler.decide(&request) {
-            Decision::Place(assignment) => {
-                sqlx::query("UPDATE workers SET state = 'placed', assignment = ?, pending_reasons = '[]', revision = revision + 1 WHERE name = ?")
-                    .bind(serde_json::to_string(&assignment).map_err(ApiError::internal)?)
-                    .bind(&row.name)
-                    .execute(&mut *tx)
-                    .await?;
-                scheduler
-                    .hold_for(&row.name, assignment)
-                    .map_err(ApiError::internal)?;
-            }
-            Decision::Wait(reasons) => {
-                let reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
-                let reasons = serde_json::to_string(&reasons).map_err(ApiError::internal)?;
-                // Most writes leave most pending workers' reasons as they were: write only a change.
-                if reasons != row.pending_reasons {
-                    sqlx::query("UPDATE workers SET pending_reasons = ? WHERE name = ?")
-                        .bind(&reasons)
-                        .bind(&row.name)
-                        .execute(&mut *tx)
-                        .await?;
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// Names are what URLs, logs and process names carry: letters, digits, `.`, `-`, `_`, at most 63.
@@ -579,219 +261,5 @@ pub(crate) fn check_name(name: &str) -> Result<(), ApiError> {
     }
 }
 
-fn no_worker(name: &str) -> ApiError {
-    ApiError::NotFound(format!("there is no worker named {name}"))
-}
-
-fn no_machine(name: &str) -> ApiError {
-    ApiError::NotFound(format!(
-        "there is no machine named {name}; GET /api/machines lists them"
-    ))
-}
-
-fn view(row: WorkerRow) -> Result<WorkerView, ApiError> {
-    let assignment: Option<Assignment> = row
-        .assignment
-        .as_deref()
-        .map(serde_json::from_str)
-        .transpose()
-        .map_err(ApiError::internal)?;
-    Ok(WorkerView {
-        gpus: assignment
-            .as_ref()
-            .map(|a| a.gpus.clone())
-            .unwrap_or_default(),
-        gpu_shared_gb: assignment
-            .as_ref()
-            .and_then(|a| a.shared)
-            .map(placement::Bytes::as_gb_f64),
-        machine: assignment.map(|a| a.machine),
-        name: row.name,
-        state: row.state,
-        pending_reasons: serde_json::from_str(&row.pending_reasons).map_err(ApiError::internal)?,
-        requested_resources: serde_json::from_str(&row.request).map_err(ApiError::internal)?,
-        command: row.command,
-        env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
-        revision: row.revision,
-        model: row.model,
-    })
-}
-
-/// What a worker runs: its own command, or its catalog model's recipe with the deployment's additions.
-fn worker_recipe(
-    row: &db::WorkerRow,
-    catalog: &[crate::inventory::demo::CatalogModel],
-) -> Result<Recipe, ApiError> {
-    let env: BTreeMap<String, String> =
-        serde_json::from_str(&row.env).map_err(ApiError::internal)?;
-    let Some(name) = &row.model else {
-        return Ok(Recipe {
-            engine: Engine::Command,
-            model_path: String::new(),
-            command: row.command.clone(),
-            args: Vec::new(),
-            env,
-        });
-    };
-    let model = catalog.iter().find(|m| &m.name == name).ok_or_else(|| {
-        ApiError::internal(format!(
-            "worker {} runs {name}, which is not in the catalog",
-            row.name
-        ))
-    })?;
-    let mut args = model.args.clone();
-    args.extend(serde_json::from_str::<Vec<String>>(&row.args).map_err(ApiError::internal)?);
-    let mut recipe_env = model.env.clone();
-    recipe_env.extend(env);
-    Ok(Recipe {
-        engine: model.engine,
-        model_path: model.model_path.clone(),
-        command: model.command.clone(),
-        args,
-        env: recipe_env,
-    })
-}
-
-/// A machine as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MachineView {
-    /// Its name.
-    pub name: String,
-    /// CPU cores, and those workers hold.
-    pub cpu_cores: u32,
-    /// CPU cores held by workers.
-    pub cpu_cores_used: u32,
-    /// Memory, GB.
-    pub memory_gb: f64,
-    /// Memory held by workers, GB.
-    pub memory_gb_used: f64,
-    /// Memory, bytes.
-    pub memory_bytes: u64,
-    /// Memory held by workers, bytes.
-    pub memory_bytes_used: u64,
-    /// A Windows PC under WSL2.
-    pub all_gpus_visible: bool,
-    /// Its GPUs.
-    pub gpus: Vec<GpuView>,
-}
-
-/// A GPU as the API shows it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct GpuView {
-    /// Index on its machine.
-    pub index: u32,
-    /// UUID.
-    pub uuid: String,
-    /// Model name.
-    pub model: String,
-    /// Vendor.
-    pub vendor: String,
-    /// Healthy or not.
-    pub healthy: bool,
-    /// All its memory, GB.
-    pub total_gb: f64,
-    /// All its memory, bytes.
-    pub total_bytes: u64,
-    /// What it offers Tessera, GB.
-    pub offered_gb: f64,
-    /// What it offers Tessera, bytes.
-    pub offered_bytes: u64,
-    /// Held outside Tessera, GB.
-    pub held_outside_gb: f64,
-    /// Held outside Tessera, bytes.
-    pub held_outside_bytes: u64,
-    /// `free`, `whole` or `shared`.
-    pub mode: String,
-    /// The worker holding it whole.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub held_by: Option<String>,
-    /// Its sharers and the GB each takes.
-    pub sharers: Vec<SharerView>,
-    /// GB its sharers take.
-    pub taken_gb: f64,
-    /// Bytes its sharers take.
-    pub taken_bytes: u64,
-    /// The machine page's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub summary: Option<String>,
-}
-
-/// One sharer of a GPU.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SharerView {
-    /// The worker, or the model of a sharing group.
-    pub worker: String,
-    /// The sharing group, for a group's member.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    /// The GB it takes.
-    pub gb: f64,
-    /// The bytes it takes.
-    pub bytes: u64,
-}
-
-fn machine_view(scheduler: &Scheduler, machine: &placement::Machine) -> MachineView {
-    let (cpu_used, memory_used) = scheduler.machine_use(&machine.name).unwrap_or_default();
-    MachineView {
-        name: machine.name.clone(),
-        cpu_cores: machine.cpu_cores,
-        cpu_cores_used: cpu_used,
-        memory_gb: machine.memory.as_gb_f64(),
-        memory_gb_used: memory_used.as_gb_f64(),
-        memory_bytes: machine.memory.get(),
-        memory_bytes_used: memory_used.get(),
-        all_gpus_visible: machine.all_gpus_visible,
-        gpus: machine
-            .gpus
-            .iter()
-            .map(|gpu| {
-                let hold = scheduler
-                    .hold(&placement::GpuRef::new(&machine.name, gpu.index))
-                    .cloned()
-                    .unwrap_or(Hold::Free);
-                let (mode, held_by, sharers) = match &hold {
-                    Hold::Free => ("free", None, BTreeMap::new()),
-                    Hold::Whole(w) => ("whole", Some(w.clone()), BTreeMap::new()),
-                    Hold::Shared(s) => ("shared", None, s.clone()),
-                };
-                let summary = (!sharers.is_empty()).then(|| {
-                    let list: Vec<String> = sharers
-                        .iter()
-                        .map(|(w, b)| format!("{} {b}", crate::groups::sharer(w).0))
-                        .collect();
-                    format!("shared: {} — {} taken", list.join(", "), hold.taken())
-                });
-                GpuView {
-                    index: gpu.index,
-                    uuid: gpu.uuid.clone(),
-                    model: gpu.model.clone(),
-                    vendor: gpu.vendor.clone(),
-                    healthy: gpu.healthy,
-                    total_gb: gpu.total.as_gb_f64(),
-                    total_bytes: gpu.total.get(),
-                    offered_gb: gpu.offered().as_gb_f64(),
-                    offered_bytes: gpu.offered().get(),
-                    held_outside_gb: gpu.held_outside.as_gb_f64(),
-                    held_outside_bytes: gpu.held_outside.get(),
-                    mode: mode.to_owned(),
-                    held_by,
-                    sharers: sharers
-                        .iter()
-                        .map(|(w, b)| {
-                            let (name, group) = crate::groups::sharer(w);
-                            SharerView {
-                                worker: name.to_owned(),
-                                group: group.map(str::to_owned),
-                                gb: b.as_gb_f64(),
-                                bytes: b.get(),
-                            }
-                        })
-                        .collect(),
-                    taken_gb: hold.taken().as_gb_f64(),
-                    taken_bytes: hold.taken().get(),
-                    summary,
-                }
-            })
-            .collect(),
-    }
-}
+#[cfg(test)]
+mod tests;

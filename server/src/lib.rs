@@ -13,15 +13,12 @@ pub mod config;
 pub mod console;
 pub mod db;
 pub mod demo_engine;
-pub mod deployments;
 pub mod error;
 pub mod fleet;
-pub mod groups;
 pub mod inventory;
 pub mod metrics;
 pub mod runtime;
 pub mod security;
-pub mod usage;
 
 use app::{shell, App};
 use axum::extract::DefaultBodyLimit;
@@ -50,6 +47,8 @@ pub struct Shared {
     pub leptos_options: LeptosOptions,
     /// The machines, their GPUs and the workers on them.
     pub fleet: Arc<Fleet>,
+    /// The database, for what is not the fleet's: accounts, sessions, the audit log.
+    pub pool: sqlx::SqlitePool,
     /// The HTTP requests served, for `/metrics`.
     pub http_metrics: Arc<metrics::HttpMetrics>,
     /// Failed sign-ins, per account and per address.
@@ -77,15 +76,25 @@ impl FromRef<AppState> for LeptosOptions {
 
 impl AppState {
     /// The state over `fleet`, served over plain http.
-    pub fn new(leptos_options: LeptosOptions, fleet: Arc<Fleet>) -> AppState {
-        AppState::serving(leptos_options, fleet, false)
+    pub fn new(
+        leptos_options: LeptosOptions,
+        fleet: Arc<Fleet>,
+        pool: sqlx::SqlitePool,
+    ) -> AppState {
+        AppState::serving(leptos_options, fleet, pool, false)
     }
 
     /// The state over `fleet`; `https` when the console is reached over https.
-    pub fn serving(leptos_options: LeptosOptions, fleet: Arc<Fleet>, https: bool) -> AppState {
+    pub fn serving(
+        leptos_options: LeptosOptions,
+        fleet: Arc<Fleet>,
+        pool: sqlx::SqlitePool,
+        https: bool,
+    ) -> AppState {
         AppState(Arc::new(Shared {
             leptos_options,
             fleet,
+            pool,
             http_metrics: Arc::default(),
             throttle: Arc::default(),
             tokens: Arc::default(),
@@ -103,10 +112,11 @@ pub fn router(state: AppState) -> Router {
     let services = app::services::Services {
         console: Arc::new(console::ConsoleService::new(
             state.fleet.clone(),
+            state.pool.clone(),
             state.tokens.clone(),
         )),
     };
-    let sessions = auth::session_layer(state.fleet.pool.clone(), state.https);
+    let sessions = auth::session_layer(state.pool.clone(), state.https);
     Router::new()
         .route("/login", post(auth::sign_in))
         .route("/logout", post(auth::sign_out))
@@ -160,9 +170,15 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             .map_err(ServerError::Database)?,
     );
     let fleet = Arc::new(
-        Fleet::open(pool, inventory, runtime.clone(), hosts)
-            .await
-            .map_err(ServerError::Load)?,
+        Fleet::open(
+            pool.clone(),
+            inventory,
+            local_gpus.clone(),
+            runtime.clone(),
+            hosts,
+        )
+        .await
+        .map_err(ServerError::Load)?,
     );
     if config.demo {
         let catalog = inventory::demo::demo_catalog();
@@ -180,19 +196,15 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             addr: config.listen,
             source,
         })?;
-    if accounts::count(&fleet.pool)
-        .await
-        .map_err(ServerError::Load)?
-        == 0
-    {
+    if accounts::count(&pool).await.map_err(ServerError::Load)? == 0 {
         tracing::warn!(
             "no account yet: open http://{}/setup to make the first admin (or run `tessera user add NAME --role admin`)",
             config.listen
         );
     }
-    tokio::spawn(forget_expired_sessions(fleet.pool.clone()));
+    tokio::spawn(forget_expired_sessions(pool.clone()));
     tracing::info!("Tessera listening on http://{}", config.listen);
-    let state = AppState::serving(leptos_options, fleet, config.https);
+    let state = AppState::serving(leptos_options, fleet, pool, config.https);
     axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
@@ -242,7 +254,8 @@ fn gather_inventory(config: &Config) -> Result<Gathered, ServerError> {
     let mut local: Option<Arc<dyn LocalGpus>> = None;
     let mut hosts = runtime::Hosts::default();
     match inventory::nvml::NvmlGpus::init() {
-        Ok(nvml) => match nvml.read(&[]) {
+        // Tessera's own engines are not known yet: the fleet reads this machine again once they are.
+        Ok(nvml) => match nvml.read(&inventory::Ours::default()) {
             Ok(reading) => {
                 hosts.local = Some(reading.machine.name.clone());
                 machines.push(reading.machine);

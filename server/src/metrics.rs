@@ -138,7 +138,7 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
         "The GPU memory a worker (or a sharing group's model) holds on a GPU: its share, or the whole GPU.",
         &["worker", "group", "gpu", "UUID", "Hostname"],
     )?;
-    for machine in fleet.machines().await {
+    for machine in fleet.machines() {
         for gpu in &machine.gpus {
             let index = gpu.index.to_string();
             let labels = [

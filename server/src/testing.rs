@@ -81,6 +81,8 @@ pub struct TestApp {
     pub router: Router,
     /// The fleet, for checks from the inside.
     pub fleet: Arc<Fleet>,
+    /// The database.
+    pub pool: sqlx::SqlitePool,
     /// An admin's API token, which [`TestApp::call`] sends.
     pub token: String,
 }
@@ -94,7 +96,7 @@ impl TestApp {
     /// A server over the inventory in `fleet_toml`, on an empty database.
     pub async fn new(fleet_toml: &str) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
-        let (router, fleet) = start(dir.path(), fleet_toml).await;
+        let (router, fleet, pool) = start(dir.path(), fleet_toml).await;
         // One hash for every test server of the run: argon2 is slow by design.
         static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let hash = HASH.get_or_init(|| {
@@ -103,10 +105,10 @@ impl TestApp {
         sqlx::query("INSERT INTO users (name, password_hash, role) VALUES (?, ?, 'admin')")
             .bind(ADMIN)
             .bind(hash)
-            .execute(&fleet.pool)
+            .execute(&pool)
             .await
             .expect("the test admin");
-        let token = crate::accounts::create_token(&fleet.pool, ADMIN, "tests", "test")
+        let token = crate::accounts::create_token(&pool, ADMIN, "tests", "test")
             .await
             .expect("the test admin's token")
             .secret;
@@ -115,26 +117,35 @@ impl TestApp {
             fleet_toml: fleet_toml.to_owned(),
             router,
             fleet,
+            pool,
             token,
         }
     }
 
     /// Stops this server and starts another on the same data.
     pub async fn restart(self) -> TestApp {
+        let toml = self.fleet_toml.clone();
+        self.restart_with(&toml).await
+    }
+
+    /// Stops this server and starts another on the same data, over the inventory in `fleet_toml`.
+    pub async fn restart_with(self, fleet_toml: &str) -> TestApp {
         let TestApp {
             dir,
-            fleet_toml,
             router,
             fleet,
+            pool,
             token,
+            ..
         } = self;
-        drop((router, fleet));
-        let (router, fleet) = start(dir.path(), &fleet_toml).await;
+        drop((router, fleet, pool));
+        let (router, fleet, pool) = start(dir.path(), fleet_toml).await;
         TestApp {
             dir,
-            fleet_toml,
+            fleet_toml: fleet_toml.to_owned(),
             router,
             fleet,
+            pool,
             token,
         }
     }
@@ -208,7 +219,7 @@ pub fn shared_worker(name: &str, gb: f64) -> String {
     .to_string()
 }
 
-async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>) {
+async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
     let machines =
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
     let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
@@ -225,13 +236,14 @@ async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>) 
             .expect("the runtime"),
     );
     let fleet = Arc::new(
-        Fleet::open(pool, inventory, runtime, Hosts::default())
+        Fleet::open(pool.clone(), inventory, None, runtime, Hosts::default())
             .await
             .expect("the fleet opens"),
     );
     let state = AppState::new(
         LeptosOptions::builder().output_name("tessera").build(),
         fleet.clone(),
+        pool.clone(),
     );
-    (router(state), fleet)
+    (router(state), fleet, pool)
 }

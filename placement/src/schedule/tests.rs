@@ -1,6 +1,7 @@
 use super::*;
 use crate::request::{GpuRequests, RequestedResources};
 use crate::testing::{machine, majin};
+use crate::units::GB;
 use proptest::prelude::*;
 
 fn fleet(machines: Vec<Machine>) -> Scheduler {
@@ -279,6 +280,201 @@ fn a_name_is_placed_once_and_a_restored_assignment_must_still_fit() {
     assert_eq!(s.workers().len(), 1, "nothing half-held after a refusal");
 }
 
+/// Majin after its desktop came to hold 3 GB (it offers 5 of its 8), with 2.2 + 4.3 GB committed before.
+fn overcommitted_majin() -> Scheduler {
+    let mut m = majin();
+    m.gpus[0].held_outside = Bytes::gb(3);
+    let mut s = fleet(vec![m, machine("spare", &[8])]);
+    s.hold_committed("listen", shared_on("majin", 0, 2.2))
+        .unwrap();
+    s.hold_committed("voice", shared_on("majin", 0, 4.3))
+        .unwrap();
+    s
+}
+
+fn shared_on(machine: &str, index: u32, gb: f64) -> Assignment {
+    Assignment {
+        machine: machine.into(),
+        gpus: vec![index],
+        shared: Some(Bytes::from_gb(gb).unwrap()),
+        cpu_cores: 0,
+        memory: Bytes::ZERO,
+    }
+}
+
+#[test]
+fn a_committed_hold_past_what_a_gpu_offers_is_kept_and_reported() {
+    let mut s = overcommitted_majin();
+    let gpu = GpuRef::new("majin", 0);
+    assert_eq!(
+        s.hold(&gpu).unwrap().taken(),
+        Bytes::from_gb(2.2).unwrap() + Bytes::from_gb(4.3).unwrap()
+    );
+    let over = s.overcommitted();
+    assert_eq!(over.len(), 1, "{over:?}");
+    assert_eq!(over[0].gpu, gpu);
+    assert_eq!(over[0].offered(), Bytes::gb(5));
+    assert_eq!(over[0].over().gb_text(), "1.5");
+    assert_eq!(
+        over[0].to_string(),
+        "GPU 0 of majin offers 5 of its 8 GB (3 GB held outside Tessera) but its sharers take 6.5 GB: 1.5 GB over"
+    );
+    assert!(
+        matches!(
+            s.hold_for("again", shared_on("majin", 0, 0.1)),
+            Err(ScheduleError::DoesNotFit(PendingReason::SharedFull { .. }))
+        ),
+        "hold_for still checks that it fits"
+    );
+}
+
+#[test]
+fn an_over_commit_is_told_in_the_seeds_words() {
+    let over = Overcommit {
+        gpu: GpuRef::new("node", 1),
+        total: Bytes::gb(24),
+        held_outside: Bytes::ZERO,
+        taken: Bytes::gb(25),
+    };
+    assert_eq!(
+        over.to_string(),
+        "GPU 1 of node offers all of its 24 GB but its sharers take 25 GB: 1 GB over"
+    );
+    assert_eq!(over.over(), Bytes::gb(1));
+}
+
+#[test]
+fn nothing_new_is_placed_on_an_over_committed_gpu() {
+    let mut s = overcommitted_majin();
+    let only_majin = |json: &str| {
+        let mut r = request(json);
+        r.gpus.as_mut().unwrap().ids = vec!["majin:0".into()];
+        r
+    };
+    for tenths in [1, 5, 30, 60] {
+        let r = only_majin(&format!(
+            r#"{{"gpu_requests": {{"shared": true, "memory_gb": {}}}}}"#,
+            f64::from(tenths) / 10.0
+        ));
+        match s.decide(&r) {
+            Decision::Wait(reasons) => assert!(!reasons.is_empty()),
+            Decision::Place(a) => panic!("placed {a:?} on an over-committed GPU"),
+        }
+    }
+    assert_eq!(
+        waits(s.place(
+            "tiny",
+            &only_majin(r#"{"gpu_requests": {"shared": true, "memory_gb": 0.1}}"#)
+        )),
+        ["GPU 0 of majin: 6.5 of 5 GB taken by shared work; it needs 0.1"]
+    );
+    assert_eq!(
+        waits(s.place("trainer", &only_majin(r#"{"gpu_requests": {"count": 1}}"#))),
+        ["GPU 0 of majin is shared by 2 workers; it needs a whole GPU"]
+    );
+    let elsewhere = placed(s.place("small", &shared(0.1)));
+    assert_eq!(
+        elsewhere.machine, "spare",
+        "best fit passes over the over-committed GPU"
+    );
+    assert_eq!(s.overcommitted().len(), 1);
+}
+
+#[test]
+fn a_committed_hold_refuses_only_what_cannot_be_held_at_all() {
+    let mut s = fleet(vec![machine("node", &[24, 24])]);
+    s.hold_committed("sharer", shared_on("node", 0, 2.0))
+        .unwrap();
+    let whole = |index| Assignment {
+        shared: None,
+        ..shared_on("node", index, 0.0)
+    };
+    s.hold_committed("trainer", whole(1)).unwrap();
+    assert_eq!(
+        s.hold_committed("other", whole(0)),
+        Err(ScheduleError::DoesNotFit(PendingReason::Shared {
+            gpu: GpuRef::new("node", 0),
+            sharers: 1
+        }))
+    );
+    assert_eq!(
+        s.hold_committed("other", shared_on("node", 1, 1.0)),
+        Err(ScheduleError::DoesNotFit(PendingReason::HeldWhole {
+            gpu: GpuRef::new("node", 1),
+            by: "trainer".into()
+        }))
+    );
+    let unknown_gpu = Assignment {
+        gpus: vec![0, 3],
+        ..shared_on("node", 0, 1.0)
+    };
+    assert_eq!(
+        s.hold_committed("other", unknown_gpu)
+            .unwrap_err()
+            .to_string(),
+        "GPU 3 of node is not in the inventory"
+    );
+    assert_eq!(
+        s.hold_committed("other", shared_on("nowhere", 0, 1.0)),
+        Err(ScheduleError::Unknown("nowhere".into()))
+    );
+    assert_eq!(
+        s.hold_committed("sharer", shared_on("node", 0, 1.0)),
+        Err(ScheduleError::AlreadyPlaced("sharer".into()))
+    );
+    assert_eq!(s.workers().len(), 2, "nothing half-held after a refusal");
+    assert_eq!(
+        s.hold(&GpuRef::new("node", 0)).unwrap().taken(),
+        Bytes::gb(2)
+    );
+}
+
+#[test]
+fn a_committed_hold_past_the_machines_cores_and_memory_is_kept() {
+    let mut s = fleet(vec![majin()]);
+    let greedy = Assignment {
+        machine: "majin".into(),
+        gpus: Vec::new(),
+        shared: None,
+        cpu_cores: 20,
+        memory: Bytes::gb(80),
+    };
+    s.hold_committed("greedy", greedy).unwrap();
+    assert_eq!(s.machine_use("majin"), Some((20, Bytes::gb(80))));
+    assert_eq!(
+        waits(s.place("cpu", &request(r#"{"cpu_cores": 1}"#))),
+        ["majin has 0 of its 16 CPU cores free; it needs 1"]
+    );
+    s.release("greedy").unwrap();
+    assert_eq!(s.machine_use("majin"), Some((0, Bytes::ZERO)));
+}
+
+#[test]
+fn a_gpu_listed_twice_in_an_assignment_is_held_once() {
+    let mut s = fleet(vec![majin()]);
+    let twice = Assignment {
+        gpus: vec![0, 0],
+        ..shared_on("majin", 0, 2.0)
+    };
+    s.hold_for("a", twice.clone()).unwrap();
+    s.hold_committed("b", twice).unwrap();
+    let gpu = GpuRef::new("majin", 0);
+    assert_eq!(s.hold(&gpu).unwrap().taken(), Bytes::gb(4));
+    s.release("a").unwrap();
+    s.release("b").unwrap();
+    assert_eq!(s.hold(&gpu), Some(&Hold::Free));
+    placed(s.place("c", &shared(7.0)));
+}
+
+#[test]
+fn releasing_the_newest_sharer_clears_the_over_commit() {
+    let mut s = overcommitted_majin();
+    s.release("voice").unwrap();
+    assert_eq!(s.overcommitted(), []);
+    let a = placed(s.place("notebook", &shared(2.8)));
+    assert_eq!((a.machine.as_str(), a.gpus.as_slice()), ("majin", &[0][..]));
+}
+
 // ---- properties ----
 
 fn fleet_strategy() -> impl Strategy<Value = Vec<Machine>> {
@@ -348,7 +544,9 @@ fn oracle_single_shared(s: &Scheduler, request: &WorkerRequest) -> Option<(Strin
     let mut best: Option<((u64, String, u32), Choice)> = None;
     for machine in s.inventory().machines() {
         let (cores, memory) = s.machine_use(&machine.name).unwrap();
-        if cores + request.cpu_cores > machine.cpu_cores || memory + request.memory > machine.memory
+        // What is free stops at zero: cores or memory held past the machine's (committed before) leave none.
+        if request.cpu_cores > machine.cpu_cores.saturating_sub(cores)
+            || request.memory > machine.memory.saturating_sub(memory)
         {
             continue;
         }
@@ -408,6 +606,105 @@ fn check_invariants(s: &Scheduler) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// A committed assignment drawn against whatever fleet it meets: a machine, a subset of its GPUs (perhaps
+/// with one it does not have), shared or whole, and cores and memory that may be past the machine's.
+#[derive(Debug, Clone)]
+struct Commit {
+    machine: usize,
+    gpus: u8,
+    tenths_gb: Option<u64>,
+    cores: u32,
+    memory_gb: u64,
+    unknown_gpu: bool,
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    Op(Op),
+    Commit(Commit),
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    let commit = (
+        any::<usize>(),
+        any::<u8>(),
+        proptest::option::of(1u64..=400),
+        0u32..=24,
+        0u64..=600,
+        proptest::bool::weighted(0.05),
+    )
+        .prop_map(
+            |(machine, gpus, tenths_gb, cores, memory_gb, unknown_gpu)| Commit {
+                machine,
+                gpus,
+                tenths_gb,
+                cores,
+                memory_gb,
+                unknown_gpu,
+            },
+        );
+    prop_oneof![
+        3 => op_strategy().prop_map(Step::Op),
+        2 => commit.prop_map(Step::Commit),
+    ]
+}
+
+fn to_assignment(s: &Scheduler, c: &Commit) -> Assignment {
+    let machines = s.inventory().machines();
+    let m = &machines[c.machine % machines.len()];
+    let mut gpus: Vec<u32> = m
+        .gpus
+        .iter()
+        .filter(|g| c.gpus & (1 << (g.index % 8)) != 0)
+        .map(|g| g.index)
+        .collect();
+    if c.unknown_gpu {
+        gpus.push(99);
+    }
+    Assignment {
+        machine: m.name.clone(),
+        gpus,
+        shared: c.tenths_gb.map(|t| Bytes(t * GB / 10)),
+        cpu_cores: c.cores,
+        memory: Bytes::gb(c.memory_gb),
+    }
+}
+
+/// Whether a committed assignment cannot be held at all: a GPU not in the inventory, one held whole, or a
+/// shared one for whole work.
+fn cannot_hold(s: &Scheduler, a: &Assignment) -> bool {
+    a.gpus
+        .iter()
+        .any(|&i| match s.hold(&GpuRef::new(&a.machine, i)) {
+            None | Some(Hold::Whole(_)) => true,
+            Some(Hold::Shared(_)) => a.shared.is_none(),
+            Some(Hold::Free) => false,
+        })
+}
+
+/// The room index holds every shareable GPU of a machine that sees its GPUs apart, by what it offers less what
+/// its sharers take (zero when they take more), and each GPU's count of what is taken matches its sharers.
+fn check_room_index(s: &Scheduler) -> Result<(), TestCaseError> {
+    let mut expected = BTreeSet::new();
+    for (id, slot) in s.gpus.iter().enumerate() {
+        let machine = &s.inventory().machines()[slot.machine];
+        let gpu = &machine.gpus[slot.pos];
+        prop_assert_eq!(slot.taken, slot.hold.taken());
+        if let Hold::Shared(sharers) = &slot.hold {
+            prop_assert!(
+                !sharers.is_empty(),
+                "a shared GPU with no sharer should be free"
+            );
+        }
+        if !matches!(slot.hold, Hold::Whole(_)) && !machine.all_gpus_visible {
+            let offered = gpu.total.get() - gpu.held_outside.get();
+            expected.insert((offered.saturating_sub(slot.taken.get()), id));
+        }
+    }
+    prop_assert_eq!(&s.by_room, &expected);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
@@ -464,6 +761,65 @@ proptest! {
                 prop_assert_eq!(s.hold(&GpuRef::new(&m.name, g.index)), Some(&Hold::Free));
             }
             prop_assert_eq!(s.machine_use(&m.name), Some((0, Bytes::ZERO)));
+        }
+    }
+
+    #[test]
+    fn after_committed_holds_best_fit_still_matches_a_brute_force_search_and_never_overfills(machines in fleet_strategy(), steps in proptest::collection::vec(step_strategy(), 1..40)) {
+        let mut s = Scheduler::new(Inventory::new(machines).unwrap());
+        for (n, step) in steps.iter().enumerate() {
+            let name = format!("w{n}");
+            match step {
+                Step::Commit(c) => {
+                    let assignment = to_assignment(&s, c);
+                    let refused = cannot_hold(&s, &assignment);
+                    let before = s.workers().len();
+                    let held = s.hold_committed(&name, assignment.clone());
+                    prop_assert_eq!(held.is_err(), refused, "{:?} for {:?}", held, assignment);
+                    prop_assert_eq!(s.workers().len(), before + usize::from(!refused));
+                }
+                Step::Op(Op::Release(i)) => {
+                    let names: Vec<String> = s.workers().keys().cloned().collect();
+                    if !names.is_empty() {
+                        s.release(&names[i % names.len()]);
+                    }
+                }
+                Step::Op(op) => {
+                    let request = to_request(op).unwrap();
+                    let expected = matches!(op, Op::Shared { .. }).then(|| oracle_single_shared(&s, &request));
+                    let holds: BTreeMap<GpuRef, Hold> = s
+                        .inventory()
+                        .machines()
+                        .iter()
+                        .flat_map(|m| m.gpus.iter().map(move |g| GpuRef::new(&m.name, g.index)))
+                        .map(|gpu| (gpu.clone(), s.hold(&gpu).unwrap().clone()))
+                        .collect();
+                    let decision = s.place(&name, &request).unwrap();
+                    match (&decision, expected) {
+                        (Decision::Place(a), Some(Some((machine, gpus)))) => {
+                            prop_assert_eq!((&a.machine, &a.gpus), (&machine, &gpus));
+                        }
+                        (Decision::Wait(reasons), Some(None) | None) => prop_assert!(!reasons.is_empty()),
+                        (Decision::Place(_), None) => {}
+                        (d, e) => prop_assert!(false, "decided {:?}, brute force says {:?}", d, e),
+                    }
+                    if let Decision::Place(a) = &decision {
+                        for &index in &a.gpus {
+                            let gpu = GpuRef::new(&a.machine, index);
+                            let before = &holds[&gpu];
+                            let offered = s.inventory().gpu(&gpu).unwrap().offered();
+                            match a.shared {
+                                Some(need) => prop_assert!(
+                                    !matches!(before, Hold::Whole(_)) && before.taken() + need <= offered,
+                                    "{} placed on {} ({:?}, offers {})", need, gpu, before, offered
+                                ),
+                                None => prop_assert_eq!(before, &Hold::Free),
+                            }
+                        }
+                    }
+                }
+            }
+            check_room_index(&s)?;
         }
     }
 }

@@ -30,7 +30,7 @@ fn a_password_is_stored_as_an_argon2id_hash_that_only_it_matches() {
 #[tokio::test]
 async fn an_account_needs_a_good_name_a_long_password_and_a_name_of_its_own() {
     let app = TestApp::new(MAJIN).await;
-    let pool = &app.fleet.pool;
+    let pool = &app.pool;
     let short = create_user(pool, &new_user("otto", Role::Operator, "short"), ADMIN).await;
     assert_eq!(
         short.unwrap_err().to_string(),
@@ -83,7 +83,7 @@ async fn an_account_needs_a_good_name_a_long_password_and_a_name_of_its_own() {
 #[tokio::test]
 async fn the_last_admin_stays_and_no_one_removes_their_own_account() {
     let app = TestApp::new(MAJIN).await;
-    let pool = &app.fleet.pool;
+    let pool = &app.pool;
     let refused = delete_user(pool, ADMIN, "someone").await;
     assert!(
         matches!(&refused, Err(ApiError::Conflict(m)) if m.contains("last admin")),
@@ -116,7 +116,7 @@ async fn the_last_admin_stays_and_no_one_removes_their_own_account() {
 #[tokio::test]
 async fn a_token_is_stored_as_its_digest_and_shown_once() {
     let app = TestApp::new(MAJIN).await;
-    let pool = &app.fleet.pool;
+    let pool = &app.pool;
     let issued = create_token(pool, ADMIN, "ci", ADMIN).await.unwrap();
     assert!(issued.secret.starts_with(TOKEN_PREFIX));
     assert!(issued.secret.starts_with(&issued.token.prefix));

@@ -19,7 +19,7 @@ pub async fn me(Actor(caller): Actor) -> Json<Caller> {
 
 /// `GET /api/users`.
 pub async fn list_users(State(state): State<AppState>) -> Result<Json<Vec<Account>>, ApiError> {
-    Ok(Json(accounts::users(&state.fleet.pool).await?))
+    Ok(Json(accounts::users(&state.pool).await?))
 }
 
 /// `POST /api/users`.
@@ -28,7 +28,7 @@ pub async fn create_user(
     Actor(actor): Actor,
     ApiJson(new): ApiJson<NewUser>,
 ) -> Result<(StatusCode, Json<Account>), ApiError> {
-    let user = accounts::create_user(&state.fleet.pool, &new, &actor.name).await?;
+    let user = accounts::create_user(&state.pool, &new, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
 
@@ -38,14 +38,14 @@ pub async fn delete_user(
     Actor(actor): Actor,
     Path(name): Path<String>,
 ) -> Result<StatusCode, ApiError> {
-    accounts::delete_user(&state.fleet.pool, &name, &actor.name).await?;
+    accounts::delete_user(&state.pool, &name, &actor.name).await?;
     state.tokens.forget();
     Ok(StatusCode::NO_CONTENT)
 }
 
 /// `GET /api/tokens`.
 pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<Vec<ApiToken>>, ApiError> {
-    Ok(Json(accounts::tokens(&state.fleet.pool).await?))
+    Ok(Json(accounts::tokens(&state.pool).await?))
 }
 
 /// `POST /api/tokens`: the secret is in this answer and nowhere else.
@@ -55,7 +55,7 @@ pub async fn create_token(
     ApiJson(new): ApiJson<NewToken>,
 ) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
     let user = new.user.unwrap_or_else(|| actor.name.clone());
-    let issued = accounts::create_token(&state.fleet.pool, &user, &new.name, &actor.name).await?;
+    let issued = accounts::create_token(&state.pool, &user, &new.name, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(issued)))
 }
 
@@ -70,7 +70,7 @@ pub async fn revoke_token(
             "a token's id is a whole number (GET /api/tokens lists them), not {id:?}"
         ))
     })?;
-    let revoked = accounts::revoke_token(&state.fleet.pool, id, &actor.name).await?;
+    let revoked = accounts::revoke_token(&state.pool, id, &actor.name).await?;
     state.tokens.forget();
     Ok(Json(revoked))
 }
@@ -86,5 +86,5 @@ pub async fn audit(
             e.body_text()
         ))
     })?;
-    Ok(Json(audit::entries(&state.fleet.pool, &filter).await?))
+    Ok(Json(audit::entries(&state.pool, &filter).await?))
 }

@@ -359,7 +359,7 @@ async fn a_page_sends_a_visitor_to_sign_in_and_the_first_start_to_setup() {
     assert_eq!(answer.location(), "/login?next=/machines/majin");
 
     sqlx::query("DELETE FROM users")
-        .execute(&app.fleet.pool)
+        .execute(&app.pool)
         .await
         .unwrap();
     let mut first = Browser::new(&app);
@@ -416,7 +416,7 @@ async fn a_page_sends_a_visitor_to_sign_in_and_the_first_start_to_setup() {
         .await;
     assert_eq!(again.location(), "/login");
     let names: Vec<(String,)> = sqlx::query_as("SELECT name FROM users")
-        .fetch_all(&app.fleet.pool)
+        .fetch_all(&app.pool)
         .await
         .unwrap();
     assert_eq!(names, [("root-admin".to_owned(),)]);

@@ -157,7 +157,7 @@ async fn a_deploy_from_the_wizard_is_judged_again_on_the_server() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["group"], "text-router");
     assert_eq!(body["restarts"], json!(["glm-5.3"]));
-    let (args, env) = app.fleet.serving_of("glm-5.3").await.unwrap();
+    let (args, env) = app.fleet.serving_of("glm-5.3").unwrap();
     assert_eq!(args, ["--max-model-len", "8192"]);
     assert_eq!(env["VLLM_LOGGING_LEVEL"], "INFO");
 }

@@ -16,8 +16,18 @@ use serde::{Deserialize, Serialize};
 /// Reads the GPUs of the machine the server runs on.
 pub trait LocalGpus: Send + Sync {
     /// The machine as it is now: its GPUs with what each offers, and their live figures. The memory of
-    /// `tessera_pids` (Tessera's own engines) is not counted as held outside.
-    fn read(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError>;
+    /// `ours` (Tessera's own engines) is not counted as held outside.
+    fn read(&self, ours: &Ours) -> Result<LocalReading, InventoryError>;
+}
+
+/// What Tessera's own engines hold on this machine, so that a reading does not count it as held outside.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Ours {
+    /// Every process of every engine that runs.
+    pub pids: Vec<u32>,
+    /// What the running engines' shares take on each GPU (by index): what stands in for their processes'
+    /// memory where the driver reports none of it (WSL2) or reports other PIDs (a container).
+    pub shares: std::collections::BTreeMap<u32, Bytes>,
 }
 
 /// One reading of the local machine.
@@ -77,17 +87,22 @@ pub enum InventoryError {
     Memory(String),
 }
 
-/// Memory held outside Tessera: NVML's used memory less what Tessera's own processes use, never below zero.
-///
-/// A process whose memory the driver does not report counts 0 here, so under WSL2 Tessera's own use counts
-/// as held outside: the safe side, since a GPU then offers less, never more, than it has free.
-pub fn held_outside(used: Bytes, tessera_pids: &[u32], processes: &[(u32, Bytes)]) -> Bytes {
-    let ours: Bytes = processes
+/// Memory held outside Tessera on GPU `index`: NVML's used memory less what Tessera's own engines take
+/// there, never below zero. What they take is what the driver reports for their processes; where it reports
+/// none of them with a size (WSL2 gives no per-process figures; in a container the PIDs differ), their
+/// shares stand in, so that Tessera's own engines are never counted as held outside.
+pub fn held_outside(used: Bytes, ours: &Ours, index: u32, processes: &[(u32, Bytes)]) -> Bytes {
+    let reported: Bytes = processes
         .iter()
-        .filter(|(pid, _)| tessera_pids.contains(pid))
+        .filter(|(pid, _)| ours.pids.contains(pid))
         .map(|&(_, bytes)| bytes)
         .sum();
-    used.saturating_sub(ours)
+    let mine = if reported > Bytes::ZERO {
+        reported
+    } else {
+        ours.shares.get(&index).copied().unwrap_or_default()
+    };
+    used.saturating_sub(mine)
 }
 
 /// This machine's name: its hostname from `/etc/hostname` or `HOSTNAME`, else `localhost`.
@@ -141,6 +156,13 @@ fn osrelease_is_wsl(release: &str) -> bool {
 mod tests {
     use super::*;
 
+    fn pids(pids: &[u32]) -> Ours {
+        Ours {
+            pids: pids.to_vec(),
+            shares: Default::default(),
+        }
+    }
+
     #[test]
     fn held_outside_is_used_memory_less_tesseras_own_processes() {
         let processes = [
@@ -149,7 +171,7 @@ mod tests {
             (300, Bytes::gb(1)),
         ];
         assert_eq!(
-            held_outside(Bytes::gb(7), &[100, 300], &processes),
+            held_outside(Bytes::gb(7), &pids(&[100, 300]), 0, &processes),
             Bytes::gb(4)
         );
     }
@@ -157,15 +179,47 @@ mod tests {
     #[test]
     fn held_outside_is_all_used_memory_when_tessera_runs_nothing() {
         let processes = [(100, Bytes::gb(2))];
-        assert_eq!(held_outside(Bytes::gb(3), &[], &processes), Bytes::gb(3));
-        assert_eq!(held_outside(Bytes::gb(3), &[999], &processes), Bytes::gb(3));
+        assert_eq!(
+            held_outside(Bytes::gb(3), &pids(&[]), 0, &processes),
+            Bytes::gb(3)
+        );
+        assert_eq!(
+            held_outside(Bytes::gb(3), &pids(&[999]), 0, &processes),
+            Bytes::gb(3)
+        );
     }
 
     #[test]
     fn held_outside_never_goes_below_zero() {
         // The used figure and the process list are read a moment apart, so they can disagree.
         let processes = [(100, Bytes::gb(5))];
-        assert_eq!(held_outside(Bytes::gb(4), &[100], &processes), Bytes::ZERO);
+        assert_eq!(
+            held_outside(Bytes::gb(4), &pids(&[100]), 0, &processes),
+            Bytes::ZERO
+        );
+    }
+
+    #[test]
+    fn where_the_driver_gives_no_per_process_figures_the_engines_shares_stand_in_for_them() {
+        // WSL2: the processes are listed with no size; a container: other PIDs altogether.
+        let ours = Ours {
+            pids: vec![100],
+            shares: [(0, Bytes::gb(2)), (1, Bytes::gb(3))].into(),
+        };
+        let no_sizes = [(100, Bytes::ZERO), (200, Bytes::ZERO)];
+        assert_eq!(
+            held_outside(Bytes::gb(5), &ours, 0, &no_sizes),
+            Bytes::gb(3)
+        );
+        let other_pids = [(7, Bytes::gb(3))];
+        assert_eq!(
+            held_outside(Bytes::gb(4), &ours, 1, &other_pids),
+            Bytes::gb(1)
+        );
+        assert_eq!(
+            held_outside(Bytes::gb(4), &ours, 2, &other_pids),
+            Bytes::gb(4)
+        );
     }
 
     #[test]

@@ -35,9 +35,9 @@ impl NvmlGpus {
             })
     }
 
-    /// Reads the machine, counting the memory of `tessera_pids` (Tessera's own workers) as Tessera's
+    /// Reads the machine, counting the memory of `ours` (Tessera's own engines) as Tessera's
     /// rather than as held outside.
-    fn read_with(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError> {
+    fn read_with(&self, ours: &super::Ours) -> Result<LocalReading, InventoryError> {
         let count = self
             .nvml
             .device_count()
@@ -47,7 +47,7 @@ impl NvmlGpus {
             })?;
         let (gpus, live) = (0..count)
             .map(|index| match self.nvml.device_by_index(index) {
-                Ok(device) => read_device(index, &device, tessera_pids),
+                Ok(device) => read_device(index, &device, ours),
                 Err(e) => unreadable(index, &format!("NVML could not open it: {e}")),
             })
             .unzip();
@@ -63,13 +63,13 @@ impl NvmlGpus {
 }
 
 impl LocalGpus for NvmlGpus {
-    fn read(&self, tessera_pids: &[u32]) -> Result<LocalReading, InventoryError> {
-        self.read_with(tessera_pids)
+    fn read(&self, ours: &super::Ours) -> Result<LocalReading, InventoryError> {
+        self.read_with(ours)
     }
 }
 
 /// One GPU and its live figures.
-fn read_device(index: u32, device: &Device<'_>, tessera_pids: &[u32]) -> (Gpu, GpuLive) {
+fn read_device(index: u32, device: &Device<'_>, ours: &super::Ours) -> (Gpu, GpuLive) {
     let (uuid, name, memory) = match (device.uuid(), device.name(), device.memory_info()) {
         (Ok(uuid), Ok(name), Ok(memory)) => (uuid, name, memory),
         (uuid, name, memory) => {
@@ -105,7 +105,7 @@ fn read_device(index: u32, device: &Device<'_>, tessera_pids: &[u32]) -> (Gpu, G
         model: name,
         vendor: "nvidia".to_owned(),
         total: Bytes(memory.total),
-        held_outside: held_outside(used, tessera_pids, &processes),
+        held_outside: held_outside(used, ours, index, &processes),
         healthy: true,
     };
     let live = GpuLive {
@@ -153,7 +153,7 @@ mod tests {
         match NvmlGpus::init() {
             Ok(gpus) => {
                 println!("NVML loaded here, so this machine has a driver; reading it instead");
-                let reading = gpus.read(&[]).unwrap();
+                let reading = gpus.read(&crate::inventory::Ours::default()).unwrap();
                 assert_eq!(reading.machine.gpus.len(), reading.live.len());
             }
             Err(e) => {

@@ -402,15 +402,31 @@ impl Runtime {
         Some(process::tail(&self.shared.log_path(&engine.unit), lines))
     }
 
-    /// The PIDs of the engines running now and of every process they started: their GPU memory is
-    /// Tessera's, not held outside it.
-    pub fn pids(&self) -> Vec<u32> {
-        let engines: Vec<u32> = self.engines().iter().filter_map(|e| e.pid).collect();
-        process::all_groups()
+    /// Every engine running now, with its PIDs and those of every process it started: their GPU memory
+    /// is Tessera's, not held outside it.
+    pub fn running(&self) -> Vec<(String, Vec<u32>)> {
+        let groups = process::all_groups();
+        self.engines()
             .into_iter()
-            .filter(|(_, group)| engines.contains(group))
-            .map(|(pid, _)| pid)
+            .filter_map(|e| Some((e.unit, e.pid?)))
+            .map(|(unit, pid)| (unit, members_of(&groups, pid)))
             .collect()
+    }
+
+    /// The engines a previous server recorded that still run (same PID and start time), with their
+    /// processes as in [`Runtime::running`]: known before they are adopted, so that the first reading of
+    /// this machine's GPUs does not count their memory as held outside.
+    pub async fn recorded(&self) -> Result<Vec<(String, Vec<u32>)>, sqlx::Error> {
+        let rows: Vec<(String, i64, i64)> =
+            sqlx::query_as("SELECT unit, pid, start_ticks FROM engines")
+                .fetch_all(&self.shared.pool)
+                .await?;
+        let groups = process::all_groups();
+        Ok(rows
+            .into_iter()
+            .filter(|(_, pid, ticks)| process::is_same(*pid as u32, *ticks as u64))
+            .map(|(unit, pid, _)| (unit, members_of(&groups, pid as u32)))
+            .collect())
     }
 
     /// The events from now on, until the server closes (a client too slow to keep up misses some, and
@@ -455,6 +471,19 @@ impl Runtime {
             let _ = stopped.await;
         }
     }
+}
+
+/// The processes of the process group `leader` started (the engine's own among them).
+fn members_of(groups: &[(u32, u32)], leader: u32) -> Vec<u32> {
+    let mut pids: Vec<u32> = groups
+        .iter()
+        .filter(|(_, group)| *group == leader)
+        .map(|(pid, _)| *pid)
+        .collect();
+    if !pids.contains(&leader) {
+        pids.push(leader);
+    }
+    pids
 }
 
 /// Adopts the engines a previous server left running as `desired` wants (same PID and start time), stops
@@ -640,7 +669,7 @@ async fn stop_stray(pid: u32, ticks: u64, settings: &Settings) {
 fn view(unit: &Unit) -> EngineView {
     let status = unit.status.borrow();
     let spec = &unit.spec;
-    let (worker, group, model) = match crate::groups::sharer(&spec.unit) {
+    let (worker, group, model) = match crate::fleet::groups::sharer(&spec.unit) {
         (model, Some(group)) => (None, Some(group.to_owned()), Some(model.to_owned())),
         (worker, None) => (Some(worker.to_owned()), None, None),
     };

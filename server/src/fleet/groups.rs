@@ -2,19 +2,18 @@
 //! a group, and changing a plan. Every member holds its share on each of the group's GPUs in the scheduler,
 //! so shared workers and groups never overfill a GPU between them.
 
+use super::{Fleet, State};
 use crate::api::VerdictView;
 use crate::error::ApiError;
-use crate::fleet::Fleet;
 use crate::inventory::demo::{CatalogModel, Engine};
-use crate::runtime::spec::{EngineSpec, Recipe};
 use crate::runtime::{EngineState, Progress};
 use placement::{
-    choose_group, judge, transition, Assignment, BasisPoints, GpuRef, GroupChoice, GroupGpu, Hold,
-    PlanMember, Restart, Scheduler, Share, Step,
+    choose_group, judge, transition, BasisPoints, GpuRef, GroupChoice, GroupGpu, Hold, PlanMember,
+    Restart, Scheduler, Share, Step,
 };
 use serde::{Deserialize, Serialize};
-use sqlx::SqlitePool;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// A group as the API shows it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -46,6 +45,10 @@ pub struct MemberView {
     /// Its engine on each machine of the group, and how each is.
     #[serde(default)]
     pub engines: Vec<MemberEngine>,
+    /// Why it holds nothing on a machine of the group (a GPU left the inventory): its engine there does
+    /// not run.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub not_held: Vec<String>,
 }
 
 /// A member's engine on one machine.
@@ -130,7 +133,7 @@ fn sharing_by_default() -> bool {
 }
 
 /// A deployment's own serving configuration.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct Serving {
     pub(crate) args: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
@@ -147,18 +150,21 @@ pub struct PlanUpdate {
 }
 
 /// A group as stored.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Group {
     pub(crate) name: String,
+    /// The GPUs it holds: those chosen, and every GPU of a machine that sees them all (WSL2).
     pub(crate) gpus: Vec<GpuRef>,
     /// 0 for a group a deploy is about to start, not yet stored.
     pub(crate) revision: i64,
     pub(crate) members: Vec<Share>,
+    /// Each member's own serving configuration.
+    pub(crate) serving: BTreeMap<String, Serving>,
 }
 
 /// The scheduler's name for what `member` of `group` holds on `machine`; worker names cannot contain `:`,
 /// `/` or `@`, so the two never meet.
-fn holder(group: &str, member: &str, machine: &str) -> String {
+pub(crate) fn holder(group: &str, member: &str, machine: &str) -> String {
     format!("group:{group}/{member}@{machine}")
 }
 
@@ -173,91 +179,6 @@ pub(crate) fn sharer(holder: &str) -> (&str, Option<&str>) {
 
 fn holder_prefix(group: &str) -> String {
     format!("group:{group}/")
-}
-
-/// What each member of `group` holds, one assignment per machine of its GPUs.
-fn holdings(
-    scheduler: &Scheduler,
-    gpus: &[GpuRef],
-    members: &[Share],
-) -> Result<Vec<(String, String, Assignment)>, ApiError> {
-    let mut by_machine: BTreeMap<&str, Vec<u32>> = BTreeMap::new();
-    for gpu in gpus {
-        by_machine
-            .entry(gpu.machine.as_str())
-            .or_default()
-            .push(gpu.index);
-    }
-    let mut out = Vec::new();
-    for (machine, indices) in by_machine {
-        let total = scheduler
-            .inventory()
-            .gpu(&GpuRef::new(machine, indices[0]))
-            .ok_or_else(|| {
-                ApiError::Unprocessable(format!(
-                    "{} is not in the inventory",
-                    GpuRef::new(machine, indices[0])
-                ))
-            })?
-            .total;
-        for m in members {
-            let assignment = Assignment {
-                machine: machine.to_owned(),
-                gpus: indices.clone(),
-                shared: Some(total.share(m.share)),
-                cpu_cores: 0,
-                memory: placement::Bytes::ZERO,
-            };
-            out.push((m.member.clone(), machine.to_owned(), assignment));
-        }
-    }
-    Ok(out)
-}
-
-/// Holds every committed group plan in a fresh scheduler (at start, or after a failed write).
-pub(crate) async fn hold_groups(
-    pool: &SqlitePool,
-    scheduler: &mut Scheduler,
-) -> Result<(), ApiError> {
-    for group in load_groups(pool).await? {
-        for (member, machine, assignment) in holdings(scheduler, &group.gpus, &group.members)? {
-            if let Err(e) = scheduler.hold_for(&holder(&group.name, &member, &machine), assignment)
-            {
-                tracing::warn!(
-                    "{member} of group {} cannot hold its share on {machine}: {e}",
-                    group.name
-                );
-            }
-        }
-    }
-    Ok(())
-}
-
-pub(crate) async fn load_groups(pool: &SqlitePool) -> Result<Vec<Group>, ApiError> {
-    let groups: Vec<(String, String, i64)> =
-        sqlx::query_as("SELECT name, gpus, revision FROM groups ORDER BY name")
-            .fetch_all(pool)
-            .await?;
-    let members: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT group_name, model, share FROM group_members ORDER BY group_name, position",
-    )
-    .fetch_all(pool)
-    .await?;
-    groups
-        .into_iter()
-        .map(|(name, gpus, revision)| {
-            Ok(Group {
-                gpus: serde_json::from_str(&gpus).map_err(ApiError::internal)?,
-                revision,
-                members: members
-                    .iter()
-                    .filter(|(g, _, _)| *g == name)
-                    .map(|(_, m, share)| Share::new(m, BasisPoints(*share as u32)))
-                    .collect(),
-                name,
-            })
-        })
-        .collect()
 }
 
 /// A share in percent from a request, read once into basis points.
@@ -279,109 +200,14 @@ pub(crate) fn engine_name(engine: Engine) -> &'static str {
 }
 
 impl Fleet {
-    /// The model catalog.
-    pub async fn models(&self) -> Result<Vec<CatalogModel>, ApiError> {
-        type Row = (
-            String,
-            String,
-            i64,
-            Option<String>,
-            String,
-            bool,
-            Option<String>,
-            String,
-            String,
-        );
-        let rows: Vec<Row> =
-            sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system, command, args, env FROM models ORDER BY name")
-                .fetch_all(&self.pool)
-                .await?;
-        rows.into_iter()
-            .map(
-                |(name, engine, share, group, model_path, system, command, args, env)| {
-                    Ok(CatalogModel {
-                        engine: serde_json::from_value(serde_json::Value::String(engine))
-                            .map_err(ApiError::internal)?,
-                        name,
-                        default_share: BasisPoints(share as u32),
-                        group,
-                        model_path,
-                        system,
-                        command,
-                        args: serde_json::from_str(&args).map_err(ApiError::internal)?,
-                        env: serde_json::from_str(&env).map_err(ApiError::internal)?,
-                    })
-                },
-            )
-            .collect()
-    }
-
-    /// Adds a model to the catalog.
-    pub async fn add_model(
-        &self,
-        model: CatalogModel,
-        actor: &str,
-    ) -> Result<CatalogModel, ApiError> {
-        crate::fleet::check_name(&model.name)?;
-        if model.default_share == BasisPoints::ZERO || model.default_share > BasisPoints::WHOLE {
-            return Err(ApiError::Unprocessable(
-                "default_share_percent must be more than 0 and at most 100".to_owned(),
-            ));
-        }
-        if model.engine == Engine::Command
-            && model
-                .command
-                .as_deref()
-                .and_then(shlex::split)
-                .is_none_or(|words| words.is_empty())
-        {
-            return Err(ApiError::Unprocessable(format!(
-                "{} runs on the command engine, so it needs a \"command\" template, such as \"my-server --port {{port}} --model {{model}}\" (without unclosed quotes)",
-                model.name
-            )));
-        }
-        check_recipe(&model)?;
-        let mut tx = crate::db::write(&self.pool).await?;
-        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            .bind(&model.name)
-            .bind(engine_name(model.engine))
-            .bind(i64::from(model.default_share.get()))
-            .bind(&model.group)
-            .bind(&model.model_path)
-            .bind(model.system)
-            .bind(&model.command)
-            .bind(serde_json::to_string(&model.args).map_err(ApiError::internal)?)
-            .bind(serde_json::to_string(&model.env).map_err(ApiError::internal)?)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| ApiError::on_unique(e, || format!("the catalog has a model named {} already", model.name)))?;
-        crate::audit::record(
-            &mut tx,
-            crate::audit::Entry::new(actor, "model.add", &model.name)
-                .after(serde_json::to_value(&model).map_err(ApiError::internal)?),
-        )
-        .await?;
-        tx.commit().await?;
-        Ok(model)
-    }
-
-    /// Adds the models the catalog lacks (the demo's), leaving the ones it has as they are.
-    pub async fn seed_catalog(&self, models: &[CatalogModel]) -> Result<(), ApiError> {
-        for model in models {
-            match self.add_model(model.clone(), crate::audit::TESSERA).await {
-                Ok(_) | Err(ApiError::Conflict(_)) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
     /// Every group and its committed plan.
-    pub async fn groups(&self) -> Result<Vec<GroupView>, ApiError> {
-        let system = self.system_models().await?;
+    pub fn groups(&self) -> Vec<GroupView> {
+        let views = self.views();
+        let committed = &views.committed;
+        let system = committed.system_models();
         let engines = self.runtime.engines();
-        Ok(load_groups(&self.pool)
-            .await?
+        committed
+            .groups
             .iter()
             .map(|g| {
                 let mut view = group_view(g, &system);
@@ -398,17 +224,23 @@ impl Fleet {
                             message: e.message.clone(),
                         })
                         .collect();
+                    let prefix = format!("{}{}@", holder_prefix(&g.name), member.name);
+                    member.not_held = views
+                        .unplaced
+                        .iter()
+                        .filter(|(who, _)| who.starts_with(&prefix))
+                        .map(|(_, why)| why.clone())
+                        .collect();
                 }
                 view.progress = self.runtime.progress(&g.name);
                 view
             })
-            .collect())
+            .collect()
     }
 
     /// One group.
-    pub async fn group(&self, name: &str) -> Result<GroupView, ApiError> {
+    pub fn group(&self, name: &str) -> Result<GroupView, ApiError> {
         self.groups()
-            .await?
             .into_iter()
             .find(|g| g.name == name)
             .ok_or_else(|| no_group(name))
@@ -416,189 +248,173 @@ impl Fleet {
 
     /// A GPU as a group's plan is judged against it: what shared work outside `group` takes there.
     pub async fn group_gpu(&self, gpu: &GpuRef, group: Option<&str>) -> Result<GroupGpu, ApiError> {
-        let scheduler = self.scheduler.lock().await;
-        group_gpu(&scheduler, gpu, group)
+        let state = self.state.lock().await;
+        group_gpu(state.ledger.scheduler(), gpu, group)
     }
 
     /// Changes a group's shares. Refused (422, with the verdict) when the plan does not fit, and (409) when
     /// the group changed since `revision`; either way nothing changes.
     pub async fn change_plan(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         update: PlanUpdate,
         actor: &str,
     ) -> Result<PlanChange, ApiError> {
-        let system = self.system_models().await?;
-        let mut scheduler = self.scheduler.lock().await;
-        let group = load_groups(&self.pool)
-            .await?
-            .into_iter()
-            .find(|g| g.name == name)
-            .ok_or_else(|| no_group(name))?;
-        check_revision(&group, Some(update.revision))?;
-        let plan = plan_with(&group, &system, &update.shares, false)?;
-        let note = Note::new(actor, "plan.change", name);
-        self.commit(&mut scheduler, &group, plan, None, None, note)
-            .await
+        let (name, actor) = (name.to_owned(), actor.to_owned());
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let group = state
+                .committed
+                .group(&name)
+                .cloned()
+                .ok_or_else(|| no_group(&name))?;
+            check_revision(&group, Some(update.revision))?;
+            let system = state.committed.system_models();
+            let plan = plan_with(&group, &system, &update.shares, false)?;
+            let note = Note::new(&actor, "plan.change", &name);
+            fleet
+                .commit(&mut state, &group, plan, None, None, note)
+                .await
+        })
+        .await
     }
 
     /// Deploys a catalog model onto a share of the chosen GPUs: it joins the group that runs there, or
-    /// starts one (named by its recipe, or after the model), into which the router moves.
-    pub async fn deploy(&self, deploy: Deploy, actor: &str) -> Result<PlanChange, ApiError> {
-        let catalog = self.models().await?;
-        let model = catalog
-            .iter()
-            .find(|m| m.name == deploy.model)
-            .ok_or_else(|| {
-                ApiError::Unprocessable(format!(
-                    "the catalog has no model named {}; GET /api/models lists them",
-                    deploy.model
-                ))
-            })?;
-        if deploy.gpus.is_empty() {
-            return Err(ApiError::Unprocessable(
-                "choose at least one GPU, such as \"gpus\": [\"majin:0\"]".to_owned(),
-            ));
-        }
-        check_serving(&deploy.args, &deploy.env)?;
-        if let Some(worker) = self.whole_deployment(&model.name).await? {
-            return Err(ApiError::Conflict(format!(
-                "{} runs on whole GPUs of {} already",
-                model.name,
-                worker.machine.as_deref().unwrap_or("a machine")
-            )));
-        }
-        if !deploy.shared {
-            return self.deploy_whole(model, &deploy, actor).await;
-        }
-        let chosen = deploy
-            .gpus
-            .iter()
-            .map(|id| crate::api::parse_gpu_ref(id))
-            .collect::<Result<Vec<_>, _>>()?;
-        let system: Vec<String> = catalog
-            .iter()
-            .filter(|m| m.system)
-            .map(|m| m.name.clone())
-            .collect();
-        let mut scheduler = self.scheduler.lock().await;
-        let groups = load_groups(&self.pool).await?;
-        if let Some(g) = groups
-            .iter()
-            .find(|g| g.members.iter().any(|s| s.member == model.name))
-        {
-            return Err(ApiError::Conflict(format!(
-                "{} runs in group {} already",
-                model.name, g.name
-            )));
-        }
-        let on_nodes: Vec<&str> = groups
-            .iter()
-            .filter(|g| g.gpus.iter().any(|gpu| chosen.contains(gpu)))
-            .map(|g| g.name.as_str())
-            .collect();
-        let choice = choose_group(&model.name, model.group.as_deref(), &on_nodes)
-            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-        let share = percent(
-            deploy.share.unwrap_or(model.default_share.as_percent_f64()),
-            &model.name,
-        )?;
-        let (group, mut plan, moving) = match &choice {
-            GroupChoice::Join(name) => {
-                let group = groups
-                    .iter()
-                    .find(|g| &g.name == name)
-                    .cloned()
-                    .ok_or_else(|| no_group(name))?;
-                check_revision(&group, deploy.revision)?;
-                let plan = plan_with(&group, &system, &deploy.shares, true)?;
-                (group, plan, None)
+    /// starts one (named by its recipe, or after the model), into which the router moves. With sharing off
+    /// it takes whole GPUs of one machine instead.
+    pub async fn deploy(
+        self: &Arc<Self>,
+        deploy: Deploy,
+        actor: &str,
+    ) -> Result<PlanChange, ApiError> {
+        let actor = actor.to_owned();
+        self.write(|fleet| async move {
+            if deploy.gpus.is_empty() {
+                return Err(ApiError::Unprocessable(
+                    "choose at least one GPU, such as \"gpus\": [\"majin:0\"]".to_owned(),
+                ));
             }
-            GroupChoice::New { name, .. } => {
-                if groups.iter().any(|g| &g.name == name) {
-                    return Err(ApiError::Conflict(format!(
-                        "a group named {name} runs on other GPUs; choose its GPUs to join it"
-                    )));
+            let chosen = placement::parse_gpu_list(&deploy.gpus)
+                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            check_serving(&deploy.args, &deploy.env)?;
+            if !deploy.shared {
+                return fleet.deploy_whole(&deploy, &chosen, &actor).await;
+            }
+            let mut state = fleet.state.lock().await;
+            let committed = state.committed.clone();
+            let model = committed
+                .model(&deploy.model)
+                .ok_or_else(|| no_model(&deploy.model))?;
+            if let Some(worker) = committed.whole_deployment(&model.name) {
+                return Err(ApiError::Conflict(format!(
+                    "{} runs on whole GPUs of {} already",
+                    model.name,
+                    worker
+                        .assignment
+                        .as_ref()
+                        .map_or("a machine", |a| a.machine.as_str())
+                )));
+            }
+            if let Some(g) = committed.group_of(&model.name) {
+                return Err(ApiError::Conflict(format!(
+                    "{} runs in group {} already",
+                    model.name, g.name
+                )));
+            }
+            let system = committed.system_models();
+            let on_nodes: Vec<&str> = committed
+                .groups
+                .iter()
+                .filter(|g| g.gpus.iter().any(|gpu| chosen.contains(gpu)))
+                .map(|g| g.name.as_str())
+                .collect();
+            let choice = choose_group(&model.name, model.group.as_deref(), &on_nodes)
+                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            let share = percent(
+                deploy.share.unwrap_or(model.default_share.as_percent_f64()),
+                &model.name,
+            )?;
+            let (group, mut plan, moving) = match &choice {
+                GroupChoice::Join(name) => {
+                    let group = committed
+                        .group(name)
+                        .cloned()
+                        .ok_or_else(|| no_group(name))?;
+                    check_revision(&group, deploy.revision)?;
+                    let plan = plan_with(&group, &system, &deploy.shares, true)?;
+                    (group, plan, None)
                 }
-                let totals: Vec<_> = chosen
-                    .iter()
-                    .map(|g| scheduler.inventory().gpu(g).map(|gpu| gpu.total))
-                    .collect();
-                if totals.iter().any(Option::is_none) {
-                    return Err(ApiError::Unprocessable(format!(
-                        "a GPU of {} is not in the inventory",
-                        deploy.gpus.join(", ")
-                    )));
-                }
-                if totals.windows(2).any(|w| w[0] != w[1]) {
-                    return Err(ApiError::Unprocessable(
-                        "a group's shares are of one GPU's memory: choose GPUs of the same size"
-                            .to_owned(),
-                    ));
-                }
-                // The router moves out of the group it runs in, with its share, into the new one.
-                let router = groups.iter().find_map(|g| {
-                    g.members
-                        .iter()
-                        .find(|s| system.contains(&s.member))
-                        .map(|s| (g.clone(), s.clone()))
-                });
-                let mut plan = Vec::new();
-                if let Some((_, s)) = &router {
-                    plan.push(PlanMember {
-                        name: s.member.clone(),
-                        share: Some(s.share),
-                        locked: true,
+                GroupChoice::New { name, .. } => {
+                    if committed.group(name).is_some() {
+                        return Err(ApiError::Conflict(format!(
+                            "a group named {name} runs on other GPUs; choose its GPUs to join it"
+                        )));
+                    }
+                    let inventory = state.ledger.inventory();
+                    placement::check_new_group(inventory, &chosen)
+                        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+                    // The router moves out of the group it runs in, with its share, into the new one.
+                    let router = committed.groups.iter().find_map(|g| {
+                        g.members
+                            .iter()
+                            .find(|s| system.contains(&s.member))
+                            .map(|s| (g.clone(), s.clone()))
                     });
+                    let plan = router
+                        .iter()
+                        .map(|(_, s)| PlanMember {
+                            name: s.member.clone(),
+                            share: Some(s.share),
+                            locked: true,
+                        })
+                        .collect();
+                    let group = Group {
+                        name: name.clone(),
+                        gpus: placement::group_gpus(inventory, &chosen),
+                        revision: 0,
+                        members: Vec::new(),
+                        serving: BTreeMap::new(),
+                    };
+                    (group, plan, router)
                 }
-                let group = Group {
-                    name: name.clone(),
-                    gpus: chosen.clone(),
-                    revision: 0,
-                    members: Vec::new(),
-                };
-                (group, plan, router)
-            }
-        };
-        plan.push(PlanMember {
-            name: model.name.clone(),
-            share: Some(share),
-            locked: model.system,
-        });
-        let serving = Serving {
-            args: deploy.args.clone(),
-            env: deploy.env.clone(),
-        };
-        let mut change = self
-            .commit(
-                &mut scheduler,
-                &group,
-                plan,
-                moving,
-                Some((&model.name, serving)),
-                Note::new(actor, "deploy", &model.name),
-            )
-            .await?;
-        change.line = Some(choice.line());
-        Ok(change)
+            };
+            plan.push(PlanMember {
+                name: model.name.clone(),
+                share: Some(share),
+                locked: model.system,
+            });
+            let serving = Serving {
+                args: deploy.args.clone(),
+                env: deploy.env.clone(),
+            };
+            let mut change = fleet
+                .commit(
+                    &mut state,
+                    &group,
+                    plan,
+                    moving,
+                    Some((&model.name, serving)),
+                    Note::new(&actor, "deploy", &model.name),
+                )
+                .await?;
+            change.line = Some(choice.line());
+            Ok(change)
+        })
+        .await
     }
 
-    pub(crate) async fn system_models(&self) -> Result<Vec<String>, ApiError> {
-        Ok(self
-            .models()
-            .await?
-            .into_iter()
-            .filter(|m| m.system)
-            .map(|m| m.name)
-            .collect())
+    /// The system members (the semantic router).
+    pub(crate) fn system_models(&self) -> Vec<String> {
+        self.committed().system_models()
     }
 
-    /// Judges `plan` for `group` and, when it fits, commits it: the database first (one transaction), then
-    /// the scheduler's holds; then the runtime carries the change out. `moving` is the router leaving the
-    /// group it runs in for this (new) one; `serving` the serving configuration of a model being deployed.
-    pub(crate) async fn commit(
+    /// Judges `plan` for `group` and, when it fits, commits it in one transaction; then the ledger and the
+    /// views follow it, and the runtime carries the change out in `placement`'s order. `moving` is the
+    /// router leaving the group it runs in for this (new) one; `serving` the serving configuration of a
+    /// model being deployed. Runs under the write lock, inside [`Fleet::write`].
+    pub(super) async fn commit(
         &self,
-        scheduler: &mut Scheduler,
+        state: &mut State,
         group: &Group,
         plan: Vec<PlanMember>,
         moving: Option<(Group, Share)>,
@@ -608,7 +424,7 @@ impl Fleet {
         let gpus = group
             .gpus
             .iter()
-            .map(|g| group_gpu(scheduler, g, Some(&group.name)))
+            .map(|g| group_gpu(state.ledger.scheduler(), g, Some(&group.name)))
             .collect::<Result<Vec<_>, _>>()?;
         let verdict = judge(&plan, &gpus);
         if verdict.is_refused() {
@@ -631,21 +447,10 @@ impl Fleet {
 
         let mut tx = crate::db::write(&self.pool).await?;
         // Members keep their serving configuration through a change of shares (and the router through a move).
-        let mut configs: BTreeMap<String, Serving> = BTreeMap::new();
-        for s in &after {
-            let row: Option<(String, String)> =
-                sqlx::query_as("SELECT args, env FROM group_members WHERE model = ?")
-                    .bind(&s.member)
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            if let Some((args, env)) = row {
-                configs.insert(
-                    s.member.clone(),
-                    Serving {
-                        args: serde_json::from_str(&args).map_err(ApiError::internal)?,
-                        env: serde_json::from_str(&env).map_err(ApiError::internal)?,
-                    },
-                );
+        let mut configs: BTreeMap<String, Serving> = group.serving.clone();
+        if let Some((from, router)) = &moving {
+            if let Some(serving) = from.serving.get(&router.member) {
+                configs.insert(router.member.clone(), serving.clone());
             }
         }
         // A deploy's serving configuration is part of what it changed.
@@ -737,17 +542,14 @@ impl Fleet {
                 .restarts(change.restarts.iter().map(|r| r.member.clone()).collect()),
         )
         .await?;
-        tx.commit().await?;
-
-        // The database now says what holds where; make the scheduler say the same, then the engines.
-        self.rebuild(scheduler).await?;
-        self.publish(scheduler).await?;
-        self.runtime.submit(crate::runtime::Change::Plan {
-            group: group.name.clone(),
-            revision,
-            steps: change.steps.clone(),
-            members: member_engines(&self.pool, scheduler, &self.hosts, Some(&group.name)).await?,
-        });
+        let inventory = state.ledger.inventory().clone();
+        self.finish(
+            state,
+            tx,
+            inventory,
+            Some((group.name.clone(), revision, change.steps.clone())),
+        )
+        .await?;
         Ok(PlanChange {
             group: Some(group.name.clone()),
             revision,
@@ -759,6 +561,12 @@ impl Fleet {
                 .then(|| placement::plan::FREE_ROW_WARNING.to_owned()),
         })
     }
+}
+
+pub(crate) fn no_model(name: &str) -> ApiError {
+    ApiError::Unprocessable(format!(
+        "the catalog has no model named {name}; GET /api/models lists them"
+    ))
 }
 
 fn group_gpu(
@@ -839,103 +647,6 @@ fn plan_with(
         .collect()
 }
 
-/// The engines of every group member (of `only` that group): one per member and machine of its group's
-/// GPUs, in plan order.
-pub(crate) async fn member_engines(
-    pool: &SqlitePool,
-    scheduler: &Scheduler,
-    hosts: &crate::runtime::Hosts,
-    only: Option<&str>,
-) -> Result<Vec<EngineSpec>, ApiError> {
-    type Row = (
-        String,
-        String,
-        i64,
-        String,
-        String,
-        String,
-        String,
-        Option<String>,
-        String,
-        String,
-        String,
-    );
-    let rows: Vec<Row> = sqlx::query_as(
-        "SELECT gm.group_name, gm.model, gm.share, gm.args, gm.env, m.engine, m.model_path, m.command, m.args, m.env, g.gpus \
-         FROM group_members gm JOIN models m ON m.name = gm.model JOIN groups g ON g.name = gm.group_name \
-         WHERE ?1 IS NULL OR gm.group_name = ?1 ORDER BY gm.group_name, gm.position",
-    )
-    .bind(only)
-    .fetch_all(pool)
-    .await?;
-    let json =
-        |text: &str| serde_json::from_str::<serde_json::Value>(text).map_err(ApiError::internal);
-    let mut out = Vec::new();
-    for (
-        group,
-        model,
-        share,
-        args,
-        env,
-        engine,
-        model_path,
-        command,
-        model_args,
-        model_env,
-        gpus,
-    ) in rows
-    {
-        let gpus: Vec<GpuRef> = serde_json::from_str(&gpus).map_err(ApiError::internal)?;
-        let mut recipe_args: Vec<String> =
-            serde_json::from_value(json(&model_args)?).map_err(ApiError::internal)?;
-        recipe_args.extend(
-            serde_json::from_value::<Vec<String>>(json(&args)?).map_err(ApiError::internal)?,
-        );
-        let mut recipe_env: BTreeMap<String, String> =
-            serde_json::from_value(json(&model_env)?).map_err(ApiError::internal)?;
-        recipe_env.extend(
-            serde_json::from_value::<BTreeMap<String, String>>(json(&env)?)
-                .map_err(ApiError::internal)?,
-        );
-        let recipe = Recipe {
-            engine: serde_json::from_value(serde_json::Value::String(engine))
-                .map_err(ApiError::internal)?,
-            model_path,
-            command,
-            args: recipe_args,
-            env: recipe_env,
-        };
-        let share = Share::new(&model, BasisPoints(share as u32));
-        for (member, machine, assignment) in
-            holdings(scheduler, &gpus, std::slice::from_ref(&share))?
-        {
-            let offered = assignment
-                .gpus
-                .iter()
-                .filter_map(|i| scheduler.inventory().gpu(&GpuRef::new(&machine, *i)))
-                .map(placement::Gpu::offered)
-                .min()
-                .unwrap_or_default();
-            let total = scheduler
-                .inventory()
-                .gpu(&GpuRef::new(&machine, assignment.gpus[0]))
-                .map(|g| g.total)
-                .unwrap_or_default();
-            out.push(EngineSpec {
-                unit: holder(&group, &member, &machine),
-                host: hosts.host(&machine),
-                gpus: assignment.gpus,
-                gpu_total: total,
-                share: assignment.shared,
-                gpu_offered: offered,
-                recipe: recipe.clone(),
-                machine,
-            });
-        }
-    }
-    Ok(out)
-}
-
 /// The most extra arguments and environment variables one recipe or deployment takes.
 const MAX_SETTINGS: usize = 64;
 /// The longest argument, variable value, command template or model path.
@@ -976,7 +687,7 @@ pub(crate) fn check_serving(
 }
 
 /// A catalog recipe's fields, beyond its name and share.
-fn check_recipe(model: &CatalogModel) -> Result<(), ApiError> {
+pub(super) fn check_recipe(model: &CatalogModel) -> Result<(), ApiError> {
     if let Some(group) = &model.group {
         crate::fleet::check_name(group)?;
     }
@@ -1038,6 +749,7 @@ fn group_view(group: &Group, system: &[String]) -> GroupView {
                 share_percent: s.share.as_percent_f64(),
                 locked: system.contains(&s.member),
                 engines: Vec::new(),
+                not_held: Vec::new(),
             })
             .collect(),
         total_percent: group

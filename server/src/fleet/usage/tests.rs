@@ -37,7 +37,7 @@ async fn held(
         .bind(Bytes::gb(total_gb).get() as i64)
         .bind(span.0 as i64)
         .bind(span.1 as i64)
-        .execute(&app.fleet.pool)
+        .execute(&app.pool)
         .await
         .unwrap();
 }
@@ -56,7 +56,7 @@ async fn sample(
         .bind(at_ms as i64)
         .bind(i64::from(utilisation))
         .bind(energy_mj as i64)
-        .execute(&app.fleet.pool)
+        .execute(&app.pool)
         .await
         .unwrap();
 }
@@ -183,7 +183,7 @@ async fn what_is_held_is_recorded_as_work_comes_changes_and_goes() {
         sqlx::query_as::<_, (String, String, i64, i64, Option<i64>)>(
             "SELECT name, machine, gpu_index, held_bytes, end_ms FROM holdings ORDER BY id",
         )
-        .fetch_all(&app.fleet.pool)
+        .fetch_all(&app.pool)
         .await
         .unwrap()
     };
@@ -384,7 +384,7 @@ fn page_rows(html: &str) -> Vec<Vec<String>> {
 #[tokio::test]
 async fn the_usage_page_shows_what_the_csv_says() {
     let app = TestApp::new(MAJIN).await;
-    let now = crate::usage::now_ms();
+    let now = crate::fleet::usage::now_ms();
     held(
         &app,
         "listen",

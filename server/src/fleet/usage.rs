@@ -55,18 +55,18 @@ fn held_now(scheduler: &Scheduler) -> Vec<Held> {
 }
 
 /// Brings the open spans in line with what is held now: a span whose holder let go, or now holds another
-/// amount, ends at `now_ms`, and a new holding opens one. Called under the write lock after every write.
+/// amount, ends at `now_ms`, and a new holding opens one. Called inside every write's own transaction.
 pub(crate) async fn record_holdings(
-    pool: &sqlx::SqlitePool,
-    scheduler: &Scheduler,
+    tx: &mut sqlx::SqliteConnection,
+    ledger: &super::ledger::Ledger,
     now_ms: u64,
 ) -> Result<(), ApiError> {
     let open: Vec<(i64, String, String, i64, i64)> = sqlx::query_as(
         "SELECT id, holder, machine, gpu_index, held_bytes FROM holdings WHERE end_ms IS NULL",
     )
-    .fetch_all(pool)
+    .fetch_all(&mut *tx)
     .await?;
-    let now = held_now(scheduler);
+    let now = held_now(ledger.scheduler());
     let same = |(_, holder, machine, gpu, held): &(i64, String, String, i64, i64), h: &Held| {
         *holder == h.holder
             && *machine == h.machine
@@ -82,10 +82,6 @@ pub(crate) async fn record_holdings(
         .iter()
         .filter(|h| !open.iter().any(|o| same(o, h)))
         .collect();
-    if ended.is_empty() && started.is_empty() {
-        return Ok(());
-    }
-    let mut tx = crate::db::write(pool).await?;
     for id in ended {
         sqlx::query("UPDATE holdings SET end_ms = ? WHERE id = ?")
             .bind(now_ms as i64)
@@ -94,7 +90,7 @@ pub(crate) async fn record_holdings(
             .await?;
     }
     for h in started {
-        let (name, group) = crate::groups::sharer(&h.holder);
+        let (name, group) = super::groups::sharer(&h.holder);
         sqlx::query("INSERT INTO holdings (holder, name, group_name, machine, gpu_index, held_bytes, gpu_total_bytes, start_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&h.holder)
             .bind(name)
@@ -107,7 +103,6 @@ pub(crate) async fn record_holdings(
             .execute(&mut *tx)
             .await?;
     }
-    tx.commit().await?;
     Ok(())
 }
 

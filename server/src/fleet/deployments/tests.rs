@@ -207,7 +207,7 @@ async fn a_serving_change_is_stored_against_its_revision() {
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
     assert_eq!(
-        app.fleet.serving_of("glm-5.3").await.unwrap().0,
+        app.fleet.serving_of("glm-5.3").unwrap().0,
         Vec::<String>::new()
     );
 
@@ -221,7 +221,7 @@ async fn a_serving_change_is_stored_against_its_revision() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(body["restarts"], json!(["glm-5.3"]));
     assert_eq!(body["revision"], 3);
-    let (args, env) = app.fleet.serving_of("glm-5.3").await.unwrap();
+    let (args, env) = app.fleet.serving_of("glm-5.3").unwrap();
     assert_eq!(args, ["--max-model-len", "8192"]);
     assert_eq!(env["VLLM_LOGGING_LEVEL"], "DEBUG");
     // A share change keeps the serving configuration.
@@ -231,5 +231,5 @@ async fn a_serving_change_is_stored_against_its_revision() {
         Some(&json!({"revision": 3, "shares": {"glm-5.3": 30, "speech": 10}}).to_string()),
     )
     .await;
-    assert_eq!(app.fleet.serving_of("glm-5.3").await.unwrap().0, args);
+    assert_eq!(app.fleet.serving_of("glm-5.3").unwrap().0, args);
 }

@@ -1,0 +1,87 @@
+//! The model catalog and its recipes.
+
+use super::groups::{check_recipe, engine_name};
+use super::{check_name, Fleet};
+use crate::error::ApiError;
+use crate::inventory::demo::{CatalogModel, Engine};
+use placement::BasisPoints;
+use std::sync::Arc;
+
+impl Fleet {
+    /// The model catalog, as of the last write.
+    pub fn models(&self) -> Vec<CatalogModel> {
+        self.committed().models.clone()
+    }
+
+    /// Adds a model to the catalog.
+    pub async fn add_model(
+        self: &Arc<Self>,
+        model: CatalogModel,
+        actor: &str,
+    ) -> Result<CatalogModel, ApiError> {
+        let actor = actor.to_owned();
+        self.write(|fleet| async move { fleet.add_model_now(model, &actor).await })
+            .await
+    }
+
+    async fn add_model_now(
+        &self,
+        model: CatalogModel,
+        actor: &str,
+    ) -> Result<CatalogModel, ApiError> {
+        check_name(&model.name)?;
+        if model.default_share == BasisPoints::ZERO || model.default_share > BasisPoints::WHOLE {
+            return Err(ApiError::Unprocessable(
+                "default_share_percent must be more than 0 and at most 100".to_owned(),
+            ));
+        }
+        if model.engine == Engine::Command
+            && model
+                .command
+                .as_deref()
+                .and_then(shlex::split)
+                .is_none_or(|words| words.is_empty())
+        {
+            return Err(ApiError::Unprocessable(format!(
+                "{} runs on the command engine, so it needs a \"command\" template, such as \"my-server --port {{port}} --model {{model}}\" (without unclosed quotes)",
+                model.name
+            )));
+        }
+        check_recipe(&model)?;
+        let mut state = self.state.lock().await;
+        let mut tx = crate::db::write(&self.pool).await?;
+        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            .bind(&model.name)
+            .bind(engine_name(model.engine))
+            .bind(i64::from(model.default_share.get()))
+            .bind(&model.group)
+            .bind(&model.model_path)
+            .bind(model.system)
+            .bind(&model.command)
+            .bind(serde_json::to_string(&model.args).map_err(ApiError::internal)?)
+            .bind(serde_json::to_string(&model.env).map_err(ApiError::internal)?)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| ApiError::on_unique(e, || format!("the catalog has a model named {} already", model.name)))?;
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(actor, "model.add", &model.name)
+                .after(serde_json::to_value(&model).map_err(ApiError::internal)?),
+        )
+        .await?;
+        let inventory = state.ledger.inventory().clone();
+        self.finish(&mut state, tx, inventory, None).await?;
+        Ok(model)
+    }
+
+    /// Adds the models the catalog lacks (the demo's), leaving the ones it has as they are.
+    pub async fn seed_catalog(self: &Arc<Self>, models: &[CatalogModel]) -> Result<(), ApiError> {
+        for model in models {
+            match self.add_model(model.clone(), crate::audit::TESSERA).await {
+                Ok(_) | Err(ApiError::Conflict(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,195 @@
+//! The committed state, read from the database in one go: workers, sharing groups with their members'
+//! shares and serving configuration, and the model catalog. The ledger and every engine Tessera runs are
+//! derived from it; it is read back inside each write's own transaction, so what the fleet holds in memory
+//! is exactly what that transaction committed.
+
+use super::groups::{Group, Serving};
+use crate::db::{self, WorkerRow};
+use crate::error::ApiError;
+use crate::inventory::demo::CatalogModel;
+use placement::{Assignment, BasisPoints, RequestedResources, Share};
+use std::collections::BTreeMap;
+
+/// Everything committed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub(crate) struct Committed {
+    /// Every worker (seed 000's, and models on whole GPUs), oldest first.
+    pub(crate) workers: Vec<Worker>,
+    /// Every sharing group, by name.
+    pub(crate) groups: Vec<Group>,
+    /// The model catalog, by name.
+    pub(crate) models: Vec<CatalogModel>,
+}
+
+/// A worker as committed.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Worker {
+    /// Its name.
+    pub name: String,
+    /// What it asked for, as accepted.
+    pub request: RequestedResources,
+    /// Its command, if any.
+    pub command: Option<String>,
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+    /// Where it was placed; none while it waits.
+    pub assignment: Option<Assignment>,
+    /// Why it waits.
+    pub pending_reasons: Vec<String>,
+    /// Bumped at every change.
+    pub revision: i64,
+    /// The catalog model it runs, for a model deployed on whole GPUs.
+    pub model: Option<String>,
+    /// That deployment's extra arguments.
+    pub args: Vec<String>,
+}
+
+impl Committed {
+    /// Reads the whole committed state.
+    pub(crate) async fn load(conn: &mut sqlx::SqliteConnection) -> Result<Committed, ApiError> {
+        let workers = db::workers(&mut *conn)
+            .await?
+            .into_iter()
+            .map(Worker::from_row)
+            .collect::<Result<_, _>>()?;
+        Ok(Committed {
+            workers,
+            groups: load_groups(&mut *conn).await?,
+            models: load_models(&mut *conn).await?,
+        })
+    }
+
+    /// A worker by name.
+    pub(crate) fn worker(&self, name: &str) -> Option<&Worker> {
+        self.workers.iter().find(|w| w.name == name)
+    }
+
+    /// The group `model` is a member of.
+    pub(crate) fn group_of(&self, model: &str) -> Option<&Group> {
+        self.groups
+            .iter()
+            .find(|g| g.members.iter().any(|s| s.member == model))
+    }
+
+    /// A group by name.
+    pub(crate) fn group(&self, name: &str) -> Option<&Group> {
+        self.groups.iter().find(|g| g.name == name)
+    }
+
+    /// The worker that runs `model` on whole GPUs.
+    pub(crate) fn whole_deployment(&self, model: &str) -> Option<&Worker> {
+        self.workers
+            .iter()
+            .find(|w| w.model.as_deref() == Some(model))
+    }
+
+    /// A catalog model by name.
+    pub(crate) fn model(&self, name: &str) -> Option<&CatalogModel> {
+        self.models.iter().find(|m| m.name == name)
+    }
+
+    /// The system members (the semantic router).
+    pub(crate) fn system_models(&self) -> Vec<String> {
+        self.models
+            .iter()
+            .filter(|m| m.system)
+            .map(|m| m.name.clone())
+            .collect()
+    }
+}
+
+impl Worker {
+    fn from_row(row: WorkerRow) -> Result<Worker, ApiError> {
+        Ok(Worker {
+            request: serde_json::from_str(&row.request).map_err(ApiError::internal)?,
+            env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
+            assignment: row
+                .assignment
+                .as_deref()
+                .map(serde_json::from_str)
+                .transpose()
+                .map_err(ApiError::internal)?,
+            pending_reasons: serde_json::from_str(&row.pending_reasons)
+                .map_err(ApiError::internal)?,
+            args: serde_json::from_str(&row.args).map_err(ApiError::internal)?,
+            name: row.name,
+            command: row.command,
+            revision: row.revision,
+            model: row.model,
+        })
+    }
+}
+
+async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, ApiError> {
+    let groups: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT name, gpus, revision FROM groups ORDER BY name")
+            .fetch_all(&mut *conn)
+            .await?;
+    let members: Vec<(String, String, i64, String, String)> = sqlx::query_as(
+        "SELECT group_name, model, share, args, env FROM group_members ORDER BY group_name, position",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    groups
+        .into_iter()
+        .map(|(name, gpus, revision)| {
+            let mine = members.iter().filter(|(g, ..)| *g == name);
+            Ok(Group {
+                gpus: serde_json::from_str(&gpus).map_err(ApiError::internal)?,
+                revision,
+                members: mine
+                    .clone()
+                    .map(|(_, m, share, ..)| Share::new(m, BasisPoints(*share as u32)))
+                    .collect(),
+                serving: mine
+                    .map(|(_, m, _, args, env)| {
+                        Ok((
+                            m.clone(),
+                            Serving {
+                                args: serde_json::from_str(args).map_err(ApiError::internal)?,
+                                env: serde_json::from_str(env).map_err(ApiError::internal)?,
+                            },
+                        ))
+                    })
+                    .collect::<Result<_, ApiError>>()?,
+                name,
+            })
+        })
+        .collect()
+}
+
+async fn load_models(conn: &mut sqlx::SqliteConnection) -> Result<Vec<CatalogModel>, ApiError> {
+    type Row = (
+        String,
+        String,
+        i64,
+        Option<String>,
+        String,
+        bool,
+        Option<String>,
+        String,
+        String,
+    );
+    let rows: Vec<Row> =
+        sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system, command, args, env FROM models ORDER BY name")
+            .fetch_all(&mut *conn)
+            .await?;
+    rows.into_iter()
+        .map(
+            |(name, engine, share, group, model_path, system, command, args, env)| {
+                Ok(CatalogModel {
+                    engine: serde_json::from_value(serde_json::Value::String(engine))
+                        .map_err(ApiError::internal)?,
+                    name,
+                    default_share: BasisPoints(share as u32),
+                    group,
+                    model_path,
+                    system,
+                    command,
+                    args: serde_json::from_str(&args).map_err(ApiError::internal)?,
+                    env: serde_json::from_str(&env).map_err(ApiError::internal)?,
+                })
+            },
+        )
+        .collect()
+}

@@ -1,0 +1,276 @@
+//! A deployed catalog model, wherever it runs: as a member of a sharing group, or on whole GPUs (a worker
+//! that names its model). Removing one, and changing its serving configuration, which restarts it alone.
+
+use super::committed::{Committed, Worker};
+use super::groups::{check_revision, check_serving, Deploy, Group, Note, PlanChange};
+use super::workers::{ModelRun, NewWorker};
+use super::{check_name, Fleet};
+use crate::audit::Entry;
+use crate::error::ApiError;
+use placement::{BasisPoints, GpuRef, GpuRequests, PlanMember, RequestedResources, Restart, Step};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Where a deployed model runs.
+pub(crate) enum Deployed {
+    /// In a sharing group.
+    Group(Group),
+    /// On whole GPUs, as this worker.
+    Whole(Worker),
+}
+
+/// `PUT /api/deployments/{model}/serving`: the whole serving configuration, read at `revision` (the
+/// group's, or the worker's for a model on whole GPUs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingUpdate {
+    /// The revision it was read at.
+    pub revision: i64,
+    /// Extra arguments for its engine.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables for its engine.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// What a change of serving configuration does.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ServingChange {
+    /// The model.
+    pub model: String,
+    /// Its group, if it runs in one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The revision after the change (the group's, or the worker's).
+    pub revision: i64,
+    /// What restarts: the model alone.
+    pub restarts: Vec<String>,
+}
+
+impl Fleet {
+    /// Where `model` runs, if it runs, as of the last write.
+    pub(crate) fn deployed(&self, model: &str) -> Option<Deployed> {
+        deployed(&self.committed(), model)
+    }
+
+    /// A deployed model's own serving configuration: extra arguments and environment variables.
+    pub(crate) fn serving_of(
+        &self,
+        model: &str,
+    ) -> Result<(Vec<String>, BTreeMap<String, String>), ApiError> {
+        match self.deployed(model).ok_or_else(|| not_deployed(model))? {
+            Deployed::Group(group) => {
+                let serving = group.serving.get(model).cloned().unwrap_or_default();
+                Ok((serving.args, serving.env))
+            }
+            Deployed::Whole(worker) => Ok((worker.args, worker.env)),
+        }
+    }
+
+    /// Deploys a model on whole GPUs of one machine: a worker named after the model that holds exactly the
+    /// GPUs chosen, placed at once or refused with the reasons. Inside [`Fleet::write`].
+    pub(crate) async fn deploy_whole(
+        &self,
+        deploy: &Deploy,
+        chosen: &[GpuRef],
+        actor: &str,
+    ) -> Result<PlanChange, ApiError> {
+        if deploy.share.is_some() || !deploy.shares.is_empty() || deploy.revision.is_some() {
+            return Err(ApiError::Unprocessable(
+                "a deploy on whole GPUs takes no share, shares or revision; leave them out, or deploy with \"shared\": true".to_owned(),
+            ));
+        }
+        if chosen.iter().any(|g| g.machine != chosen[0].machine) {
+            return Err(ApiError::Unprocessable(
+                "a model on whole GPUs runs on one machine: choose GPUs of one node".to_owned(),
+            ));
+        }
+        check_name(&deploy.model)?;
+        let new = NewWorker {
+            name: deploy.model.clone(),
+            requested_resources: RequestedResources {
+                cpu_cores: None,
+                memory_bytes: None,
+                gpu_requests: Some(GpuRequests {
+                    count: Some(chosen.len() as f64),
+                    ids: chosen.iter().map(GpuRef::id).collect(),
+                    ..GpuRequests::default()
+                }),
+            },
+            command: None,
+            env: deploy.env.clone(),
+        };
+        let run = ModelRun {
+            model: deploy.model.clone(),
+            args: deploy.args.clone(),
+        };
+        let worker = self.accept_worker(new, Some(run), actor).await?;
+        let on: Vec<String> = worker
+            .gpus
+            .iter()
+            .map(|i| GpuRef::new(worker.machine.clone().unwrap_or_default(), *i).to_string())
+            .collect();
+        Ok(PlanChange {
+            group: None,
+            revision: worker.revision,
+            line: Some(format!("The model takes whole GPUs: {}.", on.join(", "))),
+            restarts: vec![Restart {
+                member: deploy.model.clone(),
+                change: placement::Change::Joins,
+            }],
+            steps: vec![Step::Start(deploy.model.clone(), BasisPoints::WHOLE)],
+            warning: None,
+        })
+    }
+
+    /// Removes a deployed model, read at `revision`: a group's member leaves its plan (the others keep their
+    /// shares and run on; the group ends with its last member), a model on whole GPUs frees them. The
+    /// semantic router stays: every group's requests go through it.
+    pub async fn remove_deployment(
+        self: &Arc<Self>,
+        model: &str,
+        revision: i64,
+        actor: &str,
+    ) -> Result<PlanChange, ApiError> {
+        let (model, actor) = (model.to_owned(), actor.to_owned());
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let system = state.committed.system_models();
+            match deployed(&state.committed, &model).ok_or_else(|| not_deployed(&model))? {
+                Deployed::Whole(worker) => {
+                    fleet
+                        .end_worker(&mut state, &worker.name, Some(revision), &actor)
+                        .await?;
+                    Ok(PlanChange {
+                        group: None,
+                        revision,
+                        line: None,
+                        restarts: vec![Restart {
+                            member: model.clone(),
+                            change: placement::Change::Leaves,
+                        }],
+                        steps: vec![Step::Stop(model.clone())],
+                        warning: None,
+                    })
+                }
+                Deployed::Group(_) if system.contains(&model) => {
+                    Err(ApiError::Unprocessable(format!(
+                        "{model} is the semantic router, which every group's requests go through: it is not removed from here"
+                    )))
+                }
+                Deployed::Group(group) => {
+                    check_revision(&group, Some(revision))?;
+                    let plan = group
+                        .members
+                        .iter()
+                        .filter(|s| s.member != model)
+                        .map(|s| PlanMember {
+                            name: s.member.clone(),
+                            share: Some(s.share),
+                            locked: system.contains(&s.member),
+                        })
+                        .collect();
+                    let note = Note::new(&actor, "deployment.remove", &model);
+                    fleet
+                        .commit(&mut state, &group, plan, None, None, note)
+                        .await
+                }
+            }
+        })
+        .await
+    }
+
+    /// Changes a deployed model's serving configuration, read at `revision`. Its engines restart with it;
+    /// nothing else restarts.
+    pub async fn change_serving(
+        self: &Arc<Self>,
+        model: &str,
+        update: ServingUpdate,
+        actor: &str,
+    ) -> Result<ServingChange, ApiError> {
+        check_serving(&update.args, &update.env)?;
+        let (model, actor) = (model.to_owned(), actor.to_owned());
+        self.write(|fleet| async move {
+            let args = serde_json::to_string(&update.args).map_err(ApiError::internal)?;
+            let env = serde_json::to_string(&update.env).map_err(ApiError::internal)?;
+            let mut state = fleet.state.lock().await;
+            let (before_args, before_env) = fleet.serving_of(&model)?;
+            let mut tx = crate::db::write(&fleet.pool).await?;
+            let (group, revision) =
+                match deployed(&state.committed, &model).ok_or_else(|| not_deployed(&model))? {
+                    Deployed::Group(group) => {
+                        check_revision(&group, Some(update.revision))?;
+                        sqlx::query("UPDATE group_members SET args = ?, env = ? WHERE model = ?")
+                            .bind(&args)
+                            .bind(&env)
+                            .bind(&model)
+                            .execute(&mut *tx)
+                            .await?;
+                        sqlx::query("UPDATE groups SET revision = revision + 1 WHERE name = ?")
+                            .bind(&group.name)
+                            .execute(&mut *tx)
+                            .await?;
+                        (Some(group.name), group.revision + 1)
+                    }
+                    Deployed::Whole(worker) => {
+                        if worker.revision != update.revision {
+                            return Err(ApiError::Conflict(format!(
+                                "{model} is at revision {}, not {}; read it again and retry",
+                                worker.revision, update.revision
+                            )));
+                        }
+                        sqlx::query(
+                            "UPDATE workers SET args = ?, env = ?, revision = revision + 1 WHERE name = ?",
+                        )
+                        .bind(&args)
+                        .bind(&env)
+                        .bind(&worker.name)
+                        .execute(&mut *tx)
+                        .await?;
+                        (None, worker.revision + 1)
+                    }
+                };
+            crate::audit::record(
+                &mut tx,
+                Entry::new(&actor, "serving.change", &model)
+                    .before(serde_json::json!({ "args": before_args, "env": before_env }))
+                    .after(serde_json::json!({ "args": update.args, "env": update.env }))
+                    .revision(revision)
+                    .restarts(vec![model.clone()]),
+            )
+            .await?;
+            // Its engines now run as something else, so the runtime restarts exactly them.
+            let inventory = state.ledger.inventory().clone();
+            fleet.finish(&mut state, tx, inventory, None).await?;
+            Ok(ServingChange {
+                restarts: vec![model.clone()],
+                model,
+                group,
+                revision,
+            })
+        })
+        .await
+    }
+}
+
+/// Where `model` runs in `committed`, if it runs.
+fn deployed(committed: &Committed, model: &str) -> Option<Deployed> {
+    if let Some(group) = committed.group_of(model) {
+        return Some(Deployed::Group(group.clone()));
+    }
+    committed
+        .whole_deployment(model)
+        .cloned()
+        .map(Deployed::Whole)
+}
+
+fn not_deployed(model: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "{model} is not deployed; GET /api/groups and GET /api/workers list what runs"
+    ))
+}
+
+#[cfg(test)]
+mod tests;

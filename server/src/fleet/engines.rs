@@ -1,0 +1,169 @@
+//! Which engines the committed state wants running, and with which spec: the desired state the runtime
+//! follows. Derived from the committed state and the ledger alone, so that it costs no database read.
+
+use super::committed::{Committed, Worker};
+use super::groups::holder;
+use super::ledger::Ledger;
+use crate::inventory::demo::{CatalogModel, Engine};
+use crate::inventory::Ours;
+use crate::runtime::spec::{EngineSpec, Recipe};
+use crate::runtime::Hosts;
+use placement::{Assignment, GpuRef, Hold};
+
+/// Every engine the committed state wants running: each group member on each machine of its group, then
+/// each placed worker, oldest first. A holder the ledger could not hold (its GPU is gone) runs nothing.
+pub(super) fn desired(committed: &Committed, ledger: &Ledger, hosts: &Hosts) -> Vec<EngineSpec> {
+    let mut specs: Vec<EngineSpec> = committed
+        .groups
+        .iter()
+        .flat_map(|g| group_engines(committed, ledger, hosts, &g.name))
+        .collect();
+    for worker in &committed.workers {
+        let Some(assignment) = ledger.scheduler().workers().get(&worker.name) else {
+            continue;
+        };
+        if let Some(recipe) = worker_recipe(worker, &committed.models) {
+            specs.push(spec(ledger, hosts, &worker.name, assignment, recipe));
+        }
+    }
+    specs
+}
+
+/// The engines of one group's members, in plan order, one per machine the member holds its share on.
+pub(super) fn group_engines(
+    committed: &Committed,
+    ledger: &Ledger,
+    hosts: &Hosts,
+    group: &str,
+) -> Vec<EngineSpec> {
+    let Some(group) = committed.group(group) else {
+        return Vec::new();
+    };
+    let mut machines: Vec<&str> = group.gpus.iter().map(|g| g.machine.as_str()).collect();
+    machines.dedup();
+    let mut out = Vec::new();
+    for member in &group.members {
+        let Some(model) = committed.model(&member.member) else {
+            tracing::error!(
+                "{} of group {} is not in the catalog",
+                member.member,
+                group.name
+            );
+            continue;
+        };
+        let serving = group
+            .serving
+            .get(&member.member)
+            .cloned()
+            .unwrap_or_default();
+        let mut recipe = model_recipe(model);
+        recipe.args.extend(serving.args);
+        recipe.env.extend(serving.env);
+        for machine in &machines {
+            let unit = holder(&group.name, &member.member, machine);
+            if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
+                out.push(spec(ledger, hosts, &unit, assignment, recipe.clone()));
+            }
+        }
+    }
+    out
+}
+
+fn spec(
+    ledger: &Ledger,
+    hosts: &Hosts,
+    unit: &str,
+    assignment: &Assignment,
+    recipe: Recipe,
+) -> EngineSpec {
+    let gpus: Vec<&placement::Gpu> = assignment
+        .gpus
+        .iter()
+        .filter_map(|i| {
+            ledger
+                .inventory()
+                .gpu(&GpuRef::new(&assignment.machine, *i))
+        })
+        .collect();
+    EngineSpec {
+        unit: unit.to_owned(),
+        host: hosts.host(&assignment.machine),
+        gpu_total: gpus.first().map(|g| g.total).unwrap_or_default(),
+        gpu_offered: gpus.iter().map(|g| g.offered()).min().unwrap_or_default(),
+        gpus: assignment.gpus.clone(),
+        share: assignment.shared,
+        recipe,
+        machine: assignment.machine.clone(),
+    }
+}
+
+fn model_recipe(model: &CatalogModel) -> Recipe {
+    Recipe {
+        engine: model.engine,
+        model_path: model.model_path.clone(),
+        command: model.command.clone(),
+        args: model.args.clone(),
+        env: model.env.clone(),
+    }
+}
+
+/// What a worker runs: its own command, or its catalog model's recipe with the deployment's additions.
+fn worker_recipe(worker: &Worker, catalog: &[CatalogModel]) -> Option<Recipe> {
+    let Some(name) = &worker.model else {
+        return Some(Recipe {
+            engine: Engine::Command,
+            model_path: String::new(),
+            command: worker.command.clone(),
+            args: Vec::new(),
+            env: worker.env.clone(),
+        });
+    };
+    let Some(model) = catalog.iter().find(|m| &m.name == name) else {
+        tracing::error!(
+            "worker {} runs {name}, which is not in the catalog",
+            worker.name
+        );
+        return None;
+    };
+    let mut recipe = model_recipe(model);
+    recipe.args.extend(worker.args.iter().cloned());
+    recipe.env.extend(worker.env.clone());
+    Some(recipe)
+}
+
+/// What Tessera's own engines hold on `machine`'s GPUs (this machine's), for a reading of them: the
+/// processes of every engine that runs (`running`: each engine's unit and PIDs), and, for the drivers that
+/// give no per-process figures (WSL2) or other PIDs (a container), the memory the running sharers' shares
+/// stand for on each GPU.
+pub(super) fn ours(ledger: &Ledger, machine: &str, running: &[(String, Vec<u32>)]) -> Ours {
+    let runs = |who: &str| running.iter().any(|(unit, _)| unit == who);
+    let shares = ledger
+        .inventory()
+        .machine(machine)
+        .map(|m| {
+            m.gpus
+                .iter()
+                .filter_map(
+                    |gpu| match ledger.scheduler().hold(&GpuRef::new(machine, gpu.index)) {
+                        Some(Hold::Shared(sharers)) => Some((
+                            gpu.index,
+                            sharers
+                                .iter()
+                                .filter(|(who, _)| runs(who))
+                                .map(|(_, bytes)| *bytes)
+                                .sum(),
+                        )),
+                        _ => None,
+                    },
+                )
+                .collect()
+        })
+        .unwrap_or_default();
+    Ours {
+        pids: running
+            .iter()
+            .flat_map(|(_, pids)| pids.iter().copied())
+            .collect(),
+        shares,
+    }
+}

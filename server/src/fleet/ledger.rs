@@ -1,0 +1,151 @@
+//! The ledger: who holds which GPU, as a pure function of the inventory and the committed state.
+//!
+//! Everything committed is held, even where a GPU now offers less than its holders take: an engine that
+//! runs holds its memory whether or not a new reading leaves room for it. Such a GPU is over-committed; it
+//! takes no new work, and [`Ledger::relieve`] says which standalone workers the policy stops. A committed
+//! holder that cannot be held at all (its GPU left the inventory) is kept aside with the reason, and its
+//! engine does not run.
+
+use super::committed::Committed;
+use super::groups::holder;
+use placement::{group::member_assignments, Assignment, GpuRef, Hold, Inventory, Scheduler};
+use std::collections::BTreeMap;
+
+/// The scheduler holding everything committed, and what could not be held.
+pub(crate) struct Ledger {
+    scheduler: Scheduler,
+    /// Committed holders that hold nothing now, each with why.
+    unplaced: BTreeMap<String, String>,
+}
+
+/// A worker the over-commit policy stops, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Eviction {
+    /// The worker.
+    pub worker: String,
+    /// The over-committed GPU, in words.
+    pub reason: String,
+}
+
+impl Ledger {
+    /// Holds every committed group member (on each machine of its group) and every placed worker on
+    /// `inventory`.
+    pub(crate) fn build(inventory: Inventory, committed: &Committed) -> Ledger {
+        let mut scheduler = Scheduler::new(inventory);
+        let mut unplaced = BTreeMap::new();
+        for group in &committed.groups {
+            let mut by_machine: BTreeMap<&str, Vec<GpuRef>> = BTreeMap::new();
+            for gpu in &group.gpus {
+                by_machine
+                    .entry(gpu.machine.as_str())
+                    .or_default()
+                    .push(gpu.clone());
+            }
+            for member in &group.members {
+                for (machine, gpus) in &by_machine {
+                    let who = holder(&group.name, &member.member, machine);
+                    let held = member_assignments(scheduler.inventory(), gpus, member.share)
+                        .map_err(|e| e.to_string())
+                        .and_then(|assignments| {
+                            assignments.into_iter().try_for_each(|a| {
+                                scheduler.hold_committed(&who, a).map_err(|e| e.to_string())
+                            })
+                        });
+                    if let Err(why) = held {
+                        unplaced.insert(who, why);
+                    }
+                }
+            }
+        }
+        for row in &committed.workers {
+            if let Some(assignment) = &row.assignment {
+                if let Err(e) = scheduler.hold_committed(&row.name, assignment.clone()) {
+                    unplaced.insert(row.name.clone(), e.to_string());
+                }
+            }
+        }
+        Ledger {
+            scheduler,
+            unplaced,
+        }
+    }
+
+    /// The over-commit policy: while a GPU's sharers take more than it offers, the newest standalone shared
+    /// worker on it stops (it waits again, pending, with the reason). Group members are never stopped here:
+    /// their plan was committed by an operator, so their GPU stays over-committed, in sight, and takes no
+    /// new work until the plan changes or the memory held outside Tessera falls.
+    pub(crate) fn relieve(&mut self, committed: &Committed) -> Vec<Eviction> {
+        let mut evicted = Vec::new();
+        loop {
+            let victim = self.scheduler.overcommitted().into_iter().find_map(|over| {
+                let Some(Hold::Shared(sharers)) = self.scheduler.hold(&over.gpu) else {
+                    return None;
+                };
+                committed
+                    .workers
+                    .iter()
+                    .rev()
+                    .find(|w| w.assignment.is_some() && sharers.contains_key(&w.name))
+                    .map(|w| Eviction {
+                        worker: w.name.clone(),
+                        reason: over.to_string(),
+                    })
+            });
+            let Some(victim) = victim else {
+                return evicted;
+            };
+            tracing::warn!(
+                "{} stops and waits: {}; the newest shared worker goes first",
+                victim.worker,
+                victim.reason
+            );
+            self.scheduler.release(&victim.worker);
+            evicted.push(victim);
+        }
+    }
+
+    /// The inventory it holds on.
+    pub(crate) fn inventory(&self) -> &Inventory {
+        self.scheduler.inventory()
+    }
+
+    /// The scheduler, to decide new work with.
+    pub(crate) fn scheduler(&self) -> &Scheduler {
+        &self.scheduler
+    }
+
+    /// Holds a new decision.
+    pub(crate) fn hold(&mut self, holder: &str, assignment: Assignment) -> Result<(), String> {
+        self.scheduler
+            .hold_for(holder, assignment)
+            .map_err(|e| e.to_string())
+    }
+
+    /// Why a committed holder holds nothing now, if it does not.
+    pub(crate) fn unplaced(&self, holder: &str) -> Option<&str> {
+        self.unplaced.get(holder).map(String::as_str)
+    }
+
+    /// Every committed holder that holds nothing now, and why.
+    pub(crate) fn all_unplaced(&self) -> &BTreeMap<String, String> {
+        &self.unplaced
+    }
+
+    /// Whether `other` holds exactly what this one does; else what differs, in words.
+    pub(crate) fn same_as(&self, other: &Ledger) -> Result<(), String> {
+        if self.scheduler.workers() != other.scheduler.workers() {
+            return Err(format!(
+                "the holds differ: {:?} against {:?}",
+                self.scheduler.workers(),
+                other.scheduler.workers()
+            ));
+        }
+        if self.unplaced != other.unplaced {
+            return Err(format!(
+                "the unplaced differ: {:?} against {:?}",
+                self.unplaced, other.unplaced
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,305 @@
+//! Machines: what each GPU offers, who holds it, and whether its holders take more than it offers; fresh
+//! readings of this machine's GPUs; the read views published after every write.
+
+use super::committed::Committed;
+use super::engines;
+use super::ledger::Ledger;
+use super::workers::{view, WorkerView};
+use super::{Fleet, Views};
+use crate::error::ApiError;
+use crate::inventory::LocalGpus;
+use placement::{GpuRef, Hold, Machine};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+impl Views {
+    /// Every read view of `committed` as `ledger` holds it.
+    pub(super) fn of(committed: &Arc<Committed>, ledger: &Ledger) -> Views {
+        let workers: Vec<WorkerView> = committed
+            .workers
+            .iter()
+            .filter_map(|w| view(Some(w), ledger).ok())
+            .collect();
+        let mut by_machine: BTreeMap<String, Vec<&WorkerView>> = ledger
+            .inventory()
+            .machines()
+            .iter()
+            .map(|m| (m.name.clone(), Vec::new()))
+            .collect();
+        for worker in &workers {
+            if let Some(list) = worker.machine.as_ref().and_then(|m| by_machine.get_mut(m)) {
+                list.push(worker);
+            }
+        }
+        let by_machine = by_machine
+            .into_iter()
+            .map(|(m, list)| {
+                // Serializing plain data into a Vec cannot fail.
+                let json = serde_json::to_vec(&list).unwrap_or_default();
+                (m, json.into())
+            })
+            .collect();
+        let machines = ledger
+            .inventory()
+            .machines()
+            .iter()
+            .map(|m| machine_view(ledger, m))
+            .collect();
+        Views {
+            workers,
+            by_machine,
+            machines,
+            committed: committed.clone(),
+            unplaced: ledger.all_unplaced().clone(),
+        }
+    }
+}
+
+impl Fleet {
+    /// Each machine with its GPUs, what they offer and who holds them.
+    pub fn machines(&self) -> Vec<MachineView> {
+        self.views().machines.clone()
+    }
+
+    /// One machine.
+    pub fn machine(&self, name: &str) -> Result<MachineView, ApiError> {
+        self.views()
+            .machines
+            .iter()
+            .find(|m| m.name == name)
+            .cloned()
+            .ok_or_else(|| no_machine(name))
+    }
+
+    /// The workers placed on one machine, as a JSON array.
+    pub fn machine_workers(&self, name: &str) -> Result<axum::body::Bytes, ApiError> {
+        self.views()
+            .by_machine
+            .get(name)
+            .cloned()
+            .ok_or_else(|| no_machine(name))
+    }
+
+    /// Takes a fresh reading of one machine (this machine's GPUs through NVML): what its GPUs offer may
+    /// have changed. A GPU whose holders now take more than it offers is over-committed (the policy of
+    /// [`Ledger::relieve`] decides what stops); pending work that fits now is placed, oldest first.
+    pub async fn refresh_machine(self: &Arc<Self>, machine: Machine) -> Result<(), ApiError> {
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let inventory = state.ledger.inventory();
+            if inventory.machine(&machine.name) == Some(&machine) {
+                return Ok(());
+            }
+            let inventory = inventory
+                .with_machine(machine)
+                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            let tx = crate::db::write(&fleet.pool).await?;
+            fleet.finish(&mut state, tx, inventory, None).await
+        })
+        .await
+    }
+
+    /// Reads this machine's GPUs every `every` for as long as the server runs. A failed reading is logged
+    /// once until the next good one, and the last good reading stands meanwhile.
+    pub async fn follow_local_gpus(
+        self: Arc<Self>,
+        gpus: Arc<dyn LocalGpus>,
+        every: std::time::Duration,
+    ) {
+        let mut last_error = None;
+        loop {
+            tokio::time::sleep(every).await;
+            let reader = gpus.clone();
+            let ours = {
+                let state = self.state.lock().await;
+                let local = self.hosts.local.as_deref().unwrap_or_default();
+                engines::ours(&state.ledger, local, &self.runtime.running())
+            };
+            let reading =
+                tokio::task::spawn_blocking(move || reader.read(&ours).map_err(|e| e.to_string()))
+                    .await;
+            let outcome = match reading {
+                Ok(Ok(reading)) => {
+                    let at = super::usage::now_ms();
+                    match self
+                        .record_samples(&reading.machine.name, &reading.live, at)
+                        .await
+                    {
+                        Ok(()) => self.refresh_machine(reading.machine).await,
+                        Err(e) => Err(e),
+                    }
+                    .map_err(|e| e.to_string())
+                }
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(e.to_string()),
+            };
+            match outcome {
+                Ok(()) => last_error = None,
+                Err(e) if last_error.as_ref() != Some(&e) => {
+                    tracing::warn!("this machine's GPUs could not be read again: {e}");
+                    last_error = Some(e);
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+fn no_machine(name: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "there is no machine named {name}; GET /api/machines lists them"
+    ))
+}
+
+/// A machine as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineView {
+    /// Its name.
+    pub name: String,
+    /// CPU cores, and those workers hold.
+    pub cpu_cores: u32,
+    /// CPU cores held by workers.
+    pub cpu_cores_used: u32,
+    /// Memory, GB.
+    pub memory_gb: f64,
+    /// Memory held by workers, GB.
+    pub memory_gb_used: f64,
+    /// Memory, bytes.
+    pub memory_bytes: u64,
+    /// Memory held by workers, bytes.
+    pub memory_bytes_used: u64,
+    /// A Windows PC under WSL2.
+    pub all_gpus_visible: bool,
+    /// Its GPUs.
+    pub gpus: Vec<GpuView>,
+}
+
+/// A GPU as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuView {
+    /// Index on its machine.
+    pub index: u32,
+    /// UUID.
+    pub uuid: String,
+    /// Model name.
+    pub model: String,
+    /// Vendor.
+    pub vendor: String,
+    /// Healthy or not.
+    pub healthy: bool,
+    /// All its memory, GB.
+    pub total_gb: f64,
+    /// All its memory, bytes.
+    pub total_bytes: u64,
+    /// What it offers Tessera, GB.
+    pub offered_gb: f64,
+    /// What it offers Tessera, bytes.
+    pub offered_bytes: u64,
+    /// Held outside Tessera, GB.
+    pub held_outside_gb: f64,
+    /// Held outside Tessera, bytes.
+    pub held_outside_bytes: u64,
+    /// `free`, `whole` or `shared`.
+    pub mode: String,
+    /// The worker holding it whole.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
+    /// Its sharers and the GB each takes.
+    pub sharers: Vec<SharerView>,
+    /// GB its sharers take.
+    pub taken_gb: f64,
+    /// Bytes its sharers take.
+    pub taken_bytes: u64,
+    /// When its sharers take more than it offers (what it holds outside Tessera grew), in words; it takes
+    /// no new work meanwhile.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub overcommitted: Option<String>,
+    /// The machine page's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// One sharer of a GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SharerView {
+    /// The worker, or the model of a sharing group.
+    pub worker: String,
+    /// The sharing group, for a group's member.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The GB it takes.
+    pub gb: f64,
+    /// The bytes it takes.
+    pub bytes: u64,
+}
+
+fn machine_view(ledger: &Ledger, machine: &placement::Machine) -> MachineView {
+    let scheduler = ledger.scheduler();
+    let overcommitted = scheduler.overcommitted();
+    let (cpu_used, memory_used) = scheduler.machine_use(&machine.name).unwrap_or_default();
+    MachineView {
+        name: machine.name.clone(),
+        cpu_cores: machine.cpu_cores,
+        cpu_cores_used: cpu_used,
+        memory_gb: machine.memory.as_gb_f64(),
+        memory_gb_used: memory_used.as_gb_f64(),
+        memory_bytes: machine.memory.get(),
+        memory_bytes_used: memory_used.get(),
+        all_gpus_visible: machine.all_gpus_visible,
+        gpus: machine
+            .gpus
+            .iter()
+            .map(|gpu| {
+                let here = GpuRef::new(&machine.name, gpu.index);
+                let hold = scheduler.hold(&here).cloned().unwrap_or(Hold::Free);
+                let (mode, held_by, sharers) = match &hold {
+                    Hold::Free => ("free", None, BTreeMap::new()),
+                    Hold::Whole(w) => ("whole", Some(w.clone()), BTreeMap::new()),
+                    Hold::Shared(s) => ("shared", None, s.clone()),
+                };
+                let summary = (!sharers.is_empty()).then(|| {
+                    let list: Vec<String> = sharers
+                        .iter()
+                        .map(|(w, b)| format!("{} {b}", super::groups::sharer(w).0))
+                        .collect();
+                    format!("shared: {} — {} taken", list.join(", "), hold.taken())
+                });
+                GpuView {
+                    index: gpu.index,
+                    uuid: gpu.uuid.clone(),
+                    model: gpu.model.clone(),
+                    vendor: gpu.vendor.clone(),
+                    healthy: gpu.healthy,
+                    total_gb: gpu.total.as_gb_f64(),
+                    total_bytes: gpu.total.get(),
+                    offered_gb: gpu.offered().as_gb_f64(),
+                    offered_bytes: gpu.offered().get(),
+                    held_outside_gb: gpu.held_outside.as_gb_f64(),
+                    held_outside_bytes: gpu.held_outside.get(),
+                    mode: mode.to_owned(),
+                    held_by,
+                    sharers: sharers
+                        .iter()
+                        .map(|(w, b)| {
+                            let (name, group) = super::groups::sharer(w);
+                            SharerView {
+                                worker: name.to_owned(),
+                                group: group.map(str::to_owned),
+                                gb: b.as_gb_f64(),
+                                bytes: b.get(),
+                            }
+                        })
+                        .collect(),
+                    taken_gb: hold.taken().as_gb_f64(),
+                    taken_bytes: hold.taken().get(),
+                    overcommitted: overcommitted
+                        .iter()
+                        .find(|o| o.gpu == here)
+                        .map(ToString::to_string),
+                    summary,
+                }
+            })
+            .collect(),
+    }
+}

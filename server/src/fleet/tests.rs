@@ -1,0 +1,342 @@
+//! The fleet's promise, that the ledger never disagrees with what was committed: one test per fault that
+//! broke it, each named as what it proves, then a model-based test of random sequences of writes,
+//! readings, restarts and cancelled requests.
+
+use crate::inventory::file::parse_inventory;
+use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, MAJIN};
+use axum::http::{Method, StatusCode};
+use futures::FutureExt;
+use placement::Bytes;
+use serde_json::{json, Value};
+
+async fn deploy(app: &TestApp, body: Value) -> (StatusCode, Value) {
+    app.call(Method::POST, "/api/deployments", Some(&body.to_string()))
+        .await
+}
+
+/// A shared worker of `gb` on majin's GPU.
+fn on_majin(name: &str, gb: f64) -> String {
+    json!({
+        "name": name,
+        "requested_resources": { "gpu_requests": { "count": 1, "shared": true, "memory_gb": gb, "ids": ["majin:0"] } }
+    })
+    .to_string()
+}
+
+/// Waits, a bounded while, for a write whose request was dropped to finish on its own.
+async fn eventually(app: &TestApp, uri: &str, status: StatusCode) {
+    for _ in 0..200 {
+        if app.get(uri).await.0 == status {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    panic!("{uri} never answered {status}");
+}
+
+/// `model`'s entry among the members of the groups listed.
+fn member<'a>(groups: &'a Value, model: &str) -> &'a Value {
+    groups
+        .as_array()
+        .into_iter()
+        .flatten()
+        .flat_map(|g| g["members"].as_array().into_iter().flatten())
+        .find(|m| m["name"] == model)
+        .unwrap_or_else(|| panic!("{model} is in no group: {groups}"))
+}
+
+/// majin as read again with `held_outside_gb` held outside Tessera.
+fn majin_holding(gb: u64) -> placement::Machine {
+    let mut majin = parse_inventory(MAJIN).unwrap().remove(0);
+    majin.gpus[0].held_outside = Bytes::gb(gb);
+    majin
+}
+
+/// atlas with only its GPU 0: GPU 1 has left the inventory.
+const ATLAS_WITHOUT_GPU_1: &str = r#"
+[[machine]]
+name = "atlas"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+"#;
+
+#[tokio::test]
+async fn a_group_member_that_no_longer_fits_after_a_reading_stays_held_and_its_gpu_takes_no_new_work(
+) {
+    let app = majin_and_atlas_with_catalog().await;
+    let (status, body) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 50}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    // The desktop now holds 5 GB: the GPU offers 3, and glm-5.3 holds 4.
+    app.fleet.refresh_machine(majin_holding(5)).await.unwrap();
+    let (_, majin) = app.get("/api/machines/majin").await;
+    let gpu = &majin["gpus"][0];
+    assert_eq!(gpu["mode"], "shared");
+    assert_eq!(gpu["taken_gb"], 4.0, "glm-5.3 still holds its share: {gpu}");
+    assert_eq!(
+        gpu["overcommitted"],
+        "GPU 0 of majin offers 3 of its 8 GB (5 GB held outside Tessera) but its sharers take 4 GB: 1 GB over"
+    );
+    let (status, small) = app.post_worker(&on_majin("small", 0.5)).await;
+    assert_eq!(status, StatusCode::CREATED);
+    assert_eq!(small["state"], "pending", "{small}");
+    let whole = json!({"name": "whole", "requested_resources": {"gpu_requests": {"count": 1, "ids": ["majin:0"]}}});
+    let (_, whole) = app.post_worker(&whole.to_string()).await;
+    assert_eq!(
+        whole["state"], "pending",
+        "a whole GPU never goes beside a running sharer: {whole}"
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_over_committed_gpu_stops_its_newest_shared_worker_first_and_never_a_group_member() {
+    let app = majin_and_atlas_with_catalog().await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 25}),
+    )
+    .await;
+    app.post_worker(&on_majin("older", 2.0)).await;
+    app.post_worker(&on_majin("newer", 2.0)).await;
+    // Offers 4; glm-5.3 (2), older (2) and newer (2) take 6: newer stops, and that is enough.
+    app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
+    let (_, newer) = app.get("/api/workers/newer").await;
+    assert_eq!(newer["state"], "pending");
+    assert_eq!(
+        newer["pending_reasons"],
+        json!(["GPU 0 of majin: 4 of 4 GB taken by shared work; it needs 2"])
+    );
+    assert_eq!(app.get("/api/workers/older").await.1["state"], "placed");
+    let (_, audit) = app.get("/api/audit?action=worker.evict").await;
+    assert!(
+        audit.to_string().contains("newer"),
+        "said in the audit log: {audit}"
+    );
+    // Offers 1: older stops too; glm-5.3 stays, and the GPU says it is over.
+    app.fleet.refresh_machine(majin_holding(7)).await.unwrap();
+    assert_eq!(app.get("/api/workers/older").await.1["state"], "pending");
+    let (_, groups) = app.get("/api/groups").await;
+    assert_eq!(member(&groups, "glm-5.3")["share_percent"], 25.0);
+    let (_, majin) = app.get("/api/machines/majin").await;
+    assert!(majin["gpus"][0]["overcommitted"].is_string(), "{majin}");
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_group_whose_gpu_left_the_inventory_is_shown_not_held_and_the_server_starts() {
+    let app = majin_and_atlas_with_catalog().await;
+    let (status, _) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let app = app
+        .restart_with(&format!("{MAJIN}{ATLAS_WITHOUT_GPU_1}"))
+        .await;
+    let (_, groups) = app.get("/api/groups").await;
+    let glm = member(&groups, "glm-5.3");
+    assert_eq!(
+        glm["not_held"],
+        json!(["GPU 1 of atlas is not in the inventory"])
+    );
+    // Nothing double-books what is left: atlas:0 is free, and takes new work.
+    let (_, w) = app.post_worker(&shared_worker("w", 50.0)).await;
+    assert_eq!(w["machine"], "atlas");
+    assert_eq!(w["gpus"], json!([0]));
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_write_whose_request_is_dropped_half_way_still_commits_whole_and_the_ledger_follows() {
+    let app = TestApp::new(MAJIN).await;
+    let new = serde_json::from_str(&shared_worker("dropped", 2.0)).unwrap();
+    // One poll starts the write; the request is then gone, as when its client disconnects.
+    assert!(app.fleet.create_worker(new, "ada").now_or_never().is_none());
+    eventually(&app, "/api/workers/dropped", StatusCode::OK).await;
+    app.fleet.check_ledger().await.unwrap();
+    let (_, majin) = app.get("/api/machines/majin").await;
+    assert_eq!(majin["gpus"][0]["taken_gb"], 2.0);
+    assert_eq!(app.get("/api/workers/dropped").await.1["state"], "placed");
+    assert!(app
+        .fleet
+        .delete_worker("dropped", None, "ada")
+        .now_or_never()
+        .is_none());
+    eventually(&app, "/api/workers/dropped", StatusCode::NOT_FOUND).await;
+    app.fleet.check_ledger().await.unwrap();
+    assert_eq!(
+        app.get("/api/machines/majin").await.1["gpus"][0]["taken_gb"],
+        0.0
+    );
+}
+
+#[tokio::test]
+async fn a_model_runs_in_a_group_or_on_whole_gpus_never_both() {
+    let app = majin_and_atlas_with_catalog().await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    let (status, body) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "shared": false}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["error"], "glm-5.3 runs in group text-router already");
+    deploy(
+        &app,
+        json!({"model": "vision", "gpus": ["atlas:1"], "shared": false}),
+    )
+    .await;
+    let (status, body) = deploy(
+        &app,
+        json!({"model": "vision", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    assert_eq!(body["error"], "vision runs on whole GPUs of atlas already");
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_gpu_named_twice_in_a_deploy_is_refused_and_nothing_is_held() {
+    let app = majin_and_atlas_with_catalog().await;
+    for gpus in [
+        json!(["atlas:0", "atlas:0"]),
+        json!(["atlas:0", "atlas:00"]),
+    ] {
+        let (status, body) =
+            deploy(&app, json!({"model": "glm-5.3", "gpus": gpus, "share": 40})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .ends_with("list each GPU once"),
+            "{body}"
+        );
+    }
+    assert_eq!(app.get("/api/groups").await.1, json!([]));
+    assert_eq!(
+        app.get("/api/machines/atlas").await.1["gpus"][0]["mode"],
+        "free"
+    );
+}
+
+#[tokio::test]
+async fn a_group_on_a_wsl2_machine_holds_its_share_on_every_gpu_there() {
+    let studio = r#"
+[[machine]]
+name = "studio"
+cpu_cores = 16
+memory_gb = 64
+all_gpus_visible = true
+[[machine.gpu]]
+index = 0
+model = "NVIDIA RTX 4090"
+memory_gb = 24
+[[machine.gpu]]
+index = 1
+model = "NVIDIA RTX 4090"
+memory_gb = 24
+"#;
+    let app = TestApp::new(studio).await;
+    app.fleet
+        .seed_catalog(&crate::inventory::demo::demo_catalog())
+        .await
+        .unwrap();
+    let (status, body) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["studio:0"], "share": 50}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (_, machine) = app.get("/api/machines/studio").await;
+    for gpu in machine["gpus"].as_array().unwrap() {
+        assert_eq!(gpu["taken_gb"], 12.0, "{gpu}");
+    }
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_gpu_without_readable_memory_or_unhealthy_takes_no_group() {
+    let app = majin_and_atlas_with_catalog().await;
+    let mut majin = majin_holding(1);
+    majin.gpus[0].healthy = false;
+    app.fleet.refresh_machine(majin.clone()).await.unwrap();
+    let (status, body) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(body["error"], "GPU 0 of majin is unhealthy; choose another");
+    majin.gpus[0].healthy = true;
+    majin.gpus[0].total = Bytes::ZERO;
+    majin.gpus[0].held_outside = Bytes::ZERO;
+    app.fleet.refresh_machine(majin).await.unwrap();
+    let (status, body) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap()
+            .contains("reports no memory"),
+        "{body}"
+    );
+}
+
+#[tokio::test]
+async fn shrinking_a_group_places_pending_work_that_now_fits() {
+    let app = majin_and_atlas_with_catalog().await;
+    let (_, change) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 80}),
+    )
+    .await;
+    let (_, w) = app.post_worker(&on_majin("w", 2.0)).await;
+    assert_eq!(w["state"], "pending");
+    let plan = json!({"revision": change["revision"], "shares": {"glm-5.3": 50}});
+    let (status, body) = app
+        .call(
+            Method::PUT,
+            "/api/groups/text-router/plan",
+            Some(&plan.to_string()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(app.get("/api/workers/w").await.1["state"], "placed");
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn ending_a_group_places_pending_work_that_now_fits() {
+    let app = majin_and_atlas_with_catalog().await;
+    let (_, change) = deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 80}),
+    )
+    .await;
+    app.post_worker(&on_majin("w", 2.0)).await;
+    let uri = format!("/api/deployments/glm-5.3?revision={}", change["revision"]);
+    let (status, body) = app.call(Method::DELETE, &uri, None).await;
+    assert!(status.is_success(), "{status} {body}");
+    assert_eq!(app.get("/api/workers/w").await.1["state"], "placed");
+}
+
+mod model;

@@ -1,0 +1,336 @@
+//! A model-based test of the fleet: random sequences of worker creates and deletes, deploys (shared and
+//! whole), plan changes, removals, readings that grow, shrink and drop GPUs, restarts on the same data,
+//! and writes whose request is dropped after their first poll. After every step the fleet is checked
+//! against what must always hold:
+//! - the ledger is the one rebuilt from the database, and memory holds what the database says;
+//! - no GPU took new work beyond what it offers (only what was held before may be over, after a reading);
+//! - whole and shared never mix on a GPU;
+//! - every pending worker has a reason; every engine that should run is held, and none other runs.
+//!
+//! `TESSERA_MODEL_CASES` sets how many sequences run (160 by default, of up to 40 steps each: about 3,200 steps).
+
+use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, MAJIN};
+use axum::http::{Method, StatusCode};
+use futures::FutureExt;
+use placement::Bytes;
+use proptest::prelude::*;
+use serde_json::json;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// The fleet the sequences run on: majin (8 GB, 1 held outside) and atlas (two 96 GB GPUs).
+const ATLAS: &str = r#"
+[[machine]]
+name = "atlas"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+[[machine.gpu]]
+index = 1
+model = "NVIDIA RTX PRO 6000"
+memory_gb = 96
+"#;
+
+const GPUS: [&str; 3] = ["majin:0", "atlas:0", "atlas:1"];
+const MODELS: [&str; 3] = ["glm-5.3", "speech", "vision"];
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// A shared worker of `tenths` of a GB (0.5 to 60 GB).
+    Create {
+        name: u8,
+        tenths: u16,
+    },
+    /// The same, with its request dropped after the first poll.
+    CreateDropped {
+        name: u8,
+        tenths: u16,
+    },
+    Delete {
+        name: u8,
+    },
+    DeployShared {
+        model: usize,
+        gpu: usize,
+        percent: u8,
+    },
+    DeployWhole {
+        model: usize,
+        gpu: usize,
+    },
+    ChangePlan {
+        percent: u8,
+    },
+    Remove {
+        model: usize,
+    },
+    /// majin read again with this many GB held outside Tessera.
+    ReadMajin {
+        held_gb: u8,
+    },
+    /// The server restarts, with or without atlas's GPU 1.
+    Restart {
+        without_atlas_1: bool,
+    },
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        4 => (0u8..8, 5u16..600).prop_map(|(name, tenths)| Step::Create { name, tenths }),
+        2 => (0u8..8, 5u16..600).prop_map(|(name, tenths)| Step::CreateDropped { name, tenths }),
+        2 => (0u8..8).prop_map(|name| Step::Delete { name }),
+        3 => (0..MODELS.len(), 0..GPUS.len(), 1u8..=100)
+            .prop_map(|(model, gpu, percent)| Step::DeployShared { model, gpu, percent }),
+        1 => (0..MODELS.len(), 0..GPUS.len()).prop_map(|(model, gpu)| Step::DeployWhole { model, gpu }),
+        2 => (1u8..=100).prop_map(|percent| Step::ChangePlan { percent }),
+        2 => (0..MODELS.len()).prop_map(|model| Step::Remove { model }),
+        2 => (0u8..8).prop_map(|held_gb| Step::ReadMajin { held_gb }),
+        1 => any::<bool>().prop_map(|without_atlas_1| Step::Restart { without_atlas_1 }),
+    ]
+}
+
+/// Who holds each GPU: `machine:index` -> its mode, its sharers with their bytes, what it offers in
+/// bytes, and the worker holding it whole.
+type Holds = BTreeMap<String, (String, BTreeMap<String, f64>, f64, Option<String>)>;
+
+async fn holds(app: &TestApp) -> Holds {
+    let (_, machines) = app.get("/api/machines").await;
+    let mut out = Holds::new();
+    for m in machines.as_array().unwrap() {
+        for gpu in m["gpus"].as_array().unwrap() {
+            let sharers = gpu["sharers"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|s| {
+                    let who = match s["group"].as_str() {
+                        Some(g) => format!("{g}/{}", s["worker"].as_str().unwrap()),
+                        None => s["worker"].as_str().unwrap().to_owned(),
+                    };
+                    (who, s["bytes"].as_f64().unwrap())
+                })
+                .collect();
+            out.insert(
+                format!("{}:{}", m["name"].as_str().unwrap(), gpu["index"]),
+                (
+                    gpu["mode"].as_str().unwrap().to_owned(),
+                    sharers,
+                    gpu["offered_bytes"].as_f64().unwrap(),
+                    gpu["held_by"].as_str().map(str::to_owned),
+                ),
+            );
+        }
+    }
+    out
+}
+
+fn majin_holding(gb: u8) -> placement::Machine {
+    let mut majin = crate::inventory::file::parse_inventory(MAJIN)
+        .unwrap()
+        .remove(0);
+    majin.gpus[0].held_outside = Bytes::gb(u64::from(gb));
+    majin
+}
+
+async fn group_revision(app: &TestApp) -> Option<(String, i64, Vec<String>)> {
+    let (_, groups) = app.get("/api/groups").await;
+    let g = groups.as_array()?.first()?;
+    Some((
+        g["name"].as_str()?.to_owned(),
+        g["revision"].as_i64()?,
+        g["members"]
+            .as_array()?
+            .iter()
+            .filter_map(|m| m["name"].as_str().map(str::to_owned))
+            .collect(),
+    ))
+}
+
+async fn deployed_revision(app: &TestApp, model: &str) -> Option<i64> {
+    let (_, groups) = app.get("/api/groups").await;
+    for g in groups.as_array()? {
+        if g["members"].as_array()?.iter().any(|m| m["name"] == model) {
+            return g["revision"].as_i64();
+        }
+    }
+    let (status, worker) = app.get(&format!("/api/workers/{model}")).await;
+    (status == StatusCode::OK)
+        .then(|| worker["revision"].as_i64())
+        .flatten()
+}
+
+async fn apply(app: TestApp, step: &Step) -> TestApp {
+    match step {
+        Step::Create { name, tenths } => {
+            let body = shared_worker(&format!("w{name}"), f64::from(*tenths) / 10.0);
+            let (status, answer) = app.post_worker(&body).await;
+            assert!(
+                status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+                "{status} {answer}"
+            );
+        }
+        Step::CreateDropped { name, tenths } => {
+            let body = shared_worker(&format!("w{name}"), f64::from(*tenths) / 10.0);
+            let new = serde_json::from_str(&body).unwrap();
+            let _ = app.fleet.create_worker(new, "ada").now_or_never();
+        }
+        Step::Delete { name } => {
+            let _ = app
+                .call(Method::DELETE, &format!("/api/workers/w{name}"), None)
+                .await;
+        }
+        Step::DeployShared {
+            model,
+            gpu,
+            percent,
+        } => {
+            let revision = group_revision(&app).await.map(|(_, r, _)| r);
+            let body = json!({"model": MODELS[*model], "gpus": [GPUS[*gpu]], "share": percent, "revision": revision});
+            let (status, answer) = app
+                .call(Method::POST, "/api/deployments", Some(&body.to_string()))
+                .await;
+            assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+        }
+        Step::DeployWhole { model, gpu } => {
+            let body = json!({"model": MODELS[*model], "gpus": [GPUS[*gpu]], "shared": false});
+            let (status, answer) = app
+                .call(Method::POST, "/api/deployments", Some(&body.to_string()))
+                .await;
+            assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+        }
+        Step::ChangePlan { percent } => {
+            if let Some((group, revision, members)) = group_revision(&app).await {
+                let shares: BTreeMap<String, u8> =
+                    members.into_iter().map(|m| (m, *percent)).collect();
+                let body = json!({"revision": revision, "shares": shares});
+                let (status, answer) = app
+                    .call(
+                        Method::PUT,
+                        &format!("/api/groups/{group}/plan"),
+                        Some(&body.to_string()),
+                    )
+                    .await;
+                assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+            }
+        }
+        Step::Remove { model } => {
+            if let Some(revision) = deployed_revision(&app, MODELS[*model]).await {
+                let uri = format!("/api/deployments/{}?revision={revision}", MODELS[*model]);
+                let (status, answer) = app.call(Method::DELETE, &uri, None).await;
+                assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+            }
+        }
+        Step::ReadMajin { held_gb } => {
+            app.fleet
+                .refresh_machine(majin_holding(*held_gb))
+                .await
+                .unwrap();
+        }
+        Step::Restart { without_atlas_1 } => {
+            let atlas = if *without_atlas_1 {
+                ATLAS
+                    .split("[[machine.gpu]]")
+                    .take(2)
+                    .collect::<Vec<_>>()
+                    .join("[[machine.gpu]]")
+            } else {
+                ATLAS.to_owned()
+            };
+            return app.restart_with(&format!("{MAJIN}{atlas}")).await;
+        }
+    }
+    app
+}
+
+/// Everything that must hold after `step`, given the holds `before` it.
+async fn check(app: &TestApp, step: &Step, before: &Holds) {
+    app.fleet
+        .check_ledger()
+        .await
+        .unwrap_or_else(|e| panic!("after {step:?}: {e}"));
+    let after = holds(app).await;
+    for (gpu, (mode, sharers, offered, whole)) in &after {
+        assert!(
+            !(whole.is_some() && !sharers.is_empty()),
+            "after {step:?}: {gpu} is held whole and shared: {mode}"
+        );
+        let taken: f64 = sharers.values().sum();
+        if taken > *offered {
+            // Over what it offers only through a reading or a restart, never by taking new work.
+            let held_before: BTreeSet<&String> = before
+                .get(gpu)
+                .map(|(_, s, _, _)| s.keys().collect())
+                .unwrap_or_default();
+            let new: Vec<&String> = sharers
+                .keys()
+                .filter(|w| !held_before.contains(w))
+                .collect();
+            assert!(
+                new.is_empty() || matches!(step, Step::Restart { .. }),
+                "after {step:?}: {gpu} took {new:?} beyond the {offered} bytes it offers"
+            );
+        }
+    }
+    let (_, workers) = app.get("/api/workers").await;
+    for w in workers.as_array().unwrap() {
+        if w["state"] == "pending" {
+            assert!(
+                !w["pending_reasons"].as_array().unwrap().is_empty(),
+                "after {step:?}: {w} waits without a reason"
+            );
+        }
+    }
+    // Every engine that should run is held, and nothing else runs.
+    app.fleet.runtime().settled().await;
+    let engines: BTreeSet<String> = app
+        .fleet
+        .runtime()
+        .engines()
+        .into_iter()
+        .map(|e| e.unit)
+        .collect();
+    let held: BTreeSet<String> = after
+        .values()
+        .flat_map(|(_, sharers, _, whole)| sharers.keys().cloned().chain(whole.clone()))
+        .collect();
+    for unit in &engines {
+        let holder = unit
+            .strip_prefix("group:")
+            .map(|rest| rest.rsplit_once('@').map_or(rest, |(h, _)| h).to_owned())
+            .unwrap_or_else(|| unit.clone());
+        assert!(
+            held.contains(&holder),
+            "after {step:?}: engine {unit} runs, but nothing holds memory for it"
+        );
+    }
+}
+
+fn cases() -> u32 {
+    std::env::var("TESSERA_MODEL_CASES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(160)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(), failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_ledger_never_disagrees_with_what_was_committed(steps in prop::collection::vec(step(), 1..40)) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let mut app = majin_and_atlas_with_catalog().await;
+            for step in &steps {
+                let before = holds(&app).await;
+                app = apply(app, step).await;
+                check(&app, step, &before).await;
+            }
+        });
+    }
+}

@@ -1,0 +1,360 @@
+//! Seed 000's workers: accepted (placed at once, or pending with a reason per GPU), ended, and placed when
+//! room appears, oldest first.
+
+use super::committed::{Committed, Worker};
+use super::ledger::Ledger;
+use super::{check_name, Fleet, State};
+use crate::error::ApiError;
+use placement::{Assignment, Decision, RequestedResources, WorkerRequest};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// `POST /api/workers`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewWorker {
+    /// A unique name.
+    pub name: String,
+    /// What it needs (seed 000).
+    pub requested_resources: RequestedResources,
+    /// The command to run.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Environment variables for it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// A worker as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct WorkerView {
+    /// Its name.
+    pub name: String,
+    /// `placed` or `pending`.
+    pub state: String,
+    /// Where it runs, when placed.
+    pub machine: Option<String>,
+    /// The GPU indices it holds on that machine.
+    pub gpus: Vec<u32>,
+    /// When shared, the GB it takes on each of those GPUs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_shared_gb: Option<f64>,
+    /// When pending, why: one sentence per GPU or machine.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub pending_reasons: Vec<String>,
+    /// When placed but holding nothing now (its GPU left the inventory), why; its engine does not run.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub not_held: Option<String>,
+    /// What it asked for.
+    pub requested_resources: RequestedResources,
+    /// Its command, if any.
+    pub command: Option<String>,
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+    /// The revision to name when changing or deleting it.
+    pub revision: i64,
+    /// The catalog model it runs, for a model deployed on whole GPUs.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub model: Option<String>,
+}
+
+/// A catalog model that a worker runs on whole GPUs, with the deployment's own extra arguments.
+#[derive(Debug, Clone)]
+pub(crate) struct ModelRun {
+    /// The catalog model.
+    pub model: String,
+    /// Added to the model's arguments.
+    pub args: Vec<String>,
+}
+
+impl Fleet {
+    /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
+    pub async fn create_worker(
+        self: &Arc<Self>,
+        new: NewWorker,
+        actor: &str,
+    ) -> Result<WorkerView, ApiError> {
+        let actor = actor.to_owned();
+        self.write(|fleet| async move { fleet.accept_worker(new, None, &actor).await })
+            .await
+    }
+
+    /// Accepts a worker, under the write lock. One that runs a catalog model (`run`: a deployment on whole
+    /// GPUs) is placed at once or refused with its reasons, never left pending.
+    pub(crate) async fn accept_worker(
+        &self,
+        new: NewWorker,
+        run: Option<ModelRun>,
+        actor: &str,
+    ) -> Result<WorkerView, ApiError> {
+        check_name(&new.name)?;
+        super::groups::check_serving(&[], &new.env)?;
+        if let Some(command) = &new.command {
+            super::groups::check_text("command", command)?;
+        }
+        let request = WorkerRequest::from_wire(&new.requested_resources)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        let mut state = self.state.lock().await;
+        // A model runs in one place: in one group, or on whole GPUs once.
+        if let Some(run) = &run {
+            let committed = &state.committed;
+            if committed.model(&run.model).is_none() {
+                return Err(super::groups::no_model(&run.model));
+            }
+            if let Some(worker) = committed.whole_deployment(&run.model) {
+                return Err(ApiError::Conflict(format!(
+                    "{} runs on whole GPUs of {} already",
+                    run.model,
+                    worker
+                        .assignment
+                        .as_ref()
+                        .map_or("a machine", |a| a.machine.as_str())
+                )));
+            }
+            if let Some(group) = committed.group_of(&run.model) {
+                return Err(ApiError::Conflict(format!(
+                    "{} runs in group {} already",
+                    run.model, group.name
+                )));
+            }
+        }
+        if state.committed.worker(&new.name).is_some() {
+            return Err(ApiError::Conflict(match run {
+                Some(_) => format!(
+                    "a worker named {} exists; remove it before deploying the model on whole GPUs",
+                    new.name
+                ),
+                None => format!(
+                    "a worker named {} exists; choose another name, or delete it first",
+                    new.name
+                ),
+            }));
+        }
+        let (assignment, reasons) = match state.ledger.scheduler().decide(&request) {
+            Decision::Place(a) => (Some(a), Vec::new()),
+            Decision::Wait(r) if run.is_some() => {
+                let reasons: Vec<String> = r.iter().map(ToString::to_string).collect();
+                return Err(ApiError::Unprocessable(format!(
+                    "{} does not fit there: {}",
+                    new.name,
+                    reasons.join("; ")
+                )));
+            }
+            Decision::Wait(r) => (None, r.iter().map(ToString::to_string).collect::<Vec<_>>()),
+        };
+        let placed = if assignment.is_some() {
+            "placed"
+        } else {
+            "pending"
+        };
+        let mut tx = crate::db::write(&self.pool).await?;
+        sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons, model, args) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            .bind(&new.name)
+            .bind(json(&new.requested_resources)?)
+            .bind(&new.command)
+            .bind(json(&new.env)?)
+            .bind(placed)
+            .bind(assignment.as_ref().map(json).transpose()?)
+            .bind(json(&reasons)?)
+            .bind(run.as_ref().map(|r| r.model.as_str()))
+            .bind(json(&run.as_ref().map(|r| r.args.clone()).unwrap_or_default())?)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name)))?;
+        let (action, target) = match &run {
+            Some(run) => ("deploy", run.model.as_str()),
+            None => ("worker.create", new.name.as_str()),
+        };
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(actor, action, target)
+                .after(serde_json::json!({
+                    "requested_resources": new.requested_resources,
+                    "state": placed,
+                    "assignment": assignment,
+                    "pending_reasons": reasons,
+                }))
+                .revision(1)
+                .restarts(run.iter().map(|r| r.model.clone()).collect()),
+        )
+        .await?;
+        let inventory = state.ledger.inventory().clone();
+        self.finish(&mut state, tx, inventory, None).await?;
+        view(state.committed.worker(&new.name), &state.ledger)
+    }
+
+    /// One worker.
+    pub fn worker(&self, name: &str) -> Result<WorkerView, ApiError> {
+        self.views()
+            .workers
+            .iter()
+            .find(|w| w.name == name)
+            .cloned()
+            .ok_or_else(|| no_worker(name))
+    }
+
+    /// Every worker, oldest first.
+    pub fn workers(&self) -> Vec<WorkerView> {
+        self.views().workers.clone()
+    }
+
+    /// Ends a worker: its memory is free for the next, and pending work that now fits is placed, oldest
+    /// first. With `revision`, refuses (409) when the worker changed since that revision.
+    pub async fn delete_worker(
+        self: &Arc<Self>,
+        name: &str,
+        revision: Option<i64>,
+        actor: &str,
+    ) -> Result<(), ApiError> {
+        let (name, actor) = (name.to_owned(), actor.to_owned());
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            fleet.end_worker(&mut state, &name, revision, &actor).await
+        })
+        .await
+    }
+
+    /// [`Fleet::delete_worker`] under the write lock.
+    pub(super) async fn end_worker(
+        &self,
+        state: &mut State,
+        name: &str,
+        revision: Option<i64>,
+        actor: &str,
+    ) -> Result<(), ApiError> {
+        let worker = state
+            .committed
+            .worker(name)
+            .cloned()
+            .ok_or_else(|| no_worker(name))?;
+        if let Some(sent) = revision.filter(|r| *r != worker.revision) {
+            return Err(ApiError::Conflict(format!(
+                "worker {name} is at revision {}, not {sent}; read it again and retry",
+                worker.revision
+            )));
+        }
+        let mut tx = crate::db::write(&self.pool).await?;
+        sqlx::query("DELETE FROM workers WHERE name = ?")
+            .bind(name)
+            .execute(&mut *tx)
+            .await?;
+        let (action, target) = match &worker.model {
+            Some(model) => ("deployment.remove", model.clone()),
+            None => ("worker.delete", name.to_owned()),
+        };
+        let before = view(Some(&worker), &state.ledger)?;
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(actor, action, &target)
+                .before(serde_json::to_value(before).map_err(ApiError::internal)?)
+                .revision(worker.revision),
+        )
+        .await?;
+        let inventory = state.ledger.inventory().clone();
+        self.finish(state, tx, inventory, None).await
+    }
+}
+
+/// Places every pending worker that fits now, oldest first, and refreshes the reasons of the rest: in the
+/// transaction, in `committed` and in the ledger alike.
+pub(super) async fn place_pending(
+    ledger: &mut Ledger,
+    committed: &mut Committed,
+    tx: &mut sqlx::SqliteConnection,
+) -> Result<(), ApiError> {
+    for worker in committed
+        .workers
+        .iter_mut()
+        .filter(|w| w.assignment.is_none())
+    {
+        let request = WorkerRequest::from_wire(&worker.request)
+            .map_err(|e| ApiError::internal(format!("stored request of {}: {e}", worker.name)))?;
+        match ledger.scheduler().decide(&request) {
+            Decision::Place(assignment) => {
+                sqlx::query("UPDATE workers SET state = 'placed', assignment = ?, pending_reasons = '[]', revision = revision + 1 WHERE name = ?")
+                    .bind(json(&assignment)?)
+                    .bind(&worker.name)
+                    .execute(&mut *tx)
+                    .await?;
+                ledger
+                    .hold(&worker.name, assignment.clone())
+                    .map_err(ApiError::internal)?;
+                worker.assignment = Some(assignment);
+                worker.pending_reasons.clear();
+                worker.revision += 1;
+            }
+            Decision::Wait(reasons) => {
+                let reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+                // Most writes leave most pending workers' reasons as they were: write only a change.
+                if reasons != worker.pending_reasons {
+                    sqlx::query("UPDATE workers SET pending_reasons = ? WHERE name = ?")
+                        .bind(json(&reasons)?)
+                        .bind(&worker.name)
+                        .execute(&mut *tx)
+                        .await?;
+                    worker.pending_reasons = reasons;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Makes a placed worker wait again (the over-commit policy stopped it), in the transaction and in
+/// `committed`; [`place_pending`] then gives it its reasons.
+pub(super) async fn unplace(
+    tx: &mut sqlx::SqliteConnection,
+    committed: &mut Committed,
+    name: &str,
+    why: &str,
+) -> Result<(), ApiError> {
+    let reasons = vec![why.to_owned()];
+    sqlx::query("UPDATE workers SET state = 'pending', assignment = NULL, pending_reasons = ?, revision = revision + 1 WHERE name = ?")
+        .bind(json(&reasons)?)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(worker) = committed.workers.iter_mut().find(|w| w.name == name) {
+        worker.assignment = None;
+        worker.pending_reasons = reasons;
+        worker.revision += 1;
+    }
+    Ok(())
+}
+
+pub(super) fn no_worker(name: &str) -> ApiError {
+    ApiError::NotFound(format!("there is no worker named {name}"))
+}
+
+/// A worker as the API shows it, with what the ledger says of it.
+pub(super) fn view(worker: Option<&Worker>, ledger: &Ledger) -> Result<WorkerView, ApiError> {
+    let worker = worker.ok_or_else(|| ApiError::internal("a worker just written is gone"))?;
+    let assignment: Option<&Assignment> = worker.assignment.as_ref();
+    Ok(WorkerView {
+        name: worker.name.clone(),
+        state: if assignment.is_some() {
+            "placed"
+        } else {
+            "pending"
+        }
+        .to_owned(),
+        machine: assignment.map(|a| a.machine.clone()),
+        gpus: assignment.map(|a| a.gpus.clone()).unwrap_or_default(),
+        gpu_shared_gb: assignment
+            .and_then(|a| a.shared)
+            .map(placement::Bytes::as_gb_f64),
+        pending_reasons: worker.pending_reasons.clone(),
+        not_held: ledger.unplaced(&worker.name).map(str::to_owned),
+        requested_resources: worker.request.clone(),
+        command: worker.command.clone(),
+        env: worker.env.clone(),
+        revision: worker.revision,
+        model: worker.model.clone(),
+    })
+}
+
+/// JSON for a column.
+pub(super) fn json(value: &impl Serialize) -> Result<String, ApiError> {
+    serde_json::to_string(value).map_err(ApiError::internal)
+}
