@@ -8,7 +8,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use placement::{BasisPoints, Bytes, Gpu, Machine};
-use server::groups::Deploy;
+use server::fleet::groups::Deploy;
 use server::inventory::demo::{CatalogModel, Engine};
 use std::time::{Duration, Instant};
 use support::Bench;

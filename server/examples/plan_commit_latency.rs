@@ -5,7 +5,7 @@ mod support;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use server::groups::Deploy;
+use server::fleet::groups::Deploy;
 use server::inventory::demo::{demo_catalog, demo_fleet};
 use std::time::{Duration, Instant};
 use support::Bench;

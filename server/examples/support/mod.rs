@@ -14,6 +14,8 @@ use std::sync::Arc;
 pub struct Bench {
     /// The fleet.
     pub fleet: Arc<Fleet>,
+    /// The database.
+    pub pool: sqlx::SqlitePool,
     /// An operator's API token, sent as a script would.
     pub token: String,
     /// Kept for as long as the bench runs: the database is in it.
@@ -31,6 +33,7 @@ impl Bench {
             Fleet::open(
                 pool.clone(),
                 Inventory::new(machines)?,
+                None,
                 runtime,
                 Hosts::default(),
             )
@@ -51,6 +54,7 @@ impl Bench {
             .secret;
         Ok(Bench {
             fleet,
+            pool,
             token,
             _dir: dir,
         })
@@ -61,6 +65,7 @@ impl Bench {
         router(AppState::new(
             LeptosOptions::builder().output_name("tessera").build(),
             self.fleet.clone(),
+            self.pool.clone(),
         ))
     }
 }

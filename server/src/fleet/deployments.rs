@@ -17,7 +17,7 @@ pub(crate) enum Deployed {
     /// In a sharing group.
     Group(Group),
     /// On whole GPUs, as this worker.
-    Whole(Worker),
+    Whole(Box<Worker>),
 }
 
 /// `PUT /api/deployments/{model}/serving`: the whole serving configuration, read at `revision` (the
@@ -263,7 +263,7 @@ fn deployed(committed: &Committed, model: &str) -> Option<Deployed> {
     committed
         .whole_deployment(model)
         .cloned()
-        .map(Deployed::Whole)
+        .map(|w| Deployed::Whole(Box::new(w)))
 }
 
 fn not_deployed(model: &str) -> ApiError {
