@@ -42,7 +42,7 @@ memory_gb = 24
 "#;
 
 /// atlas: two 96 GB GPUs.
-const ATLAS: &str = r#"
+pub const ATLAS: &str = r#"
 [[machine]]
 name = "atlas"
 cpu_cores = 64

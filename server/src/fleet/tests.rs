@@ -3,7 +3,7 @@
 //! readings, restarts and cancelled requests.
 
 use crate::inventory::file::parse_inventory;
-use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, MAJIN};
+use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, ATLAS, MAJIN};
 use axum::http::{Method, StatusCode};
 use futures::FutureExt;
 use placement::Bytes;
@@ -46,23 +46,20 @@ fn member<'a>(groups: &'a Value, model: &str) -> &'a Value {
 }
 
 /// majin as read again with `held_outside_gb` held outside Tessera.
-fn majin_holding(gb: u64) -> placement::Machine {
+pub(super) fn majin_holding(gb: u64) -> placement::Machine {
     let mut majin = parse_inventory(MAJIN).unwrap().remove(0);
     majin.gpus[0].held_outside = Bytes::gb(gb);
     majin
 }
 
 /// atlas with only its GPU 0: GPU 1 has left the inventory.
-const ATLAS_WITHOUT_GPU_1: &str = r#"
-[[machine]]
-name = "atlas"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-"#;
+pub(super) fn atlas_without_gpu_1() -> String {
+    ATLAS
+        .split("[[machine.gpu]]")
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("[[machine.gpu]]")
+}
 
 #[tokio::test]
 async fn a_group_member_that_no_longer_fits_after_a_reading_stays_held_and_its_gpu_takes_no_new_work(
@@ -140,7 +137,7 @@ async fn a_group_whose_gpu_left_the_inventory_is_shown_not_held_and_the_server_s
     .await;
     assert_eq!(status, StatusCode::CREATED);
     let app = app
-        .restart_with(&format!("{MAJIN}{ATLAS_WITHOUT_GPU_1}"))
+        .restart_with(&format!("{MAJIN}{}", atlas_without_gpu_1()))
         .await;
     let (_, groups) = app.get("/api/groups").await;
     let glm = member(&groups, "glm-5.3");

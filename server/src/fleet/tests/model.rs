@@ -9,29 +9,13 @@
 //!
 //! `TESSERA_MODEL_CASES` sets how many sequences run (160 by default, of up to 40 steps each: about 3,200 steps).
 
-use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, MAJIN};
+use super::majin_holding;
+use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, ATLAS, MAJIN};
 use axum::http::{Method, StatusCode};
 use futures::FutureExt;
-use placement::Bytes;
 use proptest::prelude::*;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
-
-/// The fleet the sequences run on: majin (8 GB, 1 held outside) and atlas (two 96 GB GPUs).
-const ATLAS: &str = r#"
-[[machine]]
-name = "atlas"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-[[machine.gpu]]
-index = 1
-model = "NVIDIA RTX PRO 6000"
-memory_gb = 96
-"#;
 
 const GPUS: [&str; 3] = ["majin:0", "atlas:0", "atlas:1"];
 const MODELS: [&str; 3] = ["glm-5.3", "speech", "vision"];
@@ -126,14 +110,6 @@ async fn holds(app: &TestApp) -> Holds {
     out
 }
 
-fn majin_holding(gb: u8) -> placement::Machine {
-    let mut majin = crate::inventory::file::parse_inventory(MAJIN)
-        .unwrap()
-        .remove(0);
-    majin.gpus[0].held_outside = Bytes::gb(u64::from(gb));
-    majin
-}
-
 async fn group_revision(app: &TestApp) -> Option<(String, i64, Vec<String>)> {
     let (_, groups) = app.get("/api/groups").await;
     let g = groups.as_array()?.first()?;
@@ -224,17 +200,13 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
         }
         Step::ReadMajin { held_gb } => {
             app.fleet
-                .refresh_machine(majin_holding(*held_gb))
+                .refresh_machine(majin_holding(u64::from(*held_gb)))
                 .await
                 .unwrap();
         }
         Step::Restart { without_atlas_1 } => {
             let atlas = if *without_atlas_1 {
-                ATLAS
-                    .split("[[machine.gpu]]")
-                    .take(2)
-                    .collect::<Vec<_>>()
-                    .join("[[machine.gpu]]")
+                super::atlas_without_gpu_1()
             } else {
                 ATLAS.to_owned()
             };
