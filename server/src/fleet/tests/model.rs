@@ -291,8 +291,9 @@ proptest! {
 
     #[test]
     fn the_ledger_never_disagrees_with_what_was_committed(steps in prop::collection::vec(step(), 1..40)) {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
+        // One thread: the other tests of the binary share the two cores, and one of them renders pages
+        // under the server's 30 s request timeout.
+        let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
