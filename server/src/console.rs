@@ -162,14 +162,15 @@ impl ConsoleService {
         let system = self.fleet.system_models();
         let engines = self.fleet.runtime().engines();
         let mut rows = Vec::new();
-        for group in self.fleet.committed().groups.clone() {
+        let committed = self.fleet.committed();
+        for group in &committed.groups {
             for share in &group.members {
                 rows.push(ModelRow {
                     name: share.member.clone(),
                     group: Some(group.name.clone()),
                     share: Some(share.share),
                     whole_gpus: None,
-                    nodes: group_machines(&group),
+                    nodes: group_machines(group),
                     engines: engines
                         .iter()
                         .filter(|e| {
@@ -236,7 +237,8 @@ impl ConsoleService {
     }
 
     async fn node_rows(&self) -> Result<Vec<NodeRow>, ApiError> {
-        let groups = self.fleet.committed().groups.clone();
+        let committed = self.fleet.committed();
+        let groups = &committed.groups;
         let workers = self.fleet.workers();
         Ok(self
             .fleet
@@ -310,7 +312,7 @@ impl ConsoleService {
                     .map(|e| status(e.state)),
             })
             .collect();
-        for group in self.fleet.committed().groups.clone() {
+        for group in &self.fleet.committed().groups {
             let gpus: Vec<u32> = group
                 .gpus
                 .iter()
@@ -391,8 +393,9 @@ impl ConsoleService {
     }
 
     async fn options(&self) -> Result<DeployOptions, ApiError> {
-        let groups = self.fleet.committed().groups.clone();
-        let system = self.fleet.system_models();
+        let committed = self.fleet.committed();
+        let groups = &committed.groups;
+        let system = committed.system_models();
         let workers = self.fleet.workers();
         let catalog = self
             .fleet

@@ -59,7 +59,6 @@ struct State {
 }
 
 /// The read side, as of the last committed write.
-#[derive(Default)]
 struct Views {
     /// Every worker, oldest first.
     workers: Vec<WorkerView>,
@@ -90,12 +89,9 @@ impl Fleet {
         runtime: Arc<Runtime>,
         hosts: Hosts,
     ) -> Result<Fleet, ApiError> {
-        let committed = {
-            let mut conn = pool.acquire().await?;
-            Committed::load(&mut conn).await?
-        };
         let mut inventory = inventory;
         if let Some(local) = local {
+            let committed = Committed::load(&mut *pool.acquire().await?).await?;
             let ledger = Ledger::build(inventory.clone(), &committed);
             let machine = hosts.local.as_deref().unwrap_or_default();
             let ours = engines::ours(&ledger, machine, &runtime.recorded().await?);
@@ -110,25 +106,20 @@ impl Fleet {
                 Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
             }
         }
-        let ledger = Ledger::build(inventory.clone(), &committed);
+        let (committed, ledger) = Fleet::settle(crate::db::write(&pool).await?, inventory).await?;
+        let state = State {
+            committed: Arc::new(committed),
+            ledger,
+        };
+        let desired = engines::desired(&state.committed, &state.ledger, &hosts);
         let fleet = Fleet {
             pool,
             runtime,
             hosts,
-            state: Mutex::new(State {
-                committed: Arc::new(committed),
-                ledger,
-            }),
-            views: RwLock::default(),
+            views: RwLock::new(Arc::new(Views::of(&state.committed, &state.ledger))),
+            state: Mutex::new(state),
         };
-        {
-            let mut state = fleet.state.lock().await;
-            let tx = crate::db::write(&fleet.pool).await?;
-            let (committed, ledger) = fleet.settle(tx, inventory).await?;
-            fleet.install(&mut state, committed, ledger);
-            let desired = engines::desired(&state.committed, &state.ledger, &fleet.hosts);
-            fleet.runtime.submit(Change::Reconcile(desired));
-        }
+        fleet.runtime.submit(Change::Reconcile(desired));
         Ok(fleet)
     }
 
@@ -155,7 +146,6 @@ impl Fleet {
     /// lets the over-commit policy make room, places pending work that fits now, records who holds what,
     /// and commits. Nothing in memory changes here: the caller installs what this returns.
     async fn settle(
-        &self,
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Inventory,
     ) -> Result<(Committed, Ledger), ApiError> {
@@ -180,11 +170,10 @@ impl Fleet {
     /// (a group's plan change first, in its order; then every engine as committed). Cannot fail: the
     /// write is committed already.
     fn install(&self, state: &mut State, committed: Committed, ledger: Ledger) {
-        let committed = Arc::new(committed);
-        let views = Views::of(&committed, &ledger);
-        *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
-        state.committed = committed;
+        state.committed = Arc::new(committed);
         state.ledger = ledger;
+        let views = Views::of(&state.committed, &state.ledger);
+        *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
     }
 
     /// [`Fleet::settle`], [`Fleet::install`], then the runtime's orders: `plan` first, then every engine as
@@ -196,7 +185,7 @@ impl Fleet {
         inventory: Inventory,
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
-        let (committed, ledger) = self.settle(tx, inventory).await?;
+        let (committed, ledger) = Fleet::settle(tx, inventory).await?;
         self.install(state, committed, ledger);
         if let Some((group, revision, steps)) = plan {
             let members =
@@ -229,8 +218,9 @@ impl Fleet {
     }
 
     /// Checks the ledger against one rebuilt from what the database holds now: the same holds, the same
-    /// committed holders left unplaced. For tests and for a look from the outside; it reads the database.
-    pub async fn check_ledger(&self) -> Result<(), String> {
+    /// committed holders left unplaced. For the tests; it reads the database.
+    #[cfg(test)]
+    pub(crate) async fn check_ledger(&self) -> Result<(), String> {
         let state = self.state.lock().await;
         let mut conn = self.pool.acquire().await.map_err(|e| e.to_string())?;
         let stored = Committed::load(&mut conn)

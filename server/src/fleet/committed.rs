@@ -11,7 +11,7 @@ use placement::{Assignment, BasisPoints, RequestedResources, Share};
 use std::collections::BTreeMap;
 
 /// Everything committed.
-#[derive(Debug, Clone, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Committed {
     /// Every worker (seed 000's, and models on whole GPUs), oldest first.
     pub(crate) workers: Vec<Worker>,
@@ -81,6 +81,30 @@ impl Committed {
         self.workers
             .iter()
             .find(|w| w.model.as_deref() == Some(model))
+    }
+
+    /// The catalog model `name`, refused when it runs already: a model runs in one group, or on whole
+    /// GPUs once, never both.
+    pub(crate) fn undeployed_model(&self, name: &str) -> Result<&CatalogModel, ApiError> {
+        let model = self
+            .model(name)
+            .ok_or_else(|| super::groups::no_model(name))?;
+        if let Some(worker) = self.whole_deployment(name) {
+            return Err(ApiError::Conflict(format!(
+                "{name} runs on whole GPUs of {} already",
+                worker
+                    .assignment
+                    .as_ref()
+                    .map_or("a machine", |a| a.machine.as_str())
+            )));
+        }
+        if let Some(group) = self.group_of(name) {
+            return Err(ApiError::Conflict(format!(
+                "{name} runs in group {} already",
+                group.name
+            )));
+        }
+        Ok(model)
     }
 
     /// A catalog model by name.

@@ -302,25 +302,7 @@ impl Fleet {
             }
             let mut state = fleet.state.lock().await;
             let committed = state.committed.clone();
-            let model = committed
-                .model(&deploy.model)
-                .ok_or_else(|| no_model(&deploy.model))?;
-            if let Some(worker) = committed.whole_deployment(&model.name) {
-                return Err(ApiError::Conflict(format!(
-                    "{} runs on whole GPUs of {} already",
-                    model.name,
-                    worker
-                        .assignment
-                        .as_ref()
-                        .map_or("a machine", |a| a.machine.as_str())
-                )));
-            }
-            if let Some(g) = committed.group_of(&model.name) {
-                return Err(ApiError::Conflict(format!(
-                    "{} runs in group {} already",
-                    model.name, g.name
-                )));
-            }
+            let model = committed.undeployed_model(&deploy.model)?;
             let system = committed.system_models();
             let on_nodes: Vec<&str> = committed
                 .groups

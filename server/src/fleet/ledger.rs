@@ -132,6 +132,7 @@ impl Ledger {
     }
 
     /// Whether `other` holds exactly what this one does; else what differs, in words.
+    #[cfg(test)]
     pub(crate) fn same_as(&self, other: &Ledger) -> Result<(), String> {
         if self.scheduler.workers() != other.scheduler.workers() {
             return Err(format!(

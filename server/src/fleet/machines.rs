@@ -8,7 +8,7 @@ use super::workers::{view, WorkerView};
 use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::LocalGpus;
-use placement::{GpuRef, Hold, Machine};
+use placement::{GpuRef, Hold, Machine, Overcommit};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -16,11 +16,7 @@ use std::sync::Arc;
 impl Views {
     /// Every read view of `committed` as `ledger` holds it.
     pub(super) fn of(committed: &Arc<Committed>, ledger: &Ledger) -> Views {
-        let workers: Vec<WorkerView> = committed
-            .workers
-            .iter()
-            .filter_map(|w| view(Some(w), ledger).ok())
-            .collect();
+        let workers: Vec<WorkerView> = committed.workers.iter().map(|w| view(w, ledger)).collect();
         let mut by_machine: BTreeMap<String, Vec<&WorkerView>> = ledger
             .inventory()
             .machines()
@@ -40,11 +36,12 @@ impl Views {
                 (m, json.into())
             })
             .collect();
+        let overcommitted = ledger.scheduler().overcommitted();
         let machines = ledger
             .inventory()
             .machines()
             .iter()
-            .map(|m| machine_view(ledger, m))
+            .map(|m| machine_view(ledger, &overcommitted, m))
             .collect();
         Views {
             workers,
@@ -234,9 +231,12 @@ pub struct SharerView {
     pub bytes: u64,
 }
 
-fn machine_view(ledger: &Ledger, machine: &placement::Machine) -> MachineView {
+fn machine_view(
+    ledger: &Ledger,
+    overcommitted: &[Overcommit],
+    machine: &placement::Machine,
+) -> MachineView {
     let scheduler = ledger.scheduler();
-    let overcommitted = scheduler.overcommitted();
     let (cpu_used, memory_used) = scheduler.machine_use(&machine.name).unwrap_or_default();
     MachineView {
         name: machine.name.clone(),

@@ -96,28 +96,8 @@ impl Fleet {
         let request = WorkerRequest::from_wire(&new.requested_resources)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
         let mut state = self.state.lock().await;
-        // A model runs in one place: in one group, or on whole GPUs once.
         if let Some(run) = &run {
-            let committed = &state.committed;
-            if committed.model(&run.model).is_none() {
-                return Err(super::groups::no_model(&run.model));
-            }
-            if let Some(worker) = committed.whole_deployment(&run.model) {
-                return Err(ApiError::Conflict(format!(
-                    "{} runs on whole GPUs of {} already",
-                    run.model,
-                    worker
-                        .assignment
-                        .as_ref()
-                        .map_or("a machine", |a| a.machine.as_str())
-                )));
-            }
-            if let Some(group) = committed.group_of(&run.model) {
-                return Err(ApiError::Conflict(format!(
-                    "{} runs in group {} already",
-                    run.model, group.name
-                )));
-            }
+            state.committed.undeployed_model(&run.model)?;
         }
         if state.committed.worker(&new.name).is_some() {
             return Err(ApiError::Conflict(match run {
@@ -181,7 +161,11 @@ impl Fleet {
         .await?;
         let inventory = state.ledger.inventory().clone();
         self.finish(&mut state, tx, inventory, None).await?;
-        view(state.committed.worker(&new.name), &state.ledger)
+        state
+            .committed
+            .worker(&new.name)
+            .map(|w| view(w, &state.ledger))
+            .ok_or_else(|| no_worker(&new.name))
     }
 
     /// One worker.
@@ -243,7 +227,7 @@ impl Fleet {
             Some(model) => ("deployment.remove", model.clone()),
             None => ("worker.delete", name.to_owned()),
         };
-        let before = view(Some(&worker), &state.ledger)?;
+        let before = view(&worker, &state.ledger);
         crate::audit::record(
             &mut tx,
             crate::audit::Entry::new(actor, action, &target)
@@ -328,10 +312,9 @@ pub(super) fn no_worker(name: &str) -> ApiError {
 }
 
 /// A worker as the API shows it, with what the ledger says of it.
-pub(super) fn view(worker: Option<&Worker>, ledger: &Ledger) -> Result<WorkerView, ApiError> {
-    let worker = worker.ok_or_else(|| ApiError::internal("a worker just written is gone"))?;
+pub(super) fn view(worker: &Worker, ledger: &Ledger) -> WorkerView {
     let assignment: Option<&Assignment> = worker.assignment.as_ref();
-    Ok(WorkerView {
+    WorkerView {
         name: worker.name.clone(),
         state: if assignment.is_some() {
             "placed"
@@ -351,7 +334,7 @@ pub(super) fn view(worker: Option<&Worker>, ledger: &Ledger) -> Result<WorkerVie
         env: worker.env.clone(),
         revision: worker.revision,
         model: worker.model.clone(),
-    })
+    }
 }
 
 /// JSON for a column.
