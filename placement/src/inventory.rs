@@ -2,7 +2,6 @@
 
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -36,7 +35,7 @@ impl fmt::Display for GpuRef {
     }
 }
 
-/// A GPU named in a form other than `machine:index`, or named twice in one list.
+/// A GPU named in a form other than `machine:index`, a choice of no GPU, or a GPU chosen twice.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum GpuRefError {
     /// No `:` between a machine and an index.
@@ -50,7 +49,20 @@ pub enum GpuRefError {
         "GPU \"{0}\": after the ':' give the GPU's index on its machine in digits, such as majin:0"
     )]
     BadIndex(String),
-    /// Two entries of one list name the same GPU.
+    /// No GPU at all.
+    #[error("choose at least one GPU, such as \"gpus\": [\"majin:0\"]")]
+    NoGpu,
+    /// The same GPU twice in one choice.
+    #[error("{gpu} is chosen twice; choose each GPU once")]
+    ChosenTwice {
+        /// The GPU.
+        gpu: GpuRef,
+        /// Where it stands first in the choice.
+        first: usize,
+        /// Where it stands again.
+        again: usize,
+    },
+    /// Two entries of one list name the same GPU: [`GpuRefError::ChosenTwice`] in the words written.
     #[error("{}", listed_twice(first, again, gpu))]
     ListedTwice {
         /// The entry that named it first, as written.
@@ -92,22 +104,48 @@ impl FromStr for GpuRef {
 }
 
 /// Reads a list of `machine:index` names in order, refusing one that is malformed or names a GPU named before.
-pub fn parse_gpu_list(ids: &[String]) -> Result<Vec<GpuRef>, GpuRefError> {
-    let mut seen: BTreeMap<GpuRef, &String> = BTreeMap::new();
-    let mut gpus = Vec::with_capacity(ids.len());
-    for id in ids {
-        let gpu: GpuRef = id.parse()?;
-        if let Some(first) = seen.get(&gpu) {
-            return Err(GpuRefError::ListedTwice {
-                first: (*first).clone(),
-                again: id.clone(),
-                gpu,
-            });
+pub fn parse_gpu_list(ids: &[String]) -> Result<GpuChoice, GpuRefError> {
+    let gpus = ids
+        .iter()
+        .map(|id| id.parse())
+        .collect::<Result<Vec<GpuRef>, _>>()?;
+    GpuChoice::new(gpus).map_err(|e| match e {
+        GpuRefError::ChosenTwice { gpu, first, again } => GpuRefError::ListedTwice {
+            first: ids[first].clone(),
+            again: ids[again].clone(),
+            gpu,
+        },
+        other => other,
+    })
+}
+
+/// The GPUs chosen for one deployment: at least one, each once, in the order chosen. The REST API reads
+/// one from `machine:index` names ([`parse_gpu_list`]); the console builds one from the GPUs it shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuChoice(Vec<GpuRef>);
+
+impl GpuChoice {
+    /// `gpus` as a choice, refused when empty or when it names a GPU twice.
+    pub fn new(gpus: Vec<GpuRef>) -> Result<GpuChoice, GpuRefError> {
+        if gpus.is_empty() {
+            return Err(GpuRefError::NoGpu);
         }
-        seen.insert(gpu.clone(), id);
-        gpus.push(gpu);
+        for (again, gpu) in gpus.iter().enumerate() {
+            if let Some(first) = gpus[..again].iter().position(|g| g == gpu) {
+                return Err(GpuRefError::ChosenTwice {
+                    gpu: gpu.clone(),
+                    first,
+                    again,
+                });
+            }
+        }
+        Ok(GpuChoice(gpus))
     }
-    Ok(gpus)
+
+    /// The GPUs, in the order chosen.
+    pub fn gpus(&self) -> &[GpuRef] {
+        &self.0
+    }
 }
 
 /// A GPU as the inventory sees it.
@@ -366,10 +404,10 @@ mod tests {
     fn a_list_of_gpus_is_read_in_order() {
         let ids = ["node:1".to_owned(), "atlas:0".to_owned()];
         assert_eq!(
-            parse_gpu_list(&ids),
-            Ok(vec![GpuRef::new("node", 1), GpuRef::new("atlas", 0)])
+            parse_gpu_list(&ids).unwrap().gpus(),
+            [GpuRef::new("node", 1), GpuRef::new("atlas", 0)]
         );
-        assert_eq!(parse_gpu_list(&[]), Ok(Vec::new()));
+        assert_eq!(parse_gpu_list(&[]), Err(GpuRefError::NoGpu));
         let bad = ["node:1".to_owned(), "atlas".to_owned()];
         assert_eq!(
             parse_gpu_list(&bad),
@@ -401,6 +439,24 @@ mod tests {
         assert_eq!(
             parse_gpu_list(&same).unwrap_err().to_string(),
             "\"node:1\" is listed twice; list each GPU once"
+        );
+    }
+
+    #[test]
+    fn a_choice_of_gpus_has_at_least_one_and_each_once() {
+        let atlas0 = GpuRef::new("atlas", 0);
+        assert_eq!(
+            GpuChoice::new(Vec::new()).unwrap_err().to_string(),
+            "choose at least one GPU, such as \"gpus\": [\"majin:0\"]"
+        );
+        let twice = GpuChoice::new(vec![atlas0.clone(), GpuRef::new("node", 1), atlas0.clone()]);
+        assert_eq!(
+            twice.unwrap_err().to_string(),
+            "GPU 0 of atlas is chosen twice; choose each GPU once"
+        );
+        assert_eq!(
+            GpuChoice::new(vec![atlas0.clone()]).unwrap().gpus(),
+            [atlas0]
         );
     }
 

@@ -25,7 +25,9 @@ mod testing;
 pub use group::{
     check_new_group, choose_group, group_gpus, member_assignments, GroupChoice, GroupError,
 };
-pub use inventory::{parse_gpu_list, Gpu, GpuRef, GpuRefError, Inventory, InventoryError, Machine};
+pub use inventory::{
+    parse_gpu_list, Gpu, GpuChoice, GpuRef, GpuRefError, Inventory, InventoryError, Machine,
+};
 pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
 pub use reason::PendingReason;
 pub use request::{

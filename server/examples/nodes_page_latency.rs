@@ -8,7 +8,8 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use placement::{BasisPoints, Bytes, Gpu, Machine};
-use server::fleet::groups::Deploy;
+use placement::{GpuChoice, GpuRef};
+use server::fleet::groups::{DeployCommand, Serving, Sharing};
 use server::inventory::demo::{CatalogModel, Engine};
 use std::time::{Duration, Instant};
 use support::Bench;
@@ -63,15 +64,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .map_err(|e| e.to_string())?;
             fleet
                 .deploy(
-                    Deploy {
+                    DeployCommand {
                         model: name,
-                        gpus: vec![format!("node-{n:03}:0"), format!("node-{n:03}:1")],
-                        shared: true,
-                        share: None,
-                        shares: Default::default(),
-                        revision: (i > 0).then_some(i as i64),
-                        args: Vec::new(),
-                        env: Default::default(),
+                        gpus: GpuChoice::new(vec![
+                            GpuRef::new(format!("node-{n:03}"), 0),
+                            GpuRef::new(format!("node-{n:03}"), 1),
+                        ])?,
+                        sharing: Sharing::Shared {
+                            share: None,
+                            shares: Default::default(),
+                            revision: (i > 0).then_some(i as i64),
+                        },
+                        serving: Serving::default(),
                     },
                     "bench",
                 )

@@ -8,7 +8,8 @@ mod support;
 
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
-use server::fleet::groups::Deploy;
+use placement::{BasisPoints, GpuChoice, GpuRef};
+use server::fleet::groups::{DeployCommand, Serving, Sharing};
 use server::inventory::demo::{demo_catalog, demo_fleet};
 use std::time::{Duration, Instant};
 use support::Bench;
@@ -24,22 +25,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .seed_catalog(&demo_catalog())
         .await
         .map_err(|e| e.to_string())?;
-    let deploy = |model: &str, revision: Option<i64>| Deploy {
-        model: model.to_owned(),
-        gpus: vec!["atlas:0".to_owned()],
-        shared: true,
-        share: Some(30.0),
-        shares: Default::default(),
-        revision,
-        args: Vec::new(),
-        env: Default::default(),
+    let deploy = |model: &str, revision: Option<i64>| {
+        Ok::<_, placement::GpuRefError>(DeployCommand {
+            model: model.to_owned(),
+            gpus: GpuChoice::new(vec![GpuRef::new("atlas", 0)])?,
+            sharing: Sharing::Shared {
+                share: Some(BasisPoints(3000)),
+                shares: Default::default(),
+                revision,
+            },
+            serving: Serving::default(),
+        })
     };
     fleet
-        .deploy(deploy("glm-5.3", None), "bench")
+        .deploy(deploy("glm-5.3", None)?, "bench")
         .await
         .map_err(|e| e.to_string())?;
     fleet
-        .deploy(deploy("vision", Some(1)), "bench")
+        .deploy(deploy("vision", Some(1))?, "bench")
         .await
         .map_err(|e| e.to_string())?;
     let token = &bench.token;

@@ -2,8 +2,8 @@
 
 use crate::auth::Actor;
 use crate::error::ApiError;
-use crate::fleet::deployments::{ServingChange, ServingUpdate};
-use crate::fleet::groups::{Deploy, GroupView, PlanChange, PlanUpdate};
+use crate::fleet::deployments::ServingChange;
+use crate::fleet::groups::{DeployCommand, GroupView, PlanChange, PlanCommand, Serving, Sharing};
 use crate::fleet::{MachineView, NewWorker, WorkerView};
 use crate::inventory::demo::CatalogModel;
 use crate::runtime::EngineView;
@@ -14,8 +14,9 @@ use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
-use placement::{judge, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
+use placement::{judge, BasisPoints, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
 #[derive(FromRequest)]
@@ -381,6 +382,7 @@ async fn change_plan(
     Path(name): Path<String>,
     ApiJson(update): ApiJson<PlanUpdate>,
 ) -> Result<Json<PlanChange>, ApiError> {
+    let update = update.parse()?;
     Ok(Json(
         state.fleet.change_plan(&name, update, &actor.name).await?,
     ))
@@ -391,6 +393,7 @@ async fn deploy(
     Actor(actor): Actor,
     ApiJson(deploy): ApiJson<Deploy>,
 ) -> Result<(StatusCode, Json<PlanChange>), ApiError> {
+    let deploy = deploy.parse()?;
     Ok((
         StatusCode::CREATED,
         Json(state.fleet.deploy(deploy, &actor.name).await?),
@@ -435,7 +438,7 @@ async fn change_serving(
     Ok(Json(
         state
             .fleet
-            .change_serving(&model, update, &actor.name)
+            .change_serving(&model, update.revision, update.serving(), &actor.name)
             .await?,
     ))
 }
@@ -465,14 +468,125 @@ struct PlanMemberRequest {
 }
 
 /// A GPU named as `machine:index`.
-pub(crate) fn parse_gpu_ref(id: &str) -> Result<GpuRef, ApiError> {
-    id.split_once(':')
-        .and_then(|(m, i)| Some(GpuRef::new(m, i.parse().ok()?)))
-        .ok_or_else(|| {
-            ApiError::Unprocessable(format!(
-                "GPU {id:?}: name it as machine:index, such as majin:0"
-            ))
+/// A GPU named `machine:index`.
+fn parse_gpu_ref(id: &str) -> Result<GpuRef, ApiError> {
+    id.parse()
+        .map_err(|e: placement::GpuRefError| ApiError::Unprocessable(e.to_string()))
+}
+
+/// `POST /api/deployments`: a catalog model onto a share of the chosen GPUs.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deploy {
+    /// The catalog model.
+    pub model: String,
+    /// The GPUs, as `machine:index`.
+    pub gpus: Vec<String>,
+    /// Share the GPUs with a group (the default), or take them whole (`false`: one machine's GPUs).
+    #[serde(default = "sharing_by_default")]
+    pub shared: bool,
+    /// Its share, percent; the catalog's default share when absent.
+    #[serde(default)]
+    pub share: Option<f64>,
+    /// New shares for other members of the group it joins, percent.
+    #[serde(default)]
+    pub shares: BTreeMap<String, f64>,
+    /// The revision of the group it joins; required when it joins one.
+    #[serde(default)]
+    pub revision: Option<i64>,
+    /// Serving configuration: arguments added to the model's recipe.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Serving configuration: environment variables added to the model's recipe.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+/// `PUT /api/groups/{name}/plan`: every member's share, against the revision it was read at.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanUpdate {
+    /// The revision the plan was read at.
+    pub revision: i64,
+    /// Each member's share, percent. A member left out has no explicit share, which the verdict refuses.
+    pub shares: BTreeMap<String, f64>,
+}
+
+/// `PUT /api/deployments/{model}/serving`: the whole serving configuration, read at `revision` (the
+/// group's, or the worker's for a model on whole GPUs).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServingUpdate {
+    /// The revision it was read at.
+    pub revision: i64,
+    /// Extra arguments for its engine.
+    #[serde(default)]
+    pub args: Vec<String>,
+    /// Extra environment variables for its engine.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+fn sharing_by_default() -> bool {
+    true
+}
+
+/// A share in percent from a request, read once into basis points.
+fn percent(share: f64, whose: &str) -> Result<BasisPoints, ApiError> {
+    BasisPoints::from_percent(share).map_err(|e| {
+        ApiError::Unprocessable(format!(
+            "the share of {whose} {e}; give a percentage such as 33.33"
+        ))
+    })
+}
+
+/// Shares in percent from a request, read once into basis points.
+fn percents(shares: BTreeMap<String, f64>) -> Result<BTreeMap<String, BasisPoints>, ApiError> {
+    shares
+        .into_iter()
+        .map(|(member, p)| {
+            let share = percent(p, &member)?;
+            Ok((member, share))
         })
+        .collect()
+}
+
+impl Deploy {
+    /// The deploy as the fleet takes it: GPUs, shares and sharing read once.
+    pub fn parse(self) -> Result<DeployCommand, ApiError> {
+        let gpus = placement::parse_gpu_list(&self.gpus)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        let share = self.share.map(|p| percent(p, &self.model)).transpose()?;
+        Ok(DeployCommand {
+            sharing: Sharing::new(self.shared, share, percents(self.shares)?, self.revision)?,
+            model: self.model,
+            gpus,
+            serving: Serving {
+                args: self.args,
+                env: self.env,
+            },
+        })
+    }
+}
+
+impl PlanUpdate {
+    /// The plan change as the fleet takes it, its shares read once.
+    pub fn parse(self) -> Result<PlanCommand, ApiError> {
+        Ok(PlanCommand {
+            revision: self.revision,
+            shares: percents(self.shares)?,
+        })
+    }
+}
+
+impl ServingUpdate {
+    /// The serving configuration it sets.
+    pub fn serving(self) -> Serving {
+        Serving {
+            args: self.args,
+            env: self.env,
+        }
+    }
 }
 
 /// The verdict as scripts read it.
@@ -537,10 +651,7 @@ async fn validate_plan(
 ) -> Result<Json<VerdictView>, ApiError> {
     let mut members = Vec::with_capacity(plan.members.len());
     for m in &plan.members {
-        let share = m
-            .share
-            .map(|p| crate::fleet::groups::percent(p, &m.name))
-            .transpose()?;
+        let share = m.share.map(|p| percent(p, &m.name)).transpose()?;
         members.push(PlanMember {
             name: m.name.clone(),
             share,

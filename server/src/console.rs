@@ -3,8 +3,10 @@
 //! the REST API and the console change the fleet through the same code.
 
 use crate::error::ApiError;
-use crate::fleet::deployments::{Deployed, ServingUpdate};
-use crate::fleet::groups::{Deploy, Group, PlanChange, PlanUpdate};
+use crate::fleet::deployments::Deployed;
+use crate::fleet::groups::{
+    DeployCommand, Group, PlanChange, PlanCommand, Serving as FleetServing, Sharing,
+};
 use crate::fleet::{Fleet, GpuView, MachineView, WorkerView};
 use crate::runtime::{EngineState, EngineView, StepStatus};
 use crate::{accounts, audit};
@@ -17,7 +19,7 @@ use app::views::{
     NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine, PlanProgress, Serving, ServingForm,
     Sharer, SharingForm, StepLine, StepState, WorkerLine,
 };
-use placement::{BasisPoints, Bytes, GpuRef, Grouping, PlanMember, UsageReport};
+use placement::{BasisPoints, Bytes, GpuChoice, GpuRef, Grouping, PlanMember, UsageReport};
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -501,13 +503,6 @@ fn outcome(change: PlanChange) -> ChangeOutcome {
     }
 }
 
-fn percents(shares: Vec<(String, BasisPoints)>) -> BTreeMap<String, f64> {
-    shares
-        .into_iter()
-        .map(|(name, share)| (name, share.as_percent_f64()))
-        .collect()
-}
-
 impl Console for ConsoleService {
     fn models(&self) -> Answer<'_, Vec<ModelRow>> {
         Box::pin(async move { self.model_rows().await.map_err(app_error) })
@@ -531,19 +526,21 @@ impl Console for ConsoleService {
 
     fn deploy(&self, actor: Caller, request: DeployRequest) -> Answer<'_, ChangeOutcome> {
         Box::pin(async move {
-            let deploy = Deploy {
+            let sharing = Sharing::new(
+                request.shared,
+                request.share,
+                request.shares.into_iter().collect(),
+                request.revision,
+            );
+            let deploy = DeployCommand {
                 model: request.model,
-                gpus: request
-                    .gpus
-                    .iter()
-                    .map(|g| format!("{}:{}", g.machine, g.index))
-                    .collect(),
-                shared: request.shared,
-                share: request.share.map(BasisPoints::as_percent_f64),
-                shares: percents(request.shares),
-                revision: request.revision,
-                args: request.serving.args,
-                env: env_map(request.serving.env).map_err(app_error)?,
+                gpus: GpuChoice::new(request.gpus)
+                    .map_err(|e| app_error(ApiError::Unprocessable(e.to_string())))?,
+                sharing: sharing.map_err(app_error)?,
+                serving: FleetServing {
+                    args: request.serving.args,
+                    env: env_map(request.serving.env).map_err(app_error)?,
+                },
             };
             self.fleet
                 .deploy(deploy, &actor.name)
@@ -565,9 +562,9 @@ impl Console for ConsoleService {
         shares: Vec<(String, BasisPoints)>,
     ) -> Answer<'_, ChangeOutcome> {
         Box::pin(async move {
-            let update = PlanUpdate {
+            let update = PlanCommand {
                 revision,
-                shares: percents(shares),
+                shares: shares.into_iter().collect(),
             };
             self.fleet
                 .change_plan(&group, update, &actor.name)
@@ -589,14 +586,13 @@ impl Console for ConsoleService {
         serving: Serving,
     ) -> Answer<'_, ChangeOutcome> {
         Box::pin(async move {
-            let update = ServingUpdate {
-                revision,
+            let serving = FleetServing {
                 args: serving.args,
                 env: env_map(serving.env).map_err(app_error)?,
             };
             let change = self
                 .fleet
-                .change_serving(&model, update, &actor.name)
+                .change_serving(&model, revision, serving, &actor.name)
                 .await
                 .map_err(app_error)?;
             Ok(ChangeOutcome {

@@ -2,7 +2,9 @@
 //! that names its model). Removing one, and changing its serving configuration, which restarts it alone.
 
 use super::committed::{Committed, Worker};
-use super::groups::{check_revision, check_serving, Deploy, Group, Note, PlanChange};
+use super::groups::{
+    check_revision, check_serving, DeployCommand, Group, Note, PlanChange, Serving,
+};
 use super::workers::{ModelRun, NewWorker};
 use super::{check_name, Fleet};
 use crate::audit::Entry;
@@ -18,21 +20,6 @@ pub(crate) enum Deployed {
     Group(Group),
     /// On whole GPUs, as this worker.
     Whole(Box<Worker>),
-}
-
-/// `PUT /api/deployments/{model}/serving`: the whole serving configuration, read at `revision` (the
-/// group's, or the worker's for a model on whole GPUs).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServingUpdate {
-    /// The revision it was read at.
-    pub revision: i64,
-    /// Extra arguments for its engine.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Extra environment variables for its engine.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
 }
 
 /// What a change of serving configuration does.
@@ -73,15 +60,10 @@ impl Fleet {
     /// GPUs chosen, placed at once or refused with the reasons. Inside [`Fleet::write`].
     pub(crate) async fn deploy_whole(
         &self,
-        deploy: &Deploy,
-        chosen: &[GpuRef],
+        deploy: &DeployCommand,
         actor: &str,
     ) -> Result<PlanChange, ApiError> {
-        if deploy.share.is_some() || !deploy.shares.is_empty() || deploy.revision.is_some() {
-            return Err(ApiError::Unprocessable(
-                "a deploy on whole GPUs takes no share, shares or revision; leave them out, or deploy with \"shared\": true".to_owned(),
-            ));
-        }
+        let chosen = deploy.gpus.gpus();
         if chosen.iter().any(|g| g.machine != chosen[0].machine) {
             return Err(ApiError::Unprocessable(
                 "a model on whole GPUs runs on one machine: choose GPUs of one node".to_owned(),
@@ -100,11 +82,11 @@ impl Fleet {
                 }),
             },
             command: None,
-            env: deploy.env.clone(),
+            env: deploy.serving.env.clone(),
         };
         let run = ModelRun {
             model: deploy.model.clone(),
-            args: deploy.args.clone(),
+            args: deploy.serving.args.clone(),
         };
         let worker = self.accept_worker(new, Some(run), actor).await?;
         let on: Vec<String> = worker
@@ -187,21 +169,22 @@ impl Fleet {
     pub async fn change_serving(
         self: &Arc<Self>,
         model: &str,
-        update: ServingUpdate,
+        revision: i64,
+        serving: Serving,
         actor: &str,
     ) -> Result<ServingChange, ApiError> {
-        check_serving(&update.args, &update.env)?;
+        check_serving(&serving.args, &serving.env)?;
         let (model, actor) = (model.to_owned(), actor.to_owned());
         self.write(|fleet| async move {
-            let args = serde_json::to_string(&update.args).map_err(ApiError::internal)?;
-            let env = serde_json::to_string(&update.env).map_err(ApiError::internal)?;
+            let args = serde_json::to_string(&serving.args).map_err(ApiError::internal)?;
+            let env = serde_json::to_string(&serving.env).map_err(ApiError::internal)?;
             let mut state = fleet.state.lock().await;
             let (before_args, before_env) = fleet.serving_of(&model)?;
             let mut tx = crate::db::write(&fleet.pool).await?;
-            let (group, revision) =
+            let (group, new_revision) =
                 match deployed(&state.committed, &model).ok_or_else(|| not_deployed(&model))? {
                     Deployed::Group(group) => {
-                        check_revision(&group, Some(update.revision))?;
+                        check_revision(&group, Some(revision))?;
                         sqlx::query("UPDATE group_members SET args = ?, env = ? WHERE model = ?")
                             .bind(&args)
                             .bind(&env)
@@ -215,10 +198,10 @@ impl Fleet {
                         (Some(group.name), group.revision + 1)
                     }
                     Deployed::Whole(worker) => {
-                        if worker.revision != update.revision {
+                        if worker.revision != revision {
                             return Err(ApiError::Conflict(format!(
                                 "{model} is at revision {}, not {}; read it again and retry",
-                                worker.revision, update.revision
+                                worker.revision, revision
                             )));
                         }
                         sqlx::query(
@@ -236,8 +219,8 @@ impl Fleet {
                 &mut tx,
                 Entry::new(&actor, "serving.change", &model)
                     .before(serde_json::json!({ "args": before_args, "env": before_env }))
-                    .after(serde_json::json!({ "args": update.args, "env": update.env }))
-                    .revision(revision)
+                    .after(serde_json::json!({ "args": serving.args, "env": serving.env }))
+                    .revision(new_revision)
                     .restarts(vec![model.clone()]),
             )
             .await?;
@@ -248,7 +231,7 @@ impl Fleet {
                 restarts: vec![model.clone()],
                 model,
                 group,
-                revision,
+                revision: new_revision,
             })
         })
         .await

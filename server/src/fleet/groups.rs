@@ -8,8 +8,8 @@ use crate::error::ApiError;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::{EngineState, Progress};
 use placement::{
-    choose_group, judge, transition, BasisPoints, GpuRef, GroupChoice, GroupGpu, Hold, PlanMember,
-    Restart, Scheduler, Share, Step,
+    choose_group, judge, transition, BasisPoints, GpuChoice, GpuRef, GroupChoice, GroupGpu, Hold,
+    PlanMember, Restart, Scheduler, Share, Step,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -83,32 +83,69 @@ pub struct PlanChange {
     pub warning: Option<String>,
 }
 
-/// `POST /api/deployments`: a catalog model onto a share of the chosen GPUs.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Deploy {
+/// A deploy as the fleet takes it, every field already read: the REST API parses one from its body, the
+/// console builds one from the wizard's typed fields.
+#[derive(Debug, Clone)]
+pub struct DeployCommand {
     /// The catalog model.
     pub model: String,
-    /// The GPUs, as `machine:index`.
-    pub gpus: Vec<String>,
-    /// Share the GPUs with a group (the default), or take them whole (`false`: one machine's GPUs).
-    #[serde(default = "sharing_by_default")]
-    pub shared: bool,
-    /// Its share, percent; the catalog's default share when absent.
-    #[serde(default)]
-    pub share: Option<f64>,
-    /// New shares for other members of the group it joins, percent.
-    #[serde(default)]
-    pub shares: BTreeMap<String, f64>,
-    /// The revision of the group it joins; required when it joins one.
-    #[serde(default)]
-    pub revision: Option<i64>,
-    /// Serving configuration: arguments added to the model's recipe.
-    #[serde(default)]
-    pub args: Vec<String>,
-    /// Serving configuration: environment variables added to the model's recipe.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
+    /// The GPUs chosen.
+    pub gpus: GpuChoice,
+    /// A share of a group's GPUs, or GPUs whole.
+    pub sharing: Sharing,
+    /// The deployment's own serving configuration.
+    pub serving: Serving,
+}
+
+/// How a deployed model takes its GPUs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Sharing {
+    /// A share of each GPU, in the group that runs there or in a new one.
+    Shared {
+        /// Its share; the catalog's default share when none.
+        share: Option<BasisPoints>,
+        /// New shares for other members of the group it joins.
+        shares: BTreeMap<String, BasisPoints>,
+        /// The revision of the group it joins; required when it joins one.
+        revision: Option<i64>,
+    },
+    /// The GPUs whole, all of one machine.
+    Whole,
+}
+
+impl Sharing {
+    /// The sharing a deploy asks for: with `shared` off it takes GPUs whole, and then no share, shares or
+    /// revision belong to it.
+    pub fn new(
+        shared: bool,
+        share: Option<BasisPoints>,
+        shares: BTreeMap<String, BasisPoints>,
+        revision: Option<i64>,
+    ) -> Result<Sharing, ApiError> {
+        if shared {
+            return Ok(Sharing::Shared {
+                share,
+                shares,
+                revision,
+            });
+        }
+        if share.is_some() || !shares.is_empty() || revision.is_some() {
+            return Err(ApiError::Unprocessable(
+                "a deploy on whole GPUs takes no share, shares or revision; leave them out, or deploy with \"shared\": true".to_owned(),
+            ));
+        }
+        Ok(Sharing::Whole)
+    }
+}
+
+/// A plan change as the fleet takes it: every member's share, against the revision it was read at. A
+/// member left out has no explicit share, which the verdict refuses.
+#[derive(Debug, Clone)]
+pub struct PlanCommand {
+    /// The revision the plan was read at.
+    pub revision: i64,
+    /// Each member's share.
+    pub shares: BTreeMap<String, BasisPoints>,
 }
 
 /// Who makes a plan change and what it is, for the audit log.
@@ -128,25 +165,13 @@ impl<'a> Note<'a> {
     }
 }
 
-fn sharing_by_default() -> bool {
-    true
-}
-
 /// A deployment's own serving configuration.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct Serving {
-    pub(crate) args: Vec<String>,
-    pub(crate) env: BTreeMap<String, String>,
-}
-
-/// `PUT /api/groups/{name}/plan`: every member's share, against the revision it was read at.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PlanUpdate {
-    /// The revision the plan was read at.
-    pub revision: i64,
-    /// Each member's share, percent. A member left out has no explicit share, which the verdict refuses.
-    pub shares: BTreeMap<String, f64>,
+pub struct Serving {
+    /// Arguments added to the model's recipe.
+    pub args: Vec<String>,
+    /// Environment variables added to the model's recipe.
+    pub env: BTreeMap<String, String>,
 }
 
 /// A group as stored.
@@ -179,15 +204,6 @@ pub(crate) fn sharer(holder: &str) -> (&str, Option<&str>) {
 
 fn holder_prefix(group: &str) -> String {
     format!("group:{group}/")
-}
-
-/// A share in percent from a request, read once into basis points.
-pub(crate) fn percent(share: f64, whose: &str) -> Result<BasisPoints, ApiError> {
-    BasisPoints::from_percent(share).map_err(|e| {
-        ApiError::Unprocessable(format!(
-            "the share of {whose} {e}; give a percentage such as 33.33"
-        ))
-    })
 }
 
 pub(crate) fn engine_name(engine: Engine) -> &'static str {
@@ -257,7 +273,7 @@ impl Fleet {
     pub async fn change_plan(
         self: &Arc<Self>,
         name: &str,
-        update: PlanUpdate,
+        update: PlanCommand,
         actor: &str,
     ) -> Result<PlanChange, ApiError> {
         let (name, actor) = (name.to_owned(), actor.to_owned());
@@ -284,22 +300,21 @@ impl Fleet {
     /// it takes whole GPUs of one machine instead.
     pub async fn deploy(
         self: &Arc<Self>,
-        deploy: Deploy,
+        deploy: DeployCommand,
         actor: &str,
     ) -> Result<PlanChange, ApiError> {
         let actor = actor.to_owned();
         self.write(|fleet| async move {
-            if deploy.gpus.is_empty() {
-                return Err(ApiError::Unprocessable(
-                    "choose at least one GPU, such as \"gpus\": [\"majin:0\"]".to_owned(),
-                ));
-            }
-            let chosen = placement::parse_gpu_list(&deploy.gpus)
-                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-            check_serving(&deploy.args, &deploy.env)?;
-            if !deploy.shared {
-                return fleet.deploy_whole(&deploy, &chosen, &actor).await;
-            }
+            check_serving(&deploy.serving.args, &deploy.serving.env)?;
+            let Sharing::Shared {
+                share,
+                shares,
+                revision,
+            } = &deploy.sharing
+            else {
+                return fleet.deploy_whole(&deploy, &actor).await;
+            };
+            let chosen = deploy.gpus.gpus();
             let mut state = fleet.state.lock().await;
             let committed = state.committed.clone();
             let model = committed.undeployed_model(&deploy.model)?;
@@ -312,18 +327,15 @@ impl Fleet {
                 .collect();
             let choice = choose_group(&model.name, model.group.as_deref(), &on_nodes)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-            let share = percent(
-                deploy.share.unwrap_or(model.default_share.as_percent_f64()),
-                &model.name,
-            )?;
+            let share = share.unwrap_or(model.default_share);
             let (group, mut plan, moving) = match &choice {
                 GroupChoice::Join(name) => {
                     let group = committed
                         .group(name)
                         .cloned()
                         .ok_or_else(|| no_group(name))?;
-                    check_revision(&group, deploy.revision)?;
-                    let plan = plan_with(&group, &system, &deploy.shares, true)?;
+                    check_revision(&group, *revision)?;
+                    let plan = plan_with(&group, &system, shares, true)?;
                     (group, plan, None)
                 }
                 GroupChoice::New { name, .. } => {
@@ -333,7 +345,7 @@ impl Fleet {
                         )));
                     }
                     let inventory = state.ledger.inventory();
-                    placement::check_new_group(inventory, &chosen)
+                    placement::check_new_group(inventory, chosen)
                         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
                     // The router moves out of the group it runs in, with its share, into the new one.
                     let router = committed.groups.iter().find_map(|g| {
@@ -352,7 +364,7 @@ impl Fleet {
                         .collect();
                     let group = Group {
                         name: name.clone(),
-                        gpus: placement::group_gpus(inventory, &chosen),
+                        gpus: placement::group_gpus(inventory, chosen),
                         revision: 0,
                         members: Vec::new(),
                         serving: BTreeMap::new(),
@@ -365,10 +377,7 @@ impl Fleet {
                 share: Some(share),
                 locked: model.system,
             });
-            let serving = Serving {
-                args: deploy.args.clone(),
-                env: deploy.env.clone(),
-            };
+            let serving = deploy.serving.clone();
             let mut change = fleet
                 .commit(
                     &mut state,
@@ -588,7 +597,7 @@ fn group_gpu(
 fn plan_with(
     group: &Group,
     system: &[String],
-    asked: &BTreeMap<String, f64>,
+    asked: &BTreeMap<String, BasisPoints>,
     keep_unasked: bool,
 ) -> Result<Vec<PlanMember>, ApiError> {
     if let Some(stranger) = asked
@@ -605,10 +614,7 @@ fn plan_with(
         .iter()
         .map(|s| {
             let locked = system.contains(&s.member);
-            let share = asked
-                .get(&s.member)
-                .map(|p| percent(*p, &s.member))
-                .transpose()?;
+            let share = asked.get(&s.member).copied();
             if locked && share.is_some_and(|p| p != s.share) {
                 return Err(ApiError::Unprocessable(format!(
                     "the share of {} is not editable",
