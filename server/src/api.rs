@@ -8,10 +8,11 @@ use crate::fleet::{MachineView, NewWorker, WorkerView};
 use crate::inventory::demo::CatalogModel;
 use crate::runtime::EngineView;
 use crate::AppState;
+use axum::extract::rejection::JsonRejection;
 use axum::extract::{FromRequest, Path, Query, State};
 use axum::http::Method;
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
 use placement::{judge, BasisPoints, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
@@ -467,7 +468,73 @@ struct PlanMemberRequest {
     locked: bool,
 }
 
-/// A GPU named as `machine:index`.
+// Errors as the REST API answers them: the status for each kind, `{"error": "..."}` as the body (with the
+// whole verdict beside a refused plan), and internal errors logged, never sent.
+
+impl ApiError {
+    /// The HTTP status this error answers with.
+    pub fn status_code(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
+            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::Unprocessable(_) | ApiError::Refused { .. } => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> ApiError {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            return ApiError::TooLarge(format!(
+                "the request body is larger than the {} KiB a request may send",
+                crate::security::MAX_BODY_BYTES / 1024
+            ));
+        }
+        match rejection {
+            // Valid JSON of the wrong shape: say which field.
+            JsonRejection::JsonDataError(e) => {
+                ApiError::Unprocessable(format!("the request body does not fit: {}", e.body_text()))
+            }
+            JsonRejection::JsonSyntaxError(e) => ApiError::BadRequest(format!(
+                "the request body is not valid JSON: {}",
+                e.body_text()
+            )),
+            JsonRejection::MissingJsonContentType(_) => ApiError::BadRequest(
+                "send the body as JSON with Content-Type: application/json".to_owned(),
+            ),
+            other => ApiError::BadRequest(other.body_text()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        if let ApiError::Refused { message, verdict } = &self {
+            let body = serde_json::json!({ "error": message, "verdict": VerdictView::from(verdict.as_ref()) });
+            return (self.status_code(), Json(body)).into_response();
+        }
+        let message = match &self {
+            ApiError::Internal(detail) => {
+                tracing::error!("{detail}");
+                "something went wrong on the server; it has been logged".to_owned()
+            }
+            other => other.to_string(),
+        };
+        (
+            self.status_code(),
+            Json(serde_json::json!({ "error": message })),
+        )
+            .into_response()
+    }
+}
+
 /// A GPU named `machine:index`.
 fn parse_gpu_ref(id: &str) -> Result<GpuRef, ApiError> {
     id.parse()

@@ -1,9 +1,6 @@
-//! What can stop the server, and what an API call answers when it cannot do what was asked.
+//! What can stop the server, and why a call into the core cannot do what was asked. No HTTP here: the REST
+//! edge (`api.rs`) says which status and body each error answers with.
 
-use axum::extract::rejection::JsonRejection;
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
 use std::path::PathBuf;
 
 /// Why the server could not start or had to stop.
@@ -48,7 +45,7 @@ pub enum ServerError {
     Serve(std::io::Error),
 }
 
-/// An API call that cannot be done as asked. Answered as `{"error": "..."}` with the status.
+/// A call that cannot be done as asked; each kind answers with its own HTTP status at the edge.
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
     /// The body is not JSON (400).
@@ -78,7 +75,7 @@ pub enum ApiError {
         /// The first problem, naming its member.
         message: String,
         /// Every problem.
-        verdict: Box<crate::api::VerdictView>,
+        verdict: Box<placement::Verdict>,
     },
     /// Our fault (500): logged in full, answered opaquely.
     #[error("internal error: {0}")]
@@ -98,72 +95,10 @@ impl ApiError {
             _ => ApiError::from(e),
         }
     }
-
-    /// The HTTP status this error answers with.
-    pub fn status_code(&self) -> StatusCode {
-        match self {
-            ApiError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
-            ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
-            ApiError::TooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::NotFound(_) => StatusCode::NOT_FOUND,
-            ApiError::Conflict(_) => StatusCode::CONFLICT,
-            ApiError::Unprocessable(_) | ApiError::Refused { .. } => {
-                StatusCode::UNPROCESSABLE_ENTITY
-            }
-            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        }
-    }
 }
 
 impl From<sqlx::Error> for ApiError {
     fn from(e: sqlx::Error) -> ApiError {
         ApiError::Internal(format!("database: {e}"))
-    }
-}
-
-impl From<JsonRejection> for ApiError {
-    fn from(rejection: JsonRejection) -> ApiError {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            return ApiError::TooLarge(format!(
-                "the request body is larger than the {} KiB a request may send",
-                crate::security::MAX_BODY_BYTES / 1024
-            ));
-        }
-        match rejection {
-            // Valid JSON of the wrong shape: say which field.
-            JsonRejection::JsonDataError(e) => {
-                ApiError::Unprocessable(format!("the request body does not fit: {}", e.body_text()))
-            }
-            JsonRejection::JsonSyntaxError(e) => ApiError::BadRequest(format!(
-                "the request body is not valid JSON: {}",
-                e.body_text()
-            )),
-            JsonRejection::MissingJsonContentType(_) => ApiError::BadRequest(
-                "send the body as JSON with Content-Type: application/json".to_owned(),
-            ),
-            other => ApiError::BadRequest(other.body_text()),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        if let ApiError::Refused { message, verdict } = &self {
-            let body = serde_json::json!({ "error": message, "verdict": verdict });
-            return (self.status_code(), Json(body)).into_response();
-        }
-        let message = match &self {
-            ApiError::Internal(detail) => {
-                tracing::error!("{detail}");
-                "something went wrong on the server; it has been logged".to_owned()
-            }
-            other => other.to_string(),
-        };
-        (
-            self.status_code(),
-            Json(serde_json::json!({ "error": message })),
-        )
-            .into_response()
     }
 }

@@ -3,7 +3,6 @@
 //! so shared workers and groups never overfill a GPU between them.
 
 use super::{Fleet, State};
-use crate::api::VerdictView;
 use crate::error::ApiError;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::{EngineState, Progress};
@@ -426,7 +425,7 @@ impl Fleet {
             };
             return Err(ApiError::Refused {
                 message,
-                verdict: Box::new(VerdictView::from(&verdict)),
+                verdict: Box::new(verdict),
             });
         }
         let after: Vec<Share> = plan
