@@ -5,7 +5,8 @@
 use crate::share_form::ShareRow;
 use crate::views::{CatalogEntry, DeployOptions, GroupPlan, NodeOption};
 use placement::{
-    choose_group, transition, BasisPoints, GpuRef, GroupChoice, GroupGpu, PlanMember, Share,
+    choose_group, pick_new_group_gpus, transition, BasisPoints, Candidate, GpuRef, GroupChoice,
+    GroupGpu, PlanMember, Share,
 };
 
 /// Step one of the wizard as filled in.
@@ -206,31 +207,19 @@ fn group_gpu(
         .ok_or_else(|| format!("{gpu} is no longer in the inventory."))
 }
 
-/// `width` GPUs of `node` for a new group: healthy, not held whole, and by best fit for `share` (the fullest
-/// that still fits first, so that free GPUs stay whole), ties by index.
+/// `width` GPUs of `node` for a new group, by `placement`'s best fit for `share`.
 fn pick_shared(node: &NodeOption, width: u32, share: BasisPoints) -> Result<Vec<GroupGpu>, String> {
-    let mut usable: Vec<(bool, placement::Bytes, GroupGpu)> = node
+    let candidates: Vec<Candidate> = node
         .gpus
         .iter()
-        .filter(|g| g.healthy && !g.held_whole)
-        .map(|g| {
-            let gpu = g.for_group(&node.name, None);
-            let room = gpu.offered().saturating_sub(gpu.taken_by_others);
-            let need = gpu.total.share(share);
-            (room < need, room.saturating_sub(need), gpu)
+        .map(|g| Candidate {
+            gpu: g.for_group(&node.name, None),
+            healthy: g.healthy,
+            held_whole: g.held_whole,
         })
         .collect();
-    usable.sort_by_key(|a| (a.0, a.1, a.2.gpu.index));
-    if usable.len() < width as usize {
-        return Err(too_few(node, width, usable.len(), "shared work can use"));
-    }
-    let mut chosen: Vec<GroupGpu> = usable
-        .into_iter()
-        .take(width as usize)
-        .map(|(_, _, g)| g)
-        .collect();
-    chosen.sort_by_key(|g| g.gpu.index);
-    Ok(chosen)
+    pick_new_group_gpus(&candidates, width, share)
+        .map_err(|usable| too_few(node, width, usable, "shared work can use"))
 }
 
 fn too_few(node: &NodeOption, width: u32, have: usize, what: &str) -> String {

@@ -414,17 +414,13 @@ pub struct GpuOption {
 impl GpuOption {
     /// The GPU as a plan for `group` is judged against it: shared work outside the group counts against it.
     pub fn for_group(&self, machine: &str, group: Option<&str>) -> GroupGpu {
-        GroupGpu {
-            gpu: GpuRef::new(machine, self.index),
-            total: self.total,
-            held_outside: self.held_outside,
-            taken_by_others: self
-                .sharers
-                .iter()
-                .filter(|s| group.is_none() || s.group.as_deref() != group)
-                .map(|s| s.bytes)
-                .sum(),
-        }
+        GroupGpu::of(
+            GpuRef::new(machine, self.index),
+            self.total,
+            self.held_outside,
+            self.sharers.iter().map(|s| (s.group.as_deref(), s.bytes)),
+            group,
+        )
     }
 
     /// Whether nothing holds it at all.

@@ -2,6 +2,7 @@
 //! of a group's GPUs: which it holds, which a new group may be started on, and what each member holds there.
 
 use crate::inventory::{GpuRef, Inventory};
+use crate::plan::GroupGpu;
 use crate::schedule::Assignment;
 use crate::units::{BasisPoints, Bytes};
 use serde::{Deserialize, Serialize};
@@ -190,6 +191,48 @@ pub fn member_assignments(
             })
         })
         .collect()
+}
+
+/// A GPU a new group could start on, as the deploy wizard sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The GPU, with what shared work already takes of it.
+    pub gpu: GroupGpu,
+    /// Fit to run work.
+    pub healthy: bool,
+    /// Held whole by a worker: no share of it can be planned.
+    pub held_whole: bool,
+}
+
+/// `width` of `candidates` (one node's GPUs) for a new group whose member takes `share`: healthy, not held
+/// whole, and by best fit (the fullest that still has room for the share first, so that free GPUs stay
+/// whole; then those without room, whose verdict will say so), ties by index; returned by index. When
+/// fewer than `width` are usable, how many are.
+pub fn pick_new_group_gpus(
+    candidates: &[Candidate],
+    width: u32,
+    share: BasisPoints,
+) -> Result<Vec<GroupGpu>, usize> {
+    let mut usable: Vec<(bool, Bytes, &GroupGpu)> = candidates
+        .iter()
+        .filter(|c| c.healthy && !c.held_whole)
+        .map(|c| {
+            let room = c.gpu.offered().saturating_sub(c.gpu.taken_by_others);
+            let need = c.gpu.total.share(share);
+            (room < need, room.saturating_sub(need), &c.gpu)
+        })
+        .collect();
+    if usable.len() < width as usize {
+        return Err(usable.len());
+    }
+    usable.sort_by_key(|&(short, left, gpu)| (short, left, gpu.gpu.index));
+    let mut chosen: Vec<GroupGpu> = usable
+        .into_iter()
+        .take(width as usize)
+        .map(|(_, _, gpu)| gpu.clone())
+        .collect();
+    chosen.sort_by_key(|g| g.gpu.index);
+    Ok(chosen)
 }
 
 #[cfg(test)]
@@ -398,5 +441,59 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(err.to_string(), "GPU 1 of nowhere is not in the inventory");
+    }
+
+    fn candidate(index: u32, gb: u64, taken_gb: u64, healthy: bool, held_whole: bool) -> Candidate {
+        Candidate {
+            gpu: GroupGpu {
+                gpu: GpuRef::new("node", index),
+                total: Bytes::gb(gb),
+                held_outside: Bytes::ZERO,
+                taken_by_others: Bytes::gb(taken_gb),
+            },
+            healthy,
+            held_whole,
+        }
+    }
+
+    #[test]
+    fn a_new_group_takes_the_fullest_gpus_that_still_fit_and_leaves_free_ones_whole() {
+        let node = [
+            candidate(0, 80, 0, true, false),
+            candidate(1, 80, 40, true, false),
+            candidate(2, 80, 70, true, false),
+            candidate(3, 80, 0, true, true),
+            candidate(4, 80, 0, false, false),
+        ];
+        // 25 % is 20 GB: GPU 2 has 10 left (too little), GPU 1 has 40, GPU 0 has 80.
+        let one = pick_new_group_gpus(&node, 1, BasisPoints::percent(25)).unwrap();
+        assert_eq!(one.iter().map(|g| g.gpu.index).collect::<Vec<_>>(), [1]);
+        let two = pick_new_group_gpus(&node, 2, BasisPoints::percent(25)).unwrap();
+        assert_eq!(two.iter().map(|g| g.gpu.index).collect::<Vec<_>>(), [0, 1]);
+        // Three usable at all: GPU 3 is held whole and GPU 4 unhealthy.
+        assert_eq!(
+            pick_new_group_gpus(&node, 4, BasisPoints::percent(25)),
+            Err(3)
+        );
+    }
+
+    #[test]
+    fn what_a_groups_gpu_offers_counts_every_sharer_but_its_own_members() {
+        let sharers = [
+            (Some("text-router"), Bytes::gb(4)),
+            (None, Bytes::gb(2)),
+            (Some("other"), Bytes::gb(1)),
+        ];
+        let of = |group| {
+            GroupGpu::of(
+                GpuRef::new("majin", 0),
+                Bytes::gb(8),
+                Bytes::gb(1),
+                sharers,
+                group,
+            )
+        };
+        assert_eq!(of(Some("text-router")).taken_by_others, Bytes::gb(3));
+        assert_eq!(of(None).taken_by_others, Bytes::gb(7));
     }
 }

@@ -23,7 +23,8 @@ pub mod usage;
 mod testing;
 
 pub use group::{
-    check_new_group, choose_group, group_gpus, member_assignments, GroupChoice, GroupError,
+    check_new_group, choose_group, group_gpus, member_assignments, pick_new_group_gpus, Candidate,
+    GroupChoice, GroupError,
 };
 pub use inventory::{
     parse_gpu_list, Gpu, GpuChoice, GpuRef, GpuRefError, Inventory, InventoryError, Machine,

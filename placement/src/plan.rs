@@ -52,6 +52,28 @@ pub struct GroupGpu {
 }
 
 impl GroupGpu {
+    /// `gpu` as a plan of `group` is judged against it: the memory its sharers outside the group take
+    /// counts against it (every sharer, for a group not yet started). `sharers` are each sharer's group,
+    /// if it is a group's member, and the memory it takes.
+    pub fn of<'a>(
+        gpu: GpuRef,
+        total: Bytes,
+        held_outside: Bytes,
+        sharers: impl IntoIterator<Item = (Option<&'a str>, Bytes)>,
+        group: Option<&str>,
+    ) -> GroupGpu {
+        GroupGpu {
+            gpu,
+            total,
+            held_outside,
+            taken_by_others: sharers
+                .into_iter()
+                .filter(|(of, _)| group.is_none() || *of != group)
+                .map(|(_, bytes)| bytes)
+                .sum(),
+        }
+    }
+
     /// What the GPU offers: its total less what is held outside.
     pub fn offered(&self) -> Bytes {
         self.total.saturating_sub(self.held_outside)

@@ -568,26 +568,25 @@ fn group_gpu(
         .inventory()
         .gpu(gpu)
         .ok_or_else(|| ApiError::Unprocessable(format!("{gpu} is not in the inventory")))?;
-    let prefix = group.map(holder_prefix);
-    let taken_by_others = match scheduler.hold(gpu) {
+    let sharers = match scheduler.hold(gpu) {
         Some(Hold::Whole(by)) => {
             return Err(ApiError::Conflict(format!(
                 "{gpu} is held whole by {by}; choose a shared or free GPU"
             )))
         }
-        Some(Hold::Shared(sharers)) => sharers
-            .iter()
-            .filter(|(w, _)| prefix.as_ref().is_none_or(|p| !w.starts_with(p.as_str())))
-            .map(|(_, b)| *b)
-            .sum(),
-        _ => placement::Bytes::ZERO,
+        Some(Hold::Shared(sharers)) => Some(sharers),
+        _ => None,
     };
-    Ok(GroupGpu {
-        gpu: gpu.clone(),
-        total: found.total,
-        held_outside: found.held_outside,
-        taken_by_others,
-    })
+    Ok(GroupGpu::of(
+        gpu.clone(),
+        found.total,
+        found.held_outside,
+        sharers
+            .into_iter()
+            .flatten()
+            .map(|(holder, bytes)| (sharer(holder).1, *bytes)),
+        group,
+    ))
 }
 
 /// The group's members with the shares asked for, in percent. The router keeps its share (asking to change
