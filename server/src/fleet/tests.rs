@@ -336,4 +336,72 @@ async fn ending_a_group_places_pending_work_that_now_fits() {
     assert_eq!(app.get("/api/workers/w").await.1["state"], "placed");
 }
 
+/// This machine's GPUs as NVML would report them: majin's GPU, 5 GB in use, 2 GB of it by `engine`'s
+/// process; and what Tessera said its own engines are when it asked.
+struct Nvml {
+    engine: u32,
+    asked: std::sync::Mutex<Vec<crate::inventory::Ours>>,
+}
+
+impl crate::inventory::LocalGpus for Nvml {
+    fn read(
+        &self,
+        ours: &crate::inventory::Ours,
+    ) -> Result<crate::inventory::LocalReading, crate::inventory::InventoryError> {
+        self.asked.lock().unwrap().push(ours.clone());
+        let mut machine = majin_holding(0);
+        let processes = [(self.engine, Bytes::gb(2)), (1, Bytes::gb(3))];
+        machine.gpus[0].held_outside =
+            crate::inventory::held_outside(Bytes::gb(5), ours, 0, &processes);
+        Ok(crate::inventory::LocalReading {
+            machine,
+            live: Vec::new(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_engines_a_crashed_server_left_running_are_tesseras_own_from_the_first_reading() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = crate::db::connect(None, dir.path()).await.unwrap();
+    // An engine the previous server started and recorded, still running when this one starts.
+    let mut engine = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let pid = engine.id();
+    let ticks = crate::runtime::process::start_ticks(pid).unwrap();
+    sqlx::query("INSERT INTO engines (unit, fingerprint, pid, start_ticks, port) VALUES ('left', 'x', ?, ?, 1)")
+        .bind(i64::from(pid))
+        .bind(ticks as i64)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let settings =
+        crate::runtime::Settings::new(std::env::current_exe().unwrap(), dir.path().join("engines"));
+    let runtime = std::sync::Arc::new(
+        crate::runtime::Runtime::open(pool.clone(), settings)
+            .await
+            .unwrap(),
+    );
+    let nvml = std::sync::Arc::new(Nvml {
+        engine: pid,
+        asked: Default::default(),
+    });
+    let hosts = crate::runtime::Hosts {
+        local: Some("majin".to_owned()),
+        ..Default::default()
+    };
+    let inventory = placement::Inventory::new(vec![majin_holding(5)]).unwrap();
+    let fleet = super::Fleet::open(pool, inventory, Some(nvml.clone()), runtime, hosts)
+        .await
+        .unwrap();
+    assert!(nvml.asked.lock().unwrap()[0].pids.contains(&pid));
+    // 5 GB in use, 2 GB of it the engine's: 3 GB are held outside, not 5.
+    let majin = fleet.machine("majin").unwrap();
+    assert_eq!(majin.gpus[0].held_outside_gb, 3.0);
+    let _ = engine.kill();
+    let _ = engine.wait();
+}
+
 mod model;

@@ -4,7 +4,7 @@
 //! Changes are carried out one at a time, in the order they were committed. Each carries the desired state
 //! as of its commit, so nothing starts with a share that was not committed.
 
-mod process;
+pub(crate) mod process;
 pub mod spec;
 mod supervisor;
 
