@@ -37,6 +37,9 @@ pub struct Config {
     /// How engines are supervised.
     #[command(flatten)]
     pub engines: EngineFlags,
+    /// How long GPU readings, usage and the audit log are kept.
+    #[command(flatten)]
+    pub retention: RetentionFlags,
     /// Run something other than the server.
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -165,6 +168,48 @@ impl EngineFlags {
     }
 }
 
+/// How long what grows with time is kept, in days; 0 keeps it for good (see the README's "Retention").
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetentionFlags {
+    /// Days GPU readings (every 5 s per GPU) are kept raw; older ones are rolled up into runs within each
+    /// hour, which keep the usage report's figures.
+    #[arg(
+        long,
+        env = "TESSERA_KEEP_RAW_SAMPLES_DAYS",
+        default_value_t = 7,
+        value_name = "DAYS"
+    )]
+    pub keep_raw_samples_days: u32,
+    /// Days usage (closed holdings, rolled-up readings) is kept after it ends; reports over older periods
+    /// lose it.
+    #[arg(
+        long,
+        env = "TESSERA_KEEP_USAGE_DAYS",
+        default_value_t = 400,
+        value_name = "DAYS"
+    )]
+    pub keep_usage_days: u32,
+    /// Days audit entries are kept.
+    #[arg(
+        long,
+        env = "TESSERA_KEEP_AUDIT_DAYS",
+        default_value_t = 400,
+        value_name = "DAYS"
+    )]
+    pub keep_audit_days: u32,
+}
+
+impl RetentionFlags {
+    /// The database's housekeeping settings.
+    pub fn retention(&self) -> crate::db::Retention {
+        crate::db::Retention::days(
+            self.keep_raw_samples_days,
+            self.keep_usage_days,
+            self.keep_audit_days,
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -199,6 +244,30 @@ mod tests {
         assert!(config.demo);
         assert_eq!(config.inventory, Some(PathBuf::from("fleet.toml")));
         assert_eq!(config.data_dir, PathBuf::from("/tmp/t"));
+    }
+
+    #[test]
+    fn raw_readings_are_kept_a_week_usage_and_audit_400_days_and_zero_keeps_for_good() {
+        let config = Config::try_parse_from(["tessera"]).unwrap();
+        assert_eq!(
+            config.retention.retention(),
+            crate::db::Retention::default()
+        );
+        let config = Config::try_parse_from([
+            "tessera",
+            "--keep-raw-samples-days",
+            "2",
+            "--keep-audit-days",
+            "0",
+        ])
+        .unwrap();
+        let retention = config.retention.retention();
+        assert_eq!(
+            retention.raw_samples,
+            Some(std::time::Duration::from_secs(2 * 24 * 3600))
+        );
+        assert_eq!(retention.usage, crate::db::Retention::default().usage);
+        assert_eq!(retention.audit, None);
     }
 
     #[test]

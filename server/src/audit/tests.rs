@@ -137,3 +137,59 @@ async fn workers_models_accounts_and_tokens_are_logged_too() {
     let (status, body) = app.get("/api/audit?limit=5000").await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
 }
+
+#[tokio::test]
+async fn entries_older_than_the_retention_are_deleted_a_batch_at_a_time_and_newer_ones_kept() {
+    let app = app().await;
+    // 2,500 entries of 2025-01-01, one on the day the retention ends, and what the server just wrote.
+    sqlx::query(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 2500) \
+         INSERT INTO audit (at, actor, action, target) \
+         SELECT '2025-01-01T00:00:00.000Z', 'ada', 'worker.create', 'w' || i FROM n",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO audit (at, actor, action, target) VALUES ('2025-02-04T00:00:00.000Z', 'ada', 'worker.create', 'kept')",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
+    let count = || async {
+        sqlx::query_scalar::<_, i64>("SELECT COUNT(*) FROM audit")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap()
+    };
+    let all = count().await;
+    // 2026-03-11T00:00:00Z, 400 days after 2025-02-04.
+    let now_ms = 1_773_187_200_000;
+    let tidied = crate::db::tidy(
+        &app.pool,
+        &crate::db::Retention::default(),
+        now_ms,
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    assert_eq!(tidied.audit_deleted, 2500);
+    assert_eq!(count().await, all - 2500);
+    let (_, kept) = app.get("/api/audit?target=kept").await;
+    assert_eq!(
+        kept.as_array().unwrap().len(),
+        1,
+        "written exactly 400 days ago"
+    );
+    let (_, seeded) = app.get("/api/audit?actor=tessera&action=model").await;
+    assert_eq!(seeded.as_array().unwrap().len(), demo_catalog().len());
+    // A millisecond later, the entry of 400 days ago goes too.
+    let later = crate::audit::forget_before(
+        &app.pool,
+        now_ms - 400 * 24 * 3_600_000 + 1,
+        std::time::Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    assert_eq!(later, 1);
+}
