@@ -4,7 +4,7 @@
 mod support;
 
 use serde_json::{json, Value};
-use support::{at, kill, processes_of, report, wait_until, Server};
+use support::{alive, at, kill, processes_of, report, wait_until, Server};
 
 async fn deploy(server: &Server, body: Value) -> Value {
     let (status, answer) = server.send("POST", "/api/deployments", body).await;
@@ -456,4 +456,74 @@ async fn the_router_moves_into_a_new_group_and_restarts_there() {
     );
 
     server.stop().await;
+}
+
+/// vision on atlas:1, whose demo engine "loads" for ten minutes: it never becomes healthy in a test.
+async fn never_healthy(server: &Server) -> (Value, u64) {
+    let change = deploy(
+        server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 25, "env": {"TESSERA_DEMO_START_MS": "600000"}}),
+    )
+    .await;
+    wait_until("vision is loading", || async {
+        let engine = server.engine("vision").await;
+        engine["state"] == "starting" && engine["pid"].is_u64()
+    })
+    .await;
+    let pid = server.engine("vision").await["pid"].as_u64().unwrap();
+    (change, pid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_on_another_gpu_does_not_wait_for_an_engine_that_never_becomes_healthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    never_healthy(&server).await;
+
+    deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    wait_until("speech runs while vision still loads", || async {
+        server.engine("speech").await["state"] == "healthy"
+    })
+    .await;
+    assert_eq!(server.engine("vision").await["state"], "starting");
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_an_engine_that_never_becomes_healthy_stops_it_without_waiting_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let (change, pid) = never_healthy(&server).await;
+
+    let (status, removed) = server
+        .send(
+            "DELETE",
+            &format!("/api/deployments/vision?revision={}", change["revision"]),
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{removed}");
+    wait_until("vision is stopped", || async {
+        server.engines().await.is_empty()
+    })
+    .await;
+    assert!(!alive(pid as u32), "the engine's process is gone");
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_does_not_wait_for_an_engine_that_never_becomes_healthy() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let (_, pid) = never_healthy(&server).await;
+
+    // Within the test's patience, not the engine's ten minutes (nor its 15-minute start timeout).
+    server.stop().await;
+    assert!(!alive(pid as u32), "the engine stopped with the server");
 }

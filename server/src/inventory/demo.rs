@@ -50,6 +50,10 @@ pub struct CatalogModel {
     /// Extra environment variables for every deployment of the model.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub env: BTreeMap<String, String>,
+    /// Names of environment variables (its own or a deployment's) whose values are secret beyond those
+    /// named like one (`HF_TOKEN`, `*_API_KEY`): shown to admins only, never written to the audit log.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<String>,
 }
 
 /// A share as a percentage in JSON (`33.33`), read once into basis points.
@@ -181,6 +185,7 @@ pub fn demo_catalog() -> Vec<CatalogModel> {
         command: None,
         args: Vec::new(),
         env: BTreeMap::new(),
+        secret_env: Vec::new(),
     };
     vec![
         model(

@@ -18,6 +18,12 @@ pub trait LocalGpus: Send + Sync {
     /// The machine as it is now: its GPUs with what each offers, and their live figures. The memory of
     /// `ours` (Tessera's own engines) is not counted as held outside.
     fn read(&self, ours: &Ours) -> Result<LocalReading, InventoryError>;
+
+    /// The PIDs of the compute processes on GPU `index` now, as the driver lists them; none where it cannot
+    /// say. A stopped engine's memory is free once none of its processes is listed.
+    fn processes_on(&self, _index: u32) -> Vec<u32> {
+        Vec::new()
+    }
 }
 
 /// What Tessera's own engines hold on this machine, so that a reading does not count it as held outside.

@@ -66,6 +66,15 @@ impl LocalGpus for NvmlGpus {
     fn read(&self, ours: &super::Ours) -> Result<LocalReading, InventoryError> {
         self.read_with(ours)
     }
+
+    fn processes_on(&self, index: u32) -> Vec<u32> {
+        // A GPU that cannot be asked has nothing to wait for: the next start says if memory is short.
+        self.nvml
+            .device_by_index(index)
+            .and_then(|device| device.running_compute_processes())
+            .map(|processes| processes.into_iter().map(|p| p.pid).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// One GPU and its live figures.

@@ -1,18 +1,23 @@
 //! The runtime: every engine the committed state wants runs as a supervised process, and a committed plan
 //! change restarts exactly the members it changes, in the order `placement` gives.
 //!
-//! Changes are carried out one at a time, in the order they were committed. Each carries the desired state
-//! as of its commit, so nothing starts with a share that was not committed.
+//! Changes are carried out in the order they were committed on each GPU, and side by side on different GPUs
+//! (see [`conductor`]). Each carries the desired state as of its commit, so nothing starts with a share that
+//! was not committed.
 
+mod conductor;
 pub(crate) mod process;
 pub mod spec;
 mod supervisor;
 
+use crate::inventory::LocalGpus;
+use conductor::{Cancel, StartError};
 use placement::{Bytes, Step};
+use process::off_executor;
 use serde::{Deserialize, Serialize};
 use spec::{EngineSpec, Host, Launch};
 use sqlx::SqlitePool;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -20,7 +25,7 @@ use supervisor::{Begin, Control};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
 
 /// How engines are supervised.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Settings {
     /// The program that runs the demo engine (`tessera demo-engine`): this server's own binary.
     pub demo_engine: PathBuf,
@@ -42,6 +47,26 @@ pub struct Settings {
     pub unhealthy_after: u32,
     /// Failed health checks in a row after which it is restarted.
     pub restart_unhealthy_after: u32,
+    /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
+    pub gpus: Option<Arc<dyn LocalGpus>>,
+}
+
+impl std::fmt::Debug for Settings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Settings")
+            .field("demo_engine", &self.demo_engine)
+            .field("log_dir", &self.log_dir)
+            .field("health_interval", &self.health_interval)
+            .field("start_timeout", &self.start_timeout)
+            .field("stop_timeout", &self.stop_timeout)
+            .field("backoff", &self.backoff)
+            .field("backoff_max", &self.backoff_max)
+            .field("max_restarts", &self.max_restarts)
+            .field("unhealthy_after", &self.unhealthy_after)
+            .field("restart_unhealthy_after", &self.restart_unhealthy_after)
+            .field("gpus", &self.gpus.is_some())
+            .finish()
+    }
 }
 
 impl Settings {
@@ -59,6 +84,7 @@ impl Settings {
             max_restarts: 5,
             unhealthy_after: 3,
             restart_unhealthy_after: 15,
+            gpus: None,
         }
     }
 
@@ -230,7 +256,7 @@ pub struct StepProgress {
     pub message: Option<String>,
 }
 
-/// Something the runtime carries out, in commit order.
+/// Something the runtime carries out, in commit order on each GPU it touches.
 #[derive(Debug, Clone)]
 pub enum Change {
     /// At start: adopt the engines a previous server left running as committed, stop every other engine of
@@ -279,6 +305,10 @@ pub(crate) struct Shared {
     settings: Settings,
     /// Carried by every engine (`TESSERA_INSTANCE`): this installation's engines, found after a crash.
     instance: String,
+    /// This boot of the machine, recorded with each engine.
+    boot: Option<String>,
+    /// Set once a graceful shutdown begins: from then on no engine starts. Taken before `units`.
+    shutting_down: Mutex<bool>,
     units: Mutex<BTreeMap<String, Unit>>,
     events: broadcast::Sender<Event>,
     progress: Mutex<BTreeMap<String, Progress>>,
@@ -287,7 +317,7 @@ pub(crate) struct Shared {
 /// The runtime.
 pub struct Runtime {
     shared: Arc<Shared>,
-    /// To the conductor, which carries out changes one at a time, in commit order.
+    /// To the conductor, which carries out changes in commit order.
     orders: mpsc::UnboundedSender<Order>,
     /// Set when the server is stopping.
     closing: watch::Sender<bool>,
@@ -297,45 +327,6 @@ enum Order {
     Change(Change),
     Settled(oneshot::Sender<()>),
     Shutdown(oneshot::Sender<()>),
-}
-
-/// Carries out orders one at a time until the runtime is dropped.
-async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>) {
-    while let Some(order) = orders.recv().await {
-        match order {
-            Order::Change(Change::Reconcile(desired)) => {
-                if let Err(e) = reconcile(&shared, &desired).await {
-                    tracing::error!(
-                        "the engines left by the previous server could not be reconciled: {e}"
-                    );
-                }
-            }
-            Order::Change(Change::Apply(desired)) => apply(&shared, &desired).await,
-            Order::Change(Change::Restart(unit)) => {
-                let spec = shared.lock().get(&unit).map(|u| u.spec.clone());
-                if let Some(spec) = spec {
-                    shared.stop_unit(&unit).await;
-                    shared.drop_units(std::slice::from_ref(&unit));
-                    let _ = shared.start_and_wait(spec).await;
-                }
-            }
-            Order::Change(Change::Plan {
-                group,
-                revision,
-                steps,
-                members,
-            }) => carry_out(&shared, &group, revision, &steps, &members).await,
-            Order::Settled(done) => {
-                let _ = done.send(());
-            }
-            Order::Shutdown(done) => {
-                let units = shared.unit_names();
-                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
-                shared.drop_units(&units);
-                let _ = done.send(());
-            }
-        }
-    }
 }
 
 impl Runtime {
@@ -360,12 +351,14 @@ impl Runtime {
             pool,
             settings,
             instance,
+            boot: process::boot_id(),
+            shutting_down: Mutex::new(false),
             units: Mutex::default(),
             events: broadcast::channel(1024).0,
             progress: Mutex::default(),
         });
         let (orders, inbox) = mpsc::unbounded_channel();
-        tokio::spawn(conduct(shared.clone(), inbox));
+        tokio::spawn(conductor::conduct(shared.clone(), inbox));
         Ok(Runtime {
             shared,
             orders,
@@ -373,7 +366,8 @@ impl Runtime {
         })
     }
 
-    /// Carries out `change` after every change submitted before it; returns at once.
+    /// Carries out `change` after every change submitted before it on the same GPUs, cancelling the waits
+    /// of those it makes moot; returns at once.
     pub fn submit(&self, change: Change) {
         // The conductor ends only with the runtime, so a send cannot fail while `self` lives.
         let _ = self.orders.send(Order::Change(change));
@@ -397,36 +391,55 @@ impl Runtime {
     }
 
     /// The last `lines` lines of an engine's output.
-    pub fn logs(&self, id: &str, lines: usize) -> Option<std::io::Result<Vec<String>>> {
+    pub async fn logs(&self, id: &str, lines: usize) -> Option<std::io::Result<Vec<String>>> {
         let engine = self.engine(id)?;
-        Some(process::tail(&self.shared.log_path(&engine.unit), lines))
+        let log = self.shared.log_path(&engine.unit);
+        Some(off_executor(move || process::tail(&log, lines)).await)
     }
 
-    /// Every engine running now, with its PIDs and those of every process it started: their GPU memory
-    /// is Tessera's, not held outside it.
-    pub fn running(&self) -> Vec<(String, Vec<u32>)> {
-        let groups = process::all_groups();
-        self.engines()
+    /// Every engine running now, with its PIDs and those of every process it started, in its process group
+    /// or not: their GPU memory is Tessera's, not held outside it.
+    pub async fn running(&self) -> Vec<(String, Vec<u32>)> {
+        let engines: Vec<(String, u32)> = self
+            .engines()
             .into_iter()
             .filter_map(|e| Some((e.unit, e.pid?)))
-            .map(|(unit, pid)| (unit, members_of(&groups, pid)))
-            .collect()
+            .collect();
+        let instance = self.shared.instance.clone();
+        off_executor(move || {
+            let groups = process::all_groups();
+            let found = process::instance_processes(&instance);
+            engines
+                .into_iter()
+                .map(|(unit, pid)| {
+                    let pids = processes_of(&groups, &found, &unit, pid);
+                    (unit, pids)
+                })
+                .collect()
+        })
+        .await
     }
 
-    /// The engines a previous server recorded that still run (same PID and start time), with their
-    /// processes as in [`Runtime::running`]: known before they are adopted, so that the first reading of
-    /// this machine's GPUs does not count their memory as held outside.
+    /// The engines a previous server recorded that still run (in this boot, same PID and start time, with
+    /// this installation's token), with their processes as in [`Runtime::running`]: known before they are
+    /// adopted, so that the first reading of this machine's GPUs does not count their memory as held
+    /// outside.
     pub async fn recorded(&self) -> Result<Vec<(String, Vec<u32>)>, sqlx::Error> {
-        let rows: Vec<(String, i64, i64)> =
-            sqlx::query_as("SELECT unit, pid, start_ticks FROM engines")
-                .fetch_all(&self.shared.pool)
-                .await?;
-        let groups = process::all_groups();
-        Ok(rows
-            .into_iter()
-            .filter(|(_, pid, ticks)| process::is_same(*pid as u32, *ticks as u64))
-            .map(|(unit, pid, _)| (unit, members_of(&groups, pid as u32)))
-            .collect())
+        let records = self.shared.records().await?;
+        let instance = self.shared.instance.clone();
+        Ok(off_executor(move || {
+            let groups = process::all_groups();
+            let found = process::instance_processes(&instance);
+            records
+                .into_iter()
+                .filter(|r| r.ours)
+                .map(|r| {
+                    let pids = processes_of(&groups, &found, &r.unit, r.pid);
+                    (r.unit, pids)
+                })
+                .collect()
+        })
+        .await)
     }
 
     /// The events from now on, until the server closes (a client too slow to keep up misses some, and
@@ -464,8 +477,14 @@ impl Runtime {
         }
     }
 
-    /// Stops every engine once the changes submitted so far are carried out (the server is shutting down).
+    /// Stops every engine (the server is shutting down): nothing starts from the moment this is called,
+    /// whatever is queued or waiting out a backoff, and the changes under way are cancelled.
     pub async fn shutdown(&self) {
+        *self
+            .shared
+            .shutting_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = true;
         let (done, stopped) = oneshot::channel();
         if self.orders.send(Order::Shutdown(done)).is_ok() {
             let _ = stopped.await;
@@ -473,197 +492,34 @@ impl Runtime {
     }
 }
 
-/// The processes of the process group `leader` started (the engine's own among them).
-fn members_of(groups: &[(u32, u32)], leader: u32) -> Vec<u32> {
-    let mut pids: Vec<u32> = groups
+/// The processes of the engine `unit` led by `leader`: its process group, and those that carry its name
+/// outside it (a helper that called `setsid`).
+fn processes_of(
+    groups: &[(u32, u32)],
+    found: &[process::Found],
+    unit: &str,
+    leader: u32,
+) -> Vec<u32> {
+    let mut pids: BTreeSet<u32> = groups
         .iter()
         .filter(|(_, group)| *group == leader)
         .map(|(pid, _)| *pid)
         .collect();
-    if !pids.contains(&leader) {
-        pids.push(leader);
-    }
-    pids
+    pids.insert(leader);
+    pids.extend(found.iter().filter(|f| f.engine == unit).map(|f| f.pid));
+    pids.into_iter().collect()
 }
 
-/// Adopts the engines a previous server left running as `desired` wants (same PID and start time), stops
-/// every other engine of this installation, and starts what is missing.
-async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> Result<(), sqlx::Error> {
-    let rows: Vec<(String, String, i64, i64, i64)> =
-        sqlx::query_as("SELECT unit, fingerprint, pid, start_ticks, port FROM engines")
-            .fetch_all(&shared.pool)
-            .await?;
-    let wanted: BTreeMap<&str, &EngineSpec> =
-        desired.iter().map(|s| (s.unit.as_str(), s)).collect();
-    let mut adopted = Vec::new();
-    for (unit, fingerprint, pid, ticks, port) in rows {
-        let (pid, ticks, port) = (pid as u32, ticks as u64, port as u16);
-        let alive = process::is_same(pid, ticks);
-        match wanted.get(unit.as_str()) {
-            Some(spec) if alive && spec.fingerprint() == fingerprint => {
-                tracing::info!("adopting engine {unit} (PID {pid}), still running as committed");
-                shared.launch_unit(
-                    (*spec).clone(),
-                    Begin::Adopt {
-                        pid,
-                        start_ticks: ticks,
-                        port,
-                    },
-                );
-                adopted.push(pid);
-            }
-            _ => {
-                if alive {
-                    tracing::info!("stopping engine {unit} (PID {pid}): the committed state no longer runs it so");
-                    stop_stray(pid, ticks, &shared.settings).await;
-                }
-                sqlx::query("DELETE FROM engines WHERE unit = ?")
-                    .bind(&unit)
-                    .execute(&shared.pool)
-                    .await?;
-            }
-        }
-    }
-    // Engines started by a server that died before it could record them.
-    for (pid, unit) in process::instance_processes(&shared.instance) {
-        if !adopted.contains(&pid) && pid != std::process::id() {
-            if let Some(ticks) = process::start_ticks(pid) {
-                tracing::info!("stopping orphan engine {unit} (PID {pid})");
-                stop_stray(pid, ticks, &shared.settings).await;
-            }
-        }
-    }
-    apply(shared, desired).await;
-    Ok(())
-}
-
-/// Stops what should not run as it does, then starts what is missing, one at a time: an engine that sizes
-/// itself by the memory free at its start (SGLang) must not start while another is still loading.
-async fn apply(shared: &Arc<Shared>, desired: &[EngineSpec]) {
-    apply_to(shared, desired, |_| true).await;
-}
-
-/// [`apply`] to the units `within` takes in.
-async fn apply_to(shared: &Arc<Shared>, desired: &[EngineSpec], within: impl Fn(&str) -> bool) {
-    let stale: Vec<String> = {
-        let units = shared.lock();
-        units
-            .iter()
-            .filter(|(name, _)| within(name))
-            .filter(|(name, unit)| {
-                desired
-                    .iter()
-                    .find(|s| &&s.unit == name)
-                    .is_none_or(|s| s.fingerprint() != unit.spec.fingerprint())
-            })
-            .map(|(name, _)| name.clone())
-            .collect()
-    };
-    futures::future::join_all(stale.iter().map(|u| shared.stop_unit(u))).await;
-    shared.drop_units(&stale);
-    for spec in desired {
-        if !shared.has(&spec.unit) {
-            // A start that fails says so in its state and events; the others still start.
-            let _ = shared.start_and_wait(spec.clone()).await;
-        }
-    }
-}
-
-/// A committed plan change of `group`: its steps in order, then whatever of the group is still not as
-/// committed.
-async fn carry_out(
-    shared: &Arc<Shared>,
-    group: &str,
-    revision: i64,
-    steps: &[Step],
-    members: &[EngineSpec],
-) {
-    let mut progress = Progress {
-        revision,
-        steps: steps
-            .iter()
-            .map(|step| {
-                let (action, member) = match step {
-                    Step::Stop(m) => ("stop", m),
-                    Step::Start(m, _) => ("start", m),
-                };
-                StepProgress {
-                    action: action.to_owned(),
-                    member: member.clone(),
-                    status: StepStatus::Waiting,
-                    message: None,
-                }
-            })
-            .collect(),
-    };
-    shared.set_progress(group, &progress);
-    for (i, step) in steps.iter().enumerate() {
-        shared.step(group, &mut progress, i, StepStatus::Running, None);
-        let outcome = match step {
-            // Wherever it runs: the router moving in stops in the group it leaves.
-            Step::Stop(member) => {
-                let units: Vec<String> = shared
-                    .unit_names()
-                    .into_iter()
-                    .filter(|u| is_member(u, None, member))
-                    .collect();
-                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
-                shared.drop_units(&units);
-                Ok(())
-            }
-            Step::Start(member, _) => {
-                let mut outcome = Ok(());
-                for spec in members
-                    .iter()
-                    .filter(|s| is_member(&s.unit, Some(group), member))
-                {
-                    if shared.has(&spec.unit) {
-                        continue;
-                    }
-                    if let Err(why) = shared.start_and_wait(spec.clone()).await {
-                        outcome = Err(format!("{} on {}: {why}", member, spec.machine));
-                    }
-                }
-                outcome
-            }
-        };
-        match outcome {
-            Ok(()) => shared.step(group, &mut progress, i, StepStatus::Done, None),
-            Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
-        }
-    }
-    let prefix = format!("group:{group}/");
-    apply_to(shared, members, |unit| unit.starts_with(&prefix)).await;
-}
-
-/// Whether `unit` is `member` of `group` (of any group when `None`) on some machine.
-fn is_member(unit: &str, group: Option<&str>, member: &str) -> bool {
-    let Some(rest) = unit.strip_prefix("group:") else {
-        return false;
-    };
-    let Some((g, rest)) = rest.split_once('/') else {
-        return false;
-    };
-    let Some((m, _machine)) = rest.rsplit_once('@') else {
-        return false;
-    };
-    m == member && group.is_none_or(|want| want == g)
-}
-
-/// Stops an engine this server did not start and will not keep.
-async fn stop_stray(pid: u32, ticks: u64, settings: &Settings) {
-    process::signal(pid, process::TERM);
-    let gone = async {
-        while process::is_same(pid, ticks) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    if tokio::time::timeout(settings.stop_timeout, gone)
-        .await
-        .is_err()
-    {
-        process::signal(pid, process::KILL);
-    }
+/// A row of the `engines` table, and whether it still names this installation's engine.
+struct Record {
+    unit: String,
+    fingerprint: String,
+    pid: u32,
+    start_ticks: u64,
+    port: u16,
+    /// Recorded in this boot, and the process with that PID and start time carries this installation's
+    /// token: anything else is some other process that has the PID by chance.
+    ours: bool,
 }
 
 fn view(unit: &Unit) -> EngineView {
@@ -741,8 +597,13 @@ impl Shared {
             .join(format!("{}.log", engine_id(unit)))
     }
 
-    /// Registers `spec` and starts its supervisor; a remote engine is only shown.
-    fn launch_unit(self: &Arc<Self>, spec: EngineSpec, begin: Begin) -> watch::Receiver<Status> {
+    /// Registers `spec` and starts its supervisor; a remote engine is only shown. `None` once the server
+    /// is shutting down: nothing new is registered then, so the shutdown stops every engine there is.
+    fn launch_unit(
+        self: &Arc<Self>,
+        spec: EngineSpec,
+        begin: Begin,
+    ) -> Option<watch::Receiver<Status>> {
         let remote = spec.host == Host::Remote;
         let (status, watcher) = watch::channel(Status {
             state: EngineState::Stopped,
@@ -764,48 +625,99 @@ impl Shared {
             let (tx, rx) = mpsc::channel(4);
             (Some(tx), Some(rx))
         };
-        // Registered before its supervisor runs, so that the supervisor's first state is not lost.
-        self.lock().insert(
-            spec.unit.clone(),
-            Unit {
-                spec: spec.clone(),
-                status,
-                control,
-            },
-        );
+        {
+            let shutting_down = self
+                .shutting_down
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *shutting_down {
+                return None;
+            }
+            // Registered before its supervisor runs, so that the supervisor's first state is not lost.
+            self.lock().insert(
+                spec.unit.clone(),
+                Unit {
+                    spec: spec.clone(),
+                    status,
+                    control,
+                },
+            );
+        }
         if let Some(rx) = commands {
             tokio::spawn(supervisor::supervise(self.clone(), spec, begin, rx));
         }
-        watcher
+        Some(watcher)
     }
 
-    /// Starts `spec` and waits until it is healthy, or has failed.
-    async fn start_and_wait(self: &Arc<Self>, spec: EngineSpec) -> Result<(), String> {
+    /// Starts `spec` and waits until it is healthy, or has failed, or `cancel` says the wait is moot.
+    async fn start_and_wait(
+        self: &Arc<Self>,
+        spec: EngineSpec,
+        cancel: &mut Cancel,
+    ) -> Result<(), StartError> {
         let unit = spec.unit.clone();
-        if spec.host == Host::Remote {
-            self.launch_unit(spec, Begin::Start);
+        let remote = spec.host == Host::Remote;
+        // An engine sizes itself by the memory free as it starts: not while another beside it still loads
+        // (one that a cancelled change left loading, say).
+        while !remote && self.loading_beside(&spec) {
+            tokio::select! {
+                () = tokio::time::sleep(self.settings.health_interval) => {}
+                _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
+            }
+        }
+        let mut watcher = self
+            .launch_unit(spec, Begin::Start)
+            .ok_or(StartError::Closing)?;
+        if remote {
             return Ok(());
         }
-        let mut watcher = self.launch_unit(spec, Begin::Start);
-        let done = watcher
-            .wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed))
-            .await
-            .map(|s| (s.state, s.message.clone()));
+        let done = tokio::select! {
+            done = watcher.wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed)) => {
+                done.map(|s| (s.state, s.message.clone()))
+            }
+            _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
+        };
         match done {
             Ok((EngineState::Healthy, _)) => Ok(()),
-            Ok((_, message)) => Err(message.unwrap_or_else(|| "failed".to_owned())),
-            Err(_) => Err(format!("{unit} was stopped as it started")),
+            Ok((_, message)) => Err(StartError::Failed(
+                message.unwrap_or_else(|| "failed".to_owned()),
+            )),
+            Err(_) => Err(StartError::Failed(format!(
+                "{unit} was stopped as it started"
+            ))),
         }
     }
 
-    /// Stops one engine and waits until it has exited.
+    /// Why a cancelled start ended.
+    fn halted(&self) -> StartError {
+        if *self
+            .shutting_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            StartError::Closing
+        } else {
+            StartError::Superseded
+        }
+    }
+
+    /// Whether another engine on one of `spec`'s GPUs is still loading.
+    fn loading_beside(&self, spec: &EngineSpec) -> bool {
+        self.lock().values().any(|u| {
+            u.spec.unit != spec.unit
+                && u.spec.machine == spec.machine
+                && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
+                && u.status.borrow().state == EngineState::Starting
+        })
+    }
+
+    /// Stops one engine and waits until it has exited (also when another change stops it at the same time).
     async fn stop_unit(&self, unit: &str) {
         let control = self.lock().get(unit).and_then(|u| u.control.clone());
         if let Some(control) = control {
-            let (done, exited) = oneshot::channel();
-            if control.send(Control::Stop(done)).await.is_ok() {
-                let _ = exited.await;
-            }
+            let _ = control.send(Control::Stop).await;
+            // Its supervisor ends once the engine is gone, dropping the other end.
+            control.closed().await;
         }
     }
 
@@ -889,20 +801,52 @@ impl Shared {
         spec.gpu_offered.saturating_sub(taken)
     }
 
-    /// Records a started engine, so that a server started after a crash can adopt it.
+    /// Records a started engine, so that a server started after a crash (in the same boot) can adopt it.
     async fn remember(&self, spec: &EngineSpec, pid: u32, start_ticks: u64, port: u16) {
-        let result = sqlx::query("INSERT OR REPLACE INTO engines (unit, fingerprint, pid, start_ticks, port) VALUES (?, ?, ?, ?, ?)")
+        let result = sqlx::query("INSERT OR REPLACE INTO engines (unit, fingerprint, pid, start_ticks, port, boot_id) VALUES (?, ?, ?, ?, ?, ?)")
             .bind(&spec.unit)
             .bind(spec.fingerprint())
             .bind(i64::from(pid))
             .bind(start_ticks as i64)
             .bind(i64::from(port))
+            .bind(self.boot.as_deref().unwrap_or_default())
             .execute(&self.pool)
             .await;
         if let Err(e) = result {
             // The engine runs regardless; after a crash it would be found by its instance token and stopped.
             tracing::warn!("could not record engine {} (PID {pid}): {e}", spec.unit);
         }
+    }
+
+    /// The recorded engines, each said to be ours or not.
+    async fn records(&self) -> Result<Vec<Record>, sqlx::Error> {
+        type Row = (String, String, i64, i64, i64, String);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT unit, fingerprint, pid, start_ticks, port, boot_id FROM engines",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        let boot = self.boot.clone();
+        let instance = self.instance.clone();
+        Ok(off_executor(move || {
+            rows.into_iter()
+                .map(|(unit, fingerprint, pid, ticks, port, row_boot)| {
+                    let (pid, start_ticks, port) = (pid as u32, ticks as u64, port as u16);
+                    let ours = boot.as_deref() == Some(row_boot.as_str())
+                        && process::is_same(pid, start_ticks)
+                        && process::carries(pid, &instance);
+                    Record {
+                        unit,
+                        fingerprint,
+                        pid,
+                        start_ticks,
+                        port,
+                        ours,
+                    }
+                })
+                .collect()
+        })
+        .await)
     }
 
     /// Forgets a stopped engine's record.
@@ -949,46 +893,4 @@ impl Shared {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_backoff_doubles_up_to_its_cap() {
-        let settings = Settings {
-            backoff_max: Duration::from_secs(10),
-            ..Settings::new(PathBuf::new(), PathBuf::new())
-        };
-        let waits: Vec<u64> = (1..=6).map(|n| settings.backoff(n).as_secs()).collect();
-        assert_eq!(waits, [1, 2, 4, 8, 10, 10]);
-    }
-
-    #[test]
-    fn a_unit_is_a_member_of_its_group_on_any_machine() {
-        assert!(is_member(
-            "group:text-router/glm@atlas",
-            Some("text-router"),
-            "glm"
-        ));
-        assert!(is_member("group:other/glm@atlas", None, "glm"));
-        assert!(!is_member(
-            "group:other/glm@atlas",
-            Some("text-router"),
-            "glm"
-        ));
-        assert!(!is_member("glm", None, "glm"));
-        assert_eq!(
-            engine_id("group:text-router/glm@atlas"),
-            "group~text-router~glm~atlas"
-        );
-    }
-
-    #[test]
-    fn times_are_written_in_rfc_3339() {
-        let t = now();
-        assert!(
-            time::OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).is_ok(),
-            "{t}"
-        );
-        assert!(t.ends_with('Z'), "{t}");
-    }
-}
+mod tests;

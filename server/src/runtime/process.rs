@@ -8,6 +8,7 @@ use std::fs::{self, File};
 use std::io::{self, Read, Seek, SeekFrom};
 use std::path::Path;
 use std::process::Stdio;
+use std::sync::{Mutex, PoisonError};
 
 /// The environment variable that marks an engine as this installation's (its value is the instance token
 /// stored in the database), so that engines left by a crashed server are found again.
@@ -25,8 +26,14 @@ pub struct Spawned {
 
 /// Starts `launch` with its output appended to a fresh `log` (the previous one is kept as `.prev`), in a
 /// process group of its own: a Ctrl-C on the server's terminal does not reach it, and a stop reaches every
-/// process it started.
-pub fn spawn(launch: &Launch, log: &Path, instance: &str) -> io::Result<Spawned> {
+/// process it started. Refused once `closing` is set (the server is shutting down). Blocking: run it off the
+/// executor.
+pub fn spawn(
+    launch: &Launch,
+    log: &Path,
+    instance: &str,
+    closing: &Mutex<bool>,
+) -> Result<Spawned, SpawnError> {
     if log.exists() {
         // Best effort: the last run's output is worth keeping, but not worth failing a start for.
         let _ = fs::rename(log, log.with_extension("log.prev"));
@@ -36,20 +43,30 @@ pub fn spawn(launch: &Launch, log: &Path, instance: &str) -> io::Result<Spawned>
     }
     let out = File::create(log)?;
     let err = out.try_clone()?;
-    let child = tokio::process::Command::new(&launch.program)
+    let mut command = tokio::process::Command::new(&launch.program);
+    command
         .args(&launch.args)
         .envs(&launch.env)
         .env(INSTANCE_VAR, instance)
         .stdin(Stdio::null())
         .stdout(out)
         .stderr(err)
-        .process_group(0)
-        .spawn()?;
+        .process_group(0);
+    // Checked and started under one lock: once the shutdown has set `closing`, nothing starts.
+    let closed = closing.lock().unwrap_or_else(PoisonError::into_inner);
+    if *closed {
+        return Err(SpawnError::Closing);
+    }
+    let child = command.spawn()?;
+    drop(closed);
     let pid = child
         .id()
         .ok_or_else(|| io::Error::other("the engine exited as it started"))?;
-    let start_ticks =
-        start_ticks(pid).ok_or_else(|| io::Error::other("the engine exited as it started"))?;
+    // Our child keeps its PID until it is waited on, zombie or not: one that exited at once has started
+    // all the same, and fails as any other engine that exits.
+    let start_ticks = stat_ticks(pid)
+        .map(|(_, ticks)| ticks)
+        .ok_or_else(|| io::Error::other("the engine exited as it started"))?;
     Ok(Spawned {
         child,
         pid,
@@ -57,18 +74,33 @@ pub fn spawn(launch: &Launch, log: &Path, instance: &str) -> io::Result<Spawned>
     })
 }
 
+/// Why an engine did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum SpawnError {
+    /// The server is shutting down: nothing new starts.
+    #[error("the server is shutting down")]
+    Closing,
+    /// The operating system refused.
+    #[error(transparent)]
+    Io(#[from] io::Error),
+}
+
 /// When the process `pid` started, in clock ticks since boot (field 22 of `/proc/PID/stat`), or `None` when
 /// there is no such process or it is a zombie.
 pub fn start_ticks(pid: u32) -> Option<u64> {
+    let (zombie, ticks) = stat_ticks(pid)?;
+    (!zombie).then_some(ticks)
+}
+
+/// Whether `pid` is a zombie, and when it started.
+fn stat_ticks(pid: u32) -> Option<(bool, u64)> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The name (field 2) is in parentheses and may hold spaces: count from the last `)`.
     let rest = &stat[stat.rfind(')')? + 2..];
     let mut fields = rest.split(' ');
-    if fields.next()? == "Z" {
-        return None;
-    }
+    let zombie = fields.next()? == "Z";
     // `rest` starts at field 3; field 22 is 19 further on.
-    fields.nth(18)?.parse().ok()
+    Some((zombie, fields.nth(18)?.parse().ok()?))
 }
 
 /// The live processes of the process group `pgid`: an engine and whatever it started (vLLM's workers hold
@@ -89,13 +121,7 @@ pub fn all_groups() -> Vec<(u32, u32)> {
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter_map(|pid| {
-            let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            let mut fields = stat[stat.rfind(')')? + 2..].split(' ');
-            let state = fields.next()?;
-            let pgrp = fields.nth(1)?.parse().ok()?;
-            (state != "Z").then_some((pid, pgrp))
-        })
+        .filter_map(|pid| Some((pid, group_of(pid)?)))
         .collect()
 }
 
@@ -119,31 +145,89 @@ pub const TERM: Signal = Signal::TERM;
 /// SIGKILL.
 pub const KILL: Signal = Signal::KILL;
 
-/// Every process that carries this installation's `instance` token, with the engine it says it is.
-pub fn instance_processes(instance: &str) -> Vec<(u32, String)> {
+/// A live process that carries this installation's instance token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// Its PID.
+    pub pid: u32,
+    /// Its process group.
+    pub group: u32,
+    /// The engine it says it is (`TESSERA_ENGINE`): an engine's helpers inherit it.
+    pub engine: String,
+}
+
+/// Every live process that carries this installation's `instance` token: the engines and whatever they
+/// started, in their groups or not (a helper that called `setsid` leaves the group, not the environment).
+pub fn instance_processes(instance: &str) -> Vec<Found> {
     let Ok(entries) = fs::read_dir("/proc") else {
         return Vec::new();
     };
-    let marker = format!("{INSTANCE_VAR}={instance}");
     entries
         .filter_map(Result::ok)
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            // Other users' processes cannot be read, and are not ours anyway.
-            let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
-            let mut ours = false;
-            let mut engine = String::new();
-            for var in environ.split(|&b| b == 0) {
-                let var = String::from_utf8_lossy(var);
-                if var == marker {
-                    ours = true;
-                } else if let Some(name) = var.strip_prefix("TESSERA_ENGINE=") {
-                    engine = name.to_owned();
-                }
-            }
-            ours.then_some((pid, engine))
+            let engine = engine_of(pid, instance)?;
+            let group = group_of(pid)?;
+            Some(Found { pid, group, engine })
         })
         .collect()
+}
+
+/// Whether the process `pid` carries this installation's `instance` token: a recorded PID that does not is
+/// some other process, which got the PID after the engine was gone.
+pub fn carries(pid: u32, instance: &str) -> bool {
+    engine_of(pid, instance).is_some()
+}
+
+/// The engine (`TESSERA_ENGINE`, empty when unset) that `pid` says it is, when it carries `instance`.
+fn engine_of(pid: u32, instance: &str) -> Option<String> {
+    // Other users' processes cannot be read, and are not ours anyway.
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let marker = format!("{INSTANCE_VAR}={instance}");
+    let mut ours = false;
+    let mut engine = String::new();
+    for var in environ.split(|&b| b == 0) {
+        let var = String::from_utf8_lossy(var);
+        if var == marker {
+            ours = true;
+        } else if let Some(name) = var.strip_prefix("TESSERA_ENGINE=") {
+            engine = name.to_owned();
+        }
+    }
+    ours.then_some(engine)
+}
+
+/// The process group of the live process `pid`.
+fn group_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut fields = stat[stat.rfind(')')? + 2..].split(' ');
+    let state = fields.next()?;
+    let group = fields.nth(1)?.parse().ok()?;
+    (state != "Z").then_some(group)
+}
+
+/// This boot of the machine (`/proc/sys/kernel/random/boot_id`): PIDs and start times repeat after a
+/// reboot, so a recorded engine is only trusted in the boot it was recorded in.
+pub fn boot_id() -> Option<String> {
+    fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .ok()
+        .map(|id| id.trim().to_owned())
+}
+
+/// Sends `signal` to the process `pid` alone (one that left its engine's group).
+pub fn signal_one(pid: u32, signal: Signal) {
+    if let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) {
+        let _ = kill_process(pid, signal);
+    }
+}
+
+/// Runs blocking work (reading `/proc` or a log, starting a process) on the blocking pool, so that it does
+/// not hold up the executor's threads.
+pub async fn off_executor<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
+    match tokio::task::spawn_blocking(work).await {
+        Ok(value) => value,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
 }
 
 /// The last `lines` lines of `log` (reading at most its last 64 KiB).
@@ -189,7 +273,13 @@ mod tests {
     async fn a_spawned_engine_is_known_by_pid_and_start_time_and_found_by_its_instance() {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("a.log");
-        let mut spawned = spawn(&sleeper("30"), &log, "instance-under-test").unwrap();
+        let mut spawned = spawn(
+            &sleeper("30"),
+            &log,
+            "instance-under-test",
+            &Mutex::new(false),
+        )
+        .unwrap();
         assert!(is_same(spawned.pid, spawned.start_ticks));
         assert!(
             !is_same(spawned.pid, spawned.start_ticks + 1),
@@ -201,9 +291,15 @@ mod tests {
         }
         let found = instance_processes("instance-under-test");
         assert!(
-            found.contains(&(spawned.pid, "unit-a".to_owned())),
+            found.contains(&Found {
+                pid: spawned.pid,
+                group: spawned.pid,
+                engine: "unit-a".to_owned()
+            }),
             "{found:?}"
         );
+        assert!(carries(spawned.pid, "instance-under-test"));
+        assert!(!carries(std::process::id(), "instance-under-test"));
         assert!(instance_processes("another-instance").is_empty());
         // sh may have started its sleep already, which joins sh's group.
         assert!(

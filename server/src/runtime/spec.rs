@@ -248,6 +248,111 @@ impl EngineSpec {
     }
 }
 
+/// What sets a flag Tessera gives an engine, which no extra argument may override: the last value of a
+/// flag wins, so `--gpu-memory-utilization 0.95` after Tessera's own would take more than the share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Owner {
+    /// The memory share.
+    Share,
+    /// The GPUs it runs on.
+    Gpus,
+    /// The recipe's path to the weights.
+    ModelPath,
+    /// The port Tessera chose.
+    Port,
+    /// The address it listens on.
+    Host,
+}
+
+/// The flags of each engine that Tessera sets, or that size it or choose its GPUs behind Tessera's back.
+fn engine_flags(engine: Engine) -> &'static [(&'static str, Owner)] {
+    use Owner::*;
+    match engine {
+        Engine::Vllm => &[
+            ("--host", Host),
+            ("--port", Port),
+            ("--model", ModelPath),
+            ("--gpu-memory-utilization", Share),
+            ("--kv-cache-memory-bytes", Share),
+            ("--cpu-offload-gb", Share),
+            ("--tensor-parallel-size", Gpus),
+            ("-tp", Gpus),
+            ("--pipeline-parallel-size", Gpus),
+            ("-pp", Gpus),
+            ("--data-parallel-size", Gpus),
+            ("-dp", Gpus),
+        ],
+        Engine::Sglang => &[
+            ("--host", Host),
+            ("--port", Port),
+            ("--model-path", ModelPath),
+            ("--mem-fraction-static", Share),
+            ("--max-total-tokens", Share),
+            ("--tp-size", Gpus),
+            ("--tp", Gpus),
+            ("--dp-size", Gpus),
+            ("--dp", Gpus),
+            ("--base-gpu-id", Gpus),
+        ],
+        Engine::LlamaCpp => &[
+            ("--host", Host),
+            ("--port", Port),
+            ("-m", ModelPath),
+            ("--model", ModelPath),
+            ("-ngl", Share),
+            ("--gpu-layers", Share),
+            ("--n-gpu-layers", Share),
+            ("-ts", Gpus),
+            ("--tensor-split", Gpus),
+            ("-mg", Gpus),
+            ("--main-gpu", Gpus),
+            ("-sm", Gpus),
+            ("--split-mode", Gpus),
+            ("-dev", Gpus),
+            ("--device", Gpus),
+        ],
+        Engine::Command => &[],
+    }
+}
+
+/// The flag of Tessera's that `arg` would override, with what sets it. A `command` engine's are the flags
+/// its template gives a placeholder (`--port {port}`, `--mem={gpu_memory_gb}`). Python's argument parser
+/// takes `_` for `-` (vLLM) and an unambiguous abbreviation (`--gpu-memory-util`), so those count too.
+pub fn owned_flag(engine: Engine, template: Option<&str>, arg: &str) -> Option<(String, Owner)> {
+    let given = arg.split_once('=').map_or(arg, |(flag, _)| flag);
+    if !given.starts_with('-') {
+        return None;
+    }
+    let given = given.replace('_', "-");
+    let python = matches!(engine, Engine::Vllm | Engine::Sglang);
+    let matches = |flag: &str| {
+        given == flag
+            || (python && flag.starts_with("--") && given.len() > 4 && flag.starts_with(&given))
+    };
+    if let Some((flag, owner)) = engine_flags(engine).iter().find(|(flag, _)| matches(flag)) {
+        return Some(((*flag).to_owned(), *owner));
+    }
+    let words = template.and_then(shlex::split).unwrap_or_default();
+    let placeholder = |word: &str| {
+        [
+            ("{port}", Owner::Port),
+            ("{model}", Owner::ModelPath),
+            ("{gpu_memory_gb}", Owner::Share),
+            ("{gpu_memory_fraction}", Owner::Share),
+        ]
+        .into_iter()
+        .find(|(p, _)| word.contains(p))
+        .map(|(_, owner)| owner)
+    };
+    words.iter().enumerate().find_map(|(i, word)| {
+        let (flag, owner) = match word.split_once('=') {
+            Some((flag, value)) => (flag, placeholder(value)?),
+            None => (word.as_str(), placeholder(words.get(i + 1)?)?),
+        };
+        (flag.starts_with('-') && given == flag.replace('_', "-")).then(|| (flag.to_owned(), owner))
+    })
+}
+
 fn words(list: &[&str]) -> Vec<String> {
     list.iter().map(|&w| w.to_owned()).collect()
 }
@@ -416,5 +521,52 @@ mod tests {
         assert_eq!(a.fingerprint(), b.fingerprint());
         b.share = Some(Bytes::gb(24));
         assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn an_argument_that_overrides_a_flag_tessera_sets_is_known_with_its_owner() {
+        let owned = |engine, arg| owned_flag(engine, None, arg);
+        assert_eq!(
+            owned(Engine::Vllm, "--gpu-memory-utilization"),
+            Some(("--gpu-memory-utilization".to_owned(), Owner::Share))
+        );
+        assert_eq!(
+            owned(Engine::Vllm, "--gpu_memory_utilization=0.95"),
+            Some(("--gpu-memory-utilization".to_owned(), Owner::Share))
+        );
+        assert_eq!(
+            owned(Engine::Vllm, "--gpu-memory-util"),
+            Some(("--gpu-memory-utilization".to_owned(), Owner::Share))
+        );
+        assert_eq!(
+            owned(Engine::Vllm, "--host=0.0.0.0").map(|o| o.1),
+            Some(Owner::Host)
+        );
+        assert_eq!(owned(Engine::Vllm, "-tp").map(|o| o.1), Some(Owner::Gpus));
+        assert_eq!(
+            owned(Engine::Sglang, "--mem-fraction-static").map(|o| o.1),
+            Some(Owner::Share)
+        );
+        assert_eq!(
+            owned(Engine::LlamaCpp, "-ngl").map(|o| o.1),
+            Some(Owner::Share)
+        );
+        assert_eq!(
+            owned(Engine::LlamaCpp, "--port").map(|o| o.1),
+            Some(Owner::Port)
+        );
+        assert_eq!(owned(Engine::Vllm, "--max-model-len"), None);
+        assert_eq!(owned(Engine::Vllm, "0.95"), None);
+        assert_eq!(owned(Engine::LlamaCpp, "--ctx-size"), None);
+        let template = Some("my-server --listen {port} --mem={gpu_memory_gb} --name x");
+        assert_eq!(
+            owned_flag(Engine::Command, template, "--listen"),
+            Some(("--listen".to_owned(), Owner::Port))
+        );
+        assert_eq!(
+            owned_flag(Engine::Command, template, "--mem=9"),
+            Some(("--mem".to_owned(), Owner::Share))
+        );
+        assert_eq!(owned_flag(Engine::Command, template, "--name"), None);
     }
 }

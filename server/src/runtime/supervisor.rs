@@ -2,18 +2,19 @@
 //! restarts it after a crash with exponential backoff up to a cap, and stops it gracefully (SIGTERM, then
 //! SIGKILL after a timeout).
 
-use super::process::{self, Spawned, KILL, TERM};
-use super::spec::EngineSpec;
+use super::process::{self, off_executor, SpawnError, Spawned, KILL, TERM};
+use super::spec::{EngineSpec, Host};
 use super::{EngineState, Shared};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout, Instant};
 
 /// What the runtime asks of a supervisor.
 pub(super) enum Control {
-    /// Stop the engine gracefully; answered once it has exited.
-    Stop(oneshot::Sender<()>),
+    /// Stop the engine gracefully; the supervisor ends once it has exited.
+    Stop,
 }
 
 /// How the supervisor begins.
@@ -42,18 +43,6 @@ impl Proc {
         }
     }
 
-    /// Waits until it exits, and says how. What it started and left behind is killed: those processes may
-    /// hold GPU memory the next start needs.
-    async fn exited(&mut self, poll: Duration) -> String {
-        let how = self.leader_exited(poll).await;
-        let pgid = self.pid();
-        if !process::group_members(pgid).is_empty() {
-            process::signal(pgid, KILL);
-            group_gone(pgid, poll).await;
-        }
-        how
-    }
-
     async fn leader_exited(&mut self, poll: Duration) -> String {
         match self {
             Proc::Child(s) => match s.child.wait().await {
@@ -70,27 +59,131 @@ impl Proc {
         }
     }
 
-    /// SIGTERM to the engine and everything it started, then SIGKILL after `grace`; returns once all of
-    /// them have exited, which is when their GPU memory is free.
-    async fn stop(&mut self, grace: Duration, poll: Duration) {
+    /// SIGTERM to the engine, everything it started in its group and its helpers outside it, then SIGKILL
+    /// after the stop timeout; see [`Proc::clean_up`].
+    async fn stop(&mut self, shared: &Shared, spec: &EngineSpec) -> Option<String> {
+        let settings = &shared.settings;
         let pgid = self.pid();
+        let (group, escaped) = leftovers(shared, &spec.unit, pgid).await;
         process::signal(pgid, TERM);
-        let all_gone = async {
-            self.leader_exited(poll).await;
-            group_gone(pgid, poll).await;
-        };
-        if timeout(grace, all_gone).await.is_err() {
-            tracing::warn!("engine {pgid} did not stop within {grace:?}: killing it");
-            process::signal(pgid, KILL);
-            self.exited(poll).await;
+        for &pid in &escaped {
+            process::signal_one(pid, TERM);
         }
+        let all_gone = async {
+            self.leader_exited(settings.health_interval).await;
+            gone(shared, &spec.unit, pgid).await;
+        };
+        if timeout(settings.stop_timeout, all_gone).await.is_err() {
+            tracing::warn!(
+                "engine {} did not stop within {:?}: killing it",
+                spec.unit,
+                settings.stop_timeout
+            );
+        }
+        let seen = group.into_iter().chain(escaped).collect();
+        self.clean_up(shared, spec, seen).await
+    }
+
+    /// Kills what is left of the engine (its group, and its helpers that left it: they may hold GPU memory
+    /// the next start needs), then waits, within the stop timeout, for them to be gone and, where NVML can
+    /// tell, for their GPU memory to be free. What is stuck is said, not waited for.
+    async fn clean_up(
+        &mut self,
+        shared: &Shared,
+        spec: &EngineSpec,
+        mut seen: BTreeSet<u32>,
+    ) -> Option<String> {
+        let settings = &shared.settings;
+        let pgid = self.pid();
+        seen.insert(pgid);
+        let (group, escaped) = leftovers(shared, &spec.unit, pgid).await;
+        if !group.is_empty() {
+            process::signal(pgid, KILL);
+        }
+        for &pid in &escaped {
+            process::signal_one(pid, KILL);
+        }
+        seen.extend(group.into_iter().chain(escaped));
+        let all_gone = async {
+            self.leader_exited(settings.health_interval).await;
+            gone(shared, &spec.unit, pgid).await;
+        };
+        if timeout(settings.stop_timeout, all_gone).await.is_err() {
+            let (group, escaped) = leftovers(shared, &spec.unit, pgid).await;
+            let left: Vec<String> = group.iter().chain(&escaped).map(u32::to_string).collect();
+            return Some(format!(
+                "PID {} outlived SIGKILL for {:?}",
+                left.join(", "),
+                settings.stop_timeout
+            ));
+        }
+        memory_freed(shared, spec, &seen).await
     }
 }
 
-/// Waits until no process of the group `pgid` is left.
-async fn group_gone(pgid: u32, poll: Duration) {
-    while !process::group_members(pgid).is_empty() {
-        sleep(poll).await;
+/// The live processes of the engine `unit` led by `pgid`: those of its process group, and those that carry
+/// its name outside it (a helper that called `setsid`).
+async fn leftovers(shared: &Shared, unit: &str, pgid: u32) -> (BTreeSet<u32>, BTreeSet<u32>) {
+    let instance = shared.instance.clone();
+    let unit = unit.to_owned();
+    off_executor(move || {
+        let group: BTreeSet<u32> = process::group_members(pgid).into_iter().collect();
+        let escaped = process::instance_processes(&instance)
+            .into_iter()
+            .filter(|f| f.engine == unit && !group.contains(&f.pid))
+            .map(|f| f.pid)
+            .collect();
+        (group, escaped)
+    })
+    .await
+}
+
+/// Waits until no process of the engine is left.
+async fn gone(shared: &Shared, unit: &str, pgid: u32) {
+    loop {
+        let (group, escaped) = leftovers(shared, unit, pgid).await;
+        if group.is_empty() && escaped.is_empty() {
+            return;
+        }
+        sleep(shared.settings.health_interval).await;
+    }
+}
+
+/// Waits, within the stop timeout, until none of `pids` holds memory on the engine's GPUs, where this
+/// machine's GPUs can be read (the driver frees memory a moment after a process exits); says which still
+/// does after that.
+async fn memory_freed(shared: &Shared, spec: &EngineSpec, pids: &BTreeSet<u32>) -> Option<String> {
+    let gpus = shared
+        .settings
+        .gpus
+        .clone()
+        .filter(|_| spec.host == Host::Local)?;
+    let deadline = Instant::now() + shared.settings.stop_timeout;
+    loop {
+        let (reader, indices, pids) = (gpus.clone(), spec.gpus.clone(), pids.clone());
+        let holding: Vec<(u32, u32)> = off_executor(move || {
+            indices
+                .into_iter()
+                .flat_map(|i| {
+                    reader
+                        .processes_on(i)
+                        .into_iter()
+                        .filter(|pid| pids.contains(pid))
+                        .map(move |pid| (pid, i))
+                        .collect::<Vec<_>>()
+                })
+                .collect()
+        })
+        .await;
+        // Free once none of them is listed.
+        let &(pid, gpu) = holding.first()?;
+        if Instant::now() >= deadline {
+            return Some(format!(
+                "PID {pid} still holds memory on GPU {gpu} {:?} after the engine stopped",
+                shared.settings.stop_timeout
+            ));
+        }
+        sleep(shared.settings.health_interval).await;
     }
 }
 
@@ -120,7 +213,17 @@ pub(super) async fn supervise(
             Some(p) => p,
             None => match start(&shared, &spec).await {
                 Ok(p) => p,
-                Err(message) => {
+                Err(StartFailure::Closing) => {
+                    shared.set(
+                        &unit,
+                        EngineState::Stopped,
+                        None,
+                        None,
+                        Some("not started: the server is shutting down".to_owned()),
+                    );
+                    return;
+                }
+                Err(StartFailure::Refused(message)) => {
                     // A recipe that cannot start will not start on a retry either.
                     shared.set(&unit, EngineState::Failed, None, None, Some(message));
                     wait_for_stop(&mut control).await;
@@ -137,14 +240,16 @@ pub(super) async fn supervise(
         let why = loop {
             tokio::select! {
                 message = control.recv() => {
-                    let Some(Control::Stop(done)) = message else { return };
-                    running.stop(settings.stop_timeout, settings.health_interval).await;
+                    let Some(Control::Stop) = message else { return };
+                    let stuck = running.stop(&shared, &spec).await;
                     shared.forget(&unit).await;
-                    shared.set(&unit, EngineState::Stopped, None, None, None);
-                    let _ = done.send(());
+                    shared.set(&unit, EngineState::Stopped, None, None, stuck);
                     return;
                 }
-                how = running.exited(settings.health_interval) => break how,
+                how = running.leader_exited(settings.health_interval) => {
+                    let stuck = running.clean_up(&shared, &spec, BTreeSet::new()).await;
+                    break with_stuck(how, stuck);
+                }
                 _ = tick.tick() => {
                     // A loaded machine answers slowly: a probe may take longer than the interval.
                     if healthy(port, settings.health_interval.max(PROBE_TIMEOUT)).await {
@@ -156,8 +261,8 @@ pub(super) async fn supervise(
                         }
                     } else if !healthy_once {
                         if started.elapsed() > settings.start_timeout {
-                            running.stop(settings.stop_timeout, settings.health_interval).await;
-                            break format!("was not healthy within {:?} of its start", settings.start_timeout);
+                            let stuck = running.stop(&shared, &spec).await;
+                            break with_stuck(format!("was not healthy within {:?} of its start", settings.start_timeout), stuck);
                         }
                     } else {
                         failed_checks += 1;
@@ -166,8 +271,8 @@ pub(super) async fn supervise(
                                 Some(format!("{failed_checks} health checks in a row failed")));
                         }
                         if failed_checks >= settings.restart_unhealthy_after {
-                            running.stop(settings.stop_timeout, settings.health_interval).await;
-                            break format!("failed {failed_checks} health checks in a row");
+                            let stuck = running.stop(&shared, &spec).await;
+                            break with_stuck(format!("failed {failed_checks} health checks in a row"), stuck);
                         }
                     }
                 }
@@ -204,27 +309,45 @@ pub(super) async fn supervise(
         );
         tokio::select! {
             () = sleep(delay) => {}
-            message = control.recv() => {
+            _ = control.recv() => {
                 shared.set(&unit, EngineState::Stopped, None, None, None);
-                if let Some(Control::Stop(done)) = message {
-                    let _ = done.send(());
-                }
                 return;
             }
         }
     }
 }
 
+/// Why a start did not get a process.
+#[derive(Debug, thiserror::Error)]
+enum StartFailure {
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    Closing,
+    /// It cannot start (and would not on a retry).
+    #[error("{0}")]
+    Refused(String),
+}
+
 /// Starts the engine, records it for adoption, and says so.
-async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<(Proc, u16), String> {
-    let port = free_port().map_err(|e| format!("no free port: {e}"))?;
+async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<(Proc, u16), StartFailure> {
+    let port = free_port().map_err(|e| StartFailure::Refused(format!("no free port: {e}")))?;
     let free = shared.free_at_start(spec);
     let launch = spec
         .launch(port, free, &shared.settings.demo_engine)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| StartFailure::Refused(e.to_string()))?;
     shared.set(&spec.unit, EngineState::Starting, None, Some(port), None);
-    let spawned = process::spawn(&launch, &shared.log_path(&spec.unit), &shared.instance)
-        .map_err(|e| format!("could not start {}: {e}", launch.program))?;
+    let spawned = {
+        let (shared, launch) = (shared.clone(), launch.clone());
+        let log = shared.log_path(&spec.unit);
+        off_executor(move || process::spawn(&launch, &log, &shared.instance, &shared.shutting_down))
+            .await
+    }
+    .map_err(|e| match e {
+        SpawnError::Closing => StartFailure::Closing,
+        SpawnError::Io(e) => {
+            StartFailure::Refused(format!("could not start {}: {e}", launch.program))
+        }
+    })?;
     shared
         .remember(spec, spawned.pid, spawned.start_ticks, port)
         .await;
@@ -239,10 +362,16 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<(Proc, u16), S
     Ok((Proc::Child(spawned), port))
 }
 
-async fn wait_for_stop(control: &mut mpsc::Receiver<Control>) {
-    if let Some(Control::Stop(done)) = control.recv().await {
-        let _ = done.send(());
+/// `why` an engine went down, with what of it is stuck.
+fn with_stuck(why: String, stuck: Option<String>) -> String {
+    match stuck {
+        Some(stuck) => format!("{why} ({stuck})"),
+        None => why,
     }
+}
+
+async fn wait_for_stop(control: &mut mpsc::Receiver<Control>) {
+    let _ = control.recv().await;
 }
 
 /// A port nothing listens on now, for the engine to take.

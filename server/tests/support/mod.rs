@@ -325,6 +325,13 @@ pub fn processes_of(instance: &str) -> Vec<u32> {
         .collect()
 }
 
+/// Whether the process `pid` runs (a zombie is gone in all but name).
+pub fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+        .unwrap_or(false)
+}
+
 /// An RFC 3339 time, comparable.
 pub fn at(event: &Value) -> time::OffsetDateTime {
     time::OffsetDateTime::parse(

@@ -1,0 +1,489 @@
+//! Carries out the runtime's changes: in commit order on each GPU, side by side on different GPUs, so that
+//! an engine that takes long to load (or never does) holds up only the changes on its own GPUs. A newer
+//! change cancels the waits it makes moot; after a crash, the engines the previous server left are adopted
+//! or stopped first.
+
+use super::process::{self, off_executor};
+use super::spec::EngineSpec;
+use super::supervisor::Begin;
+use super::{Change, Order, Progress, Settings, Shared, StepProgress, StepStatus};
+use placement::Step;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{mpsc, watch};
+
+/// A GPU as changes are ordered by: `machine#index`, or `machine#unit` for an engine that holds none.
+type Gpu = String;
+
+/// Set when a newer change makes a job moot, or the server shuts down.
+pub(super) type Cancel = watch::Receiver<bool>;
+
+/// The GPUs `spec` runs on.
+fn gpus_of(spec: &EngineSpec) -> BTreeSet<Gpu> {
+    if spec.gpus.is_empty() {
+        return BTreeSet::from([format!("{}#{}", spec.machine, spec.unit)]);
+    }
+    spec.gpus
+        .iter()
+        .map(|g| format!("{}#{g}", spec.machine))
+        .collect()
+}
+
+/// Part of a change, on some GPUs.
+struct Job {
+    /// The engines it may start: a newer change that wants one of them gone or different cancels it.
+    starts: Vec<EngineSpec>,
+    cancel: watch::Sender<bool>,
+}
+
+struct Conductor {
+    shared: Arc<Shared>,
+    /// For each GPU, the end of the last job queued there (its sender drops when it ends).
+    tails: BTreeMap<Gpu, watch::Receiver<()>>,
+    /// The jobs not ended yet.
+    jobs: Vec<Job>,
+}
+
+/// Takes orders in commit order until the runtime is dropped.
+pub(super) async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedReceiver<Order>) {
+    let mut conductor = Conductor {
+        shared,
+        tails: BTreeMap::new(),
+        jobs: Vec::new(),
+    };
+    while let Some(order) = orders.recv().await {
+        conductor.jobs.retain(|job| !job.cancel.is_closed());
+        match order {
+            Order::Change(change) => conductor.dispatch(change).await,
+            Order::Settled(done) => {
+                // A tail whose job has ended answers `has_changed` with an error.
+                let tails: Vec<_> = conductor
+                    .tails
+                    .values()
+                    .filter(|tail| tail.has_changed().is_ok())
+                    .cloned()
+                    .collect();
+                if tails.is_empty() {
+                    let _ = done.send(());
+                    continue;
+                }
+                tokio::spawn(async move {
+                    for mut tail in tails {
+                        // Never sent to: ends when the job does.
+                        let _ = tail.changed().await;
+                    }
+                    let _ = done.send(());
+                });
+            }
+            Order::Shutdown(done) => {
+                for job in &conductor.jobs {
+                    job.cancel.send_replace(true);
+                }
+                let shared = &conductor.shared;
+                let units = shared.unit_names();
+                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
+                shared.drop_units(&units);
+                let _ = done.send(());
+            }
+        }
+    }
+}
+
+impl Conductor {
+    async fn dispatch(&mut self, change: Change) {
+        match change {
+            Change::Reconcile(desired) => {
+                if let Err(e) = reconcile(&self.shared, &desired).await {
+                    tracing::error!(
+                        "the engines left by the previous server could not be reconciled: {e}"
+                    );
+                }
+                self.apply(desired);
+            }
+            Change::Apply(desired) => self.apply(desired),
+            Change::Restart(unit) => {
+                let Some(spec) = self.shared.lock().get(&unit).map(|u| u.spec.clone()) else {
+                    return;
+                };
+                self.cancel(|s| s.unit == unit);
+                let gpus = self.related(|u| u == unit);
+                self.queue(
+                    gpus,
+                    vec![spec.clone()],
+                    move |shared, mut cancel| async move {
+                        shared.stop_unit(&unit).await;
+                        shared.drop_units(std::slice::from_ref(&unit));
+                        let _ = shared.start_and_wait(spec, &mut cancel).await;
+                    },
+                );
+            }
+            Change::Plan {
+                group,
+                revision,
+                steps,
+                members,
+            } => {
+                let prefix = format!("group:{group}/");
+                let stopped: Vec<String> = steps
+                    .iter()
+                    .filter_map(|s| match s {
+                        Step::Stop(m) => Some(m.clone()),
+                        Step::Start(..) => None,
+                    })
+                    .collect();
+                let touched = |unit: &str| {
+                    unit.starts_with(&prefix) || stopped.iter().any(|m| is_member(unit, None, m))
+                };
+                self.cancel(|s| {
+                    touched(&s.unit)
+                        && !members
+                            .iter()
+                            .any(|m| m.unit == s.unit && m.fingerprint() == s.fingerprint())
+                });
+                let mut gpus = self.related(touched);
+                gpus.extend(members.iter().flat_map(gpus_of));
+                self.queue(
+                    gpus,
+                    members.clone(),
+                    move |shared, mut cancel| async move {
+                        carry_out(&shared, &group, revision, &steps, &members, &mut cancel).await;
+                    },
+                );
+            }
+        }
+    }
+
+    /// Queues an [`super::Change::Apply`] as one job per set of GPUs that an engine joins (a tensor-parallel
+    /// engine holds several): each stops what runs there and should not, then starts what is missing.
+    fn apply(&mut self, desired: Vec<EngineSpec>) {
+        self.cancel(|s| {
+            !desired
+                .iter()
+                .any(|d| d.unit == s.unit && d.fingerprint() == s.fingerprint())
+        });
+        // An engine joins the GPUs it is wanted on with those it runs or is about to start on (it may move),
+        // so that its stop and its start fall in one job, in that order.
+        let mut joins: Vec<BTreeSet<Gpu>> = desired
+            .iter()
+            .map(|d| {
+                let mut gpus = gpus_of(d);
+                gpus.extend(self.related(|u| u == d.unit));
+                gpus
+            })
+            .collect();
+        joins.extend(self.shared.lock().values().map(|u| gpus_of(&u.spec)));
+        // Every GPU that has run anything: what runs there and is no longer wanted stops.
+        joins.extend(self.tails.keys().map(|g| BTreeSet::from([g.clone()])));
+        let desired = Arc::new(desired);
+        for part in components(joins) {
+            let desired = desired.clone();
+            let starts = desired
+                .iter()
+                .filter(|d| gpus_of(d).is_subset(&part))
+                .cloned()
+                .collect();
+            let within = part.clone();
+            self.queue(part, starts, move |shared, mut cancel| async move {
+                let within = |spec: &EngineSpec| !gpus_of(spec).is_disjoint(&within);
+                apply_to(&shared, &desired, within, &mut cancel).await;
+            });
+        }
+    }
+
+    /// Cancels the jobs that may start an engine `moot` says a newer change no longer wants as it is.
+    fn cancel(&self, moot: impl Fn(&EngineSpec) -> bool) {
+        for job in &self.jobs {
+            if job.starts.iter().any(&moot) {
+                job.cancel.send_replace(true);
+            }
+        }
+    }
+
+    /// The GPUs of the engines `pick` takes, as they run now or as a queued job would start them.
+    fn related(&self, pick: impl Fn(&str) -> bool) -> BTreeSet<Gpu> {
+        let running: Vec<BTreeSet<Gpu>> = self
+            .shared
+            .lock()
+            .values()
+            .filter(|u| pick(&u.spec.unit))
+            .map(|u| gpus_of(&u.spec))
+            .collect();
+        let queued = self
+            .jobs
+            .iter()
+            .flat_map(|j| &j.starts)
+            .filter(|s| pick(&s.unit))
+            .map(gpus_of);
+        running.into_iter().chain(queued).flatten().collect()
+    }
+
+    /// Runs `work` once every job queued before it on `gpus` has ended (skipping it when cancelled by then).
+    fn queue<F, Fut>(&mut self, gpus: BTreeSet<Gpu>, starts: Vec<EngineSpec>, work: F)
+    where
+        F: FnOnce(Arc<Shared>, Cancel) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (ended, tail) = watch::channel(());
+        let before: Vec<watch::Receiver<()>> = gpus
+            .into_iter()
+            .filter_map(|gpu| self.tails.insert(gpu, tail.clone()))
+            .collect();
+        let (cancel, cancelled) = watch::channel(false);
+        self.jobs.push(Job { starts, cancel });
+        let shared = self.shared.clone();
+        tokio::spawn(async move {
+            let _ended = ended;
+            // Waited out even when cancelled: the job after this one must not overtake the ones before.
+            for mut job in before {
+                let _ = job.changed().await;
+            }
+            if !*cancelled.borrow() {
+                work(shared, cancelled).await;
+            }
+        });
+    }
+}
+
+/// The connected parts of `joins`: sets that share a GPU are one part.
+fn components(joins: Vec<BTreeSet<Gpu>>) -> Vec<BTreeSet<Gpu>> {
+    let mut parts: Vec<BTreeSet<Gpu>> = Vec::new();
+    for join in joins {
+        let (touching, apart): (Vec<_>, Vec<_>) =
+            parts.into_iter().partition(|p| !p.is_disjoint(&join));
+        let merged = touching.into_iter().flatten().chain(join).collect();
+        parts = apart;
+        parts.push(merged);
+    }
+    parts
+}
+
+/// Why a start did not end healthy.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum StartError {
+    /// It failed (its state says why).
+    #[error("{0}")]
+    Failed(String),
+    /// A newer change stops it or starts it otherwise: waiting for it is moot.
+    #[error("a newer change made waiting for it moot")]
+    Superseded,
+    /// The server is shutting down.
+    #[error("the server is shutting down")]
+    Closing,
+}
+
+/// Adopts the engines a previous server left running as `desired` wants, and stops every other engine of
+/// this installation. A row is trusted only in the boot it was recorded in, for the same process (PID and
+/// start time) carrying this installation's token: any other process with that PID is left alone.
+async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> Result<(), sqlx::Error> {
+    let rows = shared.records().await?;
+    let wanted: BTreeMap<&str, &EngineSpec> =
+        desired.iter().map(|s| (s.unit.as_str(), s)).collect();
+    let mut adopted_groups = BTreeSet::new();
+    let mut adopted_units = BTreeSet::new();
+    let mut strays = Vec::new();
+    for record in rows {
+        match wanted.get(record.unit.as_str()) {
+            Some(spec) if record.ours && spec.fingerprint() == record.fingerprint => {
+                tracing::info!(
+                    "adopting engine {} (PID {}), still running as committed",
+                    record.unit,
+                    record.pid
+                );
+                shared.launch_unit(
+                    (*spec).clone(),
+                    Begin::Adopt {
+                        pid: record.pid,
+                        start_ticks: record.start_ticks,
+                        port: record.port,
+                    },
+                );
+                adopted_groups.insert(record.pid);
+                adopted_units.insert(record.unit);
+            }
+            _ => {
+                if record.ours {
+                    tracing::info!(
+                        "stopping engine {} (PID {}): the committed state no longer runs it so",
+                        record.unit,
+                        record.pid
+                    );
+                    strays.push((record.pid, record.start_ticks));
+                }
+                shared.forget(&record.unit).await;
+            }
+        }
+    }
+    // Engines started by a server that died before it could record them. An adopted engine's own processes
+    // (vLLM's EngineCore, SGLang's schedulers, helpers that left its group) carry the token too: left alone.
+    let instance = shared.instance.clone();
+    let found = off_executor(move || process::instance_processes(&instance)).await;
+    for f in found {
+        if adopted_groups.contains(&f.group)
+            || adopted_units.contains(&f.engine)
+            || f.pid == std::process::id()
+        {
+            continue;
+        }
+        if let Some(ticks) = process::start_ticks(f.pid) {
+            tracing::info!("stopping orphan engine {} (PID {})", f.engine, f.pid);
+            strays.push((f.pid, ticks));
+        }
+    }
+    let settings = &shared.settings;
+    futures::future::join_all(
+        strays
+            .into_iter()
+            .map(|(pid, ticks)| stop_stray(pid, ticks, settings)),
+    )
+    .await;
+    Ok(())
+}
+
+/// Stops what should not run as it does among the engines `within` takes, then starts what is missing
+/// there, one at a time: an engine that sizes itself by the memory free at its start (SGLang) must not
+/// start while another is still loading.
+async fn apply_to(
+    shared: &Arc<Shared>,
+    desired: &[EngineSpec],
+    within: impl Fn(&EngineSpec) -> bool,
+    cancel: &mut Cancel,
+) {
+    let stale: Vec<String> = {
+        let units = shared.lock();
+        units
+            .iter()
+            .filter(|(_, unit)| within(&unit.spec))
+            .filter(|(name, unit)| {
+                desired
+                    .iter()
+                    .find(|s| &&s.unit == name)
+                    .is_none_or(|s| s.fingerprint() != unit.spec.fingerprint())
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    };
+    futures::future::join_all(stale.iter().map(|u| shared.stop_unit(u))).await;
+    shared.drop_units(&stale);
+    for spec in desired.iter().filter(|s| within(s)) {
+        if !shared.has(&spec.unit) {
+            // A start that fails says so in its state and events; the others still start.
+            match shared.start_and_wait(spec.clone(), cancel).await {
+                Ok(()) | Err(StartError::Failed(_)) => {}
+                Err(StartError::Superseded | StartError::Closing) => return,
+            }
+        }
+    }
+}
+
+/// A committed plan change of `group`: its steps in order, then whatever of the group is still not as
+/// committed. Cancelled, it stops where it is: the newer change brings the group where it should be.
+async fn carry_out(
+    shared: &Arc<Shared>,
+    group: &str,
+    revision: i64,
+    steps: &[Step],
+    members: &[EngineSpec],
+    cancel: &mut Cancel,
+) {
+    let mut progress = Progress {
+        revision,
+        steps: steps
+            .iter()
+            .map(|step| {
+                let (action, member) = match step {
+                    Step::Stop(m) => ("stop", m),
+                    Step::Start(m, _) => ("start", m),
+                };
+                StepProgress {
+                    action: action.to_owned(),
+                    member: member.clone(),
+                    status: StepStatus::Waiting,
+                    message: None,
+                }
+            })
+            .collect(),
+    };
+    shared.set_progress(group, &progress);
+    for (i, step) in steps.iter().enumerate() {
+        shared.step(group, &mut progress, i, StepStatus::Running, None);
+        let outcome = match step {
+            // Wherever it runs: the router moving in stops in the group it leaves.
+            Step::Stop(member) => {
+                let units: Vec<String> = shared
+                    .unit_names()
+                    .into_iter()
+                    .filter(|u| is_member(u, None, member))
+                    .collect();
+                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
+                shared.drop_units(&units);
+                Ok(())
+            }
+            Step::Start(member, _) => {
+                let mut outcome = Ok(());
+                for spec in members
+                    .iter()
+                    .filter(|s| is_member(&s.unit, Some(group), member))
+                {
+                    if shared.has(&spec.unit) {
+                        continue;
+                    }
+                    match shared.start_and_wait(spec.clone(), cancel).await {
+                        Ok(()) => {}
+                        Err(StartError::Failed(why)) => {
+                            outcome = Err(format!("{} on {}: {why}", member, spec.machine));
+                        }
+                        Err(halt) => {
+                            let why = format!("{} on {}: {halt}", member, spec.machine);
+                            shared.step(group, &mut progress, i, StepStatus::Failed, Some(why));
+                            return;
+                        }
+                    }
+                }
+                outcome
+            }
+        };
+        match outcome {
+            Ok(()) => shared.step(group, &mut progress, i, StepStatus::Done, None),
+            Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
+        }
+    }
+    let prefix = format!("group:{group}/");
+    apply_to(
+        shared,
+        members,
+        |spec| spec.unit.starts_with(&prefix),
+        cancel,
+    )
+    .await;
+}
+
+/// Whether `unit` is `member` of `group` (of any group when `None`) on some machine.
+pub(super) fn is_member(unit: &str, group: Option<&str>, member: &str) -> bool {
+    let Some(rest) = unit.strip_prefix("group:") else {
+        return false;
+    };
+    let Some((g, rest)) = rest.split_once('/') else {
+        return false;
+    };
+    let Some((m, _machine)) = rest.rsplit_once('@') else {
+        return false;
+    };
+    m == member && group.is_none_or(|want| want == g)
+}
+
+/// Stops an engine this server did not start and will not keep.
+async fn stop_stray(pid: u32, ticks: u64, settings: &Settings) {
+    process::signal(pid, process::TERM);
+    let gone = async {
+        while process::is_same(pid, ticks) {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    if tokio::time::timeout(settings.stop_timeout, gone)
+        .await
+        .is_err()
+    {
+        process::signal(pid, process::KILL);
+    }
+}

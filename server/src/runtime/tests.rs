@@ -1,0 +1,480 @@
+//! The runtime's own tests: pure rules, and engines as real processes (`sh`, `sleep`) on a real SQLite
+//! file, driven through [`Runtime`] as the fleet drives it.
+
+use super::conductor::is_member;
+use super::*;
+use crate::inventory::demo::Engine;
+use crate::inventory::{InventoryError, LocalReading};
+use spec::Recipe;
+use std::path::Path;
+
+/// How long anything here may take before it counts as never.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+/// Polls `check` until it holds, or fails the test after [`PATIENCE`].
+async fn wait_until(what: &str, mut check: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !check() {
+        assert!(start.elapsed() < PATIENCE, "waited {PATIENCE:?} for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The instance token of the data folder `dir`: each test its own, as the tests run side by side and a
+/// reconcile stops every process of its installation that it does not adopt.
+fn instance(dir: &Path) -> String {
+    dir.display().to_string()
+}
+
+/// A fresh data folder's database, with [`instance`] as its token.
+async fn database(dir: &Path) -> SqlitePool {
+    let pool = crate::db::connect(None, dir).await.unwrap();
+    sqlx::query("INSERT INTO instance (id, token) VALUES (1, ?)")
+        .bind(instance(dir))
+        .execute(&pool)
+        .await
+        .unwrap();
+    pool
+}
+
+/// Fast timings; starts are given long enough never to time out in a test.
+fn settings(dir: &Path) -> Settings {
+    Settings {
+        health_interval: Duration::from_millis(50),
+        stop_timeout: Duration::from_secs(3),
+        backoff: Duration::from_millis(200),
+        backoff_max: Duration::from_secs(1),
+        max_restarts: 3,
+        ..Settings::new(std::env::current_exe().unwrap(), dir.join("engines"))
+    }
+}
+
+/// An engine on GPU `gpu` of this machine that runs `command` (which answers no health check).
+fn command(unit: &str, gpu: u32, command: &str) -> EngineSpec {
+    EngineSpec {
+        unit: unit.to_owned(),
+        machine: "here".to_owned(),
+        host: Host::Local,
+        gpus: vec![gpu],
+        gpu_total: Bytes::gb(8),
+        share: Some(Bytes::gb(1)),
+        gpu_offered: Bytes::gb(8),
+        recipe: Recipe {
+            engine: Engine::Command,
+            model_path: String::new(),
+            command: Some(command.to_owned()),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+        },
+    }
+}
+
+/// Starts `spec` as a server that has since crashed would have, and records it as that server did.
+async fn left_running(pool: &SqlitePool, dir: &Path, spec: &EngineSpec, boot: &str) -> u32 {
+    let launch = spec.command_line(1, Bytes::gb(8)).unwrap();
+    let spawned = process::spawn(
+        &launch,
+        &dir.join("left.log"),
+        &instance(dir),
+        &Mutex::new(false),
+    )
+    .unwrap();
+    let pid = spawned.pid;
+    // Until sh has exec'd, /proc shows the parent's environment.
+    wait_until("the engine runs", || process::carries(pid, &instance(dir))).await;
+    sqlx::query("INSERT INTO engines (unit, fingerprint, pid, start_ticks, port, boot_id) VALUES (?, ?, ?, ?, 1, ?)")
+        .bind(&spec.unit)
+        .bind(spec.fingerprint())
+        .bind(i64::from(pid))
+        .bind(spawned.start_ticks as i64)
+        .bind(boot)
+        .execute(pool)
+        .await
+        .unwrap();
+    // The server that started it is gone: the engine is nobody's child to wait on.
+    std::mem::forget(spawned.child);
+    pid
+}
+
+fn this_boot() -> String {
+    process::boot_id().unwrap()
+}
+
+fn alive(pid: u32) -> bool {
+    process::start_ticks(pid).is_some()
+}
+
+/// The processes that say they are `unit` of the installation in `dir`.
+fn processes_of(dir: &Path, unit: &str) -> Vec<u32> {
+    process::instance_processes(&instance(dir))
+        .into_iter()
+        .filter(|f| f.engine == unit)
+        .map(|f| f.pid)
+        .collect()
+}
+
+/// A GPU reader whose GPU 0 lists `holding` as its compute processes.
+#[derive(Default)]
+struct Gpus {
+    holding: Mutex<Vec<u32>>,
+}
+
+impl LocalGpus for Gpus {
+    fn read(&self, _ours: &crate::inventory::Ours) -> Result<LocalReading, InventoryError> {
+        Err(InventoryError::Memory("not read by the runtime".to_owned()))
+    }
+
+    fn processes_on(&self, index: u32) -> Vec<u32> {
+        if index == 0 {
+            self.holding.lock().unwrap().clone()
+        } else {
+            Vec::new()
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adoption_leaves_the_children_of_an_adopted_engine_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    // As vLLM's EngineCore: a child in the engine's group, with its environment.
+    let spec = command("adoptee", 0, "sh -c 'sleep 1000 & sleep 1000'");
+    let pid = left_running(&pool, dir.path(), &spec, &this_boot()).await;
+    wait_until("the engine's child runs", || {
+        process::group_members(pid).len() >= 2
+    })
+    .await;
+    let family = process::group_members(pid);
+
+    let runtime = Runtime::open(pool, settings(dir.path())).await.unwrap();
+    runtime.submit(Change::Reconcile(vec![spec]));
+    runtime.settled().await;
+    assert_eq!(runtime.engine("adoptee").unwrap().pid, Some(pid), "adopted");
+    for member in &family {
+        assert!(alive(*member), "{member} of {family:?} was stopped");
+    }
+
+    runtime.shutdown().await;
+    assert!(process::group_members(pid).is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_pid_that_is_now_another_process_is_left_alone_and_its_record_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    // The engine is gone, and its PID went to a process that is not Tessera's.
+    let mut other = std::process::Command::new("sleep")
+        .arg("1000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = other.id();
+    sqlx::query("INSERT INTO engines (unit, fingerprint, pid, start_ticks, port, boot_id) VALUES ('gone', 'x', ?, ?, 1, ?)")
+        .bind(i64::from(pid))
+        .bind(process::start_ticks(pid).unwrap() as i64)
+        .bind(this_boot())
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let runtime = Runtime::open(pool.clone(), settings(dir.path()))
+        .await
+        .unwrap();
+    assert!(runtime.recorded().await.unwrap().is_empty());
+    runtime.submit(Change::Reconcile(Vec::new()));
+    runtime.settled().await;
+    assert!(alive(pid), "another process was stopped");
+    let (rows,): (i64,) = sqlx::query_as("SELECT count(*) FROM engines")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+
+    runtime.shutdown().await;
+    other.kill().unwrap();
+    other.wait().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_recorded_in_another_boot_is_not_adopted() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let spec = command("rebooted", 0, "sleep 1000");
+    let recorded = left_running(&pool, dir.path(), &spec, "another-boot").await;
+
+    let runtime = Runtime::open(pool, settings(dir.path())).await.unwrap();
+    assert!(runtime.recorded().await.unwrap().is_empty());
+    runtime.submit(Change::Reconcile(vec![spec]));
+    wait_until("the engine runs afresh", || {
+        runtime
+            .engine("rebooted")
+            .and_then(|e| e.pid)
+            .is_some_and(|pid| pid != recorded)
+    })
+    .await;
+    // It carries this installation's token, so it is ours all the same: an orphan, stopped.
+    wait_until("the recorded process is stopped", || !alive(recorded)).await;
+
+    runtime.shutdown().await;
+}
+
+#[test]
+fn nothing_is_spawned_once_the_server_is_shutting_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let launch = command("late", 0, "sleep 1000")
+        .command_line(1, Bytes::gb(8))
+        .unwrap();
+    let refused = process::spawn(
+        &launch,
+        &dir.path().join("late.log"),
+        &instance(dir.path()),
+        &Mutex::new(true),
+    );
+    assert!(matches!(refused, Err(process::SpawnError::Closing)));
+    assert!(processes_of(dir.path(), "late").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_queued_when_shutdown_begins_never_spawns() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(
+        pool,
+        Settings {
+            start_timeout: Duration::from_secs(1),
+            max_restarts: 0,
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    let marker = dir.path().join("second-started");
+    let first = command("first", 0, "sleep 1000");
+    let second = command(
+        "second",
+        0,
+        &format!("sh -c 'touch {}; sleep 1000'", marker.display()),
+    );
+    // The second waits for the first to load: same GPU.
+    runtime.submit(Change::Apply(vec![first.clone(), second]));
+    wait_until("the first is loading", || {
+        runtime.engine("first").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    runtime.shutdown().await;
+    // Past the first's start timeout, when the queue would have gone on to the second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !marker.exists(),
+        "the second started after the shutdown began"
+    );
+    assert!(processes_of(dir.path(), "first").is_empty());
+    assert!(processes_of(dir.path(), "second").is_empty());
+    assert!(runtime.engines().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_backing_off_does_not_start_again_once_shutdown_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(
+        pool,
+        Settings {
+            backoff: Duration::from_millis(500),
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    let starts = dir.path().join("starts");
+    let failing = command(
+        "failing",
+        0,
+        &format!("sh -c 'echo start >> {}; exit 1'", starts.display()),
+    );
+    runtime.submit(Change::Apply(vec![failing]));
+    wait_until("it backs off", || {
+        runtime
+            .engine("failing")
+            .is_some_and(|e| e.state == EngineState::Restarting)
+    })
+    .await;
+    runtime.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let started = std::fs::read_to_string(&starts).unwrap();
+    assert_eq!(started.lines().count(), 1, "it started again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_does_not_start_beside_one_a_cancelled_change_left_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(pool, settings(dir.path())).await.unwrap();
+    let mut events = runtime.shared.events.subscribe();
+    let loading = command("loading", 0, "sleep 1000");
+    runtime.submit(Change::Apply(vec![
+        loading.clone(),
+        command("dropped", 0, "sleep 1000"),
+    ]));
+    wait_until("the first engine is loading", || {
+        runtime.engine("loading").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    // Cancels the first change's wait (it would start "dropped"), while "loading" still loads.
+    let beside = command("beside", 0, "sleep 1000");
+    runtime.submit(Change::Apply(vec![loading, beside.clone()]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    runtime.submit(Change::Apply(vec![beside]));
+
+    let mut order = Vec::new();
+    while !order.contains(&("beside".to_owned(), EngineState::Starting)) {
+        let event = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("events")
+            .unwrap();
+        if let Event::Engine { engine, state, .. } = event {
+            order.push((engine, state));
+        }
+    }
+    assert!(
+        order.contains(&("loading".to_owned(), EngineState::Stopped)),
+        "beside started while loading still loaded: {order:?}"
+    );
+    assert!(!order.iter().any(|(engine, _)| engine == "dropped"));
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_ends_the_helpers_that_left_the_engines_process_group() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(pool, settings(dir.path())).await.unwrap();
+    let spec = command("daemon", 0, "sh -c 'setsid sleep 1000 & sleep 1000'");
+    runtime.submit(Change::Apply(vec![spec]));
+    let mut leader = 0;
+    wait_until("a helper has left the engine's group", || {
+        let Some(pid) = runtime.engine("daemon").and_then(|e| e.pid) else {
+            return false;
+        };
+        leader = pid;
+        process::instance_processes(&instance(dir.path()))
+            .iter()
+            .any(|f| f.engine == "daemon" && f.group != pid)
+    })
+    .await;
+    assert!(runtime
+        .running()
+        .await
+        .iter()
+        .any(|(unit, pids)| unit == "daemon" && pids.len() >= 2 && pids.contains(&leader)));
+
+    runtime.submit(Change::Apply(Vec::new()));
+    wait_until("every process of the engine is gone", || {
+        processes_of(dir.path(), "daemon").is_empty()
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grower_waits_for_a_stopped_engines_gpu_memory_and_memory_still_held_is_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let gpus = Arc::new(Gpus::default());
+    let runtime = Runtime::open(
+        pool,
+        Settings {
+            stop_timeout: Duration::from_millis(500),
+            gpus: Some(gpus.clone()),
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    let shrinking = command("shrinking", 0, "sleep 1000");
+    runtime.submit(Change::Apply(vec![shrinking]));
+    let mut pid = 0;
+    wait_until("it runs", || {
+        runtime
+            .engine("shrinking")
+            .and_then(|e| e.pid)
+            .inspect(|p| pid = *p)
+            .is_some()
+    })
+    .await;
+    // The driver goes on listing it after it exits: its memory is not freed.
+    gpus.holding.lock().unwrap().push(pid);
+    let mut events = runtime.shared.events.subscribe();
+
+    runtime.submit(Change::Apply(vec![command("growing", 0, "sleep 1000")]));
+    let mut seen = Vec::new();
+    while !seen
+        .iter()
+        .any(|e| matches!(e, Event::Engine { engine, .. } if engine == "growing"))
+    {
+        let event = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("events")
+            .unwrap();
+        seen.push(event);
+    }
+    let stopped = seen
+        .iter()
+        .find_map(|e| match e {
+            Event::Engine {
+                engine,
+                state: EngineState::Stopped,
+                message,
+                ..
+            } if engine == "shrinking" => Some(message.clone()),
+            _ => None,
+        })
+        .expect("the shrinking engine stopped before the growing one started");
+    let message = stopped.unwrap_or_default();
+    assert!(
+        message.contains(&format!("PID {pid} still holds memory on GPU 0")),
+        "{message}"
+    );
+    runtime.shutdown().await;
+}
+
+#[test]
+fn the_backoff_doubles_up_to_its_cap() {
+    let settings = Settings {
+        backoff_max: Duration::from_secs(10),
+        ..Settings::new(PathBuf::new(), PathBuf::new())
+    };
+    let waits: Vec<u64> = (1..=6).map(|n| settings.backoff(n).as_secs()).collect();
+    assert_eq!(waits, [1, 2, 4, 8, 10, 10]);
+}
+
+#[test]
+fn a_unit_is_a_member_of_its_group_on_any_machine() {
+    assert!(is_member(
+        "group:text-router/glm@atlas",
+        Some("text-router"),
+        "glm"
+    ));
+    assert!(is_member("group:other/glm@atlas", None, "glm"));
+    assert!(!is_member(
+        "group:other/glm@atlas",
+        Some("text-router"),
+        "glm"
+    ));
+    assert!(!is_member("glm", None, "glm"));
+    assert_eq!(
+        engine_id("group:text-router/glm@atlas"),
+        "group~text-router~glm~atlas"
+    );
+}
+
+#[test]
+fn times_are_written_in_rfc_3339() {
+    let t = now();
+    assert!(
+        time::OffsetDateTime::parse(&t, &time::format_description::well_known::Rfc3339).is_ok(),
+        "{t}"
+    );
+    assert!(t.ends_with('Z'), "{t}");
+}
