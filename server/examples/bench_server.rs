@@ -6,6 +6,7 @@ mod support;
 
 use axum::routing::get;
 use placement::{GpuRequests, RequestedResources};
+use server::fleet::authority::Sight;
 use server::fleet::NewWorker;
 use server::inventory::demo::demo_fleet;
 use support::Bench;
@@ -35,15 +36,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         };
         bench
             .fleet
-            .create_worker(worker, "bench")
+            .create_worker(worker, &support::actor())
             .await
             .map_err(|e| e.to_string())?;
     }
     // The load generator sends the operator's API token, as a script would.
     println!("{}", bench.token);
+    // The same answer as the workers route, served bare: what the body itself costs, apart from the layers.
+    let body = bench
+        .fleet
+        .machine_workers("h200-node", Sight::Redacted)
+        .map_err(|e| e.to_string())?;
     let app = bench
         .router()
-        .route("/bench/hello", get(|| async { "Hello, World!" }));
+        .route("/bench/hello", get(|| async { "Hello, World!" }))
+        .route(
+            "/bench/same-body",
+            get(move || {
+                let body = body.clone();
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        body,
+                    )
+                }
+            }),
+        );
     let listener = tokio::net::TcpListener::bind(&addr).await?;
     eprintln!("bench server on http://{addr}");
     axum::serve(listener, app).await?;

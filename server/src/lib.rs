@@ -32,7 +32,6 @@ use leptos::config::LeptosOptions;
 use leptos_axum::{generate_route_list, LeptosRoutes};
 use std::sync::Arc;
 use std::time::Duration;
-use tower_http::timeout::TimeoutLayer;
 use tower_http::trace::TraceLayer;
 
 /// Everything a request handler may need, behind one `Arc`: every request clones the state (each
@@ -129,23 +128,17 @@ pub fn router(state: AppState) -> Router {
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            auth::guard,
-        ))
-        .layer(auth::SessionsUnlessToken::new(sessions))
-        .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
-        .layer(axum::middleware::from_fn(security::headers))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            metrics::track,
-        ))
-        .layer(TraceLayer::new_for_http())
-        // A bound on every request, so that a graceful shutdown cannot hang on a stuck one.
-        .layer(TimeoutLayer::with_status_code(
-            axum::http::StatusCode::REQUEST_TIMEOUT,
-            Duration::from_secs(30),
-        ))
+        // One layer of layers: the router boxes each route once for it, where a layer apiece boxed the
+        // route again at every step (and a request cloned every box on its way in).
+        .layer(
+            tower::ServiceBuilder::new()
+                .layer(TraceLayer::new_for_http())
+                .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
+                .layer(security::HeadersLayer)
+                .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
+                .layer(auth::SessionsUnlessToken::new(sessions))
+                .layer(auth::GuardLayer::new(state.clone())),
+        )
         .with_state(state)
 }
 
@@ -161,9 +154,12 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let (inventory, local_gpus, hosts) = gather_inventory(&config)?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
-    let settings = config
-        .engines
-        .settings(exe, config.data_dir.join("engines"));
+    let settings = runtime::Settings {
+        gpus: local_gpus.clone(),
+        ..config
+            .engines
+            .settings(exe, config.data_dir.join("engines"))
+    };
     let runtime = Arc::new(
         runtime::Runtime::open(pool.clone(), settings)
             .await
@@ -203,9 +199,11 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         );
     }
     tokio::spawn(forget_expired_sessions(pool.clone()));
+    tokio::spawn(db::keep_tidy(pool.clone(), config.retention.retention()));
     tracing::info!("Tessera listening on http://{}", config.listen);
     let state = AppState::serving(leptos_options, fleet, pool, config.https);
-    axum::serve(
+    let (stop_begun, mut stopping) = tokio::sync::watch::channel(false);
+    let serving = axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
     )
@@ -214,10 +212,22 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         async move {
             shutdown_signal().await;
             runtime.close_streams();
+            stop_begun.send_replace(true);
         }
-    })
-    .await
-    .map_err(ServerError::Serve)?;
+    });
+    // The requests in flight when a stop begins get `REQUEST_GRACE` to finish; a stuck one does not hold
+    // the stop. (A timeout on every request did this before: its timer woke the other worker thread on
+    // each request, an eighth of the read path's rate, BENCHMARKS.md.)
+    tokio::select! {
+        served = async { serving.await } => served.map_err(ServerError::Serve)?,
+        () = async {
+            let _ = stopping.wait_for(|begun| *begun).await;
+            tokio::time::sleep(REQUEST_GRACE).await;
+        } => tracing::warn!(
+            "requests were still in flight {} s after the stop began: stopping without them",
+            REQUEST_GRACE.as_secs()
+        ),
+    }
     // A graceful stop takes the engines with it; a crash leaves them to be adopted by the next start.
     tracing::info!("stopping the engines");
     runtime.shutdown().await;
@@ -235,6 +245,9 @@ async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
         }
     }
 }
+
+/// How long the requests in flight may take to finish once a graceful stop begins.
+const REQUEST_GRACE: Duration = Duration::from_secs(30);
 
 /// How often this machine's GPUs are read again: what they offer moves as other programs come and go.
 const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);

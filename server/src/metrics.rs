@@ -6,12 +6,15 @@
 use crate::runtime::EngineState;
 use crate::AppState;
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::header;
-use axum::middleware::Next;
+use axum::http::{header, Method};
 use axum::response::{IntoResponse, Response};
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
 };
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Instant;
 
 /// The HTTP figures, kept from one scrape to the next.
@@ -58,25 +61,99 @@ impl Default for HttpMetrics {
 }
 
 /// Counts and times every request by its route's pattern (not its path, so that names in paths do not
-/// make a series each).
-pub async fn track(State(state): State<AppState>, request: Request, next: Next) -> Response {
-    let method = request.method().as_str().to_owned();
-    let route = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_owned(), |p| p.as_str().to_owned());
-    let start = Instant::now();
-    let response = next.run(request).await;
-    let metrics = &state.http_metrics;
-    metrics
-        .requests
-        .with_label_values(&[method.as_str(), route.as_str(), response.status().as_str()])
-        .inc();
-    metrics
-        .latency
-        .with_label_values(&[method.as_str(), route.as_str()])
-        .observe(start.elapsed().as_secs_f64());
-    response
+/// make a series each). A layer of its own rather than a middleware function: it runs on every request,
+/// and a function boxes the rest of the stack and its own future each time.
+#[derive(Clone)]
+pub struct TrackLayer {
+    metrics: Arc<HttpMetrics>,
+}
+
+impl TrackLayer {
+    /// Counts into `metrics`.
+    pub fn new(metrics: Arc<HttpMetrics>) -> TrackLayer {
+        TrackLayer { metrics }
+    }
+}
+
+impl<S> tower::Layer<S> for TrackLayer {
+    type Service = Track<S>;
+
+    fn layer(&self, inner: S) -> Track<S> {
+        Track {
+            inner,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+/// The service of [`TrackLayer`].
+#[derive(Clone)]
+pub struct Track<S> {
+    inner: S,
+    metrics: Arc<HttpMetrics>,
+}
+
+impl<S> tower::Service<Request> for Track<S>
+where
+    S: tower::Service<Request, Response = Response>,
+{
+    type Response = Response;
+    type Error = S::Error;
+    type Future = Tracked<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request) -> Tracked<S::Future> {
+        // Both are shared, not copied.
+        let method = request.method().clone();
+        let route = request.extensions().get::<MatchedPath>().cloned();
+        Tracked {
+            inner: self.inner.call(request),
+            metrics: self.metrics.clone(),
+            method,
+            route,
+            start: Instant::now(),
+        }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A request being answered, timed.
+    pub struct Tracked<F> {
+        #[pin]
+        inner: F,
+        metrics: Arc<HttpMetrics>,
+        method: Method,
+        route: Option<MatchedPath>,
+        start: Instant,
+    }
+}
+
+impl<F, E> Future for Tracked<F>
+where
+    F: Future<Output = Result<Response, E>>,
+{
+    type Output = Result<Response, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.project();
+        let answered = std::task::ready!(this.inner.poll(cx));
+        if let Ok(response) = &answered {
+            let route = this.route.as_ref().map_or("unmatched", MatchedPath::as_str);
+            let method = this.method.as_str();
+            this.metrics
+                .requests
+                .with_label_values(&[method, route, response.status().as_str()])
+                .inc();
+            this.metrics
+                .latency
+                .with_label_values(&[method, route])
+                .observe(this.start.elapsed().as_secs_f64());
+        }
+        Poll::Ready(answered)
+    }
 }
 
 /// `GET /metrics`.
