@@ -41,7 +41,7 @@ pub trait Console: Send + Sync {
         shares: Vec<(String, BasisPoints)>,
     ) -> Answer<'_, ChangeOutcome>;
     /// The Serving configuration form of a running model.
-    fn serving_form(&self, model: String) -> Answer<'_, ServingForm>;
+    fn serving_form(&self, caller: Caller, model: String) -> Answer<'_, ServingForm>;
     /// Changes a running model's serving configuration, read at `revision`; it restarts alone.
     fn change_serving(
         &self,

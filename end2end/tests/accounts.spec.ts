@@ -118,3 +118,21 @@ test("a script without a token, or a forged browser change, changes nothing", as
   const groups = await (await request.get("/api/groups")).json();
   expect(groups.map((g: any) => g.name)).toEqual(["vision"]);
 });
+
+test("a link to the console from another site keeps its reader signed in", async ({ page, server }) => {
+  // A page of another site (served by the test itself: nothing leaves the machine) that links to the console.
+  await page.route("http://chat.other.example/**", (route) =>
+    route.fulfill({
+      contentType: "text/html",
+      body: `<!doctype html><title>A chat</title><a href="${server}/nodes">the nodes</a>`,
+    }),
+  );
+  await page.goto("http://chat.other.example/room");
+  await page.getByRole("link", { name: "the nodes" }).click();
+  await expect(page).toHaveURL(`${server}/nodes`);
+  await expect(page.getByTestId("signed-in")).toHaveText(`${ADMIN.name} · admin`);
+  // The session is the signed-in one still, not an anonymous one made for the link.
+  await page.goto("/models");
+  await expect(page).toHaveURL(/\/models$/);
+  await expect(page.getByTestId("signed-in")).toHaveText(`${ADMIN.name} · admin`);
+});

@@ -57,6 +57,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         command: Some("engine --port {port}".into()),
                         args: Vec::new(),
                         env: Default::default(),
+                        secret_env: Vec::new(),
                     },
                     "bench",
                 )
@@ -77,7 +78,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         },
                         serving: Serving::default(),
                     },
-                    "bench",
+                    &support::actor(),
                 )
                 .await
                 .map_err(|e| e.to_string())?;

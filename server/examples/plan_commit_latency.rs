@@ -38,11 +38,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
     fleet
-        .deploy(deploy("glm-5.3", None)?, "bench")
+        .deploy(deploy("glm-5.3", None)?, &support::actor())
         .await
         .map_err(|e| e.to_string())?;
     fleet
-        .deploy(deploy("vision", Some(1))?, "bench")
+        .deploy(deploy("vision", Some(1))?, &support::actor())
         .await
         .map_err(|e| e.to_string())?;
     let token = &bench.token;

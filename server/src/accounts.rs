@@ -54,6 +54,15 @@ pub fn hash_password(password: &str) -> Result<String, ApiError> {
         .map_err(ApiError::internal)
 }
 
+/// [`hash_password`] on a blocking thread: argon2 takes tens of milliseconds of CPU, which would stall
+/// every request served by the same async thread.
+async fn hash_off_executor(password: &str) -> Result<String, ApiError> {
+    let password = password.to_owned();
+    tokio::task::spawn_blocking(move || hash_password(&password))
+        .await
+        .map_err(ApiError::internal)?
+}
+
 /// Whether `password` matches `hash`.
 pub fn verify_password(hash: &str, password: &str) -> bool {
     PasswordHash::new(hash).is_ok_and(|parsed| {
@@ -84,8 +93,15 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// A token's SHA-256 digest, as the cache keeps it.
+type Digest32 = [u8; 32];
+
+fn token_key(secret: &str) -> Digest32 {
+    Sha256::digest(secret.as_bytes()).into()
+}
+
 fn token_digest(secret: &str) -> String {
-    hex(&Sha256::digest(secret.as_bytes()))
+    hex(&token_key(secret))
 }
 
 /// `count` random bytes from the operating system, as hex.
@@ -118,7 +134,7 @@ pub async fn create_user(
 ) -> Result<Account, ApiError> {
     crate::fleet::check_name(&new.name)?;
     check_password(&new.password)?;
-    let hash = hash_password(&new.password)?;
+    let hash = hash_off_executor(&new.password).await?;
     let mut tx = crate::db::write(pool).await?;
     sqlx::query("INSERT INTO users (name, password_hash, role) VALUES (?, ?, ?)")
         .bind(&new.name)
@@ -140,35 +156,37 @@ pub async fn create_user(
     user(pool, &new.name).await
 }
 
-/// Makes the first admin, but only while there is no account at all (the setup page's one job).
+/// Makes the first admin, but only while there is no account at all (the setup page's one job); answers
+/// its id. Anyone may ask, so whether an account exists is checked before the password is hashed.
 pub async fn create_first_admin(
     pool: &SqlitePool,
     name: &str,
     password: &str,
-) -> Result<Account, ApiError> {
+) -> Result<(i64, Account), ApiError> {
+    let taken = || ApiError::Conflict("Tessera has an admin already: sign in instead".to_owned());
+    if count(pool).await? > 0 {
+        return Err(taken());
+    }
     crate::fleet::check_name(name)?;
     check_password(password)?;
-    let hash = hash_password(password)?;
+    let hash = hash_off_executor(password).await?;
     let mut tx = crate::db::write(pool).await?;
-    let made = sqlx::query(
-        "INSERT INTO users (name, password_hash, role) SELECT ?, ?, 'admin' WHERE NOT EXISTS (SELECT 1 FROM users)",
+    // Checked again in the write: two setups at once make one admin.
+    let made: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO users (name, password_hash, role) SELECT ?, ?, 'admin' WHERE NOT EXISTS (SELECT 1 FROM users) RETURNING id",
     )
     .bind(name)
     .bind(&hash)
-    .execute(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await?;
-    if made.rows_affected() == 0 {
-        return Err(ApiError::Conflict(
-            "Tessera has an admin already: sign in instead".to_owned(),
-        ));
-    }
+    let id = made.ok_or_else(taken)?;
     audit::record(
         &mut tx,
         Entry::new(name, "user.create", name).after(serde_json::json!({ "role": "admin" })),
     )
     .await?;
     tx.commit().await?;
-    user(pool, name).await
+    Ok((id, user(pool, name).await?))
 }
 
 /// One account.
@@ -264,14 +282,14 @@ pub async fn authenticate(
             .fetch_optional(pool)
             .await?;
     let password = password.to_owned();
-    let (stored, known) = match &row {
-        Some((_, hash, _)) => (hash.clone(), true),
-        None => (decoy_hash().to_owned(), false),
-    };
-    // argon2 takes tens of milliseconds of CPU: off the async threads.
-    let matches = tokio::task::spawn_blocking(move || verify_password(&stored, &password))
-        .await
-        .map_err(ApiError::internal)?;
+    let stored = row.as_ref().map(|(_, hash, _)| hash.clone());
+    let known = stored.is_some();
+    // argon2 takes tens of milliseconds of CPU (the decoy's first hash too): off the async threads.
+    let matches = tokio::task::spawn_blocking(move || {
+        verify_password(stored.as_deref().unwrap_or_else(|| decoy_hash()), &password)
+    })
+    .await
+    .map_err(ApiError::internal)?;
     match row {
         Some((id, _, role)) if matches && known => Ok(Some((
             id,
@@ -306,18 +324,18 @@ const TOKEN_MEMORY: Duration = Duration::from_secs(30);
 /// Recently seen tokens, so that a script's every request does not read (and write) the database.
 #[derive(Debug, Default)]
 pub struct TokenCache {
-    seen: Mutex<HashMap<String, (Caller, Instant)>>,
+    seen: Mutex<HashMap<Digest32, (Caller, Instant)>>,
 }
 
 impl TokenCache {
-    fn get(&self, digest: &str, now: Instant) -> Option<Caller> {
+    fn get(&self, digest: &Digest32, now: Instant) -> Option<Caller> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.get(digest)
             .filter(|(_, at)| now.duration_since(*at) < TOKEN_MEMORY)
             .map(|(caller, _)| caller.clone())
     }
 
-    fn put(&self, digest: String, caller: Caller, now: Instant) {
+    fn put(&self, digest: Digest32, caller: Caller, now: Instant) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.retain(|_, (_, at)| now.duration_since(*at) < TOKEN_MEMORY);
         seen.insert(digest, (caller, now));
@@ -329,20 +347,33 @@ impl TokenCache {
     }
 }
 
+fn is_token_shaped(secret: &str) -> bool {
+    secret.starts_with(TOKEN_PREFIX) && secret.len() <= 128
+}
+
+/// The account an API token acts for if it was looked up lately (without waiting on the database): the
+/// read path's way through the guard.
+pub(crate) fn cached_caller(cache: &TokenCache, secret: &str) -> Option<Caller> {
+    is_token_shaped(secret)
+        .then(|| cache.get(&token_key(secret), Instant::now()))
+        .flatten()
+}
+
 /// The account an API token acts for, if the token is one and is not revoked; its last use is noted.
 pub async fn caller_by_token(
     pool: &SqlitePool,
     cache: &TokenCache,
     secret: &str,
 ) -> Result<Option<Caller>, ApiError> {
-    if !secret.starts_with(TOKEN_PREFIX) || secret.len() > 128 {
+    if !is_token_shaped(secret) {
         return Ok(None);
     }
-    let digest = token_digest(secret);
+    let key = token_key(secret);
     let now = Instant::now();
-    if let Some(caller) = cache.get(&digest, now) {
+    if let Some(caller) = cache.get(&key, now) {
         return Ok(Some(caller));
     }
+    let digest = hex(&key);
     let row: Option<(i64, String, String)> = sqlx::query_as(
         "SELECT t.id, u.name, u.role FROM api_tokens t JOIN users u ON u.id = t.user_id \
          WHERE t.hash = ? AND t.revoked_at IS NULL",
@@ -363,7 +394,7 @@ pub async fn caller_by_token(
         name,
         role: role_of(&role)?,
     };
-    cache.put(digest, caller.clone(), now);
+    cache.put(key, caller.clone(), now);
     Ok(Some(caller))
 }
 

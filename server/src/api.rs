@@ -2,6 +2,7 @@
 
 use crate::auth::Actor;
 use crate::error::ApiError;
+use crate::fleet::authority::{redact_args, redact_line, Sight};
 use crate::fleet::deployments::ServingChange;
 use crate::fleet::groups::{DeployCommand, GroupView, PlanChange, PlanCommand, Serving, Sharing};
 use crate::fleet::{MachineView, NewWorker, WorkerView};
@@ -195,19 +196,37 @@ async fn usage_csv(
     ))
 }
 
-async fn list_engines(State(state): State<AppState>) -> Json<Vec<EngineView>> {
-    Json(state.fleet.runtime().engines())
+/// An engine as `sight` shows it: the values of secret flags in its command line redacted.
+fn shown_engine(mut engine: EngineView, sight: Sight) -> EngineView {
+    if sight == Sight::Redacted {
+        engine.command = engine.command.map(|c| redact_args(&c));
+    }
+    engine
+}
+
+async fn list_engines(State(state): State<AppState>, Actor(actor): Actor) -> Json<Vec<EngineView>> {
+    let sight = Sight::of(&actor);
+    Json(
+        state
+            .fleet
+            .runtime()
+            .engines()
+            .into_iter()
+            .map(|e| shown_engine(e, sight))
+            .collect(),
+    )
 }
 
 async fn get_engine(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(id): Path<String>,
 ) -> Result<Json<EngineView>, ApiError> {
     state
         .fleet
         .runtime()
         .engine(&id)
-        .map(Json)
+        .map(|e| Json(shown_engine(e, Sight::of(&actor))))
         .ok_or_else(|| no_engine(&id))
 }
 
@@ -228,6 +247,7 @@ pub struct EngineLogs {
 
 async fn engine_logs(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(id): Path<String>,
     query: Result<Query<LinesQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Json<EngineLogs>, ApiError> {
@@ -235,15 +255,21 @@ async fn engine_logs(
         ApiError::BadRequest("lines must be a whole number, such as ?lines=50".to_owned())
     })?;
     let lines = query.lines.unwrap_or(100).min(1000);
-    let read = state
-        .fleet
-        .runtime()
+    let runtime = state.fleet.runtime();
+    let engine = runtime.engine(&id).ok_or_else(|| no_engine(&id))?;
+    let read = runtime
         .logs(&id, lines)
+        .await
         .ok_or_else(|| no_engine(&id))?;
-    Ok(Json(EngineLogs {
-        engine: id,
-        lines: read.map_err(ApiError::internal)?,
-    }))
+    let mut lines = read.map_err(ApiError::internal)?;
+    // An engine may print its settings: what it was given in secret stays so for all but admins.
+    if Sight::of(&actor) == Sight::Redacted {
+        let secrets = state.fleet.engine_secrets(&engine);
+        for line in &mut lines {
+            *line = redact_line(line, &secrets);
+        }
+    }
+    Ok(Json(EngineLogs { engine: id, lines }))
 }
 
 /// `POST /api/engines/{id}/restart`: stops the engine and starts it again as it is specified now, with a
@@ -295,19 +321,29 @@ async fn create_worker(
 ) -> Result<(StatusCode, Json<WorkerView>), ApiError> {
     Ok((
         StatusCode::CREATED,
-        Json(state.fleet.create_worker(new, &actor.name).await?),
+        Json(state.fleet.create_worker(new, &actor).await?),
     ))
 }
 
-async fn list_workers(State(state): State<AppState>) -> Json<Vec<WorkerView>> {
-    Json(state.fleet.workers())
+async fn list_workers(State(state): State<AppState>, Actor(actor): Actor) -> Json<Vec<WorkerView>> {
+    let sight = Sight::of(&actor);
+    Json(
+        state
+            .fleet
+            .workers()
+            .into_iter()
+            .map(|w| state.fleet.shown(w, sight))
+            .collect(),
+    )
 }
 
 async fn get_worker(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(name): Path<String>,
 ) -> Result<Json<WorkerView>, ApiError> {
-    Ok(Json(state.fleet.worker(&name)?))
+    let worker = state.fleet.worker(&name)?;
+    Ok(Json(state.fleet.shown(worker, Sight::of(&actor))))
 }
 
 /// `?revision=N`: delete only if the worker is still at revision N.
@@ -345,14 +381,18 @@ async fn get_machine(
 
 async fn machine_workers(
     State(state): State<AppState>,
+    Actor(actor): Actor,
     Path(name): Path<String>,
 ) -> Result<impl IntoResponse, ApiError> {
-    let json = state.fleet.machine_workers(&name)?;
+    let json = state.fleet.machine_workers(&name, Sight::of(&actor))?;
     Ok(([(header::CONTENT_TYPE, "application/json")], json))
 }
 
-async fn list_models(State(state): State<AppState>) -> Result<Json<Vec<CatalogModel>>, ApiError> {
-    Ok(Json(state.fleet.models()))
+async fn list_models(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+) -> Result<Json<Vec<CatalogModel>>, ApiError> {
+    Ok(Json(state.fleet.models_shown(Sight::of(&actor))))
 }
 
 async fn add_model(
@@ -397,7 +437,7 @@ async fn deploy(
     let deploy = deploy.parse()?;
     Ok((
         StatusCode::CREATED,
-        Json(state.fleet.deploy(deploy, &actor.name).await?),
+        Json(state.fleet.deploy(deploy, &actor).await?),
     ))
 }
 
@@ -439,7 +479,7 @@ async fn change_serving(
     Ok(Json(
         state
             .fleet
-            .change_serving(&model, update.revision, update.serving(), &actor.name)
+            .change_serving(&model, update.revision, update.serving(), &actor)
             .await?,
     ))
 }

@@ -1,6 +1,8 @@
 //! The audit log: every change, who made it and when, what it was before and after, the plan revision it
 //! made and who restarted. Each entry is written in the same transaction as the change it records, so the
 //! log never tells of a change that did not happen, nor misses one that did.
+//! Entries older than the audit retention (400 days by default) are deleted by the housekeeping in
+//! [`crate::db::tidy`].
 
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -150,9 +152,14 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
     .bind(limit)
     .fetch_all(pool)
     .await?;
+    // Entries written before secrets were kept out of the log are redacted as they are read.
     let json = |text: Option<String>| -> Result<Option<Value>, ApiError> {
-        text.map(|t| serde_json::from_str(&t).map_err(ApiError::internal))
-            .transpose()
+        text.map(|t| {
+            serde_json::from_str(&t)
+                .map(|v| crate::fleet::authority::redact_json(v, &[]))
+                .map_err(ApiError::internal)
+        })
+        .transpose()
     };
     rows.into_iter()
         .map(
@@ -171,6 +178,40 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
             },
         )
         .collect()
+}
+
+/// The most entries one retention transaction deletes.
+const FORGET_BATCH: i64 = 1000;
+
+/// Deletes the entries written before `before_ms` (milliseconds since the epoch), oldest first,
+/// [`FORGET_BATCH`] to a transaction with `pause` between them, so that no change waits long on the write
+/// lock. How many.
+pub async fn forget_before(
+    pool: &SqlitePool,
+    before_ms: u64,
+    pause: std::time::Duration,
+) -> Result<u64, sqlx::Error> {
+    let mut forgotten = 0;
+    loop {
+        let mut tx = crate::db::write(pool).await?;
+        // `at` as the table writes it: 2026-12-01T00:00:00.000Z, which sorts as the time does.
+        let n = sqlx::query(
+            "DELETE FROM audit WHERE id IN (SELECT id FROM audit \
+             WHERE at < strftime('%Y-%m-%dT%H:%M:%S', ?1 / 1000, 'unixepoch') || printf('.%03dZ', ?1 % 1000) \
+             ORDER BY id LIMIT ?2)",
+        )
+        .bind(before_ms as i64)
+        .bind(FORGET_BATCH)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        tx.commit().await?;
+        forgotten += n;
+        if n < FORGET_BATCH as u64 {
+            return Ok(forgotten);
+        }
+        tokio::time::sleep(pause).await;
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Who may do what. Every request's caller is resolved here, from an API token (`Authorization: Bearer`,
-//! for scripts) or a browser session (a cookie, HttpOnly and SameSite=Strict), and checked before any
+//! for scripts) or a browser session (a cookie, HttpOnly and SameSite=Lax), and checked before any
 //! handler runs:
 //!
 //! - the REST API and `/metrics` need a caller: a viewer reads, an operator changes, an admin manages
@@ -18,7 +18,6 @@ use app::auth::{Caller, CsrfToken, Role, CSRF_HEADER};
 use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, Method};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use axum::Form;
 use serde::Deserialize;
@@ -37,19 +36,26 @@ const CSRF: &str = "csrf";
 /// How long a browser session lasts without being used.
 const IDLE: time::Duration = time::Duration::hours(12);
 
-/// The session layer: cookies HttpOnly and SameSite=Strict, and Secure when the console is served over
+/// The session layer: cookies HttpOnly and SameSite=Lax, and Secure when the console is served over
 /// https (`--https`).
+///
+/// Lax, not Strict: with Strict a link to the console from another site (a chat, a ticket) arrives
+/// without the cookie, and the anonymous session made for it replaces the signed-in one. Lax sends the
+/// cookie on such a top-level GET, which changes nothing; every change is a POST, PUT or DELETE, which
+/// another site's page neither sends the cookie with nor can give the page's CSRF token.
 pub fn session_layer(pool: sqlx::SqlitePool, https: bool) -> SessionManagerLayer<SqliteSessions> {
     SessionManagerLayer::new(SqliteSessions::new(pool))
         .with_name("tessera_session")
         .with_http_only(true)
-        .with_same_site(SameSite::Strict)
+        .with_same_site(SameSite::Lax)
         .with_secure(https)
         .with_expiry(Expiry::OnInactivity(IDLE))
 }
 
-/// The session layer, except for REST API requests that carry an API token: a script has no session, and
-/// making one for each of its requests cost a fifth of the time of a read (BENCHMARKS.md).
+/// The session layer, except where no session is needed: REST API requests that carry an API token (a
+/// script has no session, and making one for each of its requests cost a fifth of the time of a read,
+/// BENCHMARKS.md), and the public paths but the sign-in and setup pages (health checks, assets), each of
+/// which would otherwise write a session row that lives 12 hours.
 #[derive(Clone)]
 pub struct SessionsUnlessToken {
     sessions: SessionManagerLayer<SqliteSessions>,
@@ -107,7 +113,8 @@ where
         let path = request.uri().path();
         let script = (path.starts_with("/api/") || path == "/metrics")
             && request.headers().contains_key(header::AUTHORIZATION);
-        if script {
+        let sessionless = area(request.method(), path) == Area::Public && !has_form(path);
+        if script || sessionless {
             futures::future::Either::Left(self.plain.call(request))
         } else {
             futures::future::Either::Right(self.sessions.call(request))
@@ -136,6 +143,9 @@ fn area(method: &Method, path: &str) -> Area {
         _ if path.starts_with("/api/users") || path.starts_with("/api/tokens") => {
             Area::Api(Role::Admin)
         }
+        // A recipe chooses the program engines run and what they are given: an admin's (README, "Who
+        // may run what").
+        "/api/models" if !reads => Area::Api(Role::Admin),
         _ if path.starts_with("/api/") || path == "/metrics" => {
             Area::Api(if reads { Role::Viewer } else { Role::Operator })
         }
@@ -143,6 +153,11 @@ fn area(method: &Method, path: &str) -> Area {
         "/logout" => Area::ServerFunction,
         _ => Area::Page,
     }
+}
+
+/// The public pages with a form, which carry the session's CSRF token.
+fn has_form(path: &str) -> bool {
+    matches!(path, "/login" | "/setup")
 }
 
 /// A fresh random CSRF token.
@@ -167,15 +182,98 @@ async fn csrf_of(session: &Session, make: bool) -> Result<Option<String>, ApiErr
     }
 }
 
-/// Resolves the caller and lets the request on only if it may go where it goes.
-pub async fn guard(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
-    // Every request has a session but a script's (see [`SessionsUnlessToken`]).
-    let session = request.extensions().get::<Session>().cloned();
-    match check(&state, session.as_ref(), &mut request).await {
-        Ok(None) => next.run(request).await,
-        Ok(Some(elsewhere)) => elsewhere,
-        Err(e) => e.into_response(),
+/// Resolves the caller of every request and lets it on only if it may go where it goes.
+#[derive(Clone)]
+pub struct GuardLayer {
+    state: AppState,
+}
+
+impl GuardLayer {
+    /// The guard over `state`'s accounts.
+    pub fn new(state: AppState) -> GuardLayer {
+        GuardLayer { state }
     }
+}
+
+impl<S> tower::Layer<S> for GuardLayer {
+    type Service = Guard<S>;
+
+    fn layer(&self, inner: S) -> Guard<S> {
+        Guard {
+            inner,
+            state: self.state.clone(),
+        }
+    }
+}
+
+/// The service of [`GuardLayer`].
+#[derive(Clone)]
+pub struct Guard<S> {
+    inner: S,
+    state: AppState,
+}
+
+impl<S> tower::Service<Request> for Guard<S>
+where
+    S: tower::Service<Request, Response = Response, Error = std::convert::Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::Either<
+        S::Future,
+        futures::future::BoxFuture<'static, Result<Response, std::convert::Infallible>>,
+    >;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: Request) -> Self::Future {
+        if let Some(caller) = script_let_through(&self.state, &request) {
+            request.extensions_mut().insert(caller);
+            return futures::future::Either::Left(self.inner.call(request));
+        }
+        // The inner service was made ready for this call; a fresh clone stays for the next.
+        let fresh = self.inner.clone();
+        let ready = std::mem::replace(&mut self.inner, fresh);
+        let state = self.state.clone();
+        futures::future::Either::Right(Box::pin(async move {
+            // Every request has a session but a script's (see [`SessionsUnlessToken`]).
+            let session = request.extensions().get::<Session>().cloned();
+            match check(&state, session.as_ref(), &mut request).await {
+                Ok(None) => {
+                    let mut ready = ready;
+                    tower::Service::call(&mut ready, request).await
+                }
+                Ok(Some(elsewhere)) => Ok(elsewhere),
+                Err(e) => Ok(e.into_response()),
+            }
+        }))
+    }
+}
+
+/// The caller of a script's API request whose token was looked up lately and whose role allows where it
+/// goes: such a request passes every check of [`check`] without waiting on anything, and most of the API's
+/// traffic is such. Any other request (and any refusal) takes the whole way.
+fn script_let_through(state: &AppState, request: &Request) -> Option<Caller> {
+    let Area::Api(needed) = area(request.method(), request.uri().path()) else {
+        return None;
+    };
+    let secret = request
+        .headers()
+        .get(header::AUTHORIZATION)?
+        .to_str()
+        .ok()?
+        .strip_prefix("Bearer ")?;
+    let caller = accounts::cached_caller(&state.tokens, secret)?;
+    caller.role.allows(needed).then_some(caller)
 }
 
 /// `Ok(None)` lets the request on, with its caller and CSRF token in its extensions; `Ok(Some(..))`
@@ -215,11 +313,16 @@ async fn check(
             }
         }
     };
-    // Pages (the sign-in page above all) carry the token in their forms; the rest only check it.
+    // Pages carry the token in their forms (the sign-in page above all); the rest only check it. A page
+    // that sends its visitor to sign in needs none, and gets no session stored for it.
+    let path = request.uri().path();
+    let make = match area {
+        Area::Page => caller.is_some(),
+        Area::Public => has_form(path),
+        Area::Api(_) | Area::ServerFunction => false,
+    };
     let csrf = match session {
-        Some(session) if bearer.is_none() => {
-            csrf_of(session, matches!(area, Area::Page | Area::Public)).await?
-        }
+        Some(session) if bearer.is_none() => csrf_of(session, make).await?,
         _ => None,
     };
     let unsafe_method = !matches!(
@@ -241,7 +344,11 @@ async fn check(
                     .headers()
                     .get(CSRF_HEADER)
                     .and_then(|v| v.to_str().ok());
-                if sent.is_none() || sent != csrf.as_deref() {
+                let matches = match (sent, csrf.as_deref()) {
+                    (Some(sent), Some(ours)) => same_token(ours, sent),
+                    _ => false,
+                };
+                if !matches {
                     return Err(ApiError::Forbidden(
                         "this change lacks the page's CSRF token; reload the page and try again"
                             .to_owned(),
@@ -296,9 +403,12 @@ fn percent_encode(text: &str) -> String {
         .collect()
 }
 
-/// Where to go after signing in: a path of this console, never another site.
+/// Where to go after signing in: a plain path of this console, never another site. Only visible ASCII
+/// is kept, because a browser drops tabs and line breaks from a URL (`/\t/evil.example` becomes
+/// `//evil.example`, another site) and reads `\` as `/`.
 fn safe_next(next: &str) -> &str {
-    if next.starts_with('/') && !next.starts_with("//") && !next.contains('\\') {
+    let plain = next.bytes().all(|b| b.is_ascii_graphic() && b != b'\\');
+    if plain && next.starts_with('/') && !next.starts_with("//") {
         next
     } else {
         "/"
@@ -349,7 +459,16 @@ pub struct SignIn {
 }
 
 async fn form_csrf_matches(session: &Session, sent: &str) -> Result<bool, ApiError> {
-    Ok(csrf_of(session, false).await?.as_deref() == Some(sent))
+    Ok(csrf_of(session, false)
+        .await?
+        .is_some_and(|token| same_token(&token, sent)))
+}
+
+/// Whether the token sent is the session's, in time that does not depend on how much of it matches, so
+/// that its answers' timing does not leak the token a byte at a time.
+fn same_token(ours: &str, sent: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    ours.as_bytes().ct_eq(sent.as_bytes()).into()
 }
 
 /// `POST /login`: the same answer for an unknown name and a wrong password; throttled per account and per
@@ -370,22 +489,22 @@ pub async fn sign_in(
         return Ok(back("expired"));
     }
     let keys = [Key::Account(form.name.clone()), Key::Address(peer)];
-    let now = Instant::now();
-    if let Some(wait) = state.throttle.wait(&keys, now) {
-        return Ok(Redirect::to(&format!(
-            "/login?error=throttled&wait={}&next={}",
-            // Whole seconds, rounded up: never a wait of 0.
-            wait.as_millis().div_ceil(1000).max(1),
-            percent_encode(safe_next(&form.next))
-        )));
-    }
-    match accounts::authenticate(&state.pool, &form.name, &form.password).await? {
-        None => {
-            state.throttle.fail(&keys, now);
-            Ok(back("wrong"))
+    let reservation = match state.throttle.reserve(&keys, Instant::now()) {
+        Ok(reservation) => reservation,
+        Err(wait) => {
+            return Ok(Redirect::to(&format!(
+                "/login?error=throttled&wait={}&next={}",
+                // Whole seconds, rounded up: never a wait of 0.
+                wait.as_millis().div_ceil(1000).max(1),
+                percent_encode(safe_next(&form.next))
+            )));
         }
-        Some((id, caller)) => {
-            state.throttle.succeed(&caller.name);
+    };
+    // A wrong password (or a request cancelled while it is checked) leaves the try counted.
+    match accounts::authenticate(&state.pool, &form.name, &form.password).await? {
+        None => Ok(back("wrong")),
+        Some((id, _)) => {
+            state.throttle.succeed(reservation);
             start_session(&session, id).await?;
             Ok(Redirect::to(safe_next(&form.next)))
         }
@@ -443,8 +562,8 @@ pub async fn set_up(
     if form.password != form.again {
         return Ok(Redirect::to("/setup?error=mismatch"));
     }
-    match accounts::create_first_admin(&state.pool, &form.name, &form.password).await {
-        Ok(_) => {}
+    let id = match accounts::create_first_admin(&state.pool, &form.name, &form.password).await {
+        Ok((id, _)) => id,
         Err(ApiError::Conflict(_)) => return Ok(Redirect::to("/login")),
         Err(ApiError::Unprocessable(why)) => {
             return Ok(Redirect::to(&format!(
@@ -453,11 +572,8 @@ pub async fn set_up(
             )))
         }
         Err(e) => return Err(e),
-    }
-    let signed_in = accounts::authenticate(&state.pool, &form.name, &form.password)
-        .await?
-        .ok_or_else(|| ApiError::internal("the admin just made cannot sign in"))?;
-    start_session(&session, signed_in.0).await?;
+    };
+    start_session(&session, id).await?;
     Ok(Redirect::to("/"))
 }
 

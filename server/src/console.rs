@@ -3,6 +3,7 @@
 //! the REST API and the console change the fleet through the same code.
 
 use crate::error::ApiError;
+use crate::fleet::authority;
 use crate::fleet::deployments::Deployed;
 use crate::fleet::groups::{
     DeployCommand, Group, PlanChange, PlanCommand, Serving as FleetServing, Sharing,
@@ -444,7 +445,8 @@ impl ConsoleService {
         })
     }
 
-    async fn serving(&self, model: &str) -> Result<ServingForm, ApiError> {
+    /// The serving form, its secrets redacted for everyone but admins.
+    async fn serving(&self, caller: &Caller, model: &str) -> Result<ServingForm, ApiError> {
         let (group, revision, placed) = match self.fleet.deployed(model) {
             Some(Deployed::Group(group)) => {
                 (Some(group.name.clone()), group.revision, group.gpus.clone())
@@ -461,7 +463,12 @@ impl ConsoleService {
             }
             None => return Err(not_running(model)),
         };
-        let (args, env) = self.fleet.serving_of(model)?;
+        let (mut args, mut env) = self.fleet.serving_of(model)?;
+        if caller.role != Role::Admin {
+            let marked = self.fleet.secret_env_of(model);
+            env = authority::redact_env(&env, &marked);
+            args = authority::redact_args(&args);
+        }
         Ok(ServingForm {
             model: model.to_owned(),
             group,
@@ -543,7 +550,7 @@ impl Console for ConsoleService {
                 },
             };
             self.fleet
-                .deploy(deploy, &actor.name)
+                .deploy(deploy, &actor)
                 .await
                 .map(outcome)
                 .map_err(app_error)
@@ -574,8 +581,8 @@ impl Console for ConsoleService {
         })
     }
 
-    fn serving_form(&self, model: String) -> Answer<'_, ServingForm> {
-        Box::pin(async move { self.serving(&model).await.map_err(app_error) })
+    fn serving_form(&self, caller: Caller, model: String) -> Answer<'_, ServingForm> {
+        Box::pin(async move { self.serving(&caller, &model).await.map_err(app_error) })
     }
 
     fn change_serving(
@@ -592,7 +599,7 @@ impl Console for ConsoleService {
             };
             let change = self
                 .fleet
-                .change_serving(&model, revision, serving, &actor.name)
+                .change_serving(&model, revision, serving, &actor)
                 .await
                 .map_err(app_error)?;
             Ok(ChangeOutcome {

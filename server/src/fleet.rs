@@ -15,6 +15,7 @@ pub mod groups;
 mod ledger;
 pub mod usage;
 
+pub mod authority;
 mod catalog;
 mod engines;
 mod machines;
@@ -65,6 +66,8 @@ struct Views {
     /// The workers placed on each machine of the inventory, as the JSON answer: the API's most read
     /// route is served as it was serialized at the last write.
     by_machine: BTreeMap<String, axum::body::Bytes>,
+    /// The same with secrets redacted, for everyone but admins.
+    by_machine_redacted: BTreeMap<String, axum::body::Bytes>,
     /// Each machine with its GPUs and who holds them.
     machines: Vec<MachineView>,
     /// The committed state itself, for the reads that need more than the views above.

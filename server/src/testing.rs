@@ -72,6 +72,14 @@ pub async fn majin_and_atlas_with_catalog() -> TestApp {
     app
 }
 
+/// The test server's admin, as the fleet's writes take their caller.
+pub fn admin() -> app::auth::Caller {
+    app::auth::Caller {
+        name: ADMIN.to_owned(),
+        role: app::auth::Role::Admin,
+    }
+}
+
 /// The server on a data folder of its own.
 pub struct TestApp {
     /// The folder; kept so a restart finds the same database.

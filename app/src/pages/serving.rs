@@ -15,9 +15,9 @@ use leptos_router::hooks::{use_navigate, use_params_map};
 /// The form of `model` as it runs now.
 #[server(prefix = "/rpc", endpoint = "load_serving_form", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn load_serving_form(model: String) -> Result<ServingForm, AppError> {
-    crate::auth::require(crate::auth::Role::Viewer)?;
+    let caller = crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.serving_form(model)).await
+    crate::services::answer(console.serving_form(caller, model)).await
 }
 
 /// Changes `model`'s serving configuration, read at `revision`.

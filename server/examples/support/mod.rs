@@ -10,6 +10,14 @@ use server::{db, router, AppState};
 use std::error::Error;
 use std::sync::Arc;
 
+/// Who the benchmarks' writes are by: an admin, as the server's own setup is.
+pub fn actor() -> app::auth::Caller {
+    app::auth::Caller {
+        name: "bench".to_owned(),
+        role: app::auth::Role::Admin,
+    }
+}
+
 /// A fleet to measure.
 pub struct Bench {
     /// The fleet.

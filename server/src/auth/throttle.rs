@@ -37,11 +37,22 @@ pub struct Throttle {
     failures: Mutex<HashMap<Key, Vec<Instant>>>,
 }
 
+/// A try, counted as a failure from the moment it is let through until it succeeds. Counting it before
+/// the password is checked (which takes argon2 tens of milliseconds) is what keeps a burst of tries sent
+/// at once within the limit: each one sees the tries before it.
+#[derive(Debug)]
+pub struct Reservation {
+    keys: Vec<Key>,
+    at: Instant,
+}
+
 impl Throttle {
-    /// How long a try under `keys` must still wait at `now`, if it must.
-    pub fn wait(&self, keys: &[Key], now: Instant) -> Option<Duration> {
+    /// Lets a try under `keys` through at `now`, counted as a failure until [`Throttle::succeed`]; or says
+    /// how long it must still wait.
+    pub fn reserve(&self, keys: &[Key], now: Instant) -> Result<Reservation, Duration> {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        keys.iter()
+        let wait = keys
+            .iter()
             .filter_map(|key| {
                 let times = failures.get_mut(key)?;
                 times.retain(|t| now.duration_since(*t) < WINDOW);
@@ -50,16 +61,12 @@ impl Throttle {
                 let until = *times.last()? + wait;
                 (until > now).then(|| until - now)
             })
-            .max()
-    }
-
-    /// Counts a failure under each of `keys`.
-    pub fn fail(&self, keys: &[Key], now: Instant) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+            .max();
+        if let Some(wait) = wait {
+            return Err(wait);
+        }
         for key in keys {
-            let times = failures.entry(key.clone()).or_default();
-            times.retain(|t| now.duration_since(*t) < WINDOW);
-            times.push(now);
+            failures.entry(key.clone()).or_default().push(now);
         }
         // Forget keys whose failures have all aged out, so that the map does not grow without bound.
         failures.retain(|_, times| {
@@ -67,12 +74,30 @@ impl Throttle {
                 .last()
                 .is_some_and(|t| now.duration_since(*t) < WINDOW)
         });
+        Ok(Reservation {
+            keys: keys.to_vec(),
+            at: now,
+        })
     }
 
-    /// A sign-in succeeded: the account's failures are forgotten (the address's are not).
-    pub fn succeed(&self, account: &str) {
+    /// The try succeeded: the account's failures are forgotten, and the address's count loses this try
+    /// (but keeps the failures before it).
+    pub fn succeed(&self, reservation: Reservation) {
         let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
-        failures.remove(&Key::Account(account.to_owned()));
+        for key in &reservation.keys {
+            match key {
+                Key::Account(_) => {
+                    failures.remove(key);
+                }
+                Key::Address(_) => {
+                    if let Some(times) = failures.get_mut(key) {
+                        if let Some(i) = times.iter().rposition(|t| *t == reservation.at) {
+                            times.remove(i);
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -92,21 +117,24 @@ mod tests {
         let throttle = Throttle::default();
         let start = Instant::now();
         let k = keys("ada", "10.0.0.1");
-        for i in 0..4 {
-            throttle.fail(&k, start + Duration::from_secs(i));
-            assert_eq!(throttle.wait(&k, start + Duration::from_secs(i)), None);
+        for i in 0..5 {
+            assert!(throttle.reserve(&k, start + Duration::from_secs(i)).is_ok());
         }
         let fifth = start + Duration::from_secs(4);
-        throttle.fail(&k, fifth);
-        assert_eq!(throttle.wait(&k, fifth), Some(Duration::from_secs(30)));
-        assert_eq!(throttle.wait(&k, fifth + Duration::from_secs(31)), None);
+        assert_eq!(
+            throttle.reserve(&k, fifth).unwrap_err(),
+            Duration::from_secs(30)
+        );
         let sixth = fifth + Duration::from_secs(31);
-        throttle.fail(&k, sixth);
-        assert_eq!(throttle.wait(&k, sixth), Some(Duration::from_secs(60)));
+        assert!(throttle.reserve(&k, sixth).is_ok());
+        assert_eq!(
+            throttle.reserve(&k, sixth).unwrap_err(),
+            Duration::from_secs(60)
+        );
         // Another address trying the same account waits too.
-        assert!(throttle.wait(&keys("ada", "10.9.9.9"), sixth).is_some());
+        assert!(throttle.reserve(&keys("ada", "10.9.9.9"), sixth).is_err());
         // The failures age out.
-        assert_eq!(throttle.wait(&k, sixth + WINDOW), None);
+        assert!(throttle.reserve(&k, sixth + WINDOW).is_ok());
     }
 
     #[test]
@@ -114,16 +142,48 @@ mod tests {
         let throttle = Throttle::default();
         let now = Instant::now();
         for i in 0..20 {
-            throttle.fail(&keys(&format!("name{i}"), "10.0.0.2"), now);
+            assert!(throttle
+                .reserve(&keys(&format!("name{i}"), "10.0.0.2"), now)
+                .is_ok());
         }
         assert!(throttle
-            .wait(&keys("someone-else", "10.0.0.2"), now)
-            .is_some());
-        assert_eq!(throttle.wait(&keys("someone-else", "10.0.0.3"), now), None);
-        throttle.succeed("name1");
+            .reserve(&keys("someone-else", "10.0.0.2"), now)
+            .is_err());
+        assert!(throttle
+            .reserve(&keys("someone-else", "10.0.0.3"), now)
+            .is_ok());
+        let ada = keys("ada", "10.0.0.4");
+        for _ in 0..4 {
+            throttle.reserve(&ada, now).unwrap();
+        }
+        let fifth = throttle.reserve(&ada, now).unwrap();
+        throttle.succeed(fifth);
         assert!(
-            throttle.wait(&keys("name1", "10.0.0.2"), now).is_some(),
+            throttle.reserve(&keys("ada", "10.0.0.5"), now).is_ok(),
+            "the account's failures are forgotten"
+        );
+        assert!(
+            throttle.reserve(&keys("name1", "10.0.0.2"), now).is_err(),
             "the address still waits"
         );
+    }
+
+    #[test]
+    fn tries_made_at_once_are_counted_before_any_is_checked() {
+        let throttle = std::sync::Arc::new(Throttle::default());
+        let now = Instant::now();
+        let passed: usize = std::thread::scope(|scope| {
+            let tries: Vec<_> = (0..40)
+                .map(|_| {
+                    let throttle = throttle.clone();
+                    scope.spawn(move || throttle.reserve(&keys("ada", "10.0.0.6"), now).is_ok())
+                })
+                .collect();
+            tries
+                .into_iter()
+                .map(|t| usize::from(t.join().unwrap()))
+                .sum()
+        });
+        assert_eq!(passed, 5, "the account's limit, and not one try more");
     }
 }

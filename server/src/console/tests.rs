@@ -223,3 +223,40 @@ async fn the_router_keeps_its_committed_share_whatever_the_browser_sends() {
     let (_, group) = app.get("/api/groups/text-router").await;
     assert_eq!(group["revision"], 2, "nothing changed");
 }
+
+#[tokio::test]
+async fn the_serving_form_shows_a_secret_to_admins_only() {
+    let app = app().await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "env": {"HF_TOKEN": "hf_formsecret"}}),
+    )
+    .await;
+    let user = json!({"name": "otto", "role": "operator", "password": "twelve chars!"});
+    app.call(Method::POST, "/api/users", Some(&user.to_string()))
+        .await;
+    let (_, token) = app
+        .call(
+            Method::POST,
+            "/api/tokens",
+            Some(&json!({"name": "script", "user": "otto"}).to_string()),
+        )
+        .await;
+    let operator = token["secret"].as_str().unwrap();
+    let form = json!({"model": "glm-5.3"}).to_string();
+    let (status, seen) = app
+        .call_with(
+            Some(operator),
+            Method::POST,
+            "/rpc/load_serving_form",
+            Some(&form),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{seen}");
+    assert_eq!(seen["serving"]["env"], json!([["HF_TOKEN", "(secret)"]]));
+    let (_, seen) = call_rpc(&app, "load_serving_form", json!({"model": "glm-5.3"})).await;
+    assert_eq!(
+        seen["serving"]["env"],
+        json!([["HF_TOKEN", "hf_formsecret"]])
+    );
+}

@@ -1,5 +1,6 @@
 //! The model catalog and its recipes.
 
+use super::authority::{check_recipe_args, redact_args, redact_env, redact_json, Sight};
 use super::groups::{check_recipe, engine_name};
 use super::{check_name, Fleet};
 use crate::error::ApiError;
@@ -11,6 +12,26 @@ impl Fleet {
     /// The model catalog, as of the last write.
     pub fn models(&self) -> Vec<CatalogModel> {
         self.committed().models.clone()
+    }
+
+    /// The catalog as one who sees it with `sight` is shown it.
+    pub fn models_shown(&self, sight: Sight) -> Vec<CatalogModel> {
+        let mut models = self.models();
+        if sight == Sight::Redacted {
+            for m in &mut models {
+                m.env = redact_env(&m.env, &m.secret_env);
+                m.args = redact_args(&m.args);
+            }
+        }
+        models
+    }
+
+    /// The names a model's recipe marks secret.
+    pub fn secret_env_of(&self, model: &str) -> Vec<String> {
+        self.committed()
+            .model(model)
+            .map(|m| m.secret_env.clone())
+            .unwrap_or_default()
     }
 
     /// Adds a model to the catalog.
@@ -48,9 +69,10 @@ impl Fleet {
             )));
         }
         check_recipe(&model)?;
+        check_recipe_args(&model)?;
         let mut state = self.state.lock().await;
         let mut tx = crate::db::write(&self.pool).await?;
-        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+        sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env, secret_env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&model.name)
             .bind(engine_name(model.engine))
             .bind(i64::from(model.default_share.get()))
@@ -60,13 +82,16 @@ impl Fleet {
             .bind(&model.command)
             .bind(serde_json::to_string(&model.args).map_err(ApiError::internal)?)
             .bind(serde_json::to_string(&model.env).map_err(ApiError::internal)?)
+            .bind(serde_json::to_string(&model.secret_env).map_err(ApiError::internal)?)
             .execute(&mut *tx)
             .await
             .map_err(|e| ApiError::on_unique(e, || format!("the catalog has a model named {} already", model.name)))?;
         crate::audit::record(
             &mut tx,
-            crate::audit::Entry::new(actor, "model.add", &model.name)
-                .after(serde_json::to_value(&model).map_err(ApiError::internal)?),
+            crate::audit::Entry::new(actor, "model.add", &model.name).after(redact_json(
+                serde_json::to_value(&model).map_err(ApiError::internal)?,
+                &model.secret_env,
+            )),
         )
         .await?;
         let inventory = state.ledger.inventory().clone();

@@ -193,14 +193,15 @@ async fn load_models(conn: &mut sqlx::SqliteConnection) -> Result<Vec<CatalogMod
         Option<String>,
         String,
         String,
+        String,
     );
     let rows: Vec<Row> =
-        sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system, command, args, env FROM models ORDER BY name")
+        sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system, command, args, env, secret_env FROM models ORDER BY name")
             .fetch_all(&mut *conn)
             .await?;
     rows.into_iter()
         .map(
-            |(name, engine, share, group, model_path, system, command, args, env)| {
+            |(name, engine, share, group, model_path, system, command, args, env, secret_env)| {
                 Ok(CatalogModel {
                     engine: serde_json::from_value(serde_json::Value::String(engine))
                         .map_err(ApiError::internal)?,
@@ -212,6 +213,7 @@ async fn load_models(conn: &mut sqlx::SqliteConnection) -> Result<Vec<CatalogMod
                     command,
                     args: serde_json::from_str(&args).map_err(ApiError::internal)?,
                     env: serde_json::from_str(&env).map_err(ApiError::internal)?,
+                    secret_env: serde_json::from_str(&secret_env).map_err(ApiError::internal)?,
                 })
             },
         )

@@ -1,6 +1,9 @@
 //! A deployed catalog model, wherever it runs: as a member of a sharing group, or on whole GPUs (a worker
 //! that names its model). Removing one, and changing its serving configuration, which restarts it alone.
 
+use super::authority::{
+    check_serving as check_model_serving, keep_secrets, redact_args, redact_env, secret_values,
+};
 use super::committed::{Committed, Worker};
 use super::groups::{
     check_revision, check_serving, DeployCommand, Group, Note, PlanChange, Serving,
@@ -9,6 +12,7 @@ use super::workers::{ModelRun, NewWorker};
 use super::{check_name, Fleet};
 use crate::audit::Entry;
 use crate::error::ApiError;
+use app::auth::Caller;
 use placement::{BasisPoints, GpuRef, GpuRequests, PlanMember, RequestedResources, Restart, Step};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -54,6 +58,33 @@ impl Fleet {
             }
             Deployed::Whole(worker) => Ok((worker.args, worker.env)),
         }
+    }
+
+    /// The secret values an engine was given (its recipe's, its deployment's or its worker's), to be kept
+    /// out of what non-admins read of its output.
+    pub fn engine_secrets(&self, engine: &crate::runtime::EngineView) -> Vec<String> {
+        let committed = self.committed();
+        let model = engine.model.clone().or_else(|| {
+            let worker = committed.worker(engine.worker.as_deref()?)?;
+            worker.model.clone()
+        });
+        let recipe = model.as_deref().and_then(|m| committed.model(m));
+        let marked = recipe.map(|r| r.secret_env.clone()).unwrap_or_default();
+        let mut secrets = Vec::new();
+        if let Some(recipe) = recipe {
+            secrets.extend(secret_values(&recipe.env, &recipe.args, &marked));
+        }
+        let own = match (&engine.worker, &model) {
+            (None, Some(model)) => self.serving_of(model).ok(),
+            (Some(worker), _) => committed
+                .worker(worker)
+                .map(|w| (w.args.clone(), w.env.clone())),
+            (None, None) => None,
+        };
+        if let Some((args, env)) = own {
+            secrets.extend(secret_values(&env, &args, &marked));
+        }
+        secrets
     }
 
     /// Deploys a model on whole GPUs of one machine: a worker named after the model that holds exactly the
@@ -170,16 +201,26 @@ impl Fleet {
         self: &Arc<Self>,
         model: &str,
         revision: i64,
-        serving: Serving,
-        actor: &str,
+        mut serving: Serving,
+        actor: &Caller,
     ) -> Result<ServingChange, ApiError> {
         check_serving(&serving.args, &serving.env)?;
-        let (model, actor) = (model.to_owned(), actor.to_owned());
+        let caller = actor.clone();
+        let (model, actor) = (model.to_owned(), actor.name.clone());
         self.write(|fleet| async move {
-            let args = serde_json::to_string(&serving.args).map_err(ApiError::internal)?;
-            let env = serde_json::to_string(&serving.env).map_err(ApiError::internal)?;
             let mut state = fleet.state.lock().await;
             let (before_args, before_env) = fleet.serving_of(&model)?;
+            // A form that showed a secret redacted sends it back so: the stored value stays.
+            keep_secrets(&mut serving.env, &before_env);
+            let marked = match state.committed.model(&model) {
+                Some(recipe) => {
+                    check_model_serving(&caller, recipe, &serving.args, &serving.env)?;
+                    recipe.secret_env.clone()
+                }
+                None => Vec::new(),
+            };
+            let args = serde_json::to_string(&serving.args).map_err(ApiError::internal)?;
+            let env = serde_json::to_string(&serving.env).map_err(ApiError::internal)?;
             let mut tx = crate::db::write(&fleet.pool).await?;
             let (group, new_revision) =
                 match deployed(&state.committed, &model).ok_or_else(|| not_deployed(&model))? {
@@ -218,8 +259,8 @@ impl Fleet {
             crate::audit::record(
                 &mut tx,
                 Entry::new(&actor, "serving.change", &model)
-                    .before(serde_json::json!({ "args": before_args, "env": before_env }))
-                    .after(serde_json::json!({ "args": serving.args, "env": serving.env }))
+                    .before(serde_json::json!({ "args": redact_args(&before_args), "env": redact_env(&before_env, &marked) }))
+                    .after(serde_json::json!({ "args": redact_args(&serving.args), "env": redact_env(&serving.env, &marked) }))
                     .revision(new_revision)
                     .restarts(vec![model.clone()]),
             )

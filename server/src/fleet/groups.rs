@@ -6,6 +6,7 @@ use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::{EngineState, Progress};
+use app::auth::Caller;
 use placement::{
     choose_group, judge, transition, BasisPoints, GpuChoice, GpuRef, GroupChoice, GroupGpu, Hold,
     PlanMember, Restart, Scheduler, Share, Step,
@@ -300,11 +301,20 @@ impl Fleet {
     pub async fn deploy(
         self: &Arc<Self>,
         deploy: DeployCommand,
-        actor: &str,
+        actor: &Caller,
     ) -> Result<PlanChange, ApiError> {
-        let actor = actor.to_owned();
+        let caller = actor.clone();
+        let actor = actor.name.clone();
         self.write(|fleet| async move {
             check_serving(&deploy.serving.args, &deploy.serving.env)?;
+            if let Some(model) = fleet.committed().model(&deploy.model) {
+                super::authority::check_serving(
+                    &caller,
+                    model,
+                    &deploy.serving.args,
+                    &deploy.serving.env,
+                )?;
+            }
             let Sharing::Shared {
                 share,
                 shares,
@@ -445,7 +455,15 @@ impl Fleet {
         }
         // A deploy's serving configuration is part of what it changed.
         let deployed = serving.as_ref().map(|(model, serving)| {
-            serde_json::json!({ "model": model, "args": serving.args, "env": serving.env })
+            let marked = state
+                .committed
+                .model(model)
+                .map(|m| m.secret_env.clone())
+                .unwrap_or_default();
+            super::authority::redact_json(
+                serde_json::json!({ "model": model, "args": serving.args, "env": serving.env }),
+                &marked,
+            )
         });
         if let Some((model, serving)) = serving {
             configs.insert(model.to_owned(), serving);

@@ -1,10 +1,11 @@
 //! Machines: what each GPU offers, who holds it, and whether its holders take more than it offers; fresh
 //! readings of this machine's GPUs; the read views published after every write.
 
+use super::authority::Sight;
 use super::committed::Committed;
 use super::engines;
 use super::ledger::Ledger;
-use super::workers::{view, WorkerView};
+use super::workers::{redact_worker, view, WorkerView};
 use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::LocalGpus;
@@ -28,13 +29,23 @@ impl Views {
                 list.push(worker);
             }
         }
+        // Serializing plain data into a Vec cannot fail.
+        let by_machine_redacted = by_machine
+            .iter()
+            .map(|(m, list)| {
+                let shown: Vec<WorkerView> = list
+                    .iter()
+                    .map(|w| redact_worker(committed, (*w).clone()))
+                    .collect();
+                (
+                    m.clone(),
+                    serde_json::to_vec(&shown).unwrap_or_default().into(),
+                )
+            })
+            .collect();
         let by_machine = by_machine
             .into_iter()
-            .map(|(m, list)| {
-                // Serializing plain data into a Vec cannot fail.
-                let json = serde_json::to_vec(&list).unwrap_or_default();
-                (m, json.into())
-            })
+            .map(|(m, list)| (m, serde_json::to_vec(&list).unwrap_or_default().into()))
             .collect();
         let overcommitted = ledger.scheduler().overcommitted();
         let machines = ledger
@@ -46,6 +57,7 @@ impl Views {
         Views {
             workers,
             by_machine,
+            by_machine_redacted,
             machines,
             committed: committed.clone(),
             unplaced: ledger.all_unplaced().clone(),
@@ -69,13 +81,16 @@ impl Fleet {
             .ok_or_else(|| no_machine(name))
     }
 
-    /// The workers placed on one machine, as a JSON array.
-    pub fn machine_workers(&self, name: &str) -> Result<axum::body::Bytes, ApiError> {
-        self.views()
-            .by_machine
-            .get(name)
-            .cloned()
-            .ok_or_else(|| no_machine(name))
+    /// The workers placed on one machine, as a JSON array, with their secrets if `sight` allows.
+    pub fn machine_workers(&self, name: &str, sight: Sight) -> Result<axum::body::Bytes, ApiError> {
+        let views = self.views();
+        match sight {
+            Sight::Secrets => &views.by_machine,
+            Sight::Redacted => &views.by_machine_redacted,
+        }
+        .get(name)
+        .cloned()
+        .ok_or_else(|| no_machine(name))
     }
 
     /// Takes a fresh reading of one machine (this machine's GPUs through NVML): what its GPUs offer may
@@ -108,10 +123,11 @@ impl Fleet {
         loop {
             tokio::time::sleep(every).await;
             let reader = gpus.clone();
+            let running = self.runtime.running().await;
             let ours = {
                 let state = self.state.lock().await;
                 let local = self.hosts.local.as_deref().unwrap_or_default();
-                engines::ours(&state.ledger, local, &self.runtime.running())
+                engines::ours(&state.ledger, local, &running)
             };
             let reading =
                 tokio::task::spawn_blocking(move || reader.read(&ours).map_err(|e| e.to_string()))

@@ -157,7 +157,11 @@ async fn a_write_whose_request_is_dropped_half_way_still_commits_whole_and_the_l
     let app = TestApp::new(MAJIN).await;
     let new = serde_json::from_str(&shared_worker("dropped", 2.0)).unwrap();
     // One poll starts the write; the request is then gone, as when its client disconnects.
-    assert!(app.fleet.create_worker(new, "ada").now_or_never().is_none());
+    assert!(app
+        .fleet
+        .create_worker(new, &crate::testing::admin())
+        .now_or_never()
+        .is_none());
     eventually(&app, "/api/workers/dropped", StatusCode::OK).await;
     app.fleet.check_ledger().await.unwrap();
     let (_, majin) = app.get("/api/machines/majin").await;
@@ -364,16 +368,22 @@ impl crate::inventory::LocalGpus for Nvml {
 async fn the_engines_a_crashed_server_left_running_are_tesseras_own_from_the_first_reading() {
     let dir = tempfile::tempdir().unwrap();
     let pool = crate::db::connect(None, dir.path()).await.unwrap();
-    // An engine the previous server started and recorded, still running when this one starts.
+    // An engine the previous server started and recorded in this boot, still running when this one starts.
+    sqlx::query("INSERT INTO instance (id, token) VALUES (1, 'installation')")
+        .execute(&pool)
+        .await
+        .unwrap();
     let mut engine = std::process::Command::new("sleep")
         .arg("30")
+        .env(crate::runtime::process::INSTANCE_VAR, "installation")
         .spawn()
         .unwrap();
     let pid = engine.id();
     let ticks = crate::runtime::process::start_ticks(pid).unwrap();
-    sqlx::query("INSERT INTO engines (unit, fingerprint, pid, start_ticks, port) VALUES ('left', 'x', ?, ?, 1)")
+    sqlx::query("INSERT INTO engines (unit, fingerprint, pid, start_ticks, port, boot_id) VALUES ('left', 'x', ?, ?, 1, ?)")
         .bind(i64::from(pid))
         .bind(ticks as i64)
+        .bind(crate::runtime::process::boot_id())
         .execute(&pool)
         .await
         .unwrap();

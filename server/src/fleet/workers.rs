@@ -5,6 +5,7 @@ use super::committed::{Committed, Worker};
 use super::ledger::Ledger;
 use super::{check_name, Fleet, State};
 use crate::error::ApiError;
+use app::auth::Caller;
 use placement::{Assignment, Decision, RequestedResources, WorkerRequest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -68,14 +69,28 @@ pub(crate) struct ModelRun {
     pub args: Vec<String>,
 }
 
+/// `worker` with the secrets of its environment redacted (those its model's recipe marks too).
+pub(crate) fn redact_worker(committed: &Committed, mut worker: WorkerView) -> WorkerView {
+    let marked = worker
+        .model
+        .as_deref()
+        .and_then(|m| committed.model(m))
+        .map(|m| m.secret_env.as_slice())
+        .unwrap_or_default();
+    worker.env = super::authority::redact_env(&worker.env, marked);
+    worker
+}
+
 impl Fleet {
     /// Accepts a worker: placed at once if it fits, otherwise pending with its reasons.
     pub async fn create_worker(
         self: &Arc<Self>,
         new: NewWorker,
-        actor: &str,
+        actor: &Caller,
     ) -> Result<WorkerView, ApiError> {
-        let actor = actor.to_owned();
+        super::authority::check_command(actor, new.command.as_deref())?;
+        super::authority::check_worker_env(actor, &new.env)?;
+        let actor = actor.name.clone();
         self.write(|fleet| async move { fleet.accept_worker(new, None, &actor).await })
             .await
     }
@@ -183,6 +198,14 @@ impl Fleet {
         self.views().workers.clone()
     }
 
+    /// `worker` as one who sees it with `sight` is shown it.
+    pub fn shown(&self, worker: WorkerView, sight: super::authority::Sight) -> WorkerView {
+        match sight {
+            super::authority::Sight::Secrets => worker,
+            super::authority::Sight::Redacted => redact_worker(&self.committed(), worker),
+        }
+    }
+
     /// Ends a worker: its memory is free for the next, and pending work that now fits is placed, oldest
     /// first. With `revision`, refuses (409) when the worker changed since that revision.
     pub async fn delete_worker(
@@ -231,7 +254,10 @@ impl Fleet {
         crate::audit::record(
             &mut tx,
             crate::audit::Entry::new(actor, action, &target)
-                .before(serde_json::to_value(before).map_err(ApiError::internal)?)
+                .before(super::authority::redact_json(
+                    serde_json::to_value(before).map_err(ApiError::internal)?,
+                    &[],
+                ))
                 .revision(worker.revision),
         )
         .await?;

@@ -150,7 +150,10 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
         Step::CreateDropped { name, tenths } => {
             let body = shared_worker(&format!("w{name}"), f64::from(*tenths) / 10.0);
             let new = serde_json::from_str(&body).unwrap();
-            let _ = app.fleet.create_worker(new, "ada").now_or_never();
+            let _ = app
+                .fleet
+                .create_worker(new, &crate::testing::admin())
+                .now_or_never();
         }
         Step::Delete { name } => {
             let _ = app
@@ -263,7 +266,9 @@ async fn check(app: &TestApp, step: &Step, before: &Holds) {
         .into_iter()
         .map(|e| e.unit)
         .collect();
-    let held: BTreeSet<String> = after
+    // Read after the engines: a dropped request's write may still commit meanwhile, and adds holds first.
+    let held: BTreeSet<String> = holds(app)
+        .await
         .values()
         .flat_map(|(_, sharers, _, whole)| sharers.keys().cloned().chain(whole.clone()))
         .collect();

@@ -1,0 +1,412 @@
+//! Who may give an engine what (README, "Who may run what"). Engines run as the server's user, so whatever
+//! can choose a program, a library it loads or the interpreter's search path can do anything that user
+//! can: that is an admin's. An operator deploys catalog models and tunes them with extra arguments and
+//! environment variables that cannot do so, and that cannot take more than the share Tessera gave them.
+//!
+//! Secrets (tokens, keys, passwords) in an engine's environment or arguments are shown to admins only, and
+//! never written to the audit log.
+
+use crate::error::ApiError;
+use crate::inventory::demo::{CatalogModel, Engine};
+use crate::runtime::spec::{owned_flag, Owner};
+use app::auth::{Caller, Role};
+use std::collections::BTreeMap;
+
+/// What a secret's value is shown as to everyone but admins, and written as in the audit log. A form that
+/// sends it back unchanged keeps the stored value.
+pub const REDACTED: &str = "(secret)";
+
+/// What a caller may see of secrets: an admin all of them, anyone else their names only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sight {
+    /// An admin.
+    Secrets,
+    /// Everyone else.
+    Redacted,
+}
+
+impl Sight {
+    /// What `caller` may see.
+    pub fn of(caller: &Caller) -> Sight {
+        if caller.role == Role::Admin {
+            Sight::Secrets
+        } else {
+            Sight::Redacted
+        }
+    }
+}
+
+/// Environment variables that load code or change where it is found or fetched from: an admin's. Compared
+/// in upper case; a name that starts with one of `PREFIXES` counts too.
+const ADMIN_VARS: &[&str] = &[
+    "PATH",
+    "ENV",
+    "BASH_ENV",
+    "SHELL",
+    "HOME",
+    "IFS",
+    "PS4",
+    "PROMPT_COMMAND",
+    "TMPDIR",
+    "LIBRARY_PATH",
+    "CPATH",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "ALL_PROXY",
+    "NO_PROXY",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HF_ENDPOINT",
+    "TRITON_CACHE_DIR",
+    "VLLM_PLUGINS",
+    "SGLANG_EXTERNAL_MODEL_PACKAGE",
+    "TRANSFORMERS_TRUST_REMOTE_CODE",
+];
+const ADMIN_PREFIXES: &[&str] = &[
+    "LD_", "DYLD_", "PYTHON", "PERL", "RUBY", "NODE_", "GCONV", "GLIBC_", "MALLOC_", "SSL_",
+    "NCCL_NET", "CUDA_MPS",
+];
+
+/// Arguments that make an engine run code from the model's repository.
+const ADMIN_ARGS: &[&str] = &["--trust-remote-code"];
+
+/// Parts of a name that mark a secret.
+const SECRET_MARKS: &[&str] = &[
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "API_KEY",
+    "APIKEY",
+    "ACCESS_KEY",
+    "PRIVATE_KEY",
+    "CREDENTIAL",
+];
+
+/// Whether setting the variable `name` needs the admin role.
+pub fn needs_admin(name: &str) -> bool {
+    let name = name.to_ascii_uppercase();
+    ADMIN_VARS.contains(&name.as_str()) || ADMIN_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Whether the variable (or argument) `name` holds a secret: by its name, or because the recipe says so.
+pub fn is_secret(name: &str, marked: &[String]) -> bool {
+    let upper = name
+        .trim_start_matches('-')
+        .to_ascii_uppercase()
+        .replace('-', "_");
+    marked.iter().any(|m| m == name)
+        || upper.ends_with("_KEY")
+        || SECRET_MARKS.iter().any(|mark| upper.contains(mark))
+}
+
+/// `env` with every secret's value replaced by [`REDACTED`].
+pub fn redact_env(env: &BTreeMap<String, String>, marked: &[String]) -> BTreeMap<String, String> {
+    env.iter()
+        .map(|(name, value)| {
+            let value = if is_secret(name, marked) {
+                REDACTED.to_owned()
+            } else {
+                value.clone()
+            };
+            (name.clone(), value)
+        })
+        .collect()
+}
+
+/// `args` with the value of every secret flag (`--api-key X`, `--api-key=X`) replaced by [`REDACTED`].
+pub fn redact_args(args: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(args.len());
+    let mut next_is_secret = false;
+    for arg in args {
+        if next_is_secret {
+            out.push(REDACTED.to_owned());
+            next_is_secret = false;
+            continue;
+        }
+        match arg.split_once('=') {
+            Some((flag, _)) if flag.starts_with('-') && is_secret(flag, &[]) => {
+                out.push(format!("{flag}={REDACTED}"));
+            }
+            _ => {
+                next_is_secret = arg.starts_with("--") && is_secret(arg, &[]);
+                out.push(arg.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The secret values in `env` and `args`, to be blotted out of an engine's output for non-admins.
+pub fn secret_values(
+    env: &BTreeMap<String, String>,
+    args: &[String],
+    marked: &[String],
+) -> Vec<String> {
+    let mut values: Vec<String> = env
+        .iter()
+        .filter(|(name, _)| is_secret(name, marked))
+        .map(|(_, value)| value.clone())
+        .collect();
+    for (arg, shown) in args.iter().zip(redact_args(args)) {
+        if *arg != shown {
+            values.push(match arg.split_once('=') {
+                Some((_, value)) => value.to_owned(),
+                None => arg.clone(),
+            });
+        }
+    }
+    // A value of a character or two would blot out half of every line.
+    values.retain(|v| v.len() >= 4);
+    values
+}
+
+/// `line` with every secret value in it replaced by [`REDACTED`].
+pub fn redact_line(line: &str, secrets: &[String]) -> String {
+    secrets.iter().fold(line.to_owned(), |line, secret| {
+        line.replace(secret.as_str(), REDACTED)
+    })
+}
+
+/// `value` (an audit entry's before or after) with the secrets of every `env` object and `args` array in
+/// it redacted: the audit log never holds a secret.
+pub fn redact_json(mut value: serde_json::Value, marked: &[String]) -> serde_json::Value {
+    fn walk(value: &mut serde_json::Value, marked: &[String]) {
+        match value {
+            serde_json::Value::Object(map) => {
+                for (key, inner) in map.iter_mut() {
+                    match (key.as_str(), &mut *inner) {
+                        ("env", serde_json::Value::Object(env)) => {
+                            for (name, v) in env.iter_mut() {
+                                if is_secret(name, marked) {
+                                    *v = REDACTED.into();
+                                }
+                            }
+                        }
+                        ("args", serde_json::Value::Array(args)) => {
+                            let strings: Option<Vec<String>> =
+                                args.iter().map(|a| a.as_str().map(str::to_owned)).collect();
+                            if let Some(strings) = strings {
+                                *args = redact_args(&strings).into_iter().map(Into::into).collect();
+                            }
+                        }
+                        _ => walk(inner, marked),
+                    }
+                }
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(|i| walk(i, marked)),
+            _ => {}
+        }
+    }
+    walk(&mut value, marked);
+    value
+}
+
+/// A form sent back with [`REDACTED`] where it showed a secret keeps the stored value.
+pub fn keep_secrets(env: &mut BTreeMap<String, String>, stored: &BTreeMap<String, String>) {
+    for (name, value) in env.iter_mut() {
+        if value == REDACTED {
+            if let Some(kept) = stored.get(name) {
+                value.clone_from(kept);
+            }
+        }
+    }
+}
+
+fn forbidden(caller: &Caller, what: &str) -> ApiError {
+    ApiError::Forbidden(format!(
+        "{} is a {}: {what}, which needs the admin role",
+        caller.name,
+        caller.role.as_str()
+    ))
+}
+
+/// Extra arguments and environment that `caller` gives `model`'s engines: none may override a flag
+/// Tessera sets (whoever asks), and only an admin may load code.
+pub fn check_serving(
+    caller: &Caller,
+    model: &CatalogModel,
+    args: &[String],
+    env: &BTreeMap<String, String>,
+) -> Result<(), ApiError> {
+    check_args(
+        model.engine,
+        model.command.as_deref(),
+        args,
+        "extra argument",
+    )?;
+    if caller.role == Role::Admin {
+        return Ok(());
+    }
+    if let Some(name) = env.keys().find(|name| needs_admin(name)) {
+        return Err(forbidden(
+            caller,
+            &format!("the environment variable {name} changes what code the engine loads"),
+        ));
+    }
+    if let Some(arg) = args.iter().find(|arg| {
+        let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
+        ADMIN_ARGS.contains(&flag.replace('_', "-").as_str())
+    }) {
+        return Err(forbidden(
+            caller,
+            &format!("{arg} runs code from the model's repository"),
+        ));
+    }
+    Ok(())
+}
+
+/// A recipe's own arguments, like extra ones, may not override what Tessera sets.
+pub fn check_recipe_args(model: &CatalogModel) -> Result<(), ApiError> {
+    check_args(model.engine, model.command.as_deref(), &model.args, "args")
+}
+
+fn check_args(
+    engine: Engine,
+    template: Option<&str>,
+    args: &[String],
+    field: &str,
+) -> Result<(), ApiError> {
+    for (i, arg) in args.iter().enumerate() {
+        if let Some((flag, owner)) = owned_flag(engine, template, arg) {
+            let whose = match owner {
+                Owner::Share => "the share (\"share\", or \"shares\" in a plan) sets it",
+                Owner::Gpus => "the GPUs chosen (\"gpus\") set it",
+                Owner::ModelPath => "the catalog recipe's \"model_path\" sets it",
+                Owner::Port => "Tessera gives each engine its port, where health checks find it",
+                Owner::Host => "Tessera has engines listen on 127.0.0.1 only",
+            };
+            let what = if field == "args" {
+                format!("args[{i}]")
+            } else {
+                format!("{field} {}", i + 1)
+            };
+            return Err(ApiError::Unprocessable(format!(
+                "{what} ({arg}) overrides {flag}, which Tessera sets: {whose}; remove it"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A worker's own command is a program of the caller's choosing: an admin's.
+pub fn check_command(caller: &Caller, command: Option<&str>) -> Result<(), ApiError> {
+    match command {
+        Some(_) if caller.role != Role::Admin => Err(forbidden(
+            caller,
+            "a worker's \"command\" runs a program of your choosing",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Environment a worker sets for itself, checked as a deployment's is.
+pub fn check_worker_env(caller: &Caller, env: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    match env.keys().find(|name| needs_admin(name)) {
+        Some(name) if caller.role != Role::Admin => Err(forbidden(
+            caller,
+            &format!("the environment variable {name} changes what code the engine loads"),
+        )),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn code_loading_variables_are_an_admins_and_tuning_ones_are_not() {
+        for admin in [
+            "LD_PRELOAD",
+            "ld_library_path",
+            "PATH",
+            "PYTHONPATH",
+            "PYTHONSTARTUP",
+            "https_proxy",
+            "BASH_ENV",
+        ] {
+            assert!(needs_admin(admin), "{admin}");
+        }
+        for anyone in [
+            "VLLM_LOGGING_LEVEL",
+            "HF_HOME",
+            "OMP_NUM_THREADS",
+            "HF_TOKEN",
+            "NCCL_DEBUG",
+        ] {
+            assert!(!needs_admin(anyone), "{anyone}");
+        }
+    }
+
+    #[test]
+    fn secrets_are_known_by_their_name_or_the_recipes_word() {
+        for secret in [
+            "HF_TOKEN",
+            "OPENAI_API_KEY",
+            "AWS_SECRET_ACCESS_KEY",
+            "DB_PASSWORD",
+            "--api-key",
+        ] {
+            assert!(is_secret(secret, &[]), "{secret}");
+        }
+        assert!(!is_secret("HF_HOME", &[]));
+        assert!(is_secret("LICENSE", &["LICENSE".to_owned()]));
+    }
+
+    #[test]
+    fn a_secret_flags_value_is_redacted_in_either_form() {
+        let args: Vec<String> = [
+            "--api-key",
+            "sk-1234",
+            "--max-model-len",
+            "4096",
+            "--hf-token=hf_abcd",
+        ]
+        .map(String::from)
+        .to_vec();
+        assert_eq!(
+            redact_args(&args),
+            [
+                "--api-key",
+                REDACTED,
+                "--max-model-len",
+                "4096",
+                "--hf-token=(secret)"
+            ]
+        );
+        let env = BTreeMap::from([("HF_TOKEN".to_owned(), "hf_secret_value".to_owned())]);
+        let secrets = secret_values(&env, &args, &[]);
+        assert_eq!(
+            redact_line("token hf_secret_value and sk-1234 and hf_abcd", &secrets),
+            "token (secret) and (secret) and (secret)"
+        );
+    }
+
+    #[test]
+    fn an_audit_entry_keeps_no_secret_at_any_depth() {
+        let entry = serde_json::json!({
+            "model": "m",
+            "serving": {"args": ["--api-key", "sk-1"], "env": {"HF_TOKEN": "hf_1", "HF_HOME": "/m", "LIC": "x"}},
+        });
+        assert_eq!(
+            redact_json(entry, &["LIC".to_owned()]),
+            serde_json::json!({
+                "model": "m",
+                "serving": {"args": ["--api-key", REDACTED], "env": {"HF_TOKEN": REDACTED, "HF_HOME": "/m", "LIC": REDACTED}},
+            })
+        );
+    }
+
+    #[test]
+    fn a_form_that_sends_the_redacted_value_back_keeps_the_secret() {
+        let stored = BTreeMap::from([("HF_TOKEN".to_owned(), "hf_real".to_owned())]);
+        let mut sent = BTreeMap::from([
+            ("HF_TOKEN".to_owned(), REDACTED.to_owned()),
+            ("OTHER".to_owned(), REDACTED.to_owned()),
+        ]);
+        keep_secrets(&mut sent, &stored);
+        assert_eq!(sent["HF_TOKEN"], "hf_real");
+        assert_eq!(sent["OTHER"], REDACTED, "nothing stored to keep");
+    }
+}
