@@ -37,7 +37,10 @@ pub async fn load_usage(period: String, by: String) -> Result<UsageReport, AppEr
         ))
     })?;
     let to = console.now_ms();
-    crate::services::answer(console.usage(to.saturating_sub(length), to, by)).await
+    // From a whole hour: readings older than a week are kept as hourly runs, whose figures are exact
+    // for whole hours only (README, "Retention").
+    let from = to.saturating_sub(length) / HOUR_MS * HOUR_MS;
+    crate::services::answer(console.usage(from, to, by)).await
 }
 
 fn grouping_label(by: Grouping) -> &'static str {
