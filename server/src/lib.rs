@@ -32,7 +32,6 @@ use leptos::config::LeptosOptions;
 use leptos_axum::{generate_route_list, LeptosRoutes};
 use std::sync::Arc;
 use std::time::Duration;
-use tower_http::trace::TraceLayer;
 
 /// Everything a request handler may need, behind one `Arc`: every request clones the state (each
 /// middleware and handler that takes it), and a clone of the parts themselves (the Leptos options, a
@@ -132,7 +131,6 @@ pub fn router(state: AppState) -> Router {
         // route again at every step (and a request cloned every box on its way in).
         .layer(
             tower::ServiceBuilder::new()
-                .layer(TraceLayer::new_for_http())
                 .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
                 .layer(security::HeadersLayer)
                 .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
