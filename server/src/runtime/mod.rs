@@ -832,7 +832,11 @@ impl Shared {
             rows.into_iter()
                 .map(|(unit, fingerprint, pid, ticks, port, row_boot)| {
                     let (pid, start_ticks, port) = (pid as u32, ticks as u64, port as u16);
-                    let ours = boot.as_deref() == Some(row_boot.as_str())
+                    // A row written before boot ids were kept has none: it rests on the other two
+                    // checks, so that an upgrade does not restart every engine.
+                    let same_boot =
+                        row_boot.is_empty() || boot.as_deref() == Some(row_boot.as_str());
+                    let ours = same_boot
                         && process::is_same(pid, start_ticks)
                         && process::carries(pid, &instance);
                     Record {

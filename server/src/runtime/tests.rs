@@ -219,6 +219,27 @@ async fn an_engine_recorded_in_another_boot_is_not_adopted() {
     runtime.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_recorded_before_boot_ids_were_kept_is_adopted_after_an_upgrade() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let spec = command("upgraded", 0, "sleep 1000");
+    let recorded = left_running(&pool, dir.path(), &spec, "").await;
+
+    let runtime = Runtime::open(pool, settings(dir.path())).await.unwrap();
+    assert_eq!(runtime.recorded().await.unwrap().len(), 1);
+    runtime.submit(Change::Reconcile(vec![spec]));
+    runtime.settled().await;
+    assert_eq!(
+        runtime.engine("upgraded").unwrap().pid,
+        Some(recorded),
+        "adopted"
+    );
+    assert!(alive(recorded));
+
+    runtime.shutdown().await;
+}
+
 #[test]
 fn nothing_is_spawned_once_the_server_is_shutting_down() {
     let dir = tempfile::tempdir().unwrap();
