@@ -33,6 +33,9 @@ const USER_ID: &str = "user_id";
 /// The session's CSRF token.
 const CSRF: &str = "csrf";
 
+/// The longest a request that takes the guard's whole way may take.
+const REQUEST_BOUND: std::time::Duration = std::time::Duration::from_secs(30);
+
 /// How long a browser session lasts without being used.
 const IDLE: time::Duration = time::Duration::hours(12);
 
@@ -244,7 +247,7 @@ where
         let fresh = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, fresh);
         let state = self.state.clone();
-        futures::future::Either::Right(Box::pin(async move {
+        let answer = async move {
             // Every request has a session but a script's (see [`SessionsUnlessToken`]).
             let session = request.extensions().get::<Session>().cloned();
             match check(&state, session.as_ref(), &mut request).await {
@@ -254,6 +257,18 @@ where
                 }
                 Ok(Some(elsewhere)) => Ok(elsewhere),
                 Err(e) => Ok(e.into_response()),
+            }
+        };
+        // A bound on what takes the whole way (pages, server functions, changes), so that a stuck one
+        // answers 408 and a stop does not wait on it. A script's read let through above answers from
+        // memory and goes without: the timer woke another worker thread on every request.
+        futures::future::Either::Right(Box::pin(async move {
+            match tokio::time::timeout(REQUEST_BOUND, answer).await {
+                Ok(answered) => answered,
+                Err(_) => {
+                    tracing::warn!("a request took over {REQUEST_BOUND:?}: answered 408");
+                    Ok(axum::http::StatusCode::REQUEST_TIMEOUT.into_response())
+                }
             }
         }))
     }

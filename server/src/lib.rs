@@ -214,8 +214,8 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         }
     });
     // The requests in flight when a stop begins get `REQUEST_GRACE` to finish; a stuck one does not hold
-    // the stop. (A timeout on every request did this before: its timer woke the other worker thread on
-    // each request, an eighth of the read path's rate, BENCHMARKS.md.)
+    // the stop. (Only the requests that take the guard's whole way have a timer of their own: on a
+    // script's read it woke the other worker thread every time, an eighth of its rate, BENCHMARKS.md.)
     tokio::select! {
         served = async { serving.await } => served.map_err(ServerError::Serve)?,
         () = async {
