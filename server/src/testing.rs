@@ -146,7 +146,19 @@ impl TestApp {
             token,
             ..
         } = self;
-        drop((router, fleet, pool));
+        drop(router);
+        // The old server's writes still under way end first, as they would with its process: two fleets
+        // writing one database is only ever a test's doing. (A dropped request's write that committed
+        // after the new fleet had read the database made the model test fail now and then.)
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+        while Arc::strong_count(&fleet) > 1 {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the old fleet's writes did not end within 10 s"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        }
+        drop((fleet, pool));
         let (router, fleet, pool) = start(dir.path(), fleet_toml).await;
         TestApp {
             dir,
