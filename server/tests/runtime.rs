@@ -154,8 +154,8 @@ async fn a_killed_engine_is_restarted_after_its_backoff_and_the_state_says_so() 
 
     kill(first as u32, "KILL");
     wait_until("speech runs again", || async {
-        let engine = server.engine("speech").await;
-        engine["state"] == "healthy" && engine["pid"].as_u64() != Some(first)
+        let engine = server.engine_if_any("speech").await;
+        engine.is_some_and(|e| e["state"] == "healthy" && e["pid"].as_u64() != Some(first))
     })
     .await;
     let engine = server.engine("speech").await;
@@ -196,7 +196,8 @@ async fn an_engine_that_keeps_failing_backs_off_doubling_and_the_plan_shows_why_
     )
     .await;
     wait_until("vision is left failed", || async {
-        server.engine("vision").await["state"] == "failed"
+        let engine = server.engine_if_any("vision").await;
+        engine.is_some_and(|e| e["state"] == "failed")
     })
     .await;
     let engine = server.engine("vision").await;
@@ -330,8 +331,8 @@ async fn an_engine_failing_its_health_check_is_unhealthy_then_restarted() {
     );
 
     wait_until("speech runs again, healthy", || async {
-        let engine = server.engine("speech").await;
-        engine["state"] == "healthy" && engine["pid"].as_u64() != Some(first)
+        let engine = server.engine_if_any("speech").await;
+        engine.is_some_and(|e| e["state"] == "healthy" && e["pid"].as_u64() != Some(first))
     })
     .await;
     let seen = events.all();
@@ -386,8 +387,8 @@ async fn a_worker_runs_with_its_share_and_environment_restarts_on_request_and_st
         .await;
     assert_eq!(status, 202);
     wait_until("listen runs again", || async {
-        let now = server.engine("listen").await;
-        now["state"] == "healthy" && now["pid"] != engine["pid"]
+        let now = server.engine_if_any("listen").await;
+        now.is_some_and(|now| now["state"] == "healthy" && now["pid"] != engine["pid"])
     })
     .await;
 
@@ -466,8 +467,8 @@ async fn never_healthy(server: &Server) -> (Value, u64) {
     )
     .await;
     wait_until("vision is loading", || async {
-        let engine = server.engine("vision").await;
-        engine["state"] == "starting" && engine["pid"].is_u64()
+        let engine = server.engine_if_any("vision").await;
+        engine.is_some_and(|e| e["state"] == "starting" && e["pid"].is_u64())
     })
     .await;
     let pid = server.engine("vision").await["pid"].as_u64().unwrap();
@@ -486,7 +487,8 @@ async fn a_change_on_another_gpu_does_not_wait_for_an_engine_that_never_becomes_
     )
     .await;
     wait_until("speech runs while vision still loads", || async {
-        server.engine("speech").await["state"] == "healthy"
+        let engine = server.engine_if_any("speech").await;
+        engine.is_some_and(|e| e["state"] == "healthy")
     })
     .await;
     assert_eq!(server.engine("vision").await["state"], "starting");

@@ -150,11 +150,17 @@ impl Server {
     }
 
     pub async fn engine(&self, model: &str) -> Value {
+        self.engine_if_any(model)
+            .await
+            .unwrap_or_else(|| panic!("no engine runs {model}"))
+    }
+
+    /// The engine of `model` once the runtime has taken up the change: what a wait polls.
+    pub async fn engine_if_any(&self, model: &str) -> Option<Value> {
         self.engines()
             .await
             .into_iter()
             .find(|e| e["model"] == model || e["worker"] == model)
-            .unwrap_or_else(|| panic!("no engine runs {model}"))
     }
 
     /// Waits until every engine is healthy and there are `count` of them.
