@@ -29,8 +29,8 @@ use config::Config;
 use error::ServerError;
 use fleet::Fleet;
 use leptos::config::LeptosOptions;
-use leptos_axum::{generate_route_list, LeptosRoutes};
-use std::sync::Arc;
+use leptos_axum::{generate_route_list, AxumRouteListing, LeptosRoutes};
+use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 /// Everything a request handler may need, behind one `Arc`: every request clones the state (each
@@ -101,11 +101,19 @@ impl AppState {
     }
 }
 
+/// The console's routes, listed once per process. Listing runs the app with resource loads suppressed for
+/// the whole process (leptos#4773): a page that began rendering on another thread meanwhile would wait
+/// forever, as tests that each build a router did now and then.
+fn route_list() -> Vec<AxumRouteListing> {
+    static ROUTES: LazyLock<Vec<AxumRouteListing>> = LazyLock::new(|| generate_route_list(App));
+    ROUTES.clone()
+}
+
 /// The whole HTTP surface: the REST API under `/api`, the console's pages and its server functions (under
 /// `/rpc`), the sign-in forms; every request through the guard (`auth`), every answer with the security
 /// headers.
 pub fn router(state: AppState) -> Router {
-    let routes = generate_route_list(App);
+    let routes = route_list();
     let options = state.leptos_options.clone();
     let services = app::services::Services {
         console: Arc::new(console::ConsoleService::new(

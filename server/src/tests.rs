@@ -56,3 +56,41 @@ async fn server_functions_live_under_their_own_prefix_beside_the_rest_api() {
     let (status, _) = send(Request::get("/api/machines").body(Body::empty()).unwrap()).await;
     assert_eq!(status, StatusCode::OK);
 }
+
+/// Tests build a router each, and a restarted server builds another beside the pages being rendered: listing
+/// the console's routes suppresses resource loads process-wide (leptos#4773), so it must happen once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_page_rendered_while_another_router_is_built_still_answers() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let app = TestApp::new(MAJIN).await;
+    let rendering = std::sync::Arc::new(AtomicBool::new(true));
+    let builder = std::thread::spawn({
+        let rendering = rendering.clone();
+        move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            let _inside = runtime.enter();
+            while rendering.load(Ordering::Relaxed) {
+                drop(crate::route_list());
+            }
+        }
+    });
+    for _ in 0..100 {
+        let mut request = Request::get("/usage").body(Body::empty()).unwrap();
+        request.headers_mut().insert(
+            axum::http::header::AUTHORIZATION,
+            format!("Bearer {}", app.token).parse().unwrap(),
+        );
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+            let response = app.send(request).await;
+            let status = response.status();
+            response.into_body().collect().await.unwrap();
+            status
+        })
+        .await;
+        assert_eq!(answer, Ok(StatusCode::OK), "the page answers in time");
+    }
+    rendering.store(false, Ordering::Relaxed);
+    builder.join().unwrap();
+}
