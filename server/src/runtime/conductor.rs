@@ -3,14 +3,12 @@
 //! change cancels the waits it makes moot; after a crash, the engines the previous server left are adopted
 //! or stopped first.
 
-use super::process::{self, off_executor};
 use super::spec::EngineSpec;
 use super::supervisor::Begin;
-use super::{Change, Order, Progress, Settings, Shared, StepProgress, StepStatus};
+use super::{Change, Order, Progress, Shared, StepProgress, StepStatus};
 use placement::Step;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 
 /// A GPU as changes are ordered by: `machine#index`, or `machine#unit` for an engine that holds none.
@@ -273,69 +271,41 @@ pub(super) enum StartError {
 }
 
 /// Adopts the engines a previous server left running as `desired` wants, and stops every other engine of
-/// this installation. A row is trusted only in the boot it was recorded in, for the same process (PID and
-/// start time) carrying this installation's token: any other process with that PID is left alone.
-async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> Result<(), sqlx::Error> {
-    let rows = shared.records().await?;
+/// this installation, on every executor. What an executor trusts as still the engine it recorded (the same
+/// process in the same boot; the same job) is its own affair.
+async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> std::io::Result<()> {
     let wanted: BTreeMap<&str, &EngineSpec> =
         desired.iter().map(|s| (s.unit.as_str(), s)).collect();
-    let mut adopted_groups = BTreeSet::new();
-    let mut adopted_units = BTreeSet::new();
     let mut strays = Vec::new();
-    for record in rows {
-        match wanted.get(record.unit.as_str()) {
-            Some(spec) if record.ours && spec.fingerprint() == record.fingerprint => {
-                tracing::info!(
-                    "adopting engine {} (PID {}), still running as committed",
-                    record.unit,
-                    record.pid
-                );
-                shared.launch_unit(
-                    (*spec).clone(),
-                    Begin::Adopt {
-                        pid: record.pid,
-                        start_ticks: record.start_ticks,
-                        port: record.port,
-                    },
-                );
-                adopted_groups.insert(record.pid);
-                adopted_units.insert(record.unit);
-            }
-            _ => {
-                if record.ours {
+    for executor in shared.executors() {
+        for leftover in executor.leftovers().await? {
+            match wanted.get(leftover.unit.as_str()) {
+                Some(spec)
+                    if shared.executor(spec).is_some()
+                        && leftover.fingerprint.as_deref() == Some(&spec.fingerprint()) =>
+                {
                     tracing::info!(
-                        "stopping engine {} (PID {}): the committed state no longer runs it so",
-                        record.unit,
-                        record.pid
+                        "adopting engine {}, still running as committed",
+                        leftover.unit
                     );
-                    strays.push((record.pid, record.start_ticks));
+                    shared.launch_unit((*spec).clone(), Begin::Adopt(leftover.running));
                 }
-                shared.forget(&record.unit).await;
+                _ => {
+                    tracing::info!(
+                        "stopping engine {}: the committed state no longer runs it so",
+                        leftover.unit
+                    );
+                    strays.push(leftover.running);
+                }
             }
         }
     }
-    // Engines started by a server that died before it could record them. An adopted engine's own processes
-    // (vLLM's EngineCore, SGLang's schedulers, helpers that left its group) carry the token too: left alone.
-    let instance = shared.instance.clone();
-    let found = off_executor(move || process::instance_processes(&instance)).await;
-    for f in found {
-        if adopted_groups.contains(&f.group)
-            || adopted_units.contains(&f.engine)
-            || f.pid == std::process::id()
-        {
-            continue;
+    futures::future::join_all(strays.into_iter().map(|mut running| async move {
+        if let Some(stuck) = running.stop().await {
+            tracing::warn!("a stray engine did not stop: {stuck}");
         }
-        if let Some(ticks) = process::start_ticks(f.pid) {
-            tracing::info!("stopping orphan engine {} (PID {})", f.engine, f.pid);
-            strays.push((f.pid, ticks));
-        }
-    }
-    let settings = &shared.settings;
-    futures::future::join_all(
-        strays
-            .into_iter()
-            .map(|(pid, ticks)| stop_stray(pid, ticks, settings)),
-    )
+        running.forget().await;
+    }))
     .await;
     Ok(())
 }
@@ -470,20 +440,4 @@ pub(super) fn is_member(unit: &str, group: Option<&str>, member: &str) -> bool {
         return false;
     };
     m == member && group.is_none_or(|want| want == g)
-}
-
-/// Stops an engine this server did not start and will not keep.
-async fn stop_stray(pid: u32, ticks: u64, settings: &Settings) {
-    process::signal(pid, process::TERM);
-    let gone = async {
-        while process::is_same(pid, ticks) {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    };
-    if tokio::time::timeout(settings.stop_timeout, gone)
-        .await
-        .is_err()
-    {
-        process::signal(pid, process::KILL);
-    }
 }

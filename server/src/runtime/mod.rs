@@ -6,18 +6,21 @@
 //! was not committed.
 
 mod conductor;
+mod executor;
+mod local;
 pub(crate) mod process;
 pub mod spec;
 mod supervisor;
 
 use crate::inventory::LocalGpus;
 use conductor::{Cancel, StartError};
+use executor::Executor;
+use local::LocalExecutor;
 use placement::{Bytes, Step};
-use process::off_executor;
 use serde::{Deserialize, Serialize};
 use spec::{EngineSpec, Host, Launch};
 use sqlx::SqlitePool;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -301,14 +304,11 @@ struct Status {
 
 /// What the supervisors share with the runtime.
 pub(crate) struct Shared {
-    pool: SqlitePool,
     settings: Settings,
-    /// Carried by every engine (`TESSERA_INSTANCE`): this installation's engines, found after a crash.
-    instance: String,
-    /// This boot of the machine, recorded with each engine.
-    boot: Option<String>,
+    /// This machine's processes: its own engines and the demo fleet's.
+    local: LocalExecutor,
     /// Set once a graceful shutdown begins: from then on no engine starts. Taken before `units`.
-    shutting_down: Mutex<bool>,
+    shutting_down: Arc<Mutex<bool>>,
     units: Mutex<BTreeMap<String, Unit>>,
     events: broadcast::Sender<Event>,
     progress: Mutex<BTreeMap<String, Progress>>,
@@ -347,12 +347,12 @@ impl Runtime {
         let (instance,): (String,) = sqlx::query_as("SELECT token FROM instance WHERE id = 1")
             .fetch_one(&pool)
             .await?;
+        let shutting_down = Arc::new(Mutex::new(false));
+        let local = LocalExecutor::new(pool, settings.clone(), instance, shutting_down.clone());
         let shared = Arc::new(Shared {
-            pool,
             settings,
-            instance,
-            boot: process::boot_id(),
-            shutting_down: Mutex::new(false),
+            local,
+            shutting_down,
             units: Mutex::default(),
             events: broadcast::channel(1024).0,
             progress: Mutex::default(),
@@ -393,53 +393,29 @@ impl Runtime {
     /// The last `lines` lines of an engine's output.
     pub async fn logs(&self, id: &str, lines: usize) -> Option<std::io::Result<Vec<String>>> {
         let engine = self.engine(id)?;
-        let log = self.shared.log_path(&engine.unit);
-        Some(off_executor(move || process::tail(&log, lines)).await)
+        let spec = self.shared.lock().get(&engine.unit)?.spec.clone();
+        let executor = self.shared.executor(&spec)?;
+        Some(executor.logs(&engine.unit, lines).await)
     }
 
-    /// Every engine running now, with its PIDs and those of every process it started, in its process group
-    /// or not: their GPU memory is Tessera's, not held outside it.
+    /// Every engine running on this machine now, with its PIDs and those of every process it started, in
+    /// its process group or not: their GPU memory is Tessera's, not held outside it.
     pub async fn running(&self) -> Vec<(String, Vec<u32>)> {
         let engines: Vec<(String, u32)> = self
             .engines()
             .into_iter()
             .filter_map(|e| Some((e.unit, e.pid?)))
             .collect();
-        let instance = self.shared.instance.clone();
-        off_executor(move || {
-            let groups = process::all_groups();
-            let found = process::instance_processes(&instance);
-            engines
-                .into_iter()
-                .map(|(unit, pid)| {
-                    let pids = processes_of(&groups, &found, &unit, pid);
-                    (unit, pids)
-                })
-                .collect()
-        })
-        .await
+        self.shared.local.processes(engines).await
     }
 
-    /// The engines a previous server recorded that still run (in this boot, same PID and start time, with
-    /// this installation's token), with their processes as in [`Runtime::running`]: known before they are
-    /// adopted, so that the first reading of this machine's GPUs does not count their memory as held
-    /// outside.
+    /// The engines a previous server recorded that still run on this machine (in this boot, same PID and
+    /// start time, with this installation's token), with their processes as in [`Runtime::running`]:
+    /// known before they are adopted, so that the first reading of this machine's GPUs does not count
+    /// their memory as held outside.
     pub async fn recorded(&self) -> Result<Vec<(String, Vec<u32>)>, sqlx::Error> {
-        let records = self.shared.records().await?;
-        let instance = self.shared.instance.clone();
-        Ok(off_executor(move || {
-            let groups = process::all_groups();
-            let found = process::instance_processes(&instance);
-            records
-                .into_iter()
-                .filter(|r| r.ours)
-                .map(|r| {
-                    let pids = processes_of(&groups, &found, &r.unit, r.pid);
-                    (r.unit, pids)
-                })
-                .collect()
-        })
-        .await)
+        let recorded = self.shared.local.recorded().await?;
+        Ok(self.shared.local.processes(recorded).await)
     }
 
     /// The events from now on, until the server closes (a client too slow to keep up misses some, and
@@ -490,36 +466,6 @@ impl Runtime {
             let _ = stopped.await;
         }
     }
-}
-
-/// The processes of the engine `unit` led by `leader`: its process group, and those that carry its name
-/// outside it (a helper that called `setsid`).
-fn processes_of(
-    groups: &[(u32, u32)],
-    found: &[process::Found],
-    unit: &str,
-    leader: u32,
-) -> Vec<u32> {
-    let mut pids: BTreeSet<u32> = groups
-        .iter()
-        .filter(|(_, group)| *group == leader)
-        .map(|(pid, _)| *pid)
-        .collect();
-    pids.insert(leader);
-    pids.extend(found.iter().filter(|f| f.engine == unit).map(|f| f.pid));
-    pids.into_iter().collect()
-}
-
-/// A row of the `engines` table, and whether it still names this installation's engine.
-struct Record {
-    unit: String,
-    fingerprint: String,
-    pid: u32,
-    start_ticks: u64,
-    port: u16,
-    /// Recorded in this boot, and the process with that PID and start time carries this installation's
-    /// token: anything else is some other process that has the PID by chance.
-    ours: bool,
 }
 
 fn view(unit: &Unit) -> EngineView {
@@ -591,10 +537,17 @@ impl Shared {
         self.lock().contains_key(unit)
     }
 
-    fn log_path(&self, unit: &str) -> PathBuf {
-        self.settings
-            .log_dir
-            .join(format!("{}.log", engine_id(unit)))
+    /// Every executor there is.
+    fn executors(&self) -> Vec<Arc<dyn Executor>> {
+        vec![Arc::new(self.local.clone())]
+    }
+
+    /// What starts `spec`'s engine, where anything can.
+    fn executor(&self, spec: &EngineSpec) -> Option<Arc<dyn Executor>> {
+        match spec.host {
+            Host::Local | Host::Simulated => Some(Arc::new(self.local.clone())),
+            Host::Remote => None,
+        }
     }
 
     /// Registers `spec` and starts its supervisor; a remote engine is only shown. `None` once the server
@@ -604,7 +557,7 @@ impl Shared {
         spec: EngineSpec,
         begin: Begin,
     ) -> Option<watch::Receiver<Status>> {
-        let remote = spec.host == Host::Remote;
+        let remote = self.executor(&spec).is_none();
         let (status, watcher) = watch::channel(Status {
             state: EngineState::Stopped,
             since: now(),
@@ -656,7 +609,7 @@ impl Shared {
         cancel: &mut Cancel,
     ) -> Result<(), StartError> {
         let unit = spec.unit.clone();
-        let remote = spec.host == Host::Remote;
+        let remote = self.executor(&spec).is_none();
         // An engine sizes itself by the memory free as it starts: not while another beside it still loads
         // (one that a cancelled change left loading, say).
         while !remote && self.loading_beside(&spec) {
@@ -799,69 +752,6 @@ impl Shared {
             .map(|u| u.spec.memory())
             .sum();
         spec.gpu_offered.saturating_sub(taken)
-    }
-
-    /// Records a started engine, so that a server started after a crash (in the same boot) can adopt it.
-    async fn remember(&self, spec: &EngineSpec, pid: u32, start_ticks: u64, port: u16) {
-        let result = sqlx::query("INSERT OR REPLACE INTO engines (unit, fingerprint, pid, start_ticks, port, boot_id) VALUES (?, ?, ?, ?, ?, ?)")
-            .bind(&spec.unit)
-            .bind(spec.fingerprint())
-            .bind(i64::from(pid))
-            .bind(start_ticks as i64)
-            .bind(i64::from(port))
-            .bind(self.boot.as_deref().unwrap_or_default())
-            .execute(&self.pool)
-            .await;
-        if let Err(e) = result {
-            // The engine runs regardless; after a crash it would be found by its instance token and stopped.
-            tracing::warn!("could not record engine {} (PID {pid}): {e}", spec.unit);
-        }
-    }
-
-    /// The recorded engines, each said to be ours or not.
-    async fn records(&self) -> Result<Vec<Record>, sqlx::Error> {
-        type Row = (String, String, i64, i64, i64, String);
-        let rows: Vec<Row> = sqlx::query_as(
-            "SELECT unit, fingerprint, pid, start_ticks, port, boot_id FROM engines",
-        )
-        .fetch_all(&self.pool)
-        .await?;
-        let boot = self.boot.clone();
-        let instance = self.instance.clone();
-        Ok(off_executor(move || {
-            rows.into_iter()
-                .map(|(unit, fingerprint, pid, ticks, port, row_boot)| {
-                    let (pid, start_ticks, port) = (pid as u32, ticks as u64, port as u16);
-                    // A row written before boot ids were kept has none: it rests on the other two
-                    // checks, so that an upgrade does not restart every engine.
-                    let same_boot =
-                        row_boot.is_empty() || boot.as_deref() == Some(row_boot.as_str());
-                    let ours = same_boot
-                        && process::is_same(pid, start_ticks)
-                        && process::carries(pid, &instance);
-                    Record {
-                        unit,
-                        fingerprint,
-                        pid,
-                        start_ticks,
-                        port,
-                        ours,
-                    }
-                })
-                .collect()
-        })
-        .await)
-    }
-
-    /// Forgets a stopped engine's record.
-    async fn forget(&self, unit: &str) {
-        if let Err(e) = sqlx::query("DELETE FROM engines WHERE unit = ?")
-            .bind(unit)
-            .execute(&self.pool)
-            .await
-        {
-            tracing::warn!("could not forget engine {unit}: {e}");
-        }
     }
 
     fn set_progress(&self, group: &str, progress: &Progress) {
