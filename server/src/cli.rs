@@ -53,3 +53,18 @@ pub async fn token(config: &Config, action: TokenCommand) -> Result<(), String> 
         }
     }
 }
+
+/// `tessera ray-node`: prints the `ray start` line for this machine, from its GPUs as NVML reads them.
+pub fn ray_node(head: Option<String>, name: Option<String>) -> Result<(), String> {
+    use crate::inventory::LocalGpus;
+    let nvml = crate::inventory::nvml::NvmlGpus::init().map_err(|e| e.to_string())?;
+    let mut machine = nvml
+        .read(&crate::inventory::Ours::default())
+        .map_err(|e| e.to_string())?
+        .machine;
+    if let Some(name) = name {
+        machine.name = name;
+    }
+    println!("{}", crate::ray::start_line(&machine, head.as_deref()));
+    Ok(())
+}

@@ -31,6 +31,13 @@ pub struct Config {
     /// A database other than the SQLite file in the data folder, such as sqlite:///var/lib/tessera.db.
     #[arg(long, env = "DATABASE_URL", value_name = "URL")]
     pub database_url: Option<String>,
+    /// A Ray cluster's dashboard (http://HEAD:8265): each of its nodes that carries Tessera's labels (see
+    /// `tessera ray-node`) is a machine, and its engines run there as Ray jobs.
+    #[arg(long, env = "TESSERA_RAY", value_name = "URL")]
+    pub ray: Option<String>,
+    /// The cluster's token, where it runs with RAY_AUTH_MODE=token.
+    #[arg(long, env = "TESSERA_RAY_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub ray_token: Option<String>,
     /// The console is reached over https (directly or behind a proxy): session cookies are then Secure.
     #[arg(long, env = "TESSERA_HTTPS")]
     pub https: bool,
@@ -65,6 +72,16 @@ pub enum Command {
     Token {
         #[command(subcommand)]
         action: TokenCommand,
+    },
+    /// Prints the `ray start` line that makes this machine one of Tessera's in a Ray cluster: its name,
+    /// its GPUs' model as labels, and each GPU (read with NVML) as a resource worth its memory.
+    RayNode {
+        /// The head node's address, HOST:PORT (port 6379 by default); without it, the line starts a head.
+        #[arg(long, value_name = "HOST:PORT")]
+        head: Option<String>,
+        /// The machine's name in Tessera (this machine's host name by default).
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 

@@ -34,7 +34,7 @@ struct Engine {
     failing: Arc<AtomicBool>,
 }
 
-/// Serves on `TESSERA_PORT` until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
+/// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
 /// before it listens, as a real engine loads its weights; with `TESSERA_DEMO_EXIT_AFTER_MS` it exits with
 /// status 70 that long after it starts, as an engine that cannot load.
 pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
@@ -69,10 +69,12 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         });
     }
     tokio::time::sleep(Duration::from_millis(loading)).await;
-    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+    // On a cluster's node, its address (`TESSERA_HOST`): the server checks its health from elsewhere.
+    let host = std::env::var("TESSERA_HOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
+    let listener = tokio::net::TcpListener::bind((host.as_str(), port))
         .await
-        .map_err(|e| format!("could not listen on port {port}: {e}"))?;
-    println!("loaded; serving on 127.0.0.1:{port}");
+        .map_err(|e| format!("could not listen on {host}:{port}: {e}"))?;
+    println!("loaded; serving on {host}:{port}");
     let engine = Engine {
         report: Arc::new(report),
         failing: Arc::default(),

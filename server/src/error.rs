@@ -34,6 +34,9 @@ pub enum ServerError {
     /// The machines from all sources contradict each other.
     #[error("the inventory cannot be used: {0}")]
     Inventory(#[from] placement::InventoryError),
+    /// The Ray cluster asked for is not usable.
+    #[error("{0}; check --ray (TESSERA_RAY) and --ray-token")]
+    Ray(#[from] crate::ray::RayError),
     /// The stored state could not be loaded.
     #[error("the stored workers could not be loaded: {0}")]
     Load(ApiError),

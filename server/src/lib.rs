@@ -17,6 +17,7 @@ pub mod error;
 pub mod fleet;
 pub mod inventory;
 pub mod metrics;
+pub mod ray;
 pub mod runtime;
 pub mod security;
 
@@ -157,11 +158,17 @@ pub(crate) async fn health() -> Json<serde_json::Value> {
 pub async fn run(config: Config) -> Result<(), ServerError> {
     let mut leptos_options = leptos::config::get_configuration(None)?.leptos_options;
     leptos_options.site_addr = config.listen;
-    let (inventory, local_gpus, hosts) = gather_inventory(&config)?;
+    let ray = config
+        .ray
+        .as_deref()
+        .map(|address| ray::RayClient::new(address, config.ray_token.clone()))
+        .transpose()?;
+    let (inventory, local_gpus, hosts) = gather_inventory(&config, ray.as_ref()).await?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let settings = runtime::Settings {
         gpus: local_gpus.clone(),
+        ray,
         ..config
             .engines
             .settings(exe, config.data_dir.join("engines"))
@@ -267,7 +274,10 @@ type Gathered = (
     runtime::Hosts,
 );
 
-fn gather_inventory(config: &Config) -> Result<Gathered, ServerError> {
+async fn gather_inventory(
+    config: &Config,
+    ray: Option<&ray::RayClient>,
+) -> Result<Gathered, ServerError> {
     use inventory::LocalGpus;
     let mut machines = Vec::new();
     let mut local: Option<Arc<dyn LocalGpus>> = None;
@@ -287,13 +297,34 @@ fn gather_inventory(config: &Config) -> Result<Gathered, ServerError> {
     if let Some(path) = &config.inventory {
         machines.extend(inventory::file::load_inventory(path)?);
     }
+    if let Some(client) = ray {
+        let nodes = client.nodes().await?;
+        let cluster = ray::machines(&nodes);
+        if cluster.is_empty() {
+            tracing::warn!(
+                "no node of the Ray cluster at {} carries the label {}: run `tessera ray-node` on each machine for its `ray start` line",
+                client.address(),
+                ray::MACHINE_LABEL
+            );
+        }
+        for node in cluster {
+            // The cluster's own view of a machine wins over NVML's name for the same one.
+            machines.retain(|m| m.name != node.name);
+            if hosts.local.as_deref() == Some(node.name.as_str()) {
+                local = None;
+                hosts.local = None;
+            }
+            machines.push(node.machine());
+            hosts.cluster.insert(node.name.clone(), node);
+        }
+    }
     if config.demo {
         let demo = inventory::demo::demo_fleet();
         hosts.simulated = demo.iter().map(|m| m.name.clone()).collect();
         machines.extend(demo);
     }
     if machines.is_empty() {
-        tracing::warn!("no machines: no NVIDIA driver, no --inventory file and no --demo; the console shows an empty fleet");
+        tracing::warn!("no machines: no NVIDIA driver, no --inventory file, no --ray cluster and no --demo; the console shows an empty fleet");
     }
     Ok((placement::Inventory::new(machines)?, local, hosts))
 }

@@ -9,6 +9,7 @@ mod conductor;
 mod executor;
 mod local;
 pub(crate) mod process;
+mod ray;
 pub mod spec;
 mod supervisor;
 
@@ -16,6 +17,7 @@ use crate::inventory::LocalGpus;
 use conductor::{Cancel, StartError};
 use executor::Executor;
 use local::LocalExecutor;
+use ray::RayExecutor;
 use placement::{Bytes, Step};
 use serde::{Deserialize, Serialize};
 use spec::{EngineSpec, Host, Launch};
@@ -52,6 +54,8 @@ pub struct Settings {
     pub restart_unhealthy_after: u32,
     /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
     pub gpus: Option<Arc<dyn LocalGpus>>,
+    /// The Ray cluster whose machines' engines run as its jobs, where there is one.
+    pub ray: Option<crate::ray::RayClient>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -68,6 +72,7 @@ impl std::fmt::Debug for Settings {
             .field("unhealthy_after", &self.unhealthy_after)
             .field("restart_unhealthy_after", &self.restart_unhealthy_after)
             .field("gpus", &self.gpus.is_some())
+            .field("ray", &self.ray.as_ref().map(crate::ray::RayClient::address))
             .finish()
     }
 }
@@ -88,6 +93,7 @@ impl Settings {
             unhealthy_after: 3,
             restart_unhealthy_after: 15,
             gpus: None,
+            ray: None,
         }
     }
 
@@ -99,19 +105,27 @@ impl Settings {
 }
 
 /// Which machines engines can be started for: this one (through NVML) runs recipes, the demo fleet's run
-/// the demo engine in their place, and any other is remote.
+/// the demo engine in their place, the Ray cluster's run jobs, and any other is remote.
 #[derive(Debug, Clone, Default)]
 pub struct Hosts {
     /// This machine, when NVML found it.
     pub local: Option<String>,
     /// The demo fleet's machines.
     pub simulated: std::collections::BTreeSet<String>,
+    /// The Ray cluster's machines.
+    pub cluster: BTreeMap<String, crate::ray::ClusterMachine>,
 }
 
 impl Hosts {
     /// Where `machine` is.
     pub fn host(&self, machine: &str) -> Host {
-        if self.local.as_deref() == Some(machine) {
+        if let Some(node) = self.cluster.get(machine) {
+            Host::Cluster {
+                address: node.address.clone(),
+                uuids: node.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect(),
+                demo: node.demo,
+            }
+        } else if self.local.as_deref() == Some(machine) {
             Host::Local
         } else if self.simulated.contains(machine) {
             Host::Simulated
@@ -307,6 +321,8 @@ pub(crate) struct Shared {
     settings: Settings,
     /// This machine's processes: its own engines and the demo fleet's.
     local: LocalExecutor,
+    /// The Ray cluster's jobs: its machines' engines.
+    cluster: Option<RayExecutor>,
     /// Set once a graceful shutdown begins: from then on no engine starts. Taken before `units`.
     shutting_down: Arc<Mutex<bool>>,
     units: Mutex<BTreeMap<String, Unit>>,
@@ -348,10 +364,14 @@ impl Runtime {
             .fetch_one(&pool)
             .await?;
         let shutting_down = Arc::new(Mutex::new(false));
+        let cluster = settings.ray.clone().map(|client| {
+            RayExecutor::new(client, settings.clone(), instance.clone(), shutting_down.clone())
+        });
         let local = LocalExecutor::new(pool, settings.clone(), instance, shutting_down.clone());
         let shared = Arc::new(Shared {
             settings,
             local,
+            cluster,
             shutting_down,
             units: Mutex::default(),
             events: broadcast::channel(1024).0,
@@ -539,13 +559,21 @@ impl Shared {
 
     /// Every executor there is.
     fn executors(&self) -> Vec<Arc<dyn Executor>> {
-        vec![Arc::new(self.local.clone())]
+        let mut all: Vec<Arc<dyn Executor>> = vec![Arc::new(self.local.clone())];
+        if let Some(cluster) = &self.cluster {
+            all.push(Arc::new(cluster.clone()));
+        }
+        all
     }
 
     /// What starts `spec`'s engine, where anything can.
     fn executor(&self, spec: &EngineSpec) -> Option<Arc<dyn Executor>> {
         match spec.host {
             Host::Local | Host::Simulated => Some(Arc::new(self.local.clone())),
+            Host::Cluster { .. } => self
+                .cluster
+                .clone()
+                .map(|c| Arc::new(c) as Arc<dyn Executor>),
             Host::Remote => None,
         }
     }

@@ -33,6 +33,25 @@ pub enum Host {
     Simulated,
     /// Another machine, where Tessera has no agent: nothing can be started.
     Remote,
+    /// A node of the Ray cluster: the engine runs there as a job, listening on the node's address.
+    Cluster {
+        /// The node's address.
+        address: String,
+        /// Its GPUs' UUIDs by index: what `CUDA_VISIBLE_DEVICES` names them by there.
+        uuids: BTreeMap<u32, String>,
+        /// Its GPUs are made up: the demo engine stands in for the recipe, as on the demo fleet.
+        demo: bool,
+    },
+}
+
+impl Host {
+    /// The address an engine there listens on.
+    pub fn bind_address(&self) -> &str {
+        match self {
+            Host::Cluster { address, .. } => address,
+            Host::Local | Host::Simulated | Host::Remote => "127.0.0.1",
+        }
+    }
 }
 
 /// One engine the committed state says should run: a placed worker, or one member of a sharing group on
@@ -127,8 +146,10 @@ impl EngineSpec {
         demo_engine: &Path,
     ) -> Result<Launch, SpecError> {
         match self.host {
-            Host::Local | Host::Remote => self.command_line(port, free_at_start),
-            Host::Simulated => {
+            Host::Local | Host::Remote | Host::Cluster { demo: false, .. } => {
+                self.command_line(port, free_at_start)
+            }
+            Host::Simulated | Host::Cluster { demo: true, .. } => {
                 let mut args = vec!["demo-engine".to_owned(), "--".to_owned()];
                 if let Ok((program, real)) = self.argv(port, free_at_start) {
                     args.push(program);
@@ -154,7 +175,7 @@ impl EngineSpec {
                     "serve",
                     &r.model_path,
                     "--host",
-                    "127.0.0.1",
+                    self.host.bind_address(),
                     "--port",
                     &port_text,
                 ]);
@@ -174,7 +195,7 @@ impl EngineSpec {
                     "--model-path",
                     &r.model_path,
                     "--host",
-                    "127.0.0.1",
+                    self.host.bind_address(),
                     "--port",
                     &port_text,
                 ]);
@@ -193,7 +214,7 @@ impl EngineSpec {
                     "-m",
                     &r.model_path,
                     "--host",
-                    "127.0.0.1",
+                    self.host.bind_address(),
                     "--port",
                     &port_text,
                 ]),
@@ -235,14 +256,20 @@ impl EngineSpec {
         // The indices are NVML's, which count in PCI bus order; CUDA counts fastest first unless told.
         env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         env.insert("TESSERA_PORT".into(), port.to_string());
+        env.insert("TESSERA_HOST".into(), self.host.bind_address().to_owned());
         env.insert("TESSERA_ENGINE".into(), self.unit.clone());
         env
     }
 
+    /// Indices here; on a cluster's node, the GPUs' UUIDs, which mean the same whatever order that node's
+    /// CUDA counts in.
     fn cuda_visible_devices(&self) -> String {
         self.gpus
             .iter()
-            .map(ToString::to_string)
+            .map(|i| match &self.host {
+                Host::Cluster { uuids, .. } => uuids.get(i).cloned().unwrap_or_else(|| i.to_string()),
+                _ => i.to_string(),
+            })
             .collect::<Vec<_>>()
             .join(",")
     }

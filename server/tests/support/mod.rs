@@ -61,6 +61,11 @@ impl Server {
     /// Starts the server on `data`, with fast supervisor timings; `demo_start_ms` is how long each demo
     /// engine takes to "load".
     pub async fn start(data: &Path, demo_start_ms: u64) -> Server {
+        Server::start_with(data, demo_start_ms, &["--demo"]).await
+    }
+
+    /// Starts the server on `data` over the machines `sources` name (`--demo`, `--ray URL`).
+    pub async fn start_with(data: &Path, demo_start_ms: u64, sources: &[&str]) -> Server {
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))
             .unwrap()
             .local_addr()
@@ -68,8 +73,8 @@ impl Server {
             .port();
         let token = admin_token(data);
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args(sources)
             .args([
-                "--demo",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
                 "--data-dir",
