@@ -36,7 +36,12 @@ pub struct Config {
     #[arg(long, env = "TESSERA_RAY", value_name = "URL")]
     pub ray: Option<String>,
     /// The cluster's token, where it runs with RAY_AUTH_MODE=token.
-    #[arg(long, env = "TESSERA_RAY_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        env = "TESSERA_RAY_TOKEN",
+        value_name = "TOKEN",
+        hide_env_values = true
+    )]
     pub ray_token: Option<String>,
     /// The console is reached over https (directly or behind a proxy): session cookies are then Secure.
     #[arg(long, env = "TESSERA_HTTPS")]

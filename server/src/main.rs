@@ -20,8 +20,9 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Token { action }) => server::cli::token(&config, action)
             .await
             .map_err(|e| format!("tessera token: {e}")),
-        Some(Command::RayNode { head, name }) => server::cli::ray_node(head, name)
-            .map_err(|e| format!("tessera ray-node: {e}")),
+        Some(Command::RayNode { head, name }) => {
+            server::cli::ray_node(head, name).map_err(|e| format!("tessera ray-node: {e}"))
+        }
         None => server::run(config).await.map_err(|e| {
             tracing::error!("{e}");
             format!("tessera: {e}")

@@ -1,5 +1,5 @@
 //! The real binary over a real Ray cluster of two nodes (`scripts/ray-cluster`): atlas (the head, one
-//! 80 GB GPU) and majin (two 24 GB GPUs), both with made-up GPUs (`tessera.demo=true`, so the demo engine
+//! 24 GB GPU) and majin (two 24 GB GPUs), both with made-up GPUs (`tessera.demo=true`, so the demo engine
 //! runs), inside a network namespace of their own. `scripts/test-ray` brings the cluster up once for the
 //! suite, runs these tests inside the namespace, and takes it down; without a cluster they cannot run,
 //! so `cargo test` leaves them out.
@@ -26,14 +26,13 @@ async fn ray(method: &str, path: &str) -> Value {
     body
 }
 
-/// The jobs Ray runs now for the server whose instance token is `instance`.
-async fn running_jobs(instance: &str) -> Vec<Value> {
+/// The jobs Ray runs now (each test begins with none).
+async fn running_jobs() -> Vec<Value> {
     ray("GET", "/api/jobs/")
         .await
         .as_array()
         .unwrap()
         .iter()
-        .filter(|j| j["metadata"]["tessera_instance"] == instance)
         .filter(|j| j["status"] == "RUNNING" || j["status"] == "PENDING")
         .cloned()
         .collect()
@@ -68,7 +67,7 @@ async fn the_machines_and_their_gpus_are_read_from_the_cluster() {
     let server = start(dir.path()).await;
     let (status, machines) = server.get("/api/machines").await;
     assert_eq!(status, 200, "{machines}");
-    let gpus = |name: &str| -> Vec<(u64, u64)> {
+    let gpus = |name: &str| -> Vec<(u64, u64, String)> {
         machines
             .as_array()
             .unwrap()
@@ -78,11 +77,20 @@ async fn the_machines_and_their_gpus_are_read_from_the_cluster() {
             .as_array()
             .unwrap()
             .iter()
-            .map(|g| (g["index"].as_u64().unwrap(), g["total"].as_u64().unwrap() >> 20))
+            .map(|g| {
+                let total_mib = g["total_bytes"].as_u64().unwrap() >> 20;
+                let uuid = g["uuid"].as_str().unwrap().to_owned();
+                (g["index"].as_u64().unwrap(), total_mib, uuid)
+            })
             .collect()
     };
-    assert_eq!(gpus("atlas"), vec![(0, 81920)]);
-    assert_eq!(gpus("majin"), vec![(0, 24576), (1, 24576)]);
+    let uuid = |n: u32| format!("GPU-a1b2c3d4-0000-4000-8000-00000000000{n}");
+    let atlas = "GPU-3f6c1a52-8d1e-4b7a-9c2f-1e5d0a7b9c41".to_owned();
+    assert_eq!(gpus("atlas"), vec![(0, 24576, atlas)]);
+    assert_eq!(
+        gpus("majin"),
+        vec![(0, 24576, uuid(1)), (1, 24576, uuid(2))]
+    );
     server.stop().await;
 }
 
@@ -104,7 +112,10 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
     assert_eq!(status, 201, "{deployed}");
     let engines = server.wait_healthy(2).await;
     let nodes = ray("GET", "/api/v0/nodes?limit=100&detail=true").await;
-    let nodes = nodes["data"]["result"]["result"].as_array().unwrap().clone();
+    let nodes = nodes["data"]["result"]["result"]
+        .as_array()
+        .unwrap()
+        .clone();
     for engine in &engines {
         let machine = engine["machine"].as_str().unwrap();
         assert_eq!(engine["host"]["kind"], "cluster", "{engine}");
@@ -113,9 +124,17 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
             .as_str()
             .unwrap()
             .to_owned();
-        assert_eq!(reported["cuda_visible_devices"], uuid.as_str(), "GPUs are named by UUID on a node");
-        let instance = reported["env"]["TESSERA_INSTANCE"].as_str().unwrap();
-        let jobs = running_jobs(instance).await;
+        assert_eq!(
+            reported["cuda_visible_devices"],
+            uuid.as_str(),
+            "GPUs are named by UUID on a node"
+        );
+        assert_eq!(
+            reported["env"].get("TESSERA_INSTANCE"),
+            None,
+            "a job is found by its metadata, never taken for a process of this machine's"
+        );
+        let jobs = running_jobs().await;
         let job = jobs
             .iter()
             .find(|j| j["metadata"]["tessera_unit"] == engine["unit"])
@@ -124,15 +143,25 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
             .iter()
             .find(|n| n["node_id"] == job["driver_node_id"])
             .unwrap_or_else(|| panic!("the job's node is listed: {job}"));
-        assert_eq!(node["labels"]["tessera.machine"], machine, "the job runs on its machine's node");
-        let gpu = engine["gpus"][0].as_u64().unwrap();
-        let total_mib = if machine == "atlas" { 81920 } else { 24576 };
-        let resource = format!("tessera_gpu_{gpu}_{uuid}");
         assert_eq!(
-            job["entrypoint_resources"][&resource].as_f64(),
-            Some((total_mib / 4) as f64),
-            "a quarter of the GPU is booked in Ray: {job}"
+            node["labels"]["tessera.machine"], machine,
+            "the job runs on its machine's node"
         );
+        // The share is booked on the GPU's resource: Ray itself holds back a job that would overbook it.
+        let gpu = engine["gpus"][0].as_u64().unwrap();
+        let resource = format!("tessera_gpu_{gpu}_{uuid}");
+        let left_mib = 24576 - 24576 / 4;
+        let overbooking = format!("overbooking-{machine}");
+        let body = json!({
+            "submission_id": overbooking, "entrypoint": "sleep 600",
+            "entrypoint_resources": {resource: left_mib + 1},
+        });
+        let (status, answer) = support::request(8265, "POST", "/api/jobs/", Some(body)).await;
+        assert_eq!(status, 200, "{answer}");
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let held = ray("GET", &format!("/api/jobs/{overbooking}")).await;
+        assert_eq!(held["status"], "PENDING", "{held}");
+        support::request(8265, "POST", &format!("/api/jobs/{overbooking}/stop"), None).await;
     }
     server.stop().await;
     wait_until("the jobs end with the server", || async {
@@ -166,8 +195,7 @@ async fn an_engine_killed_on_its_node_is_submitted_again_after_its_backoff() {
     let first = report(&engine).await["pid"].as_u64().unwrap();
     support::kill(first as u32, "KILL");
     wait_until("the engine runs again in a new job", || async {
-        let Some(now) = server.engine_if_any(&engine["unit"].as_str().unwrap().to_owned()).await
-        else {
+        let Some(now) = server.engine_if_any("glm").await else {
             return false;
         };
         now["state"] == "healthy"
@@ -175,7 +203,7 @@ async fn an_engine_killed_on_its_node_is_submitted_again_after_its_backoff() {
             && report(&now).await["pid"].as_u64() != Some(first)
     })
     .await;
-    let message = server.engine(engine["unit"].as_str().unwrap()).await;
+    let message = server.engine("glm").await;
     assert_eq!(message["restarts"], 1, "{message}");
     server.stop().await;
 }
@@ -197,17 +225,13 @@ async fn a_server_killed_and_started_again_adopts_its_running_jobs_without_a_dup
         .await;
     assert_eq!(status, 201, "{deployed}");
     let engines = server.wait_healthy(2).await;
-    let instance = report(&engines[0]).await["env"]["TESSERA_INSTANCE"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let jobs_before: Vec<Value> = running_jobs(&instance).await;
+    let jobs_before: Vec<Value> = running_jobs().await;
     assert_eq!(jobs_before.len(), 2);
 
     server.kill_9().await;
     let server = start(dir.path()).await;
     let engines_after = server.wait_healthy(2).await;
-    let jobs_after = running_jobs(&instance).await;
+    let jobs_after = running_jobs().await;
     let ids = |jobs: &[Value]| {
         let mut ids: Vec<String> = jobs
             .iter()
@@ -216,7 +240,11 @@ async fn a_server_killed_and_started_again_adopts_its_running_jobs_without_a_dup
         ids.sort();
         ids
     };
-    assert_eq!(ids(&jobs_after), ids(&jobs_before), "the same two jobs, adopted");
+    assert_eq!(
+        ids(&jobs_after),
+        ids(&jobs_before),
+        "the same two jobs, adopted"
+    );
     for (before, after) in engines.iter().zip(&engines_after) {
         assert_eq!(report(before).await["pid"], report(after).await["pid"]);
         assert_eq!(after["restarts"], 0);

@@ -102,7 +102,12 @@ impl RayClient {
         format!("http://{}:{}", self.host, self.port)
     }
 
-    async fn call(&self, method: Method, path: &str, body: Option<Value>) -> Result<Value, RayError> {
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<Value, RayError> {
         let unreachable = |why: String| RayError::Unreachable {
             address: self.address(),
             why,
@@ -377,7 +382,13 @@ impl ClusterMachine {
 fn label_value(text: &str) -> String {
     let value: String = text
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '-' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                c
+            } else {
+                '-'
+            }
+        })
         .take(63)
         .collect();
     value
@@ -406,7 +417,12 @@ pub fn start_line(machine: &Machine, head: Option<&str>) -> String {
     let resources: BTreeMap<String, u64> = machine
         .gpus
         .iter()
-        .map(|g| (format!("{GPU_RESOURCE}{}_{}", g.index, g.uuid), g.total.get() / MIB))
+        .map(|g| {
+            (
+                format!("{GPU_RESOURCE}{}_{}", g.index, g.uuid),
+                g.total.get() / MIB,
+            )
+        })
         .collect();
     if !resources.is_empty() {
         let json = serde_json::to_string(&resources).unwrap_or_default();

@@ -17,15 +17,25 @@ fn a_node_with_tessera_labels_is_a_machine_with_its_gpus_by_index() {
                 "node:10.0.0.7": 1.0
             }
         })),
-        node(json!({"node_id": "b2", "node_ip": "10.0.0.8", "state": "ALIVE", "labels": {}, "resources_total": {"CPU": 4.0}})),
+        node(
+            json!({"node_id": "b2", "node_ip": "10.0.0.8", "state": "ALIVE", "labels": {}, "resources_total": {"CPU": 4.0}}),
+        ),
     ];
     let machines = machines(&nodes);
-    assert_eq!(machines.len(), 1, "a node without the label is not Tessera's");
+    assert_eq!(
+        machines.len(),
+        1,
+        "a node without the label is not Tessera's"
+    );
     let majin = &machines[0];
     assert_eq!(majin.name, "majin");
     assert_eq!(majin.address, "10.0.0.7");
     assert_eq!(
-        majin.gpus.iter().map(|g| (g.index, g.uuid.as_str())).collect::<Vec<_>>(),
+        majin
+            .gpus
+            .iter()
+            .map(|g| (g.index, g.uuid.as_str()))
+            .collect::<Vec<_>>(),
         vec![(0, "GPU-aaaa"), (1, "GPU-bbbb")]
     );
     let machine = majin.machine();
@@ -52,9 +62,18 @@ fn a_machine_whose_node_died_and_came_back_is_the_alive_node() {
 fn a_ray_address_must_be_the_dashboards_http_address() {
     assert!(RayClient::new("http://127.0.0.1:8265", None).is_ok());
     assert!(RayClient::new("http://head:8265/", None).is_ok());
-    for bad in ["127.0.0.1:8265", "https://head:8265", "http://head", "http://head:port", "http://head:8265/api"] {
+    for bad in [
+        "127.0.0.1:8265",
+        "https://head:8265",
+        "http://head",
+        "http://head:port",
+        "http://head:8265/api",
+    ] {
         let error = RayClient::new(bad, None).unwrap_err();
-        assert!(error.to_string().contains("http://HOST:PORT"), "{bad}: {error}");
+        assert!(
+            error.to_string().contains("http://HOST:PORT"),
+            "{bad}: {error}"
+        );
     }
 }
 
@@ -86,6 +105,9 @@ fn ray_node_prints_a_start_line_with_the_machines_labels_and_a_resource_per_gpu(
         "resources_total": {"tessera_gpu_0_GPU-aaaa": 143771.0}
     }));
     let read_back = machines(&[node])[0].machine();
-    assert_eq!(read_back.gpus[0].total, machine.gpus[0].total, "what the line books is what is read back");
+    assert_eq!(
+        read_back.gpus[0].total, machine.gpus[0].total,
+        "what the line books is what is read back"
+    );
     assert_eq!(read_back.gpus[0].model, "NVIDIA H200");
 }

@@ -17,8 +17,8 @@ use crate::inventory::LocalGpus;
 use conductor::{Cancel, StartError};
 use executor::Executor;
 use local::LocalExecutor;
-use ray::RayExecutor;
 use placement::{Bytes, Step};
+use ray::RayExecutor;
 use serde::{Deserialize, Serialize};
 use spec::{EngineSpec, Host, Launch};
 use sqlx::SqlitePool;
@@ -72,7 +72,10 @@ impl std::fmt::Debug for Settings {
             .field("unhealthy_after", &self.unhealthy_after)
             .field("restart_unhealthy_after", &self.restart_unhealthy_after)
             .field("gpus", &self.gpus.is_some())
-            .field("ray", &self.ray.as_ref().map(crate::ray::RayClient::address))
+            .field(
+                "ray",
+                &self.ray.as_ref().map(crate::ray::RayClient::address),
+            )
             .finish()
     }
 }
@@ -122,7 +125,11 @@ impl Hosts {
         if let Some(node) = self.cluster.get(machine) {
             Host::Cluster {
                 address: node.address.clone(),
-                uuids: node.gpus.iter().map(|g| (g.index, g.uuid.clone())).collect(),
+                uuids: node
+                    .gpus
+                    .iter()
+                    .map(|g| (g.index, g.uuid.clone()))
+                    .collect(),
                 demo: node.demo,
             }
         } else if self.local.as_deref() == Some(machine) {
@@ -365,7 +372,12 @@ impl Runtime {
             .await?;
         let shutting_down = Arc::new(Mutex::new(false));
         let cluster = settings.ray.clone().map(|client| {
-            RayExecutor::new(client, settings.clone(), instance.clone(), shutting_down.clone())
+            RayExecutor::new(
+                client,
+                settings.clone(),
+                instance.clone(),
+                shutting_down.clone(),
+            )
         });
         let local = LocalExecutor::new(pool, settings.clone(), instance, shutting_down.clone());
         let shared = Arc::new(Shared {

@@ -4,7 +4,6 @@
 //! a job: the supervisor does, as it does a local process.
 
 use super::executor::{Executor, Leftover, Running, StartFailure};
-use super::process::INSTANCE_VAR;
 use super::spec::{EngineSpec, Host, Launch};
 use super::Settings;
 use crate::ray::{Job, JobRequest, RayClient, RayError, RuntimeEnv, GPU_RESOURCE, MACHINE_LABEL};
@@ -74,13 +73,26 @@ impl RayExecutor {
     /// The job `spec`'s engine runs as, launched as `launch` on `port`.
     fn request(&self, spec: &EngineSpec, launch: &Launch, port: u16) -> Result<JobRequest, String> {
         let Host::Cluster { address, uuids, .. } = &spec.host else {
-            return Err(format!("{} is not a machine of the Ray cluster", spec.machine));
+            return Err(format!(
+                "{} is not a machine of the Ray cluster",
+                spec.machine
+            ));
         };
-        let words = std::iter::once(launch.program.as_str()).chain(launch.args.iter().map(String::as_str));
-        let command = shlex::try_join(words)
-            .map_err(|e| format!("the command of {} cannot be given to a shell: {e}", spec.unit))?;
+        let words =
+            std::iter::once(launch.program.as_str()).chain(launch.args.iter().map(String::as_str));
+        let command = shlex::try_join(words).map_err(|e| {
+            format!(
+                "the command of {} cannot be given to a shell: {e}",
+                spec.unit
+            )
+        })?;
+        // No `TESSERA_INSTANCE`: a job is found again by its metadata, and a node on this very machine
+        // (a head beside the server) must not have its engines taken for this machine's processes.
         let mut env_vars = launch.env.clone();
-        env_vars.insert(INSTANCE_VAR.to_owned(), self.0.instance.clone());
+        // Ray's wait between SIGTERM and SIGKILL, per job: the engine gets Tessera's stop timeout to drain,
+        // not Ray's 3 s.
+        let grace = self.0.settings.stop_timeout.as_secs_f64().ceil().max(1.0);
+        env_vars.insert("RAY_JOB_STOP_WAIT_TIME_S".to_owned(), format!("{grace}"));
         // Its share of each GPU, booked on that GPU's resource (whole MiB, rounded down: never more than
         // the ledger placed).
         let mib = (spec.memory().get() / MIB) as f64;
@@ -117,7 +129,13 @@ impl RayExecutor {
 fn submission_id(unit: &str) -> String {
     let name: String = unit
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
         .collect();
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -154,8 +172,15 @@ impl Executor for RayExecutor {
         launch: &Launch,
         port: u16,
     ) -> Result<Box<dyn Running>, StartFailure> {
-        let request = self.request(spec, launch, port).map_err(StartFailure::Refused)?;
-        if *self.0.closing.lock().unwrap_or_else(PoisonError::into_inner) {
+        let request = self
+            .request(spec, launch, port)
+            .map_err(StartFailure::Refused)?;
+        if *self
+            .0
+            .closing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
             return Err(StartFailure::Closing);
         }
         let previous = self
@@ -185,7 +210,10 @@ impl Executor for RayExecutor {
                 let unit = job.meta(META_UNIT)?.to_owned();
                 let id = job.submission_id.clone()?;
                 let address = job.meta(META_ADDRESS).unwrap_or_default().to_owned();
-                let port = job.meta(META_PORT).and_then(|p| p.parse().ok()).unwrap_or(0);
+                let port = job
+                    .meta(META_PORT)
+                    .and_then(|p| p.parse().ok())
+                    .unwrap_or(0);
                 Some(Leftover {
                     fingerprint: job.meta(META_FINGERPRINT).map(str::to_owned),
                     running: self.job(&unit, id, address, port),

@@ -267,7 +267,9 @@ impl EngineSpec {
         self.gpus
             .iter()
             .map(|i| match &self.host {
-                Host::Cluster { uuids, .. } => uuids.get(i).cloned().unwrap_or_else(|| i.to_string()),
+                Host::Cluster { uuids, .. } => {
+                    uuids.get(i).cloned().unwrap_or_else(|| i.to_string())
+                }
                 _ => i.to_string(),
             })
             .collect::<Vec<_>>()

@@ -37,7 +37,13 @@ pub(super) async fn supervise(
     let mut adopted = match begin {
         Begin::Adopt(running) => {
             let (_, port) = running.address();
-            shared.set(&unit, EngineState::Starting, running.pid(), Some(port), None);
+            shared.set(
+                &unit,
+                EngineState::Starting,
+                running.pid(),
+                Some(port),
+                None,
+            );
             Some(running)
         }
         Begin::Start => None,

@@ -74,11 +74,7 @@ impl Server {
         let token = admin_token(data);
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
             .args(sources)
-            .args([
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--data-dir",
-            ])
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(data)
             .args([
                 "--health-interval-ms",
