@@ -49,14 +49,25 @@ async fn clear_jobs() {
 }
 
 async fn add_model(server: &Server) {
+    add(server, "glm").await;
+}
+
+async fn add(server: &Server, name: &str) {
     let (status, body) = server
         .send(
             "POST",
             "/api/models",
-            json!({"name": "glm", "engine": "vllm", "default_share_percent": 25, "model_path": "zai-org/GLM"}),
+            json!({"name": name, "engine": "vllm", "default_share_percent": 25, "model_path": format!("org/{name}")}),
         )
         .await;
     assert_eq!(status, 201, "{body}");
+}
+
+/// The job of `unit` among `jobs`.
+fn job_of<'a>(jobs: &'a [Value], unit: &str) -> &'a Value {
+    jobs.iter()
+        .find(|j| j["metadata"]["tessera_unit"] == unit)
+        .unwrap_or_else(|| panic!("no job for {unit}: {jobs:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -249,5 +260,74 @@ async fn a_server_killed_and_started_again_adopts_its_running_jobs_without_a_dup
         assert_eq!(report(before).await["pid"], report(after).await["pid"]);
         assert_eq!(after["restarts"], 0);
     }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn a_share_change_restarts_the_changed_members_and_a_shrinking_job_ends_before_a_growing_one_starts(
+) {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    for name in ["glm", "emb", "tiny"] {
+        add(&server, name).await;
+    }
+    let mut revision = 0;
+    for (model, share) in [("glm", 50), ("emb", 30), ("tiny", 10)] {
+        let (status, answer) = server
+            .send(
+                "POST",
+                "/api/deployments",
+                json!({"model": model, "gpus": ["majin:0"], "share": share, "revision": revision}),
+            )
+            .await;
+        assert_eq!(status, 201, "{answer}");
+        revision = answer["revision"].as_i64().unwrap();
+    }
+    server.wait_healthy(3).await;
+    let before = running_jobs().await;
+    let group = "glm";
+
+    // glm shrinks to 30 %, emb grows to 50 %: together with glm's old 50 % that would be 110 % of the GPU,
+    // which Ray's booking would hold back, so emb's new job may start only once glm's old one has ended.
+    let (status, change) = server
+        .send(
+            "PUT",
+            &format!("/api/groups/{group}/plan"),
+            json!({"revision": revision, "shares": {"glm": 30, "emb": 50, "tiny": 10}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{change}");
+    wait_until("the plan change is carried out", || async {
+        let (_, group) = server.get(&format!("/api/groups/{group}")).await;
+        group["progress"]["revision"] == change["revision"]
+            && group["progress"]["steps"]
+                .as_array()
+                .is_some_and(|steps| steps.iter().all(|s| s["status"] == "done"))
+    })
+    .await;
+    server.wait_healthy(3).await;
+    let after = running_jobs().await;
+    let unit = |model: &str| format!("group:{group}/{model}@majin");
+    let id = |jobs: &[Value], model: &str| job_of(jobs, &unit(model))["submission_id"].clone();
+    assert_eq!(id(&before, "tiny"), id(&after, "tiny"), "tiny kept its job");
+    assert_ne!(id(&before, "glm"), id(&after, "glm"));
+    assert_ne!(id(&before, "emb"), id(&after, "emb"));
+    let old_glm = ray(
+        "GET",
+        &format!("/api/jobs/{}", id(&before, "glm").as_str().unwrap()),
+    )
+    .await;
+    let new_emb = job_of(&after, &unit("emb"));
+    assert!(
+        old_glm["end_time"].as_u64().unwrap() <= new_emb["start_time"].as_u64().unwrap(),
+        "glm's old job ended before emb's new one started: {old_glm} {new_emb}"
+    );
+    assert_eq!(
+        new_emb["runtime_env"]["env_vars"]["TESSERA_GPU_MEMORY_GB"],
+        "12"
+    );
     server.stop().await;
 }
