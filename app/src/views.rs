@@ -373,6 +373,9 @@ pub struct MachineDetail {
     pub workers: Vec<WorkerLine>,
     /// Workers that wait anywhere, with the reasons about this machine.
     pub pending: Vec<PendingLine>,
+    /// Since when (RFC 3339) the machine's Ray node has been dead or gone, if it is.
+    #[serde(default)]
+    pub unreachable_since: Option<String>,
 }
 
 /// A catalog model the wizard offers.

@@ -365,6 +365,7 @@ impl ConsoleService {
             })
             .collect();
         Ok(MachineDetail {
+            unreachable_since: machine.unreachable_since.clone(),
             cpu_cores: machine.cpu_cores,
             cpu_cores_used: machine.cpu_cores_used,
             memory: Bytes(machine.memory_bytes),

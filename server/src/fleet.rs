@@ -51,6 +51,8 @@ pub struct Fleet {
     /// What reads are answered from, published after each committed write, so that a read waits on neither
     /// the write lock nor the database.
     views: RwLock<Arc<Views>>,
+    /// The cluster's machines whose node is dead or gone, and since when (RFC 3339).
+    unreachable: std::sync::RwLock<BTreeMap<String, String>>,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -120,6 +122,7 @@ impl Fleet {
             runtime,
             hosts,
             views: RwLock::new(Arc::new(Views::of(&state.committed, &state.ledger))),
+            unreachable: std::sync::RwLock::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));

@@ -168,7 +168,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let settings = runtime::Settings {
         gpus: local_gpus.clone(),
-        ray,
+        ray: ray.clone(),
         ..config
             .engines
             .settings(exe, config.data_dir.join("engines"))
@@ -198,6 +198,9 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     }
     if let Some(gpus) = local_gpus {
         tokio::spawn(fleet.clone().follow_local_gpus(gpus, LOCAL_GPU_REFRESH));
+    }
+    if let Some(client) = ray {
+        tokio::spawn(fleet.clone().follow_cluster(client, CLUSTER_REFRESH));
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -261,6 +264,10 @@ async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
 
 /// How long the requests in flight may take to finish once a graceful stop begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(30);
+
+/// How often the Ray cluster's nodes are read again: a node's death shows within this of Ray noticing it
+/// (Ray's own heartbeats take about 15 s).
+const CLUSTER_REFRESH: Duration = Duration::from_secs(3);
 
 /// How often this machine's GPUs are read again: what they offer moves as other programs come and go.
 const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);

@@ -331,3 +331,85 @@ async fn a_share_change_restarts_the_changed_members_and_a_shrinking_job_ends_be
     );
     server.stop().await;
 }
+
+/// Runs `scripts/ray-cluster ACTION NETNS NODE` on the suite's cluster (`scripts/test-ray` names it).
+fn node(action: &str, which: &str) {
+    let netns =
+        std::env::var("TESSERA_RAY_NETNS").expect("scripts/test-ray sets TESSERA_RAY_NETNS");
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/ray-cluster");
+    let status = std::process::Command::new(script)
+        .args([action, &netns, which])
+        .status()
+        .unwrap();
+    assert!(status.success(), "ray-cluster {action} {which}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn a_machine_whose_node_dies_is_unreachable_its_work_waits_and_it_is_reconciled_when_it_returns(
+) {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    let (status, worker) = server
+        .send(
+            "POST",
+            "/api/workers",
+            json!({
+                "name": "listen",
+                "requested_resources": {"gpu_requests": {
+                    "count": 1, "shared": true, "memory_gb": 2,
+                    "ids": ["GPU-a1b2c3d4-0000-4000-8000-000000000001"]
+                }}
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{worker}");
+    server.wait_healthy(1).await;
+    assert_eq!(server.engine("listen").await["machine"], "majin");
+
+    node("stop-node", "worker");
+    // Ray takes about 15 s to call a node dead.
+    support::wait_until_within(
+        "majin is unreachable",
+        std::time::Duration::from_secs(60),
+        || async {
+            let (_, machine) = server.get("/api/machines/majin").await;
+            machine["unreachable_since"].is_string()
+        },
+    )
+    .await;
+    let (_, machine) = server.get("/api/machines/majin").await;
+    assert_eq!(
+        machine["gpus"],
+        json!([]),
+        "its GPUs are out of the inventory"
+    );
+    let (_, worker) = server.get("/api/workers/listen").await;
+    assert!(
+        worker["not_held"].is_string(),
+        "the worker waits, with why: {worker}"
+    );
+    support::wait_until("its engine is not run", || async {
+        server.engine_if_any("listen").await.is_none()
+    })
+    .await;
+
+    node("start-node", "worker");
+    support::wait_until_within(
+        "majin is back",
+        std::time::Duration::from_secs(60),
+        || async {
+            let (_, machine) = server.get("/api/machines/majin").await;
+            machine["unreachable_since"].is_null()
+                && machine["gpus"].as_array().is_some_and(|g| g.len() == 2)
+        },
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let (_, worker) = server.get("/api/workers/listen").await;
+    assert!(worker["not_held"].is_null(), "{worker}");
+    assert_eq!(running_jobs().await.len(), 1);
+    server.stop().await;
+}

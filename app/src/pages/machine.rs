@@ -59,6 +59,11 @@ fn Machine(machine: MachineDetail) -> impl IntoView {
     view! {
         <h1>{machine.name.clone()}</h1>
         <p class="lede">{facts}</p>
+        {machine.unreachable_since.map(|since| view! {
+            <p class="error" role="status" data-testid="unreachable">
+                {format!("Unreachable since {since}: its Ray node is dead or gone. Its GPUs are out of the inventory until it is back; what it ran waits.")}
+            </p>
+        })}
         <section aria-labelledby="gpus">
             <h2 id="gpus">"GPUs"</h2>
             {machine.gpus.into_iter().map(|gpu| view! { <GpuCard gpu /> }).collect_view()}

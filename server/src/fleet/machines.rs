@@ -68,17 +68,97 @@ impl Views {
 impl Fleet {
     /// Each machine with its GPUs, what they offer and who holds them.
     pub fn machines(&self) -> Vec<MachineView> {
-        self.views().machines.clone()
+        let mut machines = self.views().machines.clone();
+        for machine in &mut machines {
+            machine.unreachable_since = self.unreachable_since(&machine.name);
+        }
+        machines
     }
 
     /// One machine.
     pub fn machine(&self, name: &str) -> Result<MachineView, ApiError> {
-        self.views()
+        let mut machine = self
+            .views()
             .machines
             .iter()
             .find(|m| m.name == name)
             .cloned()
-            .ok_or_else(|| no_machine(name))
+            .ok_or_else(|| no_machine(name))?;
+        machine.unreachable_since = self.unreachable_since(name);
+        Ok(machine)
+    }
+
+    fn unreachable_since(&self, name: &str) -> Option<String> {
+        self.unreachable
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Reads the Ray cluster's nodes every `every` for as long as the server runs. A machine whose node
+    /// died (or left) is unreachable from then on: its GPUs leave the inventory, so what it held holds
+    /// nothing (with the reason), its engines are not run and nothing new is placed there. Once a node
+    /// with its label is alive again, its GPUs come back: what it held is held again and its engines
+    /// start. While the cluster itself does not answer, the last reading stands.
+    pub async fn follow_cluster(
+        self: Arc<Self>,
+        client: crate::ray::RayClient,
+        every: std::time::Duration,
+    ) {
+        let mut last_error = None;
+        loop {
+            tokio::time::sleep(every).await;
+            let nodes = match client.nodes().await {
+                Ok(nodes) => nodes,
+                Err(e) => {
+                    let e = e.to_string();
+                    if last_error.as_ref() != Some(&e) {
+                        tracing::warn!("{e}: its machines are shown as last read");
+                        last_error = Some(e);
+                    }
+                    continue;
+                }
+            };
+            last_error = None;
+            let seen = crate::ray::machines(&nodes);
+            for (name, known) in &self.hosts.cluster {
+                let machine = match seen.iter().find(|m| &m.name == name) {
+                    Some(now) if now.alive => {
+                        self.mark_reachable(name, true);
+                        now.machine()
+                    }
+                    _ => {
+                        self.mark_reachable(name, false);
+                        placement::Machine {
+                            gpus: Vec::new(),
+                            ..known.machine()
+                        }
+                    }
+                };
+                if let Err(e) = self.refresh_machine(machine).await {
+                    tracing::warn!(
+                        "the cluster's machine {name} could not be brought up to date: {e}"
+                    );
+                }
+            }
+        }
+    }
+
+    fn mark_reachable(&self, name: &str, reachable: bool) {
+        let mut unreachable = self
+            .unreachable
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if reachable {
+            if unreachable.remove(name).is_some() {
+                tracing::info!("{name} is reachable again in the Ray cluster");
+            }
+        } else if !unreachable.contains_key(name) {
+            let since = crate::runtime::now();
+            tracing::warn!("{name} is unreachable: its Ray node is dead or gone");
+            unreachable.insert(name.to_owned(), since);
+        }
     }
 
     /// The workers placed on one machine, as a JSON array, with their secrets if `sight` allows.
@@ -186,6 +266,10 @@ pub struct MachineView {
     pub all_gpus_visible: bool,
     /// Its GPUs.
     pub gpus: Vec<GpuView>,
+    /// Since when (RFC 3339) the Ray node of a cluster's machine has been dead or gone: its GPUs are out of
+    /// the inventory meanwhile.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unreachable_since: Option<String>,
 }
 
 /// A GPU as the API shows it.
@@ -317,5 +401,6 @@ fn machine_view(
                 }
             })
             .collect(),
+        unreachable_since: None,
     }
 }

@@ -550,7 +550,7 @@ pub fn engine_id(unit: &str) -> String {
 }
 
 /// Now, RFC 3339 in UTC.
-fn now() -> String {
+pub(crate) fn now() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()

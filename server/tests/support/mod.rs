@@ -290,14 +290,23 @@ pub async fn report(engine: &Value) -> Value {
 }
 
 /// Polls `check` until it holds, or fails the test after [`PATIENCE`].
-pub async fn wait_until<F, Fut>(what: &str, mut check: F)
+pub async fn wait_until<F, Fut>(what: &str, check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    wait_until_within(what, PATIENCE, check).await;
+}
+
+/// Polls `check` until it holds, or fails the test after `patience`.
+pub async fn wait_until_within<F, Fut>(what: &str, patience: Duration, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
     let start = Instant::now();
     while !check().await {
-        assert!(start.elapsed() < PATIENCE, "waited {PATIENCE:?} for {what}");
+        assert!(start.elapsed() < patience, "waited {patience:?} for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
