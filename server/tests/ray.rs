@@ -158,6 +158,18 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
             node["labels"]["tessera.machine"], machine,
             "the job runs on its machine's node"
         );
+        // Its output comes from the Jobs API into the same log view as a local engine's.
+        let id = engine["id"].as_str().unwrap();
+        let (status, logs) = server.get(&format!("/api/engines/{id}/logs")).await;
+        assert_eq!(status, 200, "{logs}");
+        assert!(
+            logs["lines"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|l| l.as_str().unwrap().contains("demo engine")),
+            "{logs}"
+        );
         // The share is booked on the GPU's resource: Ray itself holds back a job that would overbook it.
         let gpu = engine["gpus"][0].as_u64().unwrap();
         let resource = format!("tessera_gpu_{gpu}_{uuid}");
