@@ -65,6 +65,9 @@ pub fn ray_node(head: Option<String>, name: Option<String>) -> Result<(), String
     if let Some(name) = name {
         machine.name = name;
     }
-    println!("{}", crate::ray::start_line(&machine, head.as_deref()));
+    println!(
+        "{}",
+        crate::inventory::ray::start_line(&machine, head.as_deref())
+    );
     Ok(())
 }

@@ -36,7 +36,7 @@ pub enum ServerError {
     Inventory(#[from] placement::InventoryError),
     /// The Ray cluster asked for is not usable.
     #[error("{0}; check --ray (TESSERA_RAY) and --ray-token")]
-    Ray(#[from] crate::ray::RayError),
+    Ray(#[from] crate::inventory::ray::RayError),
     /// The stored state could not be loaded.
     #[error("the stored workers could not be loaded: {0}")]
     Load(ApiError),

@@ -17,7 +17,6 @@ pub mod error;
 pub mod fleet;
 pub mod inventory;
 pub mod metrics;
-pub mod ray;
 pub mod runtime;
 pub mod security;
 
@@ -161,7 +160,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let ray = config
         .ray
         .as_deref()
-        .map(|address| ray::RayClient::new(address, config.ray_token.clone()))
+        .map(|address| inventory::ray::RayClient::new(address, config.ray_token.clone()))
         .transpose()?;
     let (inventory, local_gpus, hosts) = gather_inventory(&config, ray.as_ref()).await?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
@@ -283,7 +282,7 @@ type Gathered = (
 
 async fn gather_inventory(
     config: &Config,
-    ray: Option<&ray::RayClient>,
+    ray: Option<&inventory::ray::RayClient>,
 ) -> Result<Gathered, ServerError> {
     use inventory::LocalGpus;
     let mut machines = Vec::new();
@@ -306,12 +305,12 @@ async fn gather_inventory(
     }
     if let Some(client) = ray {
         let nodes = client.nodes().await?;
-        let cluster = ray::machines(&nodes);
+        let cluster = inventory::ray::machines(&nodes);
         if cluster.is_empty() {
             tracing::warn!(
                 "no node of the Ray cluster at {} carries the label {}: run `tessera ray-node` on each machine for its `ray start` line",
                 client.address(),
-                ray::MACHINE_LABEL
+                inventory::ray::MACHINE_LABEL
             );
         }
         for node in cluster {

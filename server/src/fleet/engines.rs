@@ -8,7 +8,8 @@ use crate::inventory::demo::{CatalogModel, Engine};
 use crate::inventory::Ours;
 use crate::runtime::spec::{EngineSpec, Recipe};
 use crate::runtime::Hosts;
-use placement::{Assignment, GpuRef, Hold};
+use placement::{Assignment, Bytes, GpuRef, Hold};
+use std::collections::BTreeMap;
 
 /// Every engine the committed state wants running: each group member on each machine of its group, then
 /// each placed worker, oldest first. A holder the ledger could not hold (its GPU is gone) runs nothing.
@@ -133,37 +134,49 @@ fn worker_recipe(worker: &Worker, catalog: &[CatalogModel]) -> Option<Recipe> {
 
 /// What Tessera's own engines hold on `machine`'s GPUs (this machine's), for a reading of them: the
 /// processes of every engine that runs (`running`: each engine's unit and PIDs), and, for the drivers that
-/// give no per-process figures (WSL2) or other PIDs (a container), the memory the running sharers' shares
-/// stand for on each GPU.
+/// give no per-process figures (WSL2) or other PIDs (a container), the memory the running holders stand
+/// for on each GPU.
 pub(super) fn ours(ledger: &Ledger, machine: &str, running: &[(String, Vec<u32>)]) -> Ours {
-    let runs = |who: &str| running.iter().any(|(unit, _)| unit == who);
-    let shares = ledger
-        .inventory()
-        .machine(machine)
-        .map(|m| {
-            m.gpus
-                .iter()
-                .filter_map(
-                    |gpu| match ledger.scheduler().hold(&GpuRef::new(machine, gpu.index)) {
-                        Some(Hold::Shared(sharers)) => Some((
-                            gpu.index,
-                            sharers
-                                .iter()
-                                .filter(|(who, _)| runs(who))
-                                .map(|(_, bytes)| *bytes)
-                                .sum(),
-                        )),
-                        _ => None,
-                    },
-                )
-                .collect()
-        })
-        .unwrap_or_default();
     Ours {
         pids: running
             .iter()
             .flat_map(|(_, pids)| pids.iter().copied())
             .collect(),
-        shares,
+        shares: held_on(ledger, machine, |who| {
+            running.iter().any(|(unit, _)| unit == who)
+        }),
     }
+}
+
+/// What every holder committed on a cluster's `machine` stands for on each GPU: Ray gives no PIDs of a
+/// job's processes, so in a node's readings these stand in for Tessera's engines. A holder whose engine has
+/// not started yet counts too: memory held outside is then read low, never high, so that no reading takes
+/// an engine that is still adopting or starting for something outside and evicts a holder for it.
+pub(super) fn committed_on(ledger: &Ledger, machine: &str) -> Ours {
+    Ours {
+        pids: Vec::new(),
+        shares: held_on(ledger, machine, |_| true),
+    }
+}
+
+/// The memory the holders `counts` keeps take on each GPU of `machine`: a whole holder its GPU's total.
+fn held_on(ledger: &Ledger, machine: &str, counts: impl Fn(&str) -> bool) -> BTreeMap<u32, Bytes> {
+    let Some(m) = ledger.inventory().machine(machine) else {
+        return BTreeMap::new();
+    };
+    m.gpus
+        .iter()
+        .filter_map(|gpu| {
+            let taken = match ledger.scheduler().hold(&GpuRef::new(machine, gpu.index))? {
+                Hold::Shared(sharers) => sharers
+                    .iter()
+                    .filter(|(who, _)| counts(who))
+                    .map(|(_, bytes)| *bytes)
+                    .sum(),
+                Hold::Whole(who) if counts(who) => gpu.total,
+                Hold::Whole(_) | Hold::Free => return None,
+            };
+            Some((gpu.index, taken))
+        })
+        .collect()
 }

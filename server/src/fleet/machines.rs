@@ -103,7 +103,7 @@ impl Fleet {
     /// start. While the cluster itself does not answer, the last reading stands.
     pub async fn follow_cluster(
         self: Arc<Self>,
-        client: crate::ray::RayClient,
+        client: crate::inventory::ray::RayClient,
         every: std::time::Duration,
     ) {
         let mut last_error = None;
@@ -121,12 +121,12 @@ impl Fleet {
                 }
             };
             last_error = None;
-            let seen = crate::ray::machines(&nodes);
+            let seen = crate::inventory::ray::machines(&nodes);
             for (name, known) in &self.hosts.cluster {
                 let machine = match seen.iter().find(|m| &m.name == name) {
                     Some(now) if now.alive => {
                         self.mark_reachable(name, true);
-                        now.machine()
+                        self.read_node(&client, now).await
                     }
                     _ => {
                         self.mark_reachable(name, false);
@@ -143,6 +143,39 @@ impl Fleet {
                 }
             }
         }
+    }
+
+    /// A live machine of the cluster, with what its node's own GPU readings say is held outside Tessera
+    /// (memory in use less what Tessera's holders there stand for). A node without NVML reports no GPUs:
+    /// nothing is held outside then, as far as Tessera can tell.
+    async fn read_node(
+        &self,
+        client: &crate::inventory::ray::RayClient,
+        node: &crate::inventory::ray::ClusterMachine,
+    ) -> placement::Machine {
+        let mut machine = node.machine();
+        let readings = match client.node_gpus(&node.node_id).await {
+            Ok(readings) => readings,
+            Err(e) => {
+                tracing::debug!("the GPUs of {} could not be read: {e}", node.name);
+                return machine;
+            }
+        };
+        let ours = {
+            let state = self.state.lock().await;
+            engines::committed_on(&state.ledger, &node.name)
+        };
+        for gpu in &mut machine.gpus {
+            if let Some(reading) = readings.iter().find(|r| r.uuid == gpu.uuid) {
+                gpu.held_outside = crate::inventory::held_outside(
+                    reading.used,
+                    &ours,
+                    gpu.index,
+                    &reading.processes,
+                );
+            }
+        }
+        machine
     }
 
     fn mark_reachable(&self, name: &str, reachable: bool) {

@@ -5,10 +5,12 @@
 //!   without a GPU; [`nvml::NvmlGpus`] is the real one.
 //! - [`file`]: the inventory file (TOML).
 //! - [`demo`]: the demo fleet and a sample model catalog.
+//! - [`ray`]: a Ray cluster's labelled nodes, and the client of its dashboard's APIs.
 
 pub mod demo;
 pub mod file;
 pub mod nvml;
+pub mod ray;
 
 use placement::{Bytes, Machine};
 use serde::{Deserialize, Serialize};

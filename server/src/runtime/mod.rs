@@ -55,7 +55,7 @@ pub struct Settings {
     /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
     pub gpus: Option<Arc<dyn LocalGpus>>,
     /// The Ray cluster whose machines' engines run as its jobs, where there is one.
-    pub ray: Option<crate::ray::RayClient>,
+    pub ray: Option<crate::inventory::ray::RayClient>,
 }
 
 impl std::fmt::Debug for Settings {
@@ -74,7 +74,10 @@ impl std::fmt::Debug for Settings {
             .field("gpus", &self.gpus.is_some())
             .field(
                 "ray",
-                &self.ray.as_ref().map(crate::ray::RayClient::address),
+                &self
+                    .ray
+                    .as_ref()
+                    .map(crate::inventory::ray::RayClient::address),
             )
             .finish()
     }
@@ -116,7 +119,7 @@ pub struct Hosts {
     /// The demo fleet's machines.
     pub simulated: std::collections::BTreeSet<String>,
     /// The Ray cluster's machines.
-    pub cluster: BTreeMap<String, crate::ray::ClusterMachine>,
+    pub cluster: BTreeMap<String, crate::inventory::ray::ClusterMachine>,
 }
 
 impl Hosts {

@@ -6,7 +6,9 @@
 use super::executor::{Executor, Leftover, Running, StartFailure};
 use super::spec::{EngineSpec, Host, Launch};
 use super::Settings;
-use crate::ray::{Job, JobRequest, RayClient, RayError, RuntimeEnv, GPU_RESOURCE, MACHINE_LABEL};
+use crate::inventory::ray::{
+    Job, JobRequest, RayClient, RayError, RuntimeEnv, GPU_RESOURCE, MACHINE_LABEL,
+};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::io;

@@ -229,6 +229,22 @@ impl RayClient {
         Ok(())
     }
 
+    /// The GPUs of a node as its dashboard agent reads them (NVML on that node); none where the node has
+    /// no NVIDIA driver, as a node with made-up GPUs.
+    pub async fn node_gpus(&self, node_id: &str) -> Result<Vec<GpuReading>, RayError> {
+        let path = format!("/nodes/{node_id}");
+        let answer = self.call(Method::GET, &path, None).await?;
+        let gpus = answer
+            .pointer("/data/detail/gpus")
+            .cloned()
+            .unwrap_or(Value::Null);
+        if gpus.is_null() {
+            return Ok(Vec::new());
+        }
+        let read: Vec<AgentGpu> = Self::parse(&path, gpus)?;
+        Ok(read.into_iter().map(AgentGpu::reading).collect())
+    }
+
     /// What a job wrote.
     pub async fn logs(&self, id: &str) -> Result<String, RayError> {
         let path = format!("/api/jobs/{id}/logs");
@@ -241,6 +257,51 @@ impl RayClient {
                 why: "no logs".to_owned(),
             })
     }
+}
+
+/// A GPU as a node's agent reports it (Ray's `reporter_models.py`; memory in MiB).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentGpu {
+    uuid: String,
+    #[serde(default)]
+    memory_used: u64,
+    #[serde(default)]
+    processes_pids: Option<Vec<AgentProcess>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct AgentProcess {
+    pid: u32,
+    #[serde(default)]
+    gpu_memory_usage: u64,
+}
+
+impl AgentGpu {
+    fn reading(self) -> GpuReading {
+        GpuReading {
+            uuid: self.uuid,
+            used: Bytes(self.memory_used * MIB),
+            processes: self
+                .processes_pids
+                .unwrap_or_default()
+                .into_iter()
+                .map(|p| (p.pid, Bytes(p.gpu_memory_usage * MIB)))
+                .collect(),
+        }
+    }
+}
+
+/// One GPU of a node, read there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuReading {
+    /// Its UUID.
+    pub uuid: String,
+    /// Memory in use by anyone.
+    pub used: Bytes,
+    /// Its compute processes (PIDs on that node) and what each takes.
+    pub processes: Vec<(u32, Bytes)>,
 }
 
 /// A node as the state API lists it.
@@ -285,6 +346,8 @@ pub struct NodeGpu {
 pub struct ClusterMachine {
     /// The machine's name (its label).
     pub name: String,
+    /// Ray's id of its node now (a node that comes back has a new one).
+    pub node_id: String,
     /// The node's address.
     pub address: String,
     /// Its GPUs by index.
@@ -329,6 +392,7 @@ pub fn machines(nodes: &[Node]) -> Vec<ClusterMachine> {
         gpus.sort_by_key(|g| g.index);
         let machine = ClusterMachine {
             name: name.clone(),
+            node_id: node.node_id.clone(),
             address: node.node_ip.clone(),
             gpus,
             demo: node.labels.get(DEMO_LABEL).is_some_and(|v| v == "true"),

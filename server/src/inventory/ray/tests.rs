@@ -111,3 +111,19 @@ fn ray_node_prints_a_start_line_with_the_machines_labels_and_a_resource_per_gpu(
     );
     assert_eq!(read_back.gpus[0].model, "NVIDIA H200");
 }
+
+#[test]
+fn a_nodes_gpu_readings_are_read_from_its_agents_figures_in_mib() {
+    let gpus: Vec<AgentGpu> = serde_json::from_value(json!([
+        {"index": 0, "name": "NVIDIA H200", "uuid": "GPU-aaaa", "utilizationGpu": 3,
+         "memoryUsed": 20480, "memoryTotal": 143771,
+         "processesPids": [{"pid": 4242, "gpuMemoryUsage": 18432, "gpuUtilization": null}]},
+        {"index": 1, "name": "NVIDIA H200", "uuid": "GPU-bbbb", "utilizationGpu": null,
+         "memoryUsed": 0, "memoryTotal": 143771, "processesPids": null}
+    ]))
+    .unwrap();
+    let readings: Vec<GpuReading> = gpus.into_iter().map(AgentGpu::reading).collect();
+    assert_eq!(readings[0].used, Bytes(20480 << 20));
+    assert_eq!(readings[0].processes, vec![(4242, Bytes(18432 << 20))]);
+    assert_eq!(readings[1].processes, vec![]);
+}
