@@ -791,7 +791,13 @@ impl Shared {
             .values()
             .filter(|u| u.spec.unit != spec.unit && u.spec.machine == spec.machine)
             .filter(|u| u.spec.gpus.iter().any(|g| spec.gpus.contains(g)))
-            .filter(|u| u.status.borrow().pid.is_some())
+            // Running, as a process or a job (which has no PID here).
+            .filter(|u| {
+                matches!(
+                    u.status.borrow().state,
+                    EngineState::Starting | EngineState::Healthy | EngineState::Unhealthy
+                )
+            })
             .map(|u| u.spec.memory())
             .sum();
         spec.gpu_offered.saturating_sub(taken)

@@ -499,3 +499,33 @@ fn times_are_written_in_rfc_3339() {
     );
     assert!(t.ends_with('Z'), "{t}");
 }
+
+#[tokio::test]
+async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory_free_at_a_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    let on_node = |unit: &str| EngineSpec {
+        machine: "majin".to_owned(),
+        host: Host::Cluster {
+            address: "10.0.0.7".to_owned(),
+            uuids: BTreeMap::from([(0, "GPU-aaaa".to_owned())]),
+            demo: false,
+        },
+        ..command(unit, 0, "sleep 60")
+    };
+    // No cluster executor in this runtime: the job is only registered, and its state set as a job's is.
+    runtime
+        .shared
+        .launch_unit(on_node("job"), Begin::Start)
+        .unwrap();
+    runtime
+        .shared
+        .set("job", EngineState::Healthy, None, Some(8000), None);
+    assert_eq!(
+        runtime.shared.free_at_start(&on_node("next")),
+        Bytes::gb(7),
+        "the job's 1 GB of the 8 GB is taken"
+    );
+}
