@@ -1,11 +1,17 @@
 //! The demo engine (`tessera demo-engine`): a real HTTP process that stands in for an inference engine on
 //! machines that do not exist (the demo fleet) and in the tests. It serves a health check, reports the
-//! share and environment it was started with, and can be told to fail its health check or to crash.
+//! share and environment it was started with, and can be told to fail its health check or to crash. It also
+//! speaks the OpenAI routes an engine serves (`/v1/models`, `/v1/chat/completions` streamed or not,
+//! `/v1/completions`, `/v1/embeddings`), answering with words of its own, so that the gateway can be tried
+//! without a GPU; each answer says which engine gave it (`x-tessera-engine`).
 
+use axum::body::Body;
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -103,7 +109,169 @@ fn app(engine: Engine) -> Router {
         .route("/health", get(health))
         .route("/fail-health", post(fail_health))
         .route("/crash", post(crash))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat))
+        .route("/v1/completions", post(completion))
+        .route("/v1/embeddings", post(embeddings))
         .with_state(engine)
+}
+
+/// The model the engine serves: the one a request names, or its own unit.
+fn model_of(engine: &Engine, request: &Value) -> String {
+    request["model"]
+        .as_str()
+        .map(str::to_owned)
+        .unwrap_or_else(|| engine.report.engine.clone())
+}
+
+/// Says which engine answered.
+fn signed(engine: &Engine, mut answer: Response) -> Response {
+    if let Ok(value) = HeaderValue::from_str(&engine.report.engine) {
+        answer.headers_mut().insert("x-tessera-engine", value);
+    }
+    answer
+}
+
+async fn models(State(engine): State<Engine>) -> Response {
+    let id = engine.report.engine.clone();
+    let answer = Json(
+        json!({"object": "list", "data": [{"id": id, "object": "model", "owned_by": "tessera-demo"}]}),
+    );
+    signed(&engine, answer.into_response())
+}
+
+/// The words of an answer to `prompt`: who answers, and what it heard.
+fn words(engine: &Engine, prompt: &str) -> Vec<String> {
+    format!(
+        "demo engine {} (PID {}) heard: {}",
+        engine.report.engine, engine.report.pid, prompt
+    )
+    .split_whitespace()
+    .map(|w| format!("{w} "))
+    .collect()
+}
+
+fn usage(prompt: &str, words: &[String]) -> Value {
+    let prompt_tokens = prompt.split_whitespace().count();
+    json!({"prompt_tokens": prompt_tokens, "completion_tokens": words.len(), "total_tokens": prompt_tokens + words.len()})
+}
+
+/// How long each streamed word takes (`TESSERA_DEMO_TOKEN_MS`, 20 by default).
+fn word_pause() -> Duration {
+    let ms = std::env::var("TESSERA_DEMO_TOKEN_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    Duration::from_millis(ms)
+}
+
+/// `data: …` events, one per chunk, a pause before each, then `data: [DONE]`.
+fn event_stream(chunks: Vec<Value>) -> Response {
+    let pause = word_pause();
+    let events = futures::stream::unfold(chunks.into_iter(), move |mut rest| async move {
+        let event = match rest.next() {
+            Some(chunk) => {
+                tokio::time::sleep(pause).await;
+                format!("data: {chunk}\n\n")
+            }
+            None => return None,
+        };
+        Some((Ok::<_, std::convert::Infallible>(event), rest))
+    });
+    let done = futures::stream::once(async { Ok("data: [DONE]\n\n".to_owned()) });
+    let mut answer = Body::from_stream(futures::StreamExt::chain(events, done)).into_response();
+    answer.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/event-stream"),
+    );
+    answer
+}
+
+/// `POST /v1/chat/completions`: an answer to the last message, streamed word by word when asked.
+async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
+    let model = model_of(&engine, &request);
+    let prompt = request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let words = words(&engine, &prompt);
+    let answer = if request["stream"] == true {
+        let chunks = words
+            .iter()
+            .map(|w| {
+                json!({"id": "chatcmpl-demo", "object": "chat.completion.chunk", "model": model,
+                "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": null}]})
+            })
+            .collect();
+        event_stream(chunks)
+    } else {
+        Json(json!({
+            "id": "chatcmpl-demo", "object": "chat.completion", "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": words.concat()}, "finish_reason": "stop"}],
+            "usage": usage(&prompt, &words),
+        }))
+        .into_response()
+    };
+    signed(&engine, answer)
+}
+
+/// `POST /v1/completions`: the prompt, answered.
+async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
+    let model = model_of(&engine, &request);
+    let prompt = request["prompt"].as_str().unwrap_or_default().to_owned();
+    let words = words(&engine, &prompt);
+    let answer = if request["stream"] == true {
+        let chunks = words
+            .iter()
+            .map(|w| {
+                json!({"id": "cmpl-demo", "object": "text_completion", "model": model,
+                "choices": [{"index": 0, "text": w, "finish_reason": null}]})
+            })
+            .collect();
+        event_stream(chunks)
+    } else {
+        Json(json!({
+            "id": "cmpl-demo", "object": "text_completion", "model": model,
+            "choices": [{"index": 0, "text": words.concat(), "finish_reason": "stop"}],
+            "usage": usage(&prompt, &words),
+        }))
+        .into_response()
+    };
+    signed(&engine, answer)
+}
+
+/// `POST /v1/embeddings`: eight numbers for each input, the same for the same text.
+async fn embeddings(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
+    let model = model_of(&engine, &request);
+    let inputs: Vec<String> = match &request["input"] {
+        Value::String(one) => vec![one.clone()],
+        Value::Array(many) => many
+            .iter()
+            .filter_map(|v| v.as_str().map(str::to_owned))
+            .collect(),
+        _ => Vec::new(),
+    };
+    let data: Vec<Value> = inputs
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let vector: Vec<f64> = (0..8u64)
+                .map(|k| {
+                    let h = text
+                        .bytes()
+                        .fold(k + 1, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
+                    (h % 2000) as f64 / 1000.0 - 1.0
+                })
+                .collect();
+            json!({"object": "embedding", "index": i, "embedding": vector})
+        })
+        .collect();
+    let tokens: usize = inputs.iter().map(|t| t.split_whitespace().count()).sum();
+    let answer = Json(json!({"object": "list", "model": model, "data": data,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}));
+    signed(&engine, answer.into_response())
 }
 
 async fn report(State(engine): State<Engine>) -> Json<Report> {

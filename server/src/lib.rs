@@ -15,6 +15,7 @@ pub mod db;
 pub mod demo_engine;
 pub mod error;
 pub mod fleet;
+pub mod gateway;
 pub mod inventory;
 pub mod metrics;
 pub mod runtime;
@@ -55,6 +56,8 @@ pub struct Shared {
     pub tokens: Arc<accounts::TokenCache>,
     /// Served over https: session cookies are Secure.
     pub https: bool,
+    /// The OpenAI-compatible gateway's connections and rotations.
+    pub gateway: Arc<gateway::Gateway>,
 }
 
 impl std::ops::Deref for AppState {
@@ -97,6 +100,7 @@ impl AppState {
             throttle: Arc::default(),
             tokens: Arc::default(),
             https,
+            gateway: Arc::default(),
         }))
     }
 }
@@ -144,6 +148,15 @@ pub fn router(state: AppState) -> Router {
                 .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
                 .layer(auth::SessionsUnlessToken::new(sessions))
                 .layer(auth::GuardLayer::new(state.clone())),
+        )
+        // The gateway checks its own keys and answers in OpenAI's shape; it has no sessions, no CSRF, and
+        // no 30 s bound (an answer may take longer to generate).
+        .merge(
+            gateway::routes().layer(
+                tower::ServiceBuilder::new()
+                    .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
+                    .layer(security::HeadersLayer),
+            ),
         )
         .with_state(state)
 }

@@ -1,0 +1,50 @@
+use super::*;
+
+#[test]
+fn the_model_is_read_from_a_json_body_or_a_form_field() {
+    let json_headers = HeaderMap::from_iter([(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    )]);
+    let body = Bytes::from_static(br#"{"model": "glm", "messages": []}"#);
+    assert_eq!(model_named(&json_headers, &body).as_deref(), Some("glm"));
+    assert_eq!(model_named(&json_headers, &Bytes::from_static(b"{}")), None);
+    assert_eq!(
+        model_named(&json_headers, &Bytes::from_static(b"not json")),
+        None
+    );
+
+    let form_headers = HeaderMap::from_iter([(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("multipart/form-data; boundary=XyZ"),
+    )]);
+    let form = "--XyZ\r\nContent-Disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\n\r\nRIFF....\r\n\
+                --XyZ\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper\r\n--XyZ--\r\n";
+    assert_eq!(
+        model_named(&form_headers, &Bytes::from(form)).as_deref(),
+        Some("whisper")
+    );
+}
+
+#[test]
+fn the_callers_key_and_the_hop_by_hop_headers_never_reach_an_engine() {
+    let headers = HeaderMap::from_iter([
+        (
+            header::AUTHORIZATION,
+            HeaderValue::from_static("Bearer tsr_secret"),
+        ),
+        (header::CONNECTION, HeaderValue::from_static("keep-alive")),
+        (header::HOST, HeaderValue::from_static("tessera:3000")),
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ),
+        (
+            header::ACCEPT,
+            HeaderValue::from_static("text/event-stream"),
+        ),
+    ]);
+    let passed = passed_on(headers);
+    let names: Vec<&str> = passed.keys().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["content-type", "accept"]);
+}
