@@ -122,6 +122,26 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
         .await;
     assert_eq!(status, 201, "{deployed}");
     let engines = server.wait_healthy(2).await;
+    // The gateway reaches each engine on its node's address, in turn.
+    let mut answered_by = Vec::new();
+    for _ in 0..4 {
+        let (status, answer) = server
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                json!({"model": "glm", "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+        let said = answer["choices"][0]["message"]["content"].as_str().unwrap();
+        answered_by.push(if said.contains("@atlas") {
+            "atlas"
+        } else {
+            "majin"
+        });
+    }
+    answered_by.sort();
+    assert_eq!(answered_by, ["atlas", "atlas", "majin", "majin"]);
     let nodes = ray("GET", "/api/v0/nodes?limit=100&detail=true").await;
     let nodes = nodes["data"]["result"]["result"]
         .as_array()
@@ -344,6 +364,15 @@ async fn a_share_change_restarts_the_changed_members_and_a_shrinking_job_ends_be
     server.stop().await;
 }
 
+/// Starts the worker node again when dropped: the suite's other tests need it, whatever became of this one.
+struct Revive;
+
+impl Drop for Revive {
+    fn drop(&mut self) {
+        node("start-node", "worker");
+    }
+}
+
 /// Runs `scripts/ray-cluster ACTION NETNS NODE` on the suite's cluster (`scripts/test-ray` names it).
 fn node(action: &str, which: &str) {
     let netns =
@@ -382,6 +411,7 @@ async fn a_machine_whose_node_dies_is_unreachable_its_work_waits_and_it_is_recon
     assert_eq!(server.engine("listen").await["machine"], "majin");
 
     node("stop-node", "worker");
+    let revive = Revive;
     // Ray takes about 15 s to call a node dead.
     support::wait_until_within(
         "majin is unreachable",
@@ -408,7 +438,7 @@ async fn a_machine_whose_node_dies_is_unreachable_its_work_waits_and_it_is_recon
     })
     .await;
 
-    node("start-node", "worker");
+    drop(revive);
     support::wait_until_within(
         "majin is back",
         std::time::Duration::from_secs(60),

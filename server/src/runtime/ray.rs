@@ -24,13 +24,17 @@ const META_PORT: &str = "tessera_port";
 
 const MIB: u64 = 1 << 20;
 
+/// How many of a unit's runs keep their job in Ray's list: the one running and the one before.
+const KEPT_RUNS: usize = 2;
+
 struct Inner {
     client: RayClient,
     settings: Settings,
     instance: String,
     closing: Arc<Mutex<bool>>,
-    /// The job each unit runs as now (or ran as last), for its logs.
-    jobs: Mutex<BTreeMap<String, String>>,
+    /// The jobs of each unit's last runs, the newest last: the newest is what its log view reads; the
+    /// one before stays in Ray's list, with its log and times, until the run after it begins.
+    jobs: Mutex<BTreeMap<String, Vec<String>>>,
 }
 
 /// A Ray cluster's jobs, as an [`Executor`].
@@ -53,16 +57,29 @@ impl RayExecutor {
         }))
     }
 
-    fn note(&self, unit: &str, job: &str) {
-        self.0
-            .jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(unit.to_owned(), job.to_owned());
+    /// Notes `job` as `unit`'s newest, and says which of its older jobs to delete now.
+    fn note(&self, unit: &str, job: &str) -> Vec<String> {
+        let mut jobs = self.0.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        let runs = jobs.entry(unit.to_owned()).or_default();
+        if runs.last().map(String::as_str) != Some(job) {
+            runs.push(job.to_owned());
+        }
+        let older = runs.len().saturating_sub(KEPT_RUNS);
+        runs.drain(..older).collect()
+    }
+
+    /// The job `unit` runs as now, or ran as last.
+    fn newest(&self, unit: &str) -> Option<String> {
+        let jobs = self.0.jobs.lock().unwrap_or_else(PoisonError::into_inner);
+        jobs.get(unit)?.last().cloned()
     }
 
     fn job(&self, unit: &str, id: String, address: String, port: u16) -> Box<dyn Running> {
         self.note(unit, &id);
+        self.running(unit, id, address, port)
+    }
+
+    fn running(&self, unit: &str, id: String, address: String, port: u16) -> Box<dyn Running> {
         Box::new(RayJob {
             executor: self.clone(),
             unit: unit.to_owned(),
@@ -185,22 +202,14 @@ impl Executor for RayExecutor {
         {
             return Err(StartFailure::Closing);
         }
-        let previous = self
-            .0
-            .jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&spec.unit)
-            .cloned();
         self.0.client.submit(&request).await.map_err(unavailable)?;
-        if let Some(previous) = previous {
-            // The last run's job, kept for its logs until now.
-            if let Err(e) = self.0.client.delete(&previous).await {
-                tracing::debug!("Ray job {previous} not deleted: {e}");
+        for old in self.note(&spec.unit, &request.submission_id) {
+            if let Err(e) = self.0.client.delete(&old).await {
+                tracing::debug!("Ray job {old} not deleted: {e}");
             }
         }
         let address = spec.host.bind_address().to_owned();
-        Ok(self.job(&spec.unit, request.submission_id, address, port))
+        Ok(self.running(&spec.unit, request.submission_id, address, port))
     }
 
     async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
@@ -226,14 +235,7 @@ impl Executor for RayExecutor {
     }
 
     async fn logs(&self, unit: &str, lines: usize) -> io::Result<Vec<String>> {
-        let id = self
-            .0
-            .jobs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(unit)
-            .cloned();
-        let Some(id) = id else {
+        let Some(id) = self.newest(unit) else {
             return Ok(Vec::new());
         };
         let logs = self.0.client.logs(&id).await.map_err(io::Error::other)?;
@@ -336,6 +338,6 @@ impl Running for RayJob {
         None
     }
 
-    /// Ray keeps the ended job, and its logs, until the unit's next start replaces it.
+    /// Ray keeps the ended job, with its log and times, until the unit's run after next begins.
     async fn forget(&mut self) {}
 }
