@@ -15,6 +15,8 @@ pub enum EngineStatus {
     Healthy,
     /// Running, but its health checks fail.
     Unhealthy,
+    /// About to stop: finishing its requests in flight, taking no new ones.
+    Draining,
     /// Exited; waiting out its backoff before it starts again.
     Restarting,
     /// Not running, as wanted (or on a machine Tessera cannot start engines on).
@@ -30,6 +32,7 @@ impl EngineStatus {
             EngineStatus::Starting => "Starting",
             EngineStatus::Healthy => "Serving",
             EngineStatus::Unhealthy => "Unhealthy",
+            EngineStatus::Draining => "Draining",
             EngineStatus::Restarting => "Restarting",
             EngineStatus::Stopped => "Stopped",
             EngineStatus::Failed => "Failed",
@@ -42,6 +45,7 @@ impl EngineStatus {
             EngineStatus::Starting => "starting",
             EngineStatus::Healthy => "serving",
             EngineStatus::Unhealthy => "unhealthy",
+            EngineStatus::Draining => "draining",
             EngineStatus::Restarting => "restarting",
             EngineStatus::Stopped => "stopped",
             EngineStatus::Failed => "failed",
@@ -53,7 +57,7 @@ impl EngineStatus {
         match self {
             EngineStatus::Healthy => 0,
             EngineStatus::Starting => 1,
-            EngineStatus::Restarting => 2,
+            EngineStatus::Draining | EngineStatus::Restarting => 2,
             EngineStatus::Stopped => 3,
             EngineStatus::Unhealthy => 4,
             EngineStatus::Failed => 5,

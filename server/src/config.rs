@@ -43,6 +43,15 @@ pub struct Config {
         hide_env_values = true
     )]
     pub ray_token: Option<String>,
+    /// How long a request to the gateway (/v1) for a model whose engines are all starting or restarting
+    /// waits for one to be ready, in seconds, before it is answered 503.
+    #[arg(
+        long,
+        env = "TESSERA_GATEWAY_WAIT_S",
+        default_value_t = 30,
+        value_name = "S"
+    )]
+    pub gateway_wait_s: u64,
     /// The console is reached over https (directly or behind a proxy): session cookies are then Secure.
     #[arg(long, env = "TESSERA_HTTPS")]
     pub https: bool,
@@ -172,6 +181,15 @@ pub struct EngineFlags {
         value_name = "N"
     )]
     pub max_restarts: u32,
+    /// How long a serving engine about to stop (a plan change, a removal, a serving change) may take to
+    /// finish the gateway's requests in flight, in seconds; new requests go elsewhere or wait meanwhile.
+    #[arg(
+        long,
+        env = "TESSERA_DRAIN_GRACE_S",
+        default_value_t = 30,
+        value_name = "S"
+    )]
+    pub drain_grace_s: u64,
 }
 
 impl EngineFlags {
@@ -185,6 +203,7 @@ impl EngineFlags {
             backoff: Duration::from_millis(self.restart_backoff_ms),
             backoff_max: Duration::from_millis(self.restart_backoff_max_ms),
             max_restarts: self.max_restarts,
+            drain_grace: Duration::from_secs(self.drain_grace_s),
             ..crate::runtime::Settings::new(exe, log_dir)
         }
     }

@@ -70,6 +70,7 @@ fn status(state: EngineState) -> EngineStatus {
         EngineState::Starting => EngineStatus::Starting,
         EngineState::Healthy => EngineStatus::Healthy,
         EngineState::Unhealthy => EngineStatus::Unhealthy,
+        EngineState::Draining => EngineStatus::Draining,
         EngineState::Restarting => EngineStatus::Restarting,
         EngineState::Stopped => EngineStatus::Stopped,
         EngineState::Failed => EngineStatus::Failed,

@@ -85,13 +85,15 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         report: Arc::new(report),
         failing: Arc::default(),
     };
-    axum::serve(listener, app(engine))
-        .with_graceful_shutdown(async {
-            terminated().await;
+    // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
+    // lost is drained by Tessera before the signal.
+    tokio::select! {
+        served = axum::serve(listener, app(engine)) => served.map_err(|e| e.to_string()),
+        () = terminated() => {
             println!("SIGTERM: stopping");
-        })
-        .await
-        .map_err(|e| e.to_string())
+            Ok(())
+        }
+    }
 }
 
 async fn terminated() {

@@ -14,7 +14,7 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::{Json, Router};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
@@ -28,14 +28,26 @@ pub const BODY_LIMIT: usize = 32 << 20;
 /// How long a client is told to wait before it asks again for a model that is not ready.
 const RETRY_AFTER_S: u64 = 5;
 
+/// How often a request waiting for a model to be ready looks again.
+const READY_POLL: Duration = Duration::from_millis(100);
+
 /// What the gateway keeps between requests: its connections to the engines and its place in each rotation.
 pub struct Gateway {
     client: Client<HttpConnector, Full<Bytes>>,
     turn: AtomicUsize,
+    /// How long a request for a model with no engine ready waits for one.
+    wait: Duration,
 }
 
 impl Default for Gateway {
     fn default() -> Gateway {
+        Gateway::new(Duration::from_secs(30))
+    }
+}
+
+impl Gateway {
+    /// A gateway whose requests wait up to `wait` for a model's engine to be ready.
+    pub fn new(wait: Duration) -> Gateway {
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         connector.set_connect_timeout(Some(Duration::from_secs(5)));
@@ -44,6 +56,7 @@ impl Default for Gateway {
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
             turn: AtomicUsize::new(0),
+            wait,
         }
     }
 }
@@ -189,14 +202,15 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
             "name the model in the body's \"model\" field (GET /v1/models lists them)".to_owned(),
         );
     };
-    let engines: Vec<EngineView> = state
-        .fleet
-        .runtime()
-        .engines()
-        .into_iter()
-        .filter(|e| e.model.as_deref() == Some(&model) || e.worker.as_deref() == Some(&model))
-        .collect();
-    if engines.is_empty() {
+    let runtime = state.fleet.runtime();
+    let engines_of = || -> Vec<EngineView> {
+        runtime
+            .engines()
+            .into_iter()
+            .filter(|e| e.model.as_deref() == Some(&model) || e.worker.as_deref() == Some(&model))
+            .collect()
+    };
+    if engines_of().is_empty() {
         return openai_error(
             StatusCode::NOT_FOUND,
             "invalid_request_error",
@@ -204,24 +218,41 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
             format!("no model named {model:?} is deployed; GET /v1/models lists those that are"),
         );
     }
-    let ready: Vec<(String, u16)> = engines
-        .iter()
-        .filter(|e| e.state == EngineState::Healthy)
-        .filter_map(address)
-        .collect();
-    if ready.is_empty() {
-        let mut answer = openai_error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "model_not_ready",
-            format!("{model} is deployed but none of its engines is ready yet; try again shortly"),
-        );
-        answer
-            .headers_mut()
-            .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-        return answer;
-    }
-    let (host, port) = &ready[state.gateway.turn.fetch_add(1, Ordering::Relaxed) % ready.len()];
+    // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
+    let deadline = tokio::time::Instant::now() + state.gateway.wait;
+    let (in_flight, host, port) = loop {
+        let ready: Vec<(EngineView, (String, u16))> = engines_of()
+            .into_iter()
+            .filter(|e| e.state == EngineState::Healthy)
+            .filter_map(|e| address(&e).map(|a| (e, a)))
+            .collect();
+        let first = state.gateway.turn.fetch_add(1, Ordering::Relaxed);
+        let taken = (0..ready.len()).find_map(|k| {
+            let (engine, (host, port)) = &ready[(first + k) % ready.len()];
+            runtime
+                .begin_request(&engine.unit)
+                .map(|counted| (counted, host.clone(), *port))
+        });
+        if let Some(taken) = taken {
+            break taken;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            let mut answer = openai_error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "model_not_ready",
+                format!(
+                    "{model} is deployed but none of its engines was ready within {} s; try again shortly",
+                    state.gateway.wait.as_secs()
+                ),
+            );
+            answer
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+            return answer;
+        }
+        tokio::time::sleep(READY_POLL).await;
+    };
     let path = parts
         .uri
         .path_and_query()
@@ -245,6 +276,11 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);
+            // Counted in flight until the last of the answer has gone (or the caller has left).
+            let body = body.map_frame(move |frame| {
+                let _counted = &in_flight;
+                frame
+            });
             Response::from_parts(parts, Body::new(body))
         }
         Err(e) => {

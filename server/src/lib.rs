@@ -82,15 +82,17 @@ impl AppState {
         fleet: Arc<Fleet>,
         pool: sqlx::SqlitePool,
     ) -> AppState {
-        AppState::serving(leptos_options, fleet, pool, false)
+        AppState::serving(leptos_options, fleet, pool, false, Duration::from_secs(30))
     }
 
-    /// The state over `fleet`; `https` when the console is reached over https.
+    /// The state over `fleet`; `https` when the console is reached over https; the gateway's requests
+    /// wait up to `gateway_wait` for a model's engine to be ready.
     pub fn serving(
         leptos_options: LeptosOptions,
         fleet: Arc<Fleet>,
         pool: sqlx::SqlitePool,
         https: bool,
+        gateway_wait: Duration,
     ) -> AppState {
         AppState(Arc::new(Shared {
             leptos_options,
@@ -100,7 +102,7 @@ impl AppState {
             throttle: Arc::default(),
             tokens: Arc::default(),
             https,
-            gateway: Arc::default(),
+            gateway: Arc::new(gateway::Gateway::new(gateway_wait)),
         }))
     }
 }
@@ -229,7 +231,13 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     tokio::spawn(forget_expired_sessions(pool.clone()));
     tokio::spawn(db::keep_tidy(pool.clone(), config.retention.retention()));
     tracing::info!("Tessera listening on http://{}", config.listen);
-    let state = AppState::serving(leptos_options, fleet, pool, config.https);
+    let state = AppState::serving(
+        leptos_options,
+        fleet,
+        pool,
+        config.https,
+        Duration::from_secs(config.gateway_wait_s),
+    );
     let (stop_begun, mut stopping) = tokio::sync::watch::channel(false);
     let serving = axum::serve(
         listener,

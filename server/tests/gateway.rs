@@ -7,6 +7,8 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::Server;
 
@@ -51,8 +53,9 @@ async fn call(server: &Server, token: Option<&str>, path: &str, body: Bytes) -> 
         .unwrap();
     let (parts, mut body) = response.into_parts();
     let mut frames = Vec::new();
-    while let Some(frame) = body.frame().await {
-        if let Ok(data) = frame.unwrap().into_data() {
+    // An answer cut off ends here: what came is what the caller got.
+    while let Some(Ok(frame)) = body.frame().await {
+        if let Ok(data) = frame.into_data() {
             frames.push((sent.elapsed(), data));
         }
     }
@@ -183,7 +186,8 @@ async fn a_streamed_answer_passes_through_chunk_by_chunk() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_gateways_own_answers_are_in_openais_error_shape() {
     let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(dir.path(), 100).await;
+    // A request for a model not ready waits a second for it here (30 s by default).
+    let server = Server::start_with(dir.path(), 100, &["--demo", "--gateway-wait-s", "1"]).await;
     // vision "loads" for ten minutes: deployed, never ready in this test.
     deploy(
         &server,
@@ -255,4 +259,80 @@ async fn the_gateways_own_answers_are_in_openais_error_shape() {
         assert_eq!(answer.json()["error"]["type"].is_string(), true);
     }
     server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_change_under_a_steady_stream_of_requests_loses_none() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Arc::new(Server::start(dir.path(), 100).await);
+    let slow = json!({"TESSERA_DEMO_TOKEN_MS": "60"});
+    let first = deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40, "env": slow}),
+    )
+    .await;
+    let second = deploy(
+        &server,
+        json!({"model": "embedder", "gpus": ["atlas:0"], "share": 5, "revision": first["revision"]}),
+    )
+    .await;
+    server.wait_healthy(2).await;
+    let events = server.follow_events().await;
+
+    // Three clients, each asking glm-5.3 again as soon as its streamed answer (about half a second) ends.
+    let done = Arc::new(AtomicBool::new(false));
+    let answers = Arc::new(Mutex::new(Vec::new()));
+    let clients: Vec<_> = (0..3)
+        .map(|_| {
+            let (server, done, answers) = (server.clone(), done.clone(), answers.clone());
+            tokio::spawn(async move {
+                while !done.load(Ordering::Relaxed) {
+                    let answer = ask(
+                        &server,
+                        "/v1/chat/completions",
+                        json!({"model": "glm-5.3", "stream": true, "messages": [{"role": "user", "content": "go"}]}),
+                    )
+                    .await;
+                    let whole = answer.text().ends_with("data: [DONE]\n\n");
+                    answers.lock().unwrap().push((answer.status, whole, answer.text()));
+                }
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(700)).await;
+
+    // glm-5.3 shrinks, the embedder grows: both restart, glm-5.3 first.
+    let (status, change) = server
+        .send(
+            "PUT",
+            "/api/groups/text-router/plan",
+            json!({"revision": second["revision"], "shares": {"glm-5.3": 30, "embedder": 15}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{change}");
+    support::wait_until("the plan change is carried out", || async {
+        let (_, group) = server.get("/api/groups/text-router").await;
+        group["progress"]["revision"] == change["revision"]
+            && group["progress"]["steps"]
+                .as_array()
+                .is_some_and(|steps| steps.iter().all(|s| s["status"] == "done"))
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    done.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+
+    let answers = answers.lock().unwrap();
+    assert!(answers.len() >= 6, "{} requests", answers.len());
+    for (status, whole, text) in answers.iter() {
+        assert_eq!((*status, *whole), (200, true), "a request was lost: {text}");
+    }
+    let drained = events
+        .all()
+        .iter()
+        .any(|e| e["engine"] == "group:text-router/glm-5.3@atlas" && e["state"] == "draining");
+    assert!(drained, "glm-5.3 drained before it stopped");
+    Arc::into_inner(server).unwrap().stop().await;
 }

@@ -376,7 +376,9 @@ async fn carry_out(
     };
     shared.set_progress(group, &progress);
     for (i, step) in steps.iter().enumerate() {
-        shared.step(group, &mut progress, i, StepStatus::Running, None);
+        // A stop first lets its engine finish the requests it has in flight.
+        let doing = matches!(step, Step::Stop(_)).then(|| "draining".to_owned());
+        shared.step(group, &mut progress, i, StepStatus::Running, doing);
         let outcome = match step {
             // Wherever it runs: the router moving in stops in the group it leaves.
             Step::Stop(member) => {

@@ -24,6 +24,7 @@ use spec::{EngineSpec, Host, Launch};
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use supervisor::{Begin, Control};
@@ -52,6 +53,8 @@ pub struct Settings {
     pub unhealthy_after: u32,
     /// Failed health checks in a row after which it is restarted.
     pub restart_unhealthy_after: u32,
+    /// How long a serving engine about to stop may take to finish its requests in flight.
+    pub drain_grace: Duration,
     /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
     pub gpus: Option<Arc<dyn LocalGpus>>,
     /// The Ray cluster whose machines' engines run as its jobs, where there is one.
@@ -71,6 +74,7 @@ impl std::fmt::Debug for Settings {
             .field("max_restarts", &self.max_restarts)
             .field("unhealthy_after", &self.unhealthy_after)
             .field("restart_unhealthy_after", &self.restart_unhealthy_after)
+            .field("drain_grace", &self.drain_grace)
             .field("gpus", &self.gpus.is_some())
             .field(
                 "ray",
@@ -98,6 +102,7 @@ impl Settings {
             max_restarts: 5,
             unhealthy_after: 3,
             restart_unhealthy_after: 15,
+            drain_grace: Duration::from_secs(30),
             gpus: None,
             ray: None,
         }
@@ -155,6 +160,9 @@ pub enum EngineState {
     Healthy,
     /// Running, but its health checks fail.
     Unhealthy,
+    /// About to stop: out of the gateway's rotation, finishing its requests in flight (up to the drain
+    /// grace) before it is stopped.
+    Draining,
     /// Exited or killed; waiting out its backoff before it starts again.
     Restarting,
     /// Not running, as wanted (or on a machine Tessera cannot start engines on).
@@ -338,6 +346,17 @@ pub(crate) struct Shared {
     units: Mutex<BTreeMap<String, Unit>>,
     events: broadcast::Sender<Event>,
     progress: Mutex<BTreeMap<String, Progress>>,
+    /// The gateway's requests in flight, by unit.
+    in_flight: Mutex<BTreeMap<String, Arc<AtomicUsize>>>,
+}
+
+/// A request in flight to an engine, counted until it is dropped (with the last of its answer).
+pub struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 /// The runtime.
@@ -391,6 +410,7 @@ impl Runtime {
             units: Mutex::default(),
             events: broadcast::channel(1024).0,
             progress: Mutex::default(),
+            in_flight: Mutex::default(),
         });
         let (orders, inbox) = mpsc::unbounded_channel();
         tokio::spawn(conductor::conduct(shared.clone(), inbox));
@@ -423,6 +443,16 @@ impl Runtime {
         self.engines()
             .into_iter()
             .find(|e| e.id == id || e.unit == id)
+    }
+
+    /// Counts a request the gateway sends to `unit`'s engine, if that engine serves now. Counted first and
+    /// checked after: an engine that begins to drain meanwhile either is seen draining here or sees the
+    /// request counted, never neither.
+    pub fn begin_request(&self, unit: &str) -> Option<InFlight> {
+        let counter = self.shared.counter(unit);
+        counter.fetch_add(1, Ordering::SeqCst);
+        let in_flight = InFlight(counter);
+        (self.shared.state(unit) == Some(EngineState::Healthy)).then_some(in_flight)
     }
 
     /// The last `lines` lines of an engine's output.
@@ -724,6 +754,31 @@ impl Shared {
         }
     }
 
+    /// The count of `unit`'s requests in flight.
+    fn counter(&self, unit: &str) -> Arc<AtomicUsize> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(unit.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Takes a serving engine out of the rotation and waits, up to the drain grace, until its requests in
+    /// flight are done. Says how many were left.
+    async fn drain(&self, unit: &str, pid: Option<u32>, port: u16) -> usize {
+        let counter = self.counter(unit);
+        self.set(unit, EngineState::Draining, pid, Some(port), None);
+        let deadline = tokio::time::Instant::now() + self.settings.drain_grace;
+        loop {
+            let left = counter.load(Ordering::SeqCst);
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     fn state(&self, unit: &str) -> Option<EngineState> {
         self.lock().get(unit).map(|u| u.status.borrow().state)
     }
@@ -748,7 +803,10 @@ impl Shared {
                 }
                 let keep_port = matches!(
                     state,
-                    EngineState::Starting | EngineState::Healthy | EngineState::Unhealthy
+                    EngineState::Starting
+                        | EngineState::Healthy
+                        | EngineState::Unhealthy
+                        | EngineState::Draining
                 );
                 s.state = state;
                 s.pid = pid;
@@ -795,7 +853,10 @@ impl Shared {
             .filter(|u| {
                 matches!(
                     u.status.borrow().state,
-                    EngineState::Starting | EngineState::Healthy | EngineState::Unhealthy
+                    EngineState::Starting
+                        | EngineState::Healthy
+                        | EngineState::Unhealthy
+                        | EngineState::Draining
                 )
             })
             .map(|u| u.spec.memory())

@@ -88,6 +88,12 @@ pub(super) async fn supervise(
             tokio::select! {
                 message = control.recv() => {
                     let Some(Control::Stop) = message else { return };
+                    if shared.state(&unit) == Some(EngineState::Healthy) {
+                        let left = shared.drain(&unit, running.pid(), port).await;
+                        if left > 0 {
+                            tracing::warn!("engine {unit}: {left} requests still in flight after {:?}: stopping it", settings.drain_grace);
+                        }
+                    }
                     let stuck = running.stop().await;
                     running.forget().await;
                     shared.set(&unit, EngineState::Stopped, None, None, stuck);
