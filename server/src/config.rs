@@ -31,6 +31,10 @@ pub struct Config {
     /// A database other than the SQLite file in the data folder, such as sqlite:///var/lib/tessera.db.
     #[arg(long, env = "DATABASE_URL", value_name = "URL")]
     pub database_url: Option<String>,
+    /// The machine (of the inventory file or the demo fleet) that is this one, where NVML cannot read it
+    /// (no driver, a CPU-only rig): its engines run here as processes, their recipes as written.
+    #[arg(long, env = "TESSERA_HERE", value_name = "MACHINE")]
+    pub here: Option<String>,
     /// A Ray cluster's dashboard (http://HEAD:8265): each of its nodes that carries Tessera's labels (see
     /// `tessera ray-node`) is a machine, and its engines run there as Ray jobs.
     #[arg(long, env = "TESSERA_RAY", value_name = "URL")]

@@ -34,6 +34,9 @@ pub enum ServerError {
     /// The machines from all sources contradict each other.
     #[error("the inventory cannot be used: {0}")]
     Inventory(#[from] placement::InventoryError),
+    /// `--here` names no machine that can be this one.
+    #[error("{0}")]
+    Here(String),
     /// The Ray cluster asked for is not usable.
     #[error("{0}; check --ray (TESSERA_RAY) and --ray-token")]
     Ray(#[from] crate::inventory::ray::RayError),

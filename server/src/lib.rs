@@ -350,6 +350,23 @@ async fn gather_inventory(
         hosts.simulated = demo.iter().map(|m| m.name.clone()).collect();
         machines.extend(demo);
     }
+    if let Some(here) = &config.here {
+        if let Some(local) = hosts
+            .local
+            .as_deref()
+            .filter(|local| *local != here.as_str())
+        {
+            return Err(ServerError::Here(format!(
+                "--here names {here}, but NVML reads this machine as {local}; leave --here out"
+            )));
+        }
+        if !machines.iter().any(|m| &m.name == here) {
+            return Err(ServerError::Here(format!(
+                "--here names {here}, which is not a machine of the inventory file or the demo fleet"
+            )));
+        }
+        hosts.local = Some(here.clone());
+    }
     if machines.is_empty() {
         tracing::warn!("no machines: no NVIDIA driver, no --inventory file, no --ray cluster and no --demo; the console shows an empty fleet");
     }

@@ -1,0 +1,129 @@
+//! A real inference server behind the gateway: llama.cpp's own HTTP server (PyPI's `xllamacpp`) serving a
+//! tiny random-weight llama model written by PyPI's `gguf` (`tests/llama/`), on CPU, as a `command` recipe
+//! on this machine (`--here majin`). Both come with `./scripts/test`'s setup, in `.tools/venv`.
+
+mod support;
+
+use serde_json::{json, Value};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use support::Server;
+
+const PYTHON: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../.tools/venv/bin/python");
+const LLAMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/llama");
+
+/// Writes the tiny model into `dir`, and says where.
+fn tiny_model(dir: &Path) -> String {
+    assert!(
+        Path::new(PYTHON).exists(),
+        "no {PYTHON}: run ./scripts/test, or `TESSERA_SETUP=test source scripts/setup`, to install xllamacpp and gguf"
+    );
+    let model = dir.join("tiny.gguf");
+    let status = std::process::Command::new(PYTHON)
+        .arg(format!("{LLAMA}/tiny_model.py"))
+        .arg(&model)
+        .status()
+        .unwrap();
+    assert!(status.success(), "the tiny model is written");
+    model.display().to_string()
+}
+
+async fn chat(server: &Server, stream: bool) -> (u16, Value) {
+    server
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "tiny", "stream": stream, "max_tokens": 8, "messages": [{"role": "user", "content": "hello"}]}),
+        )
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_real_llama_cpp_server_answers_through_the_gateway_and_a_share_change_loses_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = tiny_model(dir.path());
+    let server =
+        Arc::new(Server::start_with(dir.path(), 100, &["--demo", "--here", "majin"]).await);
+    let (status, added) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({
+                "name": "tiny", "engine": "command", "default_share_percent": 50, "model_path": model,
+                "command": format!("{PYTHON} {LLAMA}/serve.py --model {{model}} --host 127.0.0.1 --port {{port}}"),
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{added}");
+    let (status, deployed) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "tiny", "gpus": ["majin:0"], "share": 50}),
+        )
+        .await;
+    assert_eq!(status, 201, "{deployed}");
+    let engine = server.wait_healthy(1).await.remove(0);
+    assert!(
+        engine["command"][1].as_str().unwrap().ends_with("serve.py"),
+        "the recipe itself runs: {engine}"
+    );
+
+    let (status, answer) = chat(&server, false).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    assert!(
+        answer["usage"]["completion_tokens"].as_u64().unwrap() > 0,
+        "{answer}"
+    );
+    assert!(
+        answer["timings"].is_object(),
+        "llama.cpp's own answer comes back unchanged: {answer}"
+    );
+
+    let (status, listed) = server.get("/v1/models").await;
+    assert_eq!(
+        (status, listed["data"][0]["id"].clone()),
+        (200, json!("tiny"))
+    );
+
+    // Requests keep coming while the share changes and llama.cpp restarts: each is answered.
+    let done = Arc::new(AtomicBool::new(false));
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    let client = {
+        let (server, done, statuses) = (server.clone(), done.clone(), statuses.clone());
+        tokio::spawn(async move {
+            while !done.load(Ordering::Relaxed) {
+                let (status, answer) = chat(&server, false).await;
+                statuses.lock().unwrap().push((status, answer));
+            }
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let group = engine["group"].as_str().unwrap().to_owned();
+    let (status, change) = server
+        .send(
+            "PUT",
+            &format!("/api/groups/{group}/plan"),
+            json!({"revision": deployed["revision"], "shares": {"tiny": 40}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{change}");
+    let first = engine["pid"].clone();
+    support::wait_until("tiny runs again with its new share", || async {
+        let now = server.engine_if_any("tiny").await;
+        now.is_some_and(|e| e["state"] == "healthy" && e["pid"] != first)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    done.store(true, Ordering::Relaxed);
+    client.await.unwrap();
+    let statuses = statuses.lock().unwrap();
+    assert!(statuses.len() >= 3, "{} requests", statuses.len());
+    for (status, answer) in statuses.iter() {
+        assert_eq!(*status, 200, "a request was lost: {answer}");
+    }
+    Arc::into_inner(server).unwrap().stop().await;
+}
