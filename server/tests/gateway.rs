@@ -256,7 +256,11 @@ async fn the_gateways_own_answers_are_in_openais_error_shape() {
         (413, "request_too_large".to_owned())
     );
     for answer in [&no_key, &unknown, &loading, &too_large] {
-        assert_eq!(answer.json()["error"]["type"].is_string(), true);
+        assert!(
+            answer.json()["error"]["type"].is_string(),
+            "{}",
+            answer.text()
+        );
     }
     server.stop().await;
 }
@@ -324,7 +328,7 @@ async fn a_share_change_under_a_steady_stream_of_requests_loses_none() {
         client.await.unwrap();
     }
 
-    let answers = answers.lock().unwrap();
+    let answers = std::mem::take(&mut *answers.lock().unwrap());
     assert!(answers.len() >= 6, "{} requests", answers.len());
     for (status, whole, text) in answers.iter() {
         assert_eq!((*status, *whole), (200, true), "a request was lost: {text}");

@@ -120,7 +120,7 @@ async fn a_real_llama_cpp_server_answers_through_the_gateway_and_a_share_change_
     tokio::time::sleep(Duration::from_millis(300)).await;
     done.store(true, Ordering::Relaxed);
     client.await.unwrap();
-    let statuses = statuses.lock().unwrap();
+    let statuses = std::mem::take(&mut *statuses.lock().unwrap());
     assert!(statuses.len() >= 3, "{} requests", statuses.len());
     for (status, answer) in statuses.iter() {
         assert_eq!(*status, 200, "a request was lost: {answer}");
