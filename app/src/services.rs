@@ -7,6 +7,7 @@ use crate::error::AppError;
 use crate::views::{
     AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest,
     MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Serving, ServingForm, SharingForm,
+    TokenLimits,
 };
 use placement::{BasisPoints, Grouping, UsageReport};
 use std::future::Future;
@@ -65,7 +66,13 @@ pub trait Console: Send + Sync {
     /// Removes an account and its tokens.
     fn delete_account(&self, actor: Caller, name: String) -> Answer<'_, ()>;
     /// Makes an API token acting for `user`.
-    fn create_token(&self, actor: Caller, user: String, name: String) -> Answer<'_, NewApiToken>;
+    fn create_token(
+        &self,
+        actor: Caller,
+        user: String,
+        name: String,
+        limits: TokenLimits,
+    ) -> Answer<'_, NewApiToken>;
     /// Revokes an API token.
     fn revoke_token(&self, actor: Caller, id: i64) -> Answer<'_, ()>;
     /// The audit log, newest first, as `query` narrows it.

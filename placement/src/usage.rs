@@ -268,6 +268,43 @@ pub struct UsageReport {
     pub rows: Vec<UsageRow>,
     /// Their sum.
     pub total: UsageRow,
+    /// What went through the gateway, per model and key, by the hour each request was asked in.
+    #[serde(default)]
+    pub requests: Vec<RequestRow>,
+}
+
+/// Requests through the gateway for one model with one API token, over a report's period.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RequestRow {
+    /// The model the request named (a group's member it was routed to).
+    pub model: String,
+    /// The token: its account and name, and the first characters of its secret.
+    pub key: String,
+    /// Requests passed to an engine or refused for want of one.
+    pub requests: u64,
+    /// Of those, the ones that failed: no engine ready, or an error status from the engine.
+    pub failed: u64,
+    /// Prompt tokens, as the engines reported them in their answers' `usage`.
+    pub prompt_tokens: u64,
+    /// Completion tokens, likewise.
+    pub completion_tokens: u64,
+}
+
+/// The gateway's requests as CSV: a header and one line per model and key.
+pub fn requests_csv(rows: &[RequestRow]) -> String {
+    let mut out = "model,key,requests,failed,prompt_tokens,completion_tokens\n".to_owned();
+    for row in rows {
+        out.push_str(&format!(
+            "{},{},{},{},{},{}\n",
+            csv_field(&row.model),
+            csv_field(&row.key),
+            row.requests,
+            row.failed,
+            row.prompt_tokens,
+            row.completion_tokens
+        ));
+    }
+    out
 }
 
 impl UsageReport {
@@ -305,6 +342,7 @@ impl UsageReport {
             by,
             rows,
             total,
+            requests: Vec::new(),
         }
     }
 
@@ -495,6 +533,23 @@ mod tests {
         assert_eq!(
             report.to_csv(),
             "worker,gpu_hours,busy_gpu_hours,energy_wh\n\"a,b\",0.25,,\nTotal,0.25,,\n"
+        );
+    }
+
+    #[test]
+    fn the_requests_csv_has_one_line_per_model_and_key_and_quotes_what_it_must() {
+        let rows = [RequestRow {
+            model: "glm-5.3".to_owned(),
+            key: "ada/ci, nightly (tsr_ab12cd…)".to_owned(),
+            requests: 3,
+            failed: 1,
+            prompt_tokens: 14,
+            completion_tokens: 22,
+        }];
+        assert_eq!(
+            requests_csv(&rows),
+            "model,key,requests,failed,prompt_tokens,completion_tokens\n\
+             glm-5.3,\"ada/ci, nightly (tsr_ab12cd…)\",3,1,14,22\n"
         );
     }
 

@@ -4,7 +4,7 @@
 use crate::audit::{self, Entry};
 use crate::error::ApiError;
 use app::auth::{Caller, Role};
-use app::views::{Account, ApiToken, NewApiToken};
+use app::views::{Account, ApiToken, NewApiToken, TokenLimits, TokenScope};
 use argon2::password_hash::rand_core::{OsRng, RngCore};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
@@ -43,6 +43,79 @@ pub struct NewToken {
     /// Whose role it acts with; the caller's own account when absent.
     #[serde(default)]
     pub user: Option<String>,
+    /// `api` (the default: every route its owner's role allows) or `inference` (only the gateway, `/v1`).
+    #[serde(default)]
+    pub scope: TokenScope,
+    /// For an inference token, the models it may call; every model when absent.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+    /// When it stops working, RFC 3339 (`2027-01-31T00:00:00Z`); never when absent.
+    #[serde(default)]
+    pub expires_at: Option<String>,
+}
+
+impl NewToken {
+    /// Its limits, checked ([`check_limits`]).
+    pub fn limits(&self) -> Result<TokenLimits, ApiError> {
+        check_limits(TokenLimits {
+            scope: self.scope,
+            models: self.models.clone(),
+            expires_at: self.expires_at.clone(),
+        })
+    }
+}
+
+/// A token's limits as stored, if they hold: models only for an inference token and each a name (sorted,
+/// once each), an expiry to come (in UTC, to the second).
+pub fn check_limits(limits: TokenLimits) -> Result<TokenLimits, ApiError> {
+    let TokenLimits {
+        scope,
+        mut models,
+        expires_at,
+    } = limits;
+    if let Some(models) = &mut models {
+        if scope != TokenScope::Inference {
+            return Err(ApiError::Unprocessable(
+                "models limits an inference token: set scope to \"inference\", or leave models out"
+                    .to_owned(),
+            ));
+        }
+        if models.is_empty() {
+            return Err(ApiError::Unprocessable(
+                "models names at least one model; leave it out for every model".to_owned(),
+            ));
+        }
+        for model in models.iter() {
+            crate::fleet::check_name(model)?;
+        }
+        models.sort();
+        models.dedup();
+    }
+    Ok(TokenLimits {
+        scope,
+        models,
+        expires_at: expires_at.as_deref().map(expiry).transpose()?,
+    })
+}
+
+/// An expiry as stored (RFC 3339 in UTC, to the second), if `text` is one and is still to come.
+fn expiry(text: &str) -> Result<String, ApiError> {
+    use time::format_description::well_known::Rfc3339;
+    let at = time::OffsetDateTime::parse(text, &Rfc3339).map_err(|_| {
+        ApiError::Unprocessable(format!(
+            "expires_at is a time in RFC 3339, like 2027-01-31T00:00:00Z; {text:?} is not"
+        ))
+    })?;
+    if at <= time::OffsetDateTime::now_utc() {
+        return Err(ApiError::Unprocessable(format!(
+            "expires_at {text} has passed; give a time to come"
+        )));
+    }
+    at.to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|at| at.format(&Rfc3339).ok())
+        .ok_or_else(|| ApiError::Unprocessable(format!("expires_at {text} is out of range")))
 }
 
 /// The argon2id hash of `password`, in PHC form.
@@ -321,24 +394,78 @@ pub async fn caller_by_id(pool: &SqlitePool, id: i64) -> Result<Option<Caller>, 
 /// revoked through this server stops at once; one revoked by `tessera` from another process within this.
 const TOKEN_MEMORY: Duration = Duration::from_secs(30);
 
+/// What a token that works lets its holder do.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    /// The token's id.
+    pub id: i64,
+    /// Its first characters, which name it in figures (`/metrics`).
+    pub prefix: String,
+    /// Its owner, whose role it acts with.
+    pub caller: Caller,
+    /// What it may call.
+    pub scope: TokenScope,
+    /// The models it may call through the gateway; every model when `None`.
+    pub models: Option<Vec<String>>,
+    /// When it stops working, on this process's clock.
+    until: Option<Instant>,
+}
+
+impl Grant {
+    /// Whether it may call `model` through the gateway.
+    pub fn may_call(&self, model: &str) -> bool {
+        self.models
+            .as_ref()
+            .is_none_or(|models| models.iter().any(|m| m == model))
+    }
+
+    fn works_at(&self, now: Instant) -> bool {
+        self.until.is_none_or(|until| now < until)
+    }
+}
+
+/// Why a token does not work.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// It is not a token, is unknown or revoked.
+    Unknown,
+    /// It expired at that time.
+    Expired(String),
+}
+
+impl Refusal {
+    /// What the caller is told.
+    pub fn message(&self) -> String {
+        match self {
+            Refusal::Unknown => {
+                "that API token is unknown or revoked; an admin can make another (POST /api/tokens)"
+                    .to_owned()
+            }
+            Refusal::Expired(at) => format!(
+                "that API token expired at {at}; an admin can make another (POST /api/tokens)"
+            ),
+        }
+    }
+}
+
 /// Recently seen tokens, so that a script's every request does not read (and write) the database.
 #[derive(Debug, Default)]
 pub struct TokenCache {
-    seen: Mutex<HashMap<Digest32, (Caller, Instant)>>,
+    seen: Mutex<HashMap<Digest32, (Grant, Instant)>>,
 }
 
 impl TokenCache {
-    fn get(&self, digest: &Digest32, now: Instant) -> Option<Caller> {
+    fn get(&self, digest: &Digest32, now: Instant) -> Option<Grant> {
         let seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.get(digest)
-            .filter(|(_, at)| now.duration_since(*at) < TOKEN_MEMORY)
-            .map(|(caller, _)| caller.clone())
+            .filter(|(grant, at)| now.duration_since(*at) < TOKEN_MEMORY && grant.works_at(now))
+            .map(|(grant, _)| grant.clone())
     }
 
-    fn put(&self, digest: Digest32, caller: Caller, now: Instant) {
+    fn put(&self, digest: Digest32, grant: Grant, now: Instant) {
         let mut seen = self.seen.lock().unwrap_or_else(|e| e.into_inner());
         seen.retain(|_, (_, at)| now.duration_since(*at) < TOKEN_MEMORY);
-        seen.insert(digest, (caller, now));
+        seen.insert(digest, (grant, now));
     }
 
     /// Forgets every token: after a revocation or an account's removal.
@@ -351,38 +478,56 @@ fn is_token_shaped(secret: &str) -> bool {
     secret.starts_with(TOKEN_PREFIX) && secret.len() <= 128
 }
 
-/// The account an API token acts for if it was looked up lately (without waiting on the database): the
-/// read path's way through the guard.
-pub(crate) fn cached_caller(cache: &TokenCache, secret: &str) -> Option<Caller> {
+/// What an API token grants if it was looked up lately (without waiting on the database): the read
+/// path's way through the guard and the gateway.
+pub(crate) fn cached_grant(cache: &TokenCache, secret: &str) -> Option<Grant> {
     is_token_shaped(secret)
         .then(|| cache.get(&token_key(secret), Instant::now()))
         .flatten()
 }
 
-/// The account an API token acts for, if the token is one and is not revoked; its last use is noted.
-pub async fn caller_by_token(
+/// What an API token grants, if it is one, is not revoked and has not expired; its last use is noted.
+pub async fn grant_by_token(
     pool: &SqlitePool,
     cache: &TokenCache,
     secret: &str,
-) -> Result<Option<Caller>, ApiError> {
+) -> Result<Result<Grant, Refusal>, ApiError> {
     if !is_token_shaped(secret) {
-        return Ok(None);
+        return Ok(Err(Refusal::Unknown));
     }
     let key = token_key(secret);
     let now = Instant::now();
-    if let Some(caller) = cache.get(&key, now) {
-        return Ok(Some(caller));
+    if let Some(grant) = cache.get(&key, now) {
+        return Ok(Ok(grant));
     }
     let digest = hex(&key);
-    let row: Option<(i64, String, String)> = sqlx::query_as(
-        "SELECT t.id, u.name, u.role FROM api_tokens t JOIN users u ON u.id = t.user_id \
+    type Row = (
+        i64,
+        String,
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+    );
+    // The time left is SQLite's to work out: it compares the stored time with its own clock.
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT t.id, t.prefix, u.name, u.role, t.scope, t.models, t.expires_at, \
+                CAST((julianday(t.expires_at) - julianday('now')) * 86400000 AS INTEGER) \
+         FROM api_tokens t JOIN users u ON u.id = t.user_id \
          WHERE t.hash = ? AND t.revoked_at IS NULL",
     )
     .bind(&digest)
     .fetch_optional(pool)
     .await?;
-    let Some((id, name, role)) = row else {
-        return Ok(None);
+    let Some((id, prefix, name, role, scope, models, expires_at, left_ms)) = row else {
+        return Ok(Err(Refusal::Unknown));
+    };
+    let until = match (expires_at, left_ms) {
+        (Some(at), Some(left)) if left <= 0 => return Ok(Err(Refusal::Expired(at))),
+        (_, Some(left)) => Some(now + Duration::from_millis(left as u64)),
+        _ => None,
     };
     sqlx::query(
         "UPDATE api_tokens SET last_used_at = strftime('%Y-%m-%dT%H:%M:%fZ', 'now') WHERE id = ?",
@@ -390,12 +535,33 @@ pub async fn caller_by_token(
     .bind(id)
     .execute(pool)
     .await?;
-    let caller = Caller {
-        name,
-        role: role_of(&role)?,
+    let grant = Grant {
+        id,
+        prefix,
+        caller: Caller {
+            name,
+            role: role_of(&role)?,
+        },
+        scope: scope_of(&scope)?,
+        models: models_of(models.as_deref())?,
+        until,
     };
-    cache.put(key, caller.clone(), now);
-    Ok(Some(caller))
+    cache.put(key, grant.clone(), now);
+    Ok(Ok(grant))
+}
+
+fn scope_of(text: &str) -> Result<TokenScope, ApiError> {
+    match text {
+        "api" => Ok(TokenScope::Api),
+        "inference" => Ok(TokenScope::Inference),
+        _ => Err(ApiError::internal(format!("stored token scope {text:?}"))),
+    }
+}
+
+fn models_of(json: Option<&str>) -> Result<Option<Vec<String>>, ApiError> {
+    json.map(serde_json::from_str)
+        .transpose()
+        .map_err(ApiError::internal)
 }
 
 /// Makes an API token for `user`; its secret is in the answer and nowhere else.
@@ -403,6 +569,7 @@ pub async fn create_token(
     pool: &SqlitePool,
     user: &str,
     name: &str,
+    limits: &TokenLimits,
     actor: &str,
 ) -> Result<NewApiToken, ApiError> {
     crate::fleet::check_name(name)?;
@@ -416,18 +583,32 @@ pub async fn create_token(
     let user_id =
         user_id.ok_or_else(|| ApiError::NotFound(format!("there is no account named {user}")))?;
     let id: i64 = sqlx::query_scalar(
-        "INSERT INTO api_tokens (user_id, name, hash, prefix) VALUES (?, ?, ?, ?) RETURNING id",
+        "INSERT INTO api_tokens (user_id, name, hash, prefix, scope, models, expires_at) \
+         VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id",
     )
     .bind(user_id)
     .bind(name)
     .bind(token_digest(&secret))
     .bind(&prefix)
+    .bind(limits.scope.as_str())
+    .bind(
+        limits
+            .models
+            .as_ref()
+            .map(|m| serde_json::Value::from(m.clone()).to_string()),
+    )
+    .bind(&limits.expires_at)
     .fetch_one(&mut *tx)
     .await?;
     audit::record(
         &mut tx,
-        Entry::new(actor, "token.create", &format!("{user}/{name}"))
-            .after(serde_json::json!({ "id": id, "prefix": prefix })),
+        Entry::new(actor, "token.create", &format!("{user}/{name}")).after(serde_json::json!({
+            "id": id,
+            "prefix": prefix,
+            "scope": limits.scope,
+            "models": limits.models,
+            "expires_at": limits.expires_at,
+        })),
     )
     .await?;
     tx.commit().await?;
@@ -441,35 +622,44 @@ pub async fn create_token(
 
 /// Every API token, newest first.
 pub async fn tokens(pool: &SqlitePool) -> Result<Vec<ApiToken>, ApiError> {
-    type Row = (
-        i64,
-        String,
-        String,
-        String,
-        String,
-        Option<String>,
-        Option<String>,
-    );
+    #[derive(sqlx::FromRow)]
+    struct Row {
+        id: i64,
+        name: String,
+        user: String,
+        prefix: String,
+        created_at: String,
+        last_used_at: Option<String>,
+        revoked_at: Option<String>,
+        scope: String,
+        models: Option<String>,
+        expires_at: Option<String>,
+    }
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT t.id, t.name, u.name, t.prefix, t.created_at, t.last_used_at, t.revoked_at \
+        "SELECT t.id, t.name, u.name AS user, t.prefix, t.created_at, t.last_used_at, t.revoked_at, \
+                t.scope, t.models, t.expires_at \
          FROM api_tokens t JOIN users u ON u.id = t.user_id ORDER BY t.id DESC",
     )
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(
-            |(id, name, user, prefix, created_at, last_used_at, revoked_at)| ApiToken {
-                id,
-                name,
-                user,
-                prefix,
-                created_at,
-                last_used_at,
-                revoked_at,
-            },
-        )
-        .collect())
+    rows.into_iter()
+        .map(|row| {
+            Ok(ApiToken {
+                id: row.id,
+                name: row.name,
+                user: row.user,
+                prefix: row.prefix,
+                created_at: row.created_at,
+                last_used_at: row.last_used_at,
+                revoked_at: row.revoked_at,
+                limits: TokenLimits {
+                    scope: scope_of(&row.scope)?,
+                    models: models_of(row.models.as_deref())?,
+                    expires_at: row.expires_at,
+                },
+            })
+        })
+        .collect()
 }
 
 /// Revokes a token: it stops working at once, and stays listed as revoked.

@@ -97,6 +97,7 @@ pub fn table() -> Vec<ApiRoute> {
         route("/api/events", M::GET, get(events)),
         route("/api/usage", M::GET, get(usage)),
         route("/api/usage.csv", M::GET, get(usage_csv)),
+        route("/api/usage/requests.csv", M::GET, get(requests_csv)),
     ]
 }
 
@@ -193,6 +194,25 @@ async fn usage_csv(
             ),
         ],
         report.to_csv(),
+    ))
+}
+
+/// `GET /api/usage/requests.csv`: the gateway's requests over the period, per model and API token.
+async fn requests_csv(
+    State(state): State<AppState>,
+    query: Result<Query<UsageQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let (from, to, _) = usage_query(query)?;
+    let requests = state.fleet.calls().report(&state.pool, from, to).await?;
+    Ok((
+        [
+            (header::CONTENT_TYPE, "text/csv; charset=utf-8"),
+            (
+                header::CONTENT_DISPOSITION,
+                "attachment; filename=\"tessera-requests.csv\"",
+            ),
+        ],
+        placement::usage::requests_csv(&requests),
     ))
 }
 

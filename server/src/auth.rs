@@ -15,6 +15,7 @@ use crate::accounts;
 use crate::error::ApiError;
 use crate::AppState;
 use app::auth::{Caller, CsrfToken, Role, CSRF_HEADER};
+use app::views::TokenScope;
 use axum::extract::{ConnectInfo, FromRequestParts, Request, State};
 use axum::http::request::Parts;
 use axum::http::{header, Method};
@@ -287,8 +288,8 @@ fn script_let_through(state: &AppState, request: &Request) -> Option<Caller> {
         .to_str()
         .ok()?
         .strip_prefix("Bearer ")?;
-    let caller = accounts::cached_caller(&state.tokens, secret)?;
-    caller.role.allows(needed).then_some(caller)
+    let grant = accounts::cached_grant(&state.tokens, secret)?;
+    (grant.scope == TokenScope::Api && grant.caller.role.allows(needed)).then_some(grant.caller)
 }
 
 /// `Ok(None)` lets the request on, with its caller and CSRF token in its extensions; `Ok(Some(..))`
@@ -307,14 +308,15 @@ async fn check(
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::to_owned);
     let (caller, by_session) = match &bearer {
-        Some(secret) => match accounts::caller_by_token(pool, &state.tokens, secret).await? {
-            Some(caller) => (Some(caller), false),
-            None => {
-                return Err(ApiError::Unauthorized(
-                    "that API token is unknown or revoked; an admin can make another (POST /api/tokens)"
+        Some(secret) => match accounts::grant_by_token(pool, &state.tokens, secret).await? {
+            Ok(grant) if grant.scope == TokenScope::Inference => {
+                return Err(ApiError::Forbidden(
+                    "that API token is for inference only: it calls the gateway (/v1), not the console or /api"
                         .to_owned(),
                 ))
             }
+            Ok(grant) => (Some(grant.caller), false),
+            Err(refusal) => return Err(ApiError::Unauthorized(refusal.message())),
         },
         None => {
             // No session: a script's request with some other Authorization header, anonymous.

@@ -3,6 +3,7 @@
 
 use crate::accounts::{self, NewUser};
 use crate::config::{Config, TokenCommand, UserCommand};
+use app::views::{TokenLimits, TokenScope};
 use std::io::BufRead;
 
 /// Who the audit log says made a change from the command line.
@@ -44,8 +45,24 @@ pub async fn token(config: &Config, action: TokenCommand) -> Result<(), String> 
         .await
         .map_err(|e| e.to_string())?;
     match action {
-        TokenCommand::Add { name, user } => {
-            let issued = accounts::create_token(&pool, &user, &name, CLI)
+        TokenCommand::Add {
+            name,
+            user,
+            inference,
+            models,
+            expires_at,
+        } => {
+            let limits = accounts::check_limits(TokenLimits {
+                scope: if inference {
+                    TokenScope::Inference
+                } else {
+                    TokenScope::Api
+                },
+                models: (!models.is_empty()).then_some(models),
+                expires_at,
+            })
+            .map_err(|e| e.to_string())?;
+            let issued = accounts::create_token(&pool, &user, &name, &limits, CLI)
                 .await
                 .map_err(|e| e.to_string())?;
             println!("{}", issued.secret);

@@ -126,6 +126,15 @@ pub enum TokenCommand {
         /// The account whose role it acts with.
         #[arg(long)]
         user: String,
+        /// Only for the gateway (/v1), not the console or /api.
+        #[arg(long)]
+        inference: bool,
+        /// With --inference: a model it may call (again for more); every model without.
+        #[arg(long = "model", value_name = "MODEL", requires = "inference")]
+        models: Vec<String>,
+        /// When it stops working, RFC 3339 (2027-01-31T00:00:00Z); never without.
+        #[arg(long, value_name = "TIME")]
+        expires_at: Option<String>,
     },
 }
 

@@ -18,7 +18,7 @@ use app::views::{
     AccountsPage, AuditLine, AuditQuery, CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest,
     EngineLine, EngineStatus, GpuDetail, GpuOption, GpuUse, GroupPlan, MachineDetail, ModelRow,
     NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine, PlanProgress, Serving, ServingForm,
-    Sharer, SharingForm, StepLine, StepState, WorkerLine,
+    Sharer, SharingForm, StepLine, StepState, TokenLimits, WorkerLine,
 };
 use placement::{BasisPoints, Bytes, GpuChoice, GpuRef, Grouping, PlanMember, UsageReport};
 use sqlx::SqlitePool;
@@ -661,9 +661,16 @@ impl Console for ConsoleService {
         })
     }
 
-    fn create_token(&self, actor: Caller, user: String, name: String) -> Answer<'_, NewApiToken> {
+    fn create_token(
+        &self,
+        actor: Caller,
+        user: String,
+        name: String,
+        limits: TokenLimits,
+    ) -> Answer<'_, NewApiToken> {
         Box::pin(async move {
-            accounts::create_token(&self.pool, &user, &name, &actor.name)
+            let limits = accounts::check_limits(limits).map_err(app_error)?;
+            accounts::create_token(&self.pool, &user, &name, &limits, &actor.name)
                 .await
                 .map_err(app_error)
         })

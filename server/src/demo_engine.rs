@@ -115,6 +115,7 @@ fn app(engine: Engine) -> Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
         .route("/v1/embeddings", post(embeddings))
+        .route("/route", post(route))
         .with_state(engine)
 }
 
@@ -156,6 +157,11 @@ fn words(engine: &Engine, prompt: &str) -> Vec<String> {
 fn usage(prompt: &str, words: &[String]) -> Value {
     let prompt_tokens = prompt.split_whitespace().count();
     json!({"prompt_tokens": prompt_tokens, "completion_tokens": words.len(), "total_tokens": prompt_tokens + words.len()})
+}
+
+/// Whether a streamed answer ends with an event of its usage, as OpenAI's `stream_options` asks.
+fn wants_usage(request: &Value) -> bool {
+    request["stream_options"]["include_usage"] == true
 }
 
 /// How long each streamed word takes (`TESSERA_DEMO_TOKEN_MS`, 20 by default).
@@ -200,13 +206,19 @@ async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Respo
         .to_owned();
     let words = words(&engine, &prompt);
     let answer = if request["stream"] == true {
-        let chunks = words
+        let mut chunks: Vec<Value> = words
             .iter()
             .map(|w| {
                 json!({"id": "chatcmpl-demo", "object": "chat.completion.chunk", "model": model,
                 "choices": [{"index": 0, "delta": {"content": w}, "finish_reason": null}]})
             })
             .collect();
+        if wants_usage(&request) {
+            chunks.push(
+                json!({"id": "chatcmpl-demo", "object": "chat.completion.chunk", "model": model,
+                "choices": [], "usage": usage(&prompt, &words)}),
+            );
+        }
         event_stream(chunks)
     } else {
         Json(json!({
@@ -225,13 +237,19 @@ async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) ->
     let prompt = request["prompt"].as_str().unwrap_or_default().to_owned();
     let words = words(&engine, &prompt);
     let answer = if request["stream"] == true {
-        let chunks = words
+        let mut chunks: Vec<Value> = words
             .iter()
             .map(|w| {
                 json!({"id": "cmpl-demo", "object": "text_completion", "model": model,
                 "choices": [{"index": 0, "text": w, "finish_reason": null}]})
             })
             .collect();
+        if wants_usage(&request) {
+            chunks.push(
+                json!({"id": "cmpl-demo", "object": "text_completion", "model": model,
+                "choices": [], "usage": usage(&prompt, &words)}),
+            );
+        }
         event_stream(chunks)
     } else {
         Json(json!({
@@ -242,6 +260,30 @@ async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) ->
         .into_response()
     };
     signed(&engine, answer)
+}
+
+/// `POST /route`, the router's contract (README): of `models`, the first whose name the request's last
+/// message (or prompt) mentions, else the first.
+async fn route(State(engine): State<Engine>, Json(question): Json<Value>) -> Response {
+    let request = &question["request"];
+    let said = request["messages"]
+        .as_array()
+        .and_then(|m| m.last())
+        .and_then(|m| m["content"].as_str())
+        .or_else(|| request["prompt"].as_str())
+        .unwrap_or_default();
+    let models: Vec<&str> = question["models"]
+        .as_array()
+        .map(|m| m.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let Some(chosen) = models
+        .iter()
+        .find(|m| said.contains(**m))
+        .or(models.first())
+    else {
+        return (StatusCode::BAD_REQUEST, "no models to choose from").into_response();
+    };
+    signed(&engine, Json(json!({"model": chosen})).into_response())
 }
 
 /// `POST /v1/embeddings`: eight numbers for each input, the same for the same text.

@@ -16,6 +16,7 @@ mod ledger;
 pub mod usage;
 
 pub mod authority;
+pub mod calls;
 mod catalog;
 mod engines;
 mod machines;
@@ -53,6 +54,8 @@ pub struct Fleet {
     views: RwLock<Arc<Views>>,
     /// The cluster's machines whose node is dead or gone, and since when (RFC 3339).
     unreachable: std::sync::RwLock<BTreeMap<String, String>>,
+    /// What the gateway carried, counted for the usage report and `/metrics`.
+    calls: calls::Calls,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -123,6 +126,7 @@ impl Fleet {
             hosts,
             views: RwLock::new(Arc::new(Views::of(&state.committed, &state.ledger))),
             unreachable: std::sync::RwLock::default(),
+            calls: calls::Calls::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));
@@ -132,6 +136,31 @@ impl Fleet {
     /// The runtime.
     pub fn runtime(&self) -> &Runtime {
         &self.runtime
+    }
+
+    /// What the gateway carried.
+    pub fn calls(&self) -> &calls::Calls {
+        &self.calls
+    }
+
+    /// Writes the gateway's figures every `every`, for as long as the server runs (a stop writes them
+    /// once more: [`Fleet::write_calls`]).
+    pub async fn keep_writing_calls(self: Arc<Fleet>, every: std::time::Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            self.write_calls().await;
+        }
+    }
+
+    /// Writes what the gateway counted since the last write.
+    pub async fn write_calls(&self) {
+        if let Err(e) = self.calls.write(&self.pool).await {
+            tracing::warn!(
+                "the gateway's figures could not be written (kept for the next try): {e}"
+            );
+        }
     }
 
     /// Runs a write to completion in a task of its own: a request that is dropped (its client went away,

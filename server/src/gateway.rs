@@ -4,7 +4,9 @@
 //! answer is never buffered); what is Tessera's own to say (no such model, not ready, no key, too large) is
 //! said in OpenAI's error shape.
 
-use crate::accounts;
+use crate::accounts::{self, Grant};
+use crate::fleet::calls::{Counts, Key};
+use crate::fleet::groups::{GroupView, MemberView};
 use crate::runtime::spec::Host;
 use crate::runtime::{EngineState, EngineView};
 use crate::AppState;
@@ -27,6 +29,9 @@ pub const BODY_LIMIT: usize = 32 << 20;
 
 /// How long a client is told to wait before it asks again for a model that is not ready.
 const RETRY_AFTER_S: u64 = 5;
+
+/// How long the router of a group may take to say which model answers.
+const ROUTE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How often a request waiting for a model to be ready looks again.
 const READY_POLL: Duration = Duration::from_millis(100);
@@ -75,7 +80,7 @@ fn openai_error(status: StatusCode, kind: &str, code: &str, message: String) -> 
 }
 
 /// The caller's key, checked as the rest of the API checks it (a token seen lately answers from memory).
-async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<(), Response> {
+async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<Grant, Response> {
     let unauthorised = |message: &str| {
         openai_error(
             StatusCode::UNAUTHORIZED,
@@ -93,14 +98,12 @@ async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<(), Respons
             "send a Tessera API token as Authorization: Bearer tsr_…",
         ));
     };
-    if accounts::cached_caller(&state.tokens, secret).is_some() {
-        return Ok(());
+    if let Some(grant) = accounts::cached_grant(&state.tokens, secret) {
+        return Ok(grant);
     }
-    match accounts::caller_by_token(&state.pool, &state.tokens, secret).await {
-        Ok(Some(_)) => Ok(()),
-        Ok(None) => Err(unauthorised(
-            "that API token is unknown or revoked; an admin can make another (POST /api/tokens)",
-        )),
+    match accounts::grant_by_token(&state.pool, &state.tokens, secret).await {
+        Ok(Ok(grant)) => Ok(grant),
+        Ok(Err(refusal)) => Err(unauthorised(&refusal.message())),
         Err(e) => {
             tracing::error!("a gateway key could not be checked: {e}");
             Err(openai_error(
@@ -129,11 +132,13 @@ fn deployed(state: &AppState) -> Vec<String> {
 
 /// `GET /v1/models`: every model deployed, as OpenAI lists them.
 async fn models(State(state): State<AppState>, request: Request) -> Response {
-    if let Err(refused) = authorised(&state, request.headers()).await {
-        return refused;
-    }
+    let grant = match authorised(&state, request.headers()).await {
+        Ok(grant) => grant,
+        Err(refused) => return refused,
+    };
     let data: Vec<Value> = deployed(&state)
         .into_iter()
+        .filter(|model| grant.may_call(model))
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tessera"}))
         .collect();
     Json(json!({"object": "list", "data": data})).into_response()
@@ -179,9 +184,10 @@ fn address(engine: &EngineView) -> Option<(String, u16)> {
 
 /// Every other `/v1/*` path: to the next healthy engine of the model the request names.
 async fn forward(State(state): State<AppState>, request: Request) -> Response {
-    if let Err(refused) = authorised(&state, request.headers()).await {
-        return refused;
-    }
+    let grant = match authorised(&state, request.headers()).await {
+        Ok(grant) => grant,
+        Err(refused) => return refused,
+    };
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
         Ok(body) => body,
@@ -202,26 +208,142 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
             "name the model in the body's \"model\" field (GET /v1/models lists them)".to_owned(),
         );
     };
-    let runtime = state.fleet.runtime();
-    let engines_of = || -> Vec<EngineView> {
-        runtime
-            .engines()
-            .into_iter()
-            .filter(|e| e.model.as_deref() == Some(&model) || e.worker.as_deref() == Some(&model))
-            .collect()
-    };
-    if engines_of().is_empty() {
+    if !grant.may_call(&model) {
+        let allowed = grant.models.as_deref().unwrap_or_default().join(", ");
         return openai_error(
-            StatusCode::NOT_FOUND,
+            StatusCode::FORBIDDEN,
             "invalid_request_error",
-            "model_not_found",
-            format!("no model named {model:?} is deployed; GET /v1/models lists those that are"),
+            "model_not_allowed",
+            format!("this API token may call only {allowed}, not {model}"),
         );
     }
+    let key = Key {
+        id: grant.id,
+        prefix: grant.prefix,
+    };
+    if !engines_of(&state, &model).is_empty() {
+        return to_model(&state, &model, &key, parts, body).await;
+    }
+    // A group's name: its router picks the member that answers.
+    if let Ok(group) = state.fleet.group(&model) {
+        let (chosen, how) = route(&state, &group, &body).await;
+        let mut answer = to_model(&state, &chosen, &key, parts, with_model(body, &chosen)).await;
+        for (name, value) in [
+            ("x-tessera-routed-to", chosen.as_str()),
+            ("x-tessera-routing", how),
+        ] {
+            if let Ok(value) = HeaderValue::from_str(value) {
+                answer.headers_mut().insert(name, value);
+            }
+        }
+        return answer;
+    }
+    openai_error(
+        StatusCode::NOT_FOUND,
+        "invalid_request_error",
+        "model_not_found",
+        format!("no model named {model:?} is deployed; GET /v1/models lists those that are"),
+    )
+}
+
+/// The engines of `model` (a group member's, or a worker's).
+fn engines_of(state: &AppState, model: &str) -> Vec<EngineView> {
+    state
+        .fleet
+        .runtime()
+        .engines()
+        .into_iter()
+        .filter(|e| e.model.as_deref() == Some(model) || e.worker.as_deref() == Some(model))
+        .collect()
+}
+
+/// The request's body with `model` in its JSON `model` field (a form is passed as it is).
+fn with_model(body: Bytes, model: &str) -> Bytes {
+    match serde_json::from_slice::<Value>(&body) {
+        Ok(Value::Object(mut fields)) => {
+            fields.insert("model".to_owned(), Value::String(model.to_owned()));
+            Bytes::from(Value::Object(fields).to_string())
+        }
+        _ => body,
+    }
+}
+
+/// Which member of `group` answers a request that names the group, and how it was chosen: the router's
+/// choice (`semantic`) when the router member is healthy and names one of the group's models within
+/// [`ROUTE_TIMEOUT`]; else the group's default model (`fallback`): its largest share, then the first by
+/// name. So requests that arrive while the router restarts go on unclassified (seed 003).
+async fn route(state: &AppState, group: &GroupView, body: &Bytes) -> (String, &'static str) {
+    let models: Vec<&MemberView> = group.members.iter().filter(|m| !m.locked).collect();
+    let default = models
+        .iter()
+        .max_by(|a, b| {
+            a.share_percent
+                .total_cmp(&b.share_percent)
+                .then_with(|| b.name.cmp(&a.name))
+        })
+        .map(|m| m.name.clone())
+        .unwrap_or_else(|| group.name.clone());
+    let names: Vec<&str> = models.iter().map(|m| m.name.as_str()).collect();
+    let Some(router) = group.members.iter().find(|m| m.locked) else {
+        return (default, "fallback");
+    };
+    match tokio::time::timeout(ROUTE_TIMEOUT, ask_router(state, &router.name, body, &names)).await {
+        Ok(Some(chosen)) if names.contains(&chosen.as_str()) => (chosen, "semantic"),
+        _ => (default, "fallback"),
+    }
+}
+
+/// Asks a healthy engine of `router` which of `models` should answer `body` (README, "The router's
+/// contract").
+async fn ask_router(
+    state: &AppState,
+    router: &str,
+    body: &Bytes,
+    models: &[&str],
+) -> Option<String> {
+    let runtime = state.fleet.runtime();
+    let (counted, (host, port)) = engines_of(state, router)
+        .into_iter()
+        .filter(|e| e.state == EngineState::Healthy)
+        .find_map(|e| Some((runtime.begin_request(&e.unit)?, address(&e)?)))?;
+    let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
+    let question = json!({"request": request, "models": models});
+    let uri: Uri = format!("http://{host}:{port}/route").parse().ok()?;
+    let ask = hyper::Request::post(uri)
+        .header(header::CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(question.to_string())))
+        .ok()?;
+    let answer = state.gateway.client.request(ask).await.ok()?;
+    if !answer.status().is_success() {
+        return None;
+    }
+    let answer = answer.into_body().collect().await.ok()?.to_bytes();
+    drop(counted);
+    let answer: Value = serde_json::from_slice(&answer).ok()?;
+    answer["model"].as_str().map(str::to_owned)
+}
+
+/// Sends the request to the next healthy engine of `model`, waiting for one up to the gateway's wait.
+async fn to_model(
+    state: &AppState,
+    model: &str,
+    key: &Key,
+    parts: axum::http::request::Parts,
+    body: Bytes,
+) -> Response {
+    let mut meter = Meter {
+        state: state.clone(),
+        model: model.to_owned(),
+        key: key.clone(),
+        failed: true,
+        tail: Vec::new(),
+        asked_ms: crate::fleet::usage::now_ms(),
+    };
+    let runtime = state.fleet.runtime();
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
     let deadline = tokio::time::Instant::now() + state.gateway.wait;
     let (in_flight, host, port) = loop {
-        let ready: Vec<(EngineView, (String, u16))> = engines_of()
+        let ready: Vec<(EngineView, (String, u16))> = engines_of(state, model)
             .into_iter()
             .filter(|e| e.state == EngineState::Healthy)
             .filter_map(|e| address(&e).map(|a| (e, a)))
@@ -272,13 +394,21 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
         .body(Full::new(body))
         .expect("a request from the parts of one");
     *onward.headers_mut() = passed_on(parts.headers);
+    // The body may have been rewritten (a group's request names the member): its length is the client's
+    // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
+    onward.headers_mut().remove(header::CONTENT_LENGTH);
     match state.gateway.client.request(onward).await {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);
-            // Counted in flight until the last of the answer has gone (or the caller has left).
+            meter.failed = !parts.status.is_success();
+            // Counted in flight, and metered, until the last of the answer has gone (or the caller has
+            // left).
             let body = body.map_frame(move |frame| {
                 let _counted = &in_flight;
+                if let Some(data) = frame.data_ref() {
+                    meter.saw(data);
+                }
                 frame
             });
             Response::from_parts(parts, Body::new(body))
@@ -299,6 +429,67 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
             answer
         }
     }
+}
+
+/// How much of an answer's end is kept to find its `usage` in: an OpenAI answer ends with it (or, streamed,
+/// its last event carries it), followed by little.
+const USAGE_TAIL: usize = 16 << 10;
+
+/// Counts one request when it ends (its answer sent, or the caller gone), with the tokens its answer's
+/// `usage` reports.
+struct Meter {
+    state: AppState,
+    model: String,
+    key: Key,
+    failed: bool,
+    /// The answer's last bytes.
+    tail: Vec<u8>,
+    /// When the request came.
+    asked_ms: u64,
+}
+
+impl Meter {
+    fn saw(&mut self, data: &[u8]) {
+        self.tail.extend_from_slice(data);
+        if self.tail.len() > 2 * USAGE_TAIL {
+            self.tail.drain(..self.tail.len() - USAGE_TAIL);
+        }
+    }
+}
+
+impl Drop for Meter {
+    fn drop(&mut self) {
+        let (prompt_tokens, completion_tokens) = usage_in(&self.tail).unwrap_or_default();
+        self.state.fleet.calls().record(
+            &self.model,
+            &self.key,
+            Counts {
+                requests: 1,
+                failed: u64::from(self.failed),
+                prompt_tokens,
+                completion_tokens,
+            },
+            self.asked_ms,
+        );
+    }
+}
+
+/// The prompt and completion tokens of the last `"usage"` object in `tail` (an answer's JSON, or the
+/// events of a streamed one); `None` where there is none with figures.
+fn usage_in(tail: &[u8]) -> Option<(u64, u64)> {
+    const NEEDLE: &[u8] = b"\"usage\"";
+    let at = tail.windows(NEEDLE.len()).rposition(|w| w == NEEDLE)?;
+    let rest = tail[at + NEEDLE.len()..].trim_ascii_start();
+    let rest = rest.strip_prefix(b":")?;
+    let usage: Value = serde_json::Deserializer::from_slice(rest)
+        .into_iter::<Value>()
+        .next()?
+        .ok()?;
+    let count = |name: &str| usage.get(name).and_then(Value::as_u64);
+    let prompt = count("prompt_tokens");
+    let completion = count("completion_tokens");
+    (prompt.is_some() || completion.is_some())
+        .then(|| (prompt.unwrap_or(0), completion.unwrap_or(0)))
 }
 
 /// The headers that go on to the other side: not the hop-by-hop ones (RFC 9110, 7.6.1), not the caller's

@@ -230,10 +230,11 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     }
     tokio::spawn(forget_expired_sessions(pool.clone()));
     tokio::spawn(db::keep_tidy(pool.clone(), config.retention.retention()));
+    tokio::spawn(fleet.clone().keep_writing_calls(CALLS_WRITE));
     tracing::info!("Tessera listening on http://{}", config.listen);
     let state = AppState::serving(
         leptos_options,
-        fleet,
+        fleet.clone(),
         pool,
         config.https,
         Duration::from_secs(config.gateway_wait_s),
@@ -264,6 +265,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             REQUEST_GRACE.as_secs()
         ),
     }
+    fleet.write_calls().await;
     // A graceful stop takes the engines with it; a crash leaves them to be adopted by the next start.
     tracing::info!("stopping the engines");
     runtime.shutdown().await;
@@ -281,6 +283,9 @@ async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
         }
     }
 }
+
+/// How often the gateway's figures are written (a stop writes them once more; a crash loses at most this).
+const CALLS_WRITE: Duration = Duration::from_secs(10);
 
 /// How long the requests in flight may take to finish once a graceful stop begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(30);

@@ -178,9 +178,10 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
-const STATES: [(EngineState, &str); 6] = [
+const STATES: [(EngineState, &str); 7] = [
     (EngineState::Starting, "starting"),
     (EngineState::Healthy, "healthy"),
+    (EngineState::Draining, "draining"),
     (EngineState::Unhealthy, "unhealthy"),
     (EngineState::Restarting, "restarting"),
     (EngineState::Stopped, "stopped"),
@@ -328,6 +329,7 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     }
     let mut families = registry.gather();
     families.extend(state.http_metrics.registry.gather());
+    families.extend(state.fleet.calls().registry().gather());
     let mut out = Vec::new();
     TextEncoder::new().encode(&families, &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))

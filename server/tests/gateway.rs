@@ -340,3 +340,211 @@ async fn a_share_change_under_a_steady_stream_of_requests_loses_none() {
     assert!(drained, "glm-5.3 drained before it stopped");
     Arc::into_inner(server).unwrap().stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_naming_a_group_goes_where_its_router_says_and_to_the_default_model_while_the_router_is_down(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let glm = deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    let router = deploy(
+        &server,
+        json!({"model": "semantic-router", "gpus": ["atlas:0"], "share": 10, "revision": glm["revision"]}),
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "embedder", "gpus": ["atlas:0"], "share": 5, "revision": router["revision"]}),
+    )
+    .await;
+    server.wait_healthy(3).await;
+    let ask_group = |content: &str| json!({"model": "text-router", "messages": [{"role": "user", "content": content}]});
+
+    let routed = ask(
+        &server,
+        "/v1/chat/completions",
+        ask_group("a question for the embedder"),
+    )
+    .await;
+    assert_eq!(routed.status, 200, "{}", routed.text());
+    assert_eq!(routed.headers["x-tessera-routing"], "semantic");
+    assert_eq!(routed.headers["x-tessera-routed-to"], "embedder");
+    assert!(routed.headers["x-tessera-engine"]
+        .to_str()
+        .unwrap()
+        .ends_with("/embedder@atlas"));
+    assert_eq!(
+        routed.json()["model"],
+        "embedder",
+        "the engine is asked for its own model"
+    );
+
+    // The router stops answering its health checks: requests go on, unclassified, to the default model.
+    let router = server.engine("semantic-router").await;
+    let port = router["port"].as_u64().unwrap() as u16;
+    assert_eq!(
+        support::request(port, "POST", "/fail-health", None).await.0,
+        204
+    );
+    support::wait_until("the router is unhealthy", || async {
+        server
+            .engine_if_any("semantic-router")
+            .await
+            .is_some_and(|e| e["state"] != "healthy")
+    })
+    .await;
+    let fallback = ask(
+        &server,
+        "/v1/chat/completions",
+        ask_group("a question for the embedder"),
+    )
+    .await;
+    assert_eq!(fallback.status, 200, "{}", fallback.text());
+    assert_eq!(fallback.headers["x-tessera-routing"], "fallback");
+    assert_eq!(
+        fallback.headers["x-tessera-routed-to"], "glm-5.3",
+        "the largest share"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_limited_to_one_model_may_call_only_that_one_and_nothing_but_the_gateway() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let glm = deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "embedder", "gpus": ["atlas:0"], "share": 5, "revision": glm["revision"]}),
+    )
+    .await;
+    server.wait_healthy(2).await;
+    let (status, issued) = server
+        .send(
+            "POST",
+            "/api/tokens",
+            json!({"name": "chat", "scope": "inference", "models": ["glm-5.3"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{issued}");
+    let key = issued["secret"].as_str().unwrap();
+    let chat = |model: &str| {
+        Bytes::from(
+            json!({"model": model, "messages": [{"role": "user", "content": "hi"}]}).to_string(),
+        )
+    };
+
+    let allowed = call(&server, Some(key), "/v1/chat/completions", chat("glm-5.3")).await;
+    assert_eq!(allowed.status, 200, "{}", allowed.text());
+    let refused = call(&server, Some(key), "/v1/chat/completions", chat("embedder")).await;
+    assert_eq!(refused.status, 403, "{}", refused.text());
+    assert_eq!(refused.json()["error"]["code"], "model_not_allowed");
+    assert_eq!(
+        refused.json()["error"]["message"],
+        "this API token may call only glm-5.3, not embedder"
+    );
+
+    let (status, body) =
+        support::request_bytes(server.port, Some(key), "GET", "/v1/models", None).await;
+    assert_eq!(status, 200);
+    let models: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(models["data"].as_array().unwrap().len(), 1, "{models}");
+    assert_eq!(models["data"][0]["id"], "glm-5.3");
+
+    let (status, body) =
+        support::request_bytes(server.port, Some(key), "GET", "/api/workers", None).await;
+    assert_eq!(status, 403, "an inference key is not an API key");
+    let refusal: Value = serde_json::from_slice(&body).unwrap();
+    assert!(refusal["error"]
+        .as_str()
+        .unwrap()
+        .contains("inference only"));
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_and_their_tokens_are_counted_per_model_and_key_in_the_usage_report_its_csv_and_metrics(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let mut prompt_tokens = 0;
+    let mut completion_tokens = 0;
+    for _ in 0..2 {
+        let answer = ask(
+            &server,
+            "/v1/chat/completions",
+            json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "one two three"}]}),
+        )
+        .await;
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        prompt_tokens += answer.json()["usage"]["prompt_tokens"].as_u64().unwrap();
+        completion_tokens += answer.json()["usage"]["completion_tokens"]
+            .as_u64()
+            .unwrap();
+    }
+    let streamed = ask(
+        &server,
+        "/v1/chat/completions",
+        json!({"model": "glm-5.3", "stream": true, "stream_options": {"include_usage": true},
+               "messages": [{"role": "user", "content": "four five"}]}),
+    )
+    .await;
+    let text = streamed.text();
+    let last: Value = text
+        .split("data: ")
+        .filter_map(|event| serde_json::from_str::<Value>(event.trim()).ok())
+        .last()
+        .unwrap();
+    prompt_tokens += last["usage"]["prompt_tokens"].as_u64().unwrap();
+    completion_tokens += last["usage"]["completion_tokens"].as_u64().unwrap();
+
+    let (status, report) = server.get("/api/usage").await;
+    assert_eq!(status, 200, "{report}");
+    let rows = report["requests"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{report}");
+    assert_eq!(rows[0]["model"], "glm-5.3");
+    assert!(rows[0]["key"]
+        .as_str()
+        .unwrap()
+        .starts_with("tester/tests (tsr_"));
+    assert_eq!(rows[0]["requests"], 3);
+    assert_eq!(rows[0]["failed"], 0);
+    assert_eq!(rows[0]["prompt_tokens"], prompt_tokens);
+    assert_eq!(rows[0]["completion_tokens"], completion_tokens);
+
+    let (status, csv) = server.get_bytes("/api/usage/requests.csv").await;
+    assert_eq!(status, 200);
+    let csv = String::from_utf8(csv.to_vec()).unwrap();
+    let line = csv.lines().nth(1).unwrap();
+    assert!(
+        line.starts_with("glm-5.3,tester/tests (tsr_")
+            && line.ends_with(&format!(",3,0,{prompt_tokens},{completion_tokens}")),
+        "{csv}"
+    );
+
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    let prefix = &server.token[..10];
+    for line in [
+        format!("tessera_gateway_requests_total{{key=\"{prefix}\",model=\"glm-5.3\"}} 3"),
+        format!("tessera_gateway_prompt_tokens_total{{key=\"{prefix}\",model=\"glm-5.3\"}} {prompt_tokens}"),
+        format!("tessera_gateway_completion_tokens_total{{key=\"{prefix}\",model=\"glm-5.3\"}} {completion_tokens}"),
+    ] {
+        assert!(metrics.contains(&line), "{line} not in {metrics}");
+    }
+    server.stop().await;
+}

@@ -5,7 +5,7 @@ use crate::auth::Role;
 use crate::components::account_menu::signed_in;
 use crate::components::confirm::Confirm;
 use crate::error::AppError;
-use crate::views::{AccountsPage, ApiToken, NewApiToken};
+use crate::views::{AccountsPage, ApiToken, NewApiToken, TokenLimits, TokenScope};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 
@@ -33,12 +33,37 @@ pub async fn remove_account(name: String) -> Result<(), AppError> {
     crate::services::answer(console.delete_account(actor, name)).await
 }
 
-/// Makes an API token acting for `user`.
+/// Makes an API token acting for `user`, limited by `limits`.
 #[server(prefix = "/rpc", endpoint = "add_token", input = Json, client = crate::csrf::CsrfClient)]
-pub async fn add_token(user: String, name: String) -> Result<NewApiToken, AppError> {
+pub async fn add_token(
+    user: String,
+    name: String,
+    limits: TokenLimits,
+) -> Result<NewApiToken, AppError> {
     let actor = crate::auth::require(Role::Admin)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.create_token(actor, user, name)).await
+    crate::services::answer(console.create_token(actor, user, name, limits)).await
+}
+
+/// The limits the token form describes: inference only or not, the models listed (comma-separated; every
+/// model when none), and the day it expires on (at its start, UTC; never when blank).
+fn form_limits(inference: bool, models: &str, expires_on: &str) -> TokenLimits {
+    let models: Vec<String> = models
+        .split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .collect();
+    TokenLimits {
+        scope: if inference {
+            TokenScope::Inference
+        } else {
+            TokenScope::Api
+        },
+        models: (inference && !models.is_empty()).then_some(models),
+        expires_at: (!expires_on.trim().is_empty())
+            .then(|| format!("{}T00:00:00Z", expires_on.trim())),
+    }
 }
 
 /// Revokes an API token.
@@ -107,6 +132,9 @@ fn Accounts(
     let token_name = RwSignal::new(String::new());
     let names: Vec<String> = page.accounts.iter().map(|a| a.name.clone()).collect();
     let token_user = RwSignal::new(names.first().cloned().unwrap_or_default());
+    let token_inference = RwSignal::new(false);
+    let token_models = RwSignal::new(String::new());
+    let token_expires = RwSignal::new(String::new());
     let secret = move || issue.value().get().and_then(Result::ok);
     view! {
         <section class="panel" aria-labelledby="accounts">
@@ -168,7 +196,7 @@ fn Accounts(
         </section>
         <section class="panel" aria-labelledby="tokens">
             <h2 id="tokens">"API tokens"</h2>
-            <p class="muted">"Scripts send a token as Authorization: Bearer …; it acts with its account's role."</p>
+            <p class="muted">"Scripts send a token as Authorization: Bearer …; it acts with its account's role. An inference token calls only the gateway (/v1), for the models it names."</p>
             {move || secret().map(|t| view! {
                 <div class="notice" role="status" data-testid="token-secret">
                     <p>{format!("The token {} for {}: copy it now, it is not shown again.", t.token.name, t.token.user)}</p>
@@ -178,7 +206,8 @@ fn Accounts(
             <TokenTable tokens=page.tokens revoke />
             <form class="inline-form" on:submit=move |ev| {
                 ev.prevent_default();
-                issue.dispatch(AddToken { user: token_user.get_untracked(), name: token_name.get_untracked() });
+                let limits = form_limits(token_inference.get_untracked(), &token_models.get_untracked(), &token_expires.get_untracked());
+                issue.dispatch(AddToken { user: token_user.get_untracked(), name: token_name.get_untracked(), limits });
             }>
                 <h3>"Make a token"</h3>
                 <label for="token-name">"What it is for"</label>
@@ -187,6 +216,14 @@ fn Accounts(
                 <select id="token-user" on:change=move |ev| token_user.set(event_target_value(&ev))>
                     {names.into_iter().map(|n| { let v = n.clone(); view! { <option value=v selected=move || token_user.get() == n>{n.clone()}</option> } }).collect_view()}
                 </select>
+                <div class="toggle">
+                    <input id="token-inference" type="checkbox" prop:checked=move || token_inference.get() on:change=move |ev| token_inference.set(event_target_checked(&ev)) />
+                    <label for="token-inference">"Only for inference (the gateway, /v1)"</label>
+                </div>
+                <label for="token-models">"Models it may call (comma-separated; every model when blank)"</label>
+                <input id="token-models" type="text" class="wide" autocomplete="off" placeholder="glm-5.3, embedder" disabled=move || !token_inference.get() prop:value=move || token_models.get() on:input=move |ev| token_models.set(event_target_value(&ev)) />
+                <label for="token-expires">"Expires on (UTC; never when blank)"</label>
+                <input id="token-expires" type="date" prop:value=move || token_expires.get() on:input=move |ev| token_expires.set(event_target_value(&ev)) />
                 <div class="actions"><button type="submit" class="primary">"Make the token"</button></div>
             </form>
         </section>
@@ -201,7 +238,7 @@ fn TokenTable(tokens: Vec<ApiToken>, revoke: ServerAction<RevokeToken>) -> impl 
     }
     view! {
         <table class="list" data-testid="tokens">
-            <thead><tr><th scope="col">"Token"</th><th scope="col">"For"</th><th scope="col">"Starts"</th><th scope="col">"Made"</th><th scope="col">"Last used"</th><th scope="col">"State"</th></tr></thead>
+            <thead><tr><th scope="col">"Token"</th><th scope="col">"For"</th><th scope="col">"Starts"</th><th scope="col">"May call"</th><th scope="col">"Made"</th><th scope="col">"Last used"</th><th scope="col">"State"</th></tr></thead>
             <tbody>
                 {tokens.into_iter().map(|t| {
                     let id = t.id;
@@ -216,6 +253,7 @@ fn TokenTable(tokens: Vec<ApiToken>, revoke: ServerAction<RevokeToken>) -> impl 
                             <th scope="row">{t.name.clone()}</th>
                             <td>{t.user}</td>
                             <td><code>{format!("{}…", t.prefix)}</code></td>
+                            <td>{t.limits.describe()}</td>
                             <td>{t.created_at}</td>
                             <td>{t.last_used_at.unwrap_or_else(|| "never".to_owned())}</td>
                             <td>{state}</td>

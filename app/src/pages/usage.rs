@@ -122,10 +122,12 @@ fn Report(report: UsageReport) -> impl IntoView {
         rfc3339(report.to_ms.div_ceil(1000) * 1000),
         report.by.as_str()
     );
+    let requests = view! { <Requests report=report.clone() /> };
     if report.rows.is_empty() {
         return view! {
             <p data-testid="no-usage">"No GPU memory was held in this period."</p>
             <a href=csv download>"Download CSV"</a>
+            {requests}
         }
         .into_any();
     }
@@ -151,8 +153,57 @@ fn Report(report: UsageReport) -> impl IntoView {
             "Busy GPU-hours weigh each share by the GPU's utilisation; they and the energy come from NVML's readings, so a GPU without readings shows —."
         </p>
         <a href=csv download data-testid="usage-csv">"Download CSV"</a>
+        {requests}
     }
     .into_any()
+}
+
+/// What went through the gateway over the report's period, per model and API token.
+#[component]
+fn Requests(report: UsageReport) -> impl IntoView {
+    let csv = format!(
+        "/api/usage/requests.csv?from={}&to={}",
+        rfc3339(report.from_ms),
+        rfc3339(report.to_ms.div_ceil(1000) * 1000),
+    );
+    let body = if report.requests.is_empty() {
+        view! { <p data-testid="no-requests">"No request went through the gateway in this period."</p> }.into_any()
+    } else {
+        view! {
+            <table class="usage" data-testid="requests-table">
+                <thead>
+                    <tr>
+                        <th scope="col">"Model"</th>
+                        <th scope="col">"API token"</th>
+                        <th scope="col">"Requests"</th>
+                        <th scope="col">"Failed"</th>
+                        <th scope="col">"Prompt tokens"</th>
+                        <th scope="col">"Completion tokens"</th>
+                    </tr>
+                </thead>
+                <tbody>
+                    {report.requests.into_iter().map(|r| view! {
+                        <tr>
+                            <th scope="row">{r.model}</th>
+                            <td>{r.key}</td>
+                            <td>{r.requests}</td>
+                            <td>{r.failed}</td>
+                            <td>{r.prompt_tokens}</td>
+                            <td>{r.completion_tokens}</td>
+                        </tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+            <p class="note">
+                "Counted by the hour each request came in; the tokens are those the engines reported in their answers' usage (a streamed answer reports them when the request asks for stream_options.include_usage)."
+            </p>
+        }.into_any()
+    };
+    view! {
+        <h2 id="requests">"Requests through the gateway"</h2>
+        {body}
+        <a href=csv download data-testid="requests-csv">"Download the requests as CSV"</a>
+    }
 }
 
 fn row(r: &UsageRow) -> impl IntoView {

@@ -56,7 +56,7 @@ impl Bench {
         accounts::create_user(&pool, &operator, "bench")
             .await
             .map_err(|e| e.to_string())?;
-        let token = accounts::create_token(&pool, "bench", "bench", "bench")
+        let token = accounts::create_token(&pool, "bench", "bench", &Default::default(), "bench")
             .await
             .map_err(|e| e.to_string())?
             .secret;

@@ -117,7 +117,9 @@ async fn the_last_admin_stays_and_no_one_removes_their_own_account() {
 async fn a_token_is_stored_as_its_digest_and_shown_once() {
     let app = TestApp::new(MAJIN).await;
     let pool = &app.pool;
-    let issued = create_token(pool, ADMIN, "ci", ADMIN).await.unwrap();
+    let issued = create_token(pool, ADMIN, "ci", &TokenLimits::default(), ADMIN)
+        .await
+        .unwrap();
     assert!(issued.secret.starts_with(TOKEN_PREFIX));
     assert!(issued.secret.starts_with(&issued.token.prefix));
     let stored: Vec<(String,)> = sqlx::query_as("SELECT hash FROM api_tokens")
@@ -128,11 +130,11 @@ async fn a_token_is_stored_as_its_digest_and_shown_once() {
         .iter()
         .all(|(h,)| !h.contains(&issued.secret[TOKEN_PREFIX.len()..])));
     let cache = TokenCache::default();
-    let caller = caller_by_token(pool, &cache, &issued.secret)
+    let grant = grant_by_token(pool, &cache, &issued.secret)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(caller.name, ADMIN);
+    assert_eq!(grant.caller.name, ADMIN);
     assert!(tokens(pool)
         .await
         .unwrap()
@@ -140,19 +142,98 @@ async fn a_token_is_stored_as_its_digest_and_shown_once() {
         .any(|t| t.name == "ci" && t.last_used_at.is_some()));
     revoke_token(pool, issued.token.id, ADMIN).await.unwrap();
     assert!(
-        caller_by_token(pool, &cache, &issued.secret)
+        grant_by_token(pool, &cache, &issued.secret)
             .await
             .unwrap()
-            .is_some(),
+            .is_ok(),
         "remembered a while"
     );
     cache.forget();
     assert_eq!(
-        caller_by_token(pool, &cache, &issued.secret).await.unwrap(),
-        None
+        grant_by_token(pool, &cache, &issued.secret)
+            .await
+            .unwrap()
+            .err(),
+        Some(Refusal::Unknown)
     );
     assert!(matches!(
         revoke_token(pool, issued.token.id, ADMIN).await,
         Err(ApiError::NotFound(_))
     ));
+}
+
+fn new_token(scope: TokenScope, models: Option<&[&str]>, expires_at: Option<&str>) -> NewToken {
+    NewToken {
+        name: "chat".to_owned(),
+        user: None,
+        scope,
+        models: models.map(|m| m.iter().map(|m| m.to_string()).collect()),
+        expires_at: expires_at.map(str::to_owned),
+    }
+}
+
+#[test]
+fn a_token_limited_to_models_must_be_an_inference_token_and_expire_in_the_future() {
+    let refused = |new: NewToken| match new.limits() {
+        Err(ApiError::Unprocessable(message)) => message,
+        other => panic!("accepted: {other:?}"),
+    };
+    assert!(refused(new_token(TokenScope::Api, Some(&["glm-5.3"]), None)).contains("scope"));
+    assert!(refused(new_token(TokenScope::Inference, Some(&[]), None)).contains("at least one"));
+    assert!(refused(new_token(TokenScope::Inference, None, Some("tomorrow"))).contains("RFC 3339"));
+    assert!(refused(new_token(
+        TokenScope::Inference,
+        None,
+        Some("2020-01-01T00:00:00Z")
+    ))
+    .contains("has passed"));
+    let limits = new_token(
+        TokenScope::Inference,
+        Some(&["glm-5.3", "embedder", "glm-5.3"]),
+        Some("2999-01-31T01:00:00.5+01:00"),
+    )
+    .limits()
+    .unwrap();
+    assert_eq!(
+        limits.models.as_deref(),
+        Some(&["embedder".to_owned(), "glm-5.3".to_owned()][..])
+    );
+    assert_eq!(limits.expires_at.as_deref(), Some("2999-01-31T00:00:00Z"));
+}
+
+#[tokio::test]
+async fn an_expired_token_is_refused_with_when_it_expired_even_while_it_is_remembered() {
+    use time::format_description::well_known::Rfc3339;
+    let app = TestApp::new(MAJIN).await;
+    let pool = &app.pool;
+    let soon = (time::OffsetDateTime::now_utc() + time::Duration::seconds(2))
+        .format(&Rfc3339)
+        .unwrap();
+    let limits = new_token(TokenScope::Inference, Some(&["glm-5.3"]), Some(&soon))
+        .limits()
+        .unwrap();
+    let issued = create_token(pool, ADMIN, "chat", &limits, ADMIN)
+        .await
+        .unwrap();
+    let cache = TokenCache::default();
+    let grant = grant_by_token(pool, &cache, &issued.secret)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(grant.may_call("glm-5.3") && !grant.may_call("embedder"));
+    assert_eq!(grant.scope, TokenScope::Inference);
+    assert!(cached_grant(&cache, &issued.secret).is_some());
+
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    assert!(
+        cached_grant(&cache, &issued.secret).is_none(),
+        "the cache lets it go when it expires"
+    );
+    assert_eq!(
+        grant_by_token(pool, &cache, &issued.secret)
+            .await
+            .unwrap()
+            .err(),
+        Some(Refusal::Expired(limits.expires_at.unwrap()))
+    );
 }

@@ -54,8 +54,10 @@ pub async fn create_token(
     Actor(actor): Actor,
     ApiJson(new): ApiJson<NewToken>,
 ) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
+    let limits = new.limits()?;
     let user = new.user.unwrap_or_else(|| actor.name.clone());
-    let issued = accounts::create_token(&state.pool, &user, &new.name, &actor.name).await?;
+    let issued =
+        accounts::create_token(&state.pool, &user, &new.name, &limits, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(issued)))
 }
 

@@ -191,7 +191,9 @@ impl Fleet {
                 figures(&holding, &readings[&key]),
             ));
         }
-        Ok(UsageReport::tally(from_ms, to_ms, by, parts))
+        let mut report = UsageReport::tally(from_ms, to_ms, by, parts);
+        report.requests = self.calls().report(&self.pool, from_ms, to_ms).await?;
+        Ok(report)
     }
 
     /// One GPU's readings over `[from_ms, to_ms]`, raw or rolled up, with the last one before `from_ms`
@@ -577,9 +579,10 @@ pub(crate) async fn forget_usage_before(
         .execute(&mut *tx)
         .await?
         .rows_affected();
+        let calls = super::calls::forget_before(&mut tx, before_ms, BATCH).await?;
         tx.commit().await?;
-        forgotten += holdings + runs;
-        if holdings + runs == 0 {
+        forgotten += holdings + runs + calls;
+        if holdings + runs + calls == 0 {
             return Ok(forgotten);
         }
         tokio::time::sleep(pause).await;

@@ -48,3 +48,24 @@ fn the_callers_key_and_the_hop_by_hop_headers_never_reach_an_engine() {
     let names: Vec<&str> = passed.keys().map(|k| k.as_str()).collect();
     assert_eq!(names, ["content-type", "accept"]);
 }
+
+#[test]
+fn the_tokens_are_read_from_the_last_usage_of_an_answer_or_of_its_events() {
+    let answer = br#"{"id": "1", "choices": [{"message": {"content": "the \"usage\": {\"prompt_tokens\": 99}"}}],
+        "usage": {"prompt_tokens": 12, "completion_tokens": 34, "total_tokens": 46}, "timings": {"n": 1}}"#;
+    assert_eq!(usage_in(answer), Some((12, 34)));
+
+    let events = b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n\
+                   data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":7}}\n\n\
+                   data: [DONE]\n\n";
+    assert_eq!(usage_in(events), Some((5, 7)));
+
+    let embeddings = br#"{"data": [], "usage": {"prompt_tokens": 8, "total_tokens": 8}}"#;
+    assert_eq!(usage_in(embeddings), Some((8, 0)));
+
+    let streamed_without =
+        b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n";
+    assert_eq!(usage_in(streamed_without), None);
+    assert_eq!(usage_in(br#"{"usage": null}"#), None);
+    assert_eq!(usage_in(br#"{"usage": {"prompt_tok"#), None, "cut short");
+}

@@ -350,7 +350,7 @@ async fn each_engine_has_one_state_set_and_its_restarts_counted() {
         .collect();
     // majin is not this machine: the engine is listed as stopped.
     assert_eq!(states, [("stopped", 1.0)]);
-    assert_eq!(metrics["tessera_engine_state"].len(), 6);
+    assert_eq!(metrics["tessera_engine_state"].len(), 7, "one per state");
     let engine = labels(&[
         ("engine", "listen"),
         ("worker", "listen"),

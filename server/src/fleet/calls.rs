@@ -1,0 +1,230 @@
+//! What the gateway carried: requests, failures and the tokens the engines reported, per model and API
+//! token. Counted in memory as requests end (the gateway's path never waits on the database), written to
+//! `gateway_calls` by the hour every few seconds and before a report is read, and kept as Prometheus
+//! counters since the server started for `/metrics`.
+
+use placement::usage::{RequestRow, HOUR_MS};
+use prometheus::{IntCounterVec, Opts, Registry};
+use sqlx::SqlitePool;
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+/// One request's figures, or the sum of some.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Requests.
+    pub requests: u64,
+    /// Of those, failed ones.
+    pub failed: u64,
+    /// Prompt tokens the engine reported.
+    pub prompt_tokens: u64,
+    /// Completion tokens the engine reported.
+    pub completion_tokens: u64,
+}
+
+impl std::ops::AddAssign for Counts {
+    fn add_assign(&mut self, other: Counts) {
+        self.requests += other.requests;
+        self.failed += other.failed;
+        self.prompt_tokens += other.prompt_tokens;
+        self.completion_tokens += other.completion_tokens;
+    }
+}
+
+/// The API token a request came with: its id, and the first characters of its secret (its label in
+/// `/metrics`, which the token list shows too).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    /// The token's id.
+    pub id: i64,
+    /// Its prefix.
+    pub prefix: String,
+}
+
+/// The gateway's figures: those not yet written, and the counters since start.
+pub struct Calls {
+    /// By hour (ms since the epoch), model and token id.
+    pending: Mutex<BTreeMap<(u64, String, i64), Counts>>,
+    registry: Registry,
+    requests: IntCounterVec,
+    failed: IntCounterVec,
+    prompt_tokens: IntCounterVec,
+    completion_tokens: IntCounterVec,
+}
+
+impl Default for Calls {
+    fn default() -> Calls {
+        let registry = Registry::new();
+        let counter = |name: &str, help: &str| {
+            let counter = IntCounterVec::new(Opts::new(name, help), &["model", "key"])
+                .expect("a valid metric");
+            registry
+                .register(Box::new(counter.clone()))
+                .expect("registered once");
+            counter
+        };
+        Calls {
+            pending: Mutex::default(),
+            requests: counter(
+                "tessera_gateway_requests_total",
+                "Requests through the gateway, by model and API token (its first characters).",
+            ),
+            failed: counter(
+                "tessera_gateway_failed_requests_total",
+                "Requests through the gateway that failed: no engine ready, or an error status from the engine.",
+            ),
+            prompt_tokens: counter(
+                "tessera_gateway_prompt_tokens_total",
+                "Prompt tokens the engines reported in their answers' usage.",
+            ),
+            completion_tokens: counter(
+                "tessera_gateway_completion_tokens_total",
+                "Completion tokens the engines reported in their answers' usage.",
+            ),
+            registry,
+        }
+    }
+}
+
+impl Calls {
+    /// Counts a request for `model` with `key` that ended at `at_ms`.
+    pub fn record(&self, model: &str, key: &Key, counts: Counts, at_ms: u64) {
+        let labels = [model, key.prefix.as_str()];
+        self.requests
+            .with_label_values(&labels)
+            .inc_by(counts.requests);
+        self.failed.with_label_values(&labels).inc_by(counts.failed);
+        self.prompt_tokens
+            .with_label_values(&labels)
+            .inc_by(counts.prompt_tokens);
+        self.completion_tokens
+            .with_label_values(&labels)
+            .inc_by(counts.completion_tokens);
+        let hour = at_ms - at_ms % HOUR_MS;
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        *pending.entry((hour, model.to_owned(), key.id)).or_default() += counts;
+    }
+
+    /// The counters, for `/metrics`.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Writes what was counted since the last write, in one transaction; what fails to be written is
+    /// kept for the next.
+    pub async fn write(&self, pool: &SqlitePool) -> Result<(), sqlx::Error> {
+        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if taken.is_empty() {
+            return Ok(());
+        }
+        let written = async {
+            let mut tx = crate::db::write(pool).await?;
+            for ((hour, model, token), c) in &taken {
+                sqlx::query(
+                    "INSERT INTO gateway_calls \
+                     (hour_ms, model, token_id, requests, failed, prompt_tokens, completion_tokens) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?) \
+                     ON CONFLICT (hour_ms, model, token_id) DO UPDATE SET \
+                     requests = requests + excluded.requests, failed = failed + excluded.failed, \
+                     prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
+                     completion_tokens = completion_tokens + excluded.completion_tokens",
+                )
+                .bind(*hour as i64)
+                .bind(model)
+                .bind(token)
+                .bind(c.requests as i64)
+                .bind(c.failed as i64)
+                .bind(c.prompt_tokens as i64)
+                .bind(c.completion_tokens as i64)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await
+        }
+        .await;
+        if written.is_err() {
+            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+            for (key, counts) in taken {
+                *pending.entry(key).or_default() += counts;
+            }
+        }
+        written
+    }
+
+    /// The rows of `[from_ms, to_ms)` by model and token, by the hour the requests were asked in, most
+    /// requests first; what is counted but not yet written is written first.
+    pub async fn report(
+        &self,
+        pool: &SqlitePool,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Result<Vec<RequestRow>, sqlx::Error> {
+        self.write(pool).await?;
+        type Row = (
+            String,
+            i64,
+            Option<String>,
+            Option<String>,
+            Option<String>,
+            i64,
+            i64,
+            i64,
+            i64,
+        );
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT c.model, c.token_id, u.name, t.name, t.prefix, SUM(c.requests), SUM(c.failed), \
+                    SUM(c.prompt_tokens), SUM(c.completion_tokens) \
+             FROM gateway_calls c \
+             LEFT JOIN api_tokens t ON t.id = c.token_id LEFT JOIN users u ON u.id = t.user_id \
+             WHERE c.hour_ms >= ? AND c.hour_ms < ? \
+             GROUP BY c.model, c.token_id ORDER BY SUM(c.requests) DESC, c.model, c.token_id",
+        )
+        .bind((from_ms - from_ms % HOUR_MS) as i64)
+        .bind(to_ms as i64)
+        .fetch_all(pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(
+                |(model, id, user, name, prefix, requests, failed, prompt, completion)| {
+                    let key = match (user, name, prefix) {
+                        (Some(user), Some(name), Some(prefix)) => {
+                            format!("{user}/{name} ({prefix}…)")
+                        }
+                        // The account was removed, and its tokens with it.
+                        _ => format!("token {id} (removed)"),
+                    };
+                    RequestRow {
+                        model,
+                        key,
+                        requests: requests as u64,
+                        failed: failed as u64,
+                        prompt_tokens: prompt as u64,
+                        completion_tokens: completion as u64,
+                    }
+                },
+            )
+            .collect())
+    }
+}
+
+/// Deletes, in one statement, the hours that ended before `before_ms`; returns how many rows went.
+pub(crate) async fn forget_before(
+    tx: &mut sqlx::SqliteConnection,
+    before_ms: u64,
+    batch: i64,
+) -> Result<u64, sqlx::Error> {
+    Ok(sqlx::query(
+        "DELETE FROM gateway_calls WHERE (hour_ms, model, token_id) IN \
+         (SELECT hour_ms, model, token_id FROM gateway_calls WHERE hour_ms + ? <= ? ORDER BY hour_ms LIMIT ?)",
+    )
+    .bind(HOUR_MS as i64)
+    .bind(before_ms as i64)
+    .bind(batch)
+    .execute(tx)
+    .await?
+    .rows_affected())
+}
+
+#[cfg(test)]
+mod tests;
