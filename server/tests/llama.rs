@@ -41,7 +41,8 @@ async fn chat(server: &Server, stream: bool) -> (u16, Value) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_real_llama_cpp_server_answers_through_the_gateway_and_a_share_change_loses_no_request() {
+async fn a_real_llama_cpp_server_answers_through_the_gateway_a_share_change_loses_no_request_and_its_tokens_are_counted(
+) {
     let dir = tempfile::tempdir().unwrap();
     let model = tiny_model(dir.path());
     let server =
@@ -125,5 +126,24 @@ async fn a_real_llama_cpp_server_answers_through_the_gateway_and_a_share_change_
     for (status, answer) in statuses.iter() {
         assert_eq!(*status, 200, "a request was lost: {answer}");
     }
+
+    // Every request is counted with the tokens llama.cpp reported in its usage.
+    let tokens = |answer: &Value, field: &str| answer["usage"][field].as_u64().unwrap();
+    let answers = || std::iter::once(&answer).chain(statuses.iter().map(|(_, a)| a));
+    let (status, report) = server.get("/api/usage").await;
+    assert_eq!(status, 200, "{report}");
+    let counted = &report["requests"][0];
+    assert_eq!(counted["model"], "tiny", "{report}");
+    assert_eq!(counted["requests"], statuses.len() as u64 + 1, "{report}");
+    assert_eq!(
+        counted["prompt_tokens"],
+        answers().map(|a| tokens(a, "prompt_tokens")).sum::<u64>()
+    );
+    assert_eq!(
+        counted["completion_tokens"],
+        answers()
+            .map(|a| tokens(a, "completion_tokens"))
+            .sum::<u64>()
+    );
     Arc::into_inner(server).unwrap().stop().await;
 }
