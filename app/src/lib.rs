@@ -91,6 +91,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("models/:name/sharing") view={Lazy::<routes::Sharing>::new()} ssr=SsrMode::Async />
                     <Route path=path!("models/:name/serving") view={Lazy::<routes::ServingRoute>::new()} ssr=SsrMode::Async />
                     <Route path=path!("usage") view={Lazy::<routes::Usage>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("playground") view={Lazy::<routes::PlaygroundRoute>::new()} ssr=SsrMode::Async />
                     <Route path=path!("audit") view={Lazy::<routes::Audit>::new()} ssr=SsrMode::Async />
                     <Route path=path!("admin") view={Lazy::<routes::Admin>::new()} ssr=SsrMode::Async />
                     <Route path=path!("login") view={Lazy::<routes::SignIn>::new()} ssr=SsrMode::Async />

@@ -10,6 +10,7 @@ use crate::pages::deploy::DeployPage;
 use crate::pages::machine::MachinePage;
 use crate::pages::models::ModelsPage;
 use crate::pages::nodes::NodesPage;
+use crate::pages::playground::PlaygroundPage;
 use crate::pages::serving::ServingPage;
 use crate::pages::sharing::SharingPage;
 use crate::pages::sign_in::{SetupPage, SignInPage};
@@ -63,6 +64,8 @@ lazy_page!(/// The Serving configuration form of a running model.
     ServingRoute => ServingPage);
 lazy_page!(/// The Usage page.
     Usage => UsagePage);
+lazy_page!(/// The playground.
+    PlaygroundRoute => PlaygroundPage);
 lazy_page!(/// The audit log.
     Audit => AuditPage);
 lazy_page!(/// Accounts and API tokens.

@@ -6,8 +6,8 @@ use crate::auth::{Caller, Role};
 use crate::error::AppError;
 use crate::views::{
     AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest,
-    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Serving, ServingForm, SharingForm,
-    TokenLimits,
+    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, Serving, ServingForm,
+    SharingForm, TokenLimits,
 };
 use placement::{BasisPoints, Grouping, UsageReport};
 use std::future::Future;
@@ -79,6 +79,9 @@ pub trait Console: Send + Sync {
     fn audit(&self, query: AuditQuery) -> Answer<'_, Vec<AuditLine>>;
     /// The usage report of `[from_ms, to_ms)` by `by`.
     fn usage(&self, from_ms: u64, to_ms: u64, by: Grouping) -> Answer<'_, UsageReport>;
+
+    /// The playground for `caller`: the models that can be tried, and `model`'s engine's last log lines.
+    fn playground(&self, caller: Caller, model: Option<String>) -> Answer<'_, Playground>;
     /// Milliseconds since the epoch, now.
     fn now_ms(&self) -> u64;
 }

@@ -26,6 +26,7 @@ test("every page passes axe-core", async ({ page, request }) => {
     ["/machines/majin", "machine"],
     ["/models/glm-5.3/sharing", "gpu-sharing"],
     ["/models/glm-5.3/serving", "serving-configuration"],
+    ["/playground", "playground"],
     ["/usage", "usage"],
     ["/audit", "audit"],
     ["/admin", "accounts"],

@@ -397,10 +397,10 @@ const TOKEN_MEMORY: Duration = Duration::from_secs(30);
 /// What a token that works lets its holder do.
 #[derive(Debug, Clone)]
 pub struct Grant {
-    /// The token's id.
-    pub id: i64,
     /// Its first characters, which name it in figures (`/metrics`).
     pub prefix: String,
+    /// What it is for.
+    pub name: String,
     /// Its owner, whose role it acts with.
     pub caller: Caller,
     /// What it may call.
@@ -507,13 +507,14 @@ pub async fn grant_by_token(
         String,
         String,
         String,
+        String,
         Option<String>,
         Option<String>,
         Option<i64>,
     );
     // The time left is SQLite's to work out: it compares the stored time with its own clock.
     let row: Option<Row> = sqlx::query_as(
-        "SELECT t.id, t.prefix, u.name, u.role, t.scope, t.models, t.expires_at, \
+        "SELECT t.id, t.prefix, t.name, u.name, u.role, t.scope, t.models, t.expires_at, \
                 CAST((julianday(t.expires_at) - julianday('now')) * 86400000 AS INTEGER) \
          FROM api_tokens t JOIN users u ON u.id = t.user_id \
          WHERE t.hash = ? AND t.revoked_at IS NULL",
@@ -521,7 +522,7 @@ pub async fn grant_by_token(
     .bind(&digest)
     .fetch_optional(pool)
     .await?;
-    let Some((id, prefix, name, role, scope, models, expires_at, left_ms)) = row else {
+    let Some((id, prefix, token_name, name, role, scope, models, expires_at, left_ms)) = row else {
         return Ok(Err(Refusal::Unknown));
     };
     let until = match (expires_at, left_ms) {
@@ -536,8 +537,8 @@ pub async fn grant_by_token(
     .execute(pool)
     .await?;
     let grant = Grant {
-        id,
         prefix,
+        name: token_name,
         caller: Caller {
             name,
             role: role_of(&role)?,

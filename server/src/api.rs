@@ -98,6 +98,7 @@ pub fn table() -> Vec<ApiRoute> {
         route("/api/usage", M::GET, get(usage)),
         route("/api/usage.csv", M::GET, get(usage_csv)),
         route("/api/usage/requests.csv", M::GET, get(requests_csv)),
+        route("/api/playground", M::POST, post(crate::gateway::playground)),
     ]
 }
 

@@ -144,6 +144,8 @@ fn area(method: &Method, path: &str) -> Area {
     match path {
         "/api/health" | "/api/openapi.json" | "/login" | "/setup" | "/favicon.svg" => Area::Public,
         _ if path.starts_with("/pkg/") => Area::Public,
+        // Asking a model a question changes nothing: the console's chat is for every role.
+        "/api/playground" => Area::Api(Role::Viewer),
         _ if path.starts_with("/api/users") || path.starts_with("/api/tokens") => {
             Area::Api(Role::Admin)
         }

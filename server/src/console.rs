@@ -17,8 +17,8 @@ use app::services::{Answer, Console};
 use app::views::{
     AccountsPage, AuditLine, AuditQuery, CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest,
     EngineLine, EngineStatus, GpuDetail, GpuOption, GpuUse, GroupPlan, MachineDetail, ModelRow,
-    NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine, PlanProgress, Serving, ServingForm,
-    Sharer, SharingForm, StepLine, StepState, TokenLimits, WorkerLine,
+    NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine, PlanProgress, Playground, Serving,
+    ServingForm, Sharer, SharingForm, StepLine, StepState, TokenLimits, WorkerLine,
 };
 use placement::{BasisPoints, Bytes, GpuChoice, GpuRef, Grouping, PlanMember, UsageReport};
 use sqlx::SqlitePool;
@@ -726,6 +726,39 @@ impl Console for ConsoleService {
 
     fn now_ms(&self) -> u64 {
         crate::fleet::usage::now_ms()
+    }
+
+    fn playground(&self, caller: Caller, model: Option<String>) -> Answer<'_, Playground> {
+        Box::pin(async move {
+            let models = self.fleet.served();
+            let shown = model.or_else(|| models.first().cloned());
+            let runtime = self.fleet.runtime();
+            let engine = runtime
+                .engines()
+                .into_iter()
+                .find(|e| shown.is_some() && (e.model == shown || e.worker == shown));
+            let mut logs = match &engine {
+                Some(engine) => match runtime
+                    .logs(&engine.id, app::pages::playground::LOG_LINES)
+                    .await
+                {
+                    Some(Ok(lines)) => lines,
+                    Some(Err(e)) => {
+                        tracing::warn!("the log of {} could not be read: {e}", engine.id);
+                        Vec::new()
+                    }
+                    None => Vec::new(),
+                },
+                None => Vec::new(),
+            };
+            if let Some(engine) = engine.filter(|_| caller.role != Role::Admin) {
+                let secrets = self.fleet.engine_secrets(&engine);
+                for line in &mut logs {
+                    *line = authority::redact_line(line, &secrets);
+                }
+            }
+            Ok(Playground { models, logs })
+        })
     }
 }
 

@@ -138,6 +138,19 @@ impl Fleet {
         &self.runtime
     }
 
+    /// The models (and workers) with an engine now, by name: what the gateway answers for.
+    pub fn served(&self) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .runtime
+            .engines()
+            .into_iter()
+            .filter_map(|e| e.model.or(e.worker))
+            .collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
     /// What the gateway carried.
     pub fn calls(&self) -> &calls::Calls {
         &self.calls

@@ -5,6 +5,7 @@
 //! said in OpenAI's error shape.
 
 use crate::accounts::{self, Grant};
+use crate::auth::Actor;
 use crate::fleet::calls::{Counts, Key};
 use crate::fleet::groups::{GroupView, MemberView};
 use crate::runtime::spec::Host;
@@ -32,6 +33,10 @@ const RETRY_AFTER_S: u64 = 5;
 
 /// How long the router of a group may take to say which model answers.
 const ROUTE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// How long the console's playground waits for a model's engine to be ready: under the 30 s the guard gives
+/// a request.
+const PLAYGROUND_WAIT: Duration = Duration::from_secs(20);
 
 /// How often a request waiting for a model to be ready looks again.
 const READY_POLL: Duration = Duration::from_millis(100);
@@ -116,27 +121,15 @@ async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<Grant, Resp
     }
 }
 
-/// The models deployed now (group members and workers that run a model), by name.
-fn deployed(state: &AppState) -> Vec<String> {
-    let mut names: Vec<String> = state
-        .fleet
-        .runtime()
-        .engines()
-        .into_iter()
-        .filter_map(|e| e.model.or(e.worker))
-        .collect();
-    names.sort();
-    names.dedup();
-    names
-}
-
 /// `GET /v1/models`: every model deployed, as OpenAI lists them.
 async fn models(State(state): State<AppState>, request: Request) -> Response {
     let grant = match authorised(&state, request.headers()).await {
         Ok(grant) => grant,
         Err(refused) => return refused,
     };
-    let data: Vec<Value> = deployed(&state)
+    let data: Vec<Value> = state
+        .fleet
+        .served()
         .into_iter()
         .filter(|model| grant.may_call(model))
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "tessera"}))
@@ -188,6 +181,41 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
         Ok(grant) => grant,
         Err(refused) => return refused,
     };
+    let key = Key::token(&grant.caller.name, &grant.name, &grant.prefix);
+    carry(
+        &state,
+        grant.models.as_deref(),
+        key,
+        state.gateway.wait,
+        request,
+    )
+    .await
+}
+
+/// `POST /api/playground`: the console's chat as the signed-in account, whose session (and CSRF token)
+/// or API token the guard has checked: answered as `/v1/chat/completions`, counted under the account.
+pub async fn playground(
+    State(state): State<AppState>,
+    Actor(caller): Actor,
+    request: Request,
+) -> Response {
+    let (mut parts, body) = request.into_parts();
+    parts.uri = Uri::from_static("/v1/chat/completions");
+    let request = Request::from_parts(parts, body);
+    // Within the guard's bound on a request, which would otherwise answer first, and with less to say.
+    let wait = state.gateway.wait.min(PLAYGROUND_WAIT);
+    carry(&state, None, Key::console(&caller.name), wait, request).await
+}
+
+/// Carries `request` to an engine of the model it names, if `models` (where there is such a list) has it,
+/// waiting up to `wait` for one to be ready.
+async fn carry(
+    state: &AppState,
+    models: Option<&[String]>,
+    key: Key,
+    wait: Duration,
+    request: Request,
+) -> Response {
     let (parts, body) = request.into_parts();
     let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
         Ok(body) => body,
@@ -208,26 +236,25 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
             "name the model in the body's \"model\" field (GET /v1/models lists them)".to_owned(),
         );
     };
-    if !grant.may_call(&model) {
-        let allowed = grant.models.as_deref().unwrap_or_default().join(", ");
+    if let Some(models) = models.filter(|m| !m.contains(&model)) {
         return openai_error(
             StatusCode::FORBIDDEN,
             "invalid_request_error",
             "model_not_allowed",
-            format!("this API token may call only {allowed}, not {model}"),
+            format!(
+                "this API token may call only {}, not {model}",
+                models.join(", ")
+            ),
         );
     }
-    let key = Key {
-        id: grant.id,
-        prefix: grant.prefix,
-    };
-    if !engines_of(&state, &model).is_empty() {
-        return to_model(&state, &model, &key, parts, body).await;
+    if !engines_of(state, &model).is_empty() {
+        return to_model(state, &model, &key, wait, parts, body).await;
     }
     // A group's name: its router picks the member that answers.
     if let Ok(group) = state.fleet.group(&model) {
-        let (chosen, how) = route(&state, &group, &body).await;
-        let mut answer = to_model(&state, &chosen, &key, parts, with_model(body, &chosen)).await;
+        let (chosen, how) = route(state, &group, &body).await;
+        let mut answer =
+            to_model(state, &chosen, &key, wait, parts, with_model(body, &chosen)).await;
         for (name, value) in [
             ("x-tessera-routed-to", chosen.as_str()),
             ("x-tessera-routing", how),
@@ -323,11 +350,12 @@ async fn ask_router(
     answer["model"].as_str().map(str::to_owned)
 }
 
-/// Sends the request to the next healthy engine of `model`, waiting for one up to the gateway's wait.
+/// Sends the request to the next healthy engine of `model`, waiting up to `wait` for one to be ready.
 async fn to_model(
     state: &AppState,
     model: &str,
     key: &Key,
+    wait: Duration,
     parts: axum::http::request::Parts,
     body: Bytes,
 ) -> Response {
@@ -341,7 +369,7 @@ async fn to_model(
     };
     let runtime = state.fleet.runtime();
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
-    let deadline = tokio::time::Instant::now() + state.gateway.wait;
+    let deadline = tokio::time::Instant::now() + wait;
     let (in_flight, host, port) = loop {
         let ready: Vec<(EngineView, (String, u16))> = engines_of(state, model)
             .into_iter()
@@ -365,7 +393,7 @@ async fn to_model(
                 "model_not_ready",
                 format!(
                     "{model} is deployed but none of its engines was ready within {} s; try again shortly",
-                    state.gateway.wait.as_secs()
+                    wait.as_secs()
                 ),
             );
             answer
@@ -493,12 +521,14 @@ fn usage_in(tail: &[u8]) -> Option<(u64, u64)> {
 }
 
 /// The headers that go on to the other side: not the hop-by-hop ones (RFC 9110, 7.6.1), not the caller's
-/// Tessera key (an engine is not told it), and not the host, which the client sets for its connection.
+/// Tessera key, session cookie or CSRF token (an engine is not told them), and not the host, which the
+/// client sets for its connection.
 fn passed_on(mut headers: HeaderMap) -> HeaderMap {
     for name in [
         header::CONNECTION,
         header::HOST,
         header::AUTHORIZATION,
+        header::COOKIE,
         header::PROXY_AUTHORIZATION,
         header::TE,
         header::TRAILER,
@@ -508,6 +538,7 @@ fn passed_on(mut headers: HeaderMap) -> HeaderMap {
         headers.remove(name);
     }
     headers.remove("keep-alive");
+    headers.remove(app::auth::CSRF_HEADER);
     headers.remove("proxy-connection");
     headers
 }

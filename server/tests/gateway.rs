@@ -548,3 +548,38 @@ async fn requests_and_their_tokens_are_counted_per_model_and_key_in_the_usage_re
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consoles_playground_answers_as_the_chat_route_and_is_counted_under_the_account() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let (status, answer) = server
+        .send(
+            "POST",
+            "/api/playground",
+            json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "hello there"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+    let (status, missing) = server
+        .send(
+            "POST",
+            "/api/playground",
+            json!({"model": "nope", "messages": []}),
+        )
+        .await;
+    assert_eq!(status, 404);
+    assert_eq!(missing["error"]["code"], "model_not_found");
+
+    let (_, report) = server.get("/api/usage").await;
+    assert_eq!(report["requests"][0]["key"], "tester (console)", "{report}");
+    assert_eq!(report["requests"][0]["requests"], 1, "{report}");
+    server.stop().await;
+}

@@ -25,6 +25,7 @@ pub fn TopNav() -> impl IntoView {
     view! {
         <nav aria-label="Console">
             <a href="/" aria-current=cluster>"Cluster"</a>
+            <a href="/playground" aria-current=at("/playground")>"Playground"</a>
             <a href="/usage" aria-current=at("/usage")>"Usage"</a>
             <a href="/audit" aria-current=at("/audit")>"Audit"</a>
             <Suspense fallback=|| ()>

@@ -6,6 +6,7 @@ pub mod deploy;
 pub mod machine;
 pub mod models;
 pub mod nodes;
+pub mod playground;
 pub mod serving;
 pub mod sharing;
 pub mod sign_in;

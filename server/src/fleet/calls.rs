@@ -31,20 +31,38 @@ impl std::ops::AddAssign for Counts {
     }
 }
 
-/// The API token a request came with: its id, and the first characters of its secret (its label in
-/// `/metrics`, which the token list shows too).
+/// Who a request came from: an API token, or an account in the console's playground.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Key {
-    /// The token's id.
-    pub id: i64,
-    /// Its prefix.
-    pub prefix: String,
+    /// As the usage report names it: `ada/ci (tsr_1a2b3c…)`, or `ada (console)`.
+    pub label: String,
+    /// As `/metrics` labels it: the token's first characters (which the token list shows), or
+    /// `console/ada`.
+    pub short: String,
+}
+
+impl Key {
+    /// An API token's: its account, its name and its first characters.
+    pub fn token(user: &str, name: &str, prefix: &str) -> Key {
+        Key {
+            label: format!("{user}/{name} ({prefix}…)"),
+            short: prefix.to_owned(),
+        }
+    }
+
+    /// A signed-in account's, in the console.
+    pub fn console(user: &str) -> Key {
+        Key {
+            label: format!("{user} (console)"),
+            short: format!("console/{user}"),
+        }
+    }
 }
 
 /// The gateway's figures: those not yet written, and the counters since start.
 pub struct Calls {
-    /// By hour (ms since the epoch), model and token id.
-    pending: Mutex<BTreeMap<(u64, String, i64), Counts>>,
+    /// By hour (ms since the epoch), model and key (its label).
+    pending: Mutex<BTreeMap<(u64, String, String), Counts>>,
     registry: Registry,
     requests: IntCounterVec,
     failed: IntCounterVec,
@@ -89,7 +107,7 @@ impl Default for Calls {
 impl Calls {
     /// Counts a request for `model` with `key` that ended at `at_ms`.
     pub fn record(&self, model: &str, key: &Key, counts: Counts, at_ms: u64) {
-        let labels = [model, key.prefix.as_str()];
+        let labels = [model, key.short.as_str()];
         self.requests
             .with_label_values(&labels)
             .inc_by(counts.requests);
@@ -102,7 +120,9 @@ impl Calls {
             .inc_by(counts.completion_tokens);
         let hour = at_ms - at_ms % HOUR_MS;
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        *pending.entry((hour, model.to_owned(), key.id)).or_default() += counts;
+        *pending
+            .entry((hour, model.to_owned(), key.label.clone()))
+            .or_default() += counts;
     }
 
     /// The counters, for `/metrics`.
@@ -119,19 +139,19 @@ impl Calls {
         }
         let written = async {
             let mut tx = crate::db::write(pool).await?;
-            for ((hour, model, token), c) in &taken {
+            for ((hour, model, key), c) in &taken {
                 sqlx::query(
                     "INSERT INTO gateway_calls \
-                     (hour_ms, model, token_id, requests, failed, prompt_tokens, completion_tokens) \
+                     (hour_ms, model, key, requests, failed, prompt_tokens, completion_tokens) \
                      VALUES (?, ?, ?, ?, ?, ?, ?) \
-                     ON CONFLICT (hour_ms, model, token_id) DO UPDATE SET \
+                     ON CONFLICT (hour_ms, model, key) DO UPDATE SET \
                      requests = requests + excluded.requests, failed = failed + excluded.failed, \
                      prompt_tokens = prompt_tokens + excluded.prompt_tokens, \
                      completion_tokens = completion_tokens + excluded.completion_tokens",
                 )
                 .bind(*hour as i64)
                 .bind(model)
-                .bind(token)
+                .bind(key)
                 .bind(c.requests as i64)
                 .bind(c.failed as i64)
                 .bind(c.prompt_tokens as i64)
@@ -151,7 +171,7 @@ impl Calls {
         written
     }
 
-    /// The rows of `[from_ms, to_ms)` by model and token, by the hour the requests were asked in, most
+    /// The rows of `[from_ms, to_ms)` by model and key, by the hour the requests were asked in, most
     /// requests first; what is counted but not yet written is written first.
     pub async fn report(
         &self,
@@ -160,24 +180,11 @@ impl Calls {
         to_ms: u64,
     ) -> Result<Vec<RequestRow>, sqlx::Error> {
         self.write(pool).await?;
-        type Row = (
-            String,
-            i64,
-            Option<String>,
-            Option<String>,
-            Option<String>,
-            i64,
-            i64,
-            i64,
-            i64,
-        );
+        type Row = (String, String, i64, i64, i64, i64);
         let rows: Vec<Row> = sqlx::query_as(
-            "SELECT c.model, c.token_id, u.name, t.name, t.prefix, SUM(c.requests), SUM(c.failed), \
-                    SUM(c.prompt_tokens), SUM(c.completion_tokens) \
-             FROM gateway_calls c \
-             LEFT JOIN api_tokens t ON t.id = c.token_id LEFT JOIN users u ON u.id = t.user_id \
-             WHERE c.hour_ms >= ? AND c.hour_ms < ? \
-             GROUP BY c.model, c.token_id ORDER BY SUM(c.requests) DESC, c.model, c.token_id",
+            "SELECT model, key, SUM(requests), SUM(failed), SUM(prompt_tokens), SUM(completion_tokens) \
+             FROM gateway_calls WHERE hour_ms >= ? AND hour_ms < ? \
+             GROUP BY model, key ORDER BY SUM(requests) DESC, model, key",
         )
         .bind((from_ms - from_ms % HOUR_MS) as i64)
         .bind(to_ms as i64)
@@ -186,22 +193,13 @@ impl Calls {
         Ok(rows
             .into_iter()
             .map(
-                |(model, id, user, name, prefix, requests, failed, prompt, completion)| {
-                    let key = match (user, name, prefix) {
-                        (Some(user), Some(name), Some(prefix)) => {
-                            format!("{user}/{name} ({prefix}…)")
-                        }
-                        // The account was removed, and its tokens with it.
-                        _ => format!("token {id} (removed)"),
-                    };
-                    RequestRow {
-                        model,
-                        key,
-                        requests: requests as u64,
-                        failed: failed as u64,
-                        prompt_tokens: prompt as u64,
-                        completion_tokens: completion as u64,
-                    }
+                |(model, key, requests, failed, prompt, completion)| RequestRow {
+                    model,
+                    key,
+                    requests: requests as u64,
+                    failed: failed as u64,
+                    prompt_tokens: prompt as u64,
+                    completion_tokens: completion as u64,
                 },
             )
             .collect())
@@ -215,8 +213,8 @@ pub(crate) async fn forget_before(
     batch: i64,
 ) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query(
-        "DELETE FROM gateway_calls WHERE (hour_ms, model, token_id) IN \
-         (SELECT hour_ms, model, token_id FROM gateway_calls WHERE hour_ms + ? <= ? ORDER BY hour_ms LIMIT ?)",
+        "DELETE FROM gateway_calls WHERE (hour_ms, model, key) IN \
+         (SELECT hour_ms, model, key FROM gateway_calls WHERE hour_ms + ? <= ? ORDER BY hour_ms LIMIT ?)",
     )
     .bind(HOUR_MS as i64)
     .bind(before_ms as i64)

@@ -27,11 +27,19 @@ fn the_model_is_read_from_a_json_body_or_a_form_field() {
 }
 
 #[test]
-fn the_callers_key_and_the_hop_by_hop_headers_never_reach_an_engine() {
+fn the_callers_key_session_csrf_token_and_the_hop_by_hop_headers_never_reach_an_engine() {
     let headers = HeaderMap::from_iter([
         (
             header::AUTHORIZATION,
             HeaderValue::from_static("Bearer tsr_secret"),
+        ),
+        (
+            header::COOKIE,
+            HeaderValue::from_static("id=session-secret"),
+        ),
+        (
+            header::HeaderName::from_static(app::auth::CSRF_HEADER),
+            HeaderValue::from_static("csrf-secret"),
         ),
         (header::CONNECTION, HeaderValue::from_static("keep-alive")),
         (header::HOST, HeaderValue::from_static("tessera:3000")),
