@@ -136,9 +136,35 @@ async fn stream_chat(body: String, mut heard: impl FnMut(String)) -> Result<(), 
 pub fn PlaygroundPage() -> impl IntoView {
     let query = use_query_map();
     let chosen = RwSignal::new(query.with_untracked(|q| q.get("model")));
+    let page = Resource::new(|| (), |_| load_playground(None));
+    view! {
+        <div class="page">
+            <h1>"Playground"</h1>
+            <p class="muted">"Try a deployed model through the gateway, as your account. Scripts send the same request to /v1 with an API token."</p>
+            <Transition fallback=|| view! { <p>"Loading the models…"</p> }>
+                {move || page.get().map(|answer| match answer {
+                    Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                    Ok(p) if p.models.is_empty() => view! {
+                        <p class="empty" data-testid="no-models">"No model is deployed yet: deploy one first."</p>
+                    }.into_any(),
+                    Ok(p) => view! { <Chat models=p.models chosen /> }.into_any(),
+                })}
+            </Transition>
+        </div>
+    }
+}
+
+/// The model picker, the conversation, the request as curl and the engine's log lines.
+#[component]
+fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView {
+    let first = models.first().cloned();
+    let model = move || chosen.get().or_else(|| first.clone());
     let refresh = RwSignal::new(0u32);
-    let page = Resource::new(
-        move || (chosen.get(), refresh.get()),
+    let logs = Resource::new(
+        {
+            let model = model.clone();
+            move || (model(), refresh.get())
+        },
         |(model, _)| load_playground(model),
     );
     let messages = RwSignal::new(Vec::<Message>::new());
@@ -146,13 +172,6 @@ pub fn PlaygroundPage() -> impl IntoView {
     let answering = RwSignal::new(None::<String>);
     let failed = RwSignal::new(None::<String>);
     let busy = RwSignal::new(false);
-    let model = move || {
-        chosen.get().or_else(|| {
-            page.get()
-                .and_then(Result::ok)
-                .and_then(|p| p.models.first().cloned())
-        })
-    };
     let next = move || {
         let mut all = messages.get();
         let said = draft.get();
@@ -172,107 +191,99 @@ pub fn PlaygroundPage() -> impl IntoView {
             origin.set(here);
         }
     });
-    let curl = move || {
-        as_curl(
-            &origin.get(),
-            &chat_body(&model().unwrap_or_default(), &next()),
-        )
-    };
-    let send = move |ev: leptos::ev::SubmitEvent| {
-        ev.prevent_default();
-        let Some(model) = model() else { return };
-        let said = draft.get_untracked();
-        if said.trim().is_empty() || busy.get_untracked() {
-            return;
+    let curl = {
+        let model = model.clone();
+        move || {
+            as_curl(
+                &origin.get(),
+                &chat_body(&model().unwrap_or_default(), &next()),
+            )
         }
-        let asked = next();
-        let body = chat_body(&model, &asked);
-        messages.set(asked);
-        draft.set(String::new());
-        failed.set(None);
-        answering.set(Some(String::new()));
-        busy.set(true);
-        #[cfg(feature = "hydrate")]
-        leptos::task::spawn_local(async move {
-            let result = stream_chat(body, move |text| answering.set(Some(text))).await;
-            let answer = answering.get_untracked().unwrap_or_default();
-            answering.set(None);
-            match result {
-                Ok(()) => messages.update(|m| {
-                    m.push(Message {
-                        role: "assistant".to_owned(),
-                        content: answer,
-                    })
-                }),
-                Err(e) => failed.set(Some(e)),
-            }
-            busy.set(false);
-            refresh.update(|n| *n += 1);
-        });
-        #[cfg(not(feature = "hydrate"))]
-        let _ = body;
     };
+    let send = {
+        let model = model.clone();
+        move |ev: leptos::ev::SubmitEvent| {
+            ev.prevent_default();
+            let Some(model) = model() else { return };
+            if draft.get_untracked().trim().is_empty() || busy.get_untracked() {
+                return;
+            }
+            let asked = next();
+            let body = chat_body(&model, &asked);
+            messages.set(asked);
+            draft.set(String::new());
+            failed.set(None);
+            answering.set(Some(String::new()));
+            busy.set(true);
+            #[cfg(feature = "hydrate")]
+            leptos::task::spawn_local(async move {
+                let result = stream_chat(body, move |text| answering.set(Some(text))).await;
+                let answer = answering.get_untracked().unwrap_or_default();
+                answering.set(None);
+                match result {
+                    Ok(()) => messages.update(|m| {
+                        m.push(Message {
+                            role: "assistant".to_owned(),
+                            content: answer,
+                        })
+                    }),
+                    Err(e) => failed.set(Some(e)),
+                }
+                busy.set(false);
+                // The engine's log lines, read again.
+                refresh.update(|n| *n += 1);
+            });
+            #[cfg(not(feature = "hydrate"))]
+            let _ = body;
+        }
+    };
+    let current = model().unwrap_or_default();
     view! {
-        <div class="page">
-            <h1>"Playground"</h1>
-            <p class="muted">"Try a deployed model through the gateway, as your account. Scripts send the same request to /v1 with an API token."</p>
-            <Transition fallback=|| view! { <p>"Loading the models…"</p> }>
-                {move || page.get().map(|answer| match answer {
+        <label for="playground-model">"Model"</label>
+        <select id="playground-model" on:change=move |ev| {
+            chosen.set(Some(event_target_value(&ev)));
+            messages.set(Vec::new());
+            failed.set(None);
+        }>
+            {models.iter().map(|m| {
+                let selected = *m == current;
+                view! { <option value=m.clone() selected=selected>{m.clone()}</option> }
+            }).collect_view()}
+        </select>
+        <section class="panel" aria-labelledby="chat-heading">
+            <h2 id="chat-heading">"Chat"</h2>
+            <ol class="chat" data-testid="chat" aria-live="polite">
+                {move || messages.get().into_iter().map(|m| view! {
+                    <li class=format!("said said-{}", m.role)><span class="who">{m.role.clone()}</span>" "<span>{m.content}</span></li>
+                }).collect_view()}
+                {move || answering.get().map(|text| view! {
+                    <li class="said said-assistant" data-testid="answering"><span class="who">"assistant"</span>" "<span>{text}</span></li>
+                })}
+            </ol>
+            {move || failed.get().map(|e| view! { <p class="error" role="alert" data-testid="chat-error">{e}</p> })}
+            <form on:submit=send>
+                <label for="playground-message">"Message"</label>
+                <textarea id="playground-message" rows="3" class="wide" prop:value=move || draft.get() on:input=move |ev| draft.set(event_target_value(&ev))></textarea>
+                <div class="actions">
+                    <button type="submit" class="primary" disabled=move || busy.get()>"Send"</button>
+                    <button type="button" on:click=move |_| { messages.set(Vec::new()); failed.set(None); }>"Start over"</button>
+                </div>
+            </form>
+        </section>
+        <section class="panel" aria-labelledby="curl-heading">
+            <h2 id="curl-heading">"The request as curl"</h2>
+            <pre class="curl" data-testid="curl" tabindex="0">{curl}</pre>
+        </section>
+        <section class="panel" aria-labelledby="logs-heading">
+            <h2 id="logs-heading">{format!("The engine's last {LOG_LINES} log lines")}</h2>
+            <Transition fallback=|| view! { <p>"Reading the log…"</p> }>
+                {move || logs.get().map(|answer| match answer {
                     Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
-                    Ok(p) if p.models.is_empty() => view! {
-                        <p class="empty" data-testid="no-models">"No model is deployed yet: deploy one first."</p>
-                    }.into_any(),
-                    Ok(p) => {
-                        let current = model().unwrap_or_default();
-                        view! {
-                            <label for="playground-model">"Model"</label>
-                            <select id="playground-model" on:change=move |ev| {
-                                chosen.set(Some(event_target_value(&ev)));
-                                messages.set(Vec::new());
-                                failed.set(None);
-                            }>
-                                {p.models.iter().map(|m| {
-                                    let selected = *m == current;
-                                    view! { <option value=m.clone() selected=selected>{m.clone()}</option> }
-                                }).collect_view()}
-                            </select>
-                            <section class="panel" aria-labelledby="logs-heading">
-                                <h2 id="logs-heading">{format!("The engine's last {LOG_LINES} log lines")}</h2>
-                                {if p.logs.is_empty() {
-                                    view! { <p class="empty">"No log lines yet."</p> }.into_any()
-                                } else {
-                                    view! { <pre class="logs" data-testid="engine-logs" tabindex="0">{p.logs.join("\n")}</pre> }.into_any()
-                                }}
-                            </section>
-                        }.into_any()
-                    }
+                    Ok(p) if p.logs.is_empty() => view! { <p class="empty">"No log lines yet."</p> }.into_any(),
+                    Ok(p) => view! { <pre class="logs" data-testid="engine-logs" tabindex="0">{p.logs.join("\n")}</pre> }.into_any(),
                 })}
             </Transition>
-            <section class="panel" aria-labelledby="chat-heading">
-                <h2 id="chat-heading">"Chat"</h2>
-                <ol class="chat" data-testid="chat" aria-live="polite">
-                    {move || messages.get().into_iter().map(|m| view! {
-                        <li class=format!("said said-{}", m.role)><span class="who">{m.role.clone()}</span>" "<span>{m.content}</span></li>
-                    }).collect_view()}
-                    {move || answering.get().map(|text| view! {
-                        <li class="said said-assistant" data-testid="answering"><span class="who">"assistant"</span>" "<span>{text}</span></li>
-                    })}
-                </ol>
-                {move || failed.get().map(|e| view! { <p class="error" role="alert" data-testid="chat-error">{e}</p> })}
-                <form on:submit=send>
-                    <label for="playground-message">"Message"</label>
-                    <textarea id="playground-message" rows="3" class="wide" prop:value=move || draft.get() on:input=move |ev| draft.set(event_target_value(&ev))></textarea>
-                    <div class="actions">
-                        <button type="submit" class="primary" disabled=move || busy.get() || model().is_none()>"Send"</button>
-                        <button type="button" on:click=move |_| { messages.set(Vec::new()); failed.set(None); }>"Start over"</button>
-                    </div>
-                </form>
-            </section>
-            <section class="panel" aria-labelledby="curl-heading">
-                <h2 id="curl-heading">"The request as curl"</h2>
-                <pre class="curl" data-testid="curl" tabindex="0">{curl}</pre>
-            </section>
-        </div>
+        </section>
     }
 }
 
