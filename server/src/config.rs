@@ -14,6 +14,10 @@ pub struct Config {
     /// Address to listen on. Without it, LEPTOS_SITE_ADDR (as cargo-leptos sets it), then 127.0.0.1:3000.
     #[arg(long, env = "LEPTOS_SITE_ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
+    /// A second address that serves the gateway (/v1) alone, for clients that should reach the models
+    /// but not the console; the gateway is on --listen's address too.
+    #[arg(long, env = "TESSERA_GATEWAY_LISTEN", value_name = "ADDR")]
+    pub gateway_listen: Option<SocketAddr>,
     /// Add the built-in demo fleet (majin, a WSL2 PC, a node with two 96 GB GPUs, an 8 × H200 node).
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,

@@ -151,16 +151,23 @@ pub fn router(state: AppState) -> Router {
                 .layer(auth::SessionsUnlessToken::new(sessions))
                 .layer(auth::GuardLayer::new(state.clone())),
         )
-        // The gateway checks its own keys and answers in OpenAI's shape; it has no sessions, no CSRF, and
-        // no 30 s bound (an answer may take longer to generate).
-        .merge(
-            gateway::routes().layer(
-                tower::ServiceBuilder::new()
-                    .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
-                    .layer(security::HeadersLayer),
-            ),
-        )
+        .merge(gateway_routes(&state))
         .with_state(state)
+}
+
+/// The gateway's routes with their layers. The gateway checks its own keys and answers in OpenAI's shape;
+/// it has no sessions, no CSRF, and no 30 s bound (an answer may take longer to generate).
+fn gateway_routes(state: &AppState) -> Router<AppState> {
+    gateway::routes().layer(
+        tower::ServiceBuilder::new()
+            .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
+            .layer(security::HeadersLayer),
+    )
+}
+
+/// The gateway alone, for `--gateway-listen`.
+pub fn gateway_router(state: AppState) -> Router {
+    gateway_routes(&state).with_state(state)
 }
 
 /// `GET /api/health`: answers as soon as the server serves, for scripts and start-up checks.
@@ -240,6 +247,23 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         Duration::from_secs(config.gateway_wait_s),
     );
     let (stop_begun, mut stopping) = tokio::sync::watch::channel(false);
+    if let Some(addr) = config.gateway_listen {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|source| ServerError::Bind { addr, source })?;
+        tracing::info!("the gateway alone listening on http://{addr}/v1");
+        let mut stop = stopping.clone();
+        let serving = axum::serve(listener, gateway_router(state.clone())).with_graceful_shutdown(
+            async move {
+                let _ = stop.wait_for(|begun| *begun).await;
+            },
+        );
+        tokio::spawn(async move {
+            if let Err(e) = serving.await {
+                tracing::error!("the gateway's own address stopped serving: {e}");
+            }
+        });
+    }
     let serving = axum::serve(
         listener,
         router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),

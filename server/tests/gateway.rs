@@ -583,3 +583,42 @@ async fn the_consoles_playground_answers_as_the_chat_route_and_is_counted_under_
     assert_eq!(report["requests"][0]["requests"], 1, "{report}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_alone_answers_on_an_address_of_its_own_and_the_console_does_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let own = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let server = Server::start_with(
+        dir.path(),
+        100,
+        &["--demo", "--gateway-listen", &own.to_string()],
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let token = Some(server.token.as_str());
+
+    let (status, body) = support::request_bytes(
+        own.port(),
+        token,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "hi"}]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body:?}");
+    let answer: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["object"], "chat.completion");
+    for path in ["/api/health", "/api/workers", "/"] {
+        let (status, _) = support::request_bytes(own.port(), token, "GET", path, None).await;
+        assert_eq!(status, 404, "{path} on the gateway's own address");
+    }
+    server.stop().await;
+}
