@@ -275,6 +275,7 @@ fn check_args(
                 Owner::ModelPath => "the catalog recipe's \"model_path\" sets it",
                 Owner::Port => "Tessera gives each engine its port, where health checks find it",
                 Owner::Host => "Tessera has engines listen on 127.0.0.1 only",
+                Owner::Name => "Tessera serves the model under its name in the catalog, as the gateway asks for it",
             };
             let what = if field == "args" {
                 format!("args[{i}]")

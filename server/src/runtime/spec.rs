@@ -169,6 +169,9 @@ impl EngineSpec {
         let fraction = |of: Bytes| self.share.map(|share| fraction(share, of));
         let port_text = port.to_string();
         let tensor_parallel = (self.gpus.len() > 1).then(|| self.gpus.len().to_string());
+        // The name the gateway asks the engine for: the model's (or the worker's), not the weights' path,
+        // which vLLM and SGLang would otherwise answer to alone.
+        let (served, _) = crate::fleet::groups::sharer(&self.unit);
         let (program, mut args): (String, Vec<String>) = match r.engine {
             Engine::Vllm => {
                 let mut args = words(&[
@@ -178,6 +181,8 @@ impl EngineSpec {
                     self.host.bind_address(),
                     "--port",
                     &port_text,
+                    "--served-model-name",
+                    served,
                 ]);
                 // vLLM's fraction is of the GPU's whole memory.
                 if let Some(f) = fraction(self.gpu_total) {
@@ -198,6 +203,8 @@ impl EngineSpec {
                     self.host.bind_address(),
                     "--port",
                     &port_text,
+                    "--served-model-name",
+                    served,
                 ]);
                 // SGLang's fraction is of the memory free when it starts, not of the GPU.
                 if let Some(f) = fraction(free_at_start) {
@@ -217,6 +224,8 @@ impl EngineSpec {
                     self.host.bind_address(),
                     "--port",
                     &port_text,
+                    "--alias",
+                    served,
                 ]),
             ),
             Engine::Command => {
@@ -291,6 +300,8 @@ pub enum Owner {
     Port,
     /// The address it listens on.
     Host,
+    /// The name it serves the model under, which the gateway asks for.
+    Name,
 }
 
 /// The flags of each engine that Tessera sets, or that size it or choose its GPUs behind Tessera's back.
@@ -301,6 +312,7 @@ fn engine_flags(engine: Engine) -> &'static [(&'static str, Owner)] {
             ("--host", Host),
             ("--port", Port),
             ("--model", ModelPath),
+            ("--served-model-name", Name),
             ("--gpu-memory-utilization", Share),
             ("--kv-cache-memory-bytes", Share),
             ("--cpu-offload-gb", Share),
@@ -315,6 +327,7 @@ fn engine_flags(engine: Engine) -> &'static [(&'static str, Owner)] {
             ("--host", Host),
             ("--port", Port),
             ("--model-path", ModelPath),
+            ("--served-model-name", Name),
             ("--mem-fraction-static", Share),
             ("--max-total-tokens", Share),
             ("--tp-size", Gpus),
@@ -328,6 +341,8 @@ fn engine_flags(engine: Engine) -> &'static [(&'static str, Owner)] {
             ("--port", Port),
             ("-m", ModelPath),
             ("--model", ModelPath),
+            ("-a", Name),
+            ("--alias", Name),
             ("-ngl", Share),
             ("--gpu-layers", Share),
             ("--n-gpu-layers", Share),
@@ -430,7 +445,7 @@ mod tests {
         assert_eq!(launch.program, "vllm");
         assert_eq!(
             launch.args.join(" "),
-            "serve zai-org/GLM --host 127.0.0.1 --port 8001 --gpu-memory-utilization 0.4 --max-model-len 8192"
+            "serve zai-org/GLM --host 127.0.0.1 --port 8001 --served-model-name glm --gpu-memory-utilization 0.4 --max-model-len 8192"
         );
         assert_eq!(launch.env["TESSERA_GPU_MEMORY_GB"], "32");
         assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "0");
@@ -447,7 +462,7 @@ mod tests {
         assert_eq!(launch.program, "python3");
         assert_eq!(
             launch.args.join(" "),
-            "-m sglang.launch_server --model-path zai-org/GLM --host 127.0.0.1 --port 8002 --mem-fraction-static 0.5 --tp-size 2 --max-model-len 8192"
+            "-m sglang.launch_server --model-path zai-org/GLM --host 127.0.0.1 --port 8002 --served-model-name glm --mem-fraction-static 0.5 --tp-size 2 --max-model-len 8192"
         );
         assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "0,1");
     }
@@ -472,7 +487,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             launch.args.join(" "),
-            "-m zai-org/GLM --host 127.0.0.1 --port 8003 --max-model-len 8192"
+            "-m zai-org/GLM --host 127.0.0.1 --port 8003 --alias glm --max-model-len 8192"
         );
         assert_eq!(launch.env["TESSERA_GPU_MEMORY_GB"], "8");
     }
@@ -583,6 +598,14 @@ mod tests {
         assert_eq!(
             owned(Engine::LlamaCpp, "--port").map(|o| o.1),
             Some(Owner::Port)
+        );
+        assert_eq!(
+            owned(Engine::Vllm, "--served-model-name").map(|o| o.1),
+            Some(Owner::Name)
+        );
+        assert_eq!(
+            owned(Engine::LlamaCpp, "--alias").map(|o| o.1),
+            Some(Owner::Name)
         );
         assert_eq!(owned(Engine::Vllm, "--max-model-len"), None);
         assert_eq!(owned(Engine::Vllm, "0.95"), None);
