@@ -397,10 +397,8 @@ const TOKEN_MEMORY: Duration = Duration::from_secs(30);
 /// What a token that works lets its holder do.
 #[derive(Debug, Clone)]
 pub struct Grant {
-    /// Its first characters, which name it in figures (`/metrics`).
-    pub prefix: String,
-    /// What it is for.
-    pub name: String,
+    /// How the gateway's figures name it: made once per lookup, not once per request.
+    pub key: crate::fleet::calls::Key,
     /// Its owner, whose role it acts with.
     pub caller: Caller,
     /// What it may call.
@@ -537,8 +535,7 @@ pub async fn grant_by_token(
     .execute(pool)
     .await?;
     let grant = Grant {
-        prefix,
-        name: token_name,
+        key: crate::fleet::calls::Key::token(&name, &token_name, &prefix),
         caller: Caller {
             name,
             role: role_of(&role)?,

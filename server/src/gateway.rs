@@ -181,11 +181,10 @@ async fn forward(State(state): State<AppState>, request: Request) -> Response {
         Ok(grant) => grant,
         Err(refused) => return refused,
     };
-    let key = Key::token(&grant.caller.name, &grant.name, &grant.prefix);
     carry(
         &state,
         grant.models.as_deref(),
-        key,
+        grant.key,
         state.gateway.wait,
         request,
     )
@@ -248,13 +247,13 @@ async fn carry(
         );
     }
     if !engines_of(state, &model).is_empty() {
-        return to_model(state, &model, &key, wait, parts, body).await;
+        return to_model(state, &model, key, wait, parts, body).await;
     }
     // A group's name: its router picks the member that answers.
     if let Ok(group) = state.fleet.group(&model) {
         let (chosen, how) = route(state, &group, &body).await;
         let mut answer =
-            to_model(state, &chosen, &key, wait, parts, with_model(body, &chosen)).await;
+            to_model(state, &chosen, key, wait, parts, with_model(body, &chosen)).await;
         for (name, value) in [
             ("x-tessera-routed-to", chosen.as_str()),
             ("x-tessera-routing", how),
@@ -354,7 +353,7 @@ async fn ask_router(
 async fn to_model(
     state: &AppState,
     model: &str,
-    key: &Key,
+    key: Key,
     wait: Duration,
     parts: axum::http::request::Parts,
     body: Bytes,
@@ -362,7 +361,7 @@ async fn to_model(
     let mut meter = Meter {
         state: state.clone(),
         model: model.to_owned(),
-        key: key.clone(),
+        key,
         failed: true,
         tail: Vec::new(),
         asked_ms: crate::fleet::usage::now_ms(),

@@ -5,7 +5,6 @@ mod support;
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -33,13 +32,9 @@ impl Answer {
 
 /// Sends `body` to the gateway's `path`, with `token` as the key.
 async fn call(server: &Server, token: Option<&str>, path: &str, body: Bytes) -> Answer {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+    let mut sender = support::connect(server.port)
         .await
-        .unwrap();
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
+        .expect("the server listens");
     let mut request = hyper::Request::post(path)
         .header(hyper::header::HOST, "127.0.0.1")
         .header(hyper::header::CONTENT_TYPE, "application/json");

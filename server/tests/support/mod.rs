@@ -176,13 +176,7 @@ impl Server {
 
     /// Follows `GET /api/events` from now on.
     pub async fn follow_events(&self) -> Events {
-        let stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .unwrap();
-        let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-            .await
-            .unwrap();
-        tokio::spawn(connection);
+        let mut sender = connect(self.port).await.expect("the server listens");
         let request = hyper::Request::get("/api/events")
             .header(hyper::header::HOST, "127.0.0.1")
             .header(
@@ -240,6 +234,18 @@ pub async fn request(port: u16, method: &str, path: &str, body: Option<Value>) -
     )
 }
 
+/// An HTTP/1 connection to `port` on this machine, or `None` when nothing listens there.
+pub async fn connect(port: u16) -> Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
+    tokio::spawn(connection);
+    Some(sender)
+}
+
 /// A request answered with its status and raw body.
 pub async fn request_bytes(
     port: u16,
@@ -248,14 +254,9 @@ pub async fn request_bytes(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Bytes) {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await;
-    let Ok(stream) = stream else {
+    let Some(mut sender) = connect(port).await else {
         return (0, Bytes::new());
     };
-    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(connection);
     let mut request = hyper::Request::builder()
         .method(method)
         .uri(path)
