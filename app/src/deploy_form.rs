@@ -5,8 +5,8 @@
 use crate::share_form::ShareRow;
 use crate::views::{CatalogEntry, DeployOptions, GroupPlan, NodeOption};
 use placement::{
-    choose_group, pick_new_group_gpus, transition, BasisPoints, Candidate, GpuRef, GroupChoice,
-    GroupGpu, PlanMember, Share,
+    choose_group, pick_new_group_gpus, running, transition, BasisPoints, Candidate, Demand, GpuRef,
+    GroupChoice, GroupGpu, PlanMember,
 };
 
 /// Step one of the wizard as filled in.
@@ -31,8 +31,10 @@ pub struct SharedDeploy {
     pub gpus: Vec<GroupGpu>,
     /// The plan the panel opens on: the group's members (the router locked), then the new model.
     pub members: Vec<PlanMember>,
-    /// The group's committed shares (empty for a new group).
-    pub before: Vec<Share>,
+    /// The group's committed plan (empty for a new group).
+    pub before: Vec<PlanMember>,
+    /// Its on-demand members not loaded now.
+    pub unloaded: Vec<String>,
     /// Members that run in another group now and move into this new one (the router).
     pub moving_in: Vec<String>,
 }
@@ -45,12 +47,9 @@ impl SharedDeploy {
 
     /// Who restarts, stops or starts if the rows are deployed, in plan order (`placement::transition`).
     pub fn restarts(&self, plan: &[PlanMember]) -> Vec<String> {
-        let after: Vec<Share> = plan
-            .iter()
-            .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
-            .collect();
+        let (before, after) = running(&self.before, &self.unloaded, plan);
         let moving: Vec<&str> = self.moving_in.iter().map(String::as_str).collect();
-        transition(&self.before, &after, &moving)
+        transition(&before, &after, &moving)
             .restarts
             .into_iter()
             .map(|r| r.member)
@@ -61,11 +60,21 @@ impl SharedDeploy {
     pub fn changed_shares(&self, plan: &[PlanMember]) -> Vec<(String, BasisPoints)> {
         plan.iter()
             .filter_map(|m| {
-                let before = self.before.iter().find(|s| s.member == m.name)?;
+                let before = self.before.iter().find(|b| b.name == m.name)?;
                 let share = m.share?;
-                (share != before.share).then(|| (m.name.clone(), share))
+                (Some(share) != before.share).then(|| (m.name.clone(), share))
             })
             .collect()
+    }
+
+    /// The other members whose demand the rows change, as the server wants them.
+    pub fn changed_demand(&self, plan: &[PlanMember]) -> Vec<(String, Demand)> {
+        let others: Vec<PlanMember> = plan
+            .iter()
+            .filter(|m| self.before.iter().any(|b| b.name == m.name))
+            .cloned()
+            .collect();
+        crate::share_form::changed_demand(&self.before, &others)
     }
 }
 
@@ -125,9 +134,8 @@ pub fn shared_deploy(
     let choice =
         choose_group(&model.name, model.group.as_deref(), &names).map_err(|e| e.to_string())?;
     let new_member = PlanMember {
-        name: model.name.clone(),
-        share: Some(model.default_share),
         locked: model.system,
+        ..PlanMember::new(&model.name, model.default_share)
     };
     match &choice {
         GroupChoice::Join(name) => {
@@ -145,11 +153,8 @@ pub fn shared_deploy(
             Ok(SharedDeploy {
                 revision: Some(group.revision),
                 gpus,
-                before: group
-                    .members
-                    .iter()
-                    .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
-                    .collect(),
+                before: group.members.clone(),
+                unloaded: group.unloaded.clone(),
                 members,
                 moving_in: Vec::new(),
                 choice,
@@ -188,6 +193,7 @@ pub fn shared_deploy(
                 moving_in: router.map(|r| r.name.clone()).into_iter().collect(),
                 members,
                 before: Vec::new(),
+                unloaded: Vec::new(),
                 choice,
             })
         }
@@ -384,6 +390,7 @@ mod tests {
                     },
                     PlanMember::new("glm-5.3", BasisPoints::percent(40)),
                 ],
+                unloaded: Vec::new(),
             }],
         }
     }

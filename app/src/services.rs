@@ -33,13 +33,14 @@ pub trait Console: Send + Sync {
     fn deploy(&self, actor: Caller, request: DeployRequest) -> Answer<'_, ChangeOutcome>;
     /// The GPU sharing form of a running model.
     fn sharing_form(&self, model: String) -> Answer<'_, SharingForm>;
-    /// Commits a group's new shares, read at `revision`.
+    /// Commits a group's new shares (and the demand of members whose demand changes), read at `revision`.
     fn change_shares(
         &self,
         actor: Caller,
         group: String,
         revision: i64,
         shares: Vec<(String, BasisPoints)>,
+        demand: Vec<(String, placement::Demand)>,
     ) -> Answer<'_, ChangeOutcome>;
     /// The Serving configuration form of a running model.
     fn serving_form(&self, caller: Caller, model: String) -> Answer<'_, ServingForm>;

@@ -1,8 +1,9 @@
 //! The Shared GPU memory panel's form state, apart from any component so that it can be tested plainly.
 
-use placement::{judge, BasisPoints, GroupGpu, PlanMember, Verdict};
+use placement::{judge, BasisPoints, Demand, GroupGpu, KeepAlive, PlanMember, Verdict};
 
-/// One member's row: its name, the text in its share field, and whether the field is locked (the router).
+/// One member's row: its name, the text in its share field, whether the field is locked (the router), and
+/// whether it loads on demand, with the keep-alive field's text.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShareRow {
     /// The member's name.
@@ -11,10 +12,14 @@ pub struct ShareRow {
     pub text: String,
     /// A system member: shown and counted, never edited.
     pub locked: bool,
+    /// Loaded when a request asks for it, rather than always.
+    pub on_demand: bool,
+    /// What the keep-alive field holds, in seconds, as typed.
+    pub keep_alive: String,
 }
 
 impl ShareRow {
-    /// A row opening on the member's share of today.
+    /// A row opening on the member's share and demand of today.
     pub fn from_member(member: &PlanMember) -> ShareRow {
         ShareRow {
             name: member.name.clone(),
@@ -23,6 +28,13 @@ impl ShareRow {
                 .map(BasisPoints::percent_text)
                 .unwrap_or_default(),
             locked: member.locked,
+            on_demand: member.demand.is_on_demand(),
+            keep_alive: member
+                .demand
+                .keep_alive()
+                .unwrap_or_default()
+                .secs()
+                .to_string(),
         }
     }
 
@@ -33,12 +45,37 @@ impl ShareRow {
             .map(|e| format!("This share {e}."))
     }
 
-    /// The member as the plan has it. A field that does not hold a share gives no explicit share.
+    /// What is wrong with the keep-alive field of an on-demand row, if anything.
+    pub fn keep_alive_error(&self) -> Option<String> {
+        if !self.on_demand {
+            return None;
+        }
+        KeepAlive::parse(&self.keep_alive).err().map(|e| {
+            let e = e.to_string();
+            let mut chars = e.chars();
+            let first = chars.next().map(|c| c.to_ascii_uppercase());
+            format!(
+                "{}{}.",
+                first.into_iter().collect::<String>(),
+                chars.as_str()
+            )
+        })
+    }
+
+    /// The member as the plan has it. A field that does not hold a share gives no explicit share; a
+    /// keep-alive field that holds none gives the default (its error keeps the form from being sent).
     pub fn member(&self) -> PlanMember {
         PlanMember {
             name: self.name.clone(),
             share: BasisPoints::parse_percent(&self.text).ok().flatten(),
             locked: self.locked,
+            demand: if self.on_demand {
+                Demand::OnDemand {
+                    keep_alive: KeepAlive::parse(&self.keep_alive).unwrap_or_default(),
+                }
+            } else {
+                Demand::Pinned
+            },
         }
     }
 }
@@ -46,6 +83,23 @@ impl ShareRow {
 /// The plan the rows describe.
 pub fn plan(rows: &[ShareRow]) -> Vec<PlanMember> {
     rows.iter().map(ShareRow::member).collect()
+}
+
+/// Whether every keep-alive field holds one: the form may be sent.
+pub fn keep_alives_valid(rows: &[ShareRow]) -> bool {
+    rows.iter().all(|r| r.keep_alive_error().is_none())
+}
+
+/// The members of `plan` whose demand differs from `before` (a member not in it was pinned), as the server
+/// wants them.
+pub fn changed_demand(before: &[PlanMember], plan: &[PlanMember]) -> Vec<(String, Demand)> {
+    plan.iter()
+        .filter(|m| {
+            let was = before.iter().find(|b| b.name == m.name);
+            was.map_or(Demand::Pinned, |b| b.demand) != m.demand
+        })
+        .map(|m| (m.name.clone(), m.demand))
+        .collect()
 }
 
 /// The rows' verdict: `placement`'s, on the plan they describe, against the group's GPUs.
@@ -56,7 +110,9 @@ pub fn verdict(rows: &[ShareRow], gpus: &[GroupGpu]) -> Verdict {
 /// The verdict as the panel states it, one line per problem (naming its member), or the line that it fits.
 pub fn verdict_lines(verdict: &Verdict) -> Vec<String> {
     match verdict.fits_message() {
-        Some(line) => vec![line],
+        Some(line) => std::iter::once(line)
+            .chain(verdict.turns_message())
+            .collect(),
         None => verdict
             .problems
             .iter()
@@ -140,6 +196,53 @@ mod tests {
             verdict_lines(&verdict(&r, &gpus())),
             ["speech: A model reserves no share of the accelerator."]
         );
+    }
+
+    #[test]
+    fn a_member_put_on_demand_takes_turns_and_the_panel_says_so_in_a_line_of_its_own() {
+        let mut r = rows();
+        r[3].on_demand = true;
+        r[3].text = "15".into();
+        r[2].on_demand = true;
+        let v = verdict(&r, &gpus());
+        assert_eq!(
+            verdict_lines(&v),
+            [
+                "The shares add up to 75% of one accelerator, which fits.",
+                "On-demand models take turns in the 50% the pinned ones leave."
+            ]
+        );
+        let before: Vec<PlanMember> = rows().iter().map(ShareRow::member).collect();
+        let changed = changed_demand(&before, &plan(&r));
+        assert_eq!(
+            changed.iter().map(|(m, _)| m.as_str()).collect::<Vec<_>>(),
+            ["vision", "speech"]
+        );
+    }
+
+    #[test]
+    fn an_on_demand_share_past_what_the_pinned_ones_leave_is_refused_in_the_seeds_words() {
+        let mut r = rows();
+        r[2].on_demand = true;
+        r[2].text = "51".into();
+        assert_eq!(
+            verdict_lines(&verdict(&r, &gpus())),
+            ["The shares add up to more than the accelerator holds."]
+        );
+    }
+
+    #[test]
+    fn a_keep_alive_that_is_not_one_says_what_to_enter_and_blocks_sending() {
+        let mut r = rows();
+        r[2].on_demand = true;
+        r[2].keep_alive = "2".into();
+        assert_eq!(
+            r[2].keep_alive_error().unwrap(),
+            "A keep-alive is a whole number of seconds from 10 to 604800 (a week)."
+        );
+        assert!(!keep_alives_valid(&r));
+        r[2].on_demand = false;
+        assert!(keep_alives_valid(&r));
     }
 
     #[test]

@@ -95,6 +95,69 @@ pub struct ModelRow {
     pub system: bool,
     /// The revision a change must name: its group's, or its own outside a group.
     pub revision: i64,
+    /// For a model loaded on demand: whether it is loaded, when it was last used, its last cold start.
+    #[serde(default)]
+    pub on_demand: Option<OnDemand>,
+}
+
+/// Whether an on-demand model is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadState {
+    /// No engine: the next request loads it.
+    NotLoaded,
+    /// Loaded for a request; its engine is not ready yet.
+    Loading,
+    /// Its engine serves.
+    Loaded,
+}
+
+impl LoadState {
+    /// The word the Models tab shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            LoadState::NotLoaded => "not loaded",
+            LoadState::Loading => "loading",
+            LoadState::Loaded => "loaded",
+        }
+    }
+}
+
+/// How an on-demand model is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OnDemand {
+    /// How long it stays loaded with no request, seconds.
+    pub keep_alive_s: u32,
+    /// Loaded or not.
+    pub state: LoadState,
+    /// When a request last began or ended for it (RFC 3339), since the server started.
+    pub last_used: Option<String>,
+    /// Its last cold start, from the request that loaded it to its engine being ready, in milliseconds.
+    pub cold_start_ms: Option<u64>,
+}
+
+impl OnDemand {
+    /// The Models tab's line: `On demand, unloaded after 300 s idle: loaded; last used …; last cold start
+    /// 1.2 s.`
+    pub fn line(&self) -> String {
+        let mut line = format!(
+            "On demand, unloaded after {} s idle: {}",
+            self.keep_alive_s,
+            self.state.label()
+        );
+        if let Some(at) = &self.last_used {
+            line.push_str(&format!("; last used {at}"));
+        }
+        if let Some(ms) = self.cold_start_ms {
+            line.push_str(&format!(
+                "; last cold start {}.{} s",
+                ms / 1000,
+                ms % 1000 / 100
+            ));
+        }
+        line.push('.');
+        line
+    }
 }
 
 impl ModelRow {
@@ -110,11 +173,16 @@ impl ModelRow {
 
     /// The state of its worst engine (`Serving` when every engine is healthy), with why.
     pub fn state(&self) -> (EngineStatus, Option<String>) {
+        let idle = self
+            .on_demand
+            .as_ref()
+            .filter(|o| o.state == LoadState::NotLoaded)
+            .map(|_| "not loaded: the next request loads it".to_owned());
         self.engines
             .iter()
             .max_by_key(|e| e.status.concern())
             .map(|e| (e.status, e.message.clone()))
-            .unwrap_or((EngineStatus::Stopped, None))
+            .unwrap_or((EngineStatus::Stopped, idle))
     }
 
     /// The Share column: `40%` in a group, `2 whole GPUs` outside one.
@@ -456,6 +524,16 @@ pub struct GroupPlan {
     pub gpus: Vec<GpuRef>,
     /// Its members with their shares; the router locked.
     pub members: Vec<PlanMember>,
+    /// Its on-demand members that are not loaded now: they run no engine, so a change restarts none.
+    #[serde(default)]
+    pub unloaded: Vec<String>,
+}
+
+impl GroupPlan {
+    /// The members whose engines run before a change to `after`, and after it (`placement::running`).
+    pub fn running(&self, after: &[PlanMember]) -> (Vec<placement::Share>, Vec<placement::Share>) {
+        placement::running(&self.members, &self.unloaded, after)
+    }
 }
 
 /// What the Deploy a model wizard needs to judge a deploy in the browser.
@@ -491,6 +569,12 @@ pub struct DeployRequest {
     pub share: Option<BasisPoints>,
     /// New shares of other members of the group it joins (only those that change).
     pub shares: Vec<(String, BasisPoints)>,
+    /// Whether it is pinned or loaded on demand.
+    #[serde(default)]
+    pub demand: placement::Demand,
+    /// New demand of other members of the group it joins (only those that change).
+    #[serde(default)]
+    pub demands: Vec<(String, placement::Demand)>,
     /// The revision of the group it joins, as the wizard read it.
     pub revision: Option<i64>,
     /// Its serving configuration.
@@ -702,7 +786,40 @@ mod tests {
                 .collect(),
             system: false,
             revision: 1,
+            on_demand: None,
         }
+    }
+
+    #[test]
+    fn an_on_demand_model_says_whether_it_is_loaded_when_it_was_used_and_its_last_cold_start() {
+        let mut r = row(&[]);
+        r.on_demand = Some(OnDemand {
+            keep_alive_s: 300,
+            state: LoadState::NotLoaded,
+            last_used: None,
+            cold_start_ms: None,
+        });
+        assert_eq!(
+            r.state(),
+            (
+                EngineStatus::Stopped,
+                Some("not loaded: the next request loads it".to_owned())
+            )
+        );
+        assert_eq!(
+            r.on_demand.as_ref().unwrap().line(),
+            "On demand, unloaded after 300 s idle: not loaded."
+        );
+        let loaded = OnDemand {
+            keep_alive_s: 60,
+            state: LoadState::Loaded,
+            last_used: Some("2026-12-04T03:10:00Z".into()),
+            cold_start_ms: Some(1_234),
+        };
+        assert_eq!(
+            loaded.line(),
+            "On demand, unloaded after 60 s idle: loaded; last used 2026-12-04T03:10:00Z; last cold start 1.2 s."
+        );
     }
 
     #[test]

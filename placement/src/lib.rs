@@ -5,10 +5,12 @@
 //! - [`inventory`]: machines and GPUs; a GPU offers its total less what is held outside Tessera.
 //! - [`request`] and [`schedule`]: placing workers whole or shared by memory, by best fit.
 //! - [`plan`], [`group`] and [`restart`]: share plans of sharing groups, and how a change is rolled out.
+//! - [`demand`]: pinned and on-demand members, which make way and when they unload.
 //! - [`usage`]: GPU time, use and energy split among sharers.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod demand;
 pub mod group;
 pub mod inventory;
 pub mod plan;
@@ -22,6 +24,7 @@ pub mod usage;
 #[cfg(test)]
 mod testing;
 
+pub use demand::{eviction_order, expired, running, Demand, KeepAlive, KeepAliveError, Loaded};
 pub use group::{
     check_new_group, choose_group, group_gpus, member_assignments, pick_new_group_gpus, Candidate,
     GroupChoice, GroupError,

@@ -1,5 +1,6 @@
 //! The verdict on a share plan (seed 003): the members of a sharing group and each one's share of a GPU.
 
+use crate::demand::Demand;
 use crate::inventory::GpuRef;
 use crate::reason::PendingReason;
 use crate::units::{BasisPoints, Bytes};
@@ -25,15 +26,19 @@ pub struct PlanMember {
     pub share: Option<BasisPoints>,
     /// A system member (the router): shown, counted, never edited.
     pub locked: bool,
+    /// Always loaded, or loaded when asked for.
+    #[serde(default)]
+    pub demand: Demand,
 }
 
 impl PlanMember {
-    /// A member with an explicit share, editable.
+    /// A pinned member with an explicit share, editable.
     pub fn new(name: impl Into<String>, share: BasisPoints) -> PlanMember {
         PlanMember {
             name: name.into(),
             share: Some(share),
             locked: false,
+            demand: Demand::Pinned,
         }
     }
 }
@@ -122,8 +127,13 @@ impl Problem {
 /// The verdict on a share plan: refused when it has problems; otherwise it fits, perhaps with a warning.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Verdict {
-    /// The sum of the explicit shares.
+    /// The most the plan holds at once: the pinned shares, and the largest on-demand one (they take turns).
+    /// With every member pinned, the sum of the explicit shares.
     pub total: BasisPoints,
+    /// What the pinned members leave of one accelerator, when some members are on demand: they take
+    /// turns in it.
+    #[serde(default)]
+    pub turns: Option<BasisPoints>,
     /// Why the plan is refused; empty when it fits.
     pub problems: Vec<Problem>,
 }
@@ -144,6 +154,13 @@ impl Verdict {
         self.total.free()
     }
 
+    /// The panel's line of its own when some members are on demand: `On-demand models take turns in the
+    /// 30% the pinned ones leave.`
+    pub fn turns_message(&self) -> Option<String> {
+        self.turns
+            .map(|left| format!("On-demand models take turns in the {left} the pinned ones leave."))
+    }
+
     /// The line under the bar when the plan fits: `The shares add up to 85% of one accelerator, which fits.`
     pub fn fits_message(&self) -> Option<String> {
         (!self.is_refused()).then(|| {
@@ -155,8 +172,9 @@ impl Verdict {
     }
 }
 
-/// Judges a plan: every member needs a share above 0, the shares may add up to at most 100 %, and each GPU of
-/// the group must offer what the plan needs beside the shared work already on it.
+/// Judges a plan: every member needs a share above 0; the pinned shares, with each on-demand share on its own
+/// (on-demand models take turns), may add up to at most 100 %; and each GPU of the group must offer what
+/// the plan holds at most beside the shared work already on it.
 pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
     let mut problems = Vec::new();
     for member in members {
@@ -170,7 +188,17 @@ pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
             Some(_) => {}
         }
     }
-    let total: BasisPoints = members.iter().filter_map(|m| m.share).sum();
+    let pinned: BasisPoints = members
+        .iter()
+        .filter(|m| !m.demand.is_on_demand())
+        .filter_map(|m| m.share)
+        .sum();
+    let largest_turn = members
+        .iter()
+        .filter(|m| m.demand.is_on_demand())
+        .map(|m| m.share.unwrap_or_default())
+        .max();
+    let total = pinned + largest_turn.unwrap_or_default();
     if total > BasisPoints::WHOLE {
         problems.push(Problem::OverAccelerator);
     } else {
@@ -196,7 +224,11 @@ pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
             problems.extend(reason.map(Problem::GpuShort));
         }
     }
-    Verdict { total, problems }
+    Verdict {
+        total,
+        turns: largest_turn.map(|_| pinned.free()),
+        problems,
+    }
 }
 
 #[cfg(test)]
@@ -210,6 +242,7 @@ mod tests {
                 name: name.into(),
                 share: pct.map(BasisPoints::percent),
                 locked: false,
+                demand: Demand::Pinned,
             })
             .collect()
     }
@@ -340,6 +373,87 @@ mod tests {
         assert_eq!(
             v.problems[0].message(),
             "GPU 0 of majin: 6.5 of 7 GB taken by shared work; it needs 1.6"
+        );
+    }
+
+    fn on_demand(name: &str, pct: u32) -> PlanMember {
+        PlanMember {
+            demand: Demand::OnDemand {
+                keep_alive: crate::demand::KeepAlive::DEFAULT,
+            },
+            ..PlanMember::new(name, BasisPoints::percent(pct))
+        }
+    }
+
+    #[test]
+    fn on_demand_models_take_turns_in_what_the_pinned_ones_leave() {
+        // 70 % pinned; 25 % and 30 % on demand: each fits beside the pinned ones on its own.
+        let members = [
+            PlanMember::new("glm", BasisPoints::percent(60)),
+            PlanMember::new("router", BasisPoints::percent(10)),
+            on_demand("vision", 25),
+            on_demand("speech", 30),
+        ];
+        let v = judge(&members, &[gpu96()]);
+        assert!(!v.is_refused());
+        assert_eq!(v.total, BasisPoints::percent(100));
+        assert_eq!(
+            v.turns_message().unwrap(),
+            "On-demand models take turns in the 30% the pinned ones leave."
+        );
+        assert_eq!(
+            v.fits_message().unwrap(),
+            "The shares add up to 100% of one accelerator, which fits."
+        );
+        assert_eq!(judge(&members[..2], &[gpu96()]).turns_message(), None);
+    }
+
+    #[test]
+    fn an_on_demand_share_that_does_not_fit_beside_the_pinned_ones_is_refused() {
+        let members = [
+            PlanMember::new("glm", BasisPoints::percent(70)),
+            on_demand("vision", 25),
+            on_demand("speech", 31),
+        ];
+        let v = judge(&members, &[gpu96()]);
+        assert_eq!(v.problems, [Problem::OverAccelerator]);
+        assert_eq!(
+            v.problems[0].message(),
+            "The shares add up to more than the accelerator holds."
+        );
+    }
+
+    #[test]
+    fn a_gpu_must_offer_the_pinned_shares_and_the_largest_turn() {
+        let busy = GroupGpu {
+            taken_by_others: Bytes::gb(24),
+            ..gpu96()
+        };
+        // 50 % pinned and a 30 % turn: 76.8 GB beside the 24 taken, on a 96 GB GPU.
+        let members = [
+            PlanMember::new("glm", BasisPoints::percent(50)),
+            on_demand("vision", 30),
+            on_demand("speech", 20),
+        ];
+        let v = judge(&members, std::slice::from_ref(&busy));
+        assert_eq!(
+            v.problems[0].message(),
+            "GPU 0 of atlas: 24 of 96 GB taken by shared work; it needs 76.8"
+        );
+        let fits = judge(&members[..1], &[busy]);
+        assert!(!fits.is_refused());
+    }
+
+    #[test]
+    fn an_on_demand_member_without_a_share_is_named_as_any_other() {
+        let mut speech = on_demand("speech", 10);
+        speech.share = None;
+        let v = judge(&[speech], &[gpu96()]);
+        assert_eq!(
+            v.problems,
+            [Problem::NoExplicitShare {
+                member: "speech".into()
+            }]
         );
     }
 

@@ -16,7 +16,7 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post, put, MethodRouter};
 use axum::{Json, Router};
-use placement::{judge, BasisPoints, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
+use placement::{judge, BasisPoints, Demand, GpuRef, Grouping, PlanMember, UsageReport, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -527,6 +527,9 @@ struct PlanMemberRequest {
     share: Option<f64>,
     #[serde(default)]
     locked: bool,
+    /// Pinned (the default) or on demand: on-demand members take turns beside the pinned ones.
+    #[serde(default)]
+    demand: Demand,
 }
 
 // Errors as the REST API answers them: the status for each kind, `{"error": "..."}` as the body (with the
@@ -622,6 +625,13 @@ pub struct Deploy {
     /// The revision of the group it joins; required when it joins one.
     #[serde(default)]
     pub revision: Option<i64>,
+    /// Always loaded (`{"mode": "pinned"}`, the default), or loaded when a request asks for it
+    /// (`{"mode": "on_demand", "keep_alive": 300}`, seconds).
+    #[serde(default)]
+    pub demand: Demand,
+    /// New demand for other members of the group it joins, as in a plan change.
+    #[serde(default)]
+    pub demands: BTreeMap<String, Demand>,
     /// Serving configuration: arguments added to the model's recipe.
     #[serde(default)]
     pub args: Vec<String>,
@@ -638,6 +648,10 @@ pub struct PlanUpdate {
     pub revision: i64,
     /// Each member's share, percent. A member left out has no explicit share, which the verdict refuses.
     pub shares: BTreeMap<String, f64>,
+    /// Members whose demand changes (`{"mode": "pinned"}` or `{"mode": "on_demand", "keep_alive": 300}`);
+    /// the others keep theirs.
+    #[serde(default)]
+    pub demand: BTreeMap<String, Demand>,
 }
 
 /// `PUT /api/deployments/{model}/serving`: the whole serving configuration, read at `revision` (the
@@ -686,7 +700,14 @@ impl Deploy {
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
         let share = self.share.map(|p| percent(p, &self.model)).transpose()?;
         Ok(DeployCommand {
-            sharing: Sharing::new(self.shared, share, percents(self.shares)?, self.revision)?,
+            sharing: Sharing::new(
+                self.shared,
+                share,
+                percents(self.shares)?,
+                self.revision,
+                self.demand,
+                self.demands,
+            )?,
             model: self.model,
             gpus,
             serving: Serving {
@@ -703,6 +724,7 @@ impl PlanUpdate {
         Ok(PlanCommand {
             revision: self.revision,
             shares: percents(self.shares)?,
+            demand: self.demand,
         })
     }
 }
@@ -734,6 +756,9 @@ pub struct VerdictView {
     pub warning: Option<String>,
     /// Why it is refused, each naming its member where there is one.
     pub problems: Vec<ProblemView>,
+    /// With on-demand members: `On-demand models take turns in the 30% the pinned ones leave.`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turns: Option<String>,
 }
 
 /// One reason a plan is refused.
@@ -769,6 +794,7 @@ impl From<&Verdict> for VerdictView {
                     member: p.member().map(str::to_owned),
                 })
                 .collect(),
+            turns: verdict.turns_message(),
         }
     }
 }
@@ -784,6 +810,7 @@ async fn validate_plan(
             name: m.name.clone(),
             share,
             locked: m.locked,
+            demand: m.demand,
         });
     }
     let mut gpus = Vec::with_capacity(plan.gpus.len());

@@ -20,7 +20,7 @@ use app::views::{
     NewApiToken, NodeModel, NodeOption, NodeRow, PendingLine, PlanProgress, Playground, Serving,
     ServingForm, Sharer, SharingForm, StepLine, StepState, TokenLimits, WorkerLine,
 };
-use placement::{BasisPoints, Bytes, GpuChoice, GpuRef, Grouping, PlanMember, UsageReport};
+use placement::{BasisPoints, Bytes, Demand, GpuChoice, GpuRef, Grouping, UsageReport};
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -101,15 +101,8 @@ fn plan_of(group: &Group, system: &[String]) -> GroupPlan {
         name: group.name.clone(),
         revision: group.revision,
         gpus: group.gpus.clone(),
-        members: group
-            .members
-            .iter()
-            .map(|s| PlanMember {
-                name: s.member.clone(),
-                share: Some(s.share),
-                locked: system.contains(&s.member),
-            })
-            .collect(),
+        members: group.plan(system),
+        unloaded: group.unloaded(),
     }
 }
 
@@ -185,6 +178,7 @@ impl ConsoleService {
                         .collect(),
                     system: system.contains(&share.member),
                     revision: group.revision,
+                    on_demand: self.fleet.on_demand_view(&share.member),
                 });
             }
         }
@@ -202,6 +196,7 @@ impl ConsoleService {
                     .collect(),
                 system: false,
                 revision: worker.revision,
+                on_demand: None,
             });
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));
@@ -540,6 +535,8 @@ impl Console for ConsoleService {
                 request.share,
                 request.shares.into_iter().collect(),
                 request.revision,
+                request.demand,
+                request.demands.into_iter().collect(),
             );
             let deploy = DeployCommand {
                 model: request.model,
@@ -569,11 +566,13 @@ impl Console for ConsoleService {
         group: String,
         revision: i64,
         shares: Vec<(String, BasisPoints)>,
+        demand: Vec<(String, Demand)>,
     ) -> Answer<'_, ChangeOutcome> {
         Box::pin(async move {
             let update = PlanCommand {
                 revision,
                 shares: shares.into_iter().collect(),
+                demand: demand.into_iter().collect(),
             };
             self.fleet
                 .change_plan(&group, update, &actor.name)

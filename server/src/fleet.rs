@@ -18,6 +18,7 @@ pub mod usage;
 pub mod authority;
 pub mod calls;
 mod catalog;
+pub mod demand;
 mod engines;
 mod machines;
 mod workers;
@@ -56,6 +57,8 @@ pub struct Fleet {
     unreachable: std::sync::RwLock<BTreeMap<String, String>>,
     /// What the gateway carried, counted for the usage report and `/metrics`.
     calls: calls::Calls,
+    /// When on-demand models were last used, and which wait to load.
+    activity: Arc<demand::Activity>,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -127,6 +130,7 @@ impl Fleet {
             views: RwLock::new(Arc::new(Views::of(&state.committed, &state.ledger))),
             unreachable: std::sync::RwLock::default(),
             calls: calls::Calls::default(),
+            activity: Arc::new(demand::Activity::new()),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));
@@ -138,13 +142,20 @@ impl Fleet {
         &self.runtime
     }
 
-    /// The models (and workers) with an engine now, by name: what the gateway answers for.
+    /// The models (and workers) with an engine now, and the on-demand models (which a request loads), by
+    /// name: what the gateway answers for.
     pub fn served(&self) -> Vec<String> {
+        let committed = self.committed();
+        let on_demand = committed
+            .groups
+            .iter()
+            .flat_map(|g| g.demand.keys().cloned());
         let mut names: Vec<String> = self
             .runtime
             .engines()
             .into_iter()
             .filter_map(|e| e.model.or(e.worker))
+            .chain(on_demand)
             .collect();
         names.sort();
         names.dedup();

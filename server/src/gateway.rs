@@ -6,7 +6,9 @@
 
 use crate::accounts::{self, Grant};
 use crate::auth::Actor;
+use crate::error::ApiError;
 use crate::fleet::calls::{Counts, Key};
+use crate::fleet::demand::Load;
 use crate::fleet::groups::{GroupView, MemberView};
 use crate::runtime::spec::Host;
 use crate::runtime::{EngineState, EngineView};
@@ -246,7 +248,7 @@ async fn carry(
             ),
         );
     }
-    if !engines_of(state, &model).is_empty() {
+    if !engines_of(state, &model).is_empty() || state.fleet.on_demand(&model).is_some() {
         return to_model(state, &model, key, wait, parts, body).await;
     }
     // A group's name: its router picks the member that answers.
@@ -367,8 +369,47 @@ async fn to_model(
         asked_ms: crate::fleet::usage::now_ms(),
     };
     let runtime = state.fleet.runtime();
+    let asked = tokio::time::Instant::now();
+    // An on-demand model is busy while a request waits for it (it is not unloaded under the request), and
+    // is loaded for it when it is not: a fleet change, carried out after what makes way has stopped.
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
-    let deadline = tokio::time::Instant::now() + wait;
+    let deadline = asked + wait;
+    let on_demand = state.fleet.on_demand(model);
+    let waiting = on_demand.map(|_| state.fleet.activity().wait(model));
+    let mut cold = false;
+    if on_demand == Some(false) {
+        // Where the room is taken by models with requests in flight, the load waits for one to end.
+        loop {
+            match state.fleet.load(model).await {
+                Ok(load) => {
+                    cold = matches!(load, Load::Loading { .. });
+                    break;
+                }
+                Err(ApiError::Conflict(_)) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(READY_POLL).await;
+                }
+                Err(e) => {
+                    let message = match e {
+                        ApiError::Internal(detail) => {
+                            tracing::error!("{model} could not be loaded: {detail}");
+                            format!("{model} could not be loaded; it has been logged")
+                        }
+                        refused => refused.to_string(),
+                    };
+                    let mut answer = openai_error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "server_error",
+                        "model_not_loaded",
+                        message,
+                    );
+                    answer
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+                    return answer;
+                }
+            }
+        }
+    }
     let (in_flight, host, port) = loop {
         let ready: Vec<(EngineView, (String, u16))> = engines_of(state, model)
             .into_iter()
@@ -402,6 +443,10 @@ async fn to_model(
         }
         tokio::time::sleep(READY_POLL).await;
     };
+    if cold {
+        state.fleet.activity().cold_started(model, asked.elapsed());
+    }
+    drop(waiting);
     let path = parts
         .uri
         .path_and_query()
@@ -486,6 +531,7 @@ impl Meter {
 
 impl Drop for Meter {
     fn drop(&mut self) {
+        self.state.fleet.activity().touch(&self.model);
         let (prompt_tokens, completion_tokens) = usage_in(&self.tail).unwrap_or_default();
         self.state.fleet.calls().record(
             &self.model,

@@ -238,6 +238,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     tokio::spawn(forget_expired_sessions(pool.clone()));
     tokio::spawn(db::keep_tidy(pool.clone(), config.retention.retention()));
     tokio::spawn(fleet.clone().keep_writing_calls(CALLS_WRITE));
+    tokio::spawn(fleet.clone().keep_unloading(KEEP_ALIVE_CHECK));
     tracing::info!("Tessera listening on http://{}", config.listen);
     let state = AppState::serving(
         leptos_options,
@@ -310,6 +311,9 @@ async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
 
 /// How often the gateway's figures are written (a stop writes them once more; a crash loses at most this).
 const CALLS_WRITE: Duration = Duration::from_secs(10);
+
+/// How often the keep-alives of loaded on-demand models are checked.
+const KEEP_ALIVE_CHECK: Duration = Duration::from_secs(1);
 
 /// How long the requests in flight may take to finish once a graceful stop begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(30);

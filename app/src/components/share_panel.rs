@@ -60,16 +60,70 @@ pub fn SharedGpuMemoryPanel(
                         <span class="field-error" role="alert">{error}</span>
                     </td>
                     <td class="gb">{move || gb().map(|gb| format!("{gb} GB"))}</td>
+                    <td class="demand">
+                        {(!locked).then(|| {
+                            let demand_id = format!("on-demand-{i}");
+                            let keep_id = format!("keep-alive-{i}");
+                            let on = move || rows.with(|r| r[i].on_demand);
+                            let keep = move || rows.with(|r| r[i].keep_alive.clone());
+                            let keep_error = move || rows.with(|r| r[i].keep_alive_error());
+                            view! {
+                                <input
+                                    id=demand_id.clone()
+                                    type="checkbox"
+                                    data-testid="on-demand"
+                                    aria-label=format!("Load {label} on demand")
+                                    prop:checked=on
+                                    on:change=move |ev| {
+                                        let checked = event_target_checked(&ev);
+                                        rows.update(|r| r[i].on_demand = checked);
+                                    }
+                                />
+                                <label for=demand_id>"on demand"</label>
+                                <span hidden=move || !on()>
+                                    ", unloaded after "
+                                    <input
+                                        id=keep_id
+                                        type="text"
+                                        inputmode="numeric"
+                                        autocomplete="off"
+                                        size="6"
+                                        data-testid="keep-alive"
+                                        aria-label=format!("Keep-alive of {label} with no request, seconds")
+                                        prop:value=keep
+                                        on:input=move |ev| {
+                                            let value = event_target_value(&ev);
+                                            rows.update(|r| r[i].keep_alive = value);
+                                        }
+                                    />
+                                    " s idle"
+                                    <span class="field-error" role="alert">{keep_error}</span>
+                                </span>
+                            }
+                        })}
+                    </td>
                 </tr>
             }
         })
         .collect_view();
 
-    // SVG rather than styled boxes: the page's Content Security Policy allows no inline styles.
+    // SVG rather than styled boxes: the page's Content Security Policy allows no inline styles. On-demand
+    // members take turns: the bar shows the room they take turns in once, as large as the largest of them.
     let segments = move || {
         rows.with(|r| {
-            let shares: Vec<(String, BasisPoints)> =
-                r.iter().filter_map(|row| row.member().share.map(|s| (row.name.clone(), s))).collect();
+            let members: Vec<_> = r.iter().map(ShareRow::member).collect();
+            let turn = members
+                .iter()
+                .filter(|m| m.demand.is_on_demand())
+                .filter_map(|m| m.share)
+                .max()
+                .map(|s| ("on-demand turns".to_owned(), s));
+            let shares: Vec<(String, BasisPoints)> = members
+                .iter()
+                .filter(|m| !m.demand.is_on_demand())
+                .filter_map(|m| m.share.map(|s| (m.name.clone(), s)))
+                .chain(turn)
+                .collect();
             // Over 100 % the bar shows the proportions; the verdict says what is wrong.
             let scale = shares.iter().map(|(_, s)| *s).sum::<BasisPoints>().max(BasisPoints::WHOLE);
             let mut x = 0u64;
@@ -115,6 +169,7 @@ pub fn SharedGpuMemoryPanel(
                         <th scope="col">"Model"</th>
                         <th scope="col">"GPU memory share"</th>
                         <th scope="col">"Memory"</th>
+                        <th scope="col">"Loading"</th>
                     </tr>
                 </thead>
                 <tbody>
@@ -123,11 +178,12 @@ pub fn SharedGpuMemoryPanel(
                         <th scope="row">"Total"</th>
                         <td data-testid="total">{total}</td>
                         <td></td>
+                        <td></td>
                     </tr>
                     <tr class="free" class:warn=warns>
                         <th scope="row">"Free"</th>
                         <td data-testid="free">{free}</td>
-                        <td data-testid="free-warning">{move || warns().then_some(placement::plan::FREE_ROW_WARNING)}</td>
+                        <td data-testid="free-warning" colspan="2">{move || warns().then_some(placement::plan::FREE_ROW_WARNING)}</td>
                     </tr>
                 </tbody>
             </table>

@@ -123,7 +123,11 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             Err(_) => judge(&[], &[]),
         })
     });
-    let refused = move || sharing.get() && verdict.with(Verdict::is_refused);
+    let refused = move || {
+        sharing.get()
+            && (verdict.with(Verdict::is_refused)
+                || !rows.with(|r| share_form::keep_alives_valid(r)))
+    };
 
     let navigate = use_navigate();
     Effect::new(move |_| {
@@ -158,6 +162,12 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                     .find(|m| m.name == model)
                     .and_then(|m| m.share),
                 shares: plan.changed_shares(&members),
+                demand: members
+                    .iter()
+                    .find(|m| m.name == model)
+                    .map(|m| m.demand)
+                    .unwrap_or_default(),
+                demands: plan.changed_demand(&members),
                 gpus: plan.gpus.iter().map(|g| g.gpu.clone()).collect(),
                 revision: plan.revision,
                 shared: true,
@@ -169,6 +179,8 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 gpus: whole.get_untracked().ok()?,
                 share: None,
                 shares: Vec::new(),
+                demand: placement::Demand::Pinned,
+                demands: Vec::new(),
                 revision: None,
                 shared: false,
                 model,

@@ -5,7 +5,7 @@ use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{ChangeOutcome, EngineStatus, ModelRow, PlanProgress, StepState};
+use crate::views::{ChangeOutcome, EngineStatus, ModelRow, OnDemand, PlanProgress, StepState};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
@@ -206,6 +206,9 @@ fn ModelLine(
             <td data-testid="state">
                 <span class=move || format!("state {}", state().0.css_class())>{move || state().0.label()}</span>
                 {move || state().1.map(|m| view! { <span class="why">{m}</span> })}
+                {move || row.with(|r| r.on_demand.as_ref().map(OnDemand::line)).map(|line| view! {
+                    <span class="why" data-testid="on-demand">{line}</span>
+                })}
             </td>
             <td class="menu-cell">
                 <details class="menu">

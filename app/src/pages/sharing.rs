@@ -6,12 +6,12 @@ use crate::components::confirm::Confirm;
 use crate::components::share_panel::SharedGpuMemoryPanel;
 use crate::error::AppError;
 use crate::share_form::{self, ShareRow};
-use crate::views::{ChangeOutcome, SharingForm};
+use crate::views::{ChangeOutcome, GroupPlan, SharingForm};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
 use leptos_router::hooks::{use_navigate, use_params_map};
-use placement::{transition, BasisPoints, Share, Verdict};
+use placement::{transition, BasisPoints, Demand, Verdict};
 
 /// The form of `model`'s group, as committed now.
 #[server(prefix = "/rpc", endpoint = "load_sharing_form", input = Json, client = crate::csrf::CsrfClient)]
@@ -27,10 +27,11 @@ pub async fn save_shares(
     group: String,
     revision: i64,
     shares: Vec<(String, BasisPoints)>,
+    demand: Vec<(String, Demand)>,
 ) -> Result<ChangeOutcome, AppError> {
     let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.change_shares(actor, group, revision, shares)).await
+    crate::services::answer(console.change_shares(actor, group, revision, shares, demand)).await
 }
 
 /// The page.
@@ -52,22 +53,10 @@ pub fn SharingPage() -> impl IntoView {
     }
 }
 
-/// The shares of today: what Save compares the form with.
-fn committed(form: &SharingForm) -> Vec<Share> {
-    form.group
-        .members
-        .iter()
-        .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
-        .collect()
-}
-
-/// The models that restart when the rows are saved, in plan order.
-pub fn restarts(before: &[Share], rows: &[ShareRow]) -> Vec<String> {
-    let after: Vec<Share> = share_form::plan(rows)
-        .into_iter()
-        .map(|m| Share::new(m.name, m.share.unwrap_or_default()))
-        .collect();
-    transition(before, &after, &[])
+/// The models that restart when the rows are saved, in plan order: of those whose engines run.
+pub fn restarts(group: &GroupPlan, rows: &[ShareRow]) -> Vec<String> {
+    let (before, after) = group.running(&share_form::plan(rows));
+    transition(&before, &after, &[])
         .restarts
         .into_iter()
         .map(|r| r.member)
@@ -86,11 +75,16 @@ fn SharingEditor(form: SharingForm) -> impl IntoView {
     let gpus = form.gpus.clone();
     let verdict: Memo<Verdict> = Memo::new(move |_| rows.with(|r| share_form::verdict(r, &gpus)));
     let changed = Memo::new(move |_| rows.with(|r| *r != opened));
-    let save_available = move || changed.get() && !verdict.with(Verdict::is_refused);
-    let before = committed(&form);
+    let save_available = move || {
+        changed.get()
+            && !verdict.with(Verdict::is_refused)
+            && rows.with(|r| share_form::keep_alives_valid(r))
+    };
+    let before = form.group.clone();
     let confirming = RwSignal::new(None::<Vec<String>>);
     let save = ServerAction::<SaveShares>::new();
     let group = form.group.name.clone();
+    let members = form.group.members.clone();
     let revision = form.group.revision;
     let hydrated = RwSignal::new(false);
     Effect::new(move |_| hydrated.set(true));
@@ -135,6 +129,7 @@ fn SharingEditor(form: SharingForm) -> impl IntoView {
                 }.into_any(),
                 Some(names) => {
                     let group = group.clone();
+                    let members = members.clone();
                     view! {
                         <Confirm
                             title="Save the new shares?"
@@ -142,13 +137,13 @@ fn SharingEditor(form: SharingForm) -> impl IntoView {
                             confirm="Save"
                             pending=save.pending()
                             on_confirm=move || {
-                                let shares = rows.with_untracked(|r| {
-                                    share_form::plan(r)
-                                        .into_iter()
-                                        .filter_map(|m| Some((m.name, m.share?)))
-                                        .collect()
-                                });
-                                save.dispatch(SaveShares { group: group.clone(), revision, shares });
+                                let plan = rows.with_untracked(|r| share_form::plan(r));
+                                let demand = share_form::changed_demand(&members, &plan);
+                                let shares = plan
+                                    .into_iter()
+                                    .filter_map(|m| Some((m.name, m.share?)))
+                                    .collect();
+                                save.dispatch(SaveShares { group: group.clone(), revision, shares, demand });
                             }
                             on_cancel=move || confirming.set(None)
                         />
@@ -163,35 +158,72 @@ fn SharingEditor(form: SharingForm) -> impl IntoView {
 mod tests {
     use super::*;
 
+    use placement::{KeepAlive, PlanMember};
+
     fn rows(shares: &[(&str, &str)]) -> Vec<ShareRow> {
         shares
             .iter()
-            .map(|(name, text)| ShareRow {
-                name: (*name).into(),
-                text: (*text).into(),
-                locked: false,
+            .map(|(name, text)| {
+                ShareRow::from_member(&PlanMember {
+                    share: BasisPoints::parse_percent(text).unwrap(),
+                    ..PlanMember::new(*name, BasisPoints::ZERO)
+                })
             })
             .collect()
     }
 
+    fn group(unloaded: &[&str]) -> GroupPlan {
+        let on_demand = Demand::OnDemand {
+            keep_alive: KeepAlive::DEFAULT,
+        };
+        GroupPlan {
+            name: "text-router".into(),
+            revision: 3,
+            gpus: Vec::new(),
+            members: vec![
+                PlanMember::new("semantic-router", BasisPoints::percent(10)),
+                PlanMember::new("glm-5.3", BasisPoints::percent(40)),
+                PlanMember {
+                    demand: on_demand,
+                    ..PlanMember::new("vision", BasisPoints::percent(25))
+                },
+            ],
+            unloaded: unloaded.iter().map(|u| (*u).to_owned()).collect(),
+        }
+    }
+
     #[test]
     fn only_the_members_whose_share_changed_restart() {
-        let before = vec![
-            Share::new("semantic-router", BasisPoints::percent(10)),
-            Share::new("glm-5.3", BasisPoints::percent(40)),
-            Share::new("vision", BasisPoints::percent(25)),
-        ];
+        let before = group(&[]);
         let now = rows(&[
             ("semantic-router", "10"),
             ("glm-5.3", "35"),
             ("vision", "30"),
         ]);
+        let mut now = now;
+        now[2].on_demand = true;
         assert_eq!(restarts(&before, &now), ["glm-5.3", "vision"]);
         let same = rows(&[
             ("semantic-router", "10"),
             ("glm-5.3", "40"),
             ("vision", "25"),
         ]);
+        let mut same = same;
+        same[2].on_demand = true;
         assert!(restarts(&before, &same).is_empty());
+    }
+
+    #[test]
+    fn an_on_demand_member_that_is_not_loaded_restarts_for_no_change() {
+        let mut now = rows(&[
+            ("semantic-router", "10"),
+            ("glm-5.3", "40"),
+            ("vision", "30"),
+        ]);
+        now[2].on_demand = true;
+        assert!(restarts(&group(&["vision"]), &now).is_empty());
+        // Pinned again, it starts.
+        now[2].on_demand = false;
+        assert_eq!(restarts(&group(&["vision"]), &now), ["vision"]);
     }
 }

@@ -7,7 +7,7 @@ use super::groups::{Group, Serving};
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
 use crate::inventory::demo::CatalogModel;
-use placement::{Assignment, BasisPoints, RequestedResources, Share};
+use placement::{Assignment, BasisPoints, KeepAlive, RequestedResources, Share};
 use std::collections::BTreeMap;
 
 /// Everything committed.
@@ -149,8 +149,9 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
         sqlx::query_as("SELECT name, gpus, revision FROM groups ORDER BY name")
             .fetch_all(&mut *conn)
             .await?;
-    let members: Vec<(String, String, i64, String, String)> = sqlx::query_as(
-        "SELECT group_name, model, share, args, env FROM group_members ORDER BY group_name, position",
+    type Member = (String, String, i64, String, String, bool, i64, bool);
+    let members: Vec<Member> = sqlx::query_as(
+        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded FROM group_members ORDER BY group_name, position",
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -165,8 +166,26 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
                     .clone()
                     .map(|(_, m, share, ..)| Share::new(m, BasisPoints(*share as u32)))
                     .collect(),
+                demand: mine
+                    .clone()
+                    .filter(|(.., on_demand, _, _)| *on_demand)
+                    .map(|(_, m, .., keep_alive, _)| {
+                        let keep_alive = u32::try_from(*keep_alive)
+                            .ok()
+                            .and_then(|s| KeepAlive::from_secs(s).ok())
+                            .ok_or_else(|| {
+                                ApiError::internal(format!("{m}: keep-alive {keep_alive} s"))
+                            })?;
+                        Ok((m.clone(), keep_alive))
+                    })
+                    .collect::<Result<_, ApiError>>()?,
+                loaded: mine
+                    .clone()
+                    .filter(|(.., on_demand, _, loaded)| *on_demand && *loaded)
+                    .map(|(_, m, ..)| m.clone())
+                    .collect(),
                 serving: mine
-                    .map(|(_, m, _, args, env)| {
+                    .map(|(_, m, _, args, env, ..)| {
                         Ok((
                             m.clone(),
                             Serving {

@@ -13,7 +13,7 @@ use super::{check_name, Fleet};
 use crate::audit::Entry;
 use crate::error::ApiError;
 use app::auth::Caller;
-use placement::{BasisPoints, GpuRef, GpuRequests, PlanMember, RequestedResources, Restart, Step};
+use placement::{BasisPoints, GpuRef, GpuRequests, RequestedResources, Restart, Step};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -176,14 +176,9 @@ impl Fleet {
                 Deployed::Group(group) => {
                     check_revision(&group, Some(revision))?;
                     let plan = group
-                        .members
-                        .iter()
-                        .filter(|s| s.member != model)
-                        .map(|s| PlanMember {
-                            name: s.member.clone(),
-                            share: Some(s.share),
-                            locked: system.contains(&s.member),
-                        })
+                        .plan(&system)
+                        .into_iter()
+                        .filter(|m| m.name != model)
                         .collect();
                     let note = Note::new(&actor, "deployment.remove", &model);
                     fleet

@@ -8,11 +8,11 @@ use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::{EngineState, Progress};
 use app::auth::Caller;
 use placement::{
-    choose_group, judge, transition, BasisPoints, GpuChoice, GpuRef, GroupChoice, GroupGpu, Hold,
-    PlanMember, Restart, Scheduler, Share, Step,
+    choose_group, judge, running, transition, BasisPoints, Demand, GpuChoice, GpuRef, GroupChoice,
+    GroupGpu, Hold, KeepAlive, PlanMember, Restart, Scheduler, Share, Step,
 };
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// A group as the API shows it.
@@ -26,7 +26,7 @@ pub struct GroupView {
     pub revision: i64,
     /// Its members in plan order.
     pub members: Vec<MemberView>,
-    /// The sum of the shares, percent.
+    /// The most its plan holds at once, percent: the pinned shares and the largest on-demand one.
     pub total_percent: f64,
     /// The last plan change carried out (or being carried out) since the server started, step by step.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -49,6 +49,9 @@ pub struct MemberView {
     /// not run.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub not_held: Vec<String>,
+    /// For a member loaded on demand: loaded or not, last used, its last cold start.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub on_demand: Option<app::views::OnDemand>,
 }
 
 /// A member's engine on one machine.
@@ -108,6 +111,10 @@ pub enum Sharing {
         shares: BTreeMap<String, BasisPoints>,
         /// The revision of the group it joins; required when it joins one.
         revision: Option<i64>,
+        /// Always loaded, or loaded when asked for.
+        demand: Demand,
+        /// New demand for other members of the group it joins.
+        demands: BTreeMap<String, Demand>,
     },
     /// The GPUs whole, all of one machine.
     Whole,
@@ -121,13 +128,22 @@ impl Sharing {
         share: Option<BasisPoints>,
         shares: BTreeMap<String, BasisPoints>,
         revision: Option<i64>,
+        demand: Demand,
+        demands: BTreeMap<String, Demand>,
     ) -> Result<Sharing, ApiError> {
         if shared {
             return Ok(Sharing::Shared {
                 share,
                 shares,
                 revision,
+                demand,
+                demands,
             });
+        }
+        if demand.is_on_demand() || !demands.is_empty() {
+            return Err(ApiError::Unprocessable(
+                "a model on whole GPUs is always loaded: deploy it with \"shared\": true to load it on demand".to_owned(),
+            ));
         }
         if share.is_some() || !shares.is_empty() || revision.is_some() {
             return Err(ApiError::Unprocessable(
@@ -146,6 +162,8 @@ pub struct PlanCommand {
     pub revision: i64,
     /// Each member's share.
     pub shares: BTreeMap<String, BasisPoints>,
+    /// Members whose demand changes (pinned, or on demand with a keep-alive); the others keep theirs.
+    pub demand: BTreeMap<String, Demand>,
 }
 
 /// Who makes a plan change and what it is, for the audit log.
@@ -185,6 +203,55 @@ pub(crate) struct Group {
     pub(crate) members: Vec<Share>,
     /// Each member's own serving configuration.
     pub(crate) serving: BTreeMap<String, Serving>,
+    /// The on-demand members and their keep-alives; every other member is pinned.
+    pub(crate) demand: BTreeMap<String, KeepAlive>,
+    /// The on-demand members loaded now.
+    pub(crate) loaded: BTreeSet<String>,
+}
+
+impl Group {
+    /// Whether `member` is pinned or on demand.
+    pub(crate) fn demand_of(&self, member: &str) -> Demand {
+        match self.demand.get(member) {
+            Some(&keep_alive) => Demand::OnDemand { keep_alive },
+            None => Demand::Pinned,
+        }
+    }
+
+    /// Whether `member` runs an engine now: pinned, or on demand and loaded.
+    pub(crate) fn runs(&self, member: &str) -> bool {
+        !self.demand.contains_key(member) || self.loaded.contains(member)
+    }
+
+    /// Its committed plan, with `system` members (the router) locked.
+    pub(crate) fn plan(&self, system: &[String]) -> Vec<PlanMember> {
+        self.members
+            .iter()
+            .map(|s| PlanMember {
+                locked: system.contains(&s.member),
+                demand: self.demand_of(&s.member),
+                ..PlanMember::new(&s.member, s.share)
+            })
+            .collect()
+    }
+
+    /// Its on-demand members not loaded now.
+    pub(crate) fn unloaded(&self) -> Vec<String> {
+        self.demand
+            .keys()
+            .filter(|m| !self.loaded.contains(*m))
+            .cloned()
+            .collect()
+    }
+
+    /// The members that run an engine now, with their shares.
+    pub(crate) fn running(&self) -> Vec<Share> {
+        self.members
+            .iter()
+            .filter(|s| self.runs(&s.member))
+            .cloned()
+            .collect()
+    }
 }
 
 /// The scheduler's name for what `member` of `group` holds on `machine`; worker names cannot contain `:`,
@@ -241,6 +308,7 @@ impl Fleet {
                         })
                         .collect();
                     let prefix = format!("{}{}@", holder_prefix(&g.name), member.name);
+                    member.on_demand = self.on_demand_view(&member.name);
                     member.not_held = views
                         .unplaced
                         .iter()
@@ -286,7 +354,7 @@ impl Fleet {
                 .ok_or_else(|| no_group(&name))?;
             check_revision(&group, Some(update.revision))?;
             let system = state.committed.system_models();
-            let plan = plan_with(&group, &system, &update.shares, false)?;
+            let plan = plan_with(&group, &system, &update.shares, &update.demand, false)?;
             let note = Note::new(&actor, "plan.change", &name);
             fleet
                 .commit(&mut state, &group, plan, None, None, note)
@@ -319,6 +387,8 @@ impl Fleet {
                 share,
                 shares,
                 revision,
+                demand,
+                demands,
             } = &deploy.sharing
             else {
                 return fleet.deploy_whole(&deploy, &actor).await;
@@ -344,7 +414,7 @@ impl Fleet {
                         .cloned()
                         .ok_or_else(|| no_group(name))?;
                     check_revision(&group, *revision)?;
-                    let plan = plan_with(&group, &system, shares, true)?;
+                    let plan = plan_with(&group, &system, shares, demands, true)?;
                     (group, plan, None)
                 }
                 GroupChoice::New { name, .. } => {
@@ -366,9 +436,8 @@ impl Fleet {
                     let plan = router
                         .iter()
                         .map(|(_, s)| PlanMember {
-                            name: s.member.clone(),
-                            share: Some(s.share),
                             locked: true,
+                            ..PlanMember::new(&s.member, s.share)
                         })
                         .collect();
                     let group = Group {
@@ -377,14 +446,22 @@ impl Fleet {
                         revision: 0,
                         members: Vec::new(),
                         serving: BTreeMap::new(),
+                        demand: BTreeMap::new(),
+                        loaded: BTreeSet::new(),
                     };
                     (group, plan, router)
                 }
             };
+            if model.system && demand.is_on_demand() {
+                return Err(ApiError::Unprocessable(format!(
+                    "{} routes every request of its group: it stays pinned",
+                    model.name
+                )));
+            }
             plan.push(PlanMember {
-                name: model.name.clone(),
-                share: Some(share),
                 locked: model.system,
+                demand: *demand,
+                ..PlanMember::new(&model.name, share)
             });
             let serving = deploy.serving.clone();
             let mut change = fleet
@@ -442,8 +519,36 @@ impl Fleet {
             .iter()
             .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
             .collect();
+        let demand: BTreeMap<String, KeepAlive> = plan
+            .iter()
+            .filter_map(|m| Some((m.name.clone(), m.demand.keep_alive()?)))
+            .collect();
+        // What runs keeps running where it can (`placement::running`); loaded on-demand members that no
+        // longer fit beside the new plan unload, least recently used idle first.
+        let (running_before, running_after) = running(&group.plan(&[]), &group.unloaded(), &plan);
+        let mut planned = group.clone();
+        planned.members = after.clone();
+        planned.loaded = demand
+            .keys()
+            .filter(|m| running_after.iter().any(|s| &s.member == *m))
+            .cloned()
+            .collect();
+        planned.demand = demand.clone();
+        let mut trial = (*state.committed).clone();
+        trial.groups.retain(|g| g.name != group.name);
+        trial.groups.push(planned.clone());
+        let unloaded = self
+            .make_room(state, &trial, &group.gpus, &[])
+            .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
+        for m in &unloaded {
+            planned.loaded.remove(m);
+        }
         let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
-        let change = transition(&group.members, &after, &moving_in);
+        let running_after: Vec<Share> = running_after
+            .into_iter()
+            .filter(|s| !unloaded.contains(&s.member))
+            .collect();
+        let change = transition(&running_before, &running_after, &moving_in);
 
         let mut tx = crate::db::write(&self.pool).await?;
         // Members keep their serving configuration through a change of shares (and the router through a move).
@@ -514,24 +619,31 @@ impl Fleet {
         }
         for (position, s) in after.iter().enumerate() {
             let serving = configs.remove(&s.member).unwrap_or_default();
-            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env) VALUES (?, ?, ?, ?, ?, ?)")
+            let keep_alive = demand.get(&s.member);
+            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env, on_demand, keep_alive_s, loaded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
                 .bind(&group.name)
                 .bind(&s.member)
                 .bind(i64::from(s.share.get()))
                 .bind(position as i64)
                 .bind(serde_json::to_string(&serving.args).map_err(ApiError::internal)?)
                 .bind(serde_json::to_string(&serving.env).map_err(ApiError::internal)?)
+                .bind(keep_alive.is_some())
+                .bind(i64::from(keep_alive.copied().unwrap_or_default().secs()))
+                .bind(planned.loaded.contains(&s.member))
                 .execute(&mut *tx)
                 .await?;
         }
-        let shares = |members: &[Share]| -> serde_json::Value {
-            members
+        // Each member's share, percent; an on-demand one's with its keep-alive.
+        let shares = |g: &Group| -> serde_json::Value {
+            g.members
                 .iter()
                 .map(|s| {
-                    (
-                        s.member.clone(),
-                        serde_json::json!(s.share.as_percent_f64()),
-                    )
+                    let share = serde_json::json!(s.share.as_percent_f64());
+                    let value = match g.demand.get(&s.member) {
+                        Some(k) => serde_json::json!({ "share": share, "on_demand": { "keep_alive_s": k.secs() } }),
+                        None => share,
+                    };
+                    (s.member.clone(), value)
                 })
                 .collect::<serde_json::Map<_, _>>()
                 .into()
@@ -539,12 +651,10 @@ impl Fleet {
         crate::audit::record(
             &mut tx,
             crate::audit::Entry::new(note.actor, note.action, note.target)
-                .before(
-                    serde_json::json!({ "group": group.name, "shares": shares(&group.members) }),
-                )
+                .before(serde_json::json!({ "group": group.name, "shares": shares(group) }))
                 .after(match deployed {
-                    Some(serving) => serde_json::json!({ "group": group.name, "shares": shares(&after), "serving": serving }),
-                    None => serde_json::json!({ "group": group.name, "shares": shares(&after) }),
+                    Some(serving) => serde_json::json!({ "group": group.name, "shares": shares(&planned), "serving": serving }),
+                    None => serde_json::json!({ "group": group.name, "shares": shares(&planned) }),
                 })
                 .revision(revision)
                 .restarts(change.restarts.iter().map(|r| r.member.clone()).collect()),
@@ -607,17 +717,20 @@ fn group_gpu(
     ))
 }
 
-/// The group's members with the shares asked for, in percent. The router keeps its share (asking to change
-/// it is refused), and a member not asked about keeps its share when `keep_unasked`, or has none (which the
-/// verdict refuses) when the whole plan was sent.
+/// The group's members with the shares and demand asked for. The router keeps its share and stays pinned
+/// (asking to change either is refused); a member not asked about keeps its share when `keep_unasked`, or
+/// has none (which the verdict refuses) when the whole plan was sent; a member not asked about its demand
+/// keeps it.
 fn plan_with(
     group: &Group,
     system: &[String],
     asked: &BTreeMap<String, BasisPoints>,
+    demands: &BTreeMap<String, Demand>,
     keep_unasked: bool,
 ) -> Result<Vec<PlanMember>, ApiError> {
     if let Some(stranger) = asked
         .keys()
+        .chain(demands.keys())
         .find(|m| !group.members.iter().any(|s| &&s.member == m))
     {
         return Err(ApiError::Unprocessable(format!(
@@ -642,10 +755,21 @@ fn plan_with(
             } else {
                 share
             };
+            let demand = match demands.get(&s.member) {
+                Some(demand) if locked && demand.is_on_demand() => {
+                    return Err(ApiError::Unprocessable(format!(
+                        "{} routes every request of its group: it stays pinned",
+                        s.member
+                    )));
+                }
+                Some(&demand) => demand,
+                None => group.demand_of(&s.member),
+            };
             Ok(PlanMember {
                 name: s.member.clone(),
                 share,
                 locked,
+                demand,
             })
         })
         .collect()
@@ -754,14 +878,11 @@ fn group_view(group: &Group, system: &[String]) -> GroupView {
                 locked: system.contains(&s.member),
                 engines: Vec::new(),
                 not_held: Vec::new(),
+                on_demand: None,
             })
             .collect(),
-        total_percent: group
-            .members
-            .iter()
-            .map(|s| s.share)
-            .sum::<BasisPoints>()
-            .as_percent_f64(),
+        // The most the plan holds at once: on-demand members take turns.
+        total_percent: judge(&group.plan(&[]), &[]).total.as_percent_f64(),
         progress: None,
     }
 }

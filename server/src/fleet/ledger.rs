@@ -7,9 +7,37 @@
 //! engine does not run.
 
 use super::committed::Committed;
-use super::groups::holder;
-use placement::{group::member_assignments, Assignment, GpuRef, Hold, Inventory, Scheduler};
+use super::groups::{holder, Group};
+use placement::{
+    group::member_assignments, Assignment, BasisPoints, GpuRef, Hold, Inventory, Scheduler,
+};
 use std::collections::BTreeMap;
+
+/// The member name under which a group holds the room its on-demand members take turns in, beyond what
+/// those loaded hold: not a model's name (those have no spaces), so no engine or usage is ever its.
+pub(crate) const TURNS: &str = "on-demand turns";
+
+/// What a group keeps for its on-demand members beside what the loaded ones hold: the largest on-demand
+/// share (the verdict checked that much fits), less what the loaded ones hold already; none when that is
+/// nothing.
+fn turns(group: &Group) -> Option<BasisPoints> {
+    let share = |m: &str| {
+        group
+            .members
+            .iter()
+            .find(|s| s.member == m)
+            .map(|s| s.share)
+    };
+    let largest = group.demand.keys().filter_map(|m| share(m)).max()?;
+    let loaded: u32 = group
+        .loaded
+        .iter()
+        .filter_map(|m| share(m))
+        .map(BasisPoints::get)
+        .sum();
+    let left = largest.get().saturating_sub(loaded);
+    (left > 0).then_some(BasisPoints(left))
+}
 
 /// The scheduler holding everything committed, and what could not be held.
 pub(crate) struct Ledger {
@@ -28,8 +56,8 @@ pub(crate) struct Eviction {
 }
 
 impl Ledger {
-    /// Holds every committed group member (on each machine of its group) and every placed worker on
-    /// `inventory`.
+    /// Holds every committed group member that runs (pinned, or on demand and loaded) on each machine of its
+    /// group, the room its on-demand members take turns in, and every placed worker, on `inventory`.
     pub(crate) fn build(inventory: Inventory, committed: &Committed) -> Ledger {
         let mut scheduler = Scheduler::new(inventory);
         let mut unplaced = BTreeMap::new();
@@ -41,10 +69,15 @@ impl Ledger {
                     .or_default()
                     .push(gpu.clone());
             }
-            for member in &group.members {
+            let held = group
+                .running()
+                .into_iter()
+                .map(|s| (s.member, s.share))
+                .chain(turns(group).map(|share| (TURNS.to_owned(), share)));
+            for (member, share) in held {
                 for (machine, gpus) in &by_machine {
-                    let who = holder(&group.name, &member.member, machine);
-                    let held = member_assignments(scheduler.inventory(), gpus, member.share)
+                    let who = holder(&group.name, &member, machine);
+                    let held = member_assignments(scheduler.inventory(), gpus, share)
                         .map_err(|e| e.to_string())
                         .and_then(|assignments| {
                             assignments.into_iter().try_for_each(|a| {

@@ -34,7 +34,9 @@ struct Held {
     total: Bytes,
 }
 
-/// What each holder holds on each GPU, as the scheduler says: its share, or a whole GPU's memory.
+/// What each holder holds on each GPU, as the scheduler says: its share, or a whole GPU's memory. The room
+/// a group keeps for its on-demand members to take turns in is no one's use: an on-demand model's GPU time
+/// counts only while it is loaded.
 fn held_now(scheduler: &Scheduler) -> Vec<Held> {
     let mut out = Vec::new();
     for machine in scheduler.inventory().machines() {
@@ -52,7 +54,9 @@ fn held_now(scheduler: &Scheduler) -> Vec<Held> {
                 Some(Hold::Whole(worker)) => push(worker, gpu.total),
                 Some(Hold::Shared(sharers)) => {
                     for (holder, bytes) in sharers {
-                        push(holder, *bytes);
+                        if super::groups::sharer(holder).0 != super::ledger::TURNS {
+                            push(holder, *bytes);
+                        }
                     }
                 }
                 _ => {}

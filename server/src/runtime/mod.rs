@@ -455,6 +455,16 @@ impl Runtime {
         (self.shared.state(unit) == Some(EngineState::Healthy)).then_some(in_flight)
     }
 
+    /// How many of the gateway's requests are in flight to `unit`'s engine.
+    pub fn requests_in_flight(&self, unit: &str) -> usize {
+        self.shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(unit)
+            .map_or(0, |c| c.load(Ordering::SeqCst))
+    }
+
     /// The last `lines` lines of an engine's output.
     pub async fn logs(&self, id: &str, lines: usize) -> Option<std::io::Result<Vec<String>>> {
         let engine = self.engine(id)?;

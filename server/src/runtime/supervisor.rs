@@ -82,8 +82,10 @@ pub(super) async fn supervise(
         let started = Instant::now();
         let mut healthy_once = false;
         let mut failed_checks: u32 = 0;
-        let mut tick = tokio::time::interval(settings.health_interval);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // A starting engine is probed soon and then less often, up to the health interval, so that one
+        // that loads in a moment (an on-demand model's request waits on it) is seen ready in a moment.
+        let mut next_probe = tokio::time::Instant::now();
+        let mut starting_wait = STARTING_PROBE;
         let why = loop {
             tokio::select! {
                 message = control.recv() => {
@@ -103,7 +105,15 @@ pub(super) async fn supervise(
                     let stuck = running.clean_up().await;
                     break with_stuck(how, stuck);
                 }
-                _ = tick.tick() => {
+                () = tokio::time::sleep_until(next_probe) => {
+                    let wait = if healthy_once {
+                        settings.health_interval
+                    } else {
+                        let wait = starting_wait.min(settings.health_interval);
+                        starting_wait = wait * 2;
+                        wait
+                    };
+                    next_probe = tokio::time::Instant::now() + wait;
                     // A loaded machine answers slowly: a probe may take longer than the interval.
                     if healthy(&host, port, settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
@@ -259,3 +269,6 @@ async fn probe(host: &str, port: u16) -> bool {
 
 /// The least time a health check is given to answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The first wait between health probes of a starting engine; it doubles up to the health interval.
+const STARTING_PROBE: Duration = Duration::from_millis(50);

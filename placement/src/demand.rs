@@ -1,0 +1,301 @@
+//! Pinned and on-demand models (seed 002's hybrid): a pinned model is always loaded; an on-demand one is
+//! loaded when a request asks for it and unloaded after its keep-alive with no request. When one must load
+//! and its GPUs lack the room, the least recently used idle on-demand models there make way first; a model
+//! with requests in flight, or waiting for it, is never unloaded.
+
+use crate::plan::PlanMember;
+use crate::restart::Share;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// How long an on-demand model stays loaded with no request, in seconds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "u32", into = "u32")]
+pub struct KeepAlive(u32);
+
+impl KeepAlive {
+    /// Five minutes, as most engines that unload on their own default to.
+    pub const DEFAULT: KeepAlive = KeepAlive(300);
+    /// The shortest: a model that unloads sooner would spend its life loading.
+    pub const MIN_S: u32 = 10;
+    /// The longest, a week: past that, pin the model.
+    pub const MAX_S: u32 = 7 * 24 * 3600;
+
+    /// A keep-alive of `seconds`, refused outside [`KeepAlive::MIN_S`]..=[`KeepAlive::MAX_S`].
+    pub fn from_secs(seconds: u32) -> Result<KeepAlive, KeepAliveError> {
+        if (KeepAlive::MIN_S..=KeepAlive::MAX_S).contains(&seconds) {
+            Ok(KeepAlive(seconds))
+        } else {
+            Err(KeepAliveError(seconds))
+        }
+    }
+
+    /// A keep-alive as typed in a form, in seconds.
+    pub fn parse(text: &str) -> Result<KeepAlive, KeepAliveError> {
+        text.trim()
+            .parse::<u32>()
+            .map_err(|_| KeepAliveError(u32::MAX))
+            .and_then(KeepAlive::from_secs)
+    }
+
+    /// Its length in seconds.
+    pub const fn secs(self) -> u32 {
+        self.0
+    }
+
+    /// Its length in milliseconds.
+    pub const fn millis(self) -> u64 {
+        self.0 as u64 * 1000
+    }
+}
+
+impl Default for KeepAlive {
+    fn default() -> KeepAlive {
+        KeepAlive::DEFAULT
+    }
+}
+
+impl TryFrom<u32> for KeepAlive {
+    type Error = KeepAliveError;
+    fn try_from(seconds: u32) -> Result<KeepAlive, KeepAliveError> {
+        KeepAlive::from_secs(seconds)
+    }
+}
+
+impl From<KeepAlive> for u32 {
+    fn from(k: KeepAlive) -> u32 {
+        k.0
+    }
+}
+
+impl fmt::Display for KeepAlive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} s", self.0)
+    }
+}
+
+/// A keep-alive out of bounds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a keep-alive is a whole number of seconds from {} to {} (a week)",
+    KeepAlive::MIN_S,
+    KeepAlive::MAX_S
+)]
+pub struct KeepAliveError(u32);
+
+/// Whether a member of a group is always loaded or loaded when asked for.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode")]
+pub enum Demand {
+    /// Always loaded (the default).
+    #[default]
+    Pinned,
+    /// Loaded by a request, unloaded after `keep_alive` with none.
+    OnDemand {
+        /// How long it stays loaded with no request.
+        keep_alive: KeepAlive,
+    },
+}
+
+impl Demand {
+    /// Whether it is loaded only when asked for.
+    pub fn is_on_demand(self) -> bool {
+        matches!(self, Demand::OnDemand { .. })
+    }
+
+    /// Its keep-alive, for an on-demand model.
+    pub fn keep_alive(self) -> Option<KeepAlive> {
+        match self {
+            Demand::Pinned => None,
+            Demand::OnDemand { keep_alive } => Some(keep_alive),
+        }
+    }
+}
+
+/// A loaded on-demand model, as eviction and the keep-alive see it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Loaded {
+    /// The model.
+    pub name: String,
+    /// When a request last began or ended for it (ms since the epoch); its load counts as a use.
+    pub last_used_ms: u64,
+    /// A request is in flight to it, or waits for it.
+    pub busy: bool,
+    /// How long it stays loaded with no request.
+    pub keep_alive: KeepAlive,
+}
+
+/// The loaded on-demand models that may make way, in the order they do: idle ones only, least recently
+/// used first, ties by name.
+pub fn eviction_order(loaded: &[Loaded]) -> Vec<&str> {
+    let mut idle: Vec<&Loaded> = loaded.iter().filter(|l| !l.busy).collect();
+    idle.sort_by(|a, b| {
+        a.last_used_ms
+            .cmp(&b.last_used_ms)
+            .then_with(|| a.name.cmp(&b.name))
+    });
+    idle.into_iter().map(|l| l.name.as_str()).collect()
+}
+
+/// The loaded on-demand models whose keep-alive has run out at `now_ms` with no request: idle, and unused
+/// for at least their keep-alive.
+pub fn expired(loaded: &[Loaded], now_ms: u64) -> Vec<&str> {
+    loaded
+        .iter()
+        .filter(|l| !l.busy && now_ms.saturating_sub(l.last_used_ms) >= l.keep_alive.millis())
+        .map(|l| l.name.as_str())
+        .collect()
+}
+
+/// The members whose engines run before a change from `before` to `after`, and after it, with their shares
+/// (for [`crate::transition`]): every member but an on-demand one in `unloaded`; after the change, an
+/// on-demand member only if it ran before (one that stays on demand keeps its engine, and one turned
+/// on-demand keeps it until its keep-alive runs out); a new on-demand member waits for its first request.
+pub fn running(
+    before: &[PlanMember],
+    unloaded: &[String],
+    after: &[PlanMember],
+) -> (Vec<Share>, Vec<Share>) {
+    let share = |m: &PlanMember| Share::new(&m.name, m.share.unwrap_or_default());
+    let ran =
+        |name: &str| before.iter().any(|m| m.name == name) && !unloaded.iter().any(|u| u == name);
+    (
+        before.iter().filter(|m| ran(&m.name)).map(share).collect(),
+        after
+            .iter()
+            .filter(|m| !m.demand.is_on_demand() || ran(&m.name))
+            .map(share)
+            .collect(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::BasisPoints;
+    use proptest::prelude::*;
+
+    fn loaded(name: &str, last_used_ms: u64, busy: bool) -> Loaded {
+        Loaded {
+            name: name.into(),
+            last_used_ms,
+            busy,
+            keep_alive: KeepAlive::from_secs(60).unwrap(),
+        }
+    }
+
+    #[test]
+    fn the_least_recently_used_idle_model_makes_way_first_and_a_busy_one_never() {
+        let models = [
+            loaded("speech", 3_000, false),
+            loaded("vision", 1_000, true),
+            loaded("rerank", 2_000, false),
+            loaded("embed", 2_000, false),
+        ];
+        assert_eq!(eviction_order(&models), ["embed", "rerank", "speech"]);
+    }
+
+    #[test]
+    fn a_keep_alive_runs_out_only_for_an_idle_model_unused_that_long() {
+        let models = [
+            loaded("a", 0, false),
+            loaded("b", 0, true),
+            loaded("c", 30_000, false),
+        ];
+        assert_eq!(expired(&models, 59_999), Vec::<&str>::new());
+        assert_eq!(expired(&models, 60_000), ["a"]);
+        assert_eq!(expired(&models, 90_000), ["a", "c"]);
+    }
+
+    #[test]
+    fn a_keep_alive_out_of_bounds_says_what_to_enter() {
+        assert_eq!(KeepAlive::parse(" 120 ").unwrap().secs(), 120);
+        for text in ["5", "-1", "soon", "604801"] {
+            assert_eq!(
+                KeepAlive::parse(text).unwrap_err().to_string(),
+                "a keep-alive is a whole number of seconds from 10 to 604800 (a week)"
+            );
+        }
+        assert!(serde_json::from_str::<KeepAlive>("3").is_err());
+    }
+
+    #[test]
+    fn a_demand_reads_and_writes_as_the_api_sends_it() {
+        let on = Demand::OnDemand {
+            keep_alive: KeepAlive::from_secs(120).unwrap(),
+        };
+        let json = serde_json::to_value(on).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"mode": "on_demand", "keep_alive": 120})
+        );
+        assert_eq!(serde_json::from_value::<Demand>(json).unwrap(), on);
+        assert_eq!(
+            serde_json::from_value::<Demand>(serde_json::json!({"mode": "pinned"})).unwrap(),
+            Demand::Pinned
+        );
+    }
+
+    #[test]
+    fn only_engines_that_run_restart_when_a_plan_changes() {
+        let on = |name: &str, pct: u32| PlanMember {
+            demand: Demand::OnDemand {
+                keep_alive: KeepAlive::DEFAULT,
+            },
+            ..PlanMember::new(name, BasisPoints::percent(pct))
+        };
+        let pinned = |name: &str, pct: u32| PlanMember::new(name, BasisPoints::percent(pct));
+        let before = [
+            pinned("glm", 50),
+            on("vision", 20),
+            on("speech", 20),
+            pinned("embed", 10),
+        ];
+        // vision is not loaded; speech is. embed turns on-demand; a new on-demand member joins.
+        let after = [
+            pinned("glm", 50),
+            on("vision", 25),
+            on("speech", 25),
+            on("embed", 10),
+            on("rerank", 5),
+        ];
+        let (was, will) = running(&before, &["vision".to_owned()], &after);
+        let names = |s: &[Share]| s.iter().map(|s| s.member.clone()).collect::<Vec<_>>();
+        assert_eq!(names(&was), ["glm", "speech", "embed"]);
+        assert_eq!(names(&will), ["glm", "speech", "embed"]);
+        let restarts = crate::transition(&was, &will, &[]).restarts;
+        assert_eq!(
+            restarts
+                .iter()
+                .map(|r| r.member.as_str())
+                .collect::<Vec<_>>(),
+            ["speech"]
+        );
+    }
+
+    proptest! {
+        /// Against the plain definition: the order is a permutation of the idle models, each used no later
+        /// than the next.
+        #[test]
+        fn eviction_takes_every_idle_model_oldest_first(
+            models in proptest::collection::vec((0u64..50, any::<bool>()), 0..12)
+        ) {
+            let models: Vec<Loaded> = models
+                .iter()
+                .enumerate()
+                .map(|(i, &(used, busy))| loaded(&format!("m{i:02}"), used, busy))
+                .collect();
+            let order = eviction_order(&models);
+            let idle = models.iter().filter(|m| !m.busy).count();
+            prop_assert_eq!(order.len(), idle);
+            let used = |name: &str| models.iter().find(|m| m.name == name).unwrap();
+            for name in &order {
+                prop_assert!(!used(name).busy);
+            }
+            for pair in order.windows(2) {
+                let (a, b) = (used(pair[0]), used(pair[1]));
+                prop_assert!((a.last_used_ms, &a.name) < (b.last_used_ms, &b.name));
+            }
+        }
+    }
+}

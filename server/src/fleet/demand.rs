@@ -1,0 +1,379 @@
+//! On-demand members (seed 002's hybrid): a request through the gateway loads one, which is a fleet change
+//! like any other (committed, held in the ledger, carried out by the runtime in the memory-safe order); the
+//! least recently used idle on-demand models on its GPUs unload first when it would not fit; and after its
+//! keep-alive with no request it unloads again. Whether a model is loaded is committed; when it was last
+//! used, and whether a request waits for it, is kept here in memory.
+
+use super::committed::Committed;
+use super::ledger::Ledger;
+use super::{Fleet, State};
+use crate::error::ApiError;
+use placement::{eviction_order, expired, GpuRef, Hold, Loaded};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+/// What the gateway tells the fleet about on-demand models, in memory.
+pub struct Activity {
+    /// When the fleet opened: the last use of a model loaded before, which no request has touched since.
+    opened_ms: u64,
+    uses: Mutex<BTreeMap<String, Use>>,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Use {
+    last_used_ms: u64,
+    /// Requests waiting for it to load.
+    waiting: usize,
+    /// The last cold start: from the request that loaded it to its engine being ready.
+    cold_start: Option<Duration>,
+}
+
+/// How an on-demand model is, for the Models tab.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Usage {
+    /// When a request last began or ended for it (ms since the epoch), if one did since the server started.
+    pub last_used_ms: Option<u64>,
+    /// Its last cold start.
+    pub cold_start: Option<Duration>,
+}
+
+/// A request waiting for an on-demand model: while one does, the model is busy and never unloads.
+pub struct Waiting {
+    activity: Arc<Activity>,
+    model: String,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.activity.with(&self.model, |u| {
+            u.waiting = u.waiting.saturating_sub(1);
+        });
+        self.activity.touch(&self.model);
+    }
+}
+
+impl Activity {
+    pub(super) fn new() -> Activity {
+        Activity {
+            opened_ms: super::usage::now_ms(),
+            uses: Mutex::default(),
+        }
+    }
+
+    fn with<T>(&self, model: &str, f: impl FnOnce(&mut Use) -> T) -> T {
+        let mut uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        f(uses.entry(model.to_owned()).or_default())
+    }
+
+    /// A request for `model` began or ended now.
+    pub fn touch(&self, model: &str) {
+        let now = super::usage::now_ms();
+        self.with(model, |u| u.last_used_ms = now);
+    }
+
+    /// A request waits for `model` until the guard is dropped.
+    pub fn wait(self: &Arc<Self>, model: &str) -> Waiting {
+        self.with(model, |u| u.waiting += 1);
+        self.touch(model);
+        Waiting {
+            activity: self.clone(),
+            model: model.to_owned(),
+        }
+    }
+
+    /// Says `model` was last used at `ms`, as if no request came since.
+    #[cfg(test)]
+    pub(crate) fn used_at(&self, model: &str, ms: u64) {
+        self.with(model, |u| u.last_used_ms = ms);
+    }
+
+    /// `model` was ready `took` after the request that loaded it.
+    pub fn cold_started(&self, model: &str, took: Duration) {
+        self.with(model, |u| u.cold_start = Some(took));
+    }
+
+    /// How `model` has been used.
+    pub fn usage(&self, model: &str) -> Usage {
+        let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        let found = uses.get(model).copied().unwrap_or_default();
+        Usage {
+            last_used_ms: (found.last_used_ms > 0).then_some(found.last_used_ms),
+            cold_start: found.cold_start,
+        }
+    }
+
+    fn last_used_ms(&self, model: &str) -> u64 {
+        self.usage(model).last_used_ms.unwrap_or(self.opened_ms)
+    }
+
+    fn waiting(&self, model: &str) -> bool {
+        let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        uses.get(model).is_some_and(|u| u.waiting > 0)
+    }
+}
+
+/// What a request for an on-demand model found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Load {
+    /// It was loaded already.
+    Loaded,
+    /// This request loads it, unloading these (least recently used first) to make room.
+    Loading {
+        /// The on-demand models unloaded for it.
+        unloaded: Vec<String>,
+    },
+}
+
+/// `model` loaded or not in `committed`, wherever its group is.
+fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
+    if let Some(group) = committed
+        .groups
+        .iter_mut()
+        .find(|g| g.demand.contains_key(model))
+    {
+        if loaded {
+            group.loaded.insert(model.to_owned());
+        } else {
+            group.loaded.remove(model);
+        }
+    }
+}
+
+/// Whether `after` holds no GPU of `gpus` over what it offers, unless no more than `before` did already.
+fn fits(before: &Ledger, after: &Ledger, gpus: &[GpuRef]) -> bool {
+    gpus.iter().all(|gpu| {
+        let taken = |l: &Ledger| l.scheduler().hold(gpu).map(Hold::taken).unwrap_or_default();
+        let offered = after
+            .inventory()
+            .gpu(gpu)
+            .map(|g| g.offered())
+            .unwrap_or_default();
+        taken(after) <= offered || taken(after) <= taken(before)
+    })
+}
+
+impl Fleet {
+    /// The in-memory record of on-demand models' use.
+    pub fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+
+    /// Whether `model` is an on-demand member, and if so whether it is loaded now.
+    pub fn on_demand(&self, model: &str) -> Option<bool> {
+        let committed = self.committed();
+        let group = committed
+            .groups
+            .iter()
+            .find(|g| g.demand.contains_key(model))?;
+        Some(group.loaded.contains(model))
+    }
+
+    /// How `model`, an on-demand member, is now: loaded or not (loading while loaded with no engine ready),
+    /// when it was last used, its last cold start. `None` for a pinned model.
+    pub fn on_demand_view(&self, model: &str) -> Option<app::views::OnDemand> {
+        use app::views::{LoadState, OnDemand};
+        let committed = self.committed();
+        let group = committed
+            .groups
+            .iter()
+            .find(|g| g.demand.contains_key(model))?;
+        let ready = self.runtime.engines().iter().any(|e| {
+            e.model.as_deref() == Some(model) && e.state == crate::runtime::EngineState::Healthy
+        });
+        let state = match (group.loaded.contains(model), ready) {
+            (false, _) => LoadState::NotLoaded,
+            (true, false) => LoadState::Loading,
+            (true, true) => LoadState::Loaded,
+        };
+        let usage = self.activity.usage(model);
+        Some(OnDemand {
+            keep_alive_s: group.demand.get(model)?.secs(),
+            state,
+            last_used: usage.last_used_ms.and_then(rfc3339),
+            cold_start_ms: usage.cold_start.map(|d| d.as_millis() as u64),
+        })
+    }
+
+    /// The loaded on-demand models on any of `gpus`, as eviction sees them.
+    fn loaded_on(&self, committed: &Committed, gpus: &[GpuRef]) -> Vec<Loaded> {
+        let engines = self.runtime.engines();
+        committed
+            .groups
+            .iter()
+            .filter(|g| g.gpus.iter().any(|gpu| gpus.contains(gpu)))
+            .flat_map(|g| {
+                g.loaded.iter().filter_map(|m| {
+                    let in_flight: usize = engines
+                        .iter()
+                        .filter(|e| e.model.as_deref() == Some(m))
+                        .map(|e| self.runtime.requests_in_flight(&e.unit))
+                        .sum();
+                    Some(Loaded {
+                        name: m.clone(),
+                        last_used_ms: self.activity.last_used_ms(m),
+                        busy: in_flight > 0 || self.activity.waiting(m),
+                        keep_alive: *g.demand.get(m)?,
+                    })
+                })
+            })
+            .collect()
+    }
+
+    /// Which of the loaded on-demand models on `gpus` (never one in `keep`) unload, least recently used idle
+    /// first, until `with` them unloaded fits; `None` when it does not fit even with every idle one gone.
+    pub(super) fn make_room(
+        &self,
+        state: &State,
+        committed: &Committed,
+        gpus: &[GpuRef],
+        keep: &[&str],
+    ) -> Option<Vec<String>> {
+        let loaded = self.loaded_on(committed, gpus);
+        let order: Vec<&str> = eviction_order(&loaded)
+            .into_iter()
+            .filter(|m| !keep.contains(m))
+            .collect();
+        (0..=order.len()).find_map(|k| {
+            let mut trial = committed.clone();
+            for m in &order[..k] {
+                set_loaded(&mut trial, m, false);
+            }
+            let after = Ledger::build(state.ledger.inventory().clone(), &trial);
+            fits(&state.ledger, &after, gpus)
+                .then(|| order[..k].iter().map(|m| (*m).to_owned()).collect())
+        })
+    }
+
+    /// Loads `model`, an on-demand member, for a request through the gateway: committed as loaded (with
+    /// the idle models that make way for it unloaded), then started by the runtime after what it replaces
+    /// has stopped. Refused (409) when its GPUs lack the room even with every idle on-demand model there
+    /// unloaded.
+    pub async fn load(self: &Arc<Self>, model: &str) -> Result<Load, ApiError> {
+        let model = model.to_owned();
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let committed = state.committed.clone();
+            let Some(group) = committed
+                .groups
+                .iter()
+                .find(|g| g.demand.contains_key(&model))
+            else {
+                return Err(ApiError::NotFound(format!(
+                    "{model} is not an on-demand model"
+                )));
+            };
+            if group.loaded.contains(&model) {
+                return Ok(Load::Loaded);
+            }
+            let mut wanted = (*committed).clone();
+            set_loaded(&mut wanted, &model, true);
+            let unloaded = fleet
+                .make_room(&state, &wanted, &group.gpus, &[&model])
+                .ok_or_else(|| {
+                    ApiError::Conflict(format!(
+                        "{model} cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight ends"
+                    ))
+                })?;
+            let mut tx = crate::db::write(&fleet.pool).await?;
+            sqlx::query("UPDATE group_members SET loaded = 1 WHERE model = ?")
+                .bind(&model)
+                .execute(&mut *tx)
+                .await?;
+            for other in &unloaded {
+                sqlx::query("UPDATE group_members SET loaded = 0 WHERE model = ?")
+                    .bind(other)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(crate::audit::TESSERA, "model.load", &model).after(
+                    serde_json::json!({ "reason": "a request asked for it", "unloaded": unloaded }),
+                ),
+            )
+            .await?;
+            let inventory = state.ledger.inventory().clone();
+            fleet.finish(&mut state, tx, inventory, None).await?;
+            tracing::info!("loading {model} for a request; unloaded to make room: {unloaded:?}");
+            Ok(Load::Loading { unloaded })
+        })
+        .await
+    }
+
+    /// Unloads every loaded on-demand model whose keep-alive ran out with no request.
+    pub async fn unload_expired(self: &Arc<Self>) -> Result<Vec<String>, ApiError> {
+        if self.committed().groups.iter().all(|g| g.loaded.is_empty()) {
+            return Ok(Vec::new());
+        }
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let committed = state.committed.clone();
+            let gpus: BTreeSet<GpuRef> = committed
+                .groups
+                .iter()
+                .filter(|g| !g.loaded.is_empty())
+                .flat_map(|g| g.gpus.iter().cloned())
+                .collect();
+            let gpus: Vec<GpuRef> = gpus.into_iter().collect();
+            let loaded = fleet.loaded_on(&committed, &gpus);
+            let now = super::usage::now_ms();
+            let expired: Vec<(String, u32)> = expired(&loaded, now)
+                .into_iter()
+                .filter_map(|m| {
+                    let l = loaded.iter().find(|l| l.name == m)?;
+                    Some((m.to_owned(), l.keep_alive.secs()))
+                })
+                .collect();
+            if expired.is_empty() {
+                return Ok(Vec::new());
+            }
+            let mut tx = crate::db::write(&fleet.pool).await?;
+            for (model, keep_alive) in &expired {
+                sqlx::query("UPDATE group_members SET loaded = 0 WHERE model = ?")
+                    .bind(model)
+                    .execute(&mut *tx)
+                    .await?;
+                crate::audit::record(
+                    &mut tx,
+                    crate::audit::Entry::new(crate::audit::TESSERA, "model.unload", model).after(
+                        serde_json::json!({ "reason": format!("no request for its keep-alive of {keep_alive} s") }),
+                    ),
+                )
+                .await?;
+            }
+            let inventory = state.ledger.inventory().clone();
+            fleet.finish(&mut state, tx, inventory, None).await?;
+            let names: Vec<String> = expired.into_iter().map(|(m, _)| m).collect();
+            tracing::info!("unloaded after their keep-alive: {names:?}");
+            Ok(names)
+        })
+        .await
+    }
+
+    /// Unloads on-demand models whose keep-alive ran out, looking every `every`, for as long as the server
+    /// runs.
+    pub async fn keep_unloading(self: Arc<Fleet>, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            if let Err(e) = self.unload_expired().await {
+                tracing::warn!(
+                    "idle on-demand models could not be unloaded (tried again shortly): {e}"
+                );
+            }
+        }
+    }
+}
+
+/// `ms` since the epoch as RFC 3339, UTC.
+fn rfc3339(ms: u64) -> Option<String> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()?
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()
+}
+
+#[cfg(test)]
+mod tests;
