@@ -111,10 +111,11 @@ pub fn time_verdict(members: u32, rounds: u32) -> f64 {
     use placement::{BasisPoints, Bytes, GpuRef, GroupGpu};
     let each = BasisPoints::WHOLE.get() / members.max(1);
     let rows: Vec<share_form::ShareRow> = (0..members)
-        .map(|i| share_form::ShareRow {
-            name: format!("model-{i}"),
-            text: BasisPoints(each).percent_text(),
-            locked: i == 0,
+        .map(|i| {
+            share_form::ShareRow::from_member(&placement::PlanMember {
+                locked: i == 0,
+                ..placement::PlanMember::new(format!("model-{i}"), BasisPoints(each))
+            })
         })
         .collect();
     let gpus = [GroupGpu {

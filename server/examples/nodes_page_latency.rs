@@ -75,6 +75,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             share: None,
                             shares: Default::default(),
                             revision: (i > 0).then_some(i as i64),
+                            demand: Default::default(),
+                            demands: Default::default(),
                         },
                         serving: Serving::default(),
                     },

@@ -33,6 +33,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 share: Some(BasisPoints(3000)),
                 shares: Default::default(),
                 revision,
+                demand: Default::default(),
+                demands: Default::default(),
             },
             serving: Serving::default(),
         })
