@@ -370,24 +370,22 @@ async fn to_model(
     };
     let runtime = state.fleet.runtime();
     let asked = tokio::time::Instant::now();
-    // An on-demand model is busy while a request waits for it (it is not unloaded under the request), and
-    // is loaded for it when it is not: a fleet change, carried out after what makes way has stopped.
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
     let deadline = asked + wait;
-    let on_demand = state.fleet.on_demand(model);
-    let waiting = on_demand.map(|_| state.fleet.activity().wait(model));
+    // An on-demand model is busy while a request waits for it: no keep-alive or other load unloads it.
+    let waiting = state
+        .fleet
+        .on_demand(model)
+        .map(|_| state.fleet.activity().wait(model));
     let mut cold = false;
-    if on_demand == Some(false) {
-        // Where the room is taken by models with requests in flight, the load waits for one to end.
-        loop {
+    let (in_flight, host, port) = loop {
+        // Not loaded (or unloaded by its keep-alive just as the request came): loaded for it, a fleet change
+        // carried out after what makes way has stopped. Where the room is taken by models with requests in
+        // flight, the load waits for one of them to end.
+        if state.fleet.on_demand(model) == Some(false) {
             match state.fleet.load(model).await {
-                Ok(load) => {
-                    cold = matches!(load, Load::Loading { .. });
-                    break;
-                }
-                Err(ApiError::Conflict(_)) if tokio::time::Instant::now() < deadline => {
-                    tokio::time::sleep(READY_POLL).await;
-                }
+                Ok(load) => cold |= matches!(load, Load::Loading { .. }),
+                Err(ApiError::Conflict(_)) if tokio::time::Instant::now() < deadline => {}
                 Err(e) => {
                     let message = match e {
                         ApiError::Internal(detail) => {
@@ -409,8 +407,6 @@ async fn to_model(
                 }
             }
         }
-    }
-    let (in_flight, host, port) = loop {
         let ready: Vec<(EngineView, (String, u16))> = engines_of(state, model)
             .into_iter()
             .filter(|e| e.state == EngineState::Healthy)

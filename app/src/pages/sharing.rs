@@ -27,7 +27,8 @@ pub async fn save_shares(
     group: String,
     revision: i64,
     shares: Vec<(String, BasisPoints)>,
-    demand: Vec<(String, Demand)>,
+    // Only the members whose demand changes; a form that sends none changes none.
+    #[server(default)] demand: Vec<(String, Demand)>,
 ) -> Result<ChangeOutcome, AppError> {
     let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
