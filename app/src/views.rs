@@ -98,6 +98,9 @@ pub struct ModelRow {
     /// For a model loaded on demand: whether it is loaded, when it was last used, its last cold start.
     #[serde(default)]
     pub on_demand: Option<OnDemand>,
+    /// Why it is flagged as slowed by its neighbours, if it is (seed 002's interference alarm).
+    #[serde(default)]
+    pub slowed: Option<String>,
 }
 
 /// Whether an on-demand model is loaded.
@@ -362,6 +365,9 @@ pub struct GpuDetail {
     pub sharers: Vec<Sharer>,
     /// The seed's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
     pub summary: Option<String>,
+    /// Its sharers slowed by their neighbours here: `glm-5.3: Slowed by its neighbours: …`.
+    #[serde(default)]
+    pub slowed: Vec<String>,
 }
 
 impl GpuDetail {
@@ -787,6 +793,7 @@ mod tests {
             system: false,
             revision: 1,
             on_demand: None,
+            slowed: None,
         }
     }
 
@@ -878,6 +885,7 @@ mod tests {
             usage: GpuUse::Free,
             sharers: Vec::new(),
             summary: None,
+            slowed: Vec::new(),
         };
         assert_eq!(
             gpu.offer_text(),

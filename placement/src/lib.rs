@@ -6,12 +6,14 @@
 //! - [`request`] and [`schedule`]: placing workers whole or shared by memory, by best fit.
 //! - [`plan`], [`group`] and [`restart`]: share plans of sharing groups, and how a change is rolled out.
 //! - [`demand`]: pinned and on-demand members, which make way and when they unload.
+//! - [`interference`]: a model slowed by its neighbours, against its latency alone.
 //! - [`usage`]: GPU time, use and energy split among sharers.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod demand;
 pub mod group;
+pub mod interference;
 pub mod inventory;
 pub mod plan;
 pub mod reason;

@@ -60,6 +60,25 @@ pub struct Config {
         value_name = "S"
     )]
     pub gateway_wait_s: u64,
+    /// A model is flagged as slowed by its neighbours when its p99 beside busy neighbours passes this many
+    /// times its p99 alone (seed 002's 1.5).
+    #[arg(
+        long,
+        env = "TESSERA_INTERFERENCE_THRESHOLD",
+        default_value = "1.5",
+        value_name = "RATIO",
+        value_parser = parse_ratio
+    )]
+    pub interference_threshold: placement::interference::Ratio,
+    /// The sliding window a model's latency is judged over, in seconds.
+    #[arg(
+        long,
+        env = "TESSERA_LATENCY_WINDOW_S",
+        default_value_t = 60,
+        value_name = "S",
+        value_parser = clap::value_parser!(u64).range(1..=3600)
+    )]
+    pub latency_window_s: u64,
     /// The console is reached over https (directly or behind a proxy): session cookies are then Secure.
     #[arg(long, env = "TESSERA_HTTPS")]
     pub https: bool,
@@ -268,6 +287,11 @@ impl RetentionFlags {
     }
 }
 
+/// `--interference-threshold`, read as `placement` reads a ratio.
+fn parse_ratio(text: &str) -> Result<placement::interference::Ratio, String> {
+    placement::interference::Ratio::parse(text).map_err(|e| e.to_string())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,6 +304,25 @@ mod tests {
         assert!(
             err.to_string()
                 .contains("invalid value 'localhost' for '--listen <LISTEN>'"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_interference_threshold_is_seed_002s_unless_set_and_a_ratio_under_one_is_refused() {
+        let config = Config::try_parse_from(["tessera"]).unwrap();
+        assert_eq!(
+            config.interference_threshold,
+            placement::interference::Ratio::SEED_THRESHOLD
+        );
+        assert_eq!(config.latency_window_s, 60);
+        let config = Config::try_parse_from(["tessera", "--interference-threshold", "2"]).unwrap();
+        assert_eq!(config.interference_threshold.to_string(), "2.00×");
+        let err = Config::try_parse_from(["tessera", "--interference-threshold", "0.8"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("an interference threshold is a ratio from 1 to 100, such as 1.5"),
             "{err}"
         );
     }

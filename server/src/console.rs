@@ -179,6 +179,7 @@ impl ConsoleService {
                     system: system.contains(&share.member),
                     revision: group.revision,
                     on_demand: self.fleet.on_demand_view(&share.member),
+                    slowed: self.fleet.slowed(&share.member),
                 });
             }
         }
@@ -197,6 +198,7 @@ impl ConsoleService {
                 system: false,
                 revision: worker.revision,
                 on_demand: None,
+                slowed: worker.model.as_deref().and_then(|m| self.fleet.slowed(m)),
             });
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));
@@ -384,6 +386,13 @@ impl ConsoleService {
                     },
                     sharers: sharers(g),
                     summary: g.summary.clone(),
+                    slowed: g
+                        .sharers
+                        .iter()
+                        .filter_map(|s| {
+                            Some(format!("{}: {}", s.worker, self.fleet.slowed(&s.worker)?))
+                        })
+                        .collect(),
                 })
                 .collect(),
             workers: lines,

@@ -13,7 +13,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,6 +38,8 @@ pub struct Report {
 struct Engine {
     report: Arc<Report>,
     failing: Arc<AtomicBool>,
+    /// How long each answer waits before its first byte, as an engine slowed by its neighbours does.
+    slow_ms: Arc<AtomicU64>,
 }
 
 /// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
@@ -84,6 +86,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
     let engine = Engine {
         report: Arc::new(report),
         failing: Arc::default(),
+        slow_ms: Arc::default(),
     };
     // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
     // lost is drained by Tessera before the signal.
@@ -111,6 +114,7 @@ fn app(engine: Engine) -> Router {
         .route("/health", get(health))
         .route("/fail-health", post(fail_health))
         .route("/crash", post(crash))
+        .route("/slow", post(slow))
         .route("/v1/models", get(models))
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completion))
@@ -195,8 +199,28 @@ fn event_stream(chunks: Vec<Value>) -> Response {
     answer
 }
 
+/// `POST /slow` with `{"ms": N}`: from now on every answer waits N ms before its first byte (0: none), as
+/// an engine slowed by busy neighbours on its GPU; for the interference alarm's tests and demos.
+async fn slow(State(engine): State<Engine>, Json(request): Json<Value>) -> StatusCode {
+    let Some(ms) = request["ms"].as_u64() else {
+        return StatusCode::UNPROCESSABLE_ENTITY;
+    };
+    println!("told to take {ms} ms more before each answer");
+    engine.slow_ms.store(ms, Ordering::Relaxed);
+    StatusCode::NO_CONTENT
+}
+
+/// Waits as long as the engine was told to (`POST /slow`).
+async fn slowed(engine: &Engine) {
+    let ms = engine.slow_ms.load(Ordering::Relaxed);
+    if ms > 0 {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+}
+
 /// `POST /v1/chat/completions`: an answer to the last message, streamed word by word when asked.
 async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
+    slowed(&engine).await;
     let model = model_of(&engine, &request);
     let prompt = request["messages"]
         .as_array()
@@ -233,6 +257,7 @@ async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Respo
 
 /// `POST /v1/completions`: the prompt, answered.
 async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
+    slowed(&engine).await;
     let model = model_of(&engine, &request);
     let prompt = request["prompt"].as_str().unwrap_or_default().to_owned();
     let words = words(&engine, &prompt);
@@ -365,6 +390,7 @@ mod tests {
                 env: BTreeMap::new(),
             }),
             failing: Arc::default(),
+            slow_ms: Arc::default(),
         }
     }
 

@@ -20,6 +20,7 @@ pub mod calls;
 mod catalog;
 pub mod demand;
 mod engines;
+pub mod interference;
 mod machines;
 mod workers;
 
@@ -59,6 +60,8 @@ pub struct Fleet {
     calls: calls::Calls,
     /// When on-demand models were last used, and which wait to load.
     activity: Arc<demand::Activity>,
+    /// Each model's latency through the gateway, and the models slowed by their neighbours.
+    latencies: interference::Latencies,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -131,6 +134,7 @@ impl Fleet {
             unreachable: std::sync::RwLock::default(),
             calls: calls::Calls::default(),
             activity: Arc::new(demand::Activity::new()),
+            latencies: interference::Latencies::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));

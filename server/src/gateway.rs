@@ -23,6 +23,7 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use placement::interference::Sample;
 use serde_json::{json, Value};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -367,6 +368,9 @@ async fn to_model(
         failed: true,
         tail: Vec::new(),
         asked_ms: crate::fleet::usage::now_ms(),
+        sent: None,
+        first_bytes: None,
+        busy_neighbours: Vec::new(),
     };
     let runtime = state.fleet.runtime();
     let asked = tokio::time::Instant::now();
@@ -378,7 +382,7 @@ async fn to_model(
         .on_demand(model)
         .map(|_| state.fleet.activity().wait(model));
     let mut cold = false;
-    let (in_flight, host, port) = loop {
+    let (in_flight, host, port, unit) = loop {
         // Not loaded (or unloaded by its keep-alive just as the request came): loaded for it, a fleet change
         // carried out after what makes way has stopped. Where the room is taken by models with requests in
         // flight, the load waits for one of them to end.
@@ -417,7 +421,7 @@ async fn to_model(
             let (engine, (host, port)) = &ready[(first + k) % ready.len()];
             runtime
                 .begin_request(&engine.unit)
-                .map(|counted| (counted, host.clone(), *port))
+                .map(|counted| (counted, host.clone(), *port, engine.unit.clone()))
         });
         if let Some(taken) = taken {
             break taken;
@@ -465,6 +469,9 @@ async fn to_model(
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
     onward.headers_mut().remove(header::CONTENT_LENGTH);
+    // Who else is busy on its GPUs as it goes: none, and it counts toward the model's latency alone.
+    meter.busy_neighbours = runtime.busy_beside(&unit);
+    meter.sent = Some(std::time::Instant::now());
     match state.gateway.client.request(onward).await {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
@@ -514,10 +521,19 @@ struct Meter {
     tail: Vec<u8>,
     /// When the request came.
     asked_ms: u64,
+    /// When it was sent on to the engine.
+    sent: Option<std::time::Instant>,
+    /// From then to the answer's first bytes.
+    first_bytes: Option<Duration>,
+    /// The other models busy on the engine's GPUs as it was sent.
+    busy_neighbours: Vec<String>,
 }
 
 impl Meter {
     fn saw(&mut self, data: &[u8]) {
+        if self.first_bytes.is_none() {
+            self.first_bytes = self.sent.map(|sent| sent.elapsed());
+        }
         self.tail.extend_from_slice(data);
         if self.tail.len() > 2 * USAGE_TAIL {
             self.tail.drain(..self.tail.len() - USAGE_TAIL);
@@ -529,6 +545,16 @@ impl Drop for Meter {
     fn drop(&mut self) {
         self.state.fleet.activity().touch(&self.model);
         let (prompt_tokens, completion_tokens) = usage_in(&self.tail).unwrap_or_default();
+        if let (false, Some(latency)) = (self.failed, self.first_bytes) {
+            self.state.fleet.latencies().record(
+                &self.model,
+                Sample {
+                    at_ms: self.asked_ms,
+                    latency_us: latency.as_micros() as u64,
+                    busy_neighbours: std::mem::take(&mut self.busy_neighbours),
+                },
+            );
+        }
         self.state.fleet.calls().record(
             &self.model,
             &self.key,

@@ -239,6 +239,11 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     tokio::spawn(db::keep_tidy(pool.clone(), config.retention.retention()));
     tokio::spawn(fleet.clone().keep_writing_calls(CALLS_WRITE));
     tokio::spawn(fleet.clone().keep_unloading(KEEP_ALIVE_CHECK));
+    fleet.latencies().configure(
+        Duration::from_secs(config.latency_window_s),
+        config.interference_threshold,
+    );
+    tokio::spawn(fleet.clone().keep_judging(INTERFERENCE_CHECK));
     tracing::info!("Tessera listening on http://{}", config.listen);
     let state = AppState::serving(
         leptos_options,
@@ -311,6 +316,9 @@ async fn forget_expired_sessions(pool: sqlx::SqlitePool) {
 
 /// How often the gateway's figures are written (a stop writes them once more; a crash loses at most this).
 const CALLS_WRITE: Duration = Duration::from_secs(10);
+
+/// How often each model's latency is judged for interference.
+const INTERFERENCE_CHECK: Duration = Duration::from_secs(1);
 
 /// How often the keep-alives of loaded on-demand models are checked.
 const KEEP_ALIVE_CHECK: Duration = Duration::from_secs(1);

@@ -9,7 +9,8 @@ use axum::extract::{MatchedPath, Request, State};
 use axum::http::{header, Method, Uri};
 use axum::response::{IntoResponse, Response};
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 use std::future::Future;
 use std::pin::Pin;
@@ -327,10 +328,79 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
             .with_label_values(&labels)
             .inc_by(u64::from(engine.restarts));
     }
+    latency_figures(&registry, fleet)?;
     let mut families = registry.gather();
     families.extend(state.http_metrics.registry.gather());
     families.extend(state.fleet.calls().registry().gather());
     let mut out = Vec::new();
     TextEncoder::new().encode(&families, &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+/// Each model's latency through the gateway beside busy neighbours and alone, their ratio, and whether it is
+/// flagged as slowed by its neighbours (the alert rule in `deploy/prometheus/` fires on it).
+fn latency_figures(
+    registry: &Registry,
+    fleet: &crate::fleet::Fleet,
+) -> Result<(), prometheus::Error> {
+    let p99 = GaugeVec::new(
+        Opts::new(
+            "tessera_model_latency_p99_seconds",
+            "A model's p99 time to first byte through the gateway: over the window beside busy neighbours (shared), or kept from when it ran alone (alone).",
+        ),
+        &["model", "beside"],
+    )?;
+    let p50 = GaugeVec::new(
+        Opts::new(
+            "tessera_model_latency_p50_seconds",
+            "A model's p50 time to first byte through the gateway over the window, beside busy neighbours.",
+        ),
+        &["model"],
+    )?;
+    let ratio = GaugeVec::new(
+        Opts::new(
+            "tessera_model_interference_ratio",
+            "A model's p99 beside busy neighbours over its p99 alone, when both rest on enough requests.",
+        ),
+        &["model"],
+    )?;
+    let slowed = IntGaugeVec::new(
+        Opts::new(
+            "tessera_model_slowed_by_neighbours",
+            "1 while the model is flagged: its interference ratio passed the threshold.",
+        ),
+        &["model"],
+    )?;
+    let threshold = prometheus::Gauge::new(
+        "tessera_interference_threshold_ratio",
+        "The interference ratio a model is flagged past (--interference-threshold).",
+    )?;
+    for family in [&p99, &p50, &ratio] {
+        registry.register(Box::new(family.clone()))?;
+    }
+    registry.register(Box::new(slowed.clone()))?;
+    registry.register(Box::new(threshold.clone()))?;
+    threshold.set(fleet.latencies().threshold().as_f64());
+    let flagged = fleet.latencies().flagged();
+    let seconds = |us: u64| us as f64 / 1e6;
+    for (model, judged) in fleet.latencies().judge_all(crate::fleet::usage::now_ms()) {
+        if let Some(us) = judged.shared_p99_us {
+            p99.with_label_values(&[model.as_str(), "shared"])
+                .set(seconds(us));
+        }
+        if let Some(us) = judged.alone_p99_us {
+            p99.with_label_values(&[model.as_str(), "alone"])
+                .set(seconds(us));
+        }
+        if let Some(us) = judged.shared_p50_us {
+            p50.with_label_values(&[model.as_str()]).set(seconds(us));
+        }
+        if let Some(r) = judged.ratio {
+            ratio.with_label_values(&[model.as_str()]).set(r.as_f64());
+        }
+        slowed
+            .with_label_values(&[model.as_str()])
+            .set(i64::from(flagged.contains_key(&model)));
+    }
+    Ok(())
 }

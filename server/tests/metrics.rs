@@ -1,5 +1,6 @@
 //! `GET /metrics` of a server with running engines passes Prometheus's own check (`promtool check metrics`,
-//! from Debian's prometheus package, which `scripts/setup` installs).
+//! from Debian's prometheus package, which `scripts/setup` installs), and so do the alert rules the project
+//! ships for it (`promtool check rules`, `promtool test rules`).
 
 mod support;
 
@@ -28,10 +29,29 @@ async fn the_metrics_pass_promtool() {
         )
         .await;
     server.wait_healthy(2).await;
+    // Enough requests through the gateway for a p99 alone.
+    for _ in 0..25 {
+        let (status, answer) = server
+            .send(
+                "POST",
+                "/v1/chat/completions",
+                json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "hi"}]}),
+            )
+            .await;
+        assert_eq!(status, 200, "{answer}");
+    }
     let (status, body) = server.get_bytes("/metrics").await;
     assert_eq!(status, 200);
     let text = String::from_utf8(body.to_vec()).unwrap();
     assert!(text.contains("tessera_engine_healthy{"), "{text}");
+    assert!(
+        text.contains(r#"tessera_model_latency_p99_seconds{beside="alone",model="glm-5.3"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tessera_model_slowed_by_neighbours{model="glm-5.3"} 0"#),
+        "{text}"
+    );
 
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])
@@ -54,4 +74,27 @@ async fn the_metrics_pass_promtool() {
         String::from_utf8_lossy(&checked.stderr)
     );
     server.stop().await;
+}
+
+/// Runs promtool with `args` in `deploy/prometheus`, and says what it printed when it fails.
+fn promtool(args: &[&str]) {
+    let rules = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/prometheus");
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(rules)
+        .output()
+        .expect("promtool, from Debian's prometheus package: ./scripts/setup installs it");
+    assert!(
+        out.status.success(),
+        "promtool {}:\n{}{}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn the_interference_alert_rule_passes_promtools_check_and_fires_only_after_a_minute_flagged() {
+    promtool(&["check", "rules", "tessera-alerts.yml"]);
+    promtool(&["test", "rules", "tessera-alerts.test.yml"]);
 }

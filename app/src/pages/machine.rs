@@ -138,6 +138,7 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             <MemoryBar gpu=gpu.clone() />
             <p data-testid="gpu-usage">{usage}</p>
             {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
+            {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}
         </article>
     }
 }

@@ -209,6 +209,9 @@ fn ModelLine(
                 {move || row.with(|r| r.on_demand.as_ref().map(OnDemand::line)).map(|line| view! {
                     <span class="why" data-testid="on-demand">{line}</span>
                 })}
+                {move || row.with(|r| r.slowed.clone()).map(|line| view! {
+                    <span class="why bad" data-testid="slowed">{line}</span>
+                })}
             </td>
             <td class="menu-cell">
                 <details class="menu">

@@ -205,6 +205,20 @@ pub enum Event {
         #[serde(skip_serializing_if = "Option::is_none")]
         message: Option<String>,
     },
+    /// A model became slowed by its neighbours, or is no longer.
+    Interference {
+        /// When, RFC 3339.
+        at: String,
+        /// The model.
+        model: String,
+        /// Slowed now (the alarm rose), or no longer (it cleared).
+        slowed: bool,
+        /// Its p99 beside busy neighbours over its p99 alone, when known: `2.10×`.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        ratio: Option<String>,
+        /// The neighbours busy during its slow requests, the most often busy first.
+        busy_neighbours: Vec<String>,
+    },
 }
 
 /// Where a step of a plan change is.
@@ -453,6 +467,44 @@ impl Runtime {
         counter.fetch_add(1, Ordering::SeqCst);
         let in_flight = InFlight(counter);
         (self.shared.state(unit) == Some(EngineState::Healthy)).then_some(in_flight)
+    }
+
+    /// The models (or workers) with the gateway's requests in flight to an engine on one of the GPUs
+    /// `unit`'s engine runs on, but its own model's: its busy neighbours, now.
+    pub fn busy_beside(&self, unit: &str) -> Vec<String> {
+        let units = self.shared.lock();
+        let Some(me) = units.get(unit) else {
+            return Vec::new();
+        };
+        let own = crate::fleet::groups::sharer(unit).0;
+        let in_flight = self
+            .shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut busy: Vec<String> = units
+            .iter()
+            .filter(|(_, u)| {
+                u.spec.machine == me.spec.machine
+                    && u.spec.gpus.iter().any(|g| me.spec.gpus.contains(g))
+            })
+            .filter(|(name, _)| {
+                in_flight
+                    .get(*name)
+                    .is_some_and(|c| c.load(Ordering::SeqCst) > 0)
+            })
+            .map(|(name, _)| crate::fleet::groups::sharer(name).0)
+            .filter(|name| *name != own)
+            .map(str::to_owned)
+            .collect();
+        busy.dedup();
+        busy
+    }
+
+    /// Tells the event stream's followers of `event`.
+    pub fn publish(&self, event: Event) {
+        // No follower is no error.
+        let _ = self.shared.events.send(event);
     }
 
     /// How many of the gateway's requests are in flight to `unit`'s engine.
