@@ -1,6 +1,6 @@
 // Seed 003, "Deploy a Model That Shares a GPU": the wizard from the Models tab to a healthy model.
 import { deploy, expect, test } from "./fixtures/tessera";
-import { FITS, ModelsTab, Wizard } from "./fixtures/console";
+import { FITS, ModelsTab, OVER, Wizard } from "./fixtures/console";
 
 test("a model joins the running group, another member gives up room, and the model serves", async ({ page, request }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
@@ -103,4 +103,34 @@ test("a removed model stops and leaves the others as they were", async ({ page, 
   await page.getByRole("alertdialog").getByRole("button", { name: "Remove" }).click();
   await expect(models.row("speech")).toHaveCount(0);
   await expect(models.row("glm-5.3").getByTestId("share")).toHaveText("40%");
+});
+
+test("a model deployed on demand from the wizard runs no engine until its first request", async ({ page, request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await wizard.page.getByLabel("Model", { exact: true }).selectOption("vision");
+  await page.locator("#node-atlas").check();
+  await wizard.next.click();
+  await wizard.next.click();
+  await expect(wizard.step).toHaveText("GPU sharing");
+  await page.getByLabel("Load vision on demand").check();
+  await wizard.panel.type("vision", "50");
+  await expect(wizard.panel.verdict.locator("li")).toHaveText([
+    FITS("100%"),
+    "On-demand models take turns in the 50% the pinned ones leave.",
+  ]);
+  await wizard.panel.type("vision", "51");
+  await expect(wizard.panel.verdict).toHaveText(OVER);
+  await expect(wizard.deploy).toBeDisabled();
+  await wizard.panel.type("vision", "30");
+  await wizard.deploy.click();
+
+  await expect(page).toHaveURL(/\/\?deployed=vision$/);
+  const row = new ModelsTab(page).row("vision");
+  await expect(row.getByTestId("on-demand")).toHaveText("On demand, unloaded after 300 s idle: not loaded.");
+  await expect(row.getByTestId("state")).toContainText("not loaded: the next request loads it");
+  const engines = await (await request.get("/api/engines")).json();
+  expect(engines.map((e: any) => e.model)).not.toContain("vision");
 });

@@ -48,16 +48,98 @@ impl fmt::Display for Ratio {
 #[error("an interference threshold is a ratio from 1 to 100, such as 1.5")]
 pub struct RatioError;
 
-/// One request's latency to its first byte, in microseconds, and the neighbours that were busy on its GPUs
-/// when it was sent (none: it ran alone).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One request through the gateway: the engine that answered, its time to first byte and to the end, the
+/// tokens it reported, how many requests that engine had in flight, whether it failed, and the neighbours
+/// that were busy on its GPUs when it was sent (none: it ran alone).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Sample {
     /// When it was sent, ms since the epoch.
     pub at_ms: u64,
+    /// The engine (its unit).
+    pub engine: String,
     /// Its time to first byte (the first token of a streamed answer), µs.
     pub latency_us: u64,
+    /// Its time to the answer's last byte, µs.
+    pub request_us: u64,
+    /// The completion tokens the engine reported.
+    pub completion_tokens: u64,
+    /// The engine's requests in flight as it was sent, this one included: its queue.
+    pub queue_depth: u32,
+    /// It failed (an error status from the engine).
+    pub failed: bool,
     /// The other models with requests in flight on its GPUs as it was sent.
     pub busy_neighbours: Vec<String>,
+}
+
+/// p50 and p99 of one figure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Spread {
+    /// The median.
+    pub p50: u64,
+    /// The 99th percentile.
+    pub p99: u64,
+}
+
+impl Spread {
+    fn of(values: &[u64]) -> Option<Spread> {
+        Some(Spread {
+            p50: percentile(values, 500)?,
+            p99: percentile(values, 990)?,
+        })
+    }
+}
+
+/// One engine's figures over the window.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineFigures {
+    /// The engine (its unit).
+    pub engine: String,
+    /// Requests in the window.
+    pub requests: usize,
+    /// Of those, failed.
+    pub errors: usize,
+    /// Time to first byte of the answered ones, µs.
+    pub first_byte_us: Option<Spread>,
+    /// Time to the last byte of the answered ones, µs.
+    pub request_us: Option<Spread>,
+    /// Completion tokens per second of the answered ones that reported tokens.
+    pub tokens_per_second: Option<Spread>,
+    /// Requests in flight to it as each was sent.
+    pub queue_depth: Option<Spread>,
+}
+
+/// Each engine's figures over `window` (one model's requests), by engine.
+pub fn engine_figures(window: &[Sample]) -> Vec<EngineFigures> {
+    let mut by_engine: BTreeMap<&str, Vec<&Sample>> = BTreeMap::new();
+    for sample in window {
+        by_engine.entry(&sample.engine).or_default().push(sample);
+    }
+    by_engine
+        .into_iter()
+        .map(|(engine, samples)| {
+            let answered: Vec<&&Sample> = samples.iter().filter(|s| !s.failed).collect();
+            let of = |f: &dyn Fn(&Sample) -> Option<u64>| -> Option<Spread> {
+                Spread::of(&answered.iter().filter_map(|s| f(s)).collect::<Vec<_>>())
+            };
+            EngineFigures {
+                engine: engine.to_owned(),
+                requests: samples.len(),
+                errors: samples.len() - answered.len(),
+                first_byte_us: of(&|s| Some(s.latency_us)),
+                request_us: of(&|s| Some(s.request_us)),
+                tokens_per_second: of(&|s| {
+                    (s.completion_tokens > 0 && s.request_us > 0)
+                        .then(|| s.completion_tokens * 1_000_000 / s.request_us)
+                }),
+                queue_depth: Spread::of(
+                    &samples
+                        .iter()
+                        .map(|s| u64::from(s.queue_depth))
+                        .collect::<Vec<_>>(),
+                ),
+            }
+        })
+        .collect()
 }
 
 /// The fewest requests a p99 is taken over, shared or alone: fewer say nothing.
@@ -116,11 +198,12 @@ impl Interference {
 
 /// Judges a model from `window` (its requests of the sliding window) and `alone_us` (the latencies kept from
 /// when it ran alone): the ratio of the shared p99 to the dedicated p99, slowed when over `threshold`. Each
-/// p99 needs [`MIN_SAMPLES`] requests; the window's requests that ran alone count toward neither.
+/// p99 needs [`MIN_SAMPLES`] requests; the window's requests that ran alone, or failed, count toward
+/// neither.
 pub fn judge(window: &[Sample], alone_us: &[u64], threshold: Ratio) -> Interference {
     let shared: Vec<&Sample> = window
         .iter()
-        .filter(|s| !s.busy_neighbours.is_empty())
+        .filter(|s| !s.failed && !s.busy_neighbours.is_empty())
         .collect();
     let shared_us: Vec<u64> = shared.iter().map(|s| s.latency_us).collect();
     let enough = |n: usize| n >= MIN_SAMPLES;
@@ -156,10 +239,71 @@ mod tests {
 
     fn sample(latency_ms: u64, busy: &[&str]) -> Sample {
         Sample {
-            at_ms: 0,
             latency_us: latency_ms * 1000,
             busy_neighbours: busy.iter().map(|b| (*b).to_owned()).collect(),
+            ..Sample::default()
         }
+    }
+
+    #[test]
+    fn each_engine_has_its_latency_tokens_per_second_queue_and_errors_over_the_window() {
+        let request =
+            |engine: &str, first_ms: u64, whole_ms: u64, tokens: u64, depth: u32| Sample {
+                engine: engine.into(),
+                latency_us: first_ms * 1000,
+                request_us: whole_ms * 1000,
+                completion_tokens: tokens,
+                queue_depth: depth,
+                ..Sample::default()
+            };
+        let mut window: Vec<Sample> = (1..=10)
+            .map(|i| request("glm@atlas", 10 * i, 100 * i, 20, i as u32))
+            .collect();
+        window.push(Sample {
+            failed: true,
+            ..request("glm@atlas", 1, 1, 0, 11)
+        });
+        window.push(request("glm@node", 5, 50, 0, 1));
+        let figures = engine_figures(&window);
+        assert_eq!(figures.len(), 2);
+        let atlas = &figures[0];
+        assert_eq!(
+            (atlas.engine.as_str(), atlas.requests, atlas.errors),
+            ("glm@atlas", 11, 1)
+        );
+        assert_eq!(
+            atlas.first_byte_us,
+            Some(Spread {
+                p50: 50_000,
+                p99: 100_000
+            })
+        );
+        assert_eq!(
+            atlas.request_us,
+            Some(Spread {
+                p50: 500_000,
+                p99: 1_000_000
+            })
+        );
+        // 20 tokens in 0.6 s at the median (33 a second), in 0.1 s at the fastest.
+        assert_eq!(atlas.tokens_per_second, Some(Spread { p50: 33, p99: 200 }));
+        assert_eq!(atlas.queue_depth, Some(Spread { p50: 6, p99: 11 }));
+        assert_eq!(figures[1].tokens_per_second, None, "no tokens reported");
+    }
+
+    #[test]
+    fn a_failed_request_is_not_timed_against_the_baseline() {
+        let alone: Vec<u64> = vec![40_000; 50];
+        let window: Vec<Sample> = (0..30)
+            .map(|_| Sample {
+                failed: true,
+                ..sample(500, &["vision"])
+            })
+            .collect();
+        assert_eq!(
+            judge(&window, &alone, Ratio::SEED_THRESHOLD).shared_samples,
+            0
+        );
     }
 
     #[test]

@@ -371,6 +371,8 @@ async fn to_model(
         sent: None,
         first_bytes: None,
         busy_neighbours: Vec::new(),
+        engine: String::new(),
+        queue_depth: 0,
     };
     let runtime = state.fleet.runtime();
     let asked = tokio::time::Instant::now();
@@ -469,8 +471,11 @@ async fn to_model(
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
     onward.headers_mut().remove(header::CONTENT_LENGTH);
-    // Who else is busy on its GPUs as it goes: none, and it counts toward the model's latency alone.
+    // Who else is busy on its GPUs as it goes (none, and it counts toward the model's latency alone), and
+    // how many requests its engine has in flight.
     meter.busy_neighbours = runtime.busy_beside(&unit);
+    meter.queue_depth = runtime.requests_in_flight(&unit) as u32;
+    meter.engine = unit;
     meter.sent = Some(std::time::Instant::now());
     match state.gateway.client.request(onward).await {
         Ok(answer) => {
@@ -527,6 +532,9 @@ struct Meter {
     first_bytes: Option<Duration>,
     /// The other models busy on the engine's GPUs as it was sent.
     busy_neighbours: Vec<String>,
+    /// The engine it went to, and its requests in flight then.
+    engine: String,
+    queue_depth: u32,
 }
 
 impl Meter {
@@ -545,12 +553,18 @@ impl Drop for Meter {
     fn drop(&mut self) {
         self.state.fleet.activity().touch(&self.model);
         let (prompt_tokens, completion_tokens) = usage_in(&self.tail).unwrap_or_default();
-        if let (false, Some(latency)) = (self.failed, self.first_bytes) {
+        if let Some(sent) = self.sent {
+            let request = sent.elapsed();
             self.state.fleet.latencies().record(
                 &self.model,
                 Sample {
                     at_ms: self.asked_ms,
-                    latency_us: latency.as_micros() as u64,
+                    engine: std::mem::take(&mut self.engine),
+                    latency_us: self.first_bytes.unwrap_or(request).as_micros() as u64,
+                    request_us: request.as_micros() as u64,
+                    completion_tokens,
+                    queue_depth: self.queue_depth,
+                    failed: self.failed,
                     busy_neighbours: std::mem::take(&mut self.busy_neighbours),
                 },
             );

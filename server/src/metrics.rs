@@ -337,8 +337,9 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
 }
 
-/// Each model's latency through the gateway beside busy neighbours and alone, their ratio, and whether it is
-/// flagged as slowed by its neighbours (the alert rule in `deploy/prometheus/` fires on it).
+/// Each engine's latency, tokens per second, queue and errors through the gateway over the window; each
+/// model's latency beside busy neighbours and alone, their ratio, and whether it is flagged as slowed by its
+/// neighbours (the alert rule in `deploy/prometheus/` fires on it).
 fn latency_figures(
     registry: &Registry,
     fleet: &crate::fleet::Fleet,
@@ -375,8 +376,78 @@ fn latency_figures(
         "tessera_interference_threshold_ratio",
         "The interference ratio a model is flagged past (--interference-threshold).",
     )?;
-    for family in [&p99, &p50, &ratio] {
+    let latency = GaugeVec::new(
+        Opts::new(
+            "tessera_engine_latency_seconds",
+            "An engine's time to the first byte, or to the end, of its answers through the gateway over the window, at a percentile.",
+        ),
+        &["engine", "model", "measure", "percentile"],
+    )?;
+    let tokens = GaugeVec::new(
+        Opts::new(
+            "tessera_engine_tokens_per_second",
+            "An engine's completion tokens per second of request through the gateway over the window, at a percentile.",
+        ),
+        &["engine", "model", "percentile"],
+    )?;
+    let queue = GaugeVec::new(
+        Opts::new(
+            "tessera_engine_queue_depth",
+            "The gateway's requests in flight to an engine as each was sent, over the window, at a percentile.",
+        ),
+        &["engine", "model", "percentile"],
+    )?;
+    let requests = IntGaugeVec::new(
+        Opts::new(
+            "tessera_engine_window_requests",
+            "Requests the gateway sent an engine over the window.",
+        ),
+        &["engine", "model"],
+    )?;
+    let errors = IntGaugeVec::new(
+        Opts::new(
+            "tessera_engine_window_errors",
+            "Of those, the ones that failed (an error status, or no answer).",
+        ),
+        &["engine", "model"],
+    )?;
+    for family in [&p99, &p50, &ratio, &latency, &tokens, &queue] {
         registry.register(Box::new(family.clone()))?;
+    }
+    registry.register(Box::new(requests.clone()))?;
+    registry.register(Box::new(errors.clone()))?;
+    for (model, engines) in fleet.latencies().engines_all(crate::fleet::usage::now_ms()) {
+        for figures in engines {
+            let engine = crate::runtime::engine_id(&figures.engine);
+            let at = |percentile: &'static str| [engine.as_str(), model.as_str(), percentile];
+            let spreads = |spread: Option<placement::interference::Spread>| {
+                spread
+                    .into_iter()
+                    .flat_map(|s| [("50", s.p50), ("99", s.p99)])
+            };
+            for (measure, spread) in [
+                ("first_byte", figures.first_byte_us),
+                ("request", figures.request_us),
+            ] {
+                for (p, us) in spreads(spread) {
+                    latency
+                        .with_label_values(&[engine.as_str(), model.as_str(), measure, p])
+                        .set(us as f64 / 1e6);
+                }
+            }
+            for (p, per_second) in spreads(figures.tokens_per_second) {
+                tokens.with_label_values(&at(p)).set(per_second as f64);
+            }
+            for (p, depth) in spreads(figures.queue_depth) {
+                queue.with_label_values(&at(p)).set(depth as f64);
+            }
+            requests
+                .with_label_values(&[engine.as_str(), model.as_str()])
+                .set(figures.requests as i64);
+            errors
+                .with_label_values(&[engine.as_str(), model.as_str()])
+                .set(figures.errors as i64);
+        }
     }
     registry.register(Box::new(slowed.clone()))?;
     registry.register(Box::new(threshold.clone()))?;

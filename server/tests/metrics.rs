@@ -52,6 +52,15 @@ async fn the_metrics_pass_promtool() {
         text.contains(r#"tessera_model_slowed_by_neighbours{model="glm-5.3"} 0"#),
         "{text}"
     );
+    for figure in [
+        r#"tessera_engine_latency_seconds{engine="group~text-router~glm-5.3~atlas",measure="first_byte",model="glm-5.3",percentile="99"}"#,
+        r#"tessera_engine_tokens_per_second{engine="group~text-router~glm-5.3~atlas",model="glm-5.3",percentile="50"}"#,
+        r#"tessera_engine_queue_depth{engine="group~text-router~glm-5.3~atlas",model="glm-5.3",percentile="50"} 1"#,
+        r#"tessera_engine_window_requests{engine="group~text-router~glm-5.3~atlas",model="glm-5.3"} 25"#,
+        r#"tessera_engine_window_errors{engine="group~text-router~glm-5.3~atlas",model="glm-5.3"} 0"#,
+    ] {
+        assert!(text.contains(figure), "{figure} in {text}");
+    }
 
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])

@@ -6,7 +6,7 @@
 
 use super::Fleet;
 use crate::runtime::Event;
-use placement::interference::{judge, Interference, Ratio, Sample};
+use placement::interference::{engine_figures, judge, EngineFigures, Interference, Ratio, Sample};
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
@@ -56,11 +56,11 @@ impl Latencies {
         Ratio(self.threshold.load(Ordering::Relaxed))
     }
 
-    /// An answered request of `model`.
+    /// A request of `model` that an engine answered (or failed).
     pub fn record(&self, model: &str, sample: Sample) {
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         let figures = models.entry(model.to_owned()).or_default();
-        if sample.busy_neighbours.is_empty() {
+        if !sample.failed && sample.busy_neighbours.is_empty() {
             if figures.alone_us.len() == ALONE_MAX {
                 figures.alone_us.pop_front();
             }
@@ -72,10 +72,10 @@ impl Latencies {
         figures.window.push_back(sample);
     }
 
-    /// Every model with figures, judged at `now_ms` (requests older than the window are let go).
-    pub fn judge_all(&self, now_ms: u64) -> Vec<(String, Interference)> {
+    /// `f` of each model's requests in the window at `now_ms` and its latencies alone (requests older than
+    /// the window are let go first).
+    fn each<T>(&self, now_ms: u64, f: impl Fn(&[Sample], &[u64]) -> T) -> Vec<(String, T)> {
         let since = now_ms.saturating_sub(self.window_ms.load(Ordering::Relaxed));
-        let threshold = self.threshold();
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         models
             .iter_mut()
@@ -83,11 +83,21 @@ impl Latencies {
                 while figures.window.front().is_some_and(|s| s.at_ms < since) {
                     figures.window.pop_front();
                 }
-                let window = figures.window.make_contiguous();
                 let alone: Vec<u64> = figures.alone_us.iter().copied().collect();
-                (model.clone(), judge(window, &alone, threshold))
+                (model.clone(), f(figures.window.make_contiguous(), &alone))
             })
             .collect()
+    }
+
+    /// Every model with figures, judged at `now_ms`.
+    pub fn judge_all(&self, now_ms: u64) -> Vec<(String, Interference)> {
+        let threshold = self.threshold();
+        self.each(now_ms, |window, alone| judge(window, alone, threshold))
+    }
+
+    /// Each model's engines' figures over the window at `now_ms`.
+    pub fn engines_all(&self, now_ms: u64) -> Vec<(String, Vec<EngineFigures>)> {
+        self.each(now_ms, |window, _| engine_figures(window))
     }
 
     /// The models flagged now, each with what raised it.
