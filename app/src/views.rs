@@ -368,6 +368,54 @@ pub struct GpuDetail {
     /// Its sharers slowed by their neighbours here: `glm-5.3: Slowed by its neighbours: …`.
     #[serde(default)]
     pub slowed: Vec<String>,
+    /// Its readings of the last hour, oldest first.
+    #[serde(default)]
+    pub history: Vec<GpuPoint>,
+    /// Those are the demo fleet's, made from its demo engines' work, not read from a driver.
+    #[serde(default)]
+    pub demo_figures: bool,
+}
+
+/// One reading of a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuPoint {
+    /// When, ms since the epoch.
+    pub at_ms: u64,
+    /// Percent of the period in which a kernel ran.
+    pub utilisation_percent: u32,
+    /// Memory in use by anyone.
+    pub used: Option<Bytes>,
+    /// Of that, what is held outside Tessera; the rest is Tessera's engines'.
+    pub held_outside: Option<Bytes>,
+    /// Temperature, °C.
+    pub temperature_c: Option<u32>,
+    /// Power draw, mW.
+    pub power_mw: Option<u32>,
+}
+
+impl GpuPoint {
+    /// The machine page's line for the latest reading: `34% busy · 30.1 of 96 GB in use (28 GB by
+    /// Tessera's engines, 2.1 GB by others) · 45 °C · 210 W`.
+    pub fn line(&self, total: Bytes) -> String {
+        let mut parts = vec![format!("{}% busy", self.utilisation_percent)];
+        if let Some(used) = self.used {
+            let outside = self.held_outside.unwrap_or_default().min(used);
+            parts.push(format!(
+                "{} of {} in use ({} by Tessera's engines, {} by others)",
+                used.gb_text(),
+                total,
+                used.saturating_sub(outside),
+                outside
+            ));
+        }
+        if let Some(c) = self.temperature_c {
+            parts.push(format!("{c} °C"));
+        }
+        if let Some(mw) = self.power_mw {
+            parts.push(format!("{} W", mw / 1000));
+        }
+        parts.join(" · ")
+    }
 }
 
 impl GpuDetail {
@@ -886,7 +934,21 @@ mod tests {
             sharers: Vec::new(),
             summary: None,
             slowed: Vec::new(),
+            history: Vec::new(),
+            demo_figures: false,
         };
+        let reading = GpuPoint {
+            at_ms: 0,
+            utilisation_percent: 34,
+            used: Some(Bytes::from_gb(4.5).unwrap()),
+            held_outside: Some(Bytes::gb(1)),
+            temperature_c: Some(45),
+            power_mw: Some(110_500),
+        };
+        assert_eq!(
+            reading.line(gpu.total),
+            "34% busy · 4.5 of 8 GB in use (3.5 GB by Tessera's engines, 1 GB by others) · 45 °C · 110 W"
+        );
         assert_eq!(
             gpu.offer_text(),
             "Offers 7 of its 8 GB (1 GB held outside Tessera)"

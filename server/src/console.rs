@@ -289,6 +289,9 @@ impl ConsoleService {
 
     async fn machine_detail(&self, name: &str) -> Result<MachineDetail, ApiError> {
         let machine = self.fleet.machine(name)?;
+        let since = crate::fleet::usage::now_ms()
+            .saturating_sub(crate::fleet::readings::HISTORY.as_millis() as u64);
+        let mut history = self.fleet.gpu_history(name, since).await?;
         let engines = self.fleet.runtime().engines();
         let workers = self.fleet.workers();
         let sharer_bytes = |who: &str| {
@@ -393,6 +396,8 @@ impl ConsoleService {
                             Some(format!("{}: {}", s.worker, self.fleet.slowed(&s.worker)?))
                         })
                         .collect(),
+                    history: history.remove(&g.index).unwrap_or_default(),
+                    demo_figures: self.fleet.is_demo(name),
                 })
                 .collect(),
             workers: lines,

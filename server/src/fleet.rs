@@ -22,6 +22,7 @@ pub mod demand;
 mod engines;
 pub mod interference;
 mod machines;
+pub mod readings;
 mod workers;
 
 pub use machines::{GpuView, MachineView, SharerView};
@@ -278,6 +279,12 @@ impl Fleet {
     /// The committed state as of the last write.
     pub(crate) fn committed(&self) -> Arc<Committed> {
         self.views().committed.clone()
+    }
+
+    /// The inventory the ledger holds on now.
+    #[cfg(test)]
+    pub(crate) async fn committed_inventory(&self) -> Inventory {
+        self.state.lock().await.ledger.inventory().clone()
     }
 
     /// Checks the ledger against one rebuilt from what the database holds now: the same holds, the same

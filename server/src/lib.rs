@@ -244,6 +244,9 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         config.interference_threshold,
     );
     tokio::spawn(fleet.clone().keep_judging(INTERFERENCE_CHECK));
+    if config.demo {
+        tokio::spawn(fleet.clone().follow_demo_gpus(LOCAL_GPU_REFRESH));
+    }
     tracing::info!("Tessera listening on http://{}", config.listen);
     let state = AppState::serving(
         leptos_options,

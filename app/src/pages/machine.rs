@@ -5,11 +5,12 @@
 use crate::components::live::use_live;
 use crate::components::memory_bar::MemoryBar;
 use crate::error::AppError;
-use crate::views::{GpuDetail, GpuUse, MachineDetail};
+use crate::views::{GpuDetail, GpuPoint, GpuUse, MachineDetail};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
 use leptos_router::hooks::use_params_map;
+use placement::Bytes;
 
 /// One machine.
 #[server(prefix = "/rpc", endpoint = "load_machine", input = Json, client = crate::csrf::CsrfClient)]
@@ -139,6 +140,65 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             <p data-testid="gpu-usage">{usage}</p>
             {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
             {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}
+            {gpu.history.last().map(|now| {
+                let source = if gpu.demo_figures { " (demo figures, made from the demo engines' work)" } else { "" };
+                view! { <p data-testid="gpu-now">{format!("Now: {}{source}", now.line(gpu.total))}</p> }
+            })}
+            {(gpu.history.len() > 1).then(|| view! { <GpuChart points=gpu.history.clone() total=gpu.total index=gpu.index /> })}
         </article>
+    }
+}
+
+/// The last hour of a GPU: how busy it was and how much of its memory was in use, as two lines, drawn as SVG
+/// on the server.
+#[component]
+fn GpuChart(points: Vec<GpuPoint>, total: Bytes, index: u32) -> impl IntoView {
+    const WIDTH: u64 = 600;
+    const HEIGHT: u64 = 100;
+    let (first, last) = (points[0].at_ms, points[points.len() - 1].at_ms);
+    let x = |at: u64| (at - first) * WIDTH / (last - first).max(1);
+    let y = |percent: u64| HEIGHT - percent.min(100) * HEIGHT / 100;
+    let used_percent = |p: &GpuPoint| {
+        p.used
+            .map(|u| u.get() * 100 / total.get().max(1))
+            .unwrap_or_default()
+    };
+    let line = |percent: &dyn Fn(&GpuPoint) -> u64| {
+        points
+            .iter()
+            .map(|p| format!("{},{}", x(p.at_ms), y(percent(p))))
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let busy = line(&|p| u64::from(p.utilisation_percent));
+    let memory = line(&used_percent);
+    let range = |values: Vec<u64>| {
+        let (low, high) = (values.iter().min().copied(), values.iter().max().copied());
+        format!("{}–{}", low.unwrap_or(0), high.unwrap_or(0))
+    };
+    let summary = format!(
+        "GPU {index} over the last {} minutes: busy {}%, memory in use {}% of {total}",
+        (last - first).div_ceil(60_000),
+        range(
+            points
+                .iter()
+                .map(|p| u64::from(p.utilisation_percent))
+                .collect()
+        ),
+        range(points.iter().map(used_percent).collect()),
+    );
+    view! {
+        <figure class="gpu-chart">
+            <svg viewBox=format!("0 0 {WIDTH} {HEIGHT}") preserveAspectRatio="none" role="img" aria-label=summary data-testid="gpu-chart">
+                <rect class="frame" x="0" y="0" width=WIDTH height=HEIGHT></rect>
+                <polyline class="memory" points=memory></polyline>
+                <polyline class="busy" points=busy></polyline>
+            </svg>
+            <figcaption>
+                <span class="key busy">"busy"</span>
+                <span class="key memory">"memory in use"</span>
+                " · the last hour, 0 to 100%"
+            </figcaption>
+        </figure>
     }
 }

@@ -100,6 +100,20 @@ impl Latencies {
         self.each(now_ms, |window, _| engine_figures(window))
     }
 
+    /// How long each engine's requests sent since `since_ms` took, in all, µs: how busy the gateway kept
+    /// it.
+    pub fn busy_us_since(&self, since_ms: u64) -> BTreeMap<String, u64> {
+        let models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut busy: BTreeMap<String, u64> = BTreeMap::new();
+        for sample in models
+            .values()
+            .flat_map(|f| f.window.iter().rev().take_while(|s| s.at_ms >= since_ms))
+        {
+            *busy.entry(sample.engine.clone()).or_default() += sample.request_us;
+        }
+        busy
+    }
+
     /// The models flagged now, each with what raised it.
     pub fn flagged(&self) -> BTreeMap<String, Interference> {
         self.flagged

@@ -249,7 +249,7 @@ impl Fleet {
                 Ok(Ok(reading)) => {
                     let at = super::usage::now_ms();
                     match self
-                        .record_samples(&reading.machine.name, &reading.live, at)
+                        .record_samples(&reading.machine, &reading.live, at)
                         .await
                     {
                         Ok(()) => self.refresh_machine(reading.machine).await,

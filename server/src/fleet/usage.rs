@@ -119,21 +119,31 @@ pub(crate) async fn record_holdings(
 }
 
 impl Fleet {
-    /// Keeps one reading of `machine`'s GPUs, for splitting their use and energy among sharers.
+    /// Keeps one reading of `machine`'s GPUs: for splitting their use and energy among sharers, and for the
+    /// machine page's charts.
     pub async fn record_samples(
         &self,
-        machine: &str,
+        machine: &placement::Machine,
         live: &[GpuLive],
         at_ms: u64,
     ) -> Result<(), ApiError> {
         let mut tx = crate::db::write(&self.pool).await?;
         for gpu in live {
-            sqlx::query("INSERT OR IGNORE INTO gpu_samples (machine, gpu_index, at_ms, utilisation_percent, energy_mj) VALUES (?, ?, ?, ?, ?)")
-                .bind(machine)
+            let outside = machine
+                .gpus
+                .iter()
+                .find(|g| g.index == gpu.index)
+                .map(|g| g.held_outside.get() as i64);
+            sqlx::query("INSERT OR IGNORE INTO gpu_samples (machine, gpu_index, at_ms, utilisation_percent, energy_mj, used_bytes, held_outside_bytes, temperature_c, power_mw) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+                .bind(&machine.name)
                 .bind(i64::from(gpu.index))
                 .bind(at_ms as i64)
                 .bind(i64::from(gpu.utilisation_percent.min(100)))
                 .bind(gpu.energy_mj.map(|mj| mj as i64))
+                .bind(gpu.used.get() as i64)
+                .bind(outside)
+                .bind(gpu.temperature_c.map(i64::from))
+                .bind(gpu.power_mw.map(i64::from))
                 .execute(&mut *tx)
                 .await?;
         }

@@ -56,6 +56,8 @@ pub struct GpuLive {
     pub utilisation_percent: u32,
     /// Power draw in milliwatts, where the GPU reports it.
     pub power_mw: Option<u32>,
+    /// The GPU's temperature in °C, where it reports one.
+    pub temperature_c: Option<u32>,
     /// Energy used since the driver loaded, in millijoules, where the GPU reports it.
     pub energy_mj: Option<u64>,
     /// Memory in use by anyone, Tessera included.

@@ -7,6 +7,7 @@
 
 use super::{held_outside, local_cpu_cores, local_machine_name, local_memory, running_under_wsl};
 use super::{GpuLive, InventoryError, LocalGpus, LocalReading};
+use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
@@ -121,6 +122,7 @@ fn read_device(index: u32, device: &Device<'_>, ours: &super::Ours) -> (Gpu, Gpu
         index,
         utilisation_percent: device.utilization_rates().map_or(0, |u| u.gpu),
         power_mw: device.power_usage().ok(),
+        temperature_c: device.temperature(TemperatureSensor::Gpu).ok(),
         energy_mj: device.total_energy_consumption().ok(),
         used,
         processes,
@@ -145,6 +147,7 @@ fn unreadable(index: u32, problem: &str) -> (Gpu, GpuLive) {
         index,
         utilisation_percent: 0,
         power_mw: None,
+        temperature_c: None,
         energy_mj: None,
         used: Bytes::ZERO,
         processes: Vec::new(),
