@@ -8,6 +8,7 @@ use super::ledger::Ledger;
 use super::workers::{redact_worker, view, WorkerView};
 use super::{Fleet, Views};
 use crate::error::ApiError;
+use crate::inventory::GpuLive;
 use crate::inventory::LocalGpus;
 use placement::{GpuRef, Hold, Machine, Overcommit};
 use serde::{Deserialize, Serialize};
@@ -165,6 +166,7 @@ impl Fleet {
             let state = self.state.lock().await;
             engines::committed_on(&state.ledger, &node.name)
         };
+        let mut live = Vec::new();
         for gpu in &mut machine.gpus {
             if let Some(reading) = readings.iter().find(|r| r.uuid == gpu.uuid) {
                 gpu.held_outside = crate::inventory::held_outside(
@@ -173,6 +175,24 @@ impl Fleet {
                     gpu.index,
                     &reading.processes,
                 );
+                // Kept for the machine page where the agent read how busy the GPU was (it gives no
+                // temperature or power).
+                live.extend(reading.utilisation_percent.map(|utilisation| GpuLive {
+                    index: gpu.index,
+                    utilisation_percent: utilisation,
+                    power_mw: None,
+                    temperature_c: None,
+                    energy_mj: None,
+                    used: reading.used,
+                    processes: reading.processes.clone(),
+                    problem: None,
+                }));
+            }
+        }
+        if !live.is_empty() {
+            let at = super::usage::now_ms();
+            if let Err(e) = self.record_samples(&machine, &live, at).await {
+                tracing::warn!("the GPU readings of {} could not be kept: {e}", node.name);
             }
         }
         machine

@@ -266,6 +266,9 @@ struct AgentGpu {
     uuid: String,
     #[serde(default)]
     memory_used: u64,
+    /// Percent; `null` where the agent could not read it.
+    #[serde(default)]
+    utilization_gpu: Option<f64>,
     #[serde(default)]
     processes_pids: Option<Vec<AgentProcess>>,
 }
@@ -283,6 +286,10 @@ impl AgentGpu {
         GpuReading {
             uuid: self.uuid,
             used: Bytes(self.memory_used * MIB),
+            utilisation_percent: self
+                .utilization_gpu
+                .filter(|u| u.is_finite())
+                .map(|u| u.clamp(0.0, 100.0).round() as u32),
             processes: self
                 .processes_pids
                 .unwrap_or_default()
@@ -300,6 +307,8 @@ pub struct GpuReading {
     pub uuid: String,
     /// Memory in use by anyone.
     pub used: Bytes,
+    /// Percent of the agent's last sample in which a kernel ran, where it could read it.
+    pub utilisation_percent: Option<u32>,
     /// Its compute processes (PIDs on that node) and what each takes.
     pub processes: Vec<(u32, Bytes)>,
 }

@@ -126,4 +126,11 @@ fn a_nodes_gpu_readings_are_read_from_its_agents_figures_in_mib() {
     assert_eq!(readings[0].used, Bytes(20480 << 20));
     assert_eq!(readings[0].processes, vec![(4242, Bytes(18432 << 20))]);
     assert_eq!(readings[1].processes, vec![]);
+    assert_eq!(
+        (
+            readings[0].utilisation_percent,
+            readings[1].utilisation_percent
+        ),
+        (Some(3), None)
+    );
 }
