@@ -124,24 +124,24 @@ impl Fleet {
             last_error = None;
             let seen = crate::inventory::ray::machines(&nodes);
             for (name, known) in &self.hosts.cluster {
-                let machine = match seen.iter().find(|m| &m.name == name) {
-                    Some(now) if now.alive => {
-                        self.mark_reachable(name, true);
-                        self.read_node(&client, now).await
-                    }
-                    _ => {
-                        self.mark_reachable(name, false);
+                let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
+                    Some(now) if now.alive => (self.read_node(&client, now).await, true),
+                    _ => (
                         placement::Machine {
                             gpus: Vec::new(),
                             ..known.machine()
-                        }
-                    }
+                        },
+                        false,
+                    ),
                 };
                 if let Err(e) = self.refresh_machine(machine).await {
                     tracing::warn!(
                         "the cluster's machine {name} could not be brought up to date: {e}"
                     );
                 }
+                // Said once the inventory shows it: whoever sees the machine unreachable sees its GPUs
+                // gone, and whoever sees it reachable again sees them back.
+                self.mark_reachable(name, alive);
             }
         }
     }
