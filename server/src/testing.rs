@@ -229,6 +229,22 @@ impl TestApp {
     pub async fn get(&self, uri: &str) -> (StatusCode, Value) {
         self.call(Method::GET, uri, None).await
     }
+
+    /// `POST /api/deployments`.
+    pub async fn deploy(&self, body: Value) -> (StatusCode, Value) {
+        self.call(Method::POST, "/api/deployments", Some(&body.to_string()))
+            .await
+    }
+
+    /// `PUT /api/groups/{group}/plan`.
+    pub async fn put_plan(&self, group: &str, body: Value) -> (StatusCode, Value) {
+        self.call(
+            Method::PUT,
+            &format!("/api/groups/{group}/plan"),
+            Some(&body.to_string()),
+        )
+        .await
+    }
 }
 
 /// A shared worker asking for `gb` of one GPU.

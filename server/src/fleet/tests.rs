@@ -9,11 +9,6 @@ use futures::FutureExt;
 use placement::Bytes;
 use serde_json::{json, Value};
 
-async fn deploy(app: &TestApp, body: Value) -> (StatusCode, Value) {
-    app.call(Method::POST, "/api/deployments", Some(&body.to_string()))
-        .await
-}
-
 /// A shared worker of `gb` on majin's GPU.
 fn on_majin(name: &str, gb: f64) -> String {
     json!({
@@ -65,11 +60,9 @@ pub(super) fn atlas_without_gpu_1() -> String {
 async fn a_group_member_that_no_longer_fits_after_a_reading_stays_held_and_its_gpu_takes_no_new_work(
 ) {
     let app = majin_and_atlas_with_catalog().await;
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 50}),
-    )
-    .await;
+    let (status, body) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 50}))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     // The desktop now holds 5 GB: the GPU offers 3, and glm-5.3 holds 4.
     app.fleet.refresh_machine(majin_holding(5)).await.unwrap();
@@ -96,11 +89,8 @@ async fn a_group_member_that_no_longer_fits_after_a_reading_stays_held_and_its_g
 #[tokio::test]
 async fn an_over_committed_gpu_stops_its_newest_shared_worker_first_and_never_a_group_member() {
     let app = majin_and_atlas_with_catalog().await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 25}),
-    )
-    .await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 25}))
+        .await;
     app.post_worker(&on_majin("older", 2.0)).await;
     app.post_worker(&on_majin("newer", 2.0)).await;
     // Offers 4; glm-5.3 (2), older (2) and newer (2) take 6: newer stops, and that is enough.
@@ -130,11 +120,9 @@ async fn an_over_committed_gpu_stops_its_newest_shared_worker_first_and_never_a_
 #[tokio::test]
 async fn a_group_whose_gpu_left_the_inventory_is_shown_not_held_and_the_server_starts() {
     let app = majin_and_atlas_with_catalog().await;
-    let (status, _) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-    )
-    .await;
+    let (status, _) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}))
+        .await;
     assert_eq!(status, StatusCode::CREATED);
     let app = app
         .restart_with(&format!("{MAJIN}{}", atlas_without_gpu_1()))
@@ -183,28 +171,18 @@ async fn a_write_whose_request_is_dropped_half_way_still_commits_whole_and_the_l
 #[tokio::test]
 async fn a_model_runs_in_a_group_or_on_whole_gpus_never_both() {
     let app = majin_and_atlas_with_catalog().await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
-    )
-    .await;
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "shared": false}),
-    )
-    .await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}))
+        .await;
+    let (status, body) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["atlas:1"], "shared": false}))
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"], "glm-5.3 runs in group text-router already");
-    deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["atlas:1"], "shared": false}),
-    )
-    .await;
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["majin:0"], "share": 10}),
-    )
-    .await;
+    app.deploy(json!({"model": "vision", "gpus": ["atlas:1"], "shared": false}))
+        .await;
+    let (status, body) = app
+        .deploy(json!({"model": "vision", "gpus": ["majin:0"], "share": 10}))
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"], "vision runs on whole GPUs of atlas already");
     app.fleet.check_ledger().await.unwrap();
@@ -217,8 +195,9 @@ async fn a_gpu_named_twice_in_a_deploy_is_refused_and_nothing_is_held() {
         json!(["atlas:0", "atlas:0"]),
         json!(["atlas:0", "atlas:00"]),
     ] {
-        let (status, body) =
-            deploy(&app, json!({"model": "glm-5.3", "gpus": gpus, "share": 40})).await;
+        let (status, body) = app
+            .deploy(json!({"model": "glm-5.3", "gpus": gpus, "share": 40}))
+            .await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
         assert!(
             body["error"]
@@ -257,11 +236,9 @@ memory_gb = 24
         .seed_catalog(&crate::inventory::demo::demo_catalog())
         .await
         .unwrap();
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["studio:0"], "share": 50}),
-    )
-    .await;
+    let (status, body) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["studio:0"], "share": 50}))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
     let (_, machine) = app.get("/api/machines/studio").await;
     for gpu in machine["gpus"].as_array().unwrap() {
@@ -276,22 +253,18 @@ async fn a_gpu_without_readable_memory_or_unhealthy_takes_no_group() {
     let mut majin = majin_holding(1);
     majin.gpus[0].healthy = false;
     app.fleet.refresh_machine(majin.clone()).await.unwrap();
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 10}),
-    )
-    .await;
+    let (status, body) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 10}))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"], "GPU 0 of majin is unhealthy; choose another");
     majin.gpus[0].healthy = true;
     majin.gpus[0].total = Bytes::ZERO;
     majin.gpus[0].held_outside = Bytes::ZERO;
     app.fleet.refresh_machine(majin).await.unwrap();
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 10}),
-    )
-    .await;
+    let (status, body) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 10}))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
         body["error"]
@@ -305,11 +278,9 @@ async fn a_gpu_without_readable_memory_or_unhealthy_takes_no_group() {
 #[tokio::test]
 async fn shrinking_a_group_places_pending_work_that_now_fits() {
     let app = majin_and_atlas_with_catalog().await;
-    let (_, change) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 80}),
-    )
-    .await;
+    let (_, change) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 80}))
+        .await;
     let (_, w) = app.post_worker(&on_majin("w", 2.0)).await;
     assert_eq!(w["state"], "pending");
     let plan = json!({"revision": change["revision"], "shares": {"glm-5.3": 50}});
@@ -328,11 +299,9 @@ async fn shrinking_a_group_places_pending_work_that_now_fits() {
 #[tokio::test]
 async fn ending_a_group_places_pending_work_that_now_fits() {
     let app = majin_and_atlas_with_catalog().await;
-    let (_, change) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 80}),
-    )
-    .await;
+    let (_, change) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 80}))
+        .await;
     app.post_worker(&on_majin("w", 2.0)).await;
     let uri = format!("/api/deployments/glm-5.3?revision={}", change["revision"]);
     let (status, body) = app.call(Method::DELETE, &uri, None).await;

@@ -10,9 +10,7 @@ fn on_demand(keep_alive: u32) -> Value {
 }
 
 async fn deploy(app: &TestApp, body: Value) -> Value {
-    let (status, change) = app
-        .call(Method::POST, "/api/deployments", Some(&body.to_string()))
-        .await;
+    let (status, change) = app.deploy(body).await;
     assert_eq!(status, StatusCode::CREATED, "{change}");
     change
 }
@@ -190,17 +188,13 @@ async fn a_plan_change_restarts_only_engines_that_run() {
     let revision = text_router["revision"].as_i64().unwrap();
     // vision (not loaded) and speech (loaded) both shrink; glm-5.3 turns on-demand.
     let (status, change) = app
-        .call(
-            Method::PUT,
-            "/api/groups/text-router/plan",
-            Some(
-                &json!({
-                    "revision": revision,
-                    "shares": {"semantic-router": 10, "glm-5.3": 50, "vision": 20, "speech": 20},
-                    "demand": {"glm-5.3": on_demand(120)}
-                })
-                .to_string(),
-            ),
+        .put_plan(
+            "text-router",
+            json!({
+                "revision": revision,
+                "shares": {"semantic-router": 10, "glm-5.3": 50, "vision": 20, "speech": 20},
+                "demand": {"glm-5.3": on_demand(120)}
+            }),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "{change}");
@@ -221,17 +215,13 @@ async fn the_router_stays_pinned() {
     let app = group(50, 30).await;
     let (_, text_router) = app.get("/api/groups/text-router").await;
     let (status, answer) = app
-        .call(
-            Method::PUT,
-            "/api/groups/text-router/plan",
-            Some(
-                &json!({
-                    "revision": text_router["revision"],
-                    "shares": {"semantic-router": 10, "glm-5.3": 50, "vision": 30, "speech": 30},
-                    "demand": {"semantic-router": on_demand(60)}
-                })
-                .to_string(),
-            ),
+        .put_plan(
+            "text-router",
+            json!({
+                "revision": text_router["revision"],
+                "shares": {"semantic-router": 10, "glm-5.3": 50, "vision": 30, "speech": 30},
+                "demand": {"semantic-router": on_demand(60)}
+            }),
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
@@ -246,16 +236,12 @@ async fn an_on_demand_share_that_does_not_fit_beside_the_pinned_ones_is_refused_
     let app = group(50, 30).await;
     let (_, text_router) = app.get("/api/groups/text-router").await;
     let (status, answer) = app
-        .call(
-            Method::PUT,
-            "/api/groups/text-router/plan",
-            Some(
-                &json!({
-                    "revision": text_router["revision"],
-                    "shares": {"semantic-router": 10, "glm-5.3": 50, "vision": 45, "speech": 30}
-                })
-                .to_string(),
-            ),
+        .put_plan(
+            "text-router",
+            json!({
+                "revision": text_router["revision"],
+                "shares": {"semantic-router": 10, "glm-5.3": 50, "vision": 45, "speech": 30}
+            }),
         )
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
@@ -289,14 +275,7 @@ async fn an_on_demand_share_that_does_not_fit_beside_the_pinned_ones_is_refused_
 async fn a_keep_alive_out_of_bounds_is_refused_saying_what_to_enter() {
     let app = majin_and_atlas_with_catalog().await;
     let (status, answer) = app
-        .call(
-            Method::POST,
-            "/api/deployments",
-            Some(
-                &json!({"model": "vision", "gpus": ["atlas:0"], "demand": on_demand(3)})
-                    .to_string(),
-            ),
-        )
+        .deploy(json!({"model": "vision", "gpus": ["atlas:0"], "demand": on_demand(3)}))
         .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert!(
@@ -306,16 +285,7 @@ async fn a_keep_alive_out_of_bounds_is_refused_saying_what_to_enter() {
             .contains("a keep-alive is a whole number of seconds from 10 to 604800 (a week)"),
         "{answer}"
     );
-    let (status, answer) = app
-        .call(
-            Method::POST,
-            "/api/deployments",
-            Some(
-                &json!({"model": "vision", "gpus": ["atlas:0"], "shared": false, "demand": on_demand(60)})
-                    .to_string(),
-            ),
-        )
-        .await;
+    let (status, answer) = app.deploy(json!({"model": "vision", "gpus": ["atlas:0"], "shared": false, "demand": on_demand(60)})).await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         answer["error"],

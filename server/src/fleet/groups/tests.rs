@@ -13,31 +13,11 @@ async fn app() -> TestApp {
 /// text-router on atlas:1 at revision 2: glm-5.3 at 40 %, then speech at 10 %.
 async fn text_router_at_revision_2() -> TestApp {
     let app = app().await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-    )
-    .await;
-    deploy(
-        &app,
-        json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "revision": 1}),
-    )
-    .await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}))
+        .await;
+    app.deploy(json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "revision": 1}))
+        .await;
     app
-}
-
-async fn deploy(app: &TestApp, body: Value) -> (StatusCode, Value) {
-    app.call(Method::POST, "/api/deployments", Some(&body.to_string()))
-        .await
-}
-
-async fn put_plan(app: &TestApp, group: &str, body: Value) -> (StatusCode, Value) {
-    app.call(
-        Method::PUT,
-        &format!("/api/groups/{group}/plan"),
-        Some(&body.to_string()),
-    )
-    .await
 }
 
 fn step_names(change: &Value) -> Vec<String> {
@@ -65,11 +45,9 @@ fn a_sharer_is_shown_by_its_own_name() {
 #[tokio::test]
 async fn a_model_with_no_group_starts_one_named_after_it() {
     let app = app().await;
-    let (status, change) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["atlas:0"], "share": 25}),
-    )
-    .await;
+    let (status, change) = app
+        .deploy(json!({"model": "vision", "gpus": ["atlas:0"], "share": 25}))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{change}");
     assert_eq!(change["group"], "vision");
     assert_eq!(change["line"], "Tessera names the group after this model.");
@@ -92,27 +70,23 @@ async fn a_model_with_no_group_starts_one_named_after_it() {
 #[tokio::test]
 async fn a_model_joins_the_group_on_its_gpus_and_a_shrinking_member_restarts_first() {
     let app = app().await;
-    let (_, first) = deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 60}),
-    )
-    .await;
+    let (_, first) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 60}))
+        .await;
     assert_eq!(
         first["line"], "This model joins text-router.",
         "the recipe names the group"
     );
-    let (status, body) = deploy(
-        &app,
-        json!({"model": "speech", "gpus": ["atlas:1"], "share": 10}),
-    )
-    .await;
+    let (status, body) = app
+        .deploy(json!({"model": "speech", "gpus": ["atlas:1"], "share": 10}))
+        .await;
     assert_eq!(
         status,
         StatusCode::CONFLICT,
         "joining names the revision: {body}"
     );
     let (status, change) =
-        deploy(&app, json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "shares": {"glm-5.3": 40}, "revision": 1})).await;
+        app.deploy(json!({"model": "speech", "gpus": ["atlas:1"], "share": 10, "shares": {"glm-5.3": 40}, "revision": 1})).await;
     assert_eq!(status, StatusCode::CREATED, "{change}");
     assert_eq!(change["line"], "This model joins text-router.");
     assert_eq!(change["revision"], 2);
@@ -132,12 +106,12 @@ async fn a_model_joins_the_group_on_its_gpus_and_a_shrinking_member_restarts_fir
 #[tokio::test]
 async fn a_plan_change_restarts_only_the_members_whose_share_changed() {
     let app = text_router_at_revision_2().await;
-    let (status, change) = put_plan(
-        &app,
-        "text-router",
-        json!({"revision": 2, "shares": {"glm-5.3": 40, "speech": 20}}),
-    )
-    .await;
+    let (status, change) = app
+        .put_plan(
+            "text-router",
+            json!({"revision": 2, "shares": {"glm-5.3": 40, "speech": 20}}),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{change}");
     assert_eq!(step_names(&change), ["stop speech", "start speech 2000"]);
     assert_eq!(change["revision"], 3);
@@ -146,17 +120,14 @@ async fn a_plan_change_restarts_only_the_members_whose_share_changed() {
 #[tokio::test]
 async fn a_stale_revision_is_a_409_and_changes_nothing() {
     let app = app().await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-    )
-    .await;
-    let (status, body) = put_plan(
-        &app,
-        "text-router",
-        json!({"revision": 7, "shares": {"glm-5.3": 50}}),
-    )
-    .await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}))
+        .await;
+    let (status, body) = app
+        .put_plan(
+            "text-router",
+            json!({"revision": 7, "shares": {"glm-5.3": 50}}),
+        )
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"], "group text-router is at revision 1, not 7; read it again (GET /api/groups/text-router) and retry");
     let (_, group) = app.get("/api/groups/text-router").await;
@@ -184,22 +155,19 @@ async fn a_refused_plan_is_a_422_with_the_seeds_words_and_changes_nothing() {
         ),
     ];
     for (shares, message) in cases {
-        let (status, body) = put_plan(
-            &app,
-            "text-router",
-            json!({"revision": 2, "shares": shares}),
-        )
-        .await;
+        let (status, body) = app
+            .put_plan("text-router", json!({"revision": 2, "shares": shares}))
+            .await;
         assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
         assert_eq!(body["error"], message);
         assert_eq!(body["verdict"]["verdict"], "refused");
     }
-    let (status, body) = put_plan(
-        &app,
-        "text-router",
-        json!({"revision": 2, "shares": {"glm-5.3": 40, "speech": 10, "ghost": 5}}),
-    )
-    .await;
+    let (status, body) = app
+        .put_plan(
+            "text-router",
+            json!({"revision": 2, "shares": {"glm-5.3": 40, "speech": 10, "ghost": 5}}),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(body["error"], "text-router has no member named ghost");
     let (_, group) = app.get("/api/groups/text-router").await;
@@ -210,32 +178,22 @@ async fn a_refused_plan_is_a_422_with_the_seeds_words_and_changes_nothing() {
 #[tokio::test]
 async fn over_ninety_percent_commits_with_the_warning_in_the_verdict_only() {
     let app = app().await;
-    let (status, change) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["atlas:0"], "share": 95}),
-    )
-    .await;
+    let (status, change) = app
+        .deploy(json!({"model": "vision", "gpus": ["atlas:0"], "share": 95}))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{change}");
 }
 
 #[tokio::test]
 async fn the_router_moves_into_a_new_group_and_keeps_its_share() {
     let app = app().await;
-    deploy(
-        &app,
-        json!({"model": "semantic-router", "gpus": ["atlas:1"]}),
-    )
-    .await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "revision": 1}),
-    )
-    .await;
-    let (status, change) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["atlas:0"], "share": 25}),
-    )
-    .await;
+    app.deploy(json!({"model": "semantic-router", "gpus": ["atlas:1"]}))
+        .await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["atlas:1"], "revision": 1}))
+        .await;
+    let (status, change) = app
+        .deploy(json!({"model": "vision", "gpus": ["atlas:0"], "share": 25}))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{change}");
     assert_eq!(
         change["restarts"][0],
@@ -260,12 +218,12 @@ async fn the_router_moves_into_a_new_group_and_keeps_its_share() {
         1,
         "{text_router}"
     );
-    let (status, body) = put_plan(
-        &app,
-        "vision",
-        json!({"revision": 1, "shares": {"semantic-router": 20, "vision": 25}}),
-    )
-    .await;
+    let (status, body) = app
+        .put_plan(
+            "vision",
+            json!({"revision": 1, "shares": {"semantic-router": 20, "vision": 25}}),
+        )
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         body["error"],
@@ -276,20 +234,16 @@ async fn the_router_moves_into_a_new_group_and_keeps_its_share() {
 #[tokio::test]
 async fn a_group_counts_against_shared_workers_and_survives_a_restart() {
     let app = app().await;
-    let (_, refused) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["majin:0"], "share": 90}),
-    )
-    .await;
+    let (_, refused) = app
+        .deploy(json!({"model": "vision", "gpus": ["majin:0"], "share": 90}))
+        .await;
     assert_eq!(
         refused["error"],
         "GPU 0 of majin offers 7 of its 8 GB (1 GB held outside Tessera); it needs 7.2"
     );
-    let (status, _) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["majin:0"], "share": 50}),
-    )
-    .await;
+    let (status, _) = app
+        .deploy(json!({"model": "vision", "gpus": ["majin:0"], "share": 50}))
+        .await;
     assert_eq!(status, StatusCode::CREATED);
     let notebook = json!({"name": "notebook", "requested_resources": {"gpu_requests": {"shared": true, "memory_gb": 3.5, "ids": ["majin:0"]}}});
     let (_, worker) = app.post_worker(&notebook.to_string()).await;
@@ -307,28 +261,31 @@ async fn a_group_counts_against_shared_workers_and_survives_a_restart() {
 #[tokio::test]
 async fn deploy_errors_say_what_to_fix() {
     let app = app().await;
-    let (status, body) = deploy(&app, json!({"model": "nothing", "gpus": ["atlas:0"]})).await;
+    let (status, body) = app
+        .deploy(json!({"model": "nothing", "gpus": ["atlas:0"]}))
+        .await;
     assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
     assert_eq!(
         body["error"],
         "the catalog has no model named nothing; GET /api/models lists them"
     );
-    let (_, body) = deploy(&app, json!({"model": "vision", "gpus": []})).await;
+    let (_, body) = app.deploy(json!({"model": "vision", "gpus": []})).await;
     assert_eq!(
         body["error"],
         "choose at least one GPU, such as \"gpus\": [\"majin:0\"]"
     );
-    let (_, body) = deploy(
-        &app,
-        json!({"model": "vision", "gpus": ["atlas:0", "majin:0"]}),
-    )
-    .await;
+    let (_, body) = app
+        .deploy(json!({"model": "vision", "gpus": ["atlas:0", "majin:0"]}))
+        .await;
     assert_eq!(
         body["error"],
         "a group's shares are of one GPU's memory: choose GPUs of the same size"
     );
-    deploy(&app, json!({"model": "vision", "gpus": ["atlas:0"]})).await;
-    let (status, body) = deploy(&app, json!({"model": "vision", "gpus": ["atlas:1"]})).await;
+    app.deploy(json!({"model": "vision", "gpus": ["atlas:0"]}))
+        .await;
+    let (status, body) = app
+        .deploy(json!({"model": "vision", "gpus": ["atlas:1"]}))
+        .await;
     assert_eq!(status, StatusCode::CONFLICT);
     assert_eq!(body["error"], "vision runs in group vision already");
     assert_eq!(app.get("/api/groups/nope").await.0, StatusCode::NOT_FOUND);
