@@ -87,6 +87,20 @@ fn openai_error(status: StatusCode, kind: &str, code: &str, message: String) -> 
     (status, Json(body)).into_response()
 }
 
+/// A 503 in OpenAI's shape, telling the client when to ask again.
+fn unavailable(code: &str, message: String) -> Response {
+    let mut answer = openai_error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        code,
+        message,
+    );
+    answer
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+    answer
+}
+
 /// The caller's key, checked as the rest of the API checks it (a token seen lately answers from memory).
 async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<Grant, Response> {
     let unauthorised = |message: &str| {
@@ -379,18 +393,19 @@ async fn to_model(
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
     let deadline = asked + wait;
     // An on-demand model is busy while a request waits for it: no keep-alive or other load unloads it.
-    let waiting = state
-        .fleet
-        .on_demand(model)
-        .map(|_| state.fleet.activity().wait(model));
+    let mut on_demand = state.fleet.on_demand(model);
+    let waiting = on_demand.map(|_| state.fleet.activity().wait(model));
     let mut cold = false;
     let (in_flight, host, port, unit) = loop {
         // Not loaded (or unloaded by its keep-alive just as the request came): loaded for it, a fleet change
         // carried out after what makes way has stopped. Where the room is taken by models with requests in
         // flight, the load waits for one of them to end.
-        if state.fleet.on_demand(model) == Some(false) {
+        if on_demand == Some(false) {
             match state.fleet.load(model).await {
-                Ok(load) => cold |= matches!(load, Load::Loading { .. }),
+                Ok(load) => {
+                    cold |= matches!(load, Load::Loading { .. });
+                    on_demand = Some(true);
+                }
                 Err(ApiError::Conflict(_)) if tokio::time::Instant::now() < deadline => {}
                 Err(e) => {
                     let message = match e {
@@ -400,16 +415,7 @@ async fn to_model(
                         }
                         refused => refused.to_string(),
                     };
-                    let mut answer = openai_error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        "server_error",
-                        "model_not_loaded",
-                        message,
-                    );
-                    answer
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-                    return answer;
+                    return unavailable("model_not_loaded", message);
                 }
             }
         }
@@ -429,21 +435,19 @@ async fn to_model(
             break taken;
         }
         if tokio::time::Instant::now() >= deadline {
-            let mut answer = openai_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
+            return unavailable(
                 "model_not_ready",
                 format!(
                     "{model} is deployed but none of its engines was ready within {} s; try again shortly",
                     wait.as_secs()
                 ),
             );
-            answer
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-            return answer;
         }
         tokio::time::sleep(READY_POLL).await;
+        // A pinned model stays pinned; an on-demand one may have been unloaded meanwhile.
+        if on_demand.is_some() {
+            on_demand = state.fleet.on_demand(model);
+        }
     };
     if cold {
         state.fleet.activity().cold_started(model, asked.elapsed());
@@ -497,16 +501,10 @@ async fn to_model(
             tracing::warn!(
                 "the gateway could not reach an engine of {model} at {host}:{port}: {e}"
             );
-            let mut answer = openai_error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
+            unavailable(
                 "engine_unreachable",
                 format!("an engine of {model} did not answer; try again shortly"),
-            );
-            answer
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
-            answer
+            )
         }
     }
 }

@@ -71,6 +71,12 @@ impl Committed {
             .find(|g| g.members.iter().any(|s| s.member == model))
     }
 
+    /// The group of `model`, when it is a member loaded on demand.
+    pub(crate) fn on_demand_group(&self, model: &str) -> Option<&Group> {
+        self.group_of(model)
+            .filter(|g| g.demand.contains_key(model))
+    }
+
     /// A group by name.
     pub(crate) fn group(&self, name: &str) -> Option<&Group> {
         self.groups.iter().find(|g| g.name == name)

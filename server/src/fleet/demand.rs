@@ -63,6 +63,10 @@ impl Activity {
 
     fn with<T>(&self, model: &str, f: impl FnOnce(&mut Use) -> T) -> T {
         let mut uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        // Every request ends here: a model seen before costs no allocation.
+        if let Some(found) = uses.get_mut(model) {
+            return f(found);
+        }
         f(uses.entry(model.to_owned()).or_default())
     }
 
@@ -162,11 +166,7 @@ impl Fleet {
     /// Whether `model` is an on-demand member, and if so whether it is loaded now.
     pub fn on_demand(&self, model: &str) -> Option<bool> {
         let committed = self.committed();
-        let group = committed
-            .groups
-            .iter()
-            .find(|g| g.demand.contains_key(model))?;
-        Some(group.loaded.contains(model))
+        Some(committed.on_demand_group(model)?.loaded.contains(model))
     }
 
     /// How `model`, an on-demand member, is now: loaded or not (loading while loaded with no engine ready),
@@ -174,10 +174,7 @@ impl Fleet {
     pub fn on_demand_view(&self, model: &str) -> Option<app::views::OnDemand> {
         use app::views::{LoadState, OnDemand};
         let committed = self.committed();
-        let group = committed
-            .groups
-            .iter()
-            .find(|g| g.demand.contains_key(model))?;
+        let group = committed.on_demand_group(model)?;
         let ready = self.runtime.engines().iter().any(|e| {
             e.model.as_deref() == Some(model) && e.state == crate::runtime::EngineState::Healthy
         });
@@ -254,11 +251,7 @@ impl Fleet {
         self.write(|fleet| async move {
             let mut state = fleet.state.lock().await;
             let committed = state.committed.clone();
-            let Some(group) = committed
-                .groups
-                .iter()
-                .find(|g| g.demand.contains_key(&model))
-            else {
+            let Some(group) = committed.on_demand_group(&model) else {
                 return Err(ApiError::NotFound(format!(
                     "{model} is not an on-demand model"
                 )));

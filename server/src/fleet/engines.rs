@@ -160,7 +160,11 @@ pub(super) fn committed_on(ledger: &Ledger, machine: &str) -> Ours {
 }
 
 /// The memory the holders `counts` keeps take on each GPU of `machine`: a whole holder its GPU's total.
-fn held_on(ledger: &Ledger, machine: &str, counts: impl Fn(&str) -> bool) -> BTreeMap<u32, Bytes> {
+pub(super) fn held_on(
+    ledger: &Ledger,
+    machine: &str,
+    counts: impl Fn(&str) -> bool,
+) -> BTreeMap<u32, Bytes> {
     let Some(m) = ledger.inventory().machine(machine) else {
         return BTreeMap::new();
     };

@@ -453,10 +453,7 @@ impl Fleet {
                 }
             };
             if model.system && demand.is_on_demand() {
-                return Err(ApiError::Unprocessable(format!(
-                    "{} routes every request of its group: it stays pinned",
-                    model.name
-                )));
+                return Err(router_stays_pinned(&model.name));
             }
             plan.push(PlanMember {
                 locked: model.system,
@@ -681,6 +678,13 @@ impl Fleet {
     }
 }
 
+/// The router asked to load on demand.
+fn router_stays_pinned(router: &str) -> ApiError {
+    ApiError::Unprocessable(format!(
+        "{router} routes every request of its group: it stays pinned"
+    ))
+}
+
 pub(crate) fn no_model(name: &str) -> ApiError {
     ApiError::Unprocessable(format!(
         "the catalog has no model named {name}; GET /api/models lists them"
@@ -757,10 +761,7 @@ fn plan_with(
             };
             let demand = match demands.get(&s.member) {
                 Some(demand) if locked && demand.is_on_demand() => {
-                    return Err(ApiError::Unprocessable(format!(
-                        "{} routes every request of its group: it stays pinned",
-                        s.member
-                    )));
+                    return Err(router_stays_pinned(&s.member));
                 }
                 Some(&demand) => demand,
                 None => group.demand_of(&s.member),

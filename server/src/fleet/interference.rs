@@ -83,8 +83,8 @@ impl Latencies {
                 while figures.window.front().is_some_and(|s| s.at_ms < since) {
                     figures.window.pop_front();
                 }
-                let alone: Vec<u64> = figures.alone_us.iter().copied().collect();
-                (model.clone(), f(figures.window.make_contiguous(), &alone))
+                let alone = figures.alone_us.make_contiguous();
+                (model.clone(), f(figures.window.make_contiguous(), alone))
             })
             .collect()
     }
@@ -140,43 +140,33 @@ impl Fleet {
     /// Judges every model now; flags those newly slowed and clears those no longer, saying so.
     pub async fn judge_interference(&self) {
         let judged = self.latencies.judge_all(super::usage::now_ms());
-        let (raised, cleared) = {
+        let (mut raised, mut cleared) = (Vec::new(), Vec::new());
+        {
             let mut flagged = self
                 .latencies
                 .flagged
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
-            let mut raised = Vec::new();
-            for (model, now) in &judged {
-                match (now.slowed, flagged.contains_key(model)) {
-                    (true, false) => {
-                        flagged.insert(model.clone(), now.clone());
+            // Every flagged model has figures (they are never forgotten), so each is judged here.
+            for (model, now) in judged {
+                match (now.slowed, flagged.get_mut(&model)) {
+                    (true, None) => {
                         raised.push((model.clone(), now.clone()));
+                        flagged.insert(model, now);
                     }
                     // The figures of a flagged model follow it; its hint stays what raised the alarm.
-                    (true, true) => {
-                        if let Some(was) = flagged.get_mut(model) {
-                            let hint = std::mem::take(&mut was.busy_neighbours);
-                            *was = Interference {
-                                busy_neighbours: hint,
-                                ..now.clone()
-                            };
-                        }
+                    (true, Some(was)) => {
+                        let hint = std::mem::take(&mut was.busy_neighbours);
+                        *was = Interference {
+                            busy_neighbours: hint,
+                            ..now
+                        };
                     }
-                    _ => {}
+                    (false, Some(_)) => cleared.extend(flagged.remove_entry(&model)),
+                    (false, None) => {}
                 }
             }
-            let gone: Vec<String> = flagged
-                .keys()
-                .filter(|m| !judged.iter().any(|(j, now)| j == *m && now.slowed))
-                .cloned()
-                .collect();
-            let cleared: Vec<(String, Interference)> = gone
-                .into_iter()
-                .filter_map(|m| flagged.remove_entry(&m))
-                .collect();
-            (raised, cleared)
-        };
+        }
         for (model, interference, slowed) in raised
             .into_iter()
             .map(|(m, i)| (m, i, true))

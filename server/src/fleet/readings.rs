@@ -5,7 +5,7 @@
 use super::Fleet;
 use crate::inventory::GpuLive;
 use app::views::GpuPoint;
-use placement::{Bytes, GpuRef, Hold};
+use placement::Bytes;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,48 +31,30 @@ impl Fleet {
             .latencies
             .busy_us_since(now.saturating_sub(period.as_millis() as u64));
         let engines = self.runtime.engines();
-        let (inventory, holds) = {
-            let state = self.state.lock().await;
-            let inventory = state.ledger.inventory().clone();
-            let holds: BTreeMap<GpuRef, Hold> = inventory
-                .machines()
-                .iter()
-                .filter(|m| self.is_demo(&m.name))
-                .flat_map(|m| m.gpus.iter().map(|g| GpuRef::new(&m.name, g.index)))
-                .filter_map(|gpu| {
-                    let hold = state.ledger.scheduler().hold(&gpu)?.clone();
-                    Some((gpu, hold))
-                })
-                .collect();
-            (inventory, holds)
-        };
-        inventory
+        let state = self.state.lock().await;
+        state
+            .ledger
+            .inventory()
             .machines()
             .iter()
             .filter(|m| self.is_demo(&m.name))
             .map(|machine| {
+                // What the engines that run here hold on each GPU: a whole GPU, or their shares.
+                let ours = super::engines::held_on(&state.ledger, &machine.name, |who| {
+                    engines.iter().any(|e| e.unit == who)
+                });
                 let live = machine
                     .gpus
                     .iter()
                     .map(|gpu| {
-                        let here: Vec<&str> = engines
+                        let busy: u64 = engines
                             .iter()
                             .filter(|e| e.machine == machine.name && e.gpus.contains(&gpu.index))
-                            .map(|e| e.unit.as_str())
-                            .collect();
-                        let busy: u64 = here.iter().filter_map(|u| busy_us.get(*u)).sum();
+                            .filter_map(|e| busy_us.get(&e.unit))
+                            .sum();
                         let utilisation =
                             (busy * 100 / (period.as_micros() as u64).max(1)).min(100) as u32;
-                        // What the engines that run here hold: a whole GPU, or their shares.
-                        let ours = match holds.get(&GpuRef::new(&machine.name, gpu.index)) {
-                            Some(Hold::Whole(by)) if here.contains(&by.as_str()) => gpu.total,
-                            Some(Hold::Shared(sharers)) => sharers
-                                .iter()
-                                .filter(|(who, _)| here.contains(&who.as_str()))
-                                .map(|(_, bytes)| *bytes)
-                                .sum(),
-                            _ => Bytes::ZERO,
-                        };
+                        let ours = ours.get(&gpu.index).copied().unwrap_or_default();
                         GpuLive {
                             index: gpu.index,
                             utilisation_percent: utilisation,
