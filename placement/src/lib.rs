@@ -8,6 +8,7 @@
 //! - [`demand`]: pinned and on-demand members, which make way and when they unload.
 //! - [`interference`]: a model slowed by its neighbours, against its latency alone.
 //! - [`usage`]: GPU time, use and energy split among sharers.
+//! - [`repack`]: moves of shared work that free whole GPUs, with the fewest restarts.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -17,6 +18,7 @@ pub mod interference;
 pub mod inventory;
 pub mod plan;
 pub mod reason;
+pub mod repack;
 pub mod request;
 pub mod restart;
 pub mod schedule;
@@ -36,6 +38,7 @@ pub use inventory::{
 };
 pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
 pub use reason::PendingReason;
+pub use repack::{plan_repack, GpuLoad, Movable, Move, RepackError, RepackPlan, RepackStep};
 pub use request::{
     GpuDemand, GpuMode, GpuRequests, Policy, RequestError, RequestedResources, WorkerRequest,
 };

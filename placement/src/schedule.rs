@@ -128,6 +128,7 @@ enum Check {
     Holders,
 }
 
+#[derive(Clone)]
 struct GpuSlot {
     machine: usize,
     pos: usize,
@@ -135,6 +136,7 @@ struct GpuSlot {
     taken: Bytes,
 }
 
+#[derive(Clone)]
 struct MachineUse {
     cpu_used: u32,
     memory_used: Bytes,
@@ -155,6 +157,7 @@ enum Fit {
 type FitKey = (u64, usize);
 
 /// The fleet's GPUs and who holds them; places workers by best fit.
+#[derive(Clone)]
 pub struct Scheduler {
     inventory: Inventory,
     gpus: Vec<GpuSlot>,
@@ -222,6 +225,12 @@ impl Scheduler {
     pub fn machine_use(&self, machine: &str) -> Option<(u32, Bytes)> {
         let m = self.machine_index(machine)?;
         Some((self.machines[m].cpu_used, self.machines[m].memory_used))
+    }
+
+    /// Whether `demand`'s filters (ids, health, vendor, models) let it onto this GPU, whatever holds it now.
+    pub fn admits(&self, gpu: &GpuRef, demand: &GpuDemand) -> bool {
+        self.flat_id(gpu)
+            .is_some_and(|id| self.filter_refusal(id, demand).is_none())
     }
 
     /// Where `request` would go now, or why it waits. Changes nothing.
@@ -508,24 +517,25 @@ impl Scheduler {
         }
     }
 
-    fn fit(&self, id: usize, demand: &GpuDemand) -> Fit {
+    /// How the demand's filters (ids, health, vendor, models) turn this GPU away, whatever holds it.
+    fn filter_refusal(&self, id: usize, demand: &GpuDemand) -> Option<Fit> {
         let gpu = self.gpu(id);
         let machine = &self.machine(self.gpus[id].machine).name;
         if !demand.ids.is_empty() && !demand.ids.iter().any(|i| gpu.is_named_by(machine, i)) {
-            return Fit::NotAsked;
+            return Some(Fit::NotAsked);
         }
         if demand.healthy_only && !gpu.healthy {
-            return Fit::No(PendingReason::Unhealthy {
+            return Some(Fit::No(PendingReason::Unhealthy {
                 gpu: self.gpu_ref(id),
-            });
+            }));
         }
         if let Some(vendor) = &demand.vendor {
             if !gpu.vendor.eq_ignore_ascii_case(vendor) {
-                return Fit::No(PendingReason::WrongVendor {
+                return Some(Fit::No(PendingReason::WrongVendor {
                     gpu: self.gpu_ref(id),
                     vendor: gpu.vendor.clone(),
                     wanted: vendor.clone(),
-                });
+                }));
             }
         }
         if !demand.models.is_empty()
@@ -534,11 +544,18 @@ impl Scheduler {
                 .iter()
                 .any(|m| m.eq_ignore_ascii_case(&gpu.model))
         {
-            return Fit::No(PendingReason::WrongModel {
+            return Some(Fit::No(PendingReason::WrongModel {
                 gpu: self.gpu_ref(id),
                 model: gpu.model.clone(),
                 wanted: demand.models.clone(),
-            });
+            }));
+        }
+        None
+    }
+
+    fn fit(&self, id: usize, demand: &GpuDemand) -> Fit {
+        if let Some(refusal) = self.filter_refusal(id, demand) {
+            return refusal;
         }
         match self.capacity_refusal(id, demand.mode) {
             Some(reason) => Fit::No(reason),

@@ -1,0 +1,72 @@
+//! Repack quality and time on instances with a known optimum (Falkenauer-style triplets: every bin of 1000
+//! filled exactly by three items in [250, 500)), against first fit decreasing measured in the same run.
+//!
+//! Before criterion times one instance of each size, the quality table is printed: for 20 instances of each
+//! size, how often each method reaches the optimum and how many bins it uses past it.
+
+use criterion::{criterion_group, criterion_main, Criterion};
+use placement::repack::{first_fit_decreasing, pack, triplets, Goal, Instance};
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+/// The search budget the console uses.
+const BUDGET: u64 = placement::repack::BUDGET;
+const SIZES: [usize; 4] = [20, 40, 83, 100];
+const SEEDS: u64 = 20;
+
+fn quality() {
+    println!("items | instances | planner at optimum | FFD at optimum | planner bins past optimum | FFD bins past optimum | planner time (median, max) | FFD time (median)");
+    for bins in SIZES {
+        let mut planner_hits = 0;
+        let mut ffd_hits = 0;
+        let mut planner_over = 0;
+        let mut ffd_over = 0;
+        let mut planner_times = Vec::new();
+        let mut ffd_times = Vec::new();
+        for seed in 1..=SEEDS {
+            let instance = triplets(bins, seed);
+            let (planner, took) = timed(&instance, |i| pack(i, Goal::Most, BUDGET).unwrap().used);
+            planner_times.push(took);
+            let (ffd, took) = timed(&instance, |i| first_fit_decreasing(i).unwrap().used);
+            ffd_times.push(took);
+            planner_hits += usize::from(planner == bins);
+            ffd_hits += usize::from(ffd == bins);
+            planner_over += planner - bins;
+            ffd_over += ffd - bins;
+        }
+        planner_times.sort();
+        ffd_times.sort();
+        println!(
+            "{} | {SEEDS} | {planner_hits} | {ffd_hits} | {planner_over} | {ffd_over} | {:.2?}, {:.2?} | {:.2?}",
+            bins * 3,
+            planner_times[planner_times.len() / 2],
+            planner_times[planner_times.len() - 1],
+            ffd_times[ffd_times.len() / 2],
+        );
+    }
+}
+
+fn timed(instance: &Instance, run: impl Fn(&Instance) -> usize) -> (usize, Duration) {
+    let start = Instant::now();
+    let used = run(black_box(instance));
+    (used, start.elapsed())
+}
+
+fn repack(c: &mut Criterion) {
+    quality();
+    let mut group = c.benchmark_group("repack");
+    group.sample_size(20);
+    for bins in SIZES {
+        let instance = triplets(bins, 1);
+        group.bench_function(format!("planner, {} items", bins * 3), |b| {
+            b.iter(|| pack(black_box(&instance), Goal::Most, BUDGET).unwrap())
+        });
+        group.bench_function(format!("first fit decreasing, {} items", bins * 3), |b| {
+            b.iter(|| first_fit_decreasing(black_box(&instance)).unwrap())
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, repack);
+criterion_main!(benches);
