@@ -9,12 +9,14 @@
 //! - [`interference`]: a model slowed by its neighbours, against its latency alone.
 //! - [`usage`]: GPU time, use and energy split among sharers.
 //! - [`repack`]: moves of shared work that free whole GPUs, with the fewest restarts.
+//! - [`mig`]: a GPU cut into MIG instances from its menu, and the layout that fits the models meant for it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod demand;
 pub mod group;
 pub mod interference;
+pub mod mig;
 pub mod inventory;
 pub mod plan;
 pub mod reason;

@@ -1,0 +1,456 @@
+//! MIG (seed 004): a GPU cut into up to seven instances from its model's fixed menu, each a smaller GPU of
+//! its own with walls. The planner takes the models meant for one GPU and proposes the layout that fits
+//! them in the fewest slices, or says why none does in words a person can check against the menu.
+//!
+//! A GPU has eight memory slices and seven compute slices. A profile such as `3g.40gb` takes three compute
+//! slices and four memory slices, and may start only at certain memory slices (its placements), as
+//! `nvidia-smi mig -lgipp` lists them. The figures here are NVIDIA's (README, "MIG").
+
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// Memory slices of a MIG-capable GPU.
+pub const MEMORY_SLICES: u8 = 8;
+/// Compute slices of a MIG-capable GPU.
+pub const COMPUTE_SLICES: u8 = 7;
+
+/// One size on a GPU's menu.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Profile {
+    /// Its name, such as `3g.40gb`.
+    pub name: &'static str,
+    /// The GPU instance profile id `nvidia-smi mig -cgi` takes.
+    pub id: u32,
+    /// Compute slices.
+    pub compute: u8,
+    /// Memory slices.
+    pub slices: u8,
+    /// Memory an instance offers, in MiB, as the driver reports it.
+    pub memory_mib: u64,
+    /// The memory slices an instance may start at.
+    pub starts: &'static [u8],
+}
+
+impl Profile {
+    /// Memory an instance offers.
+    pub fn memory(&self) -> Bytes {
+        Bytes(self.memory_mib << 20)
+    }
+
+    /// Whether it takes the whole GPU.
+    pub fn is_whole(&self) -> bool {
+        self.compute == COMPUTE_SLICES
+    }
+}
+
+/// The profiles of one GPU model, smallest first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Menu {
+    /// The GPU, as the console names it.
+    pub gpu: &'static str,
+    /// Its profiles.
+    pub profiles: &'static [Profile],
+}
+
+const SEVEN: &[u8] = &[0, 1, 2, 3, 4, 5, 6];
+const FOUR: &[u8] = &[0, 2, 4, 6];
+const THREE: &[u8] = &[0, 2, 4];
+const TWO: &[u8] = &[0, 4];
+const ONE: &[u8] = &[0];
+
+const fn profile(
+    name: &'static str,
+    id: u32,
+    compute: u8,
+    slices: u8,
+    memory_mib: u64,
+    starts: &'static [u8],
+) -> Profile {
+    Profile {
+        name,
+        id,
+        compute,
+        slices,
+        memory_mib,
+        starts,
+    }
+}
+
+/// A100 40GB.
+pub const A100_40GB: Menu = Menu {
+    gpu: "A100 40GB",
+    profiles: &[
+        profile("1g.5gb", 19, 1, 1, 4864, SEVEN),
+        profile("1g.10gb", 15, 1, 2, 9856, FOUR),
+        profile("2g.10gb", 14, 2, 2, 9984, THREE),
+        profile("3g.20gb", 9, 3, 4, 20096, TWO),
+        profile("4g.20gb", 5, 4, 4, 20096, ONE),
+        profile("7g.40gb", 0, 7, 8, 40320, ONE),
+    ],
+};
+
+/// A100 80GB.
+pub const A100_80GB: Menu = Menu {
+    gpu: "A100 80GB",
+    profiles: &[
+        profile("1g.10gb", 19, 1, 1, 9728, SEVEN),
+        profile("1g.20gb", 15, 1, 2, 19968, FOUR),
+        profile("2g.20gb", 14, 2, 2, 19968, THREE),
+        profile("3g.40gb", 9, 3, 4, 40192, TWO),
+        profile("4g.40gb", 5, 4, 4, 40192, ONE),
+        profile("7g.80gb", 0, 7, 8, 80896, ONE),
+    ],
+};
+
+/// H100 80GB.
+pub const H100_80GB: Menu = Menu {
+    gpu: "H100 80GB",
+    profiles: &[
+        profile("1g.10gb", 19, 1, 1, 9856, SEVEN),
+        profile("1g.20gb", 15, 1, 2, 20096, FOUR),
+        profile("2g.20gb", 14, 2, 2, 20096, THREE),
+        profile("3g.40gb", 9, 3, 4, 40320, TWO),
+        profile("4g.40gb", 5, 4, 4, 40320, ONE),
+        profile("7g.80gb", 0, 7, 8, 80768, ONE),
+    ],
+};
+
+/// H200 141GB.
+pub const H200_141GB: Menu = Menu {
+    gpu: "H200 141GB",
+    profiles: &[
+        profile("1g.18gb", 19, 1, 1, 16384, SEVEN),
+        profile("1g.35gb", 15, 1, 2, 32768, FOUR),
+        profile("2g.35gb", 14, 2, 2, 32768, THREE),
+        profile("3g.71gb", 9, 3, 4, 69632, TWO),
+        profile("4g.71gb", 5, 4, 4, 69632, ONE),
+        profile("7g.141gb", 0, 7, 8, 140288, ONE),
+    ],
+};
+
+/// The menu of a GPU model as NVML names it (`NVIDIA H100 80GB HBM3`, `NVIDIA A100-SXM4-40GB`), if it has
+/// MIG and Tessera knows its menu.
+pub fn menu(model: &str) -> Option<&'static Menu> {
+    let model = model.to_ascii_uppercase();
+    if model.contains("H200") {
+        Some(&H200_141GB)
+    } else if model.contains("H100") && model.contains("80GB") {
+        Some(&H100_80GB)
+    } else if model.contains("A100") && model.contains("80GB") {
+        Some(&A100_80GB)
+    } else if model.contains("A100") && model.contains("40GB") {
+        Some(&A100_40GB)
+    } else {
+        None
+    }
+}
+
+/// A model meant for the GPU and the memory it needs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Tenant {
+    /// The model.
+    pub name: String,
+    /// GPU memory it needs.
+    pub memory: Bytes,
+}
+
+impl Tenant {
+    /// `name` needing `memory`.
+    pub fn new(name: impl Into<String>, memory: Bytes) -> Tenant {
+        Tenant {
+            name: name.into(),
+            memory,
+        }
+    }
+}
+
+/// One instance of a layout.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Placed {
+    /// The model it holds.
+    pub tenant: String,
+    /// Its profile.
+    pub profile: Profile,
+    /// The memory slice it starts at.
+    pub start: u8,
+}
+
+/// A MIG layout for one GPU: an instance per model, by start.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Layout {
+    /// The GPU's menu.
+    pub gpu: &'static str,
+    /// The instances, by start slice.
+    pub instances: Vec<Placed>,
+}
+
+impl Layout {
+    /// Memory slices no instance takes.
+    pub fn free_slices(&self) -> u8 {
+        MEMORY_SLICES - self.instances.iter().map(|p| p.profile.slices).sum::<u8>()
+    }
+
+    /// Compute slices no instance takes.
+    pub fn free_compute(&self) -> u8 {
+        COMPUTE_SLICES - self.instances.iter().map(|p| p.profile.compute).sum::<u8>()
+    }
+
+    /// The commands that create it on GPU `index` once MIG mode is on and the GPU runs nothing: each GPU
+    /// instance at its placement, with its default compute instance.
+    pub fn commands(&self, index: u32) -> Vec<String> {
+        self.instances
+            .iter()
+            .map(|p| {
+                format!(
+                    "nvidia-smi mig -i {index} -cgi {}:{} -C",
+                    p.profile.id, p.start
+                )
+            })
+            .collect()
+    }
+}
+
+/// Why no layout holds the models, in words a person can check against the menu.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoLayout {
+    /// The GPU has no MIG menu Tessera knows.
+    #[error("{model} has no MIG profiles Tessera knows: MIG runs on A100, H100 and H200.")]
+    NoMenu {
+        /// The GPU model.
+        model: String,
+    },
+    /// Nothing to place.
+    #[error("Name at least one model for the GPU.")]
+    Nothing,
+    /// More models than instances.
+    #[error("An {gpu} holds at most 7 MIG instances; {asked} models were asked for.")]
+    TooMany {
+        /// The menu's GPU.
+        gpu: &'static str,
+        /// Models asked for.
+        asked: usize,
+    },
+    /// A model larger than the largest instance.
+    #[error("{tenant} needs {needs} GB; the largest instance of an {gpu}, {profile}, holds {holds} GB.")]
+    TooBig {
+        /// The menu's GPU.
+        gpu: &'static str,
+        /// The model.
+        tenant: String,
+        /// What it needs.
+        needs: String,
+        /// The largest profile.
+        profile: &'static str,
+        /// What that holds.
+        holds: String,
+    },
+    /// A model only the whole-GPU instance holds, beside others.
+    #[error("{tenant} needs {needs} GB: only {profile} holds that much, and it takes the whole GPU, leaving no slice for {others}.")]
+    WholeGpu {
+        /// The model.
+        tenant: String,
+        /// What it needs.
+        needs: String,
+        /// The whole-GPU profile.
+        profile: &'static str,
+        /// The other models, listed.
+        others: String,
+    },
+    /// The smallest instances that hold the models take more memory slices than the GPU has.
+    #[error("The smallest instances that hold these models take {needed} of the GPU's 8 memory slices: {list}.")]
+    MemorySlices {
+        /// Slices needed.
+        needed: u8,
+        /// Each model, its smallest profile and its slices.
+        list: String,
+    },
+}
+
+/// The layout of `menu`'s GPU that gives each tenant its own instance with the memory it needs, taking the
+/// fewest memory slices and then the fewest compute slices, so the most is left for later.
+pub fn plan(menu: &'static Menu, tenants: &[Tenant]) -> Result<Layout, NoLayout> {
+    if tenants.is_empty() {
+        return Err(NoLayout::Nothing);
+    }
+    if tenants.len() > usize::from(COMPUTE_SLICES) {
+        return Err(NoLayout::TooMany {
+            gpu: menu.gpu,
+            asked: tenants.len(),
+        });
+    }
+    let largest = menu
+        .profiles
+        .iter()
+        .max_by_key(|p| p.memory_mib)
+        .expect("a menu has profiles");
+    // Each tenant's profiles that hold it, fewest slices first.
+    let mut options: Vec<(usize, Vec<&'static Profile>)> = Vec::with_capacity(tenants.len());
+    for (t, tenant) in tenants.iter().enumerate() {
+        let mut fitting: Vec<&'static Profile> = menu
+            .profiles
+            .iter()
+            .filter(|p| p.memory() >= tenant.memory)
+            .collect();
+        if fitting.is_empty() {
+            return Err(NoLayout::TooBig {
+                gpu: menu.gpu,
+                tenant: tenant.name.clone(),
+                needs: tenant.memory.gb_text(),
+                profile: largest.name,
+                holds: largest.memory().gb_text(),
+            });
+        }
+        fitting.sort_by_key(|p| (p.slices, p.compute, p.memory_mib));
+        options.push((t, fitting));
+    }
+    // The most constrained first: the largest smallest fit.
+    options.sort_by_key(|(_, fitting)| std::cmp::Reverse((fitting[0].slices, fitting[0].compute)));
+    let mut search = LayoutSearch {
+        options: &options,
+        used: [false; MEMORY_SLICES as usize],
+        compute: 0,
+        slices: 0,
+        chosen: Vec::new(),
+        best: None,
+    };
+    search.dfs(0);
+    match search.best {
+        Some((_, chosen)) => {
+            let mut instances: Vec<Placed> = chosen
+                .into_iter()
+                .map(|(t, profile, start)| Placed {
+                    tenant: tenants[t].name.clone(),
+                    profile: *profile,
+                    start,
+                })
+                .collect();
+            instances.sort_by_key(|p| p.start);
+            Ok(Layout {
+                gpu: menu.gpu,
+                instances,
+            })
+        }
+        None => Err(why_not(tenants, &options)),
+    }
+}
+
+type Choice = (usize, &'static Profile, u8);
+
+struct LayoutSearch<'o> {
+    options: &'o [(usize, Vec<&'static Profile>)],
+    used: [bool; MEMORY_SLICES as usize],
+    compute: u8,
+    slices: u8,
+    chosen: Vec<Choice>,
+    best: Option<((u8, u8), Vec<Choice>)>,
+}
+
+impl LayoutSearch<'_> {
+    fn dfs(&mut self, k: usize) {
+        let Some((t, fitting)) = self.options.get(k) else {
+            let score = (self.slices, self.compute);
+            if self.best.as_ref().is_none_or(|(best, _)| score < *best) {
+                self.best = Some((score, self.chosen.clone()));
+            }
+            return;
+        };
+        // What the rest needs at the least: no layout from here beats the best if that reaches it.
+        let rest: u8 = self.options[k..].iter().map(|(_, f)| f[0].slices).sum();
+        if self
+            .best
+            .as_ref()
+            .is_some_and(|((slices, _), _)| self.slices + rest > *slices)
+        {
+            return;
+        }
+        for &profile in fitting {
+            if self.compute + profile.compute > COMPUTE_SLICES {
+                continue;
+            }
+            for &start in profile.starts {
+                let span = usize::from(start)..usize::from(start + profile.slices);
+                if span.end > self.used.len() || self.used[span.clone()].iter().any(|&u| u) {
+                    continue;
+                }
+                self.used[span.clone()].fill(true);
+                self.compute += profile.compute;
+                self.slices += profile.slices;
+                self.chosen.push((*t, profile, start));
+                self.dfs(k + 1);
+                self.chosen.pop();
+                self.slices -= profile.slices;
+                self.compute -= profile.compute;
+                self.used[span].fill(false);
+            }
+        }
+    }
+}
+
+/// The first rule the smallest fitting instances break.
+fn why_not(tenants: &[Tenant], options: &[(usize, Vec<&'static Profile>)]) -> NoLayout {
+    let smallest = |t: usize| {
+        options
+            .iter()
+            .find(|(x, _)| *x == t)
+            .map(|(_, fitting)| fitting[0])
+            .expect("every tenant has options")
+    };
+    if let Some((t, whole)) = (0..tenants.len())
+        .map(|t| (t, smallest(t)))
+        .find(|(_, p)| p.is_whole())
+    {
+        let others: Vec<&str> = tenants
+            .iter()
+            .enumerate()
+            .filter(|(o, _)| *o != t)
+            .map(|(_, o)| o.name.as_str())
+            .collect();
+        return NoLayout::WholeGpu {
+            tenant: tenants[t].name.clone(),
+            needs: tenants[t].memory.gb_text(),
+            profile: whole.name,
+            others: and_list(&others),
+        };
+    }
+    // What is left: the smallest instances take more memory slices than the GPU has. (Whenever they take
+    // eight or fewer, the menus' placements put them side by side; a property test checks it against a brute
+    // force over every layout.)
+    let list: Vec<String> = tenants
+        .iter()
+        .enumerate()
+        .map(|(t, tenant)| {
+            let p = smallest(t);
+            format!("{} {} ({})", tenant.name, p.name, p.slices)
+        })
+        .collect();
+    NoLayout::MemorySlices {
+        needed: (0..tenants.len()).map(|t| smallest(t).slices).sum(),
+        list: list.join(", "),
+    }
+}
+
+fn and_list(items: &[&str]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => (*one).to_owned(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+impl fmt::Display for Placed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} on {} (slices {}–{}, {} GB)",
+            self.tenant,
+            self.profile.name,
+            self.start,
+            self.start + self.profile.slices - 1,
+            self.profile.memory().gb_text()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests;
