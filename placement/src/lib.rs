@@ -16,8 +16,8 @@
 pub mod demand;
 pub mod group;
 pub mod interference;
-pub mod mig;
 pub mod inventory;
+pub mod mig;
 pub mod plan;
 pub mod reason;
 pub mod repack;
@@ -40,7 +40,9 @@ pub use inventory::{
 };
 pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
 pub use reason::PendingReason;
-pub use repack::{plan_repack, GpuLoad, Movable, Move, RepackError, RepackPlan, RepackStep};
+pub use repack::{
+    plan_repack, GpuLoad, Movable, Move, RepackError, RepackInput, RepackPlan, RepackStep,
+};
 pub use request::{
     GpuDemand, GpuMode, GpuRequests, Policy, RequestError, RequestedResources, WorkerRequest,
 };

@@ -4,7 +4,9 @@
 //!
 //! A GPU has eight memory slices and seven compute slices. A profile such as `3g.40gb` takes three compute
 //! slices and four memory slices, and may start only at certain memory slices (its placements), as
-//! `nvidia-smi mig -lgipp` lists them. The figures here are NVIDIA's (README, "MIG").
+//! `nvidia-smi mig -lgipp` lists them. Where drivers report an instance's memory differently, the lower
+//! figure is taken: a plan that leaves a little unused beats one that overfills. The sources are in the
+//! README ("How a GPU is shared").
 
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
@@ -83,10 +85,10 @@ pub const A100_40GB: Menu = Menu {
     profiles: &[
         profile("1g.5gb", 19, 1, 1, 4864, SEVEN),
         profile("1g.10gb", 15, 1, 2, 9856, FOUR),
-        profile("2g.10gb", 14, 2, 2, 9984, THREE),
-        profile("3g.20gb", 9, 3, 4, 20096, TWO),
-        profile("4g.20gb", 5, 4, 4, 20096, ONE),
-        profile("7g.40gb", 0, 7, 8, 40320, ONE),
+        profile("2g.10gb", 14, 2, 2, 9856, THREE),
+        profile("3g.20gb", 9, 3, 4, 19968, TWO),
+        profile("4g.20gb", 5, 4, 4, 19968, ONE),
+        profile("7g.40gb", 0, 7, 8, 40192, ONE),
     ],
 };
 
@@ -94,12 +96,12 @@ pub const A100_40GB: Menu = Menu {
 pub const A100_80GB: Menu = Menu {
     gpu: "A100 80GB",
     profiles: &[
-        profile("1g.10gb", 19, 1, 1, 9728, SEVEN),
+        profile("1g.10gb", 19, 1, 1, 9984, SEVEN),
         profile("1g.20gb", 15, 1, 2, 19968, FOUR),
         profile("2g.20gb", 14, 2, 2, 19968, THREE),
         profile("3g.40gb", 9, 3, 4, 40192, TWO),
         profile("4g.40gb", 5, 4, 4, 40192, ONE),
-        profile("7g.80gb", 0, 7, 8, 80896, ONE),
+        profile("7g.80gb", 0, 7, 8, 80384, ONE),
     ],
 };
 
@@ -107,12 +109,12 @@ pub const A100_80GB: Menu = Menu {
 pub const H100_80GB: Menu = Menu {
     gpu: "H100 80GB",
     profiles: &[
-        profile("1g.10gb", 19, 1, 1, 9856, SEVEN),
+        profile("1g.10gb", 19, 1, 1, 9984, SEVEN),
         profile("1g.20gb", 15, 1, 2, 20096, FOUR),
         profile("2g.20gb", 14, 2, 2, 20096, THREE),
-        profile("3g.40gb", 9, 3, 4, 40320, TWO),
-        profile("4g.40gb", 5, 4, 4, 40320, ONE),
-        profile("7g.80gb", 0, 7, 8, 80768, ONE),
+        profile("3g.40gb", 9, 3, 4, 40448, TWO),
+        profile("4g.40gb", 5, 4, 4, 40448, ONE),
+        profile("7g.80gb", 0, 7, 8, 81152, ONE),
     ],
 };
 
@@ -121,11 +123,11 @@ pub const H200_141GB: Menu = Menu {
     gpu: "H200 141GB",
     profiles: &[
         profile("1g.18gb", 19, 1, 1, 16384, SEVEN),
-        profile("1g.35gb", 15, 1, 2, 32768, FOUR),
-        profile("2g.35gb", 14, 2, 2, 32768, THREE),
-        profile("3g.71gb", 9, 3, 4, 69632, TWO),
-        profile("4g.71gb", 5, 4, 4, 69632, ONE),
-        profile("7g.141gb", 0, 7, 8, 140288, ONE),
+        profile("1g.35gb", 15, 1, 2, 33280, FOUR),
+        profile("2g.35gb", 14, 2, 2, 33280, THREE),
+        profile("3g.71gb", 9, 3, 4, 71424, TWO),
+        profile("4g.71gb", 5, 4, 4, 71424, ONE),
+        profile("7g.141gb", 0, 7, 8, 142336, ONE),
     ],
 };
 
@@ -232,7 +234,9 @@ pub enum NoLayout {
         asked: usize,
     },
     /// A model larger than the largest instance.
-    #[error("{tenant} needs {needs} GB; the largest instance of an {gpu}, {profile}, holds {holds} GB.")]
+    #[error(
+        "{tenant} needs {needs} GB; the largest instance of an {gpu}, {profile}, holds {holds} GB."
+    )]
     TooBig {
         /// The menu's GPU.
         gpu: &'static str,

@@ -9,7 +9,7 @@ pub use pack::{
     first_fit_decreasing, pack, triplets, Bin, Goal, Instance, Item, Packing, Room, Shortfall,
 };
 
-use crate::inventory::GpuRef;
+use crate::inventory::{GpuRef, Inventory};
 use crate::request::GpuDemand;
 use crate::schedule::{Assignment, Hold, Scheduler};
 use crate::units::Bytes;
@@ -22,7 +22,7 @@ use std::collections::{BTreeMap, BTreeSet};
 pub const BUDGET: u64 = 750_000;
 
 /// Work a repack may move, as one: a shared worker, or the members of a sharing group on one GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Movable {
     /// How the console names it: the worker, or the group.
     pub name: String,
@@ -153,6 +153,36 @@ pub enum RepackError {
         /// The GPU that would be overfilled.
         gpu: GpuRef,
     },
+}
+
+/// What a repack is planned from, as the server sends it to the browser: the inventory, every holder and
+/// what it holds, and the units that may move. The browser plans the preview from it; the server plans
+/// again from its own before it commits anything.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepackInput {
+    /// The machines and GPUs.
+    pub inventory: Inventory,
+    /// Every holder and its assignment.
+    pub holds: Vec<(String, Assignment)>,
+    /// The units that may move.
+    pub movable: Vec<Movable>,
+}
+
+impl RepackInput {
+    /// The fleet it describes: every holder held as committed.
+    pub fn scheduler(&self) -> Scheduler {
+        let mut scheduler = Scheduler::new(self.inventory.clone());
+        for (holder, assignment) in &self.holds {
+            // What cannot be held at all (a GPU gone from the inventory) holds nothing, as in the ledger.
+            let _ = scheduler.hold_committed(holder, assignment.clone());
+        }
+        scheduler
+    }
+
+    /// The repack plan for `goal` with the console's budget.
+    pub fn plan(&self, goal: Goal) -> Result<RepackPlan, RepackError> {
+        plan_repack(&self.scheduler(), &self.movable, goal, BUDGET)
+    }
 }
 
 /// A unit as found placed.

@@ -19,7 +19,12 @@ fn every_menu_places_each_profile_within_the_eight_memory_slices() {
         for p in menu.profiles {
             assert!(!p.starts.is_empty(), "{} {}", menu.gpu, p.name);
             for &s in p.starts {
-                assert!(s + p.slices <= MEMORY_SLICES, "{} {} at {s}", menu.gpu, p.name);
+                assert!(
+                    s + p.slices <= MEMORY_SLICES,
+                    "{} {} at {s}",
+                    menu.gpu,
+                    p.name
+                );
             }
             assert!(p.compute <= COMPUTE_SLICES);
             assert!(p.name.starts_with(&format!("{}g.", p.compute)));
@@ -57,7 +62,10 @@ fn a_model_that_fits_beside_two_others_under_mps_needs_the_whole_gpu_under_mig()
     let mut mps = Scheduler::new(Inventory::new(vec![h100]).unwrap());
     for (name, need) in [("embedder", 8.0), ("reranker", 6.0), ("small-llm", 45.0)] {
         let placed = mps.place(name, &WorkerRequest::shared_gb(need)).unwrap();
-        assert!(matches!(placed, Decision::Place(_)), "{name} shares the GPU by memory");
+        assert!(
+            matches!(placed, Decision::Place(_)),
+            "{name} shares the GPU by memory"
+        );
     }
     let err = plan(
         menu("NVIDIA H100 80GB HBM3").unwrap(),
@@ -81,7 +89,7 @@ fn the_same_three_models_fit_an_h200_in_three_instances() {
     assert_eq!(
         shown,
         [
-            "small-llm on 3g.71gb (slices 0–3, 68 GB)",
+            "small-llm on 3g.71gb (slices 0–3, 69.8 GB)",
             "embedder on 1g.18gb (slices 4–4, 16 GB)",
             "reranker on 1g.18gb (slices 5–5, 16 GB)",
         ]
@@ -102,13 +110,15 @@ fn a_model_larger_than_the_largest_instance_is_refused_with_the_largest_named() 
     let err = plan(&A100_40GB, &tenants(&[("llama-70b", 60)])).unwrap_err();
     assert_eq!(
         err.to_string(),
-        "llama-70b needs 60 GB; the largest instance of an A100 40GB, 7g.40gb, holds 39.4 GB."
+        "llama-70b needs 60 GB; the largest instance of an A100 40GB, 7g.40gb, holds 39.3 GB."
     );
 }
 
 #[test]
 fn eight_models_are_more_than_seven_instances() {
-    let eight: Vec<Tenant> = (0..8).map(|i| Tenant::new(format!("m{i}"), gb(1))).collect();
+    let eight: Vec<Tenant> = (0..8)
+        .map(|i| Tenant::new(format!("m{i}"), gb(1)))
+        .collect();
     assert_eq!(
         plan(&H100_80GB, &eight).unwrap_err().to_string(),
         "An H100 80GB holds at most 7 MIG instances; 8 models were asked for."
@@ -136,7 +146,14 @@ fn models_whose_smallest_instances_take_more_than_eight_slices_are_refused_with_
 /// Every layout of up to seven tenants, by brute force: each tenant on any profile that holds it, at any
 /// start. The planner finds one exactly when one exists, and it takes no more slices than the best.
 fn brute(menu: &Menu, needs: &[Bytes]) -> Option<(u8, u8)> {
-    fn go(menu: &Menu, needs: &[Bytes], used: u8, compute: u8, slices: u8, best: &mut Option<(u8, u8)>) {
+    fn go(
+        menu: &Menu,
+        needs: &[Bytes],
+        used: u8,
+        compute: u8,
+        slices: u8,
+        best: &mut Option<(u8, u8)>,
+    ) {
         let Some((need, rest)) = needs.split_first() else {
             let score = (slices, compute);
             if best.is_none_or(|b| score < b) {
@@ -147,10 +164,20 @@ fn brute(menu: &Menu, needs: &[Bytes]) -> Option<(u8, u8)> {
         for p in menu.profiles.iter().filter(|p| p.memory() >= *need) {
             for &s in p.starts {
                 let mask = ((1u16 << p.slices) - 1) << s;
-                if mask > 0xFF || u16::from(used) & mask != 0 || compute + p.compute > COMPUTE_SLICES {
+                if mask > 0xFF
+                    || u16::from(used) & mask != 0
+                    || compute + p.compute > COMPUTE_SLICES
+                {
                     continue;
                 }
-                go(menu, rest, used | mask as u8, compute + p.compute, slices + p.slices, best);
+                go(
+                    menu,
+                    rest,
+                    used | mask as u8,
+                    compute + p.compute,
+                    slices + p.slices,
+                    best,
+                );
             }
         }
     }

@@ -52,7 +52,7 @@ pub struct Instance {
 }
 
 /// What the repack asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Goal {
     /// Free as many GPUs as it can.
     Most,
