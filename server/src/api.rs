@@ -99,6 +99,10 @@ pub fn table() -> Vec<ApiRoute> {
         route("/api/usage.csv", M::GET, get(usage_csv)),
         route("/api/usage/requests.csv", M::GET, get(requests_csv)),
         route("/api/playground", M::POST, post(crate::gateway::playground)),
+        route("/api/repack", M::GET, get(repack_plan)),
+        route("/api/repack", M::POST, post(start_repack)),
+        route("/api/repack/run", M::GET, get(repack_run)),
+        route("/api/repack/stop", M::POST, post(stop_repack)),
     ]
 }
 
@@ -309,6 +313,85 @@ async fn restart_engine(
     }
     runtime.submit(crate::runtime::Change::Restart(engine.unit.clone()));
     Ok((StatusCode::ACCEPTED, Json(engine)))
+}
+
+/// `?free=N`: how many GPUs to free; the most it can when not said.
+#[derive(Debug, Deserialize)]
+struct RepackQuery {
+    free: Option<String>,
+}
+
+/// `POST /api/repack`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RepackRequest {
+    /// How many GPUs to free; the most it can when not said.
+    #[serde(default)]
+    free: Option<usize>,
+    /// The moves the operator was shown: refused (409) when the plan is no longer these.
+    #[serde(default)]
+    expect: Option<Vec<placement::Move>>,
+}
+
+fn repack_goal(free: Option<usize>) -> Result<placement::repack::Goal, ApiError> {
+    match free {
+        None => Ok(placement::repack::Goal::Most),
+        Some(0) => Err(ApiError::Unprocessable(
+            "free must be at least 1 GPU; leave it out to free as many as the repack can"
+                .to_owned(),
+        )),
+        Some(n) => Ok(placement::repack::Goal::Free(n)),
+    }
+}
+
+/// `GET /api/repack?free=N`: the plan that frees N GPUs (the most it can when not said) with the fewest
+/// restarts, and the order it would be carried out in. Changes nothing.
+async fn repack_plan(
+    State(state): State<AppState>,
+    Query(query): Query<RepackQuery>,
+) -> Result<Json<placement::RepackPlan>, ApiError> {
+    let free = query
+        .free
+        .map(|f| {
+            f.parse::<usize>().map_err(|_| {
+                ApiError::BadRequest(format!(
+                    "free must be a whole number of GPUs, such as ?free=1, not {f:?}"
+                ))
+            })
+        })
+        .transpose()?;
+    Ok(Json(state.fleet.repack_plan(repack_goal(free)?).await?))
+}
+
+/// `POST /api/repack`: plans the repack again and starts carrying it out, one move at a time; 202.
+async fn start_repack(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    ApiJson(request): ApiJson<RepackRequest>,
+) -> Result<(StatusCode, Json<crate::fleet::repack::RepackRun>), ApiError> {
+    let goal = repack_goal(request.free)?;
+    let run = state
+        .fleet
+        .start_repack(goal, request.expect, &actor.name)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(run)))
+}
+
+/// `GET /api/repack/run`: the repack being carried out, or the last one.
+async fn repack_run(
+    State(state): State<AppState>,
+) -> Result<Json<crate::fleet::repack::RepackRun>, ApiError> {
+    state.fleet.repack_run().map(Json).ok_or_else(|| {
+        ApiError::NotFound("no repack has been carried out since the server started".to_owned())
+    })
+}
+
+/// `POST /api/repack/stop`: the repack stops before its next move.
+async fn stop_repack(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+) -> Result<Json<crate::fleet::repack::RepackRun>, ApiError> {
+    state.fleet.stop_repack(&actor.name).await.map(Json)
 }
 
 fn no_engine(id: &str) -> ApiError {

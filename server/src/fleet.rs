@@ -23,6 +23,7 @@ mod engines;
 pub mod interference;
 mod machines;
 pub mod readings;
+pub mod repack;
 mod workers;
 
 pub use machines::{GpuView, MachineView, SharerView};
@@ -63,6 +64,8 @@ pub struct Fleet {
     activity: Arc<demand::Activity>,
     /// Each model's latency through the gateway, and the models slowed by their neighbours.
     latencies: interference::Latencies,
+    /// The repack being carried out, or the last one.
+    repack: std::sync::Mutex<Option<repack::RepackRun>>,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -136,6 +139,7 @@ impl Fleet {
             calls: calls::Calls::default(),
             activity: Arc::new(demand::Activity::new()),
             latencies: interference::Latencies::default(),
+            repack: std::sync::Mutex::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));

@@ -83,6 +83,13 @@ pub enum Shortfall {
     NotFound,
 }
 
+impl Item {
+    /// What moving it costs: its restarts, and between equal restarts the memory that must load again.
+    fn cost(&self) -> u64 {
+        ((self.restarts as u64) << 44) | (self.size >> 10).min((1 << 44) - 1)
+    }
+}
+
 impl Instance {
     /// Bins in use now.
     pub fn used_now(&self) -> usize {
@@ -144,6 +151,15 @@ impl Instance {
             m.memory -= item.needs.memory;
         }
         bins.len() == self.items.len()
+    }
+
+    fn cost(&self, bins: &[usize]) -> u64 {
+        self.items
+            .iter()
+            .zip(bins)
+            .filter(|(item, &b)| item.origin != b)
+            .map(|(item, _)| item.cost())
+            .sum()
     }
 
     fn restarts(&self, bins: &[usize]) -> usize {
@@ -263,13 +279,14 @@ struct State {
     machines: Vec<Room>,
     used: usize,
     volume_left: u64,
-    moves: usize,
+    /// What the moves so far cost ([`Item::cost`]).
+    moves: u64,
     limit: u64,
     steps: u64,
     /// Stop at the first packing (find one), or go on for fewer restarts.
     first: bool,
     rng: u64,
-    best: Option<(Vec<usize>, usize)>,
+    best: Option<(Vec<usize>, u64)>,
     /// False once some bin's sets were cut at [`MAX_FILLS`]: the search then proves nothing.
     complete: bool,
     /// The most bins closed at once, and what was placed then: where a repair starts.
@@ -368,16 +385,17 @@ impl<'a> Search<'a> {
         let (bins, _) = found?;
         let mut best = self.relabel(&bins);
         let left = self.budget.saturating_sub(self.spent).min(self.budget / 16);
-        if best.restarts > 0 && left > 0 {
+        let cost = self.instance.cost(&best.bins);
+        if cost > 0 && left > 0 {
             let mut state = self.state(target, left, false, 0);
-            state.best = Some((best.bins.clone(), best.restarts));
+            state.best = Some((best.bins.clone(), cost));
             self.dfs(&mut state);
             self.spent += state.steps;
-            if let Some((bins, restarts)) = state.best {
-                if restarts < best.restarts {
+            if let Some((bins, found)) = state.best {
+                if found < cost {
                     best = Packing {
                         used: self.instance.used(&bins),
-                        restarts,
+                        restarts: self.instance.restarts(&bins),
                         bins,
                     };
                 }
@@ -750,7 +768,7 @@ impl<'a> Search<'a> {
                     if stays {
                         0
                     } else {
-                        item.restarts
+                        item.cost()
                     }
                 })
                 .sum();
@@ -844,10 +862,10 @@ impl<'a> Search<'a> {
             let mut pairs = Vec::new();
             for &f in &filled {
                 for &m in &members {
-                    let saved: usize = sets[&f]
+                    let saved: u64 = sets[&f]
                         .iter()
                         .filter(|&&i| instance.items[i].origin == m)
-                        .map(|&i| instance.items[i].restarts)
+                        .map(|&i| instance.items[i].cost())
                         .sum();
                     pairs.push((Reverse(saved), !in_use[m], f, m));
                 }
@@ -885,7 +903,7 @@ struct Fill {
     start: usize,
     len: usize,
     sum: u64,
-    moves: usize,
+    moves: u64,
 }
 
 struct Walk<'o> {

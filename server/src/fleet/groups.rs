@@ -269,7 +269,7 @@ pub(crate) fn sharer(holder: &str) -> (&str, Option<&str>) {
         .unwrap_or((holder, None))
 }
 
-fn holder_prefix(group: &str) -> String {
+pub(crate) fn holder_prefix(group: &str) -> String {
     format!("group:{group}/")
 }
 
