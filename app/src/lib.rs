@@ -86,6 +86,7 @@ pub fn App() -> impl IntoView {
                 <Routes fallback=|| view! { <h1>"Page not found"</h1> }>
                     <Route path=path!("") view={Lazy::<routes::Models>::new()} ssr=SsrMode::Async />
                     <Route path=path!("nodes") view={Lazy::<routes::Nodes>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("repack") view={Lazy::<routes::Repack>::new()} ssr=SsrMode::Async />
                     <Route path=path!("deploy") view={Lazy::<routes::Deploy>::new()} ssr=SsrMode::Async />
                     <Route path=path!("machines/:name") view={Lazy::<routes::MachineRoute>::new()} ssr=SsrMode::Async />
                     <Route path=path!("models/:name/sharing") view={Lazy::<routes::Sharing>::new()} ssr=SsrMode::Async />

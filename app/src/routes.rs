@@ -11,6 +11,7 @@ use crate::pages::machine::MachinePage;
 use crate::pages::models::ModelsPage;
 use crate::pages::nodes::NodesPage;
 use crate::pages::playground::PlaygroundPage;
+use crate::pages::repack::RepackPage;
 use crate::pages::serving::ServingPage;
 use crate::pages::sharing::SharingPage;
 use crate::pages::sign_in::{SetupPage, SignInPage};
@@ -62,6 +63,8 @@ lazy_page!(/// The GPU sharing form of a running model.
     Sharing => SharingPage);
 lazy_page!(/// The Serving configuration form of a running model.
     ServingRoute => ServingPage);
+lazy_page!(/// Cluster → Repack.
+    Repack => RepackPage);
 lazy_page!(/// The Usage page.
     Usage => UsagePage);
 lazy_page!(/// The playground.

@@ -6,8 +6,8 @@ use crate::auth::{Caller, Role};
 use crate::error::AppError;
 use crate::views::{
     AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest,
-    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, Serving, ServingForm,
-    SharingForm, TokenLimits,
+    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, RepackRun, Serving,
+    ServingForm, SharingForm, TokenLimits,
 };
 use placement::{BasisPoints, Grouping, UsageReport};
 use std::future::Future;
@@ -85,6 +85,21 @@ pub trait Console: Send + Sync {
     fn playground(&self, caller: Caller, model: Option<String>) -> Answer<'_, Playground>;
     /// Milliseconds since the epoch, now.
     fn now_ms(&self) -> u64;
+
+    /// What a repack is planned from: the fleet as committed now.
+    fn repack_input(&self) -> Answer<'_, placement::RepackInput>;
+    /// Plans the repack that frees `free` GPUs (the most it can when `None`) again and starts carrying it
+    /// out; refused when its moves are no longer `expect`, the moves the operator was shown.
+    fn start_repack(
+        &self,
+        actor: Caller,
+        free: Option<usize>,
+        expect: Vec<placement::Move>,
+    ) -> Answer<'_, RepackRun>;
+    /// The repack being carried out, or the last one.
+    fn repack_run(&self) -> Answer<'_, Option<RepackRun>>;
+    /// Stops the repack before its next move.
+    fn stop_repack(&self, actor: Caller) -> Answer<'_, RepackRun>;
 }
 
 /// Everything the server provides to the console.

@@ -23,6 +23,7 @@ test("every page passes axe-core", async ({ page, request }) => {
   for (const [path, name] of [
     ["/", "models"],
     ["/nodes", "nodes"],
+    ["/repack", "repack"],
     ["/machines/majin", "machine"],
     ["/models/glm-5.3/sharing", "gpu-sharing"],
     ["/models/glm-5.3/serving", "serving-configuration"],

@@ -368,7 +368,7 @@ async fn start_repack(
     State(state): State<AppState>,
     Actor(actor): Actor,
     ApiJson(request): ApiJson<RepackRequest>,
-) -> Result<(StatusCode, Json<crate::fleet::repack::RepackRun>), ApiError> {
+) -> Result<(StatusCode, Json<app::views::RepackRun>), ApiError> {
     let goal = repack_goal(request.free)?;
     let run = state
         .fleet
@@ -380,7 +380,7 @@ async fn start_repack(
 /// `GET /api/repack/run`: the repack being carried out, or the last one.
 async fn repack_run(
     State(state): State<AppState>,
-) -> Result<Json<crate::fleet::repack::RepackRun>, ApiError> {
+) -> Result<Json<app::views::RepackRun>, ApiError> {
     state.fleet.repack_run().map(Json).ok_or_else(|| {
         ApiError::NotFound("no repack has been carried out since the server started".to_owned())
     })
@@ -390,7 +390,7 @@ async fn repack_run(
 async fn stop_repack(
     State(state): State<AppState>,
     Actor(actor): Actor,
-) -> Result<Json<crate::fleet::repack::RepackRun>, ApiError> {
+) -> Result<Json<app::views::RepackRun>, ApiError> {
     state.fleet.stop_repack(&actor.name).await.map(Json)
 }
 

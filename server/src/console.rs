@@ -741,6 +741,42 @@ impl Console for ConsoleService {
         crate::fleet::usage::now_ms()
     }
 
+    fn repack_input(&self) -> Answer<'_, placement::RepackInput> {
+        Box::pin(async move { Ok(self.fleet.repack_input().await) })
+    }
+
+    fn start_repack(
+        &self,
+        actor: Caller,
+        free: Option<usize>,
+        expect: Vec<placement::Move>,
+    ) -> Answer<'_, app::views::RepackRun> {
+        Box::pin(async move {
+            let goal = match free {
+                None => placement::repack::Goal::Most,
+                Some(0) => {
+                    return Err(AppError::Refused(
+                        "Free at least 1 GPU, or leave the number out to free as many as the repack can."
+                            .to_owned(),
+                    ))
+                }
+                Some(n) => placement::repack::Goal::Free(n),
+            };
+            self.fleet
+                .start_repack(goal, Some(expect), &actor.name)
+                .await
+                .map_err(app_error)
+        })
+    }
+
+    fn repack_run(&self) -> Answer<'_, Option<app::views::RepackRun>> {
+        Box::pin(async move { Ok(self.fleet.repack_run()) })
+    }
+
+    fn stop_repack(&self, actor: Caller) -> Answer<'_, app::views::RepackRun> {
+        Box::pin(async move { self.fleet.stop_repack(&actor.name).await.map_err(app_error) })
+    }
+
     fn playground(&self, caller: Caller, model: Option<String>) -> Answer<'_, Playground> {
         Box::pin(async move {
             let models = self.fleet.served();

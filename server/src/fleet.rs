@@ -65,7 +65,7 @@ pub struct Fleet {
     /// Each model's latency through the gateway, and the models slowed by their neighbours.
     latencies: interference::Latencies,
     /// The repack being carried out, or the last one.
-    repack: std::sync::Mutex<Option<repack::RepackRun>>,
+    repack: std::sync::Mutex<Option<repack::Repacking>>,
 }
 
 /// What was last committed, and the ledger built from it.

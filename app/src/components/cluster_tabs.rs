@@ -1,4 +1,4 @@
-//! The console's navigation: the top bar's sections, and the Cluster section's tabs (Models, Nodes).
+//! The console's navigation: the top bar's sections, and the Cluster section's tabs (Models, Nodes, Repack).
 
 use crate::auth::Role;
 use crate::components::account_menu::signed_in;
@@ -9,7 +9,7 @@ use leptos_router::hooks::use_location;
 /// Whether `path` is a page of the Cluster section: the tabs and the pages they lead to.
 fn in_cluster(path: &str) -> bool {
     path == "/"
-        || ["/nodes", "/deploy", "/models/", "/machines/"]
+        || ["/nodes", "/repack", "/deploy", "/models/", "/machines/"]
             .iter()
             .any(|p| path.starts_with(p))
 }
@@ -42,6 +42,7 @@ pub fn ClusterTabs() -> impl IntoView {
         <nav class="tabs" aria-label="Cluster">
             <A href="/" exact=true>"Models"</A>
             <A href="/nodes">"Nodes"</A>
+            <A href="/repack">"Repack"</A>
         </nav>
     }
 }
@@ -55,6 +56,7 @@ mod tests {
         for path in [
             "/",
             "/nodes",
+            "/repack",
             "/deploy",
             "/models/vision/sharing",
             "/machines/majin",

@@ -7,6 +7,7 @@ pub mod machine;
 pub mod models;
 pub mod nodes;
 pub mod playground;
+pub mod repack;
 pub mod serving;
 pub mod sharing;
 pub mod sign_in;

@@ -12,40 +12,20 @@ use super::ledger::Ledger;
 use super::workers::json;
 use super::Fleet;
 use crate::error::ApiError;
+use app::views::{RepackProgress, RepackRun};
 use placement::repack::Goal;
 use placement::{
     Assignment, GpuDemand, GpuMode, Hold, Movable, Move, Policy, RepackError, RepackInput,
     RepackPlan, RepackStep, WorkerRequest,
 };
-use serde::Serialize;
 use std::sync::{Arc, PoisonError};
 
-/// A repack being carried out, or the last one.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RepackRun {
-    /// `running`, `done`, `stopped` (an operator stopped it between moves) or `failed`.
-    pub state: String,
-    /// Who started it.
-    pub started_by: String,
-    /// The plan it carries out, as planned when it started.
-    pub plan: RepackPlan,
-    /// Its moves in the order they are made: one at a time, or several at once where units trade places.
-    pub steps: Vec<RepackProgress>,
-    /// Set when an operator asks it to stop: it stops before the next move.
-    #[serde(skip)]
+/// A repack being carried out (or the last one), and whether an operator asked it to stop before its next
+/// move.
+#[derive(Debug, Clone)]
+pub(crate) struct Repacking {
+    run: RepackRun,
     stop: bool,
-}
-
-/// One step of a repack being carried out.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct RepackProgress {
-    /// The moves made together.
-    pub moves: Vec<Move>,
-    /// `waiting`, `running`, `done`, `failed` or `stopped`.
-    pub status: String,
-    /// Why it failed.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub message: Option<String>,
 }
 
 /// The units that may move, as committed.
@@ -174,7 +154,16 @@ impl Fleet {
         self.repack
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .clone()
+            .as_ref()
+            .map(|r| r.run.clone())
+    }
+
+    fn repack_stopping(&self) -> bool {
+        self.repack
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|r| r.stop)
     }
 
     /// Plans a repack for `goal` again and starts carrying it out. With `expect` (the moves the operator
@@ -209,16 +198,18 @@ impl Fleet {
                 })
                 .collect(),
             plan,
-            stop: false,
         };
         {
             let mut current = self.repack.lock().unwrap_or_else(PoisonError::into_inner);
-            if current.as_ref().is_some_and(|r| r.state == "running") {
+            if current.as_ref().is_some_and(|r| r.run.state == "running") {
                 return Err(ApiError::Conflict(
                     "a repack is being carried out; wait for it, or stop it first".to_owned(),
                 ));
             }
-            *current = Some(run.clone());
+            *current = Some(Repacking {
+                run: run.clone(),
+                stop: false,
+            });
         }
         let mut tx = crate::db::write(&self.pool).await?;
         crate::audit::record(
@@ -250,9 +241,9 @@ impl Fleet {
         let run = {
             let mut current = self.repack.lock().unwrap_or_else(PoisonError::into_inner);
             match current.as_mut() {
-                Some(run) if run.state == "running" => {
-                    run.stop = true;
-                    run.clone()
+                Some(r) if r.run.state == "running" => {
+                    r.stop = true;
+                    r.run.clone()
                 }
                 _ => {
                     return Err(ApiError::Conflict(
@@ -272,7 +263,7 @@ impl Fleet {
     }
 
     fn repack_step(&self, i: usize, status: &str, message: Option<String>) {
-        if let Some(run) = self
+        if let Some(Repacking { run, .. }) = self
             .repack
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -284,7 +275,7 @@ impl Fleet {
     }
 
     fn repack_end(&self, state: &str, from: usize) {
-        if let Some(run) = self
+        if let Some(Repacking { run, .. }) = self
             .repack
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -305,8 +296,7 @@ impl Fleet {
             None => return,
         };
         for (i, moves) in steps.iter().enumerate() {
-            let stop = self.repack_run().is_some_and(|r| r.stop);
-            if stop {
+            if self.repack_stopping() {
                 self.repack_end("stopped", i);
                 return;
             }

@@ -1,0 +1,357 @@
+//! Repack (seed 001): moves of shared work that free whole GPUs, with the fewest restarts. The plan is
+//! worked out here in the browser, by the same `placement` code the server runs again before it commits,
+//! and shown whole before anything changes: each move, each restart, the GPUs freed, the fleet before and
+//! after, and the order of stops and starts. Carried out, it moves one unit at a time and can be stopped
+//! between moves.
+
+use crate::auth::Role;
+use crate::components::account_menu::signed_in;
+use crate::components::cluster_tabs::ClusterTabs;
+use crate::components::confirm::Confirm;
+use crate::components::live::use_live;
+use crate::error::AppError;
+use crate::views::RepackRun;
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use placement::repack::Goal;
+use placement::{GpuLoad, GpuRef, Move, RepackInput, RepackPlan, RepackStep};
+
+/// The fleet as committed, for the plan to be worked out from.
+#[server(prefix = "/rpc", endpoint = "load_repack_input", client = crate::csrf::CsrfClient)]
+pub async fn load_repack_input() -> Result<RepackInput, AppError> {
+    crate::auth::require(Role::Viewer)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.repack_input()).await
+}
+
+/// The repack being carried out, or the last one.
+#[server(prefix = "/rpc", endpoint = "load_repack_run", client = crate::csrf::CsrfClient)]
+pub async fn load_repack_run() -> Result<Option<RepackRun>, AppError> {
+    crate::auth::require(Role::Viewer)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.repack_run()).await
+}
+
+/// Starts carrying out the repack whose moves the operator was shown.
+#[server(prefix = "/rpc", endpoint = "start_repack", input = Json, client = crate::csrf::CsrfClient)]
+pub async fn start_repack(free: Option<usize>, expect: Vec<Move>) -> Result<RepackRun, AppError> {
+    let actor = crate::auth::require(Role::Operator)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.start_repack(actor, free, expect)).await
+}
+
+/// Stops the repack before its next move.
+#[server(prefix = "/rpc", endpoint = "stop_repack", input = Json, client = crate::csrf::CsrfClient)]
+pub async fn stop_repack() -> Result<RepackRun, AppError> {
+    let actor = crate::auth::require(Role::Operator)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.stop_repack(actor)).await
+}
+
+/// How many GPUs the field asks to free: none typed is as many as the repack can.
+fn goal(free: &str) -> Result<Option<usize>, String> {
+    let free = free.trim();
+    if free.is_empty() {
+        return Ok(None);
+    }
+    match free.parse::<usize>() {
+        Ok(0) | Err(_) => Err(format!(
+            "Type a whole number of GPUs, 1 or more, or leave it empty to free as many as the repack can; {free:?} is neither."
+        )),
+        Ok(n) => Ok(Some(n)),
+    }
+}
+
+/// What restarts when a holder moves: a worker by its name, a group member by its model; the room a
+/// group keeps for its on-demand members is no engine.
+fn restarted(holder: &str) -> Option<String> {
+    match holder.strip_prefix("group:") {
+        None => Some(holder.to_owned()),
+        Some(rest) => {
+            let member = rest.split_once('/')?.1.rsplit_once('@')?.0;
+            (!member.contains(' ')).then(|| member.to_owned())
+        }
+    }
+}
+
+fn restarts_of(moves: &[Move]) -> Vec<String> {
+    moves
+        .iter()
+        .flat_map(|m| m.workers.iter().filter_map(|w| restarted(w)))
+        .collect()
+}
+
+fn gpus_text(gpus: &[GpuRef]) -> String {
+    gpus.iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn plural(n: usize, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+/// The plan's one-line summary.
+fn summary(plan: &RepackPlan) -> String {
+    if plan.moves.is_empty() {
+        return "Nothing to gain: no repack frees a GPU here.".to_owned();
+    }
+    let restarts = restarts_of(&plan.moves).len();
+    let mut line = format!(
+        "Frees {}: {} — {}, {}.",
+        plural(plan.freed.len(), "GPU", "GPUs"),
+        gpus_text(&plan.freed),
+        plural(plan.moves.len(), "move", "moves"),
+        plural(restarts, "restart", "restarts"),
+    );
+    if !plan.filled.is_empty() {
+        line.push_str(&format!(
+            " It puts work on {}, free now.",
+            gpus_text(&plan.filled)
+        ));
+    }
+    line
+}
+
+/// `/repack`.
+#[component]
+pub fn RepackPage() -> impl IntoView {
+    let live = use_live();
+    let start = ServerAction::<StartRepack>::new();
+    let stop = ServerAction::<StopRepack>::new();
+    let tick = RwSignal::new(0u64);
+    let input = Resource::new(
+        move || (live.track(), start.version().get()),
+        |_| load_repack_input(),
+    );
+    let run = Resource::new(
+        move || {
+            (
+                live.track(),
+                tick.get(),
+                start.version().get(),
+                stop.version().get(),
+            )
+        },
+        |_| load_repack_run(),
+    );
+    let free = RwSignal::new(String::new());
+    let confirming = RwSignal::new(false);
+    let operator = move || signed_in().is_some_and(|c| c.role.allows(Role::Operator));
+    // While a repack runs, its progress is read again every second.
+    Effect::new(move |_| {
+        let running = run
+            .get()
+            .and_then(Result::ok)
+            .flatten()
+            .is_some_and(|r| r.state == "running");
+        if running {
+            set_timeout(
+                move || tick.update(|t| *t += 1),
+                std::time::Duration::from_secs(1),
+            );
+        }
+    });
+    let failed = move || {
+        [
+            start.value().get().and_then(Result::err),
+            stop.value().get().and_then(Result::err),
+        ]
+        .into_iter()
+        .flatten()
+        .next()
+    };
+    view! {
+        <div class="page">
+            <ClusterTabs />
+            <h1>"Repack"</h1>
+            <p class="muted">"Moves shared work between GPUs so that whole GPUs come free, with the fewest restarts. Nothing changes until you carry it out; then it moves one unit at a time, each move's engines stopped (drained) before they start on their new GPU, and it can be stopped between moves."</p>
+            {move || failed().map(|e| view! { <p class="error" role="alert" data-testid="repack-error">{e.to_string()}</p> })}
+            <Transition fallback=|| view! { <p>"Reading the fleet…"</p> }>
+                {move || run.get().map(|answer| match answer {
+                    Ok(Some(run)) => view! { <RunPanel run stop operator=Signal::derive(operator) /> }.into_any(),
+                    Ok(None) => ().into_any(),
+                    Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                })}
+            </Transition>
+            <div class="inline-form">
+                <label for="repack-free">"GPUs to free"</label>
+                <input id="repack-free" type="text" inputmode="numeric" placeholder="as many as it can" autocomplete="off"
+                    prop:value=move || free.get() on:input=move |ev| free.set(event_target_value(&ev)) />
+            </div>
+            <Transition fallback=|| view! { <p>"Working out the plan…"</p> }>
+                {move || input.get().map(|answer| match answer {
+                    Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                    Ok(input) => {
+                        let asked = free.get();
+                        let free = match goal(&asked) {
+                            Ok(free) => free,
+                            Err(why) => return view! { <p class="error" role="alert" data-testid="repack-refused">{why}</p> }.into_any(),
+                        };
+                        match input.plan(free.map_or(Goal::Most, Goal::Free)) {
+                            Err(e) => view! { <p class="error" role="alert" data-testid="repack-refused">{e.to_string()}</p> }.into_any(),
+                            Ok(plan) => {
+                                let moves = plan.moves.clone();
+                                let restarts = restarts_of(&moves);
+                                let can_start = !moves.is_empty();
+                                view! {
+                                    <PlanView plan />
+                                    {move || (operator() && can_start).then(|| view! {
+                                        <div class="actions">
+                                            <button type="button" class="primary" data-testid="repack-start" on:click=move |_| confirming.set(true)>"Carry out the repack"</button>
+                                        </div>
+                                    })}
+                                    {move || confirming.get().then(|| {
+                                        let expect = moves.clone();
+                                        view! {
+                                            <Confirm
+                                                title="Carry out this repack?"
+                                                restarts=restarts.clone()
+                                                confirm="Carry out"
+                                                pending=start.pending()
+                                                on_confirm=move || {
+                                                    start.dispatch(StartRepack { free, expect: expect.clone() });
+                                                    confirming.set(false);
+                                                }
+                                                on_cancel=move || confirming.set(false)
+                                            />
+                                        }
+                                    })}
+                                }.into_any()
+                            }
+                        }
+                    }
+                })}
+            </Transition>
+        </div>
+    }
+}
+
+#[component]
+fn PlanView(plan: RepackPlan) -> impl IntoView {
+    let most = (plan.freed.len() < plan.most).then(|| {
+        format!(
+            "By memory alone at most {} could come free; the requests' rules (ids, models, sizes, machines) keep the rest where they are.",
+            plural(plan.most, "GPU", "GPUs")
+        )
+    });
+    view! {
+        <p class="summary" data-testid="repack-summary">{summary(&plan)}</p>
+        {most.map(|m| view! { <p class="muted" data-testid="repack-most">{m}</p> })}
+        {(!plan.moves.is_empty()).then(|| view! {
+            <table class="list" data-testid="repack-moves">
+                <caption>"Moves"</caption>
+                <thead><tr><th scope="col">"What"</th><th scope="col">"From"</th><th scope="col">"To"</th><th scope="col">"Memory"</th><th scope="col">"Restarts"</th></tr></thead>
+                <tbody>
+                    {plan.moves.iter().map(|m| view! {
+                        <tr data-testid="repack-move" data-unit=m.unit.clone()>
+                            <th scope="row">{m.unit.clone()}</th>
+                            <td>{m.from.to_string()}</td>
+                            <td data-testid="repack-to">{m.to.to_string()}</td>
+                            <td>{format!("{} GB", m.memory.gb_text())}</td>
+                            <td>{restarts_of(std::slice::from_ref(m)).join(", ")}</td>
+                        </tr>
+                    }).collect_view()}
+                </tbody>
+            </table>
+            <h2>"In this order"</h2>
+            <ol data-testid="repack-steps">
+                {plan.steps.iter().map(|s| view! { <li data-testid="repack-step">{step_text(s)}</li> }).collect_view()}
+            </ol>
+        })}
+        <table class="list" data-testid="repack-fleet">
+            <caption>"The fleet before and after"</caption>
+            <thead><tr><th scope="col">"GPU"</th><th scope="col">"Now"</th><th scope="col">"After"</th></tr></thead>
+            <tbody>
+                {plan.before.iter().zip(&plan.after).map(|(b, a)| view! {
+                    <tr data-gpu=b.gpu.id()>
+                        <th scope="row">{b.gpu.to_string()}</th>
+                        <td data-testid="repack-before">{load_text(b)}</td>
+                        <td data-testid="repack-after">{load_text(a)}</td>
+                    </tr>
+                }).collect_view()}
+            </tbody>
+        </table>
+    }
+}
+
+fn step_text(step: &RepackStep) -> String {
+    match step {
+        RepackStep::Stop { unit, gpu } => format!("Stop {unit} on {gpu}"),
+        RepackStep::Start { unit, gpu } => format!("Start {unit} on {gpu}"),
+    }
+}
+
+fn load_text(load: &GpuLoad) -> String {
+    if load.sharers.is_empty() {
+        return format!("free ({} GB)", load.offered.gb_text());
+    }
+    format!(
+        "{} — {} of {} GB",
+        load.sharers.join(", "),
+        load.taken.gb_text(),
+        load.offered.gb_text()
+    )
+}
+
+#[component]
+fn RunPanel(
+    run: RepackRun,
+    stop: ServerAction<StopRepack>,
+    operator: Signal<bool>,
+) -> impl IntoView {
+    let running = run.state == "running";
+    let state = match run.state.as_str() {
+        "running" => "Carrying out the repack",
+        "done" => "The repack is done",
+        "stopped" => "The repack was stopped; what moved stays moved",
+        _ => "The repack stopped at a failed move; what moved before it stays moved",
+    };
+    view! {
+        <section class="panel" aria-labelledby="repack-run" data-testid="repack-run" data-state=run.state.clone()>
+            <h2 id="repack-run">{state}</h2>
+            <p class="muted">{format!("Started by {}; it frees {}.", run.started_by, gpus_text(&run.plan.freed))}</p>
+            <ol>
+                {run.steps.iter().map(|s| {
+                    let what = s.moves.iter().map(|m| format!("{} to {}", m.unit, m.to)).collect::<Vec<_>>().join(" and ");
+                    view! {
+                        <li data-testid="repack-progress" data-status=s.status.clone()>
+                            {format!("{what}: {}", s.status)}
+                            {s.message.clone().map(|m| view! { <span class="error">{format!(" — {m}")}</span> })}
+                        </li>
+                    }
+                }).collect_view()}
+            </ol>
+            {move || (running && operator.get()).then(|| view! {
+                <button type="button" data-testid="repack-stop" on:click=move |_| { stop.dispatch(StopRepack {}); }>"Stop after this move"</button>
+            })}
+        </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_field_reads_a_number_of_gpus_or_nothing_and_says_what_to_type_otherwise() {
+        assert_eq!(goal(""), Ok(None));
+        assert_eq!(goal(" 2 "), Ok(Some(2)));
+        assert_eq!(
+            goal("0"),
+            Err("Type a whole number of GPUs, 1 or more, or leave it empty to free as many as the repack can; \"0\" is neither.".to_owned())
+        );
+        assert!(goal("two").is_err());
+    }
+
+    #[test]
+    fn a_group_member_restarts_by_its_model_and_the_on_demand_room_is_no_engine() {
+        assert_eq!(restarted("embed"), Some("embed".to_owned()));
+        assert_eq!(
+            restarted("group:speech/speech@atlas"),
+            Some("speech".to_owned())
+        );
+        assert_eq!(restarted("group:speech/on-demand turns@atlas"), None);
+    }
+}
