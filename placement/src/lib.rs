@@ -9,6 +9,7 @@
 //! - [`interference`]: a model slowed by its neighbours, against its latency alone.
 //! - [`usage`]: GPU time, use and energy split among sharers.
 //! - [`repack`]: moves of shared work that free whole GPUs, with the fewest restarts.
+//! - [`sharing`]: how a GPU is shared (time-slicing, MPS, MIG), and what an engine gets under MPS.
 //! - [`mig`]: a GPU cut into MIG instances from its menu, and the layout that fits the models meant for it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
@@ -24,6 +25,7 @@ pub mod repack;
 pub mod request;
 pub mod restart;
 pub mod schedule;
+pub mod sharing;
 pub mod units;
 pub mod usage;
 
