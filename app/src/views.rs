@@ -101,6 +101,9 @@ pub struct ModelRow {
     /// Why it is flagged as slowed by its neighbours, if it is (seed 002's interference alarm).
     #[serde(default)]
     pub slowed: Option<String>,
+    /// Why it is flagged as using more GPU memory than its share, if it is (a promise broken).
+    #[serde(default)]
+    pub over_share: Option<String>,
 }
 
 /// Whether an on-demand model is loaded.
@@ -368,6 +371,12 @@ pub struct GpuDetail {
     /// Its sharers slowed by their neighbours here: `glm-5.3: Slowed by its neighbours: …`.
     #[serde(default)]
     pub slowed: Vec<String>,
+    /// How it is shared, which says whether a share is enforced or a promise.
+    #[serde(default)]
+    pub sharing: placement::sharing::Sharing,
+    /// Its sharers measured using more than their share here, each in words.
+    #[serde(default)]
+    pub over_share: Vec<String>,
     /// Its readings of the last hour, oldest first.
     #[serde(default)]
     pub history: Vec<GpuPoint>,
@@ -842,6 +851,7 @@ mod tests {
             revision: 1,
             on_demand: None,
             slowed: None,
+            over_share: None,
         }
     }
 
@@ -934,6 +944,8 @@ mod tests {
             sharers: Vec::new(),
             summary: None,
             slowed: Vec::new(),
+            sharing: placement::sharing::Sharing::TimeSlicing,
+            over_share: Vec::new(),
             history: Vec::new(),
             demo_figures: false,
         };

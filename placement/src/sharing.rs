@@ -177,9 +177,33 @@ impl MpsDaemon {
     }
 }
 
+/// Where a share is only a promise (seed 000, "A workload that takes more than it said can leave its
+/// neighbours without memory"): the line that says an engine measured at `measured` on `gpu` broke its
+/// `share`, if it did.
+pub fn over_share(name: &str, gpu: &str, measured: Bytes, share: Bytes) -> Option<String> {
+    (measured > share).then(|| {
+        format!(
+            "{name} uses {} GB on {gpu}, {} GB past its {} GB share: its neighbours may run out of memory.",
+            measured.gb_text(),
+            (measured - share).gb_text(),
+            share.gb_text()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_engine_that_uses_more_than_its_share_is_named_with_how_much_more() {
+        let share = Bytes::from_gb(4.2).unwrap();
+        assert_eq!(over_share("voice", "GPU 0 of majin", share, share), None);
+        assert_eq!(
+            over_share("voice", "GPU 0 of majin", Bytes::from_gb(5.5).unwrap(), share).as_deref(),
+            Some("voice uses 5.5 GB on GPU 0 of majin, 1.3 GB past its 4.2 GB share: its neighbours may run out of memory.")
+        );
+    }
 
     #[test]
     fn a_share_is_a_promise_under_time_slicing_and_enforced_under_mps_and_mig() {

@@ -180,6 +180,7 @@ impl ConsoleService {
                     revision: group.revision,
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
+                    over_share: self.fleet.over_share(&share.member),
                 });
             }
         }
@@ -199,6 +200,7 @@ impl ConsoleService {
                 revision: worker.revision,
                 on_demand: None,
                 slowed: worker.model.as_deref().and_then(|m| self.fleet.slowed(m)),
+                over_share: None,
             });
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));
@@ -395,6 +397,13 @@ impl ConsoleService {
                         .filter_map(|s| {
                             Some(format!("{}: {}", s.worker, self.fleet.slowed(&s.worker)?))
                         })
+                        .collect(),
+                    // No GPU is set to MPS or MIG yet: every shared GPU is time-sliced.
+                    sharing: placement::sharing::Sharing::TimeSlicing,
+                    over_share: g
+                        .sharers
+                        .iter()
+                        .filter_map(|s| s.over_share.clone())
                         .collect(),
                     history: history.remove(&g.index).unwrap_or_default(),
                     demo_figures: self.fleet.is_demo(name),

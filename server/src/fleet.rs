@@ -66,6 +66,9 @@ pub struct Fleet {
     latencies: interference::Latencies,
     /// The repack being carried out, or the last one.
     repack: std::sync::Mutex<Option<repack::Repacking>>,
+    /// What each engine was last measured to hold on each GPU, by machine, GPU index and holder: the
+    /// memory the driver reports for its processes.
+    measured: std::sync::RwLock<BTreeMap<(String, u32, String), placement::Bytes>>,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -140,6 +143,7 @@ impl Fleet {
             activity: Arc::new(demand::Activity::new()),
             latencies: interference::Latencies::default(),
             repack: std::sync::Mutex::default(),
+            measured: std::sync::RwLock::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));

@@ -231,6 +231,16 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
         "The GPU memory a worker (or a sharing group's model) holds on a GPU: its share, or the whole GPU.",
         &["worker", "group", "gpu", "UUID", "Hostname"],
     )?;
+    let used = gauge(
+        "tessera_worker_gpu_memory_used_bytes",
+        "The GPU memory a worker's (or a sharing group's model's) engine was last measured to hold on a GPU, where the driver reports it per process.",
+        &["worker", "group", "gpu", "UUID", "Hostname"],
+    )?;
+    let over = gauge(
+        "tessera_worker_over_share",
+        "1 while a sharer's engine holds more GPU memory than its share: a promise broken on a time-sliced GPU.",
+        &["worker", "group", "gpu", "UUID", "Hostname"],
+    )?;
     for machine in fleet.machines() {
         for gpu in &machine.gpus {
             let index = gpu.index.to_string();
@@ -261,6 +271,18 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
                         machine.name.as_str(),
                     ])
                     .set(sharer.bytes as i64);
+                let labels = [
+                    sharer.worker.as_str(),
+                    sharer.group.as_deref().unwrap_or(""),
+                    index.as_str(),
+                    gpu.uuid.as_str(),
+                    machine.name.as_str(),
+                ];
+                over.with_label_values(&labels)
+                    .set(i64::from(sharer.over_share.is_some()));
+                if let Some(bytes) = sharer.measured_bytes {
+                    used.with_label_values(&labels).set(bytes as i64);
+                }
             }
             if let Some(worker) = &gpu.held_by {
                 share

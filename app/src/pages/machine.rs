@@ -139,6 +139,8 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             <MemoryBar gpu=gpu.clone() />
             <p data-testid="gpu-usage">{usage}</p>
             {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
+            {(gpu.usage == GpuUse::Shared).then(|| view! { <p class="muted" data-testid="gpu-sharing">{gpu.sharing.line()}</p> })}
+            {gpu.over_share.iter().map(|line| view! { <p class="error" data-testid="gpu-over-share">{line.clone()}</p> }).collect_view()}
             {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}
             {gpu.history.last().map(|now| {
                 let source = if gpu.demo_figures { " (demo figures, made from the demo engines' work)" } else { "" };

@@ -212,6 +212,9 @@ fn ModelLine(
                 {move || row.with(|r| r.slowed.clone()).map(|line| view! {
                     <span class="why bad" data-testid="slowed">{line}</span>
                 })}
+                {move || row.with(|r| r.over_share.clone()).map(|line| view! {
+                    <span class="why bad" data-testid="over-share">{line}</span>
+                })}
             </td>
             <td class="menu-cell">
                 <details class="menu">

@@ -72,8 +72,72 @@ impl Fleet {
         let mut machines = self.views().machines.clone();
         for machine in &mut machines {
             machine.unreachable_since = self.unreachable_since(&machine.name);
+            self.with_measured(machine);
         }
         machines
+    }
+
+    /// Keeps what each of Tessera's engines on `machine` (`running`: each engine's unit and PIDs) was
+    /// measured to hold on each GPU at this reading: what the driver reports for its processes. Where the
+    /// driver gives no per-process figure (WSL2), nothing is kept, and nothing is judged.
+    pub(crate) fn measure(&self, machine: &str, live: &[GpuLive], running: &[(String, Vec<u32>)]) {
+        let mut measured = self
+            .measured
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        measured.retain(|(m, _, _), _| m != machine);
+        for gpu in live {
+            for (unit, pids) in running {
+                let used: placement::Bytes = gpu
+                    .processes
+                    .iter()
+                    .filter(|(pid, _)| pids.contains(pid))
+                    .map(|&(_, bytes)| bytes)
+                    .sum();
+                if used > placement::Bytes::ZERO {
+                    measured.insert((machine.to_owned(), gpu.index, unit.clone()), used);
+                }
+            }
+        }
+    }
+
+    /// `machine`'s sharers with what each was last measured to hold, and the line for those that hold more
+    /// than their share: on a time-sliced GPU a share is a promise the engine keeps by sizing itself.
+    fn with_measured(&self, machine: &mut MachineView) {
+        let measured = self
+            .measured
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let name = machine.name.clone();
+        for gpu in &mut machine.gpus {
+            let here = GpuRef::new(&name, gpu.index).to_string();
+            for sharer in &mut gpu.sharers {
+                let holder = match &sharer.group {
+                    Some(group) => super::groups::holder(group, &sharer.worker, &name),
+                    None => sharer.worker.clone(),
+                };
+                if let Some(&used) = measured.get(&(name.clone(), gpu.index, holder)) {
+                    sharer.measured_bytes = Some(used.get());
+                    sharer.over_share = placement::sharing::over_share(
+                        &sharer.worker,
+                        &here,
+                        used,
+                        placement::Bytes(sharer.bytes),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Why `name` (a worker, or a sharing group's model) is flagged as using more than its share, where it
+    /// is.
+    pub fn over_share(&self, name: &str) -> Option<String> {
+        self.machines()
+            .into_iter()
+            .flat_map(|m| m.gpus)
+            .flat_map(|g| g.sharers)
+            .find(|s| s.worker == name && s.over_share.is_some())
+            .and_then(|s| s.over_share)
     }
 
     /// One machine.
@@ -86,6 +150,7 @@ impl Fleet {
             .cloned()
             .ok_or_else(|| no_machine(name))?;
         machine.unreachable_since = self.unreachable_since(name);
+        self.with_measured(&mut machine);
         Ok(machine)
     }
 
@@ -267,6 +332,7 @@ impl Fleet {
                     .await;
             let outcome = match reading {
                 Ok(Ok(reading)) => {
+                    self.measure(&reading.machine.name, &reading.live, &running);
                     let at = super::usage::now_ms();
                     match self
                         .record_samples(&reading.machine, &reading.live, at)
@@ -382,6 +448,12 @@ pub struct SharerView {
     pub gb: f64,
     /// The bytes it takes.
     pub bytes: u64,
+    /// What its engine was last measured to hold here, where the driver reports it per process.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub measured_bytes: Option<u64>,
+    /// When it holds more than its share, in words: a promise broken.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub over_share: Option<String>,
 }
 
 fn machine_view(
@@ -441,6 +513,8 @@ fn machine_view(
                                 group: group.map(str::to_owned),
                                 gb: b.as_gb_f64(),
                                 bytes: b.get(),
+                                measured_bytes: None,
+                                over_share: None,
                             }
                         })
                         .collect(),

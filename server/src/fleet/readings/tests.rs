@@ -62,3 +62,74 @@ async fn a_gpus_readings_come_back_oldest_first_with_what_is_held_outside_and_th
     );
     assert!(app.fleet.gpu_history("node", 0).await.unwrap().is_empty());
 }
+
+/// The seed 000 gap made visible: on a time-sliced GPU a share is a promise, and an engine measured past it
+/// is named where an operator looks (the machine page, the Models tab) and counted in `/metrics`.
+#[tokio::test]
+async fn an_engine_measured_past_its_share_is_flagged_on_its_machine_page_the_models_tab_and_in_metrics_until_it_keeps_it(
+) {
+    let app = crate::testing::majin_and_atlas_with_catalog().await;
+    let (status, body) = app
+        .deploy(serde_json::json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
+        .await;
+    assert_eq!(status, axum::http::StatusCode::CREATED, "{body}");
+    let (status, _) = app
+        .post_worker(&crate::testing::shared_worker("voice", 4.2))
+        .await;
+    assert_eq!(status, axum::http::StatusCode::CREATED);
+    let (_, voice) = app.get("/api/workers/voice").await;
+    assert_eq!(
+        (&voice["machine"], &voice["gpus"]),
+        (&serde_json::json!("majin"), &serde_json::json!([0]))
+    );
+    let running = vec![
+        ("voice".to_owned(), vec![4242]),
+        ("group:speech/speech@atlas".to_owned(), vec![777]),
+    ];
+    let measure = |voice_gb: f64, speech_gb: f64| {
+        let mut majin0 = live(0, 10);
+        majin0.processes = vec![(4242, Bytes::from_gb(voice_gb).unwrap())];
+        let mut atlas0 = live(0, 10);
+        atlas0.processes = vec![(777, Bytes::from_gb(speech_gb).unwrap())];
+        app.fleet.measure("majin", &[majin0], &running);
+        app.fleet.measure("atlas", &[atlas0], &running);
+    };
+    let html = |page: serde_json::Value| page.as_str().unwrap().to_owned();
+    let over = |metrics: &str, worker: &str, flag: &str| {
+        metrics.lines().any(|l| {
+            l.starts_with("tessera_worker_over_share{")
+                && l.contains(&format!("worker=\"{worker}\""))
+                && l.ends_with(flag)
+        })
+    };
+
+    // 10 % of a 96 GB GPU is 9.6 GB: speech takes 11; voice takes 5.5 of its 4.2 GB.
+    measure(5.5, 11.0);
+    let (_, machine) = app.get("/api/machines/majin").await;
+    let sharer = &machine["gpus"][0]["sharers"][0];
+    assert_eq!(
+        sharer["over_share"],
+        "voice uses 5.5 GB on GPU 0 of majin, 1.3 GB past its 4.2 GB share: its neighbours may run out of memory."
+    );
+    assert_eq!(sharer["measured_bytes"], Bytes::from_gb(5.5).unwrap().get());
+    let machine_page = html(app.get("/machines/majin").await.1);
+    assert!(machine_page.contains("1.3 GB past its 4.2 GB share"));
+    assert!(machine_page
+        .contains("Time-sliced: each share is a promise the engine keeps by sizing itself."));
+    let models = html(app.get("/").await.1);
+    assert!(
+        models.contains("speech uses 11 GB on GPU 0 of atlas, 1.4 GB past its 9.6 GB share"),
+        "the Models tab names it"
+    );
+    let metrics = html(app.get("/metrics").await.1);
+    assert!(over(&metrics, "voice", " 1"), "{metrics}");
+    assert!(over(&metrics, "speech", " 1"));
+
+    // Back within their shares at the next reading, the flags go.
+    measure(4.0, 9.0);
+    assert_eq!(app.fleet.over_share("voice"), None);
+    assert_eq!(app.fleet.over_share("speech"), None);
+    let metrics = html(app.get("/metrics").await.1);
+    assert!(over(&metrics, "voice", " 0"));
+    assert!(over(&metrics, "speech", " 0"));
+}
