@@ -427,7 +427,58 @@ impl GpuPoint {
     }
 }
 
+/// What MIG would make of a GPU's sharers (seed 004): each in an instance of its own, or why no layout
+/// holds them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigPlan {
+    /// The layout, and what it takes.
+    Layout {
+        /// Each instance: `embedder on 1g.18gb (slices 4–4, 16 GB)`.
+        instances: Vec<String>,
+        /// The slices it leaves: `2 of 8 memory slices and 2 of 7 compute slices left.`
+        left: String,
+        /// What must stop before it can be applied.
+        stop_first: String,
+        /// The commands that create it.
+        commands: Vec<String>,
+    },
+    /// Why none holds them, in words a person can check against the menu.
+    None(String),
+}
+
 impl GpuDetail {
+    /// What MIG would make of its sharers, where its model has MIG and it is shared.
+    pub fn mig_plan(&self) -> Option<MigPlan> {
+        let menu = placement::mig::menu(&self.model)?;
+        if self.sharers.is_empty() {
+            return None;
+        }
+        let tenants: Vec<placement::mig::Tenant> = self
+            .sharers
+            .iter()
+            .map(|s| placement::mig::Tenant::new(s.name.clone(), s.bytes))
+            .collect();
+        Some(match placement::mig::plan(menu, &tenants) {
+            Err(why) => MigPlan::None(why.to_string()),
+            Ok(layout) => {
+                let names: Vec<&str> = self.sharers.iter().map(|s| s.name.as_str()).collect();
+                MigPlan::Layout {
+                    instances: layout.instances.iter().map(ToString::to_string).collect(),
+                    left: format!(
+                        "{} of 8 memory slices and {} of 7 compute slices left.",
+                        layout.free_slices(),
+                        layout.free_compute()
+                    ),
+                    stop_first: format!(
+                        "A layout is made on an idle GPU, with MIG mode on (which may reset it): {} must stop first.",
+                        names.join(", ")
+                    ),
+                    commands: layout.commands(self.index),
+                }
+            }
+        })
+    }
+
     /// What it offers Tessera: its total less what is held outside.
     pub fn offered(&self) -> Bytes {
         self.total.saturating_sub(self.held_outside)
@@ -929,6 +980,55 @@ mod tests {
             status: None,
         };
         assert_eq!(line.gpus_text(), "1 · shared 2.2 GB");
+    }
+
+    #[test]
+    fn an_h200_shows_the_mig_layout_its_sharers_would_take_and_what_must_stop_first() {
+        let sharer = |name: &str, gb: u64| Sharer {
+            name: name.into(),
+            group: None,
+            bytes: Bytes::gb(gb),
+        };
+        let mut gpu = GpuDetail {
+            index: 2,
+            model: "NVIDIA H200".into(),
+            uuid: String::new(),
+            healthy: true,
+            total: Bytes::gb(141),
+            held_outside: Bytes::ZERO,
+            usage: GpuUse::Shared,
+            sharers: vec![sharer("small-llm", 45), sharer("embedder", 8)],
+            summary: None,
+            slowed: Vec::new(),
+            sharing: placement::sharing::Sharing::TimeSlicing,
+            over_share: Vec::new(),
+            history: Vec::new(),
+            demo_figures: false,
+        };
+        assert_eq!(
+            gpu.mig_plan(),
+            Some(MigPlan::Layout {
+                instances: vec![
+                    "small-llm on 3g.71gb (slices 0–3, 69.8 GB)".into(),
+                    "embedder on 1g.18gb (slices 4–4, 16 GB)".into(),
+                ],
+                left: "3 of 8 memory slices and 3 of 7 compute slices left.".into(),
+                stop_first: "A layout is made on an idle GPU, with MIG mode on (which may reset it): small-llm, embedder must stop first.".into(),
+                commands: vec![
+                    "nvidia-smi mig -i 2 -cgi 9:0 -C".into(),
+                    "nvidia-smi mig -i 2 -cgi 19:4 -C".into(),
+                ],
+            })
+        );
+        gpu.sharers.push(sharer("big", 100));
+        assert_eq!(
+            gpu.mig_plan(),
+            Some(MigPlan::None(
+                "big needs 100 GB: only 7g.141gb holds that much, and it takes the whole GPU, leaving no slice for small-llm and embedder.".into()
+            ))
+        );
+        gpu.model = "NVIDIA GeForce RTX 4090".into();
+        assert_eq!(gpu.mig_plan(), None);
     }
 
     #[test]

@@ -43,3 +43,23 @@ test("the machine page shows what each GPU offers, its sharers, and who waits an
   await expect(page.getByTestId("pending-reason")).toHaveText("GPU 0 of majin: 6.4 of 7 GB taken by shared work; it needs 1.5");
   await page.screenshot({ path: test.info().outputPath("machine-majin.png"), fullPage: true });
 });
+
+test("an H200's page shows the MIG layout its sharers would take, and what must stop before it is made", async ({ page, request }) => {
+  for (const [name, gb] of [["small-llm", 45], ["embedder", 8]] as const) {
+    const r = await request.post("/api/workers", {
+      data: { name, requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: gb, ids: ["h200-node:0"] } } },
+    });
+    expect(r.status(), await r.text()).toBe(201);
+  }
+  await open(page, "/machines/h200-node");
+  const gpu = page.locator('[data-testid="gpu"][data-index="0"]');
+  await gpu.getByText("Under MIG: each model in an instance of its own").click();
+  await expect(gpu.getByTestId("mig-instance")).toHaveText([
+    "small-llm on 3g.71gb (slices 0–3, 69.8 GB)",
+    "embedder on 1g.18gb (slices 4–4, 16 GB)",
+  ]);
+  await expect(gpu.getByTestId("mig-stop-first")).toHaveText(
+    "A layout is made on an idle GPU, with MIG mode on (which may reset it): embedder, small-llm must stop first.",
+  );
+  await expect(gpu.getByTestId("gpu-sharing")).toHaveText("Time-sliced: each share is a promise the engine keeps by sizing itself.");
+});

@@ -5,7 +5,7 @@
 use crate::components::live::use_live;
 use crate::components::memory_bar::MemoryBar;
 use crate::error::AppError;
-use crate::views::{GpuDetail, GpuPoint, GpuUse, MachineDetail};
+use crate::views::{GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
@@ -142,12 +142,38 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             {(gpu.usage == GpuUse::Shared).then(|| view! { <p class="muted" data-testid="gpu-sharing">{gpu.sharing.line()}</p> })}
             {gpu.over_share.iter().map(|line| view! { <p class="error" data-testid="gpu-over-share">{line.clone()}</p> }).collect_view()}
             {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}
+            {gpu.mig_plan().map(|plan| view! { <MigSection plan /> })}
             {gpu.history.last().map(|now| {
                 let source = if gpu.demo_figures { " (demo figures, made from the demo engines' work)" } else { "" };
                 view! { <p data-testid="gpu-now">{format!("Now: {}{source}", now.line(gpu.total))}</p> }
             })}
             {(gpu.history.len() > 1).then(|| view! { <GpuChart points=gpu.history.clone() total=gpu.total index=gpu.index /> })}
         </article>
+    }
+}
+
+/// What MIG would make of the GPU's sharers: each in an instance with walls, or why no layout holds them
+/// (seed 004). Worked out by `placement::mig`, on the server and again in the browser.
+#[component]
+fn MigSection(plan: MigPlan) -> impl IntoView {
+    match plan {
+        MigPlan::None(why) => view! {
+            <details class="mig" data-testid="mig-plan">
+                <summary>"Under MIG: no layout holds these models"</summary>
+                <p data-testid="mig-refusal">{why}</p>
+            </details>
+        }
+        .into_any(),
+        MigPlan::Layout { instances, left, stop_first, commands } => view! {
+            <details class="mig" data-testid="mig-plan">
+                <summary>"Under MIG: each model in an instance of its own"</summary>
+                <ul>{instances.into_iter().map(|i| view! { <li data-testid="mig-instance">{i}</li> }).collect_view()}</ul>
+                <p>{left}</p>
+                <p data-testid="mig-stop-first">{stop_first}</p>
+                <pre><code>{commands.join("\n")}</code></pre>
+            </details>
+        }
+        .into_any(),
     }
 }
 
