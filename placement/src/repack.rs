@@ -486,12 +486,7 @@ fn sequence(
 /// Holds `unit`'s workers on `gpu` if all of them fit there now; otherwise holds none.
 fn start(fleet: &mut Scheduler, unit: &Unit, gpu: &GpuRef) -> bool {
     for (n, (worker, assignment)) in unit.held.iter().enumerate() {
-        let moved = Assignment {
-            machine: gpu.machine.clone(),
-            gpus: vec![gpu.index],
-            ..assignment.clone()
-        };
-        if fleet.hold_for(worker, moved).is_err() {
+        if fleet.hold_for(worker, assignment.moved_to(gpu)).is_err() {
             for (held, _) in &unit.held[..n] {
                 fleet.release(held);
             }

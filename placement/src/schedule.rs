@@ -24,6 +24,17 @@ pub struct Assignment {
     pub memory: Bytes,
 }
 
+impl Assignment {
+    /// The same hold (its memory, CPU cores and machine memory) on one GPU elsewhere: a unit moved by a repack.
+    pub fn moved_to(&self, gpu: &GpuRef) -> Assignment {
+        Assignment {
+            machine: gpu.machine.clone(),
+            gpus: vec![gpu.index],
+            ..self.clone()
+        }
+    }
+}
+
 /// The scheduler's answer for one worker.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Decision {

@@ -218,13 +218,8 @@ fn carry_out(s: &Scheduler, plan: &RepackPlan, units: &[Movable]) -> Scheduler {
             RepackStep::Start { unit, gpu } => {
                 for worker in &units.iter().find(|u| &u.name == unit).unwrap().workers {
                     let held = stopped.remove(worker).unwrap();
-                    let moved = Assignment {
-                        machine: gpu.machine.clone(),
-                        gpus: vec![gpu.index],
-                        ..held
-                    };
                     fleet
-                        .hold_for(worker, moved)
+                        .hold_for(worker, held.moved_to(gpu))
                         .unwrap_or_else(|e| panic!("{step:?} overfills: {e}"));
                 }
             }

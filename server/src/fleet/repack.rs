@@ -348,12 +348,7 @@ impl Fleet {
         for mv in moves {
             for worker in &mv.workers {
                 let (_, was) = held.iter().find(|(w, _)| w == worker).expect("released");
-                let moved = Assignment {
-                    machine: mv.to.machine.clone(),
-                    gpus: vec![mv.to.index],
-                    ..was.clone()
-                };
-                check.hold_for(worker, moved).map_err(|e| {
+                check.hold_for(worker, was.moved_to(&mv.to)).map_err(|e| {
                     ApiError::Conflict(format!("{} no longer fits on {}: {e}", mv.unit, mv.to))
                 })?;
             }
@@ -375,19 +370,15 @@ impl Fleet {
                     .await?;
                 }
                 None => {
-                    let (_, was) = held
-                        .iter()
-                        .find(|(w, _)| *w == mv.unit)
+                    // What the check above holds for it now: its assignment on the GPU it moves to.
+                    let moved = check
+                        .workers()
+                        .get(&mv.unit)
                         .ok_or_else(|| ApiError::internal(format!("{}: no worker", mv.unit)))?;
-                    let moved = Assignment {
-                        machine: mv.to.machine.clone(),
-                        gpus: vec![mv.to.index],
-                        ..was.clone()
-                    };
                     sqlx::query(
                         "UPDATE workers SET assignment = ?, revision = revision + 1 WHERE name = ?",
                     )
-                    .bind(json(&moved)?)
+                    .bind(json(moved)?)
                     .bind(&mv.unit)
                     .execute(&mut *tx)
                     .await?;
