@@ -100,6 +100,16 @@ pub enum PendingReason {
     },
     /// No GPU in the fleet is of the vendor, model or ids asked for, or the fleet has none.
     NoGpuMatches,
+    /// The GPU runs MPS and its server has all the clients it takes.
+    MpsFull {
+        /// The GPU.
+        gpu: GpuRef,
+    },
+    /// The GPU runs MPS, whose clients each run on one GPU; the worker wants several.
+    MpsOneGpu {
+        /// The GPU.
+        gpu: GpuRef,
+    },
 }
 
 impl fmt::Display for PendingReason {
@@ -187,6 +197,15 @@ impl fmt::Display for PendingReason {
                 needs.gb_text()
             ),
             NoGpuMatches => write!(f, "no GPU matches the vendor, models and ids asked for"),
+            MpsFull { gpu } => write!(
+                f,
+                "{gpu} runs MPS, whose server takes at most {} engines, and has that many",
+                crate::sharing::MPS_MAX_CLIENTS
+            ),
+            MpsOneGpu { gpu } => write!(
+                f,
+                "{gpu} runs MPS, where each engine runs on that one GPU; it needs several"
+            ),
         }
     }
 }

@@ -3,6 +3,7 @@
 use crate::inventory::{Gpu, GpuRef, Inventory, Machine};
 use crate::reason::PendingReason;
 use crate::request::{GpuDemand, GpuMode, Policy, WorkerRequest};
+use crate::sharing::{Sharing, MPS_MAX_CLIENTS};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -145,6 +146,7 @@ struct GpuSlot {
     pos: usize,
     hold: Hold,
     taken: Bytes,
+    sharing: Sharing,
 }
 
 #[derive(Clone)]
@@ -193,6 +195,7 @@ impl Scheduler {
                 pos,
                 hold: Hold::Free,
                 taken: Bytes::ZERO,
+                sharing: Sharing::TimeSlicing,
             }));
             machines.push(MachineUse {
                 cpu_used: 0,
@@ -230,6 +233,20 @@ impl Scheduler {
     /// Who holds this GPU and how much its sharers take.
     pub fn hold(&self, gpu: &GpuRef) -> Option<&Hold> {
         self.flat_id(gpu).map(|id| &self.gpus[id].hold)
+    }
+
+    /// Shares `gpu` the way `sharing` says from now on, which decides what sharers it takes (see
+    /// [`crate::sharing`]). A GPU the inventory does not have is left alone.
+    pub fn set_sharing(&mut self, gpu: &GpuRef, sharing: Sharing) {
+        if let Some(id) = self.flat_id(gpu) {
+            self.gpus[id].sharing = sharing;
+        }
+    }
+
+    /// How `gpu` is shared: time-sliced unless set otherwise.
+    pub fn sharing(&self, gpu: &GpuRef) -> Sharing {
+        self.flat_id(gpu)
+            .map_or(Sharing::TimeSlicing, |id| self.gpus[id].sharing)
     }
 
     /// CPU cores and memory that workers hold on this machine.
@@ -418,7 +435,7 @@ impl Scheduler {
                 .flat_id(&gpu)
                 .ok_or_else(|| ScheduleError::Unknown(gpu.to_string()))?;
             let refusal = match check {
-                Check::Fits => self.capacity_refusal(id, mode),
+                Check::Fits => self.capacity_refusal(id, mode, assignment.gpus.len()),
                 Check::Holders => self.holder_refusal(id, mode),
             };
             if let Some(reason) = refusal {
@@ -500,7 +517,7 @@ impl Scheduler {
 
     /// Why the GPU's holders or memory leave no room for `mode`, ignoring the request's filters. An
     /// over-committed GPU has no room for shared work of any size.
-    fn capacity_refusal(&self, id: usize, mode: GpuMode) -> Option<PendingReason> {
+    fn capacity_refusal(&self, id: usize, mode: GpuMode, gpus: usize) -> Option<PendingReason> {
         if let Some(reason) = self.holder_refusal(id, mode) {
             return Some(reason);
         }
@@ -509,7 +526,9 @@ impl Scheduler {
         };
         let taken = self.gpus[id].taken;
         let gpu = self.gpu(id);
-        if need > gpu.offered() {
+        if let Some(reason) = self.mps_refusal(id, gpus) {
+            Some(reason)
+        } else if need > gpu.offered() {
             Some(PendingReason::OffersTooLittle {
                 gpu: self.gpu_ref(id),
                 total: gpu.total,
@@ -522,6 +541,29 @@ impl Scheduler {
                 taken,
                 offered: gpu.offered(),
                 needs: need,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// How an MPS GPU turns away one more sharer on `gpus` GPUs: each engine is a client of its GPU's own
+    /// MPS server, which takes [`MPS_MAX_CLIENTS`] and sees that GPU alone.
+    fn mps_refusal(&self, id: usize, gpus: usize) -> Option<PendingReason> {
+        if self.gpus[id].sharing != Sharing::Mps {
+            return None;
+        }
+        let sharers = match &self.gpus[id].hold {
+            Hold::Shared(sharers) => sharers.len(),
+            Hold::Whole(_) | Hold::Free => 0,
+        };
+        if gpus > 1 {
+            Some(PendingReason::MpsOneGpu {
+                gpu: self.gpu_ref(id),
+            })
+        } else if sharers >= MPS_MAX_CLIENTS {
+            Some(PendingReason::MpsFull {
+                gpu: self.gpu_ref(id),
             })
         } else {
             None
@@ -568,7 +610,7 @@ impl Scheduler {
         if let Some(refusal) = self.filter_refusal(id, demand) {
             return refusal;
         }
-        match self.capacity_refusal(id, demand.mode) {
+        match self.capacity_refusal(id, demand.mode, demand.count as usize) {
             Some(reason) => Fit::No(reason),
             None => Fit::Yes(match demand.mode {
                 GpuMode::Shared(need) => self.room(id) - need.get(),

@@ -38,6 +38,12 @@ pub enum SharingError {
         /// Engines it would have.
         clients: usize,
     },
+    /// A compute share that is not a whole percent of the GPU.
+    #[error("a compute share is a whole percent from 1 to 100, not {0}")]
+    ComputeOutOfRange(i64),
+    /// A compute share where nothing would enforce it.
+    #[error("a compute share applies under MPS only: choose mps, or leave compute_percent out")]
+    ComputeWithoutMps,
     /// MPS and MIG are NVIDIA's.
     #[error("{gpu} is not an NVIDIA GPU ({vendor}): only time-slicing shares it")]
     NotNvidia {
@@ -104,6 +110,45 @@ impl Sharing {
             });
         }
         Ok(())
+    }
+}
+
+/// How one GPU is shared, as the operator set it: the way, and under MPS the most of the GPU's threads
+/// each engine may use (`CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`), where one is set.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct GpuSharing {
+    /// The way it is shared.
+    pub mode: Sharing,
+    /// Under MPS, each engine's compute share in percent of the GPU's threads.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u8>,
+}
+
+impl GpuSharing {
+    /// `mode`, with a compute share of `compute_percent`, refused where it is not a percent or where the
+    /// mode has nothing to enforce it with.
+    pub fn new(mode: Sharing, compute_percent: Option<i64>) -> Result<GpuSharing, SharingError> {
+        let compute_percent = match compute_percent {
+            None => None,
+            Some(_) if mode != Sharing::Mps => return Err(SharingError::ComputeWithoutMps),
+            Some(p @ 1..=100) => Some(p as u8),
+            Some(p) => return Err(SharingError::ComputeOutOfRange(p)),
+        };
+        Ok(GpuSharing {
+            mode,
+            compute_percent,
+        })
+    }
+
+    /// What the machine page says of it.
+    pub fn line(&self) -> String {
+        match self.compute_percent {
+            Some(p) => format!(
+                "{} Each engine may use at most {p} % of its compute.",
+                self.mode.line()
+            ),
+            None => self.mode.line().to_owned(),
+        }
     }
 }
 
@@ -262,6 +307,32 @@ mod tests {
         assert!(no_compute
             .iter()
             .all(|(k, _)| k != "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"));
+    }
+
+    #[test]
+    fn a_compute_share_is_a_whole_percent_and_only_under_mps() {
+        assert_eq!(
+            GpuSharing::new(Sharing::Mps, Some(40)).unwrap().line(),
+            "MPS: the driver holds each engine to its memory share. Each engine may use at most 40 % of its compute."
+        );
+        assert_eq!(
+            GpuSharing::new(Sharing::Mps, Some(0)).unwrap_err().to_string(),
+            "a compute share is a whole percent from 1 to 100, not 0"
+        );
+        assert_eq!(
+            GpuSharing::new(Sharing::Mps, Some(101)).unwrap_err(),
+            SharingError::ComputeOutOfRange(101)
+        );
+        assert_eq!(
+            GpuSharing::new(Sharing::TimeSlicing, Some(50))
+                .unwrap_err()
+                .to_string(),
+            "a compute share applies under MPS only: choose mps, or leave compute_percent out"
+        );
+        assert_eq!(
+            GpuSharing::new(Sharing::TimeSlicing, None).unwrap(),
+            GpuSharing::default()
+        );
     }
 
     #[test]
