@@ -373,7 +373,7 @@ pub struct GpuDetail {
     pub slowed: Vec<String>,
     /// How it is shared, which says whether a share is enforced or a promise.
     #[serde(default)]
-    pub sharing: placement::sharing::Sharing,
+    pub sharing: placement::sharing::GpuSharing,
     /// Its sharers measured using more than their share here, each in words.
     #[serde(default)]
     pub over_share: Vec<String>,
@@ -1000,7 +1000,7 @@ mod tests {
             sharers: vec![sharer("small-llm", 45), sharer("embedder", 8)],
             summary: None,
             slowed: Vec::new(),
-            sharing: placement::sharing::Sharing::TimeSlicing,
+            sharing: placement::sharing::GpuSharing::default(),
             over_share: Vec::new(),
             history: Vec::new(),
             demo_figures: false,
@@ -1044,7 +1044,7 @@ mod tests {
             sharers: Vec::new(),
             summary: None,
             slowed: Vec::new(),
-            sharing: placement::sharing::Sharing::TimeSlicing,
+            sharing: placement::sharing::GpuSharing::default(),
             over_share: Vec::new(),
             history: Vec::new(),
             demo_figures: false,
@@ -1099,6 +1099,18 @@ mod tests {
             Bytes::gb(52)
         );
     }
+}
+
+/// A GPU's sharing setting as committed, and the engines that restart for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SharingChange {
+    /// The GPU, as `machine:index`.
+    pub gpu: String,
+    /// How it is shared now.
+    pub sharing: placement::sharing::GpuSharing,
+    /// The engines that restart, its sharers, each stopped before it starts again (none when nothing
+    /// changed).
+    pub restarts: Vec<String>,
 }
 
 /// A repack being carried out, or the last one since the server started.

@@ -38,6 +38,29 @@ pub enum SharingError {
         /// Engines it would have.
         clients: usize,
     },
+    /// An engine on several GPUs, one of them under MPS: each GPU has its own MPS server, and a client
+    /// runs on its server's GPU alone.
+    #[error("{engine} runs on several GPUs, and under MPS an engine runs on one: {gpu} cannot run MPS while {engine} shares it")]
+    SeveralGpus {
+        /// The GPU, as the console names it.
+        gpu: String,
+        /// The engine, as the console names it.
+        engine: String,
+    },
+    /// MIG layouts are planned, not applied.
+    #[error("Tessera plans MIG layouts but does not apply them yet: the machine page shows {gpu}'s layout and the nvidia-smi commands that make it")]
+    MigNotApplied {
+        /// The GPU, as the console names it.
+        gpu: String,
+    },
+    /// A machine whose engines Tessera cannot run as MPS clients.
+    #[error("{gpu} is on {machine}, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs (and the demo fleet's)")]
+    NoDaemonThere {
+        /// The GPU, as the console names it.
+        gpu: String,
+        /// Its machine.
+        machine: String,
+    },
     /// A compute share that is not a whole percent of the GPU.
     #[error("a compute share is a whole percent from 1 to 100, not {0}")]
     ComputeOutOfRange(i64),

@@ -73,6 +73,11 @@ pub fn table() -> Vec<ApiRoute> {
         route("/api/machines", M::GET, get(list_machines)),
         route("/api/machines/{name}", M::GET, get(get_machine)),
         route("/api/machines/{name}/workers", M::GET, get(machine_workers)),
+        route(
+            "/api/machines/{name}/gpus/{index}/sharing",
+            M::PUT,
+            put(set_sharing),
+        ),
         route("/api/plans/validate", M::POST, post(validate_plan)),
         route("/api/models", M::GET, get(list_models)),
         route("/api/models", M::POST, post(add_model)),
@@ -481,6 +486,36 @@ async fn get_machine(
     Path(name): Path<String>,
 ) -> Result<Json<MachineView>, ApiError> {
     Ok(Json(state.fleet.machine(&name)?))
+}
+
+/// `{"mode": "time-slicing" | "mps" | "mig", "compute_percent": N}`: how a GPU is to be shared.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SharingUpdate {
+    mode: String,
+    compute_percent: Option<i64>,
+}
+
+/// `PUT /api/machines/{name}/gpus/{index}/sharing`: shares the GPU as asked; its sharers restart, each
+/// stopped before it starts again. 200 with what restarts.
+async fn set_sharing(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path((name, index)): Path<(String, String)>,
+    ApiJson(update): ApiJson<SharingUpdate>,
+) -> Result<Json<app::views::SharingChange>, ApiError> {
+    let index = index.parse().map_err(|_| {
+        ApiError::BadRequest(format!(
+            "a GPU is named by its index on the machine, such as /api/machines/{name}/gpus/0/sharing, not {index:?}"
+        ))
+    })?;
+    let gpu = GpuRef::new(name, index);
+    let sharing = placement::sharing::Sharing::parse(&update.mode)
+        .and_then(|mode| placement::sharing::GpuSharing::new(mode, update.compute_percent))
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    Ok(Json(
+        state.fleet.set_sharing(gpu, sharing, &actor.name).await?,
+    ))
 }
 
 async fn machine_workers(

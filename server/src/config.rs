@@ -226,6 +226,14 @@ pub struct EngineFlags {
         value_name = "S"
     )]
     pub drain_grace_s: u64,
+    /// NVIDIA's MPS control program, run to start and stop the MPS daemon of each GPU shared under MPS.
+    #[arg(
+        long,
+        env = "TESSERA_MPS_CONTROL",
+        default_value = "nvidia-cuda-mps-control",
+        value_name = "PROGRAM"
+    )]
+    pub mps_control: PathBuf,
 }
 
 impl EngineFlags {
@@ -240,6 +248,7 @@ impl EngineFlags {
             backoff_max: Duration::from_millis(self.restart_backoff_max_ms),
             max_restarts: self.max_restarts,
             drain_grace: Duration::from_secs(self.drain_grace_s),
+            mps_control: self.mps_control.clone(),
             ..crate::runtime::Settings::new(exe, log_dir)
         }
     }

@@ -398,8 +398,7 @@ impl ConsoleService {
                             Some(format!("{}: {}", s.worker, self.fleet.slowed(&s.worker)?))
                         })
                         .collect(),
-                    // No GPU is set to MPS or MIG yet: every shared GPU is time-sliced.
-                    sharing: placement::sharing::Sharing::TimeSlicing,
+                    sharing: g.sharing,
                     over_share: g
                         .sharers
                         .iter()

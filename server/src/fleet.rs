@@ -24,6 +24,7 @@ pub mod interference;
 mod machines;
 pub mod readings;
 pub mod repack;
+mod sharing;
 mod workers;
 
 pub use machines::{GpuView, MachineView, SharerView};
@@ -223,6 +224,9 @@ impl Fleet {
     ) -> Result<(Committed, Ledger), ApiError> {
         let mut committed = Committed::load(&mut tx).await?;
         let mut ledger = Ledger::build(inventory, &committed);
+        if let Some(refusal) = ledger.sharing_refusal(&committed) {
+            return Err(ApiError::Conflict(refusal.to_string()));
+        }
         for evicted in ledger.relieve(&committed) {
             workers::unplace(&mut tx, &mut committed, &evicted.worker, &evicted.reason).await?;
             crate::audit::record(

@@ -190,6 +190,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let settings = runtime::Settings {
         gpus: local_gpus.clone(),
         ray: ray.clone(),
+        data_dir: config.data_dir.clone(),
         ..config
             .engines
             .settings(exe, config.data_dir.join("engines"))

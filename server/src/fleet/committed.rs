@@ -7,7 +7,8 @@ use super::groups::{Group, Serving};
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
 use crate::inventory::demo::CatalogModel;
-use placement::{Assignment, BasisPoints, KeepAlive, RequestedResources, Share};
+use placement::sharing::{GpuSharing, Sharing};
+use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, Share};
 use std::collections::BTreeMap;
 
 /// Everything committed.
@@ -19,6 +20,8 @@ pub(crate) struct Committed {
     pub(crate) groups: Vec<Group>,
     /// The model catalog, by name.
     pub(crate) models: Vec<CatalogModel>,
+    /// How each GPU is shared where it is not time-sliced.
+    pub(crate) sharing: BTreeMap<GpuRef, GpuSharing>,
 }
 
 /// A worker as committed.
@@ -56,7 +59,13 @@ impl Committed {
             workers,
             groups: load_groups(&mut *conn).await?,
             models: load_models(&mut *conn).await?,
+            sharing: load_sharing(&mut *conn).await?,
         })
+    }
+
+    /// How `gpu` is shared.
+    pub(crate) fn sharing(&self, gpu: &GpuRef) -> GpuSharing {
+        self.sharing.get(gpu).copied().unwrap_or_default()
     }
 
     /// A worker by name.
@@ -203,6 +212,25 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
                     .collect::<Result<_, ApiError>>()?,
                 name,
             })
+        })
+        .collect()
+}
+
+async fn load_sharing(
+    conn: &mut sqlx::SqliteConnection,
+) -> Result<BTreeMap<GpuRef, GpuSharing>, ApiError> {
+    let rows: Vec<(String, i64, String, Option<i64>)> = sqlx::query_as(
+        "SELECT machine, gpu_index, mode, compute_percent FROM gpu_sharing ORDER BY machine, gpu_index",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.into_iter()
+        .map(|(machine, index, mode, compute)| {
+            let index = u32::try_from(index).map_err(ApiError::internal)?;
+            let sharing = Sharing::parse(&mode)
+                .and_then(|mode| GpuSharing::new(mode, compute))
+                .map_err(ApiError::internal)?;
+            Ok((GpuRef::new(machine, index), sharing))
         })
         .collect()
 }

@@ -6,8 +6,9 @@ use super::groups::holder;
 use super::ledger::Ledger;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::inventory::Ours;
-use crate::runtime::spec::{EngineSpec, Recipe};
+use crate::runtime::spec::{EngineSpec, MpsClient, Recipe};
 use crate::runtime::Hosts;
+use placement::sharing::Sharing;
 use placement::{Assignment, Bytes, GpuRef, Hold};
 use std::collections::BTreeMap;
 
@@ -24,7 +25,7 @@ pub(super) fn desired(committed: &Committed, ledger: &Ledger, hosts: &Hosts) -> 
             continue;
         };
         if let Some(recipe) = worker_recipe(worker, &committed.models) {
-            specs.push(spec(ledger, hosts, &worker.name, assignment, recipe));
+            specs.push(spec(committed, ledger, hosts, &worker.name, assignment, recipe));
         }
     }
     specs
@@ -63,7 +64,7 @@ pub(super) fn group_engines(
         for machine in &machines {
             let unit = holder(&group.name, &member.member, machine);
             if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
-                out.push(spec(ledger, hosts, &unit, assignment, recipe.clone()));
+                out.push(spec(committed, ledger, hosts, &unit, assignment, recipe.clone()));
             }
         }
     }
@@ -71,6 +72,7 @@ pub(super) fn group_engines(
 }
 
 fn spec(
+    committed: &Committed,
     ledger: &Ledger,
     hosts: &Hosts,
     unit: &str,
@@ -86,6 +88,18 @@ fn spec(
                 .gpu(&GpuRef::new(&assignment.machine, *i))
         })
         .collect();
+    // Under MPS, an engine on one GPU (the only kind an MPS GPU takes) runs as its server's client.
+    let mps = match (assignment.shared, gpus.as_slice()) {
+        (Some(_), [gpu]) => {
+            let sharing = committed.sharing(&GpuRef::new(&assignment.machine, gpu.index));
+            (sharing.mode == Sharing::Mps).then(|| MpsClient {
+                index: gpu.index,
+                uuid: gpu.uuid.clone(),
+                compute_percent: sharing.compute_percent,
+            })
+        }
+        _ => None,
+    };
     EngineSpec {
         unit: unit.to_owned(),
         host: hosts.host(&assignment.machine),
@@ -95,6 +109,7 @@ fn spec(
         share: assignment.shared,
         recipe,
         machine: assignment.machine.clone(),
+        mps,
     }
 }
 

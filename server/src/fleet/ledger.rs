@@ -11,6 +11,7 @@ use super::groups::{holder, Group};
 use placement::{
     group::member_assignments, Assignment, BasisPoints, GpuRef, Hold, Inventory, Scheduler,
 };
+use placement::sharing::{Sharing, SharingError};
 use std::collections::BTreeMap;
 
 /// The member name under which a group holds the room its on-demand members take turns in, beyond what
@@ -60,6 +61,9 @@ impl Ledger {
     /// group, the room its on-demand members take turns in, and every placed worker, on `inventory`.
     pub(crate) fn build(inventory: Inventory, committed: &Committed) -> Ledger {
         let mut scheduler = Scheduler::new(inventory);
+        for (gpu, sharing) in &committed.sharing {
+            scheduler.set_sharing(gpu, sharing.mode);
+        }
         let mut unplaced = BTreeMap::new();
         for group in &committed.groups {
             let mut by_machine: BTreeMap<&str, Vec<GpuRef>> = BTreeMap::new();
@@ -135,6 +139,38 @@ impl Ledger {
             self.scheduler.release(&victim.worker);
             evicted.push(victim);
         }
+    }
+
+    /// How a GPU's sharing setting refuses what it holds: an MPS GPU takes at most
+    /// [`placement::sharing::MPS_MAX_CLIENTS`] engines, each on that GPU alone, and only an NVIDIA GPU
+    /// takes MPS. Checked at every write, whatever it changed (a plan, a deployment, a repack, the setting).
+    pub(crate) fn sharing_refusal(&self, committed: &Committed) -> Option<SharingError> {
+        let scheduler = &self.scheduler;
+        committed.sharing.iter().find_map(|(gpu, sharing)| {
+            let vendor = &scheduler.inventory().gpu(gpu)?.vendor;
+            let sharers = match scheduler.hold(gpu) {
+                Some(Hold::Shared(sharers)) => sharers.keys().collect(),
+                _ => Vec::new(),
+            };
+            if sharing.mode == Sharing::Mps {
+                let several = sharers.iter().find(|who| {
+                    scheduler
+                        .workers()
+                        .get(who.as_str())
+                        .is_some_and(|a| a.gpus.len() > 1)
+                });
+                if let Some(who) = several {
+                    return Some(SharingError::SeveralGpus {
+                        gpu: gpu.to_string(),
+                        engine: super::groups::sharer(who).0.to_owned(),
+                    });
+                }
+            }
+            sharing
+                .mode
+                .check(&gpu.to_string(), vendor, sharers.len())
+                .err()
+        })
     }
 
     /// The inventory it holds on.

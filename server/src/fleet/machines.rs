@@ -10,6 +10,7 @@ use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::GpuLive;
 use crate::inventory::LocalGpus;
+use placement::sharing::GpuSharing;
 use placement::{GpuRef, Hold, Machine, Overcommit};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -53,7 +54,7 @@ impl Views {
             .inventory()
             .machines()
             .iter()
-            .map(|m| machine_view(ledger, &overcommitted, m))
+            .map(|m| machine_view(committed, ledger, &overcommitted, m))
             .collect();
         Views {
             workers,
@@ -434,6 +435,9 @@ pub struct GpuView {
     /// The machine page's line: `shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// How it is shared (`PUT /api/machines/{name}/gpus/{index}/sharing` sets it).
+    #[serde(default)]
+    pub sharing: GpuSharing,
 }
 
 /// One sharer of a GPU.
@@ -457,6 +461,7 @@ pub struct SharerView {
 }
 
 fn machine_view(
+    committed: &Committed,
     ledger: &Ledger,
     overcommitted: &[Overcommit],
     machine: &placement::Machine,
@@ -525,6 +530,7 @@ fn machine_view(
                         .find(|o| o.gpu == here)
                         .map(ToString::to_string),
                     summary,
+                    sharing: committed.sharing(&here),
                 }
             })
             .collect(),

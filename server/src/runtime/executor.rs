@@ -13,11 +13,12 @@ pub(crate) trait Executor: Send + Sync {
     /// A port for `spec`'s engine to listen on where it will run.
     async fn port(&self, spec: &EngineSpec) -> Result<u16, StartFailure>;
 
-    /// Starts `launch` for `spec`, recorded so that a server started after a crash adopts it.
+    /// Starts `launch` for `spec`, recorded so that a server started after a crash adopts it. What the
+    /// executor adds to it (an MPS client's variables) is written into `launch`, as the engine is shown.
     async fn start(
         &self,
         spec: &EngineSpec,
-        launch: &Launch,
+        launch: &mut Launch,
         port: u16,
     ) -> Result<Box<dyn Running>, StartFailure>;
 

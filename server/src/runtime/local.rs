@@ -4,11 +4,12 @@
 
 use super::executor::{Executor, Leftover, Running, StartFailure};
 use super::process::{self, off_executor, SpawnError, Spawned, KILL, TERM};
-use super::spec::{EngineSpec, Host, Launch};
+use super::spec::{EngineSpec, Host, Launch, MpsClient};
 use super::{engine_id, Settings};
 use async_trait::async_trait;
 use sqlx::SqlitePool;
-use std::collections::BTreeSet;
+use placement::sharing::MpsDaemon;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -24,6 +25,15 @@ pub(crate) struct Local {
     boot: Option<String>,
     /// Set once a graceful shutdown begins: nothing starts from then on.
     closing: Arc<Mutex<bool>>,
+    /// The MPS daemons of this machine's GPUs shared under MPS, by pipe directory, each with the engines
+    /// that are its clients: started before the first, stopped after the last.
+    mps: tokio::sync::Mutex<BTreeMap<String, Daemon>>,
+}
+
+/// One GPU's MPS daemon as it runs, and its clients.
+struct Daemon {
+    daemon: MpsDaemon,
+    clients: BTreeSet<String>,
 }
 
 /// This machine's processes, as an [`Executor`].
@@ -43,7 +53,120 @@ impl LocalExecutor {
             instance,
             boot: process::boot_id(),
             closing,
+            mps: tokio::sync::Mutex::new(BTreeMap::new()),
         }))
+    }
+
+    fn mps_daemon(&self, machine: &str, client: &MpsClient) -> MpsDaemon {
+        MpsDaemon::new(
+            &self.0.settings.data_dir.display().to_string(),
+            machine,
+            client.index,
+            &client.uuid,
+        )
+    }
+
+    /// Makes `unit` a client of `daemon`, starting the daemon first where none runs. Without it CUDA
+    /// would run the engine outside MPS, unlimited, and say nothing: so where it cannot start, neither
+    /// does the engine.
+    async fn join_mps(&self, daemon: MpsDaemon, unit: &str) -> Result<(), String> {
+        let mut daemons = self.0.mps.lock().await;
+        if let Some(running) = daemons.get_mut(&daemon.pipe_dir) {
+            running.clients.insert(unit.to_owned());
+            return Ok(());
+        }
+        // One left by a previous server answers; else it is started.
+        if self.mps_command(&daemon, "get_server_list\n").await.is_err() {
+            for dir in [&daemon.pipe_dir, &daemon.log_dir] {
+                std::fs::create_dir_all(dir).map_err(|e| format!("could not make {dir}: {e}"))?;
+            }
+            self.mps_start(&daemon).await.map_err(|why| {
+                format!(
+                    "the MPS daemon of GPU {} could not start ({why}): {unit} is not started, as outside MPS its memory share would not be enforced",
+                    daemon.uuid
+                )
+            })?;
+            tracing::info!("MPS daemon of GPU {} started for {unit}", daemon.uuid);
+        }
+        daemons.insert(
+            daemon.pipe_dir.clone(),
+            Daemon {
+                daemon,
+                clients: BTreeSet::from([unit.to_owned()]),
+            },
+        );
+        Ok(())
+    }
+
+    /// `unit` is no client of any daemon from now on; a daemon left without clients is stopped.
+    async fn leave_mps(&self, unit: &str) {
+        let mut daemons = self.0.mps.lock().await;
+        let Some(pipe_dir) = daemons
+            .iter_mut()
+            .find_map(|(dir, d)| d.clients.remove(unit).then(|| dir.clone()))
+        else {
+            return;
+        };
+        if daemons[&pipe_dir].clients.is_empty() {
+            let Some(Daemon { daemon, .. }) = daemons.remove(&pipe_dir) else {
+                return;
+            };
+            match self.mps_command(&daemon, MpsDaemon::STOP).await {
+                Ok(()) => tracing::info!("MPS daemon of GPU {} stopped after {unit}", daemon.uuid),
+                Err(why) => tracing::warn!("MPS daemon of GPU {} did not stop: {why}", daemon.uuid),
+            }
+        }
+    }
+
+    /// Starts `daemon` in the background (`-d`, which returns once it is started).
+    async fn mps_start(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        let [_, flag] = MpsDaemon::start_command();
+        let mut command = tokio::process::Command::new(&self.0.settings.mps_control);
+        command
+            .arg(flag)
+            .envs(daemon.env())
+            // The daemon keeps what it inherits: nothing of this server's.
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null());
+        let status = timeout(self.0.settings.stop_timeout, command.status())
+            .await
+            .map_err(|_| "it did not return".to_owned())?
+            .map_err(|e| format!("{}: {e}", self.0.settings.mps_control.display()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("{} -d {status}", self.0.settings.mps_control.display()))
+        }
+    }
+
+    /// Sends `input` (such as `quit`) to `daemon` through its control program.
+    async fn mps_command(&self, daemon: &MpsDaemon, input: &str) -> Result<(), String> {
+        use tokio::io::AsyncWriteExt;
+        let program = &self.0.settings.mps_control;
+        let mut child = tokio::process::Command::new(program)
+            .envs(daemon.env())
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(input.as_bytes())
+                .await
+                .map_err(|e| format!("{}: {e}", program.display()))?;
+        }
+        let status = timeout(self.0.settings.stop_timeout, child.wait())
+            .await
+            .map_err(|_| format!("{} did not answer", program.display()))?
+            .map_err(|e| format!("{}: {e}", program.display()))?;
+        if status.success() {
+            Ok(())
+        } else {
+            Err(format!("{} {status}", program.display()))
+        }
     }
 
     fn log_path(&self, unit: &str) -> PathBuf {
@@ -182,9 +305,18 @@ impl Executor for LocalExecutor {
     async fn start(
         &self,
         spec: &EngineSpec,
-        launch: &Launch,
+        launch: &mut Launch,
         port: u16,
     ) -> Result<Box<dyn Running>, StartFailure> {
+        if let (Host::Local, Some(client), Some(share)) = (&spec.host, &spec.mps, spec.share) {
+            let daemon = self.mps_daemon(&spec.machine, client);
+            launch
+                .env
+                .extend(daemon.client_env(share, client.compute_percent));
+            self.join_mps(daemon, &spec.unit)
+                .await
+                .map_err(StartFailure::Refused)?;
+        }
         let spawned = {
             let (local, launch) = (self.0.clone(), launch.clone());
             let log = self.log_path(&spec.unit);
@@ -196,7 +328,14 @@ impl Executor for LocalExecutor {
             SpawnError::Io(e) => {
                 StartFailure::Refused(format!("could not start {}: {e}", launch.program))
             }
-        })?;
+        });
+        let spawned = match spawned {
+            Ok(spawned) => spawned,
+            Err(failure) => {
+                self.leave_mps(&spec.unit).await;
+                return Err(failure);
+            }
+        };
         self.remember(spec, spawned.pid, spawned.start_ticks, port)
             .await;
         // Only this machine's own GPUs are read with NVML; a demo machine's indices name nothing here.
@@ -221,6 +360,21 @@ impl Executor for LocalExecutor {
             }
             groups.insert(record.pid);
             units.insert(record.unit.clone());
+            // Its daemon, left running with it, is its again.
+            if let Some((machine, client)) = EngineSpec::mps_of(&record.fingerprint) {
+                let daemon = self.mps_daemon(&machine, &client);
+                self.0
+                    .mps
+                    .lock()
+                    .await
+                    .entry(daemon.pipe_dir.clone())
+                    .or_insert_with(|| Daemon {
+                        daemon,
+                        clients: BTreeSet::new(),
+                    })
+                    .clients
+                    .insert(record.unit.clone());
+            }
             let kind = Kind::Adopted {
                 pid: record.pid,
                 start_ticks: record.start_ticks,
@@ -438,6 +592,7 @@ impl Running for Process {
 
     async fn forget(&mut self) {
         self.local.forget(&self.unit).await;
+        self.local.leave_mps(&self.unit).await;
     }
 }
 

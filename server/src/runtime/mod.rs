@@ -37,6 +37,10 @@ pub struct Settings {
     pub demo_engine: PathBuf,
     /// Where each engine's output is kept.
     pub log_dir: PathBuf,
+    /// The data folder, under which each GPU's MPS daemon keeps its pipes and logs (`mps/`).
+    pub data_dir: PathBuf,
+    /// NVIDIA's MPS control program, which starts and stops each GPU's MPS daemon.
+    pub mps_control: PathBuf,
     /// How often each engine's health is checked.
     pub health_interval: Duration,
     /// How long a starting engine may take to answer its first health check (loading weights).
@@ -93,7 +97,9 @@ impl Settings {
     pub fn new(demo_engine: PathBuf, log_dir: PathBuf) -> Settings {
         Settings {
             demo_engine,
+            data_dir: log_dir.clone(),
             log_dir,
+            mps_control: PathBuf::from("nvidia-cuda-mps-control"),
             health_interval: Duration::from_secs(2),
             start_timeout: Duration::from_secs(15 * 60),
             stop_timeout: Duration::from_secs(30),
@@ -277,7 +283,8 @@ pub struct EngineView {
     /// The command line it was started with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
-    /// Tessera's variables in its environment (`TESSERA_*`, `CUDA_VISIBLE_DEVICES`).
+    /// Tessera's variables in its environment (`TESSERA_*`, `CUDA_VISIBLE_DEVICES`, and an MPS client's
+    /// `CUDA_MPS_*`).
     #[serde(skip_serializing_if = "BTreeMap::is_empty", default)]
     pub env: BTreeMap<String, String>,
 }
@@ -630,7 +637,9 @@ fn view(unit: &Unit) -> EngineView {
                 l.env
                     .iter()
                     .filter(|(k, _)| {
-                        k.starts_with("TESSERA_") || k.as_str() == "CUDA_VISIBLE_DEVICES"
+                        k.starts_with("TESSERA_")
+                            || k.starts_with("CUDA_MPS_")
+                            || k.as_str() == "CUDA_VISIBLE_DEVICES"
                     })
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect()

@@ -188,7 +188,7 @@ impl Executor for RayExecutor {
     async fn start(
         &self,
         spec: &EngineSpec,
-        launch: &Launch,
+        launch: &mut Launch,
         port: u16,
     ) -> Result<Box<dyn Running>, StartFailure> {
         let request = self

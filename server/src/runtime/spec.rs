@@ -74,6 +74,21 @@ pub struct EngineSpec {
     pub gpu_offered: Bytes,
     /// What runs.
     pub recipe: Recipe,
+    /// On a GPU shared under MPS: the GPU whose MPS server it is a client of, which holds it to its share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsClient>,
+}
+
+/// An engine as a client of its GPU's MPS server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsClient {
+    /// The GPU's index on its machine.
+    pub index: u32,
+    /// The GPU's UUID, which its daemon is started for.
+    pub uuid: String,
+    /// The most of the GPU's threads it may use, in percent, where the operator set it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_percent: Option<u8>,
 }
 
 /// A spec that cannot be turned into a command line, said so that the operator knows what to fix.
@@ -110,15 +125,28 @@ impl EngineSpec {
     /// What a change of this spec would change in the running engine: when this differs from what an engine
     /// was started as, it restarts. The port and the moment's free memory are left out.
     pub fn fingerprint(&self) -> String {
-        serde_json::json!({
+        let mut print = serde_json::json!({
             "machine": self.machine,
             "host": self.host,
             "gpus": self.gpus,
             "gpu_total": self.gpu_total.get(),
             "share": self.share.map(Bytes::get),
             "recipe": self.recipe,
-        })
-        .to_string()
+        });
+        // Only where there is one: an engine started before MPS existed keeps its fingerprint.
+        if let Some(mps) = &self.mps {
+            print["mps"] = serde_json::json!(mps);
+        }
+        print.to_string()
+    }
+
+    /// The machine and the MPS client a recorded engine was started as, read back from its fingerprint.
+    pub fn mps_of(fingerprint: &str) -> Option<(String, MpsClient)> {
+        let print: serde_json::Value = serde_json::from_str(fingerprint).ok()?;
+        Some((
+            print.get("machine")?.as_str()?.to_owned(),
+            serde_json::from_value(print.get("mps")?.clone()).ok()?,
+        ))
     }
 
     /// The memory it takes on each of its GPUs.
@@ -434,6 +462,7 @@ mod tests {
                 args: vec!["--max-model-len".into(), "8192".into()],
                 env: BTreeMap::from([("HF_HOME".into(), "/models".into())]),
             },
+            mps: None,
         }
     }
 
@@ -565,6 +594,27 @@ mod tests {
         assert_eq!(a.fingerprint(), b.fingerprint());
         b.share = Some(Bytes::gb(24));
         assert_ne!(a.fingerprint(), b.fingerprint());
+    }
+
+    #[test]
+    fn an_engine_made_an_mps_client_restarts_and_its_record_says_whose_client_it_is() {
+        let plain = spec(Engine::Vllm, Some(32), &[0]);
+        assert!(!plain.fingerprint().contains("mps"));
+        assert_eq!(EngineSpec::mps_of(&plain.fingerprint()), None);
+        let client = MpsClient {
+            index: 0,
+            uuid: "GPU-1".into(),
+            compute_percent: Some(50),
+        };
+        let mps = EngineSpec {
+            mps: Some(client.clone()),
+            ..plain.clone()
+        };
+        assert_ne!(plain.fingerprint(), mps.fingerprint());
+        assert_eq!(
+            EngineSpec::mps_of(&mps.fingerprint()),
+            Some(("atlas".to_owned(), client))
+        );
     }
 
     #[test]

@@ -210,11 +210,11 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     })?;
     let port = executor.port(spec).await?;
     let free = shared.free_at_start(spec);
-    let launch = spec
+    let mut launch = spec
         .launch(port, free, &shared.settings.demo_engine)
         .map_err(|e| StartFailure::Refused(e.to_string()))?;
     shared.set(&spec.unit, EngineState::Starting, None, Some(port), None);
-    let running = executor.start(spec, &launch, port).await?;
+    let running = executor.start(spec, &mut launch, port).await?;
     shared.set_launch(&spec.unit, &launch);
     shared.set(
         &spec.unit,
