@@ -339,7 +339,9 @@ mod tests {
             "MPS: the driver holds each engine to its memory share. Each engine may use at most 40 % of its compute."
         );
         assert_eq!(
-            GpuSharing::new(Sharing::Mps, Some(0)).unwrap_err().to_string(),
+            GpuSharing::new(Sharing::Mps, Some(0))
+                .unwrap_err()
+                .to_string(),
             "a compute share is a whole percent from 1 to 100, not 0"
         );
         assert_eq!(

@@ -299,6 +299,13 @@ impl Fleet {
         self.state.lock().await.ledger.inventory().clone()
     }
 
+    /// Every engine the committed state runs, with its spec.
+    #[cfg(test)]
+    pub(crate) async fn desired(&self) -> Vec<crate::runtime::spec::EngineSpec> {
+        let state = self.state.lock().await;
+        engines::desired(&state.committed, &state.ledger, &self.hosts)
+    }
+
     /// Checks the ledger against one rebuilt from what the database holds now: the same holds, the same
     /// committed holders left unplaced. For the tests; it reads the database.
     #[cfg(test)]

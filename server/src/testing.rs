@@ -93,6 +93,8 @@ pub struct TestApp {
     pub pool: sqlx::SqlitePool,
     /// An admin's API token, which [`TestApp::call`] sends.
     pub token: String,
+    /// The machine of the inventory that is this one, if any.
+    local: Option<String>,
 }
 
 /// The admin every test server has; its password, for the tests that sign in.
@@ -103,8 +105,15 @@ pub const ADMIN_PASSWORD: &str = "correct horse battery";
 impl TestApp {
     /// A server over the inventory in `fleet_toml`, on an empty database.
     pub async fn new(fleet_toml: &str) -> TestApp {
+        TestApp::with_local(fleet_toml, None).await
+    }
+
+    /// A server over the inventory in `fleet_toml` whose machine `local` is this one: its engines are
+    /// started here (a worker without a command fails to start, and nothing runs).
+    pub async fn with_local(fleet_toml: &str, local: Option<&str>) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
-        let (router, fleet, pool) = start(dir.path(), fleet_toml).await;
+        let local = local.map(str::to_owned);
+        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone()).await;
         // One hash for every test server of the run: argon2 is slow by design.
         static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let hash = HASH.get_or_init(|| {
@@ -128,6 +137,7 @@ impl TestApp {
             fleet,
             pool,
             token,
+            local,
         }
     }
 
@@ -145,6 +155,7 @@ impl TestApp {
             fleet,
             pool,
             token,
+            local,
             ..
         } = self;
         drop(router);
@@ -160,7 +171,7 @@ impl TestApp {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         drop((fleet, pool));
-        let (router, fleet, pool) = start(dir.path(), fleet_toml).await;
+        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone()).await;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),
@@ -168,6 +179,7 @@ impl TestApp {
             fleet,
             pool,
             token,
+            local,
         }
     }
 
@@ -256,13 +268,17 @@ pub fn shared_worker(name: &str, gb: f64) -> String {
     .to_string()
 }
 
-async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
+async fn start(
+    dir: &std::path::Path,
+    fleet_toml: &str,
+    local: Option<String>,
+) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
     let machines =
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
     let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
     let pool = db::connect(None, dir).await.expect("a database");
-    // The test inventory's machines are remote: engines are recorded, not started (the runtime's own
-    // tests start real ones).
+    // The test inventory's machines are remote, but for `local`: engines are recorded, not started (the
+    // runtime's own tests start real ones).
     let settings = Settings::new(
         std::env::current_exe().expect("the test binary"),
         dir.join("engines"),
@@ -273,9 +289,18 @@ async fn start(dir: &std::path::Path, fleet_toml: &str) -> (Router, Arc<Fleet>, 
             .expect("the runtime"),
     );
     let fleet = Arc::new(
-        Fleet::open(pool.clone(), inventory, None, runtime, Hosts::default())
-            .await
-            .expect("the fleet opens"),
+        Fleet::open(
+            pool.clone(),
+            inventory,
+            None,
+            runtime,
+            Hosts {
+                local,
+                ..Hosts::default()
+            },
+        )
+        .await
+        .expect("the fleet opens"),
     );
     let state = AppState::new(
         LeptosOptions::builder().output_name("tessera").build(),

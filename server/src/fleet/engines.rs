@@ -25,7 +25,14 @@ pub(super) fn desired(committed: &Committed, ledger: &Ledger, hosts: &Hosts) -> 
             continue;
         };
         if let Some(recipe) = worker_recipe(worker, &committed.models) {
-            specs.push(spec(committed, ledger, hosts, &worker.name, assignment, recipe));
+            specs.push(spec(
+                committed,
+                ledger,
+                hosts,
+                &worker.name,
+                assignment,
+                recipe,
+            ));
         }
     }
     specs
@@ -64,7 +71,14 @@ pub(super) fn group_engines(
         for machine in &machines {
             let unit = holder(&group.name, &member.member, machine);
             if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
-                out.push(spec(committed, ledger, hosts, &unit, assignment, recipe.clone()));
+                out.push(spec(
+                    committed,
+                    ledger,
+                    hosts,
+                    &unit,
+                    assignment,
+                    recipe.clone(),
+                ));
             }
         }
     }

@@ -8,10 +8,10 @@
 
 use super::committed::Committed;
 use super::groups::{holder, Group};
+use placement::sharing::{Sharing, SharingError};
 use placement::{
     group::member_assignments, Assignment, BasisPoints, GpuRef, Hold, Inventory, Scheduler,
 };
-use placement::sharing::{Sharing, SharingError};
 use std::collections::BTreeMap;
 
 /// The member name under which a group holds the room its on-demand members take turns in, beyond what

@@ -81,7 +81,10 @@ impl Fleet {
                 .collect();
         let restarts: Vec<String> = engines::desired(&next, &ledger, &self.hosts)
             .iter()
-            .filter(|spec| was.get(&spec.unit).is_some_and(|f| *f != spec.fingerprint()))
+            .filter(|spec| {
+                was.get(&spec.unit)
+                    .is_some_and(|f| *f != spec.fingerprint())
+            })
             .map(|spec| super::groups::sharer(&spec.unit).0.to_owned())
             .collect();
         let mut tx = crate::db::write(&self.pool).await?;
@@ -116,3 +119,6 @@ impl Fleet {
         Ok(change(restarts))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,8 +7,8 @@ use super::process::{self, off_executor, SpawnError, Spawned, KILL, TERM};
 use super::spec::{EngineSpec, Host, Launch, MpsClient};
 use super::{engine_id, Settings};
 use async_trait::async_trait;
-use sqlx::SqlitePool;
 use placement::sharing::MpsDaemon;
+use sqlx::SqlitePool;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::path::PathBuf;
@@ -76,7 +76,11 @@ impl LocalExecutor {
             return Ok(());
         }
         // One left by a previous server answers; else it is started.
-        if self.mps_command(&daemon, "get_server_list\n").await.is_err() {
+        if self
+            .mps_command(&daemon, "get_server_list\n")
+            .await
+            .is_err()
+        {
             for dir in [&daemon.pipe_dir, &daemon.log_dir] {
                 std::fs::create_dir_all(dir).map_err(|e| format!("could not make {dir}: {e}"))?;
             }
@@ -136,7 +140,10 @@ impl LocalExecutor {
         if status.success() {
             Ok(())
         } else {
-            Err(format!("{} -d {status}", self.0.settings.mps_control.display()))
+            Err(format!(
+                "{} -d {status}",
+                self.0.settings.mps_control.display()
+            ))
         }
     }
 

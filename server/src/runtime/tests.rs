@@ -613,8 +613,15 @@ async fn engines_on_an_mps_gpu_start_after_its_daemon_with_their_share_enforced_
     );
     runtime.submit(Change::Apply(vec![a.clone(), b.clone()]));
     let env_of = |unit: &str| std::fs::read_to_string(dir.path().join(format!("{unit}.env")));
-    wait_until("both engines run", || env_of("a").is_ok() && env_of("b").is_ok()).await;
-    assert_eq!(mps_calls(dir.path()), "start GPU-0c4b\n", "one daemon, started once");
+    wait_until("both engines run", || {
+        env_of("a").is_ok() && env_of("b").is_ok()
+    })
+    .await;
+    assert_eq!(
+        mps_calls(dir.path()),
+        "start GPU-0c4b\n",
+        "one daemon, started once"
+    );
     let pipe = dir.path().join("mps/here-0/pipe");
     assert_eq!(
         env_of("a").unwrap(),
@@ -624,7 +631,9 @@ async fn engines_on_an_mps_gpu_start_after_its_daemon_with_their_share_enforced_
             pipe.display()
         )
     );
-    assert!(env_of("b").unwrap().contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M\n"));
+    assert!(env_of("b")
+        .unwrap()
+        .contains("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=3072M\n"));
     assert_eq!(
         runtime.engine("a").unwrap().env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"],
         "0=2048M",
@@ -637,7 +646,10 @@ async fn engines_on_an_mps_gpu_start_after_its_daemon_with_their_share_enforced_
     assert_eq!(mps_calls(dir.path()), "start GPU-0c4b\n");
     runtime.submit(Change::Apply(Vec::new()));
     runtime.settled().await;
-    wait_until("the daemon is stopped", || mps_calls(dir.path()).ends_with("quit\n")).await;
+    wait_until("the daemon is stopped", || {
+        mps_calls(dir.path()).ends_with("quit\n")
+    })
+    .await;
     assert_eq!(mps_calls(dir.path()), "start GPU-0c4b\nquit\n");
     runtime.shutdown().await;
 }
@@ -663,7 +675,9 @@ async fn an_engine_whose_mps_daemon_cannot_start_does_not_start_and_says_why() {
     let message = runtime.engine("a").unwrap().message.unwrap();
     assert!(
         message.contains("the MPS daemon of GPU GPU-0c4b could not start")
-            && message.contains("a is not started, as outside MPS its memory share would not be enforced"),
+            && message.contains(
+                "a is not started, as outside MPS its memory share would not be enforced"
+            ),
         "{message}"
     );
     assert!(!dir.path().join("a.env").exists(), "the engine never ran");
