@@ -1113,6 +1113,25 @@ pub struct SharingChange {
     pub restarts: Vec<String>,
 }
 
+impl SharingChange {
+    /// What the console says once it is committed.
+    pub fn line(&self) -> String {
+        let way = match self.sharing.mode {
+            placement::sharing::Sharing::TimeSlicing => "time-sliced",
+            placement::sharing::Sharing::Mps => "under MPS",
+            placement::sharing::Sharing::Mig => "under MIG",
+        };
+        match self.restarts.as_slice() {
+            [] => format!("{} is shared {way}; nothing restarts.", self.gpu),
+            names => format!(
+                "{} is shared {way}; restarting {}, each stopped before it starts again.",
+                self.gpu,
+                names.join(", ")
+            ),
+        }
+    }
+}
+
 /// A repack being carried out, or the last one since the server started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepackRun {

@@ -63,3 +63,35 @@ test("an H200's page shows the MIG layout its sharers would take, and what must 
   );
   await expect(gpu.getByTestId("gpu-sharing")).toHaveText("Time-sliced: each share is a promise the engine keeps by sizing itself.");
 });
+
+test("an operator puts an H200 under MPS from its page: the confirmation names its sharers, which restart held to their shares", async ({ page, request }) => {
+  for (const [name, gb] of [["small-llm", 45], ["embedder", 8]] as const) {
+    const r = await request.post("/api/workers", {
+      data: { name, requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: gb, ids: ["h200-node:2"] } } },
+    });
+    expect(r.status(), await r.text()).toBe(201);
+  }
+  await open(page, "/machines/h200-node");
+  const gpu = page.locator('[data-testid="gpu"][data-index="2"]');
+  const form = page.getByTestId("sharing-form");
+  await form.getByTestId("sharing-gpu").selectOption("2");
+  await form.getByTestId("sharing-mode").selectOption("mps");
+  await form.getByTestId("sharing-compute").fill("0");
+  await expect(form.getByRole("alert")).toHaveText("a compute share is a whole percent from 1 to 100, not 0");
+  await expect(form.getByTestId("sharing-apply")).toBeDisabled();
+  await form.getByTestId("sharing-compute").fill("50");
+  await form.getByTestId("sharing-apply").click();
+  await expect(form.getByTestId("confirm-restarts")).toHaveText("This restarts 2 models: embedder, small-llm.");
+  await form.getByTestId("confirm").getByRole("button", { name: "Apply" }).click();
+  await expect(form.getByTestId("sharing-done")).toHaveText(
+    "h200-node:2 is shared under MPS; restarting embedder, small-llm, each stopped before it starts again.",
+  );
+  await expect(gpu.getByTestId("gpu-sharing")).toHaveText(
+    "MPS: the driver holds each engine to its memory share. Each engine may use at most 50 % of its compute.",
+  );
+  // The other GPUs are as they were, and the change is in the audit log with what restarted.
+  await expect(page.locator('[data-testid="gpu"][data-index="3"]').getByTestId("gpu-sharing")).toHaveCount(0);
+  const audit = await (await request.get("/api/audit?action=gpu.sharing")).json();
+  expect(audit[0].restarts).toEqual(["embedder", "small-llm"]);
+  await page.screenshot({ path: test.info().outputPath("machine-mps.png"), fullPage: true });
+});

@@ -133,6 +133,9 @@ pub enum RepackError {
         /// The worker.
         worker: String,
     },
+    /// A repack asked to free no GPU.
+    #[error("Free at least 1 GPU, or leave the number out to free as many as the repack can.")]
+    FreeNone,
     /// More GPUs asked for than memory allows.
     #[error("No repack frees {asked} GPUs: by memory, at most {most} can be freed.")]
     TooMany {

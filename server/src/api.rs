@@ -339,14 +339,7 @@ struct RepackRequest {
 }
 
 fn repack_goal(free: Option<usize>) -> Result<placement::repack::Goal, ApiError> {
-    match free {
-        None => Ok(placement::repack::Goal::Most),
-        Some(0) => Err(ApiError::Unprocessable(
-            "free must be at least 1 GPU; leave it out to free as many as the repack can"
-                .to_owned(),
-        )),
-        Some(n) => Ok(placement::repack::Goal::Free(n)),
-    }
+    placement::repack::Goal::from_free(free).map_err(|e| ApiError::Unprocessable(e.to_string()))
 }
 
 /// `GET /api/repack?free=N`: the plan that frees N GPUs (the most it can when not said) with the fewest

@@ -760,18 +760,29 @@ impl Console for ConsoleService {
         expect: Vec<placement::Move>,
     ) -> Answer<'_, app::views::RepackRun> {
         Box::pin(async move {
-            let goal = match free {
-                None => placement::repack::Goal::Most,
-                Some(0) => {
-                    return Err(AppError::Refused(
-                        "Free at least 1 GPU, or leave the number out to free as many as the repack can."
-                            .to_owned(),
-                    ))
-                }
-                Some(n) => placement::repack::Goal::Free(n),
-            };
+            let goal = placement::repack::Goal::from_free(free)
+                .map_err(|e| AppError::Refused(e.to_string()))?;
             self.fleet
                 .start_repack(goal, Some(expect), &actor.name)
+                .await
+                .map_err(app_error)
+        })
+    }
+
+    fn set_sharing(
+        &self,
+        actor: Caller,
+        machine: String,
+        index: u32,
+        mode: String,
+        compute_percent: Option<i64>,
+    ) -> Answer<'_, app::views::SharingChange> {
+        Box::pin(async move {
+            let sharing = placement::sharing::Sharing::parse(&mode)
+                .and_then(|mode| placement::sharing::GpuSharing::new(mode, compute_percent))
+                .map_err(|e| AppError::Refused(e.to_string()))?;
+            self.fleet
+                .set_sharing(placement::GpuRef::new(machine, index), sharing, &actor.name)
                 .await
                 .map_err(app_error)
         })

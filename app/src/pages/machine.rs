@@ -2,14 +2,18 @@
 //! (`shared: listen 2.2 GB, voice 4.2 GB — 6.4 GB taken`) and a memory bar; what runs there, with the GPUs
 //! column `1 · shared 2.2 GB`; and the workers that wait, with their reasons.
 
+use crate::auth::Role;
+use crate::components::account_menu::signed_in;
+use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::components::memory_bar::MemoryBar;
 use crate::error::AppError;
-use crate::views::{GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan};
+use crate::views::{GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, SharingChange};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
 use leptos_router::hooks::use_params_map;
+use placement::sharing::{GpuSharing, Sharing};
 use placement::Bytes;
 
 /// One machine.
@@ -20,15 +24,29 @@ pub async fn load_machine(name: String) -> Result<MachineDetail, AppError> {
     crate::services::answer(console.machine(name)).await
 }
 
+/// Shares GPU `index` of `machine` as `mode` says; its sharers restart.
+#[server(prefix = "/rpc", endpoint = "set_sharing", input = Json, client = crate::csrf::CsrfClient)]
+pub async fn set_sharing(
+    machine: String,
+    index: u32,
+    mode: String,
+    compute_percent: Option<i64>,
+) -> Result<SharingChange, AppError> {
+    let actor = crate::auth::require(crate::auth::Role::Operator)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.set_sharing(actor, machine, index, mode, compute_percent)).await
+}
+
 /// The page.
 #[component]
 pub fn MachinePage() -> impl IntoView {
     let live = use_live();
     let params = use_params_map();
     let name = move || params.read().get("name").unwrap_or_default();
+    let set = ServerAction::<SetSharing>::new();
     let machine = Resource::new(
-        move || (name(), live.track()),
-        |(name, _)| load_machine(name),
+        move || (name(), live.track(), set.version().get()),
+        |(name, _, _)| load_machine(name),
     );
     view! {
         <div class="page">
@@ -38,8 +56,128 @@ pub fn MachinePage() -> impl IntoView {
                     Ok(machine) => view! { <Machine machine /> }.into_any(),
                     Err(e) => view! { <h1>"No such machine"</h1><p class="error" role="alert">{e.to_string()}</p> }.into_any(),
                 })}
+                <SharingPanel machine set />
             </Transition>
         </div>
+    }
+}
+
+/// How one of the machine's GPUs is to be shared, for an operator: time-sliced, or under MPS with a
+/// compute share per engine where one is typed. Its sharers restart, and the confirmation names them first.
+/// It stands outside what the live updates draw again, so that what is typed stays as it was typed.
+#[component]
+fn SharingPanel(
+    machine: Resource<Result<MachineDetail, AppError>>,
+    set: ServerAction<SetSharing>,
+) -> impl IntoView {
+    let operator = move || signed_in().is_some_and(|c| c.role.allows(Role::Operator));
+    let detail = move || machine.get().and_then(Result::ok);
+    let gpus = Memo::new(move |_| {
+        detail()
+            .map(|m| {
+                m.gpus
+                    .iter()
+                    .map(|g| (g.index, g.model.clone()))
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    });
+    let index = RwSignal::new(0u32);
+    // What was chosen, where it differs from how the GPU is shared now.
+    let mode = RwSignal::new(None::<String>);
+    let compute = RwSignal::new(None::<String>);
+    let confirming = RwSignal::new(false);
+    let chosen = move || detail().and_then(|m| m.gpus.into_iter().find(|g| g.index == index.get()));
+    let now = move || chosen().map(|g| g.sharing).unwrap_or_default();
+    let mode_value = move || mode.get().unwrap_or_else(|| now().mode.as_str().to_owned());
+    let compute_value = move || {
+        compute.get().unwrap_or_else(|| {
+            now()
+                .compute_percent
+                .map(|p| p.to_string())
+                .unwrap_or_default()
+        })
+    };
+    let mps = move || mode_value() == Sharing::Mps.as_str();
+    // The compute share as typed: none when empty or not under MPS; refused by the rule the server holds
+    // it to.
+    let compute_percent = move || -> Result<Option<i64>, String> {
+        let text = compute_value();
+        let text = text.trim();
+        if !mps() || text.is_empty() {
+            return Ok(None);
+        }
+        let percent = text.parse().map_err(|_| {
+            format!("Type the compute share as a whole percent from 1 to 100, or leave it empty; {text:?} is not one.")
+        })?;
+        GpuSharing::new(Sharing::Mps, Some(percent))
+            .map(|_| Some(percent))
+            .map_err(|e| e.to_string())
+    };
+    let restarts = move || {
+        chosen()
+            .map(|g| g.sharers.into_iter().map(|s| s.name).collect::<Vec<_>>())
+            .unwrap_or_default()
+    };
+    let apply = move || {
+        let (Some(m), Ok(compute_percent)) = (detail(), compute_percent()) else {
+            return;
+        };
+        set.dispatch(SetSharing {
+            machine: m.name,
+            index: index.get_untracked(),
+            mode: mode_value(),
+            compute_percent,
+        });
+        mode.set(None);
+        compute.set(None);
+        confirming.set(false);
+    };
+    view! {
+        <Show when=move || operator() && !gpus.get().is_empty()>
+            <section class="panel" aria-labelledby="sharing-heading" data-testid="sharing-form">
+                <h2 id="sharing-heading">"How a GPU is shared"</h2>
+                <p class="muted">"Time-sliced, each share is a promise the engine keeps by sizing itself; under MPS, the driver holds each engine to its memory share. The GPU's sharers restart, each stopped before it starts again."</p>
+                <label for="sharing-gpu">"GPU"</label>
+                <select id="sharing-gpu" data-testid="sharing-gpu" on:change=move |ev| {
+                    index.set(event_target_value(&ev).parse().unwrap_or_default());
+                    mode.set(None);
+                    compute.set(None);
+                    confirming.set(false);
+                }>
+                    {move || gpus.get().into_iter().map(|(i, model)| view! {
+                        <option value=i.to_string() prop:selected=move || index.get() == i>{format!("GPU {i} · {model}")}</option>
+                    }).collect_view()}
+                </select>
+                <label for="sharing-mode">"Sharing"</label>
+                <select id="sharing-mode" data-testid="sharing-mode" prop:value=mode_value on:change=move |ev| mode.set(Some(event_target_value(&ev)))>
+                    <option value="time-slicing">"Time-slicing: each share is a promise"</option>
+                    <option value="mps">"MPS: the driver holds each engine to its memory share"</option>
+                </select>
+                <Show when=mps>
+                    <label for="sharing-compute">"Compute share of each engine, % (empty: no limit)"</label>
+                    <input id="sharing-compute" type="number" min="1" max="100" data-testid="sharing-compute" prop:value=compute_value on:input=move |ev| compute.set(Some(event_target_value(&ev))) />
+                </Show>
+                {move || compute_percent().err().map(|e| view! { <p class="error" role="alert">{e}</p> })}
+                <div class="actions">
+                    <button type="button" data-testid="sharing-apply" disabled=move || compute_percent().is_err() on:click=move |_| confirming.set(true)>"Apply"</button>
+                </div>
+                {move || confirming.get().then(|| view! {
+                    <Confirm
+                        title=format!("Share GPU {} this way?", index.get_untracked())
+                        restarts=untrack(restarts)
+                        confirm="Apply"
+                        pending=set.pending()
+                        on_confirm=apply
+                        on_cancel=move || confirming.set(false)
+                    />
+                })}
+                {move || set.value().get().map(|answer| match answer {
+                    Ok(change) => view! { <p role="status" data-testid="sharing-done">{change.line()}</p> }.into_any(),
+                    Err(e) => view! { <p class="error" role="alert" data-testid="sharing-error">{e.to_string()}</p> }.into_any(),
+                })}
+            </section>
+        </Show>
     }
 }
 
@@ -139,7 +277,7 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             <MemoryBar gpu=gpu.clone() />
             <p data-testid="gpu-usage">{usage}</p>
             {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
-            {(gpu.usage == GpuUse::Shared).then(|| view! { <p class="muted" data-testid="gpu-sharing">{gpu.sharing.line()}</p> })}
+            {(gpu.usage == GpuUse::Shared || gpu.sharing.mode != Sharing::TimeSlicing).then(|| view! { <p class="muted" data-testid="gpu-sharing">{gpu.sharing.line()}</p> })}
             {gpu.over_share.iter().map(|line| view! { <p class="error" data-testid="gpu-over-share">{line.clone()}</p> }).collect_view()}
             {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}
             {gpu.mig_plan().map(|plan| view! { <MigSection plan /> })}

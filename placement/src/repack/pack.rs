@@ -60,6 +60,17 @@ pub enum Goal {
     Free(usize),
 }
 
+impl Goal {
+    /// The goal of freeing `free` GPUs, or as many as can be when not said; none is no goal.
+    pub fn from_free(free: Option<usize>) -> Result<Goal, super::RepackError> {
+        match free {
+            None => Ok(Goal::Most),
+            Some(0) => Err(super::RepackError::FreeNone),
+            Some(n) => Ok(Goal::Free(n)),
+        }
+    }
+}
+
 /// A packing the search found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Packing {

@@ -79,6 +79,7 @@ impl Fleet {
                 .into_iter()
                 .map(|spec| (spec.unit.clone(), spec.fingerprint()))
                 .collect();
+        // By name, each once (a group's member runs on each of its machines), as the console lists sharers.
         let restarts: Vec<String> = engines::desired(&next, &ledger, &self.hosts)
             .iter()
             .filter(|spec| {
@@ -86,6 +87,8 @@ impl Fleet {
                     .is_some_and(|f| *f != spec.fingerprint())
             })
             .map(|spec| super::groups::sharer(&spec.unit).0.to_owned())
+            .collect::<std::collections::BTreeSet<_>>()
+            .into_iter()
             .collect();
         let mut tx = crate::db::write(&self.pool).await?;
         let index = i64::from(gpu.index);

@@ -54,7 +54,7 @@ async fn switching_a_gpu_to_mps_restarts_exactly_its_sharers_as_its_clients_and_
     assert_eq!(status, StatusCode::OK, "{change}");
     assert_eq!(
         change,
-        json!({"gpu": "node:0", "sharing": {"mode": "mps", "compute_percent": 50}, "restarts": ["embed", "chat"]})
+        json!({"gpu": "node:0", "sharing": {"mode": "mps", "compute_percent": 50}, "restarts": ["chat", "embed"]})
     );
     assert_eq!(
         engines(&app).await,
@@ -73,7 +73,7 @@ async fn switching_a_gpu_to_mps_restarts_exactly_its_sharers_as_its_clients_and_
     let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
     assert_eq!(log[0]["target"], "node:0", "{log}");
     assert_eq!(log[0]["before"], json!({"mode": "time-slicing"}));
-    assert_eq!(log[0]["restarts"], json!(["embed", "chat"]));
+    assert_eq!(log[0]["restarts"], json!(["chat", "embed"]));
 
     // The same again changes nothing; back to time-slicing restarts the two again.
     let (_, again) = set(
@@ -84,7 +84,7 @@ async fn switching_a_gpu_to_mps_restarts_exactly_its_sharers_as_its_clients_and_
     .await;
     assert_eq!(again["restarts"], json!([]));
     let (_, back) = set(&app, "node:0", json!({"mode": "time-slicing"})).await;
-    assert_eq!(back["restarts"], json!(["embed", "chat"]));
+    assert_eq!(back["restarts"], json!(["chat", "embed"]));
     assert!(engines(&app).await.iter().all(|(_, mps)| !mps));
     app.fleet.check_ledger().await.unwrap();
 
