@@ -101,6 +101,10 @@ pub struct ModelRow {
     /// Why it is flagged as slowed by its neighbours, if it is (seed 002's interference alarm).
     #[serde(default)]
     pub slowed: Option<String>,
+    /// Whether the driver holds it to its share on every GPU of its group (MPS); otherwise the share is a
+    /// promise its engine keeps by sizing itself.
+    #[serde(default)]
+    pub share_enforced: bool,
     /// Why it is flagged as using more GPU memory than its share, if it is (a promise broken).
     #[serde(default)]
     pub over_share: Option<String>,
@@ -903,6 +907,7 @@ mod tests {
             on_demand: None,
             slowed: None,
             over_share: None,
+            share_enforced: false,
         }
     }
 

@@ -181,6 +181,11 @@ impl ConsoleService {
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
                     over_share: self.fleet.over_share(&share.member),
+                    share_enforced: !group.gpus.is_empty()
+                        && group
+                            .gpus
+                            .iter()
+                            .all(|gpu| committed.sharing(gpu).mode.enforces_memory()),
                 });
             }
         }
@@ -201,6 +206,7 @@ impl ConsoleService {
                 on_demand: None,
                 slowed: worker.model.as_deref().and_then(|m| self.fleet.slowed(m)),
                 over_share: None,
+                share_enforced: false,
             });
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));

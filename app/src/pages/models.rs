@@ -198,7 +198,12 @@ fn ModelLine(
         <tr data-testid="model-row" data-model=name.clone()>
             <th scope="row">{name.clone()}</th>
             <td data-testid="group">{move || row.with(|r| r.group.clone()).unwrap_or_else(|| "—".to_owned())}</td>
-            <td data-testid="share">{move || row.with(ModelRow::share_text)}</td>
+            <td data-testid="share">
+                {move || row.with(ModelRow::share_text)}
+                {move || row.with(|r| r.share_enforced).then(|| view! {
+                    <span class="why" data-testid="share-enforced">"enforced by MPS"</span>
+                })}
+            </td>
             <td>{move || row.with(|r| r.nodes.join(", "))}</td>
             <td>
                 <span class="chip" class:ok=healthy data-testid="health">{move || row.with(ModelRow::health)}</span>

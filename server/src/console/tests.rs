@@ -107,6 +107,42 @@ async fn the_machine_page_shows_each_gpu_its_sharers_and_who_waits() {
 }
 
 #[tokio::test]
+async fn the_models_tab_says_which_shares_the_driver_enforces_and_which_are_promises() {
+    let app =
+        TestApp::with_local(&format!("{MAJIN}{}", crate::testing::ATLAS), Some("atlas")).await;
+    app.fleet
+        .seed_catalog(&crate::inventory::demo::demo_catalog())
+        .await
+        .unwrap();
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &app,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 25}),
+    )
+    .await;
+    let (status, _) = app
+        .call(
+            Method::PUT,
+            "/api/machines/atlas/gpus/0/sharing",
+            Some(r#"{"mode": "mps"}"#),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let html = page(&app, "/").await;
+    let row = |model: &str| {
+        let start = html.find(&format!("data-model=\"{model}\"")).unwrap();
+        let end = html[start..].find("</tr>").unwrap();
+        html[start..start + end].to_owned()
+    };
+    assert!(row("glm-5.3").contains("enforced by MPS"), "{html}");
+    assert!(!row("vision").contains("enforced by MPS"), "{html}");
+}
+
+#[tokio::test]
 async fn the_models_tab_lists_each_deployed_model_with_its_group() {
     let app = app().await;
     let html = page(&app, "/").await;
