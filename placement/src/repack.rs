@@ -12,6 +12,7 @@ pub use pack::{
 use crate::inventory::{GpuRef, Inventory};
 use crate::request::GpuDemand;
 use crate::schedule::{Assignment, Hold, Scheduler};
+use crate::sharing::{Sharing, MPS_MAX_CLIENTS};
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -169,12 +170,18 @@ pub struct RepackInput {
     pub holds: Vec<(String, Assignment)>,
     /// The units that may move.
     pub movable: Vec<Movable>,
+    /// How each GPU that is not time-sliced is shared (an MPS GPU takes so many engines).
+    #[serde(default)]
+    pub sharing: Vec<(GpuRef, Sharing)>,
 }
 
 impl RepackInput {
     /// The fleet it describes: every holder held as committed.
     pub fn scheduler(&self) -> Scheduler {
         let mut scheduler = Scheduler::new(self.inventory.clone());
+        for (gpu, sharing) in &self.sharing {
+            scheduler.set_sharing(gpu, *sharing);
+        }
         for (holder, assignment) in &self.holds {
             // What cannot be held at all (a GPU gone from the inventory) holds nothing, as in the ledger.
             let _ = scheduler.hold_committed(holder, assignment.clone());
@@ -259,6 +266,16 @@ pub fn plan_repack(
             gpus.push(at);
         }
     }
+    // An MPS GPU takes a bounded number of engines: work moves onto one only where, whatever else moves
+    // there too, the bound holds (a conservative rule: with room for fewer, nothing new goes there).
+    let engines: usize = units.iter().map(|u| u.held.len()).sum();
+    let takes_newcomers: Vec<bool> = gpus
+        .iter()
+        .zip(&fixed_names)
+        .map(|(gpu, fixed)| {
+            scheduler.sharing(gpu) != Sharing::Mps || fixed.len() + engines <= MPS_MAX_CLIENTS
+        })
+        .collect();
     for unit in &units {
         let origin = gpus
             .iter()
@@ -270,7 +287,8 @@ pub fn plan_repack(
             .enumerate()
             .map(|(b, gpu)| {
                 b == origin
-                    || (scheduler.admits(gpu, &unit.movable.demand)
+                    || (takes_newcomers[b]
+                        && scheduler.admits(gpu, &unit.movable.demand)
                         && (!unit.movable.same_size
                             || inventory.gpu(gpu).map(|g| g.total) == origin_total))
             })

@@ -409,3 +409,28 @@ proptest! {
         prop_assert!(plan.freed.len() - plan.filled.len() <= plan.most);
     }
 }
+
+#[test]
+fn work_moves_onto_an_mps_gpu_only_where_its_48_engines_hold_whatever_else_moves_there() {
+    let mps_fleet = |already: usize| {
+        let mut s = fleet(vec![machine("n", &[24, 24])]);
+        s.set_sharing(&GpuRef::new("n", 0), Sharing::Mps);
+        for i in 0..already {
+            shared(&mut s, &format!("fixed-{i}"), 0.1, "n:0");
+        }
+        shared(&mut s, "a", 1.0, "n:1");
+        shared(&mut s, "b", 1.0, "n:1");
+        s
+    };
+    let units = ["a", "b"].map(movable).to_vec();
+    // 46 stay and 2 come: 48, as many as MPS takes.
+    let s = mps_fleet(46);
+    let plan = plan_repack(&s, &units, Goal::Most, BUDGET).unwrap();
+    assert_eq!(plan.freed, vec![GpuRef::new("n", 1)]);
+    carry_out(&s, &plan, &units);
+    // 47 stay: a second newcomer would be the 49th, so none comes and nothing is freed.
+    let s = mps_fleet(47);
+    let plan = plan_repack(&s, &units, Goal::Most, BUDGET).unwrap();
+    assert!(plan.moves.is_empty(), "{plan:?}");
+    assert!(plan.freed.is_empty());
+}

@@ -96,6 +96,11 @@ fn input(committed: &Committed, ledger: &Ledger) -> RepackInput {
             .map(|(h, a)| (h.clone(), a.clone()))
             .collect(),
         movable: movable(committed, ledger),
+        sharing: committed
+            .sharing
+            .iter()
+            .map(|(gpu, sharing)| (gpu.clone(), sharing.mode))
+            .collect(),
     }
 }
 
