@@ -683,3 +683,34 @@ async fn an_engine_whose_mps_daemon_cannot_start_does_not_start_and_says_why() {
     assert!(!dir.path().join("a.env").exists(), "the engine never ran");
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_mps_client_keeps_the_daemon_it_was_started_under_until_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    // A client that runs until stopped.
+    let spec = EngineSpec {
+        recipe: command("a", 0, "sleep 1000").recipe,
+        ..mps_engine(dir.path(), "a", 2)
+    };
+    let pid = left_running(&pool, dir.path(), &spec, &this_boot()).await;
+    // The previous server's daemon still runs.
+    for sub in ["pipe", "log"] {
+        std::fs::create_dir_all(dir.path().join("mps/here-0").join(sub)).unwrap();
+    }
+    std::fs::write(dir.path().join("mps/here-0/pipe/control"), "").unwrap();
+    let settings = Settings {
+        data_dir: dir.path().to_path_buf(),
+        mps_control: mps_control(dir.path()),
+        ..settings(dir.path())
+    };
+    let runtime = Runtime::open(pool, settings).await.unwrap();
+    runtime.submit(Change::Reconcile(vec![spec]));
+    runtime.settled().await;
+    assert_eq!(runtime.engine("a").unwrap().pid, Some(pid), "adopted");
+    assert_eq!(mps_calls(dir.path()), "", "its daemon is not started again");
+    runtime.submit(Change::Apply(Vec::new()));
+    runtime.settled().await;
+    wait_until("the daemon is stopped", || mps_calls(dir.path()) == "quit\n").await;
+    runtime.shutdown().await;
+}
