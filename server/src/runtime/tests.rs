@@ -711,6 +711,9 @@ async fn an_adopted_mps_client_keeps_the_daemon_it_was_started_under_until_it_st
     assert_eq!(mps_calls(dir.path()), "", "its daemon is not started again");
     runtime.submit(Change::Apply(Vec::new()));
     runtime.settled().await;
-    wait_until("the daemon is stopped", || mps_calls(dir.path()) == "quit\n").await;
+    wait_until("the daemon is stopped", || {
+        mps_calls(dir.path()) == "quit\n"
+    })
+    .await;
     runtime.shutdown().await;
 }
