@@ -40,12 +40,12 @@ pub enum SharingError {
     },
     /// An engine on several GPUs, one of them under MPS: each GPU has its own MPS server, and a client
     /// runs on its server's GPU alone.
-    #[error("{engine} runs on several GPUs, and under MPS an engine runs on one: {gpu} cannot run MPS while {engine} shares it")]
+    #[error("{}", several_gpus(gpu, engines))]
     SeveralGpus {
         /// The GPU, as the console names it.
         gpu: String,
-        /// The engine, as the console names it.
-        engine: String,
+        /// Those engines, as the console names them.
+        engines: Vec<String>,
     },
     /// MIG layouts are planned, not applied.
     #[error("Tessera plans MIG layouts but does not apply them yet: the machine page shows {gpu}'s layout and the nvidia-smi commands that make it")]
@@ -75,6 +75,14 @@ pub enum SharingError {
         /// Its vendor.
         vendor: String,
     },
+}
+
+fn several_gpus(gpu: &str, engines: &[String]) -> String {
+    let (who, runs, shares) = match engines {
+        [one] => (one.clone(), "runs", "shares"),
+        _ => (engines.join(", "), "run", "share"),
+    };
+    format!("{who} {runs} on several GPUs, and under MPS an engine runs on one: {gpu} cannot run MPS while {who} {shares} it")
 }
 
 /// The CUDA contexts one MPS server takes per GPU since Volta (NVIDIA's MPS documentation, "Volta MPS server

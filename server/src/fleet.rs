@@ -128,7 +128,8 @@ impl Fleet {
                 Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
             }
         }
-        let (committed, ledger) = Fleet::settle(crate::db::write(&pool).await?, inventory).await?;
+        let (committed, ledger) =
+            Fleet::settle(crate::db::write(&pool).await?, inventory, None).await?;
         let state = State {
             committed: Arc::new(committed),
             ledger,
@@ -221,11 +222,24 @@ impl Fleet {
     async fn settle(
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Inventory,
+        before: Option<&Committed>,
     ) -> Result<(Committed, Ledger), ApiError> {
         let mut committed = Committed::load(&mut tx).await?;
-        let mut ledger = Ledger::build(inventory, &committed);
-        if let Some(refusal) = ledger.sharing_refusal(&committed) {
-            return Err(ApiError::Conflict(refusal.to_string()));
+        let mut ledger = Ledger::build(inventory.clone(), &committed);
+        let refusals = ledger.sharing_refusals(&committed);
+        if !refusals.is_empty() {
+            // Refused where this write breaks a GPU's sharing; one broken before it (a GPU that came back
+            // as another vendor's, or a server opening on such a state) is said, not a reason to refuse
+            // every write after it.
+            if let Some(before) = before {
+                let was = Ledger::build(inventory, before).sharing_refusals(before);
+                if let Some(new) = refusals.iter().find(|r| !was.contains(r)) {
+                    return Err(ApiError::Conflict(new.to_string()));
+                }
+            }
+            for refusal in &refusals {
+                tracing::warn!("{refusal}");
+            }
         }
         for evicted in ledger.relieve(&committed) {
             workers::unplace(&mut tx, &mut committed, &evicted.worker, &evicted.reason).await?;
@@ -261,7 +275,8 @@ impl Fleet {
         inventory: Inventory,
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
-        let (committed, ledger) = Fleet::settle(tx, inventory).await?;
+        let before = state.committed.clone();
+        let (committed, ledger) = Fleet::settle(tx, inventory, Some(&before)).await?;
         self.install(state, committed, ledger);
         if let Some((group, revision, steps)) = plan {
             let members =

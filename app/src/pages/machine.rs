@@ -82,12 +82,39 @@ fn SharingPanel(
             })
             .unwrap_or_default()
     });
-    let index = RwSignal::new(0u32);
-    // What was chosen, where it differs from how the GPU is shared now.
+    // The GPU chosen (the first listed until one is), and what was chosen for it where it differs from
+    // how it is shared now.
+    let picked = RwSignal::new(None::<u32>);
+    let index = move || {
+        picked
+            .get()
+            .or_else(|| gpus.with(|g| g.first().map(|(i, _)| *i)))
+            .unwrap_or_default()
+    };
     let mode = RwSignal::new(None::<String>);
     let compute = RwSignal::new(None::<String>);
     let confirming = RwSignal::new(false);
-    let chosen = move || detail().and_then(|m| m.gpus.into_iter().find(|g| g.index == index.get()));
+    // Another machine's page starts afresh.
+    let name = Memo::new(move |_| detail().map(|m| m.name));
+    Effect::new(move |was: Option<Option<String>>| {
+        let now = name.get();
+        if was.is_some_and(|was| was != now) {
+            picked.set(None);
+            mode.set(None);
+            compute.set(None);
+            confirming.set(false);
+            set.value().set(None);
+        }
+        now
+    });
+    // What was chosen is kept until the server took it: a refusal leaves it to be corrected.
+    Effect::new(move |_| {
+        if let Some(Ok(_)) = set.value().get() {
+            mode.set(None);
+            compute.set(None);
+        }
+    });
+    let chosen = move || detail().and_then(|m| m.gpus.into_iter().find(|g| g.index == index()));
     let now = move || chosen().map(|g| g.sharing).unwrap_or_default();
     let mode_value = move || mode.get().unwrap_or_else(|| now().mode.as_str().to_owned());
     let compute_value = move || {
@@ -114,9 +141,20 @@ fn SharingPanel(
             .map(|_| Some(percent))
             .map_err(|e| e.to_string())
     };
+    // Its engines, when the setting changes: the room a group keeps for its on-demand members (whose name
+    // has a space, as no model's has) is none.
     let restarts = move || {
+        let unchanged = compute_percent().ok().flatten().map(|p| p as u8) == now().compute_percent
+            && mode_value() == now().mode.as_str();
         chosen()
-            .map(|g| g.sharers.into_iter().map(|s| s.name).collect::<Vec<_>>())
+            .filter(|_| !unchanged)
+            .map(|g| {
+                g.sharers
+                    .into_iter()
+                    .map(|s| s.name)
+                    .filter(|name| !name.contains(' '))
+                    .collect::<Vec<_>>()
+            })
             .unwrap_or_default()
     };
     let apply = move || {
@@ -125,12 +163,10 @@ fn SharingPanel(
         };
         set.dispatch(SetSharing {
             machine: m.name,
-            index: index.get_untracked(),
+            index: untrack(index),
             mode: mode_value(),
             compute_percent,
         });
-        mode.set(None);
-        compute.set(None);
         confirming.set(false);
     };
     view! {
@@ -140,13 +176,13 @@ fn SharingPanel(
                 <p class="muted">"Time-sliced, each share is a promise the engine keeps by sizing itself; under MPS, the driver holds each engine to its memory share. The GPU's sharers restart, each stopped before it starts again."</p>
                 <label for="sharing-gpu">"GPU"</label>
                 <select id="sharing-gpu" data-testid="sharing-gpu" on:change=move |ev| {
-                    index.set(event_target_value(&ev).parse().unwrap_or_default());
+                    picked.set(event_target_value(&ev).parse().ok());
                     mode.set(None);
                     compute.set(None);
                     confirming.set(false);
                 }>
                     {move || gpus.get().into_iter().map(|(i, model)| view! {
-                        <option value=i.to_string() prop:selected=move || index.get() == i>{format!("GPU {i} · {model}")}</option>
+                        <option value=i.to_string() prop:selected=move || index() == i>{format!("GPU {i} · {model}")}</option>
                     }).collect_view()}
                 </select>
                 <label for="sharing-mode">"Sharing"</label>
@@ -164,7 +200,7 @@ fn SharingPanel(
                 </div>
                 {move || confirming.get().then(|| view! {
                     <Confirm
-                        title=format!("Share GPU {} this way?", index.get_untracked())
+                        title=format!("Share GPU {} this way?", untrack(index))
                         restarts=untrack(restarts)
                         confirm="Apply"
                         pending=set.pending()

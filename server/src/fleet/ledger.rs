@@ -141,36 +141,47 @@ impl Ledger {
         }
     }
 
-    /// How a GPU's sharing setting refuses what it holds: an MPS GPU takes at most
+    /// How GPUs' sharing settings refuse what they hold, one line per GPU: an MPS GPU takes at most
     /// [`placement::sharing::MPS_MAX_CLIENTS`] engines, each on that GPU alone, and only an NVIDIA GPU
     /// takes MPS. Checked at every write, whatever it changed (a plan, a deployment, a repack, the setting).
-    pub(crate) fn sharing_refusal(&self, committed: &Committed) -> Option<SharingError> {
+    pub(crate) fn sharing_refusals(&self, committed: &Committed) -> Vec<SharingError> {
         let scheduler = &self.scheduler;
-        committed.sharing.iter().find_map(|(gpu, sharing)| {
-            let vendor = &scheduler.inventory().gpu(gpu)?.vendor;
-            let sharers = match scheduler.hold(gpu) {
-                Some(Hold::Shared(sharers)) => sharers.keys().collect(),
-                _ => Vec::new(),
-            };
-            if sharing.mode == Sharing::Mps {
-                let several = sharers.iter().find(|who| {
-                    scheduler
-                        .workers()
-                        .get(who.as_str())
-                        .is_some_and(|a| a.gpus.len() > 1)
-                });
-                if let Some(who) = several {
-                    return Some(SharingError::SeveralGpus {
-                        gpu: gpu.to_string(),
-                        engine: super::groups::sharer(who).0.to_owned(),
-                    });
+        committed
+            .sharing
+            .iter()
+            .filter_map(|(gpu, sharing)| {
+                let vendor = &scheduler.inventory().gpu(gpu)?.vendor;
+                let sharers: Vec<&String> = match scheduler.hold(gpu) {
+                    Some(Hold::Shared(sharers)) => sharers.keys().collect(),
+                    _ => Vec::new(),
+                };
+                if sharing.mode == Sharing::Mps {
+                    let engines: Vec<String> = sharers
+                        .iter()
+                        .filter(|who| {
+                            scheduler
+                                .workers()
+                                .get(who.as_str())
+                                .is_some_and(|a| a.gpus.len() > 1)
+                        })
+                        .map(|who| match super::groups::sharer(who) {
+                            (TURNS, Some(group)) => format!("the on-demand members of {group}"),
+                            (name, _) => name.to_owned(),
+                        })
+                        .collect();
+                    if !engines.is_empty() {
+                        return Some(SharingError::SeveralGpus {
+                            gpu: gpu.to_string(),
+                            engines,
+                        });
+                    }
                 }
-            }
-            sharing
-                .mode
-                .check(&gpu.to_string(), vendor, sharers.len())
-                .err()
-        })
+                sharing
+                    .mode
+                    .check(&gpu.to_string(), vendor, sharers.len())
+                    .err()
+            })
+            .collect()
     }
 
     /// The inventory it holds on.

@@ -71,8 +71,24 @@ impl Fleet {
             next.sharing.insert(gpu.clone(), sharing);
         }
         let ledger = Ledger::build(state.ledger.inventory().clone(), &next);
-        if let Some(refusal) = ledger.sharing_refusal(&next) {
-            return Err(ApiError::Conflict(refusal.to_string()));
+        // Only what this GPU's setting breaks: a GPU of another vendor is the request's fault, too many
+        // engines (or one on several GPUs) is what runs there.
+        let here = gpu.to_string();
+        let refusal = ledger
+            .sharing_refusals(&next)
+            .into_iter()
+            .find(|r| match r {
+                SharingError::TooManyClients { gpu, .. }
+                | SharingError::NotNvidia { gpu, .. }
+                | SharingError::SeveralGpus { gpu, .. } => *gpu == here,
+                _ => false,
+            });
+        match refusal {
+            Some(refusal @ SharingError::NotNvidia { .. }) => {
+                return Err(ApiError::Unprocessable(refusal.to_string()))
+            }
+            Some(refusal) => return Err(ApiError::Conflict(refusal.to_string())),
+            None => {}
         }
         let was: BTreeMap<String, String> =
             engines::desired(&state.committed, &state.ledger, &self.hosts)

@@ -58,8 +58,11 @@ impl LocalExecutor {
     }
 
     fn mps_daemon(&self, machine: &str, client: &MpsClient) -> MpsDaemon {
+        // Absolute: the daemon and its clients must name one directory wherever each runs from.
+        let data_dir = std::path::absolute(&self.0.settings.data_dir)
+            .unwrap_or_else(|_| self.0.settings.data_dir.clone());
         MpsDaemon::new(
-            &self.0.settings.data_dir.display().to_string(),
+            &data_dir.display().to_string(),
             machine,
             client.index,
             &client.uuid,
@@ -71,16 +74,9 @@ impl LocalExecutor {
     /// does the engine.
     async fn join_mps(&self, daemon: MpsDaemon, unit: &str) -> Result<(), String> {
         let mut daemons = self.0.mps.lock().await;
-        if let Some(running) = daemons.get_mut(&daemon.pipe_dir) {
-            running.clients.insert(unit.to_owned());
-            return Ok(());
-        }
-        // One left by a previous server answers; else it is started.
-        if self
-            .mps_command(&daemon, "get_server_list\n")
-            .await
-            .is_err()
-        {
+        // Asked each time, not taken on trust: a daemon may have died, or been stopped while this server
+        // was down. One that answers (a previous server's too) is kept; else one is started.
+        if self.mps_answers(&daemon).await.is_err() {
             for dir in [&daemon.pipe_dir, &daemon.log_dir] {
                 std::fs::create_dir_all(dir).map_err(|e| format!("could not make {dir}: {e}"))?;
             }
@@ -92,14 +88,20 @@ impl LocalExecutor {
             })?;
             tracing::info!("MPS daemon of GPU {} started for {unit}", daemon.uuid);
         }
-        daemons.insert(
-            daemon.pipe_dir.clone(),
-            Daemon {
+        daemons
+            .entry(daemon.pipe_dir.clone())
+            .or_insert_with(|| Daemon {
                 daemon,
-                clients: BTreeSet::from([unit.to_owned()]),
-            },
-        );
+                clients: BTreeSet::new(),
+            })
+            .clients
+            .insert(unit.to_owned());
         Ok(())
+    }
+
+    /// Whether `daemon` answers its control program.
+    async fn mps_answers(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        self.mps_command(daemon, "get_server_list\n").await
     }
 
     /// `unit` is no client of any daemon from now on; a daemon left without clients is stopped.
@@ -122,7 +124,8 @@ impl LocalExecutor {
         }
     }
 
-    /// Starts `daemon` in the background (`-d`, which returns once it is started).
+    /// Starts `daemon` in the background (`-d`), and waits, within the stop timeout, until it answers:
+    /// a client that came first would run outside it.
     async fn mps_start(&self, daemon: &MpsDaemon) -> Result<(), String> {
         let [_, flag] = MpsDaemon::start_command();
         let mut command = tokio::process::Command::new(&self.0.settings.mps_control);
@@ -137,13 +140,21 @@ impl LocalExecutor {
             .await
             .map_err(|_| "it did not return".to_owned())?
             .map_err(|e| format!("{}: {e}", self.0.settings.mps_control.display()))?;
-        if status.success() {
-            Ok(())
-        } else {
-            Err(format!(
+        if !status.success() {
+            return Err(format!(
                 "{} -d {status}",
                 self.0.settings.mps_control.display()
-            ))
+            ));
+        }
+        let deadline = Instant::now() + self.0.settings.stop_timeout;
+        loop {
+            match self.mps_answers(daemon).await {
+                Ok(()) => return Ok(()),
+                Err(why) if Instant::now() >= deadline => {
+                    return Err(format!("started, but did not answer: {why}"))
+                }
+                Err(_) => sleep(self.0.settings.health_interval).await,
+            }
         }
     }
 
@@ -284,6 +295,7 @@ impl LocalExecutor {
         Box::new(Process {
             local: self.clone(),
             unit: unit.to_owned(),
+            stuck: false,
             gpus,
             kind,
             port,
@@ -432,6 +444,8 @@ enum Kind {
 struct Process {
     local: LocalExecutor,
     unit: String,
+    /// Something of it outlived its stop: it may still be its MPS daemon's client.
+    stuck: bool,
     /// This machine's GPUs it runs on (none for a demo machine's engine).
     gpus: Vec<u32>,
     kind: Kind,
@@ -589,17 +603,30 @@ impl Running for Process {
                 self.unit
             );
         }
-        self.finish(group.into_iter().chain(escaped).collect())
-            .await
+        let stuck = self
+            .finish(group.into_iter().chain(escaped).collect())
+            .await;
+        self.stuck |= stuck.is_some();
+        stuck
     }
 
     async fn clean_up(&mut self) -> Option<String> {
-        self.finish(BTreeSet::new()).await
+        let stuck = self.finish(BTreeSet::new()).await;
+        self.stuck |= stuck.is_some();
+        stuck
     }
 
     async fn forget(&mut self) {
         self.local.forget(&self.unit).await;
-        self.local.leave_mps(&self.unit).await;
+        if self.stuck {
+            // Its daemon stays up rather than quit under a client that may still run.
+            tracing::warn!(
+                "{} left processes behind: its MPS daemon, if it has one, is left running",
+                self.unit
+            );
+        } else {
+            self.local.leave_mps(&self.unit).await;
+        }
     }
 }
 

@@ -140,9 +140,13 @@ impl EngineSpec {
         print.to_string()
     }
 
-    /// The machine and the MPS client a recorded engine was started as, read back from its fingerprint.
+    /// The machine and the MPS client a recorded engine of this machine was started as, read back from its
+    /// fingerprint; none for an engine of another host (a demo machine's has no daemon).
     pub fn mps_of(fingerprint: &str) -> Option<(String, MpsClient)> {
         let print: serde_json::Value = serde_json::from_str(fingerprint).ok()?;
+        if serde_json::from_value::<Host>(print.get("host")?.clone()).ok()? != Host::Local {
+            return None;
+        }
         Some((
             print.get("machine")?.as_str()?.to_owned(),
             serde_json::from_value(print.get("mps")?.clone()).ok()?,

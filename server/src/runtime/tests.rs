@@ -717,3 +717,28 @@ async fn an_adopted_mps_client_keeps_the_daemon_it_was_started_under_until_it_st
     .await;
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_daemon_that_died_is_started_again_for_the_next_client_not_taken_on_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let settings = Settings {
+        data_dir: dir.path().to_path_buf(),
+        mps_control: mps_control(dir.path()),
+        ..settings(dir.path())
+    };
+    let runtime = Runtime::open(pool, settings).await.unwrap();
+    let (a, b) = (
+        mps_engine(dir.path(), "a", 2),
+        mps_engine(dir.path(), "b", 3),
+    );
+    runtime.submit(Change::Apply(vec![a.clone()]));
+    let started = |unit: &str| dir.path().join(format!("{unit}.env")).exists();
+    wait_until("a runs", || started("a")).await;
+    // The daemon dies under its client.
+    std::fs::remove_file(dir.path().join("mps/here-0/pipe/control")).unwrap();
+    runtime.submit(Change::Apply(vec![a, b]));
+    wait_until("b runs", || started("b")).await;
+    assert_eq!(mps_calls(dir.path()), "start GPU-0c4b\nstart GPU-0c4b\n");
+    runtime.shutdown().await;
+}

@@ -202,3 +202,40 @@ async fn a_sharing_setting_that_cannot_hold_is_refused_with_what_to_do_and_nothi
     let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
     assert_eq!(log, json!([]));
 }
+
+#[tokio::test]
+async fn a_sharing_broken_before_a_write_is_said_and_refuses_only_what_breaks_it_further() {
+    let app = TestApp::with_local(&format!("{MAJIN}{ATLAS}"), Some("atlas")).await;
+    app.fleet
+        .seed_catalog(&crate::inventory::demo::demo_catalog())
+        .await
+        .unwrap();
+    let (status, _) = app
+        .deploy(json!({"model": "glm-5.3", "gpus": ["atlas:0", "atlas:1"], "share": 40}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    // Written behind the server's back (as an older server or a hand might): GPU 1 under MPS while a group
+    // spans it. The server opens on it all the same.
+    sqlx::query("INSERT INTO gpu_sharing (machine, gpu_index, mode) VALUES ('atlas', 1, 'mps')")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let app = app.restart().await;
+    let (status, body) = app.post_worker(&pinned("other", 2.0, "majin:0")).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "an unrelated write goes through: {body}"
+    );
+    let (status, body) = app
+        .deploy(
+            json!({"model": "vision", "gpus": ["atlas:0", "atlas:1"], "share": 10, "revision": 1}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        body["error"],
+        "glm-5.3, vision run on several GPUs, and under MPS an engine runs on one: GPU 1 of atlas cannot run MPS while glm-5.3, vision share it"
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
