@@ -451,6 +451,16 @@ pub enum MigPlan {
 }
 
 impl GpuDetail {
+    /// How it is shared, in words; on the demo fleet, where no MPS daemon runs, said so.
+    pub fn sharing_line(&self) -> String {
+        let line = self.sharing.line();
+        if self.demo_figures && self.sharing.mode != placement::sharing::Sharing::TimeSlicing {
+            format!("{line} On the demo fleet no daemon runs: the demo engines stand in.")
+        } else {
+            line
+        }
+    }
+
     /// What MIG would make of its sharers, where its model has MIG and it is shared.
     pub fn mig_plan(&self) -> Option<MigPlan> {
         let menu = placement::mig::menu(&self.model)?;
@@ -1034,6 +1044,40 @@ mod tests {
         );
         gpu.model = "NVIDIA GeForce RTX 4090".into();
         assert_eq!(gpu.mig_plan(), None);
+    }
+
+    #[test]
+    fn a_gpu_under_mps_says_its_shares_are_enforced_and_on_the_demo_fleet_that_no_daemon_runs() {
+        let mut gpu = GpuDetail {
+            index: 0,
+            model: "NVIDIA H200".into(),
+            uuid: String::new(),
+            healthy: true,
+            total: Bytes::gb(141),
+            held_outside: Bytes::ZERO,
+            usage: GpuUse::Shared,
+            sharers: Vec::new(),
+            summary: None,
+            slowed: Vec::new(),
+            sharing: placement::sharing::GpuSharing::default(),
+            over_share: Vec::new(),
+            history: Vec::new(),
+            demo_figures: true,
+        };
+        assert_eq!(
+            gpu.sharing_line(),
+            "Time-sliced: each share is a promise the engine keeps by sizing itself."
+        );
+        gpu.sharing.mode = placement::sharing::Sharing::Mps;
+        assert_eq!(
+            gpu.sharing_line(),
+            "MPS: the driver holds each engine to its memory share. On the demo fleet no daemon runs: the demo engines stand in."
+        );
+        gpu.demo_figures = false;
+        assert_eq!(
+            gpu.sharing_line(),
+            "MPS: the driver holds each engine to its memory share."
+        );
     }
 
     #[test]

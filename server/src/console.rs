@@ -181,11 +181,12 @@ impl ConsoleService {
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
                     over_share: self.fleet.over_share(&share.member),
+                    // Not on the demo fleet, where no daemon runs: the demo engines stand in.
                     share_enforced: !group.gpus.is_empty()
-                        && group
-                            .gpus
-                            .iter()
-                            .all(|gpu| committed.sharing(gpu).mode.enforces_memory()),
+                        && group.gpus.iter().all(|gpu| {
+                            committed.sharing(gpu).mode.enforces_memory()
+                                && !self.fleet.is_demo(&gpu.machine)
+                        }),
                 });
             }
         }
