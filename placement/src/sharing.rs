@@ -171,6 +171,11 @@ impl GpuSharing {
         })
     }
 
+    /// Reads a mode as the API writes it (`time-slicing`, `mps`, `mig`) with its compute share.
+    pub fn parse(mode: &str, compute_percent: Option<i64>) -> Result<GpuSharing, SharingError> {
+        GpuSharing::new(Sharing::parse(mode)?, compute_percent)
+    }
+
     /// What the machine page says of it.
     pub fn line(&self) -> String {
         match self.compute_percent {

@@ -503,8 +503,7 @@ async fn set_sharing(
         ))
     })?;
     let gpu = GpuRef::new(name, index);
-    let sharing = placement::sharing::Sharing::parse(&update.mode)
-        .and_then(|mode| placement::sharing::GpuSharing::new(mode, update.compute_percent))
+    let sharing = placement::sharing::GpuSharing::parse(&update.mode, update.compute_percent)
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     Ok(Json(
         state.fleet.set_sharing(gpu, sharing, &actor.name).await?,

@@ -785,8 +785,7 @@ impl Console for ConsoleService {
         compute_percent: Option<i64>,
     ) -> Answer<'_, app::views::SharingChange> {
         Box::pin(async move {
-            let sharing = placement::sharing::Sharing::parse(&mode)
-                .and_then(|mode| placement::sharing::GpuSharing::new(mode, compute_percent))
+            let sharing = placement::sharing::GpuSharing::parse(&mode, compute_percent)
                 .map_err(|e| AppError::Refused(e.to_string()))?;
             self.fleet
                 .set_sharing(placement::GpuRef::new(machine, index), sharing, &actor.name)

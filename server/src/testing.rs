@@ -72,6 +72,16 @@ pub async fn majin_and_atlas_with_catalog() -> TestApp {
     app
 }
 
+/// The same, with atlas this machine: its engines start here, and its GPUs can be set to MPS.
+pub async fn atlas_here_with_catalog() -> TestApp {
+    let app = TestApp::with_local(&format!("{MAJIN}{ATLAS}"), Some("atlas")).await;
+    app.fleet
+        .seed_catalog(&crate::inventory::demo::demo_catalog())
+        .await
+        .expect("the demo catalog");
+    app
+}
+
 /// The test server's admin, as the fleet's writes take their caller.
 pub fn admin() -> app::auth::Caller {
     app::auth::Caller {

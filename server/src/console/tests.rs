@@ -108,12 +108,7 @@ async fn the_machine_page_shows_each_gpu_its_sharers_and_who_waits() {
 
 #[tokio::test]
 async fn the_models_tab_says_which_shares_the_driver_enforces_and_which_are_promises() {
-    let app =
-        TestApp::with_local(&format!("{MAJIN}{}", crate::testing::ATLAS), Some("atlas")).await;
-    app.fleet
-        .seed_catalog(&crate::inventory::demo::demo_catalog())
-        .await
-        .unwrap();
+    let app = crate::testing::atlas_here_with_catalog().await;
     deploy(
         &app,
         json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),

@@ -7,7 +7,7 @@ use super::groups::{Group, Serving};
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
 use crate::inventory::demo::CatalogModel;
-use placement::sharing::{GpuSharing, Sharing};
+use placement::sharing::GpuSharing;
 use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, Share};
 use std::collections::BTreeMap;
 
@@ -227,9 +227,7 @@ async fn load_sharing(
     rows.into_iter()
         .map(|(machine, index, mode, compute)| {
             let index = u32::try_from(index).map_err(ApiError::internal)?;
-            let sharing = Sharing::parse(&mode)
-                .and_then(|mode| GpuSharing::new(mode, compute))
-                .map_err(ApiError::internal)?;
+            let sharing = GpuSharing::parse(&mode, compute).map_err(ApiError::internal)?;
             Ok((GpuRef::new(machine, index), sharing))
         })
         .collect()

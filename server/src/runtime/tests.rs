@@ -592,6 +592,15 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
     }
 }
 
+/// [`settings`] with MPS daemons under `dir`, started and stopped by [`mps_control`].
+fn mps_settings(dir: &Path) -> Settings {
+    Settings {
+        data_dir: dir.to_path_buf(),
+        mps_control: mps_control(dir),
+        ..settings(dir)
+    }
+}
+
 fn mps_calls(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("mps/here-0/log/calls")).unwrap_or_default()
 }
@@ -601,11 +610,7 @@ async fn engines_on_an_mps_gpu_start_after_its_daemon_with_their_share_enforced_
 ) {
     let dir = tempfile::tempdir().unwrap();
     let pool = database(dir.path()).await;
-    let settings = Settings {
-        data_dir: dir.path().to_path_buf(),
-        mps_control: mps_control(dir.path()),
-        ..settings(dir.path())
-    };
+    let settings = mps_settings(dir.path());
     let runtime = Runtime::open(pool, settings).await.unwrap();
     let (a, b) = (
         mps_engine(dir.path(), "a", 2),
@@ -699,11 +704,7 @@ async fn an_adopted_mps_client_keeps_the_daemon_it_was_started_under_until_it_st
         std::fs::create_dir_all(dir.path().join("mps/here-0").join(sub)).unwrap();
     }
     std::fs::write(dir.path().join("mps/here-0/pipe/control"), "").unwrap();
-    let settings = Settings {
-        data_dir: dir.path().to_path_buf(),
-        mps_control: mps_control(dir.path()),
-        ..settings(dir.path())
-    };
+    let settings = mps_settings(dir.path());
     let runtime = Runtime::open(pool, settings).await.unwrap();
     runtime.submit(Change::Reconcile(vec![spec]));
     runtime.settled().await;
@@ -722,11 +723,7 @@ async fn an_adopted_mps_client_keeps_the_daemon_it_was_started_under_until_it_st
 async fn a_daemon_that_died_is_started_again_for_the_next_client_not_taken_on_trust() {
     let dir = tempfile::tempdir().unwrap();
     let pool = database(dir.path()).await;
-    let settings = Settings {
-        data_dir: dir.path().to_path_buf(),
-        mps_control: mps_control(dir.path()),
-        ..settings(dir.path())
-    };
+    let settings = mps_settings(dir.path());
     let runtime = Runtime::open(pool, settings).await.unwrap();
     let (a, b) = (
         mps_engine(dir.path(), "a", 2),

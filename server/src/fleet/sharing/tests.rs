@@ -1,4 +1,4 @@
-use crate::testing::{majin_and_node, TestApp, ATLAS, MAJIN};
+use crate::testing::{atlas_here_with_catalog, majin_and_node, TestApp, ATLAS, MAJIN};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -135,11 +135,7 @@ async fn an_mps_gpu_turns_its_49th_engine_elsewhere_and_a_gpu_with_49_cannot_bec
 
 #[tokio::test]
 async fn a_group_on_several_gpus_keeps_them_off_mps_and_an_mps_gpu_keeps_it_off() {
-    let app = TestApp::with_local(&format!("{MAJIN}{ATLAS}"), Some("atlas")).await;
-    app.fleet
-        .seed_catalog(&crate::inventory::demo::demo_catalog())
-        .await
-        .unwrap();
+    let app = atlas_here_with_catalog().await;
     let why = "glm-5.3 runs on several GPUs, and under MPS an engine runs on one: GPU 1 of atlas cannot run MPS while glm-5.3 shares it";
     let across = json!({"model": "glm-5.3", "gpus": ["atlas:0", "atlas:1"], "share": 40});
     let (status, _) = set(&app, "atlas:1", json!({"mode": "mps"})).await;
@@ -205,11 +201,7 @@ async fn a_sharing_setting_that_cannot_hold_is_refused_with_what_to_do_and_nothi
 
 #[tokio::test]
 async fn a_sharing_broken_before_a_write_is_said_and_refuses_only_what_breaks_it_further() {
-    let app = TestApp::with_local(&format!("{MAJIN}{ATLAS}"), Some("atlas")).await;
-    app.fleet
-        .seed_catalog(&crate::inventory::demo::demo_catalog())
-        .await
-        .unwrap();
+    let app = atlas_here_with_catalog().await;
     let (status, _) = app
         .deploy(json!({"model": "glm-5.3", "gpus": ["atlas:0", "atlas:1"], "share": 40}))
         .await;
