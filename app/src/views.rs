@@ -387,6 +387,10 @@ pub struct GpuDetail {
     /// Those are the demo fleet's, made from its demo engines' work, not read from a driver.
     #[serde(default)]
     pub demo_figures: bool,
+    /// It is made up (the demo fleet's, or a Ray node's labelled demo): demo engines stand in for what
+    /// would run there, and no MPS daemon runs.
+    #[serde(default)]
+    pub made_up: bool,
 }
 
 /// One reading of a GPU.
@@ -451,11 +455,11 @@ pub enum MigPlan {
 }
 
 impl GpuDetail {
-    /// How it is shared, in words; on the demo fleet, where no MPS daemon runs, said so.
+    /// How it is shared, in words; on a made-up GPU, where no MPS daemon runs, said so.
     pub fn sharing_line(&self) -> String {
         let line = self.sharing.line();
-        if self.demo_figures && self.sharing.mode != placement::sharing::Sharing::TimeSlicing {
-            format!("{line} On the demo fleet no daemon runs: the demo engines stand in.")
+        if self.made_up && self.sharing.mode != placement::sharing::Sharing::TimeSlicing {
+            format!("{line} This GPU is made up, so no daemon runs: the demo engines stand in.")
         } else {
             line
         }
@@ -1019,6 +1023,7 @@ mod tests {
             over_share: Vec::new(),
             history: Vec::new(),
             demo_figures: false,
+            made_up: false,
         };
         assert_eq!(
             gpu.mig_plan(),
@@ -1047,7 +1052,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_under_mps_says_its_shares_are_enforced_and_on_the_demo_fleet_that_no_daemon_runs() {
+    fn a_gpu_under_mps_says_its_shares_are_enforced_and_on_a_made_up_gpu_that_no_daemon_runs() {
         let mut gpu = GpuDetail {
             index: 0,
             model: "NVIDIA H200".into(),
@@ -1063,6 +1068,7 @@ mod tests {
             over_share: Vec::new(),
             history: Vec::new(),
             demo_figures: true,
+            made_up: true,
         };
         assert_eq!(
             gpu.sharing_line(),
@@ -1071,9 +1077,9 @@ mod tests {
         gpu.sharing.mode = placement::sharing::Sharing::Mps;
         assert_eq!(
             gpu.sharing_line(),
-            "MPS: the driver holds each engine to its memory share. On the demo fleet no daemon runs: the demo engines stand in."
+            "MPS: the driver holds each engine to its memory share. This GPU is made up, so no daemon runs: the demo engines stand in."
         );
-        gpu.demo_figures = false;
+        gpu.made_up = false;
         assert_eq!(
             gpu.sharing_line(),
             "MPS: the driver holds each engine to its memory share."
@@ -1097,6 +1103,7 @@ mod tests {
             over_share: Vec::new(),
             history: Vec::new(),
             demo_figures: false,
+            made_up: false,
         };
         let reading = GpuPoint {
             at_ms: 0,

@@ -87,7 +87,7 @@ test("an operator puts an H200 under MPS from its page: the confirmation names i
     "h200-node:2 is shared under MPS; restarting embedder, small-llm, each stopped before it starts again.",
   );
   await expect(gpu.getByTestId("gpu-sharing")).toHaveText(
-    "MPS: the driver holds each engine to its memory share. Each engine may use at most 50 % of its compute. On the demo fleet no daemon runs: the demo engines stand in.",
+    "MPS: the driver holds each engine to its memory share. Each engine may use at most 50 % of its compute. This GPU is made up, so no daemon runs: the demo engines stand in.",
   );
   // The other GPUs are as they were, and the change is in the audit log with what restarted.
   await expect(page.locator('[data-testid="gpu"][data-index="3"]').getByTestId("gpu-sharing")).toHaveCount(0);

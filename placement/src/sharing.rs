@@ -54,7 +54,7 @@ pub enum SharingError {
         gpu: String,
     },
     /// A machine whose engines Tessera cannot run as MPS clients.
-    #[error("{gpu} is on {machine}, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs (and the demo fleet's)")]
+    #[error("{gpu} is on {machine}, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs and the Ray cluster's nodes (and the demo fleet's)")]
     NoDaemonThere {
         /// The GPU, as the console names it.
         gpu: String,

@@ -234,6 +234,15 @@ pub struct EngineFlags {
         value_name = "PROGRAM"
     )]
     pub mps_control: PathBuf,
+    /// On each node of the Ray cluster, the folder under which each GPU's MPS daemon keeps its pipes and
+    /// logs (`mps/`): the same for every client of a GPU, so a path of the node's own, not this server's.
+    #[arg(
+        long,
+        env = "TESSERA_NODE_DATA_DIR",
+        default_value = "/tmp/tessera",
+        value_name = "DIR"
+    )]
+    pub node_data_dir: PathBuf,
 }
 
 impl EngineFlags {
@@ -249,6 +258,7 @@ impl EngineFlags {
             max_restarts: self.max_restarts,
             drain_grace: Duration::from_secs(self.drain_grace_s),
             mps_control: self.mps_control.clone(),
+            node_data_dir: self.node_data_dir.clone(),
             ..crate::runtime::Settings::new(exe, log_dir)
         }
     }

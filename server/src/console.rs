@@ -181,11 +181,11 @@ impl ConsoleService {
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
                     over_share: self.fleet.over_share(&share.member),
-                    // Not on the demo fleet, where no daemon runs: the demo engines stand in.
+                    // Not on made-up GPUs, where no daemon runs: the demo engines stand in.
                     share_enforced: !group.gpus.is_empty()
                         && group.gpus.iter().all(|gpu| {
                             committed.sharing(gpu).mode.enforces_memory()
-                                && !self.fleet.is_demo(&gpu.machine)
+                                && self.fleet.runs_daemons(&gpu.machine)
                         }),
                 });
             }
@@ -413,6 +413,7 @@ impl ConsoleService {
                         .collect(),
                     history: history.remove(&g.index).unwrap_or_default(),
                     demo_figures: self.fleet.is_demo(name),
+                    made_up: self.fleet.made_up(name),
                 })
                 .collect(),
             workers: lines,

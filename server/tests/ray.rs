@@ -1,6 +1,7 @@
-//! The real binary over a real Ray cluster of two nodes (`scripts/ray-cluster`): atlas (the head, one
+//! The real binary over a real Ray cluster of three nodes (`scripts/ray-cluster`): atlas (the head, one
 //! 24 GB GPU) and majin (two 24 GB GPUs), both with made-up GPUs (`tessera.demo=true`, so the demo engine
-//! runs), inside a network namespace of their own. `scripts/test-ray` brings the cluster up once for the
+//! runs), and nimbus (one made-up 80 GB GPU labelled as real, where recipes run as they are), inside a
+//! network namespace of their own. `scripts/test-ray` brings the cluster up once for the
 //! suite, runs these tests inside the namespace, and takes it down; without a cluster they cannot run,
 //! so `cargo test` leaves them out.
 
@@ -453,5 +454,142 @@ async fn a_machine_whose_node_dies_is_unreachable_its_work_waits_and_it_is_recon
     let (_, worker) = server.get("/api/workers/listen").await;
     assert!(worker["not_held"].is_null(), "{worker}");
     assert_eq!(running_jobs().await.len(), 1);
+    server.stop().await;
+}
+
+/// Stands in for NVIDIA's `nvidia-cuda-mps-control` on nimbus, whose GPU is made up: `-d` "starts" the
+/// daemon of the GPU its environment names, a command on standard input is answered while one runs, and
+/// each start and stop is written down in the daemon's log directory.
+fn mps_control(dir: &std::path::Path) -> std::path::PathBuf {
+    let program = dir.join("mps-control");
+    std::fs::write(
+        &program,
+        r#"#!/bin/sh
+calls="$CUDA_MPS_LOG_DIRECTORY/calls"
+if [ "$1" = "-d" ]; then
+    echo "start $CUDA_VISIBLE_DEVICES" >> "$calls"
+    touch "$CUDA_MPS_PIPE_DIRECTORY/control"
+    exit 0
+fi
+[ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || exit 1
+read command
+if [ "$command" = quit ]; then
+    echo quit >> "$calls"
+    rm "$CUDA_MPS_PIPE_DIRECTORY/control"
+fi
+"#,
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
+    program
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_job_that_stops_it_after_its_last(
+) {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let control = mps_control(dir.path());
+    let node_dir = dir.path().join("node");
+    let args = [
+        "--ray",
+        RAY,
+        "--mps-control",
+        control.to_str().unwrap(),
+        "--node-data-dir",
+        node_dir.to_str().unwrap(),
+    ];
+    let server = Server::start_with(dir.path(), 200, &args).await;
+    // nimbus runs recipes as they are: the demo engine, run as a command, stands in for a real one.
+    for name in ["emb", "rerank"] {
+        let (status, body) = server
+            .send(
+                "POST",
+                "/api/models",
+                json!({"name": name, "engine": "command", "default_share_percent": 25, "model_path": "",
+                       "command": format!("{} demo-engine --", env!("CARGO_BIN_EXE_tessera"))}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, body) = server
+        .send(
+            "PUT",
+            "/api/machines/nimbus/gpus/0/sharing",
+            json!({"mode": "mps", "compute_percent": 40}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    let mut revision = 0;
+    for (model, share) in [("emb", 25), ("rerank", 10)] {
+        let (status, answer) = server
+            .send(
+                "POST",
+                "/api/deployments",
+                json!({"model": model, "gpus": ["nimbus:0"], "share": share, "revision": revision}),
+            )
+            .await;
+        assert_eq!(status, 201, "{answer}");
+        revision = answer["revision"].as_i64().unwrap();
+    }
+    server.wait_healthy(2).await;
+
+    let log = node_dir.join("mps/nimbus-0/log");
+    let calls = || std::fs::read_to_string(log.join("calls")).unwrap_or_default();
+    let uuid = "GPU-5e1d0c2b-7a3f-4e6d-8b9c-0a1b2c3d4e5f";
+    assert_eq!(
+        calls(),
+        format!("start {uuid}\n"),
+        "one daemon, started once"
+    );
+    let emb = report(&server.engine("emb").await).await;
+    assert_eq!(
+        emb["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=20389M",
+        "its 25 % of the GPU's 81559 MiB is its limit: {emb}"
+    );
+    assert_eq!(emb["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], "40");
+    assert_eq!(emb["env"]["CUDA_VISIBLE_DEVICES"], "0");
+    assert_eq!(
+        emb["env"]["CUDA_MPS_PIPE_DIRECTORY"],
+        node_dir.join("mps/nimbus-0/pipe").display().to_string()
+    );
+
+    // A server killed and started again adopts the clients, and their daemon with them.
+    let jobs: Vec<Value> = running_jobs().await;
+    server.kill_9().await;
+    let server = Server::start_with(dir.path(), 200, &args).await;
+    server.wait_healthy(2).await;
+    assert_eq!(running_jobs().await, jobs, "the same jobs run on");
+
+    // One client left: the daemon stays; none: a job on nimbus tells it to quit.
+    let remove = |model: &'static str, revision: i64| {
+        let server = &server;
+        async move {
+            let (status, removed) = server
+                .send(
+                    "DELETE",
+                    &format!("/api/deployments/{model}?revision={revision}"),
+                    json!({}),
+                )
+                .await;
+            assert_eq!(status, 200, "{removed}");
+            removed["revision"].as_i64().unwrap()
+        }
+    };
+    let revision = remove("emb", revision).await;
+    support::wait_until("emb is stopped", || async {
+        server.engine_if_any("emb").await.is_none()
+    })
+    .await;
+    assert_eq!(calls(), format!("start {uuid}\n"));
+    remove("rerank", revision).await;
+    support::wait_until("the daemon is told to quit", || async {
+        calls().ends_with("quit\n")
+    })
+    .await;
+    assert_eq!(calls(), format!("start {uuid}\nquit\n"));
     server.stop().await;
 }

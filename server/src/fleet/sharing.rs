@@ -42,12 +42,10 @@ impl Fleet {
             (Sharing::Mig, _) => Some(SharingError::MigNotApplied {
                 gpu: gpu.to_string(),
             }),
-            (Sharing::Mps, Host::Cluster { .. } | Host::Remote) => {
-                Some(SharingError::NoDaemonThere {
-                    gpu: gpu.to_string(),
-                    machine: gpu.machine.clone(),
-                })
-            }
+            (Sharing::Mps, Host::Remote) => Some(SharingError::NoDaemonThere {
+                gpu: gpu.to_string(),
+                machine: gpu.machine.clone(),
+            }),
             _ => None,
         };
         if let Some(refusal) = refusal {

@@ -522,7 +522,7 @@ pub struct JobRequest {
 }
 
 /// A job's environment.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct RuntimeEnv {
     /// Its variables.
     pub env_vars: BTreeMap<String, String>,

@@ -3,13 +3,14 @@
 //! SIGKILL, and waited for until its processes and, where NVML can tell, its GPU memory are gone.
 
 use super::executor::{Executor, Leftover, Running, StartFailure};
+use super::mps::MpsClients;
 use super::process::{self, off_executor, SpawnError, Spawned, KILL, TERM};
 use super::spec::{EngineSpec, Host, Launch, MpsClient};
 use super::{engine_id, Settings};
 use async_trait::async_trait;
 use placement::sharing::MpsDaemon;
 use sqlx::SqlitePool;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::io;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -25,15 +26,9 @@ pub(crate) struct Local {
     boot: Option<String>,
     /// Set once a graceful shutdown begins: nothing starts from then on.
     closing: Arc<Mutex<bool>>,
-    /// The MPS daemons of this machine's GPUs shared under MPS, by pipe directory, each with the engines
-    /// that are its clients: started before the first, stopped after the last.
-    mps: tokio::sync::Mutex<BTreeMap<String, Daemon>>,
-}
-
-/// One GPU's MPS daemon as it runs, and its clients.
-struct Daemon {
-    daemon: MpsDaemon,
-    clients: BTreeSet<String>,
+    /// The MPS daemons of this machine's GPUs shared under MPS, with the engines that are their clients:
+    /// each started before its first, stopped after its last.
+    mps: tokio::sync::Mutex<MpsClients>,
 }
 
 /// This machine's processes, as an [`Executor`].
@@ -53,7 +48,7 @@ impl LocalExecutor {
             instance,
             boot: process::boot_id(),
             closing,
-            mps: tokio::sync::Mutex::new(BTreeMap::new()),
+            mps: tokio::sync::Mutex::default(),
         }))
     }
 
@@ -88,14 +83,7 @@ impl LocalExecutor {
             })?;
             tracing::info!("MPS daemon of GPU {} started for {unit}", daemon.uuid);
         }
-        daemons
-            .entry(daemon.pipe_dir.clone())
-            .or_insert_with(|| Daemon {
-                daemon,
-                clients: BTreeSet::new(),
-            })
-            .clients
-            .insert(unit.to_owned());
+        daemons.join(daemon, unit);
         Ok(())
     }
 
@@ -107,16 +95,7 @@ impl LocalExecutor {
     /// `unit` is no client of any daemon from now on; a daemon left without clients is stopped.
     async fn leave_mps(&self, unit: &str) {
         let mut daemons = self.0.mps.lock().await;
-        let Some(pipe_dir) = daemons
-            .iter_mut()
-            .find_map(|(dir, d)| d.clients.remove(unit).then(|| dir.clone()))
-        else {
-            return;
-        };
-        if daemons[&pipe_dir].clients.is_empty() {
-            let Some(Daemon { daemon, .. }) = daemons.remove(&pipe_dir) else {
-                return;
-            };
+        if let Some(daemon) = daemons.leave(unit) {
             match self.mps_command(&daemon, MpsDaemon::STOP).await {
                 Ok(()) => tracing::info!("MPS daemon of GPU {} stopped after {unit}", daemon.uuid),
                 Err(why) => tracing::warn!("MPS daemon of GPU {} did not stop: {why}", daemon.uuid),
@@ -382,17 +361,7 @@ impl Executor for LocalExecutor {
             // Its daemon, left running with it, is its again.
             if let Some((machine, client)) = EngineSpec::mps_of(&record.fingerprint) {
                 let daemon = self.mps_daemon(&machine, &client);
-                self.0
-                    .mps
-                    .lock()
-                    .await
-                    .entry(daemon.pipe_dir.clone())
-                    .or_insert_with(|| Daemon {
-                        daemon,
-                        clients: BTreeSet::new(),
-                    })
-                    .clients
-                    .insert(record.unit.clone());
+                self.0.mps.lock().await.join(daemon, &record.unit);
             }
             let kind = Kind::Adopted {
                 pid: record.pid,

@@ -8,6 +8,7 @@
 mod conductor;
 mod executor;
 mod local;
+mod mps;
 pub(crate) mod process;
 mod ray;
 pub mod spec;
@@ -39,8 +40,11 @@ pub struct Settings {
     pub log_dir: PathBuf,
     /// The data folder, under which each GPU's MPS daemon keeps its pipes and logs (`mps/`).
     pub data_dir: PathBuf,
-    /// NVIDIA's MPS control program, which starts and stops each GPU's MPS daemon.
+    /// NVIDIA's MPS control program, which starts and stops each GPU's MPS daemon (here and on the
+    /// cluster's nodes).
     pub mps_control: PathBuf,
+    /// On each node of the Ray cluster, the folder its GPUs' MPS daemons keep their pipes and logs under.
+    pub node_data_dir: PathBuf,
     /// How often each engine's health is checked.
     pub health_interval: Duration,
     /// How long a starting engine may take to answer its first health check (loading weights).
@@ -100,6 +104,7 @@ impl Settings {
             data_dir: log_dir.clone(),
             log_dir,
             mps_control: PathBuf::from("nvidia-cuda-mps-control"),
+            node_data_dir: PathBuf::from("/tmp/tessera"),
             health_interval: Duration::from_secs(2),
             start_timeout: Duration::from_secs(15 * 60),
             stop_timeout: Duration::from_secs(30),

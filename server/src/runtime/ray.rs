@@ -2,14 +2,20 @@
 //! share of each GPU as that GPU's resource (so that Ray itself refuses to overbook one), and carrying in
 //! its metadata what it was started for, so that a restarted server finds and adopts it. Ray never restarts
 //! a job: the supervisor does, as it does a local process.
+//!
+//! On a GPU shared under MPS, a job first makes sure its GPU's daemon answers on the node (starting it if
+//! not) and then becomes the engine, a client of it; after the GPU's last client, a job of its own pinned
+//! to the node tells the daemon to quit.
 
 use super::executor::{Executor, Leftover, Running, StartFailure};
-use super::spec::{EngineSpec, Host, Launch};
+use super::mps::MpsClients;
+use super::spec::{EngineSpec, Host, Launch, MpsClient};
 use super::Settings;
 use crate::inventory::ray::{
     Job, JobRequest, RayClient, RayError, RuntimeEnv, GPU_RESOURCE, MACHINE_LABEL,
 };
 use async_trait::async_trait;
+use placement::sharing::MpsDaemon;
 use std::collections::BTreeMap;
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -21,6 +27,11 @@ const META_UNIT: &str = "tessera_unit";
 const META_FINGERPRINT: &str = "tessera_fingerprint";
 const META_ADDRESS: &str = "tessera_address";
 const META_PORT: &str = "tessera_port";
+/// On a job that tells a GPU's MPS daemon to quit (not an engine): the GPU's UUID.
+const META_MPS_QUIT: &str = "tessera_mps_quit";
+
+/// How long a job that tells a daemon to quit may take to be scheduled and run.
+const QUIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
 
 const MIB: u64 = 1 << 20;
 
@@ -35,6 +46,8 @@ struct Inner {
     /// The jobs of each unit's last runs, the newest last: the newest is what its log view reads; the
     /// one before stays in Ray's list, with its log and times, until the run after it begins.
     jobs: Mutex<BTreeMap<String, Vec<String>>>,
+    /// The MPS daemons of the nodes' GPUs shared under MPS, with the engines that are their clients.
+    mps: tokio::sync::Mutex<MpsClients>,
 }
 
 /// A Ray cluster's jobs, as an [`Executor`].
@@ -54,6 +67,7 @@ impl RayExecutor {
             instance,
             closing,
             jobs: Mutex::default(),
+            mps: tokio::sync::Mutex::default(),
         }))
     }
 
@@ -74,23 +88,177 @@ impl RayExecutor {
         jobs.get(unit)?.last().cloned()
     }
 
-    fn job(&self, unit: &str, id: String, address: String, port: u16) -> Box<dyn Running> {
+    fn job(&self, unit: &str, id: String, address: String, port: u16) -> RayJob {
         self.note(unit, &id);
         self.running(unit, id, address, port)
     }
 
-    fn running(&self, unit: &str, id: String, address: String, port: u16) -> Box<dyn Running> {
-        Box::new(RayJob {
+    fn running(&self, unit: &str, id: String, address: String, port: u16) -> RayJob {
+        RayJob {
             executor: self.clone(),
             unit: unit.to_owned(),
             id,
             address,
             port,
-        })
+            mps_machine: None,
+        }
     }
 
-    /// The job `spec`'s engine runs as, launched as `launch` on `port`.
-    fn request(&self, spec: &EngineSpec, launch: &Launch, port: u16) -> Result<JobRequest, String> {
+    /// The daemon, on `machine`'s node, of the GPU `client` runs on.
+    fn mps_daemon(&self, machine: &str, client: &MpsClient) -> MpsDaemon {
+        MpsDaemon::new(
+            &self.0.settings.node_data_dir.display().to_string(),
+            machine,
+            client.index,
+            &client.uuid,
+        )
+    }
+
+    /// The words that run the node's MPS control program for `daemon`, with the daemon's variables and
+    /// without a client's limits: those set on a daemon would become every client's default.
+    fn control(&self, daemon: &MpsDaemon) -> Result<String, String> {
+        let mut words = [
+            "env",
+            "-u",
+            "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+            "-u",
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        words.extend(daemon.env().into_iter().map(|(k, v)| format!("{k}={v}")));
+        words.push(self.0.settings.mps_control.display().to_string());
+        shlex::try_join(words.iter().map(String::as_str))
+            .map_err(|e| format!("the MPS control program cannot be given to a shell: {e}"))
+    }
+
+    /// What a client's job runs before it becomes `command`: its GPU's daemon is asked whether it
+    /// answers, and started where it does not (in a session of its own, so that it outlives this job),
+    /// then waited for. Where it never answers, the engine does not start: outside MPS, CUDA would run
+    /// it unlimited and say nothing. Two clients starting at once may both start it: the second start
+    /// fails, and both find the first's daemon answering.
+    fn mps_entrypoint(
+        &self,
+        daemon: &MpsDaemon,
+        unit: &str,
+        command: &str,
+    ) -> Result<String, String> {
+        let control = self.control(daemon)?;
+        let patience = self.0.settings.stop_timeout;
+        let tries = (patience.as_millis() / 100).max(1);
+        let why = format!(
+            "the MPS daemon of GPU {} could not start (it did not answer within {patience:?}; its log is in {}): {unit} is not started, as outside MPS its memory share would not be enforced",
+            daemon.uuid, daemon.log_dir
+        );
+        let quote = |word: &str| {
+            shlex::try_quote(word)
+                .map(|w| w.into_owned())
+                .map_err(|e| format!("{word} cannot be given to a shell: {e}"))
+        };
+        Ok(format!(
+            "answers() {{ echo get_server_list | {control} >/dev/null 2>&1; }}
+if ! answers; then
+  mkdir -p {pipe} {log}
+  setsid -w {control} -d </dev/null >/dev/null 2>&1
+  tries=0
+  until answers; do
+    tries=$((tries + 1))
+    if [ \"$tries\" -gt {tries} ]; then echo {why} >&2; exit 1; fi
+    sleep 0.1
+  done
+fi
+exec {command}",
+            pipe = quote(&daemon.pipe_dir)?,
+            log = quote(&daemon.log_dir)?,
+            why = quote(&why)?,
+        ))
+    }
+
+    /// Tells `daemon`, on `machine`'s node, to quit after its last client, with a job pinned there, and
+    /// waits until it has run: a client that came meanwhile would find a daemon on its way out.
+    async fn quit(&self, machine: &str, daemon: &MpsDaemon) -> Result<(), String> {
+        let request = JobRequest {
+            submission_id: submission_id(&format!("mps_quit_{machine}")),
+            entrypoint: format!("echo quit | {}", self.control(daemon)?),
+            runtime_env: RuntimeEnv::default(),
+            metadata: BTreeMap::from([
+                (META_INSTANCE.to_owned(), self.0.instance.clone()),
+                (META_MPS_QUIT.to_owned(), daemon.uuid.clone()),
+            ]),
+            entrypoint_resources: BTreeMap::new(),
+            entrypoint_label_selector: BTreeMap::from([(
+                MACHINE_LABEL.to_owned(),
+                machine.to_owned(),
+            )]),
+        };
+        let client = &self.0.client;
+        client.submit(&request).await.map_err(|e| e.to_string())?;
+        let id = &request.submission_id;
+        let deadline = Instant::now() + QUIT_PATIENCE;
+        loop {
+            match client.job(id).await {
+                Ok(job) if job.status == "SUCCEEDED" => break,
+                Ok(job) if job.terminal() => return Err(format!("job {id}: {}", ending(&job))),
+                _ if Instant::now() >= deadline => {
+                    return Err(format!("job {id} had not run after {QUIT_PATIENCE:?}"))
+                }
+                _ => sleep(self.0.settings.health_interval).await,
+            }
+        }
+        if let Err(e) = client.delete(id).await {
+            tracing::debug!("Ray job {id} not deleted: {e}");
+        }
+        Ok(())
+    }
+
+    /// `unit` is no client from now on; a daemon left without clients is told to quit.
+    async fn leave_mps(&self, machine: &str, unit: &str) {
+        let mut clients = self.0.mps.lock().await;
+        if let Some(daemon) = clients.leave(unit) {
+            match self.quit(machine, &daemon).await {
+                Ok(()) => tracing::info!(
+                    "MPS daemon of GPU {} on {machine} stopped after {unit}",
+                    daemon.uuid
+                ),
+                Err(why) => tracing::warn!(
+                    "MPS daemon of GPU {} on {machine} did not stop: {why}",
+                    daemon.uuid
+                ),
+            }
+        }
+    }
+
+    /// The job `spec`'s engine runs as, launched as `launch` on `port`, and the MPS daemon it is a client
+    /// of where its GPU is shared under MPS: then `launch` gets the client's variables too.
+    pub(super) fn submission(
+        &self,
+        spec: &EngineSpec,
+        launch: &mut Launch,
+        port: u16,
+    ) -> Result<(JobRequest, Option<MpsDaemon>), String> {
+        // Where a daemon really runs: a node with made-up GPUs has none, as on the demo fleet.
+        let daemon = match (&spec.mps, spec.share) {
+            (Some(client), Some(share)) if spec.host.runs_daemons() => {
+                let daemon = self.mps_daemon(&spec.machine, client);
+                launch
+                    .env
+                    .extend(daemon.client_env(share, client.compute_percent));
+                Some(daemon)
+            }
+            _ => None,
+        };
+        Ok((self.request(spec, launch, port, daemon.as_ref())?, daemon))
+    }
+
+    /// The job `spec`'s engine runs as, launched as `launch` on `port`; as a client of `daemon` where
+    /// its GPU is shared under MPS.
+    fn request(
+        &self,
+        spec: &EngineSpec,
+        launch: &Launch,
+        port: u16,
+        daemon: Option<&MpsDaemon>,
+    ) -> Result<JobRequest, String> {
         let Host::Cluster { address, uuids, .. } = &spec.host else {
             return Err(format!(
                 "{} is not a machine of the Ray cluster",
@@ -132,7 +300,10 @@ impl RayExecutor {
         Ok(JobRequest {
             submission_id: submission_id(&spec.unit),
             // `exec`: the engine itself takes the shell's place, and Ray's stop signals reach it.
-            entrypoint: format!("exec {command}"),
+            entrypoint: match daemon {
+                Some(daemon) => self.mps_entrypoint(daemon, &spec.unit, &command)?,
+                None => format!("exec {command}"),
+            },
             runtime_env: RuntimeEnv { env_vars },
             metadata,
             entrypoint_resources: resources,
@@ -191,8 +362,8 @@ impl Executor for RayExecutor {
         launch: &mut Launch,
         port: u16,
     ) -> Result<Box<dyn Running>, StartFailure> {
-        let request = self
-            .request(spec, launch, port)
+        let (request, daemon) = self
+            .submission(spec, launch, port)
             .map_err(StartFailure::Refused)?;
         if *self
             .0
@@ -202,36 +373,58 @@ impl Executor for RayExecutor {
         {
             return Err(StartFailure::Closing);
         }
-        self.0.client.submit(&request).await.map_err(unavailable)?;
+        let daemon_machine = daemon.as_ref().map(|_| spec.machine.clone());
+        if let Some(daemon) = daemon {
+            // A client from before it is submitted: a last client leaving meanwhile leaves the daemon up.
+            self.0.mps.lock().await.join(daemon, &spec.unit);
+        }
+        if let Err(e) = self.0.client.submit(&request).await {
+            // Never submitted, so nothing of it started a daemon to stop.
+            self.0.mps.lock().await.leave(&spec.unit);
+            return Err(unavailable(e));
+        }
         for old in self.note(&spec.unit, &request.submission_id) {
             if let Err(e) = self.0.client.delete(&old).await {
                 tracing::debug!("Ray job {old} not deleted: {e}");
             }
         }
         let address = spec.host.bind_address().to_owned();
-        Ok(self.running(&spec.unit, request.submission_id, address, port))
+        let mut job = self.running(&spec.unit, request.submission_id, address, port);
+        job.mps_machine = daemon_machine;
+        Ok(Box::new(job))
     }
 
     async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
         let jobs = self.0.client.jobs().await.map_err(io::Error::other)?;
-        Ok(jobs
+        let mut leftovers = Vec::new();
+        // Engines only: a job with no unit tells a daemon to quit.
+        for job in jobs
             .into_iter()
             .filter(|job| !job.terminal() && job.meta(META_INSTANCE) == Some(&self.0.instance))
-            .filter_map(|job| {
-                let unit = job.meta(META_UNIT)?.to_owned();
-                let id = job.submission_id.clone()?;
-                let address = job.meta(META_ADDRESS).unwrap_or_default().to_owned();
-                let port = job
-                    .meta(META_PORT)
-                    .and_then(|p| p.parse().ok())
-                    .unwrap_or(0);
-                Some(Leftover {
-                    fingerprint: job.meta(META_FINGERPRINT).map(str::to_owned),
-                    running: self.job(&unit, id, address, port),
-                    unit,
-                })
-            })
-            .collect())
+        {
+            let (Some(unit), Some(id)) = (job.meta(META_UNIT), job.submission_id.clone()) else {
+                continue;
+            };
+            let address = job.meta(META_ADDRESS).unwrap_or_default().to_owned();
+            let port = job
+                .meta(META_PORT)
+                .and_then(|p| p.parse().ok())
+                .unwrap_or(0);
+            let fingerprint = job.meta(META_FINGERPRINT).map(str::to_owned);
+            let mut running = self.job(unit, id, address, port);
+            // Its daemon, left running with it, is its again.
+            if let Some((machine, client)) = fingerprint.as_deref().and_then(EngineSpec::mps_of) {
+                let daemon = self.mps_daemon(&machine, &client);
+                self.0.mps.lock().await.join(daemon, unit);
+                running.mps_machine = Some(machine);
+            }
+            leftovers.push(Leftover {
+                fingerprint,
+                running: Box::new(running),
+                unit: unit.to_owned(),
+            });
+        }
+        Ok(leftovers)
     }
 
     async fn logs(&self, unit: &str, lines: usize) -> io::Result<Vec<String>> {
@@ -254,6 +447,8 @@ struct RayJob {
     id: String,
     address: String,
     port: u16,
+    /// The machine whose GPU's MPS daemon it is a client of, if it is one.
+    mps_machine: Option<String>,
 }
 
 impl RayJob {
@@ -338,6 +533,11 @@ impl Running for RayJob {
         None
     }
 
-    /// Ray keeps the ended job, with its log and times, until the unit's run after next begins.
-    async fn forget(&mut self) {}
+    /// Ray keeps the ended job, with its log and times, until the unit's run after next begins. A
+    /// client leaves its daemon, which quits after the last.
+    async fn forget(&mut self) {
+        if let Some(machine) = self.mps_machine.take() {
+            self.executor.leave_mps(&machine, &self.unit).await;
+        }
+    }
 }

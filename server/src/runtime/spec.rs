@@ -52,6 +52,12 @@ impl Host {
             Host::Local | Host::Simulated | Host::Remote => "127.0.0.1",
         }
     }
+
+    /// Whether Tessera runs real programs on real GPUs there, MPS daemons among them: this machine and a
+    /// cluster's node, not the demo fleet, a node with made-up GPUs, or a machine it has no agent on.
+    pub fn runs_daemons(&self) -> bool {
+        matches!(self, Host::Local | Host::Cluster { demo: false, .. })
+    }
 }
 
 /// One engine the committed state says should run: a placed worker, or one member of a sharing group on
@@ -140,11 +146,19 @@ impl EngineSpec {
         print.to_string()
     }
 
-    /// The machine and the MPS client a recorded engine of this machine was started as, read back from its
-    /// fingerprint; none for an engine of another host (a demo machine's has no daemon).
+    /// The machine and the MPS client a recorded engine was started as, read back from its fingerprint;
+    /// none where no daemon runs (a demo machine's engines stand in without one).
     pub fn mps_of(fingerprint: &str) -> Option<(String, MpsClient)> {
         let print: serde_json::Value = serde_json::from_str(fingerprint).ok()?;
-        if serde_json::from_value::<Host>(print.get("host")?.clone()).ok()? != Host::Local {
+        // Read by its tag, not deserialized: serde cannot read a node's GPU map (integer keys) back
+        // inside an internally tagged enum.
+        let host = print.get("host")?;
+        let daemons = match host.get("kind")?.as_str()? {
+            "local" => true,
+            "cluster" => host.get("demo")?.as_bool() == Some(false),
+            _ => false,
+        };
+        if !daemons {
             return None;
         }
         Some((
@@ -617,8 +631,25 @@ mod tests {
         assert_ne!(plain.fingerprint(), mps.fingerprint());
         assert_eq!(
             EngineSpec::mps_of(&mps.fingerprint()),
-            Some(("atlas".to_owned(), client))
+            Some(("atlas".to_owned(), client.clone()))
         );
+        let on = |host| EngineSpec {
+            host,
+            ..mps.clone()
+        };
+        let node = |demo| Host::Cluster {
+            address: "10.0.0.7".into(),
+            uuids: BTreeMap::from([(0, "GPU-1".into())]),
+            demo,
+        };
+        assert_eq!(
+            EngineSpec::mps_of(&on(node(false)).fingerprint()),
+            Some(("atlas".to_owned(), client)),
+            "a node's engine rejoins its daemon there"
+        );
+        for nowhere in [node(true), Host::Simulated, Host::Remote] {
+            assert_eq!(EngineSpec::mps_of(&on(nowhere).fingerprint()), None);
+        }
     }
 
     #[test]

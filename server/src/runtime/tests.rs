@@ -541,7 +541,7 @@ fn mps_control(dir: &Path) -> PathBuf {
         r#"#!/bin/sh
 calls="$CUDA_MPS_LOG_DIRECTORY/calls"
 if [ "$1" = "-d" ]; then
-    echo "start $CUDA_VISIBLE_DEVICES" >> "$calls"
+    echo "start $CUDA_VISIBLE_DEVICES${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:+ with a client's limit}" >> "$calls"
     touch "$CUDA_MPS_PIPE_DIRECTORY/control"
     exit 0
 fi
@@ -738,4 +738,127 @@ async fn a_daemon_that_died_is_started_again_for_the_next_client_not_taken_on_tr
     wait_until("b runs", || started("b")).await;
     assert_eq!(mps_calls(dir.path()), "start GPU-0c4b\nstart GPU-0c4b\n");
     runtime.shutdown().await;
+}
+
+/// An engine of `spec` as its job's entrypoint would run on its node: the entrypoint run by `sh`, with
+/// the job's variables; what it printed, and whether it succeeded.
+fn run_on_node(request: &crate::inventory::ray::JobRequest) -> (String, String, bool) {
+    let out = std::process::Command::new("sh")
+        .args(["-c", &request.entrypoint])
+        .envs(&request.runtime_env.env_vars)
+        .output()
+        .unwrap();
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        out.status.success(),
+    )
+}
+
+#[test]
+fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_its_client_or_not_at_all(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let settings = Settings {
+        node_data_dir: dir.path().join("node"),
+        mps_control: mps_control(dir.path()),
+        ..settings(dir.path())
+    };
+    let executor = |settings: Settings| {
+        ray::RayExecutor::new(
+            crate::inventory::ray::RayClient::new("http://127.0.0.1:9", None).unwrap(),
+            settings,
+            instance(dir.path()),
+            Arc::new(Mutex::new(false)),
+        )
+    };
+    let node = executor(settings.clone());
+    let uuid = "GPU-a1b2c3d4-0000-4000-8000-000000000001";
+    let spec = EngineSpec {
+        machine: "majin".to_owned(),
+        host: Host::Cluster {
+            address: "127.0.0.1".to_owned(),
+            uuids: BTreeMap::from([(0, uuid.to_owned())]),
+            demo: false,
+        },
+        mps: Some(spec::MpsClient {
+            index: 0,
+            uuid: uuid.to_owned(),
+            compute_percent: Some(40),
+        }),
+        ..command("emb", 0, "sh -c 'env | grep ^CUDA_ | sort'")
+    };
+    let submission = |node: &ray::RayExecutor| {
+        let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
+        let (request, daemon) = node.submission(&spec, &mut launch, 8000).unwrap();
+        assert!(daemon.is_some());
+        assert_eq!(
+            launch.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=1024M",
+            "the engine's view shows the limit it runs under"
+        );
+        request
+    };
+    let calls = || {
+        std::fs::read_to_string(dir.path().join("node/mps/majin-0/log/calls")).unwrap_or_default()
+    };
+    let pipe = dir.path().join("node/mps/majin-0/pipe");
+    let log = dir.path().join("node/mps/majin-0/log");
+
+    let request = submission(&node);
+    assert_eq!(request.entrypoint_resources.len(), 1, "{request:?}");
+    let (printed, said, ran) = run_on_node(&request);
+    assert!(ran, "{said}");
+    assert_eq!(
+        printed,
+        format!(
+            "CUDA_DEVICE_ORDER=PCI_BUS_ID\nCUDA_MPS_ACTIVE_THREAD_PERCENTAGE=40\nCUDA_MPS_LOG_DIRECTORY={}\nCUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M\nCUDA_MPS_PIPE_DIRECTORY={}\nCUDA_VISIBLE_DEVICES=0\n",
+            log.display(),
+            pipe.display()
+        ),
+        "the engine runs as its daemon's client, its share its limit"
+    );
+    assert_eq!(
+        calls(),
+        format!("start {uuid}\n"),
+        "the daemon sees the GPU alone, and no client's limit"
+    );
+    let (_, said, ran) = run_on_node(&submission(&node));
+    assert!(ran, "{said}");
+    assert_eq!(
+        calls(),
+        format!("start {uuid}\n"),
+        "a daemon that answers is kept"
+    );
+
+    // With no daemon and no control program, the engine does not run outside MPS.
+    std::fs::remove_file(pipe.join("control")).unwrap();
+    let broken = executor(Settings {
+        mps_control: dir.path().join("no-such-program"),
+        ..settings
+    });
+    let (printed, said, ran) = run_on_node(&submission(&broken));
+    assert!(!ran);
+    assert_eq!(printed, "", "the engine did not start");
+    assert_eq!(
+        said.trim_end(),
+        format!(
+            "the MPS daemon of GPU {uuid} could not start (it did not answer within 3s; its log is in {}): emb is not started, as outside MPS its memory share would not be enforced",
+            log.display()
+        )
+    );
+
+    // On a node whose GPUs are made up, no daemon: the demo engine stands in.
+    let demo = EngineSpec {
+        host: Host::Cluster {
+            address: "127.0.0.1".to_owned(),
+            uuids: BTreeMap::from([(0, uuid.to_owned())]),
+            demo: true,
+        },
+        ..spec.clone()
+    };
+    let mut launch = demo.command_line(8000, Bytes::gb(8)).unwrap();
+    let (request, daemon) = node.submission(&demo, &mut launch, 8000).unwrap();
+    assert_eq!(daemon, None);
+    assert!(request.entrypoint.starts_with("exec "), "{request:?}");
+    assert!(!launch.env.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
 }

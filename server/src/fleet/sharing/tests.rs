@@ -167,7 +167,7 @@ async fn a_sharing_setting_that_cannot_hold_is_refused_with_what_to_do_and_nothi
     let app = TestApp::with_local(&format!("{MAJIN}{ATLAS}"), Some("atlas")).await;
     let cases = [
         ("majin:0", json!({"mode": "mps"}), StatusCode::UNPROCESSABLE_ENTITY,
-            "GPU 0 of majin is on majin, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs (and the demo fleet's)"),
+            "GPU 0 of majin is on majin, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs and the Ray cluster's nodes (and the demo fleet's)"),
         ("atlas:0", json!({"mode": "mig"}), StatusCode::UNPROCESSABLE_ENTITY,
             "Tessera plans MIG layouts but does not apply them yet: the machine page shows GPU 0 of atlas's layout and the nvidia-smi commands that make it"),
         ("atlas:0", json!({"mode": "vgpu"}), StatusCode::UNPROCESSABLE_ENTITY,
