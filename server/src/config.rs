@@ -240,9 +240,22 @@ pub struct EngineFlags {
         long,
         env = "TESSERA_NODE_DATA_DIR",
         default_value = "/tmp/tessera",
-        value_name = "DIR"
+        value_name = "DIR",
+        value_parser = absolute_dir
     )]
     pub node_data_dir: PathBuf,
+}
+
+/// A folder named the same from wherever it is used: each job on a node runs in a folder of its own.
+fn absolute_dir(value: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(value);
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{value} is a relative path: give an absolute one, the same on every node (such as /tmp/tessera)"
+        ))
+    }
 }
 
 impl EngineFlags {
@@ -342,6 +355,19 @@ mod tests {
             .to_string();
         assert!(
             err.contains("an interference threshold is a ratio from 1 to 100, such as 1.5"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_node_s_data_folder_is_an_absolute_path_and_a_relative_one_is_refused() {
+        let config = Config::try_parse_from(["tessera"]).unwrap();
+        assert_eq!(config.engines.node_data_dir, PathBuf::from("/tmp/tessera"));
+        let err = Config::try_parse_from(["tessera", "--node-data-dir", "mps"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("mps is a relative path: give an absolute one, the same on every node (such as /tmp/tessera)"),
             "{err}"
         );
     }

@@ -494,6 +494,7 @@ async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_jo
     let dir = tempfile::tempdir().unwrap();
     let control = mps_control(dir.path());
     let node_dir = dir.path().join("node");
+    let uuid = "GPU-5e1d0c2b-7a3f-4e6d-8b9c-0a1b2c3d4e5f";
     let args = [
         "--ray",
         RAY,
@@ -539,7 +540,6 @@ async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_jo
 
     let log = node_dir.join("mps/nimbus-0/log");
     let calls = || std::fs::read_to_string(log.join("calls")).unwrap_or_default();
-    let uuid = "GPU-5e1d0c2b-7a3f-4e6d-8b9c-0a1b2c3d4e5f";
     assert_eq!(
         calls(),
         format!("start {uuid}\n"),

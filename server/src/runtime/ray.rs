@@ -47,7 +47,10 @@ struct Inner {
     /// one before stays in Ray's list, with its log and times, until the run after it begins.
     jobs: Mutex<BTreeMap<String, Vec<String>>>,
     /// The MPS daemons of the nodes' GPUs shared under MPS, with the engines that are their clients.
-    mps: tokio::sync::Mutex<MpsClients>,
+    mps: Mutex<MpsClients>,
+    /// One gate per daemon (by pipe directory), held while a client joins it and while it is told to
+    /// quit: a client waits for its own GPU's daemon to be gone, not for another GPU's.
+    gates: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// A Ray cluster's jobs, as an [`Executor`].
@@ -67,7 +70,8 @@ impl RayExecutor {
             instance,
             closing,
             jobs: Mutex::default(),
-            mps: tokio::sync::Mutex::default(),
+            mps: Mutex::default(),
+            gates: Mutex::default(),
         }))
     }
 
@@ -100,8 +104,19 @@ impl RayExecutor {
             id,
             address,
             port,
-            mps_machine: None,
+            mps: None,
+            over: false,
         }
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, MpsClients> {
+        self.0.mps.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The gate of `daemon`'s GPU.
+    fn gate(&self, daemon: &MpsDaemon) -> Arc<tokio::sync::Mutex<()>> {
+        let mut gates = self.0.gates.lock().unwrap_or_else(PoisonError::into_inner);
+        gates.entry(daemon.pipe_dir.clone()).or_default().clone()
     }
 
     /// The daemon, on `machine`'s node, of the GPU `client` runs on.
@@ -150,36 +165,65 @@ impl RayExecutor {
             "the MPS daemon of GPU {} could not start (it did not answer within {patience:?}; its log is in {}): {unit} is not started, as outside MPS its memory share would not be enforced",
             daemon.uuid, daemon.log_dir
         );
-        let quote = |word: &str| {
-            shlex::try_quote(word)
-                .map(|w| w.into_owned())
-                .map_err(|e| format!("{word} cannot be given to a shell: {e}"))
-        };
         Ok(format!(
-            "answers() {{ echo get_server_list | {control} >/dev/null 2>&1; }}
+            "{answers}
 if ! answers; then
   mkdir -p {pipe} {log}
-  setsid -w {control} -d </dev/null >/dev/null 2>&1
+  setsid -w {control} -d </dev/null >&2
   tries=0
   until answers; do
     tries=$((tries + 1))
-    if [ \"$tries\" -gt {tries} ]; then echo {why} >&2; exit 1; fi
+    if [ \"$tries\" -gt {tries} ]; then printf '%s\\n' {why} >&2; exit 1; fi
     sleep 0.1
   done
 fi
 exec {command}",
+            answers = answers(&control),
             pipe = quote(&daemon.pipe_dir)?,
             log = quote(&daemon.log_dir)?,
             why = quote(&why)?,
         ))
     }
 
-    /// Tells `daemon`, on `machine`'s node, to quit after its last client, with a job pinned there, and
-    /// waits until it has run: a client that came meanwhile would find a daemon on its way out.
-    async fn quit(&self, machine: &str, daemon: &MpsDaemon) -> Result<(), String> {
-        let request = JobRequest {
+    /// The job that tells `daemon`, on `machine`'s node, to quit, pinned there: it waits until the
+    /// daemon no longer answers (within the stop timeout), and fails if it still does.
+    pub(super) fn quit_request(
+        &self,
+        machine: &str,
+        daemon: &MpsDaemon,
+    ) -> Result<JobRequest, String> {
+        let control = self.control(daemon)?;
+        let tries = (self.0.settings.stop_timeout.as_millis() / 100).max(1);
+        let why = quote(&format!(
+            "the MPS daemon of GPU {} still answers after it was told to quit",
+            daemon.uuid
+        ))?;
+        let in_use = quote(&format!(
+            "the MPS daemon of GPU {} has clients: it is left running",
+            daemon.uuid
+        ))?;
+        Ok(JobRequest {
             submission_id: submission_id(&format!("mps_quit_{machine}")),
-            entrypoint: format!("echo quit | {}", self.control(daemon)?),
+            // None answering is none to stop (it died, or the node restarted). One whose server has
+            // clients is left running: this quit may have waited for its node (a node that died comes
+            // back with its queued jobs) while new clients came.
+            entrypoint: format!(
+                "{answers}
+answers || exit 0
+for server in $(echo get_server_list | {control} 2>/dev/null); do
+  if [ -n \"$(echo \"get_client_list $server\" | {control} 2>/dev/null)\" ]; then
+    printf '%s\\n' {in_use} >&2; exit 1
+  fi
+done
+echo quit | {control} >&2
+tries=0
+while answers; do
+  tries=$((tries + 1))
+  if [ \"$tries\" -gt {tries} ]; then printf '%s\\n' {why} >&2; exit 1; fi
+  sleep 0.1
+done",
+                answers = answers(&control),
+            ),
             runtime_env: RuntimeEnv::default(),
             metadata: BTreeMap::from([
                 (META_INSTANCE.to_owned(), self.0.instance.clone()),
@@ -190,41 +234,66 @@ exec {command}",
                 MACHINE_LABEL.to_owned(),
                 machine.to_owned(),
             )]),
-        };
+        })
+    }
+
+    /// Tells `daemon`, on `machine`'s node, to quit after its last client, and waits for that job. A job
+    /// that did not run is stopped, not left queued to stop a daemon that later clients use.
+    async fn quit(&self, machine: &str, daemon: &MpsDaemon) -> Result<(), String> {
+        let request = self.quit_request(machine, daemon)?;
         let client = &self.0.client;
-        client.submit(&request).await.map_err(|e| e.to_string())?;
         let id = &request.submission_id;
+        let submitted = client.submit(&request).await;
         let deadline = Instant::now() + QUIT_PATIENCE;
-        loop {
-            match client.job(id).await {
-                Ok(job) if job.status == "SUCCEEDED" => break,
-                Ok(job) if job.terminal() => return Err(format!("job {id}: {}", ending(&job))),
-                _ if Instant::now() >= deadline => {
-                    return Err(format!("job {id} had not run after {QUIT_PATIENCE:?}"))
+        let outcome = match submitted {
+            Err(e) => Err(e.to_string()),
+            Ok(()) => loop {
+                match client.job(id).await {
+                    Ok(job) if job.status == "SUCCEEDED" => break Ok(()),
+                    Ok(job) if job.terminal() => break Err(format!("job {id}: {}", ending(&job))),
+                    _ if Instant::now() >= deadline => {
+                        break Err(format!("job {id} had not run after {QUIT_PATIENCE:?}"))
+                    }
+                    _ => sleep(self.0.settings.health_interval).await,
                 }
-                _ => sleep(self.0.settings.health_interval).await,
+            },
+        };
+        if outcome.is_err() {
+            // Even where the submission seemed to fail: Ray may have taken it before its answer was lost.
+            if let Err(e) = client.stop(id).await {
+                tracing::debug!("Ray job {id} not stopped: {e}");
             }
         }
         if let Err(e) = client.delete(id).await {
             tracing::debug!("Ray job {id} not deleted: {e}");
         }
-        Ok(())
+        outcome
     }
 
-    /// `unit` is no client from now on; a daemon left without clients is told to quit.
-    async fn leave_mps(&self, machine: &str, unit: &str) {
-        let mut clients = self.0.mps.lock().await;
-        if let Some(daemon) = clients.leave(unit) {
-            match self.quit(machine, &daemon).await {
-                Ok(()) => tracing::info!(
-                    "MPS daemon of GPU {} on {machine} stopped after {unit}",
-                    daemon.uuid
-                ),
-                Err(why) => tracing::warn!(
-                    "MPS daemon of GPU {} on {machine} did not stop: {why}",
-                    daemon.uuid
-                ),
-            }
+    /// `unit` is no client of `daemon` from now on; a daemon left without clients is told to quit, unless
+    /// `unit`'s job may still run (its stop never saw it end): then it is left running under it.
+    async fn leave_mps(&self, machine: &str, daemon: &MpsDaemon, unit: &str, ended: bool) {
+        let gate = self.gate(daemon);
+        let _gate = gate.lock().await;
+        let Some(daemon) = self.clients().leave(unit) else {
+            return;
+        };
+        if !ended {
+            tracing::warn!(
+                "{unit} may still run on {machine}: the MPS daemon of GPU {} is left running",
+                daemon.uuid
+            );
+            return;
+        }
+        match self.quit(machine, &daemon).await {
+            Ok(()) => tracing::info!(
+                "MPS daemon of GPU {} on {machine} stopped after {unit}",
+                daemon.uuid
+            ),
+            Err(why) => tracing::warn!(
+                "MPS daemon of GPU {} on {machine} did not stop: {why}",
+                daemon.uuid
+            ),
         }
     }
 
@@ -315,6 +384,18 @@ exec {command}",
     }
 }
 
+/// `word` quoted for a shell.
+fn quote(word: &str) -> Result<String, String> {
+    shlex::try_quote(word)
+        .map(|w| w.into_owned())
+        .map_err(|e| format!("{word} cannot be given to a shell: {e}"))
+}
+
+/// A shell function, `answers`, that succeeds while the daemon `control` speaks to answers.
+fn answers(control: &str) -> String {
+    format!("answers() {{ echo get_server_list | {control} >/dev/null 2>&1; }}")
+}
+
 /// A job id of Tessera's for `unit`: unique (Ray keeps ended jobs), and readable in Ray's own dashboard.
 fn submission_id(unit: &str) -> String {
     let name: String = unit
@@ -373,14 +454,27 @@ impl Executor for RayExecutor {
         {
             return Err(StartFailure::Closing);
         }
-        let daemon_machine = daemon.as_ref().map(|_| spec.machine.clone());
-        if let Some(daemon) = daemon {
+        let mps = daemon.map(|daemon| (spec.machine.clone(), daemon));
+        if let Some((_, daemon)) = &mps {
             // A client from before it is submitted: a last client leaving meanwhile leaves the daemon up.
-            self.0.mps.lock().await.join(daemon, &spec.unit);
+            // Once the daemon's quit (if one is under way) is over: the client starts a new one.
+            let gate = self.gate(daemon);
+            let _gate = gate.lock().await;
+            if *self
+                .0
+                .closing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+            {
+                return Err(StartFailure::Closing);
+            }
+            self.clients().join(daemon.clone(), &spec.unit);
         }
         if let Err(e) = self.0.client.submit(&request).await {
-            // Never submitted, so nothing of it started a daemon to stop.
-            self.0.mps.lock().await.leave(&spec.unit);
+            if let Some((machine, daemon)) = &mps {
+                // It may have been the last client of a daemon the one before it left running.
+                self.leave_mps(machine, daemon, &spec.unit, true).await;
+            }
             return Err(unavailable(e));
         }
         for old in self.note(&spec.unit, &request.submission_id) {
@@ -390,18 +484,18 @@ impl Executor for RayExecutor {
         }
         let address = spec.host.bind_address().to_owned();
         let mut job = self.running(&spec.unit, request.submission_id, address, port);
-        job.mps_machine = daemon_machine;
+        job.mps = mps;
         Ok(Box::new(job))
     }
 
     async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
         let jobs = self.0.client.jobs().await.map_err(io::Error::other)?;
         let mut leftovers = Vec::new();
-        // Engines only: a job with no unit tells a daemon to quit.
         for job in jobs
             .into_iter()
             .filter(|job| !job.terminal() && job.meta(META_INSTANCE) == Some(&self.0.instance))
         {
+            // Engines only: a job without a unit is a daemon's quit.
             let (Some(unit), Some(id)) = (job.meta(META_UNIT), job.submission_id.clone()) else {
                 continue;
             };
@@ -415,8 +509,8 @@ impl Executor for RayExecutor {
             // Its daemon, left running with it, is its again.
             if let Some((machine, client)) = fingerprint.as_deref().and_then(EngineSpec::mps_of) {
                 let daemon = self.mps_daemon(&machine, &client);
-                self.0.mps.lock().await.join(daemon, unit);
-                running.mps_machine = Some(machine);
+                self.clients().join(daemon.clone(), unit);
+                running.mps = Some((machine, daemon));
             }
             leftovers.push(Leftover {
                 fingerprint,
@@ -447,8 +541,10 @@ struct RayJob {
     id: String,
     address: String,
     port: u16,
-    /// The machine whose GPU's MPS daemon it is a client of, if it is one.
-    mps_machine: Option<String>,
+    /// The machine and the MPS daemon it is a client of, if it is one.
+    mps: Option<(String, MpsDaemon)>,
+    /// Its job was seen to end.
+    over: bool,
 }
 
 impl RayJob {
@@ -501,7 +597,9 @@ impl Running for RayJob {
     }
 
     async fn exited(&mut self) -> String {
-        ending(&self.ended().await)
+        let job = self.ended().await;
+        self.over = true;
+        ending(&job)
     }
 
     /// Ray sends SIGTERM to the job's process group and SIGKILL after the cluster's
@@ -520,7 +618,10 @@ impl Running for RayJob {
         }
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left.max(stop_timeout), self.ended()).await {
-            Ok(_) => None,
+            Ok(_) => {
+                self.over = true;
+                None
+            }
             Err(_) => Some(format!(
                 "Ray job {} was not over {stop_timeout:?} after it was told to stop",
                 self.id
@@ -536,8 +637,10 @@ impl Running for RayJob {
     /// Ray keeps the ended job, with its log and times, until the unit's run after next begins. A
     /// client leaves its daemon, which quits after the last.
     async fn forget(&mut self) {
-        if let Some(machine) = self.mps_machine.take() {
-            self.executor.leave_mps(&machine, &self.unit).await;
+        if let Some((machine, daemon)) = self.mps.take() {
+            self.executor
+                .leave_mps(&machine, &daemon, &self.unit, self.over)
+                .await;
         }
     }
 }

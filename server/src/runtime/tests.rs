@@ -756,7 +756,7 @@ fn run_on_node(request: &crate::inventory::ray::JobRequest) -> (String, String, 
 }
 
 #[test]
-fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_its_client_or_not_at_all(
+fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_its_client_or_not_at_all_and_a_job_stops_it_after(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let settings = Settings {
@@ -830,8 +830,67 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
         "a daemon that answers is kept"
     );
 
+    // After the last client, a job on the node tells it to quit and sees it gone; where none answers,
+    // there is none to stop.
+    let daemon = placement::sharing::MpsDaemon::new(
+        &dir.path().join("node").display().to_string(),
+        "majin",
+        0,
+        uuid,
+    );
+    let quit = node.quit_request("majin", &daemon).unwrap();
+    assert_eq!(
+        quit.entrypoint_label_selector["tessera.machine"], "majin",
+        "it runs on the daemon's node"
+    );
+    assert!(quit.entrypoint_resources.is_empty());
+    let (_, said, ran) = run_on_node(&quit);
+    assert!(ran, "{said}");
+    assert_eq!(calls(), format!("start {uuid}\nquit\n"));
+    let (_, said, ran) = run_on_node(&quit);
+    assert!(ran, "{said}");
+    assert_eq!(calls(), format!("start {uuid}\nquit\n"), "none to stop");
+    // A quit that comes late (it waited for its node) while new clients use the daemon leaves it be.
+    let busy = dir.path().join("busy");
+    std::fs::write(
+        &busy,
+        r#"#!/bin/sh
+read command
+case "$command" in
+    get_server_list) echo 4242 ;;
+    "get_client_list 4242") echo 4343 ;;
+    quit) echo quit >> "$CUDA_MPS_LOG_DIRECTORY/calls" ;;
+esac
+"#,
+    )
+    .unwrap();
+    std::fs::set_permissions(&busy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let busy = executor(Settings {
+        mps_control: busy,
+        ..settings.clone()
+    });
+    let (_, said, ran) = run_on_node(&busy.quit_request("majin", &daemon).unwrap());
+    assert!(!ran);
+    assert_eq!(
+        said.trim_end(),
+        format!("the MPS daemon of GPU {uuid} has clients: it is left running")
+    );
+    assert_eq!(calls(), format!("start {uuid}\nquit\n"), "no quit sent");
+    let deaf = dir.path().join("deaf");
+    std::fs::write(&deaf, "#!/bin/sh\ncat >/dev/null\n").unwrap();
+    std::fs::set_permissions(&deaf, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let deaf = executor(Settings {
+        mps_control: deaf,
+        ..settings.clone()
+    });
+    let (_, said, ran) = run_on_node(&deaf.quit_request("majin", &daemon).unwrap());
+    assert!(!ran);
+    assert_eq!(
+        said.trim_end(),
+        format!("the MPS daemon of GPU {uuid} still answers after it was told to quit")
+    );
+
     // With no daemon and no control program, the engine does not run outside MPS.
-    std::fs::remove_file(pipe.join("control")).unwrap();
     let broken = executor(Settings {
         mps_control: dir.path().join("no-such-program"),
         ..settings
@@ -839,12 +898,16 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
     let (printed, said, ran) = run_on_node(&submission(&broken));
     assert!(!ran);
     assert_eq!(printed, "", "the engine did not start");
-    assert_eq!(
-        said.trim_end(),
-        format!(
+    assert!(
+        said.contains("no-such-program"),
+        "why the daemon did not start is in the job's log: {said}"
+    );
+    assert!(
+        said.trim_end().ends_with(&format!(
             "the MPS daemon of GPU {uuid} could not start (it did not answer within 3s; its log is in {}): emb is not started, as outside MPS its memory share would not be enforced",
             log.display()
-        )
+        )),
+        "{said}"
     );
 
     // On a node whose GPUs are made up, no daemon: the demo engine stands in.
