@@ -457,34 +457,6 @@ async fn a_machine_whose_node_dies_is_unreachable_its_work_waits_and_it_is_recon
     server.stop().await;
 }
 
-/// Stands in for NVIDIA's `nvidia-cuda-mps-control` on nimbus, whose GPU is made up: `-d` "starts" the
-/// daemon of the GPU its environment names, a command on standard input is answered while one runs, and
-/// each start and stop is written down in the daemon's log directory.
-fn mps_control(dir: &std::path::Path) -> std::path::PathBuf {
-    let program = dir.join("mps-control");
-    std::fs::write(
-        &program,
-        r#"#!/bin/sh
-calls="$CUDA_MPS_LOG_DIRECTORY/calls"
-if [ "$1" = "-d" ]; then
-    echo "start $CUDA_VISIBLE_DEVICES" >> "$calls"
-    touch "$CUDA_MPS_PIPE_DIRECTORY/control"
-    exit 0
-fi
-[ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || exit 1
-read command
-if [ "$command" = quit ]; then
-    echo quit >> "$calls"
-    rm "$CUDA_MPS_PIPE_DIRECTORY/control"
-fi
-"#,
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
-    program
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Ray cluster of scripts/test-ray"]
 async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_job_that_stops_it_after_its_last(
@@ -492,14 +464,15 @@ async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_jo
     let _one = CLUSTER.lock().await;
     clear_jobs().await;
     let dir = tempfile::tempdir().unwrap();
-    let control = mps_control(dir.path());
+    // NVIDIA's control program's stand-in: nimbus's GPU is made up.
+    let control = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/mps-control");
     let node_dir = dir.path().join("node");
     let uuid = "GPU-5e1d0c2b-7a3f-4e6d-8b9c-0a1b2c3d4e5f";
     let args = [
         "--ray",
         RAY,
         "--mps-control",
-        control.to_str().unwrap(),
+        control,
         "--node-data-dir",
         node_dir.to_str().unwrap(),
     ];

@@ -531,31 +531,24 @@ async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory
     );
 }
 
-/// Stands in for NVIDIA's `nvidia-cuda-mps-control` where there is no NVIDIA driver (as here): `-d`
-/// "starts" the daemon of the GPU its environment names, a command on standard input is answered while
-/// one runs, and each start and stop is written down in the daemon's log directory.
-fn mps_control(dir: &Path) -> PathBuf {
-    let program = dir.join("mps-control");
-    std::fs::write(
+/// The stand-in for NVIDIA's `nvidia-cuda-mps-control` (`tests/support/mps-control`): it records each
+/// daemon start and stop in the daemon's log directory.
+fn mps_control() -> PathBuf {
+    PathBuf::from(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/support/mps-control"
+    ))
+}
+
+/// An executable shell script `name` in `dir`.
+fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let program = dir.join(name);
+    std::fs::write(&program, format!("#!/bin/sh\n{body}")).unwrap();
+    std::fs::set_permissions(
         &program,
-        r#"#!/bin/sh
-calls="$CUDA_MPS_LOG_DIRECTORY/calls"
-if [ "$1" = "-d" ]; then
-    echo "start $CUDA_VISIBLE_DEVICES${CUDA_MPS_PINNED_DEVICE_MEM_LIMIT:+ with a client's limit}" >> "$calls"
-    touch "$CUDA_MPS_PIPE_DIRECTORY/control"
-    exit 0
-fi
-[ -e "$CUDA_MPS_PIPE_DIRECTORY/control" ] || exit 1
-read command
-if [ "$command" = quit ]; then
-    echo quit >> "$calls"
-    rm "$CUDA_MPS_PIPE_DIRECTORY/control"
-fi
-"#,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&program, std::fs::Permissions::from_mode(0o755)).unwrap();
     program
 }
 
@@ -596,7 +589,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
 fn mps_settings(dir: &Path) -> Settings {
     Settings {
         data_dir: dir.to_path_buf(),
-        mps_control: mps_control(dir),
+        mps_control: mps_control(),
         ..settings(dir)
     }
 }
@@ -761,7 +754,7 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
     let dir = tempfile::tempdir().unwrap();
     let settings = Settings {
         node_data_dir: dir.path().join("node"),
-        mps_control: mps_control(dir.path()),
+        mps_control: mps_control(),
         ..settings(dir.path())
     };
     let executor = |settings: Settings| {
@@ -851,20 +844,17 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
     assert!(ran, "{said}");
     assert_eq!(calls(), format!("start {uuid}\nquit\n"), "none to stop");
     // A quit that comes late (it waited for its node) while new clients use the daemon leaves it be.
-    let busy = dir.path().join("busy");
-    std::fs::write(
-        &busy,
-        r#"#!/bin/sh
-read command
+    let busy = script(
+        dir.path(),
+        "busy",
+        r#"read command
 case "$command" in
     get_server_list) echo 4242 ;;
     "get_client_list 4242") echo 4343 ;;
     quit) echo quit >> "$CUDA_MPS_LOG_DIRECTORY/calls" ;;
 esac
 "#,
-    )
-    .unwrap();
-    std::fs::set_permissions(&busy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    );
     let busy = executor(Settings {
         mps_control: busy,
         ..settings.clone()
@@ -876,9 +866,7 @@ esac
         format!("the MPS daemon of GPU {uuid} has clients: it is left running")
     );
     assert_eq!(calls(), format!("start {uuid}\nquit\n"), "no quit sent");
-    let deaf = dir.path().join("deaf");
-    std::fs::write(&deaf, "#!/bin/sh\ncat >/dev/null\n").unwrap();
-    std::fs::set_permissions(&deaf, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let deaf = script(dir.path(), "deaf", "cat >/dev/null\n");
     let deaf = executor(Settings {
         mps_control: deaf,
         ..settings.clone()
