@@ -13,17 +13,25 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use placement::{Bytes, Gpu, Machine};
 
+/// NVML's word for a GPU whose MIG mode is on (`NVML_DEVICE_MIG_ENABLE`).
+const MIG_ENABLED: u32 = 1;
+
 /// This machine's NVIDIA GPUs, through a loaded NVML.
 #[derive(Debug)]
 pub struct NvmlGpus {
     nvml: Nvml,
+    /// The GPUs found under MIG and said so in the log, once each.
+    said_under_mig: std::sync::Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl NvmlGpus {
     /// Loads NVML. Fails with [`InventoryError::NvmlUnavailable`] where there is no NVIDIA driver.
     pub fn init() -> Result<NvmlGpus, InventoryError> {
         Nvml::init()
-            .map(|nvml| NvmlGpus { nvml })
+            .map(|nvml| NvmlGpus {
+                nvml,
+                said_under_mig: Default::default(),
+            })
             .map_err(|e| match e {
                 NvmlError::LibloadingError(detail) => {
                     InventoryError::NvmlUnavailable(detail.to_string())
@@ -48,7 +56,15 @@ impl NvmlGpus {
             })?;
         let (gpus, live) = (0..count)
             .map(|index| match self.nvml.device_by_index(index) {
-                Ok(device) => read_device(index, &device, ours),
+                Ok(device) => {
+                    let (gpu, live) = read_device(index, &device, ours);
+                    if matches!(device.mig_mode(), Ok(mode) if mode.current == MIG_ENABLED) {
+                        self.say_under_mig(index);
+                        (cut_into_instances(gpu), live)
+                    } else {
+                        (gpu, live)
+                    }
+                }
                 Err(e) => unreadable(index, &format!("NVML could not open it: {e}")),
             })
             .unzip();
@@ -60,6 +76,29 @@ impl NvmlGpus {
             gpus,
         };
         Ok(LocalReading { machine, live })
+    }
+}
+
+impl NvmlGpus {
+    fn say_under_mig(&self, index: u32) {
+        let mut said = self
+            .said_under_mig
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if said.insert(index) {
+            tracing::warn!(
+                "GPU {index} of this machine has MIG on: work runs only in its instances, which Tessera does not place on yet, so it offers nothing"
+            );
+        }
+    }
+}
+
+/// A GPU cut into MIG instances runs work only inside them, which Tessera does not yet hold as GPUs of
+/// their own: all of it counts as held outside, so nothing is placed on it that could not run there.
+fn cut_into_instances(gpu: Gpu) -> Gpu {
+    Gpu {
+        held_outside: gpu.total,
+        ..gpu
     }
 }
 
@@ -181,6 +220,30 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_gpu_cut_into_mig_instances_offers_nothing_until_its_instances_are_gpus_of_their_own() {
+        let gpu = Gpu {
+            index: 1,
+            uuid: "GPU-1".into(),
+            model: "NVIDIA H100 80GB HBM3".into(),
+            vendor: "nvidia".into(),
+            total: Bytes::gb(80),
+            held_outside: Bytes::gb(1),
+            healthy: true,
+        };
+        let cut = cut_into_instances(gpu.clone());
+        assert!(cut.healthy);
+        assert_eq!(cut.offered(), Bytes::ZERO);
+        assert_eq!(
+            Gpu {
+                held_outside: gpu.held_outside,
+                ..cut
+            },
+            gpu,
+            "only what it offers changes"
+        );
     }
 
     #[test]
