@@ -82,6 +82,19 @@ pub fn ray_node(head: Option<String>, name: Option<String>) -> Result<(), String
     if let Some(name) = name {
         machine.name = name;
     }
+    // A GPU cut into MIG instances is left out: work runs only in its instances, which Tessera does not
+    // place on yet, and a node's readings do not say it is cut.
+    let under_mig = nvml.under_mig();
+    machine.gpus.retain(|gpu| {
+        let cut = under_mig.contains(&gpu.index);
+        if cut {
+            eprintln!(
+                "GPU {} has MIG on and is left out: Tessera does not place work in MIG instances yet",
+                gpu.index
+            );
+        }
+        !cut
+    });
     println!(
         "{}",
         crate::inventory::ray::start_line(&machine, head.as_deref())

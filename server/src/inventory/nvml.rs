@@ -58,7 +58,7 @@ impl NvmlGpus {
             .map(|index| match self.nvml.device_by_index(index) {
                 Ok(device) => {
                     let (gpu, live) = read_device(index, &device, ours);
-                    if matches!(device.mig_mode(), Ok(mode) if mode.current == MIG_ENABLED) {
+                    if mig_on(&device) {
                         self.say_under_mig(index);
                         (cut_into_instances(gpu), live)
                     } else {
@@ -80,6 +80,18 @@ impl NvmlGpus {
 }
 
 impl NvmlGpus {
+    /// The indices of the GPUs whose MIG mode is on now.
+    pub fn under_mig(&self) -> Vec<u32> {
+        let count = self.nvml.device_count().unwrap_or(0);
+        (0..count)
+            .filter(|&index| {
+                self.nvml
+                    .device_by_index(index)
+                    .is_ok_and(|device| mig_on(&device))
+            })
+            .collect()
+    }
+
     fn say_under_mig(&self, index: u32) {
         let mut said = self
             .said_under_mig
@@ -91,6 +103,13 @@ impl NvmlGpus {
             );
         }
     }
+}
+
+/// Whether `device`'s MIG mode is on (a GPU without MIG says it is not supported).
+fn mig_on(device: &Device<'_>) -> bool {
+    device
+        .mig_mode()
+        .is_ok_and(|mode| mode.current == MIG_ENABLED)
 }
 
 /// A GPU cut into MIG instances runs work only inside them, which Tessera does not yet hold as GPUs of
