@@ -564,5 +564,14 @@ async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_jo
     })
     .await;
     assert_eq!(calls(), format!("start {uuid}\nquit\n"));
+    support::wait_until("the quit job is deleted once it succeeded", || async {
+        ray("GET", "/api/jobs/")
+            .await
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|job| job["metadata"]["tessera_mps_quit"].is_null())
+    })
+    .await;
     server.stop().await;
 }

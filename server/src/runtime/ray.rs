@@ -30,8 +30,9 @@ const META_PORT: &str = "tessera_port";
 /// On a job that tells a GPU's MPS daemon to quit (not an engine): the GPU's UUID.
 const META_MPS_QUIT: &str = "tessera_mps_quit";
 
-/// How long a job that tells a daemon to quit may take to be scheduled and run.
-const QUIT_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How long a job that tells a daemon to quit may take to be scheduled, beyond its own wait for the
+/// daemon to go (the stop timeout).
+const QUIT_SCHEDULING: std::time::Duration = std::time::Duration::from_secs(60);
 
 const MIB: u64 = 1 << 20;
 
@@ -165,11 +166,16 @@ impl RayExecutor {
             "the MPS daemon of GPU {} could not start (it did not answer within {patience:?}; its log is in {}): {unit} is not started, as outside MPS its memory share would not be enforced",
             daemon.uuid, daemon.log_dir
         );
+        // The shared lock on the daemon's lock file is taken before it is asked and held by the engine
+        // for its life (the descriptor outlives `exec`): a quit takes it exclusively, so it never stops
+        // a daemon a client is starting under or runs under. The daemon itself must not hold it.
         Ok(format!(
-            "{answers}
+            "mkdir -p {pipe} {log}
+exec 9>>{lock}
+flock -s 9
+{answers}
 if ! answers; then
-  mkdir -p {pipe} {log}
-  setsid -w {control} -d </dev/null >&2
+  setsid -w {control} -d </dev/null >&2 9>&-
   tries=0
   until answers; do
     tries=$((tries + 1))
@@ -181,12 +187,14 @@ exec {command}",
             answers = answers(&control),
             pipe = quote(&daemon.pipe_dir)?,
             log = quote(&daemon.log_dir)?,
+            lock = quote(&lock_file(daemon))?,
             why = quote(&why)?,
         ))
     }
 
     /// The job that tells `daemon`, on `machine`'s node, to quit, pinned there: it waits until the
-    /// daemon no longer answers (within the stop timeout), and fails if it still does.
+    /// daemon no longer answers (within the stop timeout), and fails if it still does. It quits only
+    /// with the daemon's lock file to itself: a client starting or running holds it shared.
     pub(super) fn quit_request(
         &self,
         machine: &str,
@@ -204,17 +212,14 @@ exec {command}",
         ))?;
         Ok(JobRequest {
             submission_id: submission_id(&format!("mps_quit_{machine}")),
-            // None answering is none to stop (it died, or the node restarted). One whose server has
-            // clients is left running: this quit may have waited for its node (a node that died comes
-            // back with its queued jobs) while new clients came.
+            // None answering is none to stop (it died, or the node restarted). One with clients is left
+            // running: this quit may have waited for its node (a node that died comes back with its
+            // queued jobs) while new clients came.
             entrypoint: format!(
                 "{answers}
 answers || exit 0
-for server in $(echo get_server_list | {control} 2>/dev/null); do
-  if [ -n \"$(echo \"get_client_list $server\" | {control} 2>/dev/null)\" ]; then
-    printf '%s\\n' {in_use} >&2; exit 1
-  fi
-done
+exec 9>>{lock}
+flock -n -x 9 || {{ printf '%s\\n' {in_use} >&2; exit 1; }}
 echo quit | {control} >&2
 tries=0
 while answers; do
@@ -223,6 +228,7 @@ while answers; do
   sleep 0.1
 done",
                 answers = answers(&control),
+                lock = quote(&lock_file(daemon))?,
             ),
             runtime_env: RuntimeEnv::default(),
             metadata: BTreeMap::from([
@@ -242,9 +248,11 @@ done",
     async fn quit(&self, machine: &str, daemon: &MpsDaemon) -> Result<(), String> {
         let request = self.quit_request(machine, daemon)?;
         let client = &self.0.client;
+        self.sweep_quits().await;
         let id = &request.submission_id;
         let submitted = client.submit(&request).await;
-        let deadline = Instant::now() + QUIT_PATIENCE;
+        let patience = QUIT_SCHEDULING + self.0.settings.stop_timeout;
+        let deadline = Instant::now() + patience;
         let outcome = match submitted {
             Err(e) => Err(e.to_string()),
             Ok(()) => loop {
@@ -252,7 +260,7 @@ done",
                     Ok(job) if job.status == "SUCCEEDED" => break Ok(()),
                     Ok(job) if job.terminal() => break Err(format!("job {id}: {}", ending(&job))),
                     _ if Instant::now() >= deadline => {
-                        break Err(format!("job {id} had not run after {QUIT_PATIENCE:?}"))
+                        break Err(format!("job {id} had not run after {patience:?}"))
                     }
                     _ => sleep(self.0.settings.health_interval).await,
                 }
@@ -265,9 +273,30 @@ done",
             }
         }
         if let Err(e) = client.delete(id).await {
+            // One stopped just now ends later: the next sweep deletes it.
             tracing::debug!("Ray job {id} not deleted: {e}");
         }
         outcome
+    }
+
+    /// Deletes this installation's quit jobs that have ended, which a stop left in Ray's list.
+    async fn sweep_quits(&self) {
+        let Ok(jobs) = self.0.client.jobs().await else {
+            return;
+        };
+        for job in jobs {
+            let ours = job.meta(META_INSTANCE) == Some(&self.0.instance);
+            if let (true, true, Some(_), Some(id)) = (
+                ours,
+                job.terminal(),
+                job.meta(META_MPS_QUIT),
+                &job.submission_id,
+            ) {
+                if let Err(e) = self.0.client.delete(id).await {
+                    tracing::debug!("Ray job {id} not deleted: {e}");
+                }
+            }
+        }
     }
 
     /// `unit` is no client of `daemon` from now on; a daemon left without clients is told to quit, unless
@@ -391,6 +420,11 @@ fn quote(word: &str) -> Result<String, String> {
         .map_err(|e| format!("{word} cannot be given to a shell: {e}"))
 }
 
+/// The file a daemon's clients lock shared while they start and run, and its quit locks alone.
+fn lock_file(daemon: &MpsDaemon) -> String {
+    format!("{}.lock", daemon.pipe_dir)
+}
+
 /// A shell function, `answers`, that succeeds while the daemon `control` speaks to answers.
 fn answers(control: &str) -> String {
     format!("answers() {{ echo get_server_list | {control} >/dev/null 2>&1; }}")
@@ -472,8 +506,16 @@ impl Executor for RayExecutor {
         }
         if let Err(e) = self.0.client.submit(&request).await {
             if let Some((machine, daemon)) = &mps {
-                // It may have been the last client of a daemon the one before it left running.
-                self.leave_mps(machine, daemon, &spec.unit, true).await;
+                // Refused, it never ran. Otherwise Ray may have taken it before its answer was lost: it
+                // is stopped, and its daemon left running under it.
+                let refused =
+                    matches!(&e, RayError::Status { status, .. } if (400..500).contains(status));
+                if !refused {
+                    if let Err(e) = self.0.client.stop(&request.submission_id).await {
+                        tracing::debug!("Ray job {} not stopped: {e}", request.submission_id);
+                    }
+                }
+                self.leave_mps(machine, daemon, &spec.unit, refused).await;
             }
             return Err(unavailable(e));
         }
@@ -489,13 +531,15 @@ impl Executor for RayExecutor {
     }
 
     async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
+        self.sweep_quits().await;
         let jobs = self.0.client.jobs().await.map_err(io::Error::other)?;
         let mut leftovers = Vec::new();
         for job in jobs
             .into_iter()
             .filter(|job| !job.terminal() && job.meta(META_INSTANCE) == Some(&self.0.instance))
         {
-            // Engines only: a job without a unit is a daemon's quit.
+            // Engines only: a job without a unit is a daemon's quit, harmless once late (it quits
+            // nothing a client holds), deleted once ended.
             let (Some(unit), Some(id)) = (job.meta(META_UNIT), job.submission_id.clone()) else {
                 continue;
             };

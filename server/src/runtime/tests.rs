@@ -781,9 +781,9 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
         }),
         ..command("emb", 0, "sh -c 'env | grep ^CUDA_ | sort'")
     };
-    let submission = |node: &ray::RayExecutor| {
+    let submission_of = |node: &ray::RayExecutor, spec: &EngineSpec| {
         let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
-        let (request, daemon) = node.submission(&spec, &mut launch, 8000).unwrap();
+        let (request, daemon) = node.submission(spec, &mut launch, 8000).unwrap();
         assert!(daemon.is_some());
         assert_eq!(
             launch.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=1024M",
@@ -791,6 +791,7 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
         );
         request
     };
+    let submission = |node: &ray::RayExecutor| submission_of(node, &spec);
     let calls = || {
         std::fs::read_to_string(dir.path().join("node/mps/majin-0/log/calls")).unwrap_or_default()
     };
@@ -843,29 +844,43 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
     let (_, said, ran) = run_on_node(&quit);
     assert!(ran, "{said}");
     assert_eq!(calls(), format!("start {uuid}\nquit\n"), "none to stop");
-    // A quit that comes late (it waited for its node) while new clients use the daemon leaves it be.
-    let busy = script(
-        dir.path(),
-        "busy",
-        r#"read command
-case "$command" in
-    get_server_list) echo 4242 ;;
-    "get_client_list 4242") echo 4343 ;;
-    quit) echo quit >> "$CUDA_MPS_LOG_DIRECTORY/calls" ;;
-esac
-"#,
-    );
-    let busy = executor(Settings {
-        mps_control: busy,
-        ..settings.clone()
-    });
-    let (_, said, ran) = run_on_node(&busy.quit_request("majin", &daemon).unwrap());
+    // A quit that comes late (it waited for its node) while a client starts or runs leaves the daemon
+    // be: the client holds the daemon's lock file for as long as it runs.
+    let sleeper = EngineSpec {
+        recipe: command("emb", 0, "sleep 30").recipe,
+        ..spec.clone()
+    };
+    let request = submission_of(&node, &sleeper);
+    let mut client = std::process::Command::new("sh")
+        .args(["-c", &request.entrypoint])
+        .envs(&request.runtime_env.env_vars)
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while calls().matches("start").count() < 2 {
+        assert!(started.elapsed() < PATIENCE, "the client started no daemon");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (_, said, ran) = run_on_node(&quit);
     assert!(!ran);
     assert_eq!(
         said.trim_end(),
         format!("the MPS daemon of GPU {uuid} has clients: it is left running")
     );
-    assert_eq!(calls(), format!("start {uuid}\nquit\n"), "no quit sent");
+    assert_eq!(
+        calls(),
+        format!("start {uuid}\nquit\nstart {uuid}\n"),
+        "no quit sent"
+    );
+    client.kill().unwrap();
+    client.wait().unwrap();
+    let (_, said, ran) = run_on_node(&quit);
+    assert!(ran, "{said}");
+    assert_eq!(
+        calls(),
+        format!("start {uuid}\nquit\nstart {uuid}\nquit\n"),
+        "its client gone, it is stopped"
+    );
     let deaf = script(dir.path(), "deaf", "cat >/dev/null\n");
     let deaf = executor(Settings {
         mps_control: deaf,
