@@ -160,11 +160,9 @@ impl RayExecutor {
         command: &str,
     ) -> Result<String, String> {
         let control = self.control(daemon)?;
-        let patience = self.0.settings.stop_timeout;
-        let tries = (patience.as_millis() / 100).max(1);
         let why = format!(
-            "the MPS daemon of GPU {} could not start (it did not answer within {patience:?}; its log is in {}): {unit} is not started, as outside MPS its memory share would not be enforced",
-            daemon.uuid, daemon.log_dir
+            "the MPS daemon of GPU {} could not start (it did not answer within {:?}; its log is in {}): {unit} is not started, as outside MPS its memory share would not be enforced",
+            daemon.uuid, self.0.settings.stop_timeout, daemon.log_dir
         );
         // The shared lock on the daemon's lock file is taken before it is asked and held by the engine
         // for its life (the descriptor outlives `exec`): a quit takes it exclusively, so it never stops
@@ -176,19 +174,29 @@ flock -s 9
 {answers}
 if ! answers; then
   setsid -w {control} -d </dev/null >&2 9>&-
-  tries=0
-  until answers; do
-    tries=$((tries + 1))
-    if [ \"$tries\" -gt {tries} ]; then printf '%s\\n' {why} >&2; exit 1; fi
-    sleep 0.1
-  done
+  {wait}
 fi
 exec {command}",
             answers = answers(&control),
             pipe = quote(&daemon.pipe_dir)?,
             log = quote(&daemon.log_dir)?,
             lock = quote(&lock_file(daemon))?,
-            why = quote(&why)?,
+            wait = self.wait_until("answers", &why)?,
+        ))
+    }
+
+    /// A shell loop that waits, within the stop timeout, until `condition` holds, and else exits with
+    /// `why`.
+    fn wait_until(&self, condition: &str, why: &str) -> Result<String, String> {
+        let tries = (self.0.settings.stop_timeout.as_millis() / 100).max(1);
+        Ok(format!(
+            "tries=0
+until {condition}; do
+  tries=$((tries + 1))
+  if [ \"$tries\" -gt {tries} ]; then printf '%s\\n' {why} >&2; exit 1; fi
+  sleep 0.1
+done",
+            why = quote(why)?,
         ))
     }
 
@@ -201,11 +209,10 @@ exec {command}",
         daemon: &MpsDaemon,
     ) -> Result<JobRequest, String> {
         let control = self.control(daemon)?;
-        let tries = (self.0.settings.stop_timeout.as_millis() / 100).max(1);
-        let why = quote(&format!(
+        let why = format!(
             "the MPS daemon of GPU {} still answers after it was told to quit",
             daemon.uuid
-        ))?;
+        );
         let in_use = quote(&format!(
             "the MPS daemon of GPU {} has clients: it is left running",
             daemon.uuid
@@ -221,14 +228,10 @@ answers || exit 0
 exec 9>>{lock}
 flock -n -x 9 || {{ printf '%s\\n' {in_use} >&2; exit 1; }}
 echo quit | {control} >&2
-tries=0
-while answers; do
-  tries=$((tries + 1))
-  if [ \"$tries\" -gt {tries} ]; then printf '%s\\n' {why} >&2; exit 1; fi
-  sleep 0.1
-done",
+{wait}",
                 answers = answers(&control),
                 lock = quote(&lock_file(daemon))?,
+                wait = self.wait_until("! answers", &why)?,
             ),
             runtime_env: RuntimeEnv::default(),
             metadata: BTreeMap::from([
@@ -248,7 +251,9 @@ done",
     async fn quit(&self, machine: &str, daemon: &MpsDaemon) -> Result<(), String> {
         let request = self.quit_request(machine, daemon)?;
         let client = &self.0.client;
-        self.sweep_quits().await;
+        if let Ok(jobs) = client.jobs().await {
+            self.sweep_quits(&jobs).await;
+        }
         let id = &request.submission_id;
         let submitted = client.submit(&request).await;
         let patience = QUIT_SCHEDULING + self.0.settings.stop_timeout;
@@ -280,10 +285,7 @@ done",
     }
 
     /// Deletes this installation's quit jobs that have ended, which a stop left in Ray's list.
-    async fn sweep_quits(&self) {
-        let Ok(jobs) = self.0.client.jobs().await else {
-            return;
-        };
+    async fn sweep_quits(&self, jobs: &[Job]) {
         for job in jobs {
             let ours = job.meta(META_INSTANCE) == Some(&self.0.instance);
             if let (true, true, Some(_), Some(id)) = (
@@ -480,6 +482,14 @@ impl Executor for RayExecutor {
         let (request, daemon) = self
             .submission(spec, launch, port)
             .map_err(StartFailure::Refused)?;
+        let mps = daemon.map(|daemon| (spec.machine.clone(), daemon));
+        // A client waits for its daemon's quit, if one is under way (it then starts a new one), and is
+        // one before it is submitted: a last client leaving meanwhile leaves the daemon up.
+        let gate = mps.as_ref().map(|(_, daemon)| self.gate(daemon));
+        let held = match &gate {
+            Some(gate) => Some(gate.lock().await),
+            None => None,
+        };
         if *self
             .0
             .closing
@@ -488,22 +498,10 @@ impl Executor for RayExecutor {
         {
             return Err(StartFailure::Closing);
         }
-        let mps = daemon.map(|daemon| (spec.machine.clone(), daemon));
         if let Some((_, daemon)) = &mps {
-            // A client from before it is submitted: a last client leaving meanwhile leaves the daemon up.
-            // Once the daemon's quit (if one is under way) is over: the client starts a new one.
-            let gate = self.gate(daemon);
-            let _gate = gate.lock().await;
-            if *self
-                .0
-                .closing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-            {
-                return Err(StartFailure::Closing);
-            }
             self.clients().join(daemon.clone(), &spec.unit);
         }
+        drop(held);
         if let Err(e) = self.0.client.submit(&request).await {
             if let Some((machine, daemon)) = &mps {
                 // Refused, it never ran. Otherwise Ray may have taken it before its answer was lost: it
@@ -531,8 +529,8 @@ impl Executor for RayExecutor {
     }
 
     async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
-        self.sweep_quits().await;
         let jobs = self.0.client.jobs().await.map_err(io::Error::other)?;
+        self.sweep_quits(&jobs).await;
         let mut leftovers = Vec::new();
         for job in jobs
             .into_iter()
