@@ -4,7 +4,6 @@
 
 use super::Fleet;
 use crate::inventory::GpuLive;
-use crate::runtime::spec::Host;
 use app::views::GpuPoint;
 use placement::Bytes;
 use std::collections::BTreeMap;
@@ -30,10 +29,7 @@ impl Fleet {
 
     /// Whether `machine`'s GPUs are made up (the demo fleet's, a Ray node's labelled demo).
     pub fn made_up(&self, machine: &str) -> bool {
-        matches!(
-            self.hosts.host(machine),
-            Host::Simulated | Host::Cluster { demo: true, .. }
-        )
+        self.hosts.host(machine).made_up()
     }
 
     /// The demo fleet's GPUs as its demo engines make them now, over the last `period`: busy for the share

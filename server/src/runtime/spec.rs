@@ -58,6 +58,12 @@ impl Host {
     pub fn runs_daemons(&self) -> bool {
         matches!(self, Host::Local | Host::Cluster { demo: false, .. })
     }
+
+    /// Whether its GPUs are made up (the demo fleet's, a Ray node's labelled demo): the demo engine stands
+    /// in for what would run there.
+    pub fn made_up(&self) -> bool {
+        matches!(self, Host::Simulated | Host::Cluster { demo: true, .. })
+    }
 }
 
 /// One engine the committed state says should run: a placed worker, or one member of a sharing group on
@@ -191,23 +197,19 @@ impl EngineSpec {
         free_at_start: Bytes,
         demo_engine: &Path,
     ) -> Result<Launch, SpecError> {
-        match self.host {
-            Host::Local | Host::Remote | Host::Cluster { demo: false, .. } => {
-                self.command_line(port, free_at_start)
-            }
-            Host::Simulated | Host::Cluster { demo: true, .. } => {
-                let mut args = vec!["demo-engine".to_owned(), "--".to_owned()];
-                if let Ok((program, real)) = self.argv(port, free_at_start) {
-                    args.push(program);
-                    args.extend(real);
-                }
-                Ok(Launch {
-                    program: demo_engine.display().to_string(),
-                    args,
-                    env: self.env(port),
-                })
-            }
+        if !self.host.made_up() {
+            return self.command_line(port, free_at_start);
         }
+        let mut args = vec!["demo-engine".to_owned(), "--".to_owned()];
+        if let Ok((program, real)) = self.argv(port, free_at_start) {
+            args.push(program);
+            args.extend(real);
+        }
+        Ok(Launch {
+            program: demo_engine.display().to_string(),
+            args,
+            env: self.env(port),
+        })
     }
 
     fn argv(&self, port: u16, free_at_start: Bytes) -> Result<(String, Vec<String>), SpecError> {
