@@ -901,6 +901,27 @@ pub struct AuditQuery {
 mod tests {
     use super::*;
 
+    /// A healthy, free, time-sliced GPU of `model` with `total` memory and nothing said about it.
+    fn gpu_detail(model: &str, total: Bytes) -> GpuDetail {
+        GpuDetail {
+            index: 0,
+            model: model.into(),
+            uuid: String::new(),
+            healthy: true,
+            total,
+            held_outside: Bytes::ZERO,
+            usage: GpuUse::Free,
+            sharers: Vec::new(),
+            summary: None,
+            slowed: Vec::new(),
+            sharing: placement::sharing::GpuSharing::default(),
+            over_share: Vec::new(),
+            history: Vec::new(),
+            demo_figures: false,
+            made_up: false,
+        }
+    }
+
     fn row(engines: &[EngineStatus]) -> ModelRow {
         ModelRow {
             name: "glm-5.3".into(),
@@ -1010,20 +1031,9 @@ mod tests {
         };
         let mut gpu = GpuDetail {
             index: 2,
-            model: "NVIDIA H200".into(),
-            uuid: String::new(),
-            healthy: true,
-            total: Bytes::gb(141),
-            held_outside: Bytes::ZERO,
             usage: GpuUse::Shared,
             sharers: vec![sharer("small-llm", 45), sharer("embedder", 8)],
-            summary: None,
-            slowed: Vec::new(),
-            sharing: placement::sharing::GpuSharing::default(),
-            over_share: Vec::new(),
-            history: Vec::new(),
-            demo_figures: false,
-            made_up: false,
+            ..gpu_detail("NVIDIA H200", Bytes::gb(141))
         };
         assert_eq!(
             gpu.mig_plan(),
@@ -1054,21 +1064,10 @@ mod tests {
     #[test]
     fn a_gpu_under_mps_says_its_shares_are_enforced_and_on_a_made_up_gpu_that_no_daemon_runs() {
         let mut gpu = GpuDetail {
-            index: 0,
-            model: "NVIDIA H200".into(),
-            uuid: String::new(),
-            healthy: true,
-            total: Bytes::gb(141),
-            held_outside: Bytes::ZERO,
             usage: GpuUse::Shared,
-            sharers: Vec::new(),
-            summary: None,
-            slowed: Vec::new(),
-            sharing: placement::sharing::GpuSharing::default(),
-            over_share: Vec::new(),
-            history: Vec::new(),
             demo_figures: true,
             made_up: true,
+            ..gpu_detail("NVIDIA H200", Bytes::gb(141))
         };
         assert_eq!(
             gpu.sharing_line(),
@@ -1089,21 +1088,8 @@ mod tests {
     #[test]
     fn a_gpu_says_what_it_offers_and_what_is_held_outside() {
         let gpu = GpuDetail {
-            index: 0,
-            model: "NVIDIA GeForce RTX 4060".into(),
-            uuid: String::new(),
-            healthy: true,
-            total: Bytes::gb(8),
             held_outside: Bytes::gb(1),
-            usage: GpuUse::Free,
-            sharers: Vec::new(),
-            summary: None,
-            slowed: Vec::new(),
-            sharing: placement::sharing::GpuSharing::default(),
-            over_share: Vec::new(),
-            history: Vec::new(),
-            demo_figures: false,
-            made_up: false,
+            ..gpu_detail("NVIDIA GeForce RTX 4060", Bytes::gb(8))
         };
         let reading = GpuPoint {
             at_ms: 0,

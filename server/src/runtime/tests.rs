@@ -585,6 +585,14 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
     }
 }
 
+/// A runtime whose MPS daemons live under `dir`, and two engines for GPU 0 under MPS: a (2 GB), b (3 GB).
+async fn mps_runtime(dir: &Path) -> (Runtime, EngineSpec, EngineSpec) {
+    let runtime = Runtime::open(database(dir).await, mps_settings(dir))
+        .await
+        .unwrap();
+    (runtime, mps_engine(dir, "a", 2), mps_engine(dir, "b", 3))
+}
+
 /// [`settings`] with MPS daemons under `dir`, started and stopped by [`mps_control`].
 fn mps_settings(dir: &Path) -> Settings {
     Settings {
@@ -602,13 +610,7 @@ fn mps_calls(dir: &Path) -> String {
 async fn engines_on_an_mps_gpu_start_after_its_daemon_with_their_share_enforced_and_it_stops_after_the_last(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let pool = database(dir.path()).await;
-    let settings = mps_settings(dir.path());
-    let runtime = Runtime::open(pool, settings).await.unwrap();
-    let (a, b) = (
-        mps_engine(dir.path(), "a", 2),
-        mps_engine(dir.path(), "b", 3),
-    );
+    let (runtime, a, b) = mps_runtime(dir.path()).await;
     runtime.submit(Change::Apply(vec![a.clone(), b.clone()]));
     let env_of = |unit: &str| std::fs::read_to_string(dir.path().join(format!("{unit}.env")));
     wait_until("both engines run", || {
@@ -715,13 +717,7 @@ async fn an_adopted_mps_client_keeps_the_daemon_it_was_started_under_until_it_st
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_daemon_that_died_is_started_again_for_the_next_client_not_taken_on_trust() {
     let dir = tempfile::tempdir().unwrap();
-    let pool = database(dir.path()).await;
-    let settings = mps_settings(dir.path());
-    let runtime = Runtime::open(pool, settings).await.unwrap();
-    let (a, b) = (
-        mps_engine(dir.path(), "a", 2),
-        mps_engine(dir.path(), "b", 3),
-    );
+    let (runtime, a, b) = mps_runtime(dir.path()).await;
     runtime.submit(Change::Apply(vec![a.clone()]));
     let started = |unit: &str| dir.path().join(format!("{unit}.env")).exists();
     wait_until("a runs", || started("a")).await;
