@@ -22,6 +22,7 @@ fn fleet() -> Inventory {
                     total: Bytes::gb(80),
                     held_outside: Bytes::gb(u64::from(index % 3)),
                     healthy: true,
+                    mig: None,
                 })
                 .collect(),
         })

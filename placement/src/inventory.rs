@@ -31,7 +31,14 @@ impl GpuRef {
 
 impl fmt::Display for GpuRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "GPU {} of {}", self.index, self.machine)
+        match crate::mig::instance_of(self.index) {
+            Some((parent, n)) => write!(
+                f,
+                "MIG instance {n} of GPU {parent} of {}",
+                self.machine
+            ),
+            None => write!(f, "GPU {} of {}", self.index, self.machine),
+        }
     }
 }
 
@@ -165,6 +172,24 @@ pub struct Gpu {
     pub held_outside: Bytes,
     /// Whether it is fit to run work.
     pub healthy: bool,
+    /// Its part in MIG, where it has one: cut into instances, or one of those instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig: Option<MigRole>,
+}
+
+/// A GPU's part in MIG (seed 004).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "role")]
+pub enum MigRole {
+    /// Its MIG mode is on: work runs in its instances, each listed as a GPU of its own, and none on it.
+    Cut,
+    /// A MIG instance, held whole by one engine: its index is [`crate::mig::instance_index`] of its GPU's.
+    Instance {
+        /// The index of the GPU it is cut from.
+        parent: u32,
+        /// Its profile, such as `3g.40gb`.
+        profile: String,
+    },
 }
 
 impl Gpu {

@@ -148,6 +148,29 @@ pub fn menu(model: &str) -> Option<&'static Menu> {
     }
 }
 
+/// The index on its machine of MIG instance `n` of GPU `parent` (NVML's order of the GPU's MIG devices):
+/// GPUs are numbered from 0 and instances from 1000 up, so an instance's address never meets a GPU's and
+/// says which GPU it is cut from (instance 2 of GPU 0 is 1002, of GPU 1 2002).
+pub fn instance_index(parent: u32, n: u32) -> u32 {
+    INSTANCES_FROM * (parent + 1) + n
+}
+
+/// The GPU and the instance number an index names, where it names a MIG instance.
+pub fn instance_of(index: u32) -> Option<(u32, u32)> {
+    (index >= INSTANCES_FROM).then(|| (index / INSTANCES_FROM - 1, index % INSTANCES_FROM))
+}
+
+/// Where instance numbers start; NVML numbers a machine's GPUs (at most 64) and a GPU's instances (at most
+/// 7) far below it.
+const INSTANCES_FROM: u32 = 1000;
+
+/// The profile of a MIG device as NVML names it (`NVIDIA H100 80GB HBM3 MIG 3g.40gb`).
+pub fn profile_in_name(name: &str) -> Option<&str> {
+    name.rsplit_once(" MIG ")
+        .map(|(_, profile)| profile.trim())
+        .filter(|p| !p.is_empty())
+}
+
 /// A model meant for the GPU and the memory it needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tenant {
@@ -261,6 +284,39 @@ pub enum NoLayout {
         /// The other models, listed.
         others: String,
     },
+    /// No instance named.
+    #[error("Name at least one instance, such as 3g.40gb.")]
+    NoInstance,
+    /// A profile the GPU's menu does not have.
+    #[error("An {gpu} has no MIG profile {profile:?}; its menu is {menu}.")]
+    UnknownProfile {
+        /// The menu's GPU.
+        gpu: &'static str,
+        /// The name given.
+        profile: String,
+        /// The names it has.
+        menu: String,
+    },
+    /// Instances named that take more slices than the GPU has.
+    #[error("An {gpu} has 7 compute and 8 memory slices (and at most 7 instances); these take {compute} and {slices}: {list}, each as compute+memory.")]
+    OverSlices {
+        /// The menu's GPU.
+        gpu: &'static str,
+        /// Compute slices they take.
+        compute: u8,
+        /// Memory slices they take.
+        slices: u8,
+        /// Each profile with its slices.
+        list: String,
+    },
+    /// Instances named whose placements on the menu cannot put them side by side.
+    #[error("An {gpu}'s placements cannot put these instances side by side: {list}, each as compute+memory slices.")]
+    NoPlacement {
+        /// The menu's GPU.
+        gpu: &'static str,
+        /// Each profile with its slices.
+        list: String,
+    },
     /// The smallest instances that hold the models take more memory slices than the GPU has.
     #[error("The smallest instances that hold these models take {needed} of the GPU's 8 memory slices: {list}.")]
     MemorySlices {
@@ -269,6 +325,54 @@ pub enum NoLayout {
         /// Each model, its smallest profile and its slices.
         list: String,
     },
+}
+
+/// The layout of `menu`'s GPU with an instance of each profile named (by name, such as `3g.40gb`), at the
+/// placements that leave the most room beside them; or why the menu cannot hold them.
+pub fn layout_of(menu: &'static Menu, profiles: &[String]) -> Result<Layout, NoLayout> {
+    if profiles.is_empty() {
+        return Err(NoLayout::NoInstance);
+    }
+    let mut options = Vec::with_capacity(profiles.len());
+    for (t, name) in profiles.iter().enumerate() {
+        let Some(profile) = menu.profiles.iter().find(|p| p.name == name.trim()) else {
+            return Err(NoLayout::UnknownProfile {
+                gpu: menu.gpu,
+                profile: name.clone(),
+                menu: menu
+                    .profiles
+                    .iter()
+                    .map(|p| p.name)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        };
+        options.push((t, vec![profile]));
+    }
+    let named: Vec<Tenant> = options
+        .iter()
+        .map(|(_, p)| Tenant::new(p[0].name, p[0].memory()))
+        .collect();
+    let list = options
+        .iter()
+        .map(|(_, p)| format!("{} ({}+{})", p[0].name, p[0].compute, p[0].slices))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let compute: u8 = options.iter().map(|(_, p)| p[0].compute).sum();
+    let slices: u8 = options.iter().map(|(_, p)| p[0].slices).sum();
+    if options.len() > usize::from(COMPUTE_SLICES) || compute > COMPUTE_SLICES || slices > MEMORY_SLICES
+    {
+        return Err(NoLayout::OverSlices {
+            gpu: menu.gpu,
+            compute,
+            slices,
+            list,
+        });
+    }
+    search(menu, &named, options).ok_or_else(|| NoLayout::NoPlacement {
+        gpu: menu.gpu,
+        list,
+    })
 }
 
 /// The layout of `menu`'s GPU that gives each tenant its own instance with the memory it needs, taking the
@@ -308,6 +412,15 @@ pub fn plan(menu: &'static Menu, tenants: &[Tenant]) -> Result<Layout, NoLayout>
         fitting.sort_by_key(|p| (p.slices, p.compute, p.memory_mib));
         options.push((t, fitting));
     }
+    search(menu, tenants, options.clone()).ok_or_else(|| why_not(tenants, &options))
+}
+
+/// The layout that takes the fewest memory and then compute slices, each tenant on one of its options.
+fn search(
+    menu: &'static Menu,
+    tenants: &[Tenant],
+    mut options: Vec<(usize, Vec<&'static Profile>)>,
+) -> Option<Layout> {
     // The most constrained first: the largest smallest fit.
     options.sort_by_key(|(_, fitting)| std::cmp::Reverse((fitting[0].slices, fitting[0].compute)));
     let mut search = LayoutSearch {
@@ -319,24 +432,20 @@ pub fn plan(menu: &'static Menu, tenants: &[Tenant]) -> Result<Layout, NoLayout>
         best: None,
     };
     search.dfs(0);
-    match search.best {
-        Some((_, chosen)) => {
-            let mut instances: Vec<Placed> = chosen
-                .into_iter()
-                .map(|(t, profile, start)| Placed {
-                    tenant: tenants[t].name.clone(),
-                    profile: *profile,
-                    start,
-                })
-                .collect();
-            instances.sort_by_key(|p| p.start);
-            Ok(Layout {
-                gpu: menu.gpu,
-                instances,
-            })
-        }
-        None => Err(why_not(tenants, &options)),
-    }
+    let (_, chosen) = search.best?;
+    let mut instances: Vec<Placed> = chosen
+        .into_iter()
+        .map(|(t, profile, start)| Placed {
+            tenant: tenants[t].name.clone(),
+            profile: *profile,
+            start,
+        })
+        .collect();
+    instances.sort_by_key(|p| p.start);
+    Some(Layout {
+        gpu: menu.gpu,
+        instances,
+    })
 }
 
 type Choice = (usize, &'static Profile, u8);

@@ -110,6 +110,16 @@ pub enum PendingReason {
         /// The GPU.
         gpu: GpuRef,
     },
+    /// The GPU is cut into MIG instances: work runs in those, not on it.
+    CutIntoInstances {
+        /// The GPU.
+        gpu: GpuRef,
+    },
+    /// The GPU is a MIG instance, which one engine holds whole; the worker asks for a share.
+    InstanceHeldWhole {
+        /// The instance.
+        gpu: GpuRef,
+    },
 }
 
 impl fmt::Display for PendingReason {
@@ -205,6 +215,13 @@ impl fmt::Display for PendingReason {
             MpsOneGpu { gpu } => write!(
                 f,
                 "{gpu} runs MPS, where each engine runs on that one GPU; it needs several"
+            ),
+            CutIntoInstances { gpu } => {
+                write!(f, "{gpu} is cut into MIG instances: work runs in those")
+            }
+            InstanceHeldWhole { gpu } => write!(
+                f,
+                "{gpu} is held whole by one engine; it asks for a share"
             ),
         }
     }

@@ -1,6 +1,6 @@
 //! Placing workers on GPUs: whole or shared by memory, best fit, with a reason for every GPU that says no.
 
-use crate::inventory::{Gpu, GpuRef, Inventory, Machine};
+use crate::inventory::{Gpu, GpuRef, Inventory, Machine, MigRole};
 use crate::reason::PendingReason;
 use crate::request::{GpuDemand, GpuMode, Policy, WorkerRequest};
 use crate::sharing::{Sharing, MPS_MAX_CLIENTS};
@@ -576,6 +576,19 @@ impl Scheduler {
         let machine = &self.machine(self.gpus[id].machine).name;
         if !demand.ids.is_empty() && !demand.ids.iter().any(|i| gpu.is_named_by(machine, i)) {
             return Some(Fit::NotAsked);
+        }
+        match (&gpu.mig, demand.mode) {
+            (Some(MigRole::Cut), _) => {
+                return Some(Fit::No(PendingReason::CutIntoInstances {
+                    gpu: self.gpu_ref(id),
+                }))
+            }
+            (Some(MigRole::Instance { .. }), GpuMode::Shared(_)) => {
+                return Some(Fit::No(PendingReason::InstanceHeldWhole {
+                    gpu: self.gpu_ref(id),
+                }))
+            }
+            _ => {}
         }
         if demand.healthy_only && !gpu.healthy {
             return Some(Fit::No(PendingReason::Unhealthy {

@@ -13,6 +13,7 @@ pub fn gpu(index: u32, gb: u64) -> Gpu {
         total: Bytes::gb(gb),
         held_outside: Bytes::ZERO,
         healthy: true,
+        mig: None,
     }
 }
 

@@ -57,6 +57,7 @@ fn a_model_that_fits_beside_two_others_under_mps_needs_the_whole_gpu_under_mig()
             total: gb(80),
             held_outside: Bytes::ZERO,
             healthy: true,
+            mig: None,
         }],
     };
     let mut mps = Scheduler::new(Inventory::new(vec![h100]).unwrap());
@@ -209,4 +210,164 @@ proptest! {
             (got, want) => prop_assert!(false, "planner {got:?}, brute force {want:?}"),
         }
     }
+}
+
+fn profiles(names: &[&str]) -> Vec<String> {
+    names.iter().map(|&n| n.to_owned()).collect()
+}
+
+#[test]
+fn named_instances_take_placements_that_put_them_side_by_side_and_make_the_commands() {
+    let layout = layout_of(&H100_80GB, &profiles(&["1g.10gb", "3g.40gb", "2g.20gb"])).unwrap();
+    let shown: Vec<String> = layout.instances.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        shown,
+        [
+            "3g.40gb on 3g.40gb (slices 0–3, 39.5 GB)",
+            "2g.20gb on 2g.20gb (slices 4–5, 19.6 GB)",
+            "1g.10gb on 1g.10gb (slices 6–6, 9.8 GB)",
+        ]
+    );
+    assert_eq!(
+        layout.commands(0),
+        [
+            "nvidia-smi mig -i 0 -cgi 9:0 -C",
+            "nvidia-smi mig -i 0 -cgi 14:4 -C",
+            "nvidia-smi mig -i 0 -cgi 19:6 -C",
+        ]
+    );
+}
+
+#[test]
+fn a_profile_off_the_gpu_s_menu_is_refused_with_the_menu() {
+    assert_eq!(
+        layout_of(&H200_141GB, &profiles(&["3g.40gb"]))
+            .unwrap_err()
+            .to_string(),
+        "An H200 141GB has no MIG profile \"3g.40gb\"; its menu is 1g.18gb, 1g.35gb, 2g.35gb, 3g.71gb, 4g.71gb, 7g.141gb."
+    );
+    assert_eq!(
+        layout_of(&H200_141GB, &[]).unwrap_err().to_string(),
+        "Name at least one instance, such as 3g.40gb."
+    );
+}
+
+#[test]
+fn instances_past_the_gpu_s_slices_are_refused_with_each_one_s_slices() {
+    assert_eq!(
+        layout_of(&H100_80GB, &profiles(&["3g.40gb", "3g.40gb", "1g.10gb"]))
+            .unwrap_err()
+            .to_string(),
+        "An H100 80GB has 7 compute and 8 memory slices (and at most 7 instances); these take 7 and 9: 3g.40gb (3+4), 3g.40gb (3+4), 1g.10gb (1+1), each as compute+memory."
+    );
+    assert!(matches!(
+        layout_of(&H100_80GB, &profiles(&["4g.40gb", "4g.40gb"])),
+        Err(NoLayout::OverSlices { compute: 8, .. })
+    ));
+}
+
+/// Every placement of exactly these profiles, by brute force: whether any puts them side by side.
+fn placeable(profiles: &[&Profile]) -> bool {
+    fn go(profiles: &[&Profile], used: u8, compute: u8) -> bool {
+        let Some((p, rest)) = profiles.split_first() else {
+            return true;
+        };
+        compute + p.compute <= COMPUTE_SLICES
+            && p.starts.iter().any(|&s| {
+                let span = ((1u16 << p.slices) - 1) as u8;
+                let mask = span << s;
+                used & mask == 0 && go(rest, used | mask, compute + p.compute)
+            })
+    }
+    go(profiles, 0, 0)
+}
+
+proptest! {
+    #[test]
+    fn named_instances_are_laid_out_exactly_when_some_placement_holds_them(
+        menu in prop::sample::select(vec![&A100_40GB, &A100_80GB, &H100_80GB, &H200_141GB]),
+        picks in prop::collection::vec(0usize..6, 1..=8),
+    ) {
+        let chosen: Vec<&Profile> = picks.iter().map(|&i| &menu.profiles[i % menu.profiles.len()]).collect();
+        let names: Vec<String> = chosen.iter().map(|p| p.name.to_owned()).collect();
+        match layout_of(menu, &names) {
+            Ok(layout) => {
+                prop_assert!(placeable(&chosen));
+                let mut got: Vec<&str> = layout.instances.iter().map(|p| p.profile.name).collect();
+                let mut want: Vec<&str> = chosen.iter().map(|p| p.name).collect();
+                got.sort_unstable();
+                want.sort_unstable();
+                prop_assert_eq!(got, want);
+                let mut used = 0u8;
+                for p in &layout.instances {
+                    prop_assert!(p.profile.starts.contains(&p.start));
+                    let mask = (((1u16 << p.profile.slices) - 1) as u8) << p.start;
+                    prop_assert_eq!(used & mask, 0);
+                    used |= mask;
+                }
+            }
+            Err(NoLayout::OverSlices { .. } | NoLayout::NoPlacement { .. }) => prop_assert!(!placeable(&chosen)),
+            Err(other) => prop_assert!(false, "{other}"),
+        }
+    }
+}
+
+#[test]
+fn an_instance_s_index_names_its_gpu_and_never_meets_a_gpu_s_index() {
+    assert_eq!(instance_index(0, 2), 1002);
+    assert_eq!(instance_of(1002), Some((0, 2)));
+    assert_eq!(instance_of(instance_index(63, 6)), Some((63, 6)));
+    assert_eq!(instance_of(63), None);
+    assert_eq!(
+        crate::GpuRef::new("h200-node", instance_index(1, 0)).to_string(),
+        "MIG instance 0 of GPU 1 of h200-node"
+    );
+    assert_eq!(
+        profile_in_name("NVIDIA H100 80GB HBM3 MIG 3g.40gb"),
+        Some("3g.40gb")
+    );
+    assert_eq!(profile_in_name("NVIDIA H100 80GB HBM3"), None);
+}
+
+#[test]
+fn a_gpu_cut_into_instances_takes_no_work_and_an_instance_takes_one_whole_engine_only() {
+    let cut = Gpu {
+        mig: Some(crate::MigRole::Cut),
+        held_outside: gb(80),
+        ..crate::testing::gpu(0, 80)
+    };
+    let instance = |n: u32| Gpu {
+        index: instance_index(0, n),
+        mig: Some(crate::MigRole::Instance {
+            parent: 0,
+            profile: "3g.40gb".into(),
+        }),
+        ..crate::testing::gpu(0, 39)
+    };
+    let node = Machine {
+        gpus: vec![cut, instance(0), instance(1)],
+        ..crate::testing::machine("h100-node", &[])
+    };
+    let mut s = Scheduler::new(Inventory::new(vec![node]).unwrap());
+    let Decision::Wait(reasons) = s.decide(&WorkerRequest::shared_gb(5.0)) else {
+        panic!("a share has nowhere to go");
+    };
+    let reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        reasons,
+        [
+            "GPU 0 of h100-node is cut into MIG instances: work runs in those",
+            "MIG instance 0 of GPU 0 of h100-node is held whole by one engine; it asks for a share",
+            "MIG instance 1 of GPU 0 of h100-node is held whole by one engine; it asks for a share",
+        ]
+    );
+    let mut whole = WorkerRequest::shared_gb(1.0);
+    whole.gpus.as_mut().unwrap().mode = crate::request::GpuMode::Whole;
+    for (name, on) in [("chat", 1000), ("embed", 1001)] {
+        match s.place(name, &whole).unwrap() {
+            Decision::Place(a) => assert_eq!(a.gpus, [on], "{name}"),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    assert!(matches!(s.decide(&whole), Decision::Wait(_)));
 }
