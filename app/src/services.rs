@@ -88,8 +88,8 @@ pub trait Console: Send + Sync {
 
     /// What a repack is planned from: the fleet as committed now.
     fn repack_input(&self) -> Answer<'_, placement::RepackInput>;
-    /// Shares GPU `index` of `machine` as `mode` says (`time-slicing` or `mps`, with under MPS each
-    /// engine's compute share); its sharers restart.
+    /// Shares GPU `index` of `machine` as `mode` says (`time-slicing`, `mps` with each engine's compute
+    /// share, or `mig` cut into `instances`' profiles); its sharers restart.
     fn set_sharing(
         &self,
         actor: Caller,
@@ -97,6 +97,7 @@ pub trait Console: Send + Sync {
         index: u32,
         mode: String,
         compute_percent: Option<i64>,
+        instances: Option<Vec<String>>,
     ) -> Answer<'_, crate::views::SharingChange>;
     /// Plans the repack that frees `free` GPUs (the most it can when `None`) again and starts carrying it
     /// out; refused when its moves are no longer `expect`, the moves the operator was shown.

@@ -391,6 +391,9 @@ pub struct GpuDetail {
     /// would run there, and no MPS daemon runs.
     #[serde(default)]
     pub made_up: bool,
+    /// Its part in MIG: cut into instances, or one of them.
+    #[serde(default)]
+    pub mig: Option<placement::MigRole>,
 }
 
 /// One reading of a GPU.
@@ -462,6 +465,25 @@ impl GpuDetail {
             format!("{line} This GPU is made up, so no daemon runs: the demo engines stand in.")
         } else {
             line
+        }
+    }
+
+    /// How the machine page heads it: `GPU 0 · NVIDIA H200`, or for a MIG instance the GPU it is cut from,
+    /// `MIG instance 1 of GPU 0 · NVIDIA H200 MIG 3g.71gb`.
+    pub fn title(&self) -> String {
+        match placement::mig::instance_of(self.index) {
+            Some((parent, n)) if self.mig.is_some() => {
+                format!("MIG instance {n} of GPU {parent} · {}", self.model)
+            }
+            _ => format!("GPU {} · {}", self.index, self.model),
+        }
+    }
+
+    /// What MIG makes of it, where it has a part in MIG.
+    pub fn mig_line(&self) -> Option<&'static str> {
+        match self.mig.as_ref()? {
+            placement::MigRole::Cut => Some("Cut into MIG instances: work runs in those, each a GPU of its own below, and none on this GPU itself."),
+            placement::MigRole::Instance { .. } => Some("A MIG instance, with memory and compute walls of its own: one engine holds it whole."),
         }
     }
 
@@ -919,6 +941,7 @@ mod tests {
             history: Vec::new(),
             demo_figures: false,
             made_up: false,
+            mig: None,
         }
     }
 
@@ -1059,6 +1082,37 @@ mod tests {
         );
         gpu.model = "NVIDIA GeForce RTX 4090".into();
         assert_eq!(gpu.mig_plan(), None);
+    }
+
+    #[test]
+    fn a_mig_instance_is_headed_by_the_gpu_it_is_cut_from_and_says_it_is_held_whole() {
+        let instance = GpuDetail {
+            index: placement::mig::instance_index(2, 1),
+            mig: Some(placement::MigRole::Instance {
+                parent: 2,
+                profile: "3g.71gb".into(),
+            }),
+            ..gpu_detail("NVIDIA H200 MIG 3g.71gb", Bytes(71424 << 20))
+        };
+        assert_eq!(
+            instance.title(),
+            "MIG instance 1 of GPU 2 · NVIDIA H200 MIG 3g.71gb"
+        );
+        assert_eq!(
+            instance.mig_line(),
+            Some("A MIG instance, with memory and compute walls of its own: one engine holds it whole.")
+        );
+        let cut = GpuDetail {
+            index: 2,
+            mig: Some(placement::MigRole::Cut),
+            ..gpu_detail("NVIDIA H200", Bytes::gb(141))
+        };
+        assert_eq!(cut.title(), "GPU 2 · NVIDIA H200");
+        assert_eq!(
+            cut.mig_line(),
+            Some("Cut into MIG instances: work runs in those, each a GPU of its own below, and none on this GPU itself.")
+        );
+        assert_eq!(gpu_detail("NVIDIA H200", Bytes::gb(141)).mig_line(), None);
     }
 
     #[test]

@@ -224,13 +224,25 @@ impl Layout {
     /// The commands that create it on GPU `index` once MIG mode is on and the GPU runs nothing: each GPU
     /// instance at its placement, with its default compute instance.
     pub fn commands(&self, index: u32) -> Vec<String> {
+        self.create_args(index)
+            .into_iter()
+            .map(|args| format!("nvidia-smi {}", args.join(" ")))
+            .collect()
+    }
+
+    /// [`Layout::commands`]' arguments to `nvidia-smi`, one list per instance.
+    pub fn create_args(&self, index: u32) -> Vec<Vec<String>> {
         self.instances
             .iter()
             .map(|p| {
-                format!(
-                    "nvidia-smi mig -i {index} -cgi {}:{} -C",
-                    p.profile.id, p.start
-                )
+                vec![
+                    "mig".to_owned(),
+                    "-i".to_owned(),
+                    index.to_string(),
+                    "-cgi".to_owned(),
+                    format!("{}:{}", p.profile.id, p.start),
+                    "-C".to_owned(),
+                ]
             })
             .collect()
     }
@@ -369,7 +381,7 @@ pub fn layout_of(menu: &'static Menu, profiles: &[String]) -> Result<Layout, NoL
             list,
         });
     }
-    search(menu, &named, options).ok_or_else(|| NoLayout::NoPlacement {
+    search(menu, &named, options).ok_or(NoLayout::NoPlacement {
         gpu: menu.gpu,
         list,
     })
@@ -553,10 +565,13 @@ fn and_list(items: &[&str]) -> String {
 
 impl fmt::Display for Placed {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // An instance named by its profile alone ([`layout_of`]) is not said twice.
+        if self.tenant != self.profile.name {
+            write!(f, "{} on ", self.tenant)?;
+        }
         write!(
             f,
-            "{} on {} (slices {}–{}, {} GB)",
-            self.tenant,
+            "{} (slices {}–{}, {} GB)",
             self.profile.name,
             self.start,
             self.start + self.profile.slices - 1,

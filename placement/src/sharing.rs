@@ -47,12 +47,31 @@ pub enum SharingError {
         /// Those engines, as the console names them.
         engines: Vec<String>,
     },
-    /// MIG layouts are planned, not applied.
-    #[error("Tessera plans MIG layouts but does not apply them yet: the machine page shows {gpu}'s layout and the nvidia-smi commands that make it")]
-    MigNotApplied {
-        /// The GPU, as the console names it.
+    /// A MIG instance, which one engine holds whole, asked to be shared.
+    #[error("{gpu} is held whole by one engine and shared no further; set how its GPU is shared instead")]
+    InstanceHeldWhole {
+        /// The instance, as the console names it.
         gpu: String,
     },
+    /// A machine whose GPUs Tessera cannot cut.
+    #[error("{gpu} is on {machine}, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi and restart `tessera ray-node`")]
+    NoMigThere {
+        /// The GPU, as the console names it.
+        gpu: String,
+        /// Its machine.
+        machine: String,
+    },
+    /// A GPU that runs something, asked to be cut or joined back.
+    #[error("{gpu} runs {}: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move {} first", engines.join(", "), if engines.len() == 1 { "it" } else { "them" })]
+    MigBusy {
+        /// The GPU, as the console names it.
+        gpu: String,
+        /// What runs there, as the console names it.
+        engines: Vec<String>,
+    },
+    /// Instances named for a GPU not cut into MIG instances.
+    #[error("instances are named only with mode mig, such as {{\"mode\": \"mig\", \"instances\": [\"3g.40gb\"]}}")]
+    InstancesWithoutMig,
     /// A machine whose engines Tessera cannot run as MPS clients.
     #[error("{gpu} is on {machine}, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs and the Ray cluster's nodes (and the demo fleet's)")]
     NoDaemonThere {

@@ -33,6 +33,7 @@ fn machine(n: usize) -> Machine {
                 total: Bytes::gb(80),
                 held_outside: Bytes::ZERO,
                 healthy: true,
+                mig: None,
             })
             .collect(),
     }

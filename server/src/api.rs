@@ -481,12 +481,14 @@ async fn get_machine(
     Ok(Json(state.fleet.machine(&name)?))
 }
 
-/// `{"mode": "time-slicing" | "mps" | "mig", "compute_percent": N}`: how a GPU is to be shared.
+/// `{"mode": "time-slicing" | "mps" | "mig", "compute_percent": N, "instances": ["3g.40gb", …]}`: how a
+/// GPU is to be shared; under MIG, the profiles it is cut into.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SharingUpdate {
     mode: String,
     compute_percent: Option<i64>,
+    instances: Option<Vec<String>>,
 }
 
 /// `PUT /api/machines/{name}/gpus/{index}/sharing`: shares the GPU as asked; its sharers restart, each
@@ -506,7 +508,10 @@ async fn set_sharing(
     let sharing = placement::sharing::GpuSharing::parse(&update.mode, update.compute_percent)
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     Ok(Json(
-        state.fleet.set_sharing(gpu, sharing, &actor.name).await?,
+        state
+            .fleet
+            .set_sharing(gpu, sharing, update.instances, &actor.name)
+            .await?,
     ))
 }
 

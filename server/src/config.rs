@@ -244,6 +244,14 @@ pub struct EngineFlags {
         value_parser = absolute_dir
     )]
     pub node_data_dir: PathBuf,
+    /// NVIDIA's `nvidia-smi`, run to cut one of this machine's GPUs into MIG instances and to join them back.
+    #[arg(
+        long,
+        env = "TESSERA_NVIDIA_SMI",
+        default_value = "nvidia-smi",
+        value_name = "PROGRAM"
+    )]
+    pub nvidia_smi: PathBuf,
 }
 
 /// A folder named the same from wherever it is used: each job on a node runs in a folder of its own.
@@ -272,6 +280,7 @@ impl EngineFlags {
             drain_grace: Duration::from_secs(self.drain_grace_s),
             mps_control: self.mps_control.clone(),
             node_data_dir: self.node_data_dir.clone(),
+            nvidia_smi: self.nvidia_smi.clone(),
             ..crate::runtime::Settings::new(exe, log_dir)
         }
     }

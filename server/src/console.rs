@@ -414,6 +414,7 @@ impl ConsoleService {
                     history: history.remove(&g.index).unwrap_or_default(),
                     demo_figures: self.fleet.is_demo(name),
                     made_up: self.fleet.made_up(name),
+                    mig: g.mig.clone(),
                 })
                 .collect(),
             workers: lines,
@@ -784,12 +785,18 @@ impl Console for ConsoleService {
         index: u32,
         mode: String,
         compute_percent: Option<i64>,
+        instances: Option<Vec<String>>,
     ) -> Answer<'_, app::views::SharingChange> {
         Box::pin(async move {
             let sharing = placement::sharing::GpuSharing::parse(&mode, compute_percent)
                 .map_err(|e| AppError::Refused(e.to_string()))?;
             self.fleet
-                .set_sharing(placement::GpuRef::new(machine, index), sharing, &actor.name)
+                .set_sharing(
+                    placement::GpuRef::new(machine, index),
+                    sharing,
+                    instances,
+                    &actor.name,
+                )
                 .await
                 .map_err(app_error)
         })

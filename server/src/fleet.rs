@@ -128,6 +128,8 @@ impl Fleet {
                 Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
             }
         }
+        let cut = Committed::load(&mut *pool.acquire().await?).await?;
+        let inventory = sharing::cut_made_up(inventory, &cut, &hosts);
         let (committed, ledger) =
             Fleet::settle(crate::db::write(&pool).await?, inventory, None).await?;
         let state = State {

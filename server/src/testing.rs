@@ -105,6 +105,8 @@ pub struct TestApp {
     pub token: String,
     /// The machine of the inventory that is this one, if any.
     local: Option<String>,
+    /// Every machine of the inventory is made up, as the demo fleet's are.
+    made_up: bool,
 }
 
 /// The admin every test server has; its password, for the tests that sign in.
@@ -121,9 +123,19 @@ impl TestApp {
     /// A server over the inventory in `fleet_toml` whose machine `local` is this one: its engines are
     /// started here (a worker without a command fails to start, and nothing runs).
     pub async fn with_local(fleet_toml: &str, local: Option<&str>) -> TestApp {
+        TestApp::open(fleet_toml, local, false).await
+    }
+
+    /// A server over the inventory in `fleet_toml` whose machines are all made up, as the demo fleet's:
+    /// demo engines stand in for what would run there, and their GPUs are cut in the inventory alone.
+    pub async fn made_up(fleet_toml: &str) -> TestApp {
+        TestApp::open(fleet_toml, None, true).await
+    }
+
+    async fn open(fleet_toml: &str, local: Option<&str>, made_up: bool) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
         let local = local.map(str::to_owned);
-        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone()).await;
+        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone(), made_up).await;
         // One hash for every test server of the run: argon2 is slow by design.
         static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let hash = HASH.get_or_init(|| {
@@ -148,6 +160,7 @@ impl TestApp {
             pool,
             token,
             local,
+            made_up,
         }
     }
 
@@ -166,6 +179,7 @@ impl TestApp {
             pool,
             token,
             local,
+            made_up,
             ..
         } = self;
         drop(router);
@@ -181,7 +195,7 @@ impl TestApp {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         drop((fleet, pool));
-        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone()).await;
+        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone(), made_up).await;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),
@@ -190,6 +204,7 @@ impl TestApp {
             pool,
             token,
             local,
+            made_up,
         }
     }
 
@@ -282,17 +297,27 @@ async fn start(
     dir: &std::path::Path,
     fleet_toml: &str,
     local: Option<String>,
+    made_up: bool,
 ) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
     let machines =
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
+    let simulated = if made_up {
+        machines.iter().map(|m| m.name.clone()).collect()
+    } else {
+        Default::default()
+    };
     let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
     let pool = db::connect(None, dir).await.expect("a database");
     // The test inventory's machines are remote, but for `local`: engines are recorded, not started (the
     // runtime's own tests start real ones).
-    let settings = Settings::new(
-        std::env::current_exe().expect("the test binary"),
-        dir.join("engines"),
-    );
+    // `nvidia-smi` is whatever a test puts in its folder: never the machine's own.
+    let settings = Settings {
+        nvidia_smi: dir.join("nvidia-smi"),
+        ..Settings::new(
+            std::env::current_exe().expect("the test binary"),
+            dir.join("engines"),
+        )
+    };
     let runtime = Arc::new(
         Runtime::open(pool.clone(), settings)
             .await
@@ -306,6 +331,7 @@ async fn start(
             runtime,
             Hosts {
                 local,
+                simulated,
                 ..Hosts::default()
             },
         )

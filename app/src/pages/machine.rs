@@ -14,7 +14,7 @@ use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
 use leptos_router::hooks::use_params_map;
 use placement::sharing::{GpuSharing, Sharing};
-use placement::Bytes;
+use placement::{Bytes, MigRole};
 
 /// One machine.
 #[server(prefix = "/rpc", endpoint = "load_machine", input = Json, client = crate::csrf::CsrfClient)]
@@ -24,17 +24,26 @@ pub async fn load_machine(name: String) -> Result<MachineDetail, AppError> {
     crate::services::answer(console.machine(name)).await
 }
 
-/// Shares GPU `index` of `machine` as `mode` says; its sharers restart.
+/// Shares GPU `index` of `machine` as `mode` says (under MIG, cut into `instances`); its sharers restart.
 #[server(prefix = "/rpc", endpoint = "set_sharing", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn set_sharing(
     machine: String,
     index: u32,
     mode: String,
     compute_percent: Option<i64>,
+    instances: Option<Vec<String>>,
 ) -> Result<SharingChange, AppError> {
     let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.set_sharing(actor, machine, index, mode, compute_percent)).await
+    crate::services::answer(console.set_sharing(
+        actor,
+        machine,
+        index,
+        mode,
+        compute_percent,
+        instances,
+    ))
+    .await
 }
 
 /// The page.
@@ -72,12 +81,14 @@ fn SharingPanel(
 ) -> impl IntoView {
     let operator = move || signed_in().is_some_and(|c| c.role.allows(Role::Operator));
     let detail = move || machine.get().and_then(Result::ok);
+    // A MIG instance is held whole and shared no further: its GPU's setting is what changes.
     let gpus = Memo::new(move |_| {
         detail()
             .map(|m| {
                 m.gpus
                     .iter()
-                    .map(|g| (g.index, g.model.clone()))
+                    .filter(|g| !matches!(g.mig, Some(MigRole::Instance { .. })))
+                    .map(|g| (g.index, g.title()))
                     .collect::<Vec<_>>()
             })
             .unwrap_or_default()
@@ -93,6 +104,7 @@ fn SharingPanel(
     };
     let mode = RwSignal::new(None::<String>);
     let compute = RwSignal::new(None::<String>);
+    let instances = RwSignal::new(None::<String>);
     let confirming = RwSignal::new(false);
     // Another machine's page starts afresh.
     let name = Memo::new(move |_| detail().map(|m| m.name));
@@ -102,6 +114,7 @@ fn SharingPanel(
             picked.set(None);
             mode.set(None);
             compute.set(None);
+            instances.set(None);
             confirming.set(false);
             set.value().set(None);
         }
@@ -112,6 +125,7 @@ fn SharingPanel(
         if let Some(Ok(_)) = set.value().get() {
             mode.set(None);
             compute.set(None);
+            instances.set(None);
         }
     });
     let chosen = move || detail().and_then(|m| m.gpus.into_iter().find(|g| g.index == index()));
@@ -126,6 +140,44 @@ fn SharingPanel(
         })
     };
     let mps = move || mode_value() == Sharing::Mps.as_str();
+    let mig = move || mode_value() == Sharing::Mig.as_str();
+    let menu = move || chosen().and_then(|g| placement::mig::menu(&g.model));
+    // The profiles it is cut into now, from its instances, until others are typed.
+    let instances_value = move || {
+        instances.get().unwrap_or_else(|| {
+            detail()
+                .map(|m| {
+                    m.gpus
+                        .iter()
+                        .filter_map(|g| match &g.mig {
+                            Some(MigRole::Instance { parent, profile }) if *parent == index() => {
+                                Some(profile.clone())
+                            }
+                            _ => None,
+                        })
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                })
+                .unwrap_or_default()
+        })
+    };
+    let profiles = move || -> Vec<String> {
+        instances_value()
+            .split([',', ' '])
+            .filter(|p| !p.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    // Under MIG, the layout the profiles typed make, judged live by the rule the server cuts by.
+    let layout = move || -> Option<Result<placement::mig::Layout, String>> {
+        if !mig() {
+            return None;
+        }
+        Some(match menu() {
+            Some(menu) => placement::mig::layout_of(menu, &profiles()).map_err(|e| e.to_string()),
+            None => Err("This GPU has no MIG profiles Tessera knows: MIG runs on A100, H100 and H200.".to_owned()),
+        })
+    };
     // The compute share as typed: none when empty or not under MPS; refused by the rule the server holds
     // it to.
     let compute_percent = move || -> Result<Option<i64>, String> {
@@ -146,6 +198,10 @@ fn SharingPanel(
     let restarts = move || {
         let unchanged = compute_percent().ok().flatten().map(|p| p as u8) == now().compute_percent
             && mode_value() == now().mode.as_str();
+        // Cutting or joining waits for an idle GPU: nothing restarts, and the server names what must stop.
+        if mig() || now().mode == Sharing::Mig {
+            return Vec::new();
+        }
         chosen()
             .filter(|_| !unchanged)
             .map(|g| {
@@ -166,6 +222,7 @@ fn SharingPanel(
             index: untrack(index),
             mode: mode_value(),
             compute_percent,
+            instances: mig().then(profiles),
         });
         confirming.set(false);
     };
@@ -173,34 +230,53 @@ fn SharingPanel(
         <Show when=move || operator() && !gpus.get().is_empty()>
             <section class="panel" aria-labelledby="sharing-heading" data-testid="sharing-form">
                 <h2 id="sharing-heading">"How a GPU is shared"</h2>
-                <p class="muted">"Time-sliced, each share is a promise the engine keeps by sizing itself; under MPS, the driver holds each engine to its memory share. The GPU's sharers restart, each stopped before it starts again."</p>
+                <p class="muted">"Time-sliced, each share is a promise the engine keeps by sizing itself; under MPS, the driver holds each engine to its memory share; under MIG, the GPU is cut into instances with walls, each a GPU of its own held whole. The GPU's sharers restart, each stopped before it starts again."</p>
                 <label for="sharing-gpu">"GPU"</label>
                 <select id="sharing-gpu" data-testid="sharing-gpu" on:change=move |ev| {
                     picked.set(event_target_value(&ev).parse().ok());
                     mode.set(None);
                     compute.set(None);
+                    instances.set(None);
                     confirming.set(false);
                 }>
-                    {move || gpus.get().into_iter().map(|(i, model)| view! {
-                        <option value=i.to_string() prop:selected=move || index() == i>{format!("GPU {i} · {model}")}</option>
+                    {move || gpus.get().into_iter().map(|(i, title)| view! {
+                        <option value=i.to_string() prop:selected=move || index() == i>{title}</option>
                     }).collect_view()}
                 </select>
                 <label for="sharing-mode">"Sharing"</label>
                 <select id="sharing-mode" data-testid="sharing-mode" prop:value=mode_value on:change=move |ev| mode.set(Some(event_target_value(&ev)))>
                     <option value="time-slicing">"Time-slicing: each share is a promise"</option>
                     <option value="mps">"MPS: the driver holds each engine to its memory share"</option>
+                    {move || menu().map(|_| view! { <option value="mig">"MIG: cut into instances with walls, each held whole"</option> })}
                 </select>
+                <Show when=mig>
+                    <label for="sharing-instances">{move || format!("Instances, from the {} menu: {}", menu().map_or("", |m| m.gpu), menu().map(|m| m.profiles.iter().map(|p| p.name).collect::<Vec<_>>().join(", ")).unwrap_or_default())}</label>
+                    <input id="sharing-instances" type="text" data-testid="sharing-instances" prop:value=instances_value on:input=move |ev| instances.set(Some(event_target_value(&ev))) />
+                    <p class="muted">"A GPU is cut, or joined back whole, only while nothing runs on it or its instances."</p>
+                </Show>
+                {move || layout().map(|laid| match laid {
+                    Ok(layout) => view! {
+                        <ul data-testid="sharing-layout">{layout.instances.iter().map(|p| view! { <li>{p.to_string()}</li> }).collect_view()}</ul>
+                    }.into_any(),
+                    Err(why) => view! { <p class="error" role="alert" data-testid="sharing-layout-error">{why}</p> }.into_any(),
+                })}
                 <Show when=mps>
                     <label for="sharing-compute">"Compute share of each engine, % (empty: no limit)"</label>
                     <input id="sharing-compute" type="number" min="1" max="100" data-testid="sharing-compute" prop:value=compute_value on:input=move |ev| compute.set(Some(event_target_value(&ev))) />
                 </Show>
                 {move || compute_percent().err().map(|e| view! { <p class="error" role="alert">{e}</p> })}
                 <div class="actions">
-                    <button type="button" data-testid="sharing-apply" disabled=move || compute_percent().is_err() on:click=move |_| confirming.set(true)>"Apply"</button>
+                    <button type="button" data-testid="sharing-apply" disabled=move || compute_percent().is_err() || layout().is_some_and(|l| l.is_err()) on:click=move |_| confirming.set(true)>"Apply"</button>
                 </div>
                 {move || confirming.get().then(|| view! {
                     <Confirm
-                        title=format!("Share GPU {} this way?", untrack(index))
+                        title=if untrack(mig) {
+                            format!("Cut GPU {} into these MIG instances?", untrack(index))
+                        } else if untrack(now).mode == Sharing::Mig {
+                            format!("Join GPU {} back whole?", untrack(index))
+                        } else {
+                            format!("Share GPU {} this way?", untrack(index))
+                        }
                         restarts=untrack(restarts)
                         confirm="Apply"
                         pending=set.pending()
@@ -291,7 +367,7 @@ fn Machine(machine: MachineDetail) -> impl IntoView {
 /// One GPU: its figures, its sharers and its memory bar.
 #[component]
 fn GpuCard(gpu: GpuDetail) -> impl IntoView {
-    let heading = format!("GPU {} · {}", gpu.index, gpu.model);
+    let heading = gpu.title();
     let usage = match &gpu.usage {
         GpuUse::Free => "Free: nothing holds it.".to_owned(),
         GpuUse::Whole(by) => format!("Held whole by {by}."),
@@ -314,6 +390,7 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             <p data-testid="gpu-usage">{usage}</p>
             {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
             {(gpu.usage == GpuUse::Shared || gpu.sharing.mode != Sharing::TimeSlicing).then(|| view! { <p class="muted" data-testid="gpu-sharing">{gpu.sharing_line()}</p> })}
+            {gpu.mig_line().map(|line| view! { <p class="muted" data-testid="gpu-mig">{line}</p> })}
             {gpu.over_share.iter().map(|line| view! { <p class="error" data-testid="gpu-over-share">{line.clone()}</p> }).collect_view()}
             {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}
             {gpu.mig_plan().map(|plan| view! { <MigSection plan /> })}

@@ -223,9 +223,9 @@ fn named_instances_take_placements_that_put_them_side_by_side_and_make_the_comma
     assert_eq!(
         shown,
         [
-            "3g.40gb on 3g.40gb (slices 0–3, 39.5 GB)",
-            "2g.20gb on 2g.20gb (slices 4–5, 19.6 GB)",
-            "1g.10gb on 1g.10gb (slices 6–6, 9.8 GB)",
+            "3g.40gb (slices 0–3, 39.5 GB)",
+            "2g.20gb (slices 4–5, 19.6 GB)",
+            "1g.10gb (slices 6–6, 9.8 GB)",
         ]
     );
     assert_eq!(

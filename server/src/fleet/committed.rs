@@ -22,6 +22,8 @@ pub(crate) struct Committed {
     pub(crate) models: Vec<CatalogModel>,
     /// How each GPU is shared where it is not time-sliced.
     pub(crate) sharing: BTreeMap<GpuRef, GpuSharing>,
+    /// The profiles each GPU cut into MIG instances was cut into, in order of placement.
+    pub(crate) mig: BTreeMap<GpuRef, Vec<String>>,
 }
 
 /// A worker as committed.
@@ -55,11 +57,13 @@ impl Committed {
             .into_iter()
             .map(Worker::from_row)
             .collect::<Result<_, _>>()?;
+        let (sharing, mig) = load_sharing(&mut *conn).await?;
         Ok(Committed {
             workers,
             groups: load_groups(&mut *conn).await?,
             models: load_models(&mut *conn).await?,
-            sharing: load_sharing(&mut *conn).await?,
+            sharing,
+            mig,
         })
     }
 
@@ -216,21 +220,36 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
         .collect()
 }
 
+type MigLayouts = BTreeMap<GpuRef, Vec<String>>;
+
+/// A row of `gpu_sharing`: machine, index, mode, compute share, MIG profiles (JSON).
+type SharingRow = (String, i64, String, Option<i64>, Option<String>);
+
 async fn load_sharing(
     conn: &mut sqlx::SqliteConnection,
-) -> Result<BTreeMap<GpuRef, GpuSharing>, ApiError> {
-    let rows: Vec<(String, i64, String, Option<i64>)> = sqlx::query_as(
-        "SELECT machine, gpu_index, mode, compute_percent FROM gpu_sharing ORDER BY machine, gpu_index",
+) -> Result<(BTreeMap<GpuRef, GpuSharing>, MigLayouts), ApiError> {
+    let rows: Vec<SharingRow> = sqlx::query_as(
+        "SELECT machine, gpu_index, mode, compute_percent, mig_instances FROM gpu_sharing ORDER BY machine, gpu_index",
     )
     .fetch_all(&mut *conn)
     .await?;
-    rows.into_iter()
-        .map(|(machine, index, mode, compute)| {
-            let index = u32::try_from(index).map_err(ApiError::internal)?;
-            let sharing = GpuSharing::parse(&mode, compute).map_err(ApiError::internal)?;
-            Ok((GpuRef::new(machine, index), sharing))
-        })
-        .collect()
+    let mut sharing = BTreeMap::new();
+    let mut mig = BTreeMap::new();
+    for (machine, index, mode, compute, instances) in rows {
+        let index = u32::try_from(index).map_err(ApiError::internal)?;
+        let gpu = GpuRef::new(machine, index);
+        sharing.insert(
+            gpu.clone(),
+            GpuSharing::parse(&mode, compute).map_err(ApiError::internal)?,
+        );
+        if let Some(instances) = instances {
+            mig.insert(
+                gpu,
+                serde_json::from_str(&instances).map_err(ApiError::internal)?,
+            );
+        }
+    }
+    Ok((sharing, mig))
 }
 
 async fn load_models(conn: &mut sqlx::SqliteConnection) -> Result<Vec<CatalogModel>, ApiError> {

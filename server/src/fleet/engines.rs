@@ -124,6 +124,11 @@ fn spec(
         recipe,
         machine: assignment.machine.clone(),
         mps,
+        mig: gpus
+            .iter()
+            .filter(|g| matches!(g.mig, Some(placement::MigRole::Instance { .. })))
+            .map(|g| (g.index, g.uuid.clone()))
+            .collect(),
     }
 }
 

@@ -438,6 +438,9 @@ pub struct GpuView {
     /// How it is shared (`PUT /api/machines/{name}/gpus/{index}/sharing` sets it).
     #[serde(default)]
     pub sharing: GpuSharing,
+    /// Its part in MIG: cut into instances (`{"role": "cut"}`), or an instance of the GPU it names.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub mig: Option<placement::MigRole>,
 }
 
 /// One sharer of a GPU.
@@ -531,6 +534,7 @@ fn machine_view(
                         .map(ToString::to_string),
                     summary,
                     sharing: committed.sharing(&here),
+                    mig: gpu.mig.clone(),
                 }
             })
             .collect(),

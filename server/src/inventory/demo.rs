@@ -5,7 +5,8 @@
 //! data-centre node.
 
 use placement::units::GB;
-use placement::{BasisPoints, Bytes, Gpu, Machine};
+use placement::mig::{instance_index, Layout};
+use placement::{BasisPoints, Bytes, Gpu, Machine, MigRole};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -159,6 +160,45 @@ const H200_UUIDS: [&str; 8] = [
     "GPU-7c2dae08-b193-44f5-880d-2d0b3f9caa07",
 ];
 
+/// `machine` with made-up GPU `index` cut into `layout`'s instances, as the driver would list them: the GPU
+/// takes no work, and each instance is a GPU of its own, numbered under it, with its profile's memory.
+/// Whatever instances it had before are gone.
+pub fn cut(machine: &Machine, index: u32, layout: &Layout) -> Machine {
+    let mut machine = join(machine, index);
+    let Some(parent) = machine.gpus.iter_mut().find(|g| g.index == index) else {
+        return machine;
+    };
+    parent.mig = Some(MigRole::Cut);
+    let parent = parent.clone();
+    let instances = layout.instances.iter().zip(0..).map(|(placed, n)| Gpu {
+        index: instance_index(index, n),
+        // The driver's form, MIG- and a UUID of its own; made up from the GPU's and the instance's number.
+        uuid: format!("MIG-{}-{n}", parent.uuid.trim_start_matches("GPU-")),
+        model: format!("{} MIG {}", parent.model, placed.profile.name),
+        total: placed.profile.memory(),
+        held_outside: Bytes::ZERO,
+        mig: Some(MigRole::Instance {
+            parent: index,
+            profile: placed.profile.name.to_owned(),
+        }),
+        ..parent.clone()
+    });
+    machine.gpus.extend(instances);
+    machine
+}
+
+/// `machine` with made-up GPU `index` whole again: its instances gone.
+pub fn join(machine: &Machine, index: u32) -> Machine {
+    let mut machine = machine.clone();
+    machine.gpus.retain(|g| {
+        !matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == index)
+    });
+    for gpu in machine.gpus.iter_mut().filter(|g| g.index == index) {
+        gpu.mig = None;
+    }
+    machine
+}
+
 /// A healthy NVIDIA GPU with nothing held outside.
 fn gpu(index: u32, uuid: &str, model: &str, total_gb: u64) -> Gpu {
     Gpu {
@@ -169,6 +209,7 @@ fn gpu(index: u32, uuid: &str, model: &str, total_gb: u64) -> Gpu {
         total: Bytes::gb(total_gb),
         held_outside: Bytes::ZERO,
         healthy: true,
+        mig: None,
     }
 }
 

@@ -188,6 +188,7 @@ impl Reader<'_> {
             total: self.gb(&owner, "memory_gb", &form.memory_gb)?,
             held_outside,
             healthy: form.healthy,
+            mig: None,
         })
     }
 
@@ -312,6 +313,7 @@ healthy = true
                     total: Bytes::gb(8),
                     held_outside: Bytes::gb(1),
                     healthy: true,
+                    mig: None,
                 }],
             }]
         );

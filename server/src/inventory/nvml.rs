@@ -11,7 +11,8 @@ use nvml_wrapper::enum_wrappers::device::TemperatureSensor;
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
-use placement::{Bytes, Gpu, Machine};
+use placement::mig::instance_index;
+use placement::{Bytes, Gpu, Machine, MigRole};
 
 /// NVML's word for a GPU whose MIG mode is on (`NVML_DEVICE_MIG_ENABLE`).
 const MIG_ENABLED: u32 = 1;
@@ -20,18 +21,13 @@ const MIG_ENABLED: u32 = 1;
 #[derive(Debug)]
 pub struct NvmlGpus {
     nvml: Nvml,
-    /// The GPUs found under MIG and said so in the log, once each.
-    said_under_mig: std::sync::Mutex<std::collections::BTreeSet<u32>>,
 }
 
 impl NvmlGpus {
     /// Loads NVML. Fails with [`InventoryError::NvmlUnavailable`] where there is no NVIDIA driver.
     pub fn init() -> Result<NvmlGpus, InventoryError> {
         Nvml::init()
-            .map(|nvml| NvmlGpus {
-                nvml,
-                said_under_mig: Default::default(),
-            })
+            .map(|nvml| NvmlGpus { nvml })
             .map_err(|e| match e {
                 NvmlError::LibloadingError(detail) => {
                     InventoryError::NvmlUnavailable(detail.to_string())
@@ -45,7 +41,8 @@ impl NvmlGpus {
     }
 
     /// Reads the machine, counting the memory of `ours` (Tessera's own engines) as Tessera's
-    /// rather than as held outside.
+    /// rather than as held outside. A GPU with MIG on is listed as cut, followed by each of its
+    /// instances as a GPU of its own.
     fn read_with(&self, ours: &super::Ours) -> Result<LocalReading, InventoryError> {
         let count = self
             .nvml
@@ -54,20 +51,29 @@ impl NvmlGpus {
                 what: "how many GPUs this machine has",
                 source,
             })?;
-        let (gpus, live) = (0..count)
-            .map(|index| match self.nvml.device_by_index(index) {
+        let mut gpus = Vec::new();
+        let mut live = Vec::new();
+        for index in 0..count {
+            let (gpu, figures) = match self.nvml.device_by_index(index) {
                 Ok(device) => {
-                    let (gpu, live) = read_device(index, &device, ours);
+                    let (gpu, figures) = read_device(index, &device, ours);
                     if mig_on(&device) {
-                        self.say_under_mig(index);
-                        (cut_into_instances(gpu), live)
+                        for (n, instance) in instances(&device) {
+                            let (gpu, figures) =
+                                read_device(instance_index(index, n), &instance, ours);
+                            gpus.push(as_instance(gpu, index));
+                            live.push(figures);
+                        }
+                        (cut_into_instances(gpu), figures)
                     } else {
-                        (gpu, live)
+                        (gpu, figures)
                     }
                 }
                 Err(e) => unreadable(index, &format!("NVML could not open it: {e}")),
-            })
-            .unzip();
+            };
+            gpus.push(gpu);
+            live.push(figures);
+        }
         let machine = Machine {
             name: local_machine_name(),
             cpu_cores: local_cpu_cores(),
@@ -77,9 +83,7 @@ impl NvmlGpus {
         };
         Ok(LocalReading { machine, live })
     }
-}
 
-impl NvmlGpus {
     /// The indices of the GPUs whose MIG mode is on now.
     pub fn under_mig(&self) -> Vec<u32> {
         let count = self.nvml.device_count().unwrap_or(0);
@@ -91,18 +95,6 @@ impl NvmlGpus {
             })
             .collect()
     }
-
-    fn say_under_mig(&self, index: u32) {
-        let mut said = self
-            .said_under_mig
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if said.insert(index) {
-            tracing::warn!(
-                "GPU {index} of this machine has MIG on: work runs only in its instances, which Tessera does not place on yet, so it offers nothing"
-            );
-        }
-    }
 }
 
 /// Whether `device`'s MIG mode is on (a GPU without MIG says it is not supported).
@@ -112,11 +104,31 @@ fn mig_on(device: &Device<'_>) -> bool {
         .is_ok_and(|mode| mode.current == MIG_ENABLED)
 }
 
-/// A GPU cut into MIG instances runs work only inside them, which Tessera does not yet hold as GPUs of
-/// their own: all of it counts as held outside, so nothing is placed on it that could not run there.
+/// The MIG instances of `device` by NVML's number for each: a number with no instance is skipped.
+fn instances<'nvml>(device: &Device<'nvml>) -> Vec<(u32, Device<'nvml>)> {
+    let most = device.mig_device_count().unwrap_or(0);
+    (0..most)
+        .filter_map(|n| device.mig_device_by_index(n).ok().map(|d| (n, d)))
+        .collect()
+}
+
+/// A GPU cut into MIG instances runs work only inside them, each listed as a GPU of its own: it takes
+/// none itself, and all of its memory counts as held outside (its instances' use shows on them).
 fn cut_into_instances(gpu: Gpu) -> Gpu {
     Gpu {
         held_outside: gpu.total,
+        mig: Some(MigRole::Cut),
+        ..gpu
+    }
+}
+
+/// A MIG device of GPU `parent`, as read: its profile is the end of its name (`… MIG 3g.40gb`).
+fn as_instance(gpu: Gpu, parent: u32) -> Gpu {
+    let profile = placement::mig::profile_in_name(&gpu.model)
+        .unwrap_or("unknown")
+        .to_owned();
+    Gpu {
+        mig: Some(MigRole::Instance { parent, profile }),
         ..gpu
     }
 }
@@ -128,8 +140,14 @@ impl LocalGpus for NvmlGpus {
 
     fn processes_on(&self, index: u32) -> Vec<u32> {
         // A GPU that cannot be asked has nothing to wait for: the next start says if memory is short.
-        self.nvml
-            .device_by_index(index)
+        let device = match placement::mig::instance_of(index) {
+            Some((parent, n)) => self
+                .nvml
+                .device_by_index(parent)
+                .and_then(|parent| parent.mig_device_by_index(n)),
+            None => self.nvml.device_by_index(index),
+        };
+        device
             .and_then(|device| device.running_compute_processes())
             .map(|processes| processes.into_iter().map(|p| p.pid).collect())
             .unwrap_or_default()
@@ -175,6 +193,7 @@ fn read_device(index: u32, device: &Device<'_>, ours: &super::Ours) -> (Gpu, Gpu
         total: Bytes(memory.total),
         held_outside: held_outside(used, ours, index, &processes),
         healthy: true,
+        mig: None,
     };
     let live = GpuLive {
         index,
@@ -200,6 +219,7 @@ fn unreadable(index: u32, problem: &str) -> (Gpu, GpuLive) {
         total: Bytes::ZERO,
         held_outside: Bytes::ZERO,
         healthy: false,
+        mig: None,
     };
     let live = GpuLive {
         index,
@@ -242,7 +262,7 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_cut_into_mig_instances_offers_nothing_until_its_instances_are_gpus_of_their_own() {
+    fn a_gpu_cut_into_mig_instances_offers_nothing_itself_and_each_instance_is_a_gpu_of_its_own() {
         let gpu = Gpu {
             index: 1,
             uuid: "GPU-1".into(),
@@ -251,18 +271,31 @@ mod tests {
             total: Bytes::gb(80),
             held_outside: Bytes::gb(1),
             healthy: true,
+            mig: None,
         };
         let cut = cut_into_instances(gpu.clone());
         assert!(cut.healthy);
         assert_eq!(cut.offered(), Bytes::ZERO);
-        assert_eq!(
+        assert_eq!(cut.mig, Some(MigRole::Cut));
+        let instance = as_instance(
             Gpu {
-                held_outside: gpu.held_outside,
-                ..cut
+                index: instance_index(1, 2),
+                uuid: "MIG-4f1c".into(),
+                model: "NVIDIA H100 80GB HBM3 MIG 3g.40gb".into(),
+                total: Bytes(40448 << 20),
+                held_outside: Bytes::ZERO,
+                ..gpu
             },
-            gpu,
-            "only what it offers changes"
+            1,
         );
+        assert_eq!(
+            instance.mig,
+            Some(MigRole::Instance {
+                parent: 1,
+                profile: "3g.40gb".into()
+            })
+        );
+        assert_eq!(instance.index, 2002);
     }
 
     #[test]

@@ -444,6 +444,7 @@ impl ClusterMachine {
                     total: g.memory,
                     held_outside: Bytes::ZERO,
                     healthy: self.alive,
+                    mig: None,
                 })
                 .collect(),
         }

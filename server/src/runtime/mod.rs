@@ -8,6 +8,7 @@
 mod conductor;
 mod executor;
 mod local;
+pub mod mig;
 mod mps;
 pub(crate) mod process;
 mod ray;
@@ -43,6 +44,8 @@ pub struct Settings {
     /// NVIDIA's MPS control program, which starts and stops each GPU's MPS daemon (here and on the
     /// cluster's nodes).
     pub mps_control: PathBuf,
+    /// NVIDIA's `nvidia-smi`, which cuts this machine's GPUs into MIG instances and joins them back.
+    pub nvidia_smi: PathBuf,
     /// On each node of the Ray cluster, the folder its GPUs' MPS daemons keep their pipes and logs under.
     pub node_data_dir: PathBuf,
     /// How often each engine's health is checked.
@@ -104,6 +107,7 @@ impl Settings {
             data_dir: log_dir.clone(),
             log_dir,
             mps_control: PathBuf::from("nvidia-cuda-mps-control"),
+            nvidia_smi: PathBuf::from("nvidia-smi"),
             node_data_dir: PathBuf::from("/tmp/tessera"),
             health_interval: Duration::from_secs(2),
             start_timeout: Duration::from_secs(15 * 60),
@@ -452,6 +456,19 @@ impl Runtime {
     pub fn submit(&self, change: Change) {
         // The conductor ends only with the runtime, so a send cannot fail while `self` lives.
         let _ = self.orders.send(Order::Change(change));
+    }
+
+    /// `nvidia-smi` for this machine's GPUs, each call given the stop timeout.
+    pub fn nvidia_smi(&self) -> mig::NvidiaSmi {
+        mig::NvidiaSmi {
+            program: self.shared.settings.nvidia_smi.clone(),
+            timeout: self.shared.settings.stop_timeout,
+        }
+    }
+
+    /// This machine's GPUs, where NVML reads them.
+    pub fn local_gpus(&self) -> Option<Arc<dyn LocalGpus>> {
+        self.shared.settings.gpus.clone()
     }
 
     /// Every engine, by unit.

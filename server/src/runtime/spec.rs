@@ -89,6 +89,10 @@ pub struct EngineSpec {
     /// On a GPU shared under MPS: the GPU whose MPS server it is a client of, which holds it to its share.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsClient>,
+    /// Its GPUs that are MIG instances, by index: their UUIDs (`MIG-…`), which is how CUDA names an
+    /// instance.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mig: BTreeMap<u32, String>,
 }
 
 /// An engine as a client of its GPU's MPS server.
@@ -145,9 +149,12 @@ impl EngineSpec {
             "share": self.share.map(Bytes::get),
             "recipe": self.recipe,
         });
-        // Only where there is one: an engine started before MPS existed keeps its fingerprint.
+        // Only where there is one: an engine started before MPS or MIG existed keeps its fingerprint.
         if let Some(mps) = &self.mps {
             print["mps"] = serde_json::json!(mps);
+        }
+        if !self.mig.is_empty() {
+            print["mig"] = serde_json::json!(self.mig);
         }
         print.to_string()
     }
@@ -318,13 +325,14 @@ impl EngineSpec {
         env
     }
 
-    /// Indices here; on a cluster's node, the GPUs' UUIDs, which mean the same whatever order that node's
-    /// CUDA counts in.
+    /// Indices here, and a MIG instance's UUID; on a cluster's node, the GPUs' UUIDs, which mean the same
+    /// whatever order that node's CUDA counts in.
     fn cuda_visible_devices(&self) -> String {
         self.gpus
             .iter()
-            .map(|i| match &self.host {
-                Host::Cluster { uuids, .. } => {
+            .map(|i| match (&self.host, self.mig.get(i)) {
+                (_, Some(instance)) => instance.clone(),
+                (Host::Cluster { uuids, .. }, None) => {
                     uuids.get(i).cloned().unwrap_or_else(|| i.to_string())
                 }
                 _ => i.to_string(),
@@ -483,6 +491,7 @@ mod tests {
                 env: BTreeMap::from([("HF_HOME".into(), "/models".into())]),
             },
             mps: None,
+            mig: BTreeMap::new(),
         }
     }
 

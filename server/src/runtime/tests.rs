@@ -67,6 +67,7 @@ fn command(unit: &str, gpu: u32, command: &str) -> EngineSpec {
             env: BTreeMap::new(),
         },
         mps: None,
+        mig: BTreeMap::new(),
     }
 }
 

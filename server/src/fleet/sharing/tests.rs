@@ -168,8 +168,10 @@ async fn a_sharing_setting_that_cannot_hold_is_refused_with_what_to_do_and_nothi
     let cases = [
         ("majin:0", json!({"mode": "mps"}), StatusCode::UNPROCESSABLE_ENTITY,
             "GPU 0 of majin is on majin, where Tessera cannot run an MPS daemon: MPS is set on this server's own GPUs and the Ray cluster's nodes (and the demo fleet's)"),
-        ("atlas:0", json!({"mode": "mig"}), StatusCode::UNPROCESSABLE_ENTITY,
-            "Tessera plans MIG layouts but does not apply them yet: the machine page shows GPU 0 of atlas's layout and the nvidia-smi commands that make it"),
+        ("atlas:0", json!({"mode": "mig", "instances": ["3g.40gb"]}), StatusCode::UNPROCESSABLE_ENTITY,
+            "GPU 0 of atlas: NVIDIA RTX PRO 6000 has no MIG profiles Tessera knows: MIG runs on A100, H100 and H200."),
+        ("atlas:0", json!({"mode": "mps", "instances": ["3g.40gb"]}), StatusCode::UNPROCESSABLE_ENTITY,
+            "instances are named only with mode mig, such as {\"mode\": \"mig\", \"instances\": [\"3g.40gb\"]}"),
         ("atlas:0", json!({"mode": "vgpu"}), StatusCode::UNPROCESSABLE_ENTITY,
             "choose time-slicing, mps or mig, not \"vgpu\""),
         ("atlas:0", json!({"mode": "mps", "compute_percent": 0}), StatusCode::UNPROCESSABLE_ENTITY,
@@ -230,4 +232,276 @@ async fn a_sharing_broken_before_a_write_is_said_and_refuses_only_what_breaks_it
         "glm-5.3, vision run on several GPUs, and under MPS an engine runs on one: GPU 1 of atlas cannot run MPS while glm-5.3, vision share it"
     );
     app.fleet.check_ledger().await.unwrap();
+}
+
+/// hopper: two H100s, each 80 GB.
+const HOPPER: &str = r#"
+[[machine]]
+name = "hopper"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+uuid = "GPU-0a1b"
+model = "NVIDIA H100 80GB HBM3"
+memory_gb = 80
+[[machine.gpu]]
+index = 1
+uuid = "GPU-2c3d"
+model = "NVIDIA H100 80GB HBM3"
+memory_gb = 80
+"#;
+
+/// A worker holding GPU `gpu` (`machine:index`) whole.
+fn whole(name: &str, gpu: &str) -> String {
+    json!({
+        "name": name,
+        "command": "serve",
+        "requested_resources": { "gpu_requests": { "count": 1, "shared": false, "ids": [gpu] } }
+    })
+    .to_string()
+}
+
+/// Each GPU of `machine` as the API lists it: index, MIG part and total bytes.
+async fn gpus(app: &TestApp, machine: &str) -> Vec<(u64, Value, u64)> {
+    let (_, m) = app.get(&format!("/api/machines/{machine}")).await;
+    m["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| {
+            (
+                g["index"].as_u64().unwrap(),
+                g.get("mig").cloned().unwrap_or(Value::Null),
+                g["total_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and_joined_back_only_while_idle(
+) {
+    let app = TestApp::made_up(HOPPER).await;
+    let (status, _) = app.post_worker(&pinned("chat", 10.0, "hopper:0")).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let cut = json!({"mode": "mig", "instances": ["3g.40gb", "2g.20gb", "1g.10gb"]});
+    let (status, body) = set(&app, "hopper:0", cut.clone()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("GPU 0 of hopper runs chat: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first"))
+    );
+    app.call(Method::DELETE, "/api/workers/chat", None).await;
+
+    let (status, change) = set(&app, "hopper:0", cut).await;
+    assert_eq!(status, StatusCode::OK, "{change}");
+    assert_eq!(
+        change,
+        json!({"gpu": "hopper:0", "sharing": {"mode": "mig"}, "restarts": []})
+    );
+    let instance = |n: u64, profile: &str, mib: u64| {
+        (
+            1000 + n,
+            json!({"role": "instance", "parent": 0, "profile": profile}),
+            mib << 20,
+        )
+    };
+    let cut_up = vec![
+        (0, json!({"role": "cut"}), 80 << 30),
+        (1, Value::Null, 80 << 30),
+        instance(0, "3g.40gb", 40448),
+        instance(1, "2g.20gb", 20096),
+        instance(2, "1g.10gb", 9984),
+    ];
+    assert_eq!(gpus(&app, "hopper").await, cut_up);
+
+    // Each instance takes one engine whole, which CUDA is told by the instance's UUID; a share goes to
+    // the GPU left whole, and never onto the cut one or an instance.
+    let (status, body) = app.post_worker(&whole("big", "hopper:1000")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    assert_eq!(body["gpus"], json!([1000]), "{body}");
+    let (_, body) = app.post_worker(&pinned("tiny", 1.0, "hopper:1001")).await;
+    assert_eq!(
+        body["pending_reasons"],
+        json!(["MIG instance 1 of GPU 0 of hopper is held whole by one engine; it asks for a share"])
+    );
+    let (_, body) = app.post_worker(&pinned("cut", 1.0, "hopper:0")).await;
+    assert_eq!(
+        body["pending_reasons"],
+        json!(["GPU 0 of hopper is cut into MIG instances: work runs in those"])
+    );
+    let spec = app
+        .fleet
+        .desired()
+        .await
+        .into_iter()
+        .find(|s| s.unit == "big")
+        .unwrap();
+    let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
+    assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-0a1b-0");
+
+    // The instance's own setting is its GPU's.
+    let (status, body) = set(&app, "hopper:1001", json!({"mode": "mps"})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("MIG instance 1 of GPU 0 of hopper is held whole by one engine and shared no further; set how its GPU is shared instead"))
+    );
+
+    // A restart finds the made-up GPU cut as committed, and what ran in an instance runs there still.
+    let app = app.restart().await;
+    assert_eq!(gpus(&app, "hopper").await, cut_up);
+    app.fleet.check_ledger().await.unwrap();
+    let (_, big) = app.get("/api/workers/big").await;
+    assert_eq!(big["gpus"], json!([1000]), "{big}");
+
+    let join = json!({"mode": "time-slicing"});
+    let (status, body) = set(&app, "hopper:0", join.clone()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("GPU 0 of hopper runs big: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first"))
+    );
+    app.call(Method::DELETE, "/api/workers/big", None).await;
+    let (status, change) = set(&app, "hopper:0", join).await;
+    assert_eq!(status, StatusCode::OK, "{change}");
+    assert_eq!(
+        gpus(&app, "hopper").await,
+        [(0, Value::Null, 80 << 30), (1, Value::Null, 80 << 30)]
+    );
+    // What waited for the whole GPU's room goes there now.
+    let (_, body) = app.get("/api/workers/cut").await;
+    assert_eq!(body["gpus"], json!([0]), "{body}");
+    let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
+    assert_eq!(
+        log[0]["before"],
+        json!({"sharing": {"mode": "mig"}, "instances": ["3g.40gb", "2g.20gb", "1g.10gb"]}),
+        "{log}"
+    );
+    assert_eq!(
+        log[0]["after"],
+        json!({"sharing": {"mode": "time-slicing"}, "instances": null})
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_layout_the_menu_cannot_hold_or_a_machine_tessera_cannot_cut_is_refused_and_nothing_is_stored(
+) {
+    let app = TestApp::made_up(HOPPER).await;
+    let cases = [
+        (json!({"mode": "mig", "instances": ["4g.40gb", "4g.40gb"]}),
+            "GPU 1 of hopper: An H100 80GB has 7 compute and 8 memory slices (and at most 7 instances); these take 8 and 8: 4g.40gb (4+4), 4g.40gb (4+4), each as compute+memory."),
+        (json!({"mode": "mig", "instances": ["3g.71gb"]}),
+            "GPU 1 of hopper: An H100 80GB has no MIG profile \"3g.71gb\"; its menu is 1g.10gb, 1g.20gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb."),
+        (json!({"mode": "mig"}),
+            "GPU 1 of hopper: Name at least one instance, such as 3g.40gb."),
+    ];
+    for (body, error) in cases {
+        let (status, answer) = set(&app, "hopper:1", body.clone()).await;
+        assert_eq!(
+            (status, answer["error"].as_str()),
+            (StatusCode::UNPROCESSABLE_ENTITY, Some(error)),
+            "{body}"
+        );
+    }
+    let remote = TestApp::new(HOPPER).await;
+    let (status, answer) = set(
+        &remote,
+        "hopper:0",
+        json!({"mode": "mig", "instances": ["7g.80gb"]}),
+    )
+    .await;
+    assert_eq!(
+        (status, answer["error"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("GPU 0 of hopper is on hopper, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi and restart `tessera ray-node`"))
+    );
+    for app in [&app, &remote] {
+        assert_eq!(
+            gpus(app, "hopper").await,
+            [(0, Value::Null, 80 << 30), (1, Value::Null, 80 << 30)]
+        );
+        let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
+        assert_eq!(log, json!([]));
+    }
+}
+
+/// A stand-in for `nvidia-smi` in `dir`: it writes each call's arguments to `dir/calls`, says MIG mode
+/// is `mode`, and fails any call whose arguments contain `fail` (when given).
+fn nvidia_smi(dir: &std::path::Path, mode: &str, fail: Option<&str>) {
+    use std::os::unix::fs::PermissionsExt;
+    let calls = dir.join("calls");
+    let fail = fail.map_or(String::new(), |f| {
+        format!("case \"$*\" in *'{f}'*) echo 'Failed to create GPU instances: Insufficient Resources' >&2; exit 3;; esac\n")
+    });
+    let script = format!(
+        "#!/bin/sh\necho \"$*\" >> '{}'\n{fail}case \"$*\" in *--query-gpu*) echo {mode};; esac\n",
+        calls.display()
+    );
+    let path = dir.join("nvidia-smi");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _ = std::fs::remove_file(calls);
+}
+
+fn calls(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("calls"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[tokio::test]
+async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_way_is_undone_and_not_stored(
+) {
+    let app = TestApp::with_local(HOPPER, Some("hopper")).await;
+    let dir = app.dir.path();
+    let cut = json!({"mode": "mig", "instances": ["1g.10gb", "3g.40gb"]});
+
+    nvidia_smi(dir, "Enabled", Some("-cgi 19:4"));
+    let (status, body) = set(&app, "hopper:1", cut.clone()).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let error = body["error"].as_str().unwrap();
+    assert!(
+        error.starts_with("GPU 1 of hopper could not be cut: ")
+            && error.contains("mig -i 1 -cgi 19:4 -C failed (exit status: 3): Failed to create GPU instances: Insufficient Resources; the instances made before it were removed and the GPU left whole"),
+        "{error}"
+    );
+    assert_eq!(
+        calls(dir),
+        [
+            "-i 1 -mig 1",
+            "-i 1 --query-gpu=mig.mode.current --format=csv,noheader",
+            "mig -i 1 -dci",
+            "mig -i 1 -dgi",
+            "mig -i 1 -cgi 9:0 -C",
+            "mig -i 1 -cgi 19:4 -C",
+            "mig -i 1 -dci",
+            "mig -i 1 -dgi",
+            "-i 1 -mig 0",
+        ]
+    );
+    let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
+    assert_eq!(log, json!([]), "nothing is stored");
+
+    // A board that turns MIG on only after a reset is left as it was, and told how.
+    nvidia_smi(dir, "Disabled", None);
+    let (status, body) = set(&app, "hopper:1", cut.clone()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("GPU 1 of hopper could not be cut: MIG mode of GPU 1 is \"Disabled\", not Enabled: this board turns it on only after a GPU reset (nvidia-smi -r -i 1) or a reboot, which Tessera does not do; reset it, then cut it again"))
+    );
+    assert_eq!(calls(dir).last().map(String::as_str), Some("-i 1 -mig 0"));
+
+    nvidia_smi(dir, "Enabled", None);
+    let (status, body) = set(&app, "hopper:1", cut).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(&calls(dir)[4..], ["mig -i 1 -cgi 9:0 -C", "mig -i 1 -cgi 19:4 -C"]);
+    let (status, _) = set(&app, "hopper:1", json!({"mode": "time-slicing"})).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        &calls(dir)[6..],
+        ["mig -i 1 -dci", "mig -i 1 -dgi", "-i 1 -mig 0"]
+    );
+    let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
+    assert_eq!(log.as_array().unwrap().len(), 2);
 }

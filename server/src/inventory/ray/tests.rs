@@ -89,6 +89,7 @@ fn ray_node_prints_a_start_line_with_the_machines_labels_and_a_resource_per_gpu(
             total: Bytes(143_771 << 20),
             held_outside: Bytes::ZERO,
             healthy: true,
+            mig: None,
         }],
         cpu_cores: 32,
         memory: Bytes::gb(256),
