@@ -521,6 +521,9 @@ impl GpuDetail {
 
     /// What it offers Tessera: its total less what is held outside.
     pub fn offered(&self) -> Bytes {
+        if self.mig == Some(placement::MigRole::Cut) {
+            return Bytes::ZERO;
+        }
         self.total.saturating_sub(self.held_outside)
     }
 
@@ -531,7 +534,12 @@ impl GpuDetail {
 
     /// `Offers 7 of its 8 GB (1 GB held outside Tessera)`, or `Offers all of its 96 GB`.
     pub fn offer_text(&self) -> String {
-        if self.held_outside == Bytes::ZERO {
+        if self.mig == Some(placement::MigRole::Cut) {
+            format!(
+                "Offers nothing itself: its {} are its MIG instances'",
+                self.total
+            )
+        } else if self.held_outside == Bytes::ZERO {
             format!("Offers all of its {}", self.total)
         } else {
             format!(
@@ -602,6 +610,18 @@ pub struct MachineDetail {
     /// Since when (RFC 3339) the machine's Ray node has been dead or gone, if it is.
     #[serde(default)]
     pub unreachable_since: Option<String>,
+}
+
+impl MachineDetail {
+    /// Its GPUs as the page lists them: each followed by the MIG instances cut from it.
+    pub fn gpus_in_order(&self) -> Vec<GpuDetail> {
+        let mut gpus = self.gpus.clone();
+        gpus.sort_by_key(|g| match &g.mig {
+            Some(placement::MigRole::Instance { parent, .. }) => (*parent, g.index),
+            _ => (g.index, 0),
+        });
+        gpus
+    }
 }
 
 /// A catalog model the wizard offers.
@@ -1108,6 +1128,11 @@ mod tests {
             ..gpu_detail("NVIDIA H200", Bytes::gb(141))
         };
         assert_eq!(cut.title(), "GPU 2 · NVIDIA H200");
+        assert_eq!(cut.offered(), Bytes::ZERO);
+        assert_eq!(
+            cut.offer_text(),
+            "Offers nothing itself: its 141 GB are its MIG instances'"
+        );
         assert_eq!(
             cut.mig_line(),
             Some("Cut into MIG instances: work runs in those, each a GPU of its own below, and none on this GPU itself.")
@@ -1215,7 +1240,12 @@ impl SharingChange {
         let way = match self.sharing.mode {
             placement::sharing::Sharing::TimeSlicing => "time-sliced",
             placement::sharing::Sharing::Mps => "under MPS",
-            placement::sharing::Sharing::Mig => "under MIG",
+            placement::sharing::Sharing::Mig => {
+                return format!(
+                    "{} is cut into MIG instances, each a GPU of its own held whole.",
+                    self.gpu
+                )
+            }
         };
         match self.restarts.as_slice() {
             [] => format!("{} is shared {way}; nothing restarts.", self.gpu),

@@ -95,3 +95,62 @@ test("an operator puts an H200 under MPS from its page: the confirmation names i
   expect(audit[0].restarts).toEqual(["embedder", "small-llm"]);
   await page.screenshot({ path: test.info().outputPath("machine-mps.png"), fullPage: true });
 });
+
+test("an operator cuts an idle H200 into MIG instances from its page: each is a GPU of its own held whole, and it joins back once idle", async ({ page, request }) => {
+  await open(page, "/machines/h200-node");
+  const form = page.getByTestId("sharing-form");
+  await form.getByTestId("sharing-gpu").selectOption("4");
+  await form.getByTestId("sharing-mode").selectOption("mig");
+  // Judged live against the H200's menu, by the rule the server cuts by.
+  await form.getByTestId("sharing-instances").fill("4g.71gb, 4g.71gb");
+  await expect(form.getByTestId("sharing-layout-error")).toHaveText(
+    "An H200 141GB has 7 compute and 8 memory slices (and at most 7 instances); these take 8 and 8: 4g.71gb (4+4), 4g.71gb (4+4), each as compute+memory.",
+  );
+  await expect(form.getByTestId("sharing-apply")).toBeDisabled();
+  await form.getByTestId("sharing-instances").fill("1g.18gb, 3g.71gb, 1g.18gb");
+  await expect(form.getByTestId("sharing-layout").locator("li")).toHaveText([
+    "3g.71gb (slices 0–3, 69.8 GB)",
+    "1g.18gb (slices 4–4, 16 GB)",
+    "1g.18gb (slices 5–5, 16 GB)",
+  ]);
+  await form.getByTestId("sharing-apply").click();
+  await expect(form.getByTestId("confirm")).toContainText("Cut GPU 4 into these MIG instances?");
+  await form.getByTestId("confirm").getByRole("button", { name: "Apply" }).click();
+  await expect(form.getByTestId("sharing-done")).toHaveText("h200-node:4 is cut into MIG instances, each a GPU of its own held whole.");
+
+  const cut = page.locator('[data-testid="gpu"][data-index="4"]');
+  await expect(cut.getByTestId("gpu-mig")).toHaveText(
+    "Cut into MIG instances: work runs in those, each a GPU of its own below, and none on this GPU itself.",
+  );
+  await expect(cut.getByTestId("gpu-offer")).toHaveText("Offers nothing itself: its 141 GB are its MIG instances'");
+  // Its instances follow it, before GPU 5.
+  await expect(page.getByTestId("gpu").nth(5)).toHaveAttribute("data-index", "5000");
+  await expect(page.getByTestId("gpu").nth(8)).toHaveAttribute("data-index", "5");
+  const instance = page.locator('[data-testid="gpu"][data-index="5001"]');
+  await expect(instance.getByRole("heading")).toHaveText("MIG instance 1 of GPU 4 · NVIDIA H200 MIG 1g.18gb");
+  await expect(instance.getByTestId("gpu-total")).toHaveText("16 GB");
+  await expect(instance.getByTestId("gpu-mig")).toHaveText("A MIG instance, with memory and compute walls of its own: one engine holds it whole.");
+
+  // An engine takes an instance whole; while it runs there, the GPU is not joined back.
+  const asr = await request.post("/api/workers", {
+    data: { name: "asr", requested_resources: { gpu_requests: { count: 1, shared: false, ids: ["h200-node:5001"] } } },
+  });
+  expect(asr.status(), await asr.text()).toBe(201);
+  await expect(instance.getByTestId("gpu-usage")).toHaveText("Held whole by asr.");
+  await form.getByTestId("sharing-gpu").selectOption("4");
+  await form.getByTestId("sharing-mode").selectOption("time-slicing");
+  await form.getByTestId("sharing-apply").click();
+  await expect(form.getByTestId("confirm")).toContainText("Join GPU 4 back whole?");
+  await form.getByTestId("confirm").getByRole("button", { name: "Apply" }).click();
+  await expect(form.getByTestId("sharing-error")).toHaveText(
+    "GPU 4 of h200-node runs asr: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first",
+  );
+  await page.screenshot({ path: test.info().outputPath("machine-mig.png"), fullPage: true });
+
+  expect((await request.delete("/api/workers/asr")).status()).toBe(204);
+  await form.getByTestId("sharing-apply").click();
+  await form.getByTestId("confirm").getByRole("button", { name: "Apply" }).click();
+  await expect(form.getByTestId("sharing-done")).toHaveText("h200-node:4 is shared time-sliced; nothing restarts.");
+  await expect(page.locator('[data-testid="gpu"][data-index="5001"]')).toHaveCount(0);
+  await expect(cut.getByTestId("gpu-mig")).toHaveCount(0);
+});

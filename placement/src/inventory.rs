@@ -32,11 +32,7 @@ impl GpuRef {
 impl fmt::Display for GpuRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match crate::mig::instance_of(self.index) {
-            Some((parent, n)) => write!(
-                f,
-                "MIG instance {n} of GPU {parent} of {}",
-                self.machine
-            ),
+            Some((parent, n)) => write!(f, "MIG instance {n} of GPU {parent} of {}", self.machine),
             None => write!(f, "GPU {} of {}", self.index, self.machine),
         }
     }
@@ -250,6 +246,9 @@ pub enum InventoryError {
     /// A machine without a name.
     #[error("a machine has no name; give it one")]
     UnnamedMachine,
+    /// A GPU numbered where MIG instances are numbered (from 1000 up), or a MIG instance numbered elsewhere.
+    #[error("GPU index {} of {} is where MIG instances are numbered (from 1000 up); number a GPU as NVML does, from 0", .0.index, .0.machine)]
+    MisnumberedGpu(GpuRef),
 }
 
 impl Inventory {
@@ -275,6 +274,14 @@ impl Inventory {
                 }
             }
             for gpu in &machine.gpus {
+                let instance = matches!(gpu.mig, Some(MigRole::Instance { parent, .. })
+                    if crate::mig::instance_of(gpu.index).is_some_and(|(p, _)| p == parent));
+                if instance != crate::mig::instance_of(gpu.index).is_some() {
+                    return Err(InventoryError::MisnumberedGpu(GpuRef::new(
+                        &machine.name,
+                        gpu.index,
+                    )));
+                }
                 if gpu.held_outside > gpu.total {
                     return Err(InventoryError::HeldOutsideOverTotal {
                         gpu: GpuRef::new(&machine.name, gpu.index),

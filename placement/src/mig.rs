@@ -372,7 +372,9 @@ pub fn layout_of(menu: &'static Menu, profiles: &[String]) -> Result<Layout, NoL
         .join(", ");
     let compute: u8 = options.iter().map(|(_, p)| p[0].compute).sum();
     let slices: u8 = options.iter().map(|(_, p)| p[0].slices).sum();
-    if options.len() > usize::from(COMPUTE_SLICES) || compute > COMPUTE_SLICES || slices > MEMORY_SLICES
+    if options.len() > usize::from(COMPUTE_SLICES)
+        || compute > COMPUTE_SLICES
+        || slices > MEMORY_SLICES
     {
         return Err(NoLayout::OverSlices {
             gpu: menu.gpu,

@@ -219,10 +219,9 @@ impl fmt::Display for PendingReason {
             CutIntoInstances { gpu } => {
                 write!(f, "{gpu} is cut into MIG instances: work runs in those")
             }
-            InstanceHeldWhole { gpu } => write!(
-                f,
-                "{gpu} is held whole by one engine; it asks for a share"
-            ),
+            InstanceHeldWhole { gpu } => {
+                write!(f, "{gpu} is held whole by one engine; it asks for a share")
+            }
         }
     }
 }

@@ -173,10 +173,14 @@ fn SharingPanel(
         if !mig() {
             return None;
         }
-        Some(match menu() {
-            Some(menu) => placement::mig::layout_of(menu, &profiles()).map_err(|e| e.to_string()),
-            None => Err("This GPU has no MIG profiles Tessera knows: MIG runs on A100, H100 and H200.".to_owned()),
-        })
+        let model = chosen().map(|g| g.model).unwrap_or_default();
+        Some(
+            match menu() {
+                Some(menu) => placement::mig::layout_of(menu, &profiles()),
+                None => Err(placement::mig::NoLayout::NoMenu { model }),
+            }
+            .map_err(|e| e.to_string()),
+        )
     };
     // The compute share as typed: none when empty or not under MPS; refused by the rule the server holds
     // it to.
@@ -295,6 +299,7 @@ fn SharingPanel(
 
 #[component]
 fn Machine(machine: MachineDetail) -> impl IntoView {
+    let gpus = machine.gpus_in_order();
     let facts = format!(
         "{} of {} CPU cores and {} of {} memory held by workers{}",
         machine.cpu_cores_used,
@@ -317,7 +322,7 @@ fn Machine(machine: MachineDetail) -> impl IntoView {
         })}
         <section aria-labelledby="gpus">
             <h2 id="gpus">"GPUs"</h2>
-            {machine.gpus.into_iter().map(|gpu| view! { <GpuCard gpu /> }).collect_view()}
+            {gpus.into_iter().map(|gpu| view! { <GpuCard gpu /> }).collect_view()}
         </section>
         <section class="panel" aria-labelledby="workers">
             <h2 id="workers">"Workers"</h2>

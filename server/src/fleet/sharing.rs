@@ -37,11 +37,9 @@ impl Fleet {
             instances => instances.unwrap_or_default(),
         };
         let actor = actor.to_owned();
-        self.write(|fleet| async move {
-            fleet
-                .write_sharing(gpu, sharing, instances, &actor)
-                .await
-        })
+        self.write(
+            |fleet| async move { fleet.write_sharing(gpu, sharing, instances, &actor).await },
+        )
         .await
     }
 
@@ -106,9 +104,7 @@ impl Fleet {
             return Ok(change(Vec::new()));
         }
         if before.mode == Sharing::Mig || sharing.mode == Sharing::Mig {
-            let inventory = self
-                .recut(&state, &gpu, &host, layout.as_ref())
-                .await?;
+            let inventory = self.recut(&state, &gpu, &host, layout.as_ref()).await?;
             let mut tx = crate::db::write(&self.pool).await?;
             store(&mut tx, &gpu, sharing, profiles.as_deref()).await?;
             crate::audit::record(
@@ -200,7 +196,11 @@ impl Fleet {
             g.index == gpu.index
                 || matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index)
         }) {
-            match state.ledger.scheduler().hold(&GpuRef::new(&gpu.machine, g.index)) {
+            match state
+                .ledger
+                .scheduler()
+                .hold(&GpuRef::new(&gpu.machine, g.index))
+            {
                 Some(Hold::Whole(by)) => {
                     running.insert(super::groups::sharer(by).0.to_owned());
                 }
@@ -227,9 +227,7 @@ impl Fleet {
                     Some(layout) => crate::inventory::demo::cut(machine, gpu.index, layout),
                     None => crate::inventory::demo::join(machine, gpu.index),
                 };
-                inventory
-                    .with_machine(machine)
-                    .map_err(ApiError::internal)
+                inventory.with_machine(machine).map_err(ApiError::internal)
             }
             Host::Local => {
                 let nvidia_smi = self.runtime.nvidia_smi();
@@ -240,7 +238,11 @@ impl Fleet {
                 done.map_err(|why| {
                     ApiError::Conflict(format!(
                         "{gpu} could not be {}: {why}",
-                        if layout.is_some() { "cut" } else { "joined back" }
+                        if layout.is_some() {
+                            "cut"
+                        } else {
+                            "joined back"
+                        }
                     ))
                 })?;
                 Ok(self.read_local(state, inventory.clone()).await)

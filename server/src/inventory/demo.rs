@@ -4,8 +4,8 @@
 //! Windows PC under WSL2 where every container sees every GPU, a node with two large GPUs, and an 8-GPU
 //! data-centre node.
 
-use placement::units::GB;
 use placement::mig::{instance_index, Layout};
+use placement::units::GB;
 use placement::{BasisPoints, Bytes, Gpu, Machine, MigRole};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -190,9 +190,9 @@ pub fn cut(machine: &Machine, index: u32, layout: &Layout) -> Machine {
 /// `machine` with made-up GPU `index` whole again: its instances gone.
 pub fn join(machine: &Machine, index: u32) -> Machine {
     let mut machine = machine.clone();
-    machine.gpus.retain(|g| {
-        !matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == index)
-    });
+    machine
+        .gpus
+        .retain(|g| !matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == index));
     for gpu in machine.gpus.iter_mut().filter(|g| g.index == index) {
         gpu.mig = None;
     }

@@ -255,6 +255,12 @@ fn offending_span(machines: &[MachineForm], error: &InventoryError) -> Option<Ra
             .filter(|g| *g.index.get_ref() == gpu.index)
             .nth(1)
             .map(|g| g.index.span()),
+        InventoryError::MisnumberedGpu(gpu) => named(&gpu.machine)
+            .next()?
+            .gpu
+            .iter()
+            .find(|g| *g.index.get_ref() == gpu.index)
+            .map(|g| g.index.span()),
         InventoryError::HeldOutsideOverTotal { gpu, .. } => {
             let form = named(&gpu.machine)
                 .next()?
@@ -428,6 +434,14 @@ memory_gb = 12
         assert_eq!(
             message(&text),
             "inventory.toml line 14: GPU 0 of majin is listed twice; give each GPU of a machine its own index"
+        );
+    }
+
+    #[test]
+    fn a_gpu_numbered_where_mig_instances_are_names_its_line() {
+        assert_eq!(
+            message(&with_line(7, "index = 1000")),
+            "inventory.toml line 7: GPU index 1000 of majin is where MIG instances are numbered (from 1000 up); number a GPU as NVML does, from 0"
         );
     }
 

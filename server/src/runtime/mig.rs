@@ -46,7 +46,9 @@ impl NvidiaSmi {
             if let Err(why) = self.run(&words).await {
                 let undone = self.join(index).await;
                 return Err(match undone {
-                    Ok(()) => format!("{why}; the instances made before it were removed and the GPU left whole"),
+                    Ok(()) => format!(
+                        "{why}; the instances made before it were removed and the GPU left whole"
+                    ),
                     Err(also) => format!("{why}; undoing the cut failed too: {also}"),
                 });
             }

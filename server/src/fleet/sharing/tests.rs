@@ -323,7 +323,9 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
     let (_, body) = app.post_worker(&pinned("tiny", 1.0, "hopper:1001")).await;
     assert_eq!(
         body["pending_reasons"],
-        json!(["MIG instance 1 of GPU 0 of hopper is held whole by one engine; it asks for a share"])
+        json!([
+            "MIG instance 1 of GPU 0 of hopper is held whole by one engine; it asks for a share"
+        ])
     );
     let (_, body) = app.post_worker(&pinned("cut", 1.0, "hopper:0")).await;
     assert_eq!(
@@ -495,7 +497,10 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_
     nvidia_smi(dir, "Enabled", None);
     let (status, body) = set(&app, "hopper:1", cut).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(&calls(dir)[4..], ["mig -i 1 -cgi 9:0 -C", "mig -i 1 -cgi 19:4 -C"]);
+    assert_eq!(
+        &calls(dir)[4..],
+        ["mig -i 1 -cgi 9:0 -C", "mig -i 1 -cgi 19:4 -C"]
+    );
     let (status, _) = set(&app, "hopper:1", json!({"mode": "time-slicing"})).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
