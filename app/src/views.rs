@@ -394,6 +394,9 @@ pub struct GpuDetail {
     /// Its part in MIG: cut into instances, or one of them.
     #[serde(default)]
     pub mig: Option<placement::MigRole>,
+    /// Why the last reading found it unhealthy, where it said why.
+    #[serde(default)]
+    pub problem: Option<String>,
 }
 
 /// One reading of a GPU.
@@ -962,6 +965,7 @@ mod tests {
             demo_figures: false,
             made_up: false,
             mig: None,
+            problem: None,
         }
     }
 

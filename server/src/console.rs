@@ -415,6 +415,7 @@ impl ConsoleService {
                     demo_figures: self.fleet.is_demo(name),
                     made_up: self.fleet.made_up(name),
                     mig: g.mig.clone(),
+                    problem: g.problem.clone(),
                 })
                 .collect(),
             workers: lines,

@@ -70,6 +70,8 @@ pub struct Fleet {
     /// What each engine was last measured to hold on each GPU, by machine, GPU index and holder: the
     /// memory the driver reports for its processes.
     measured: std::sync::RwLock<BTreeMap<(String, u32, String), placement::Bytes>>,
+    /// Why each GPU the last reading of its machine found unhealthy is so, by machine and GPU index.
+    problems: std::sync::RwLock<BTreeMap<(String, u32), String>>,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -148,6 +150,7 @@ impl Fleet {
             latencies: interference::Latencies::default(),
             repack: std::sync::Mutex::default(),
             measured: std::sync::RwLock::default(),
+            problems: std::sync::RwLock::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));

@@ -395,6 +395,7 @@ fn GpuCard(gpu: GpuDetail) -> impl IntoView {
             <p data-testid="gpu-usage">{usage}</p>
             {gpu.summary.clone().map(|line| view! { <p class="sharers" data-testid="gpu-sharers">{line}</p> })}
             {(gpu.usage == GpuUse::Shared || gpu.sharing.mode != Sharing::TimeSlicing).then(|| view! { <p class="muted" data-testid="gpu-sharing">{gpu.sharing_line()}</p> })}
+            {gpu.problem.clone().map(|why| view! { <p class="error" data-testid="gpu-problem">{format!("Unhealthy: {why}")}</p> })}
             {gpu.mig_line().map(|line| view! { <p class="muted" data-testid="gpu-mig">{line}</p> })}
             {gpu.over_share.iter().map(|line| view! { <p class="error" data-testid="gpu-over-share">{line.clone()}</p> }).collect_view()}
             {gpu.slowed.iter().map(|line| view! { <p class="error" data-testid="gpu-slowed">{line.clone()}</p> }).collect_view()}

@@ -80,8 +80,21 @@ impl Fleet {
 
     /// Keeps what each of Tessera's engines on `machine` (`running`: each engine's unit and PIDs) was
     /// measured to hold on each GPU at this reading: what the driver reports for its processes. Where the
-    /// driver gives no per-process figure (WSL2), nothing is kept, and nothing is judged.
+    /// driver gives no per-process figure (WSL2), nothing is kept, and nothing is judged. Keeps too why
+    /// each GPU the reading found unhealthy is so.
     pub(crate) fn measure(&self, machine: &str, live: &[GpuLive], running: &[(String, Vec<u32>)]) {
+        {
+            let mut problems = self
+                .problems
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            problems.retain(|(m, _), _| m != machine);
+            for gpu in live {
+                if let Some(problem) = &gpu.problem {
+                    problems.insert((machine.to_owned(), gpu.index), problem.clone());
+                }
+            }
+        }
         let mut measured = self
             .measured
             .write()
@@ -109,8 +122,13 @@ impl Fleet {
             .measured
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let problems = self
+            .problems
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let name = machine.name.clone();
         for gpu in &mut machine.gpus {
+            gpu.problem = problems.get(&(name.clone(), gpu.index)).cloned();
             let here = GpuRef::new(&name, gpu.index).to_string();
             for sharer in &mut gpu.sharers {
                 let holder = match &sharer.group {
@@ -441,6 +459,9 @@ pub struct GpuView {
     /// Its part in MIG: cut into instances (`{"role": "cut"}`), or an instance of the GPU it names.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub mig: Option<placement::MigRole>,
+    /// Why the last reading found it unhealthy, where it did and said why.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub problem: Option<String>,
 }
 
 /// One sharer of a GPU.
@@ -535,6 +556,7 @@ fn machine_view(
                     summary,
                     sharing: committed.sharing(&here),
                     mig: gpu.mig.clone(),
+                    problem: None,
                 }
             })
             .collect(),

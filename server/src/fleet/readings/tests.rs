@@ -133,3 +133,29 @@ async fn an_engine_measured_past_its_share_is_flagged_on_its_machine_page_the_mo
     assert!(over(&metrics, "voice", " 0"));
     assert!(over(&metrics, "speech", " 0"));
 }
+
+#[tokio::test]
+async fn why_a_reading_found_a_gpu_unhealthy_is_on_its_machine_page_until_a_reading_finds_it_well()
+{
+    let app = TestApp::new(&majin_and_node()).await;
+    let lost = GpuLive {
+        problem: Some("NVML could not report its memory (GPU is lost)".into()),
+        ..live(1, 0)
+    };
+    app.fleet.measure("node", &[live(0, 5), lost], &[]);
+    let (_, node) = app.get("/api/machines/node").await;
+    assert_eq!(node["gpus"][0].get("problem"), None);
+    assert_eq!(
+        node["gpus"][1]["problem"],
+        "NVML could not report its memory (GPU is lost)"
+    );
+    let (_, majin) = app.get("/api/machines/majin").await;
+    assert_eq!(
+        majin["gpus"][0].get("problem"),
+        None,
+        "another machine's GPU 1 is not it"
+    );
+    app.fleet.measure("node", &[live(0, 5), live(1, 0)], &[]);
+    let (_, node) = app.get("/api/machines/node").await;
+    assert_eq!(node["gpus"][1].get("problem"), None);
+}
