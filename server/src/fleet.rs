@@ -119,15 +119,16 @@ impl Fleet {
             let ledger = Ledger::build(inventory.clone(), &committed);
             let machine = hosts.local.as_deref().unwrap_or_default();
             let ours = engines::ours(&ledger, machine, &runtime.recorded().await?);
-            let reading = tokio::task::spawn_blocking(move || local.read(&ours))
-                .await
-                .map_err(|e| e.to_string())
-                .and_then(|r| r.map_err(|e| e.to_string()))
-                .and_then(|r| inventory.with_machine(r.machine).map_err(|e| e.to_string()));
-            match reading {
+            match read_local(&local, ours.clone(), &inventory).await {
                 Ok(read) => inventory = read,
                 // The first reading, before Tessera's engines were known, stands.
                 Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
+            }
+            if sharing::recut(&inventory, &committed, machine, &runtime.nvidia_smi()).await {
+                match read_local(&local, ours, &inventory).await {
+                    Ok(read) => inventory = read,
+                    Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
+                }
             }
         }
         let cut = Committed::load(&mut *pool.acquire().await?).await?;
@@ -358,6 +359,20 @@ pub(crate) fn check_name(name: &str) -> Result<(), ApiError> {
             "name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '.', '-' or '_', starting with a letter or digit"
         )))
     }
+}
+
+/// `inventory` with this machine as `local` reads it now, counting `ours` as Tessera's own engines.
+async fn read_local(
+    local: &Arc<dyn LocalGpus>,
+    ours: crate::inventory::Ours,
+    inventory: &Inventory,
+) -> Result<Inventory, String> {
+    let local = local.clone();
+    tokio::task::spawn_blocking(move || local.read(&ours))
+        .await
+        .map_err(|e| e.to_string())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .and_then(|r| inventory.with_machine(r.machine).map_err(|e| e.to_string()))
 }
 
 #[cfg(test)]

@@ -57,6 +57,24 @@ model = "NVIDIA RTX PRO 6000"
 memory_gb = 96
 "#;
 
+/// hopper: two H100s, each 80 GB.
+pub const HOPPER: &str = r#"
+[[machine]]
+name = "hopper"
+cpu_cores = 64
+memory_gb = 512
+[[machine.gpu]]
+index = 0
+uuid = "GPU-0a1b"
+model = "NVIDIA H100 80GB HBM3"
+memory_gb = 80
+[[machine.gpu]]
+index = 1
+uuid = "GPU-2c3d"
+model = "NVIDIA H100 80GB HBM3"
+memory_gb = 80
+"#;
+
 /// majin and the node: three GPUs on two machines.
 pub fn majin_and_node() -> String {
     format!("{MAJIN}{NODE}")
@@ -344,4 +362,31 @@ async fn start(
         pool.clone(),
     );
     (router(state), fleet, pool)
+}
+
+/// A stand-in for `nvidia-smi` in `dir`: it writes each call's arguments to `dir/calls`, says MIG mode
+/// is `mode`, and fails any call whose arguments contain `fail` (when given).
+pub fn stand_in_nvidia_smi(dir: &std::path::Path, mode: &str, fail: Option<&str>) {
+    use std::os::unix::fs::PermissionsExt;
+    let calls = dir.join("calls");
+    let fail = fail.map_or(String::new(), |f| {
+        format!("case \"$*\" in *'{f}'*) echo 'Failed to create GPU instances: Insufficient Resources' >&2; exit 3;; esac\n")
+    });
+    let script = format!(
+        "#!/bin/sh\necho \"$*\" >> '{}'\n{fail}case \"$*\" in *--query-gpu*) echo {mode};; esac\n",
+        calls.display()
+    );
+    let path = dir.join("nvidia-smi");
+    std::fs::write(&path, script).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let _ = std::fs::remove_file(calls);
+}
+
+/// What the stand-in `nvidia-smi` in `dir` was called with, one call a line.
+pub fn nvidia_smi_calls(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("calls"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
 }

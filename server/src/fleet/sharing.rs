@@ -265,19 +265,53 @@ impl Fleet {
         };
         let local = self.hosts.local.as_deref().unwrap_or_default();
         let ours = engines::ours(&state.ledger, local, &self.runtime.running().await);
-        let read = tokio::task::spawn_blocking(move || gpus.read(&ours))
-            .await
-            .map_err(|e| e.to_string())
-            .and_then(|r| r.map_err(|e| e.to_string()))
-            .and_then(|r| inventory.with_machine(r.machine).map_err(|e| e.to_string()));
-        match read {
+        match super::read_local(&gpus, ours, &inventory).await {
             Ok(read) => read,
             Err(e) => {
                 tracing::warn!("this machine's GPUs could not be read after a MIG change: {e}");
-                state.ledger.inventory().clone()
+                inventory
             }
         }
     }
+}
+
+/// Cuts again each GPU of this machine (`local`) that was cut as committed but whose instances the driver
+/// no longer lists: MIG instances do not outlive a reboot or a driver reload, while MIG mode does. Each
+/// cut, or why it failed, is logged; answers whether any was made, for the caller to read the machine
+/// again.
+pub(super) async fn recut(
+    inventory: &Inventory,
+    committed: &super::Committed,
+    local: &str,
+    nvidia_smi: &crate::runtime::mig::NvidiaSmi,
+) -> bool {
+    let Some(machine) = inventory.machine(local) else {
+        return false;
+    };
+    let mut cut = false;
+    for (gpu, profiles) in committed.mig.iter().filter(|(g, _)| g.machine == local) {
+        let listed = machine.gpus.iter().any(
+            |g| matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index),
+        );
+        let Some(target) = inventory.gpu(gpu).filter(|_| !listed) else {
+            continue;
+        };
+        let layout = placement::mig::menu(&target.model)
+            .ok_or_else(|| format!("{} has no MIG menu", target.model))
+            .and_then(|menu| placement::mig::layout_of(menu, profiles).map_err(|e| e.to_string()));
+        let done = match layout {
+            Ok(layout) => nvidia_smi.cut(gpu.index, &layout).await,
+            Err(e) => Err(e),
+        };
+        match done {
+            Ok(()) => {
+                tracing::info!("{gpu} was cut into MIG instances again ({}): the driver listed none of them", profiles.join(", "));
+                cut = true;
+            }
+            Err(e) => tracing::warn!("{gpu} is committed as cut into MIG instances ({}), which the driver does not list, and could not be cut again: {e}", profiles.join(", ")),
+        }
+    }
+    cut
 }
 
 /// `inventory` with each made-up GPU of the demo fleet cut as committed: its instances exist nowhere else.

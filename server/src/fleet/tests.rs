@@ -384,3 +384,102 @@ async fn the_engines_a_crashed_server_left_running_are_tesseras_own_from_the_fir
 }
 
 mod model;
+
+/// hopper's GPUs after a reboot: GPU 0 keeps its MIG mode but lists no instance until the stand-in
+/// `nvidia-smi` in `dir` has been told to create them, then one per `-cgi` it was called with.
+struct Rebooted {
+    dir: std::path::PathBuf,
+}
+
+impl crate::inventory::LocalGpus for Rebooted {
+    fn read(
+        &self,
+        _: &crate::inventory::Ours,
+    ) -> Result<crate::inventory::LocalReading, crate::inventory::InventoryError> {
+        let mut machine = crate::inventory::file::parse_inventory(crate::testing::HOPPER)
+            .unwrap()
+            .remove(0);
+        machine.gpus[0].mig = Some(placement::MigRole::Cut);
+        machine.gpus[0].held_outside = machine.gpus[0].total;
+        let created = crate::testing::nvidia_smi_calls(&self.dir)
+            .iter()
+            .filter(|c| c.contains("-cgi"))
+            .count() as u32;
+        for n in 0..created {
+            machine.gpus.push(placement::Gpu {
+                index: placement::mig::instance_index(0, n),
+                uuid: format!("MIG-{n}"),
+                model: "NVIDIA H100 80GB HBM3 MIG 3g.40gb".into(),
+                total: Bytes(40448 << 20),
+                held_outside: Bytes::ZERO,
+                mig: Some(placement::MigRole::Instance {
+                    parent: 0,
+                    profile: "3g.40gb".into(),
+                }),
+                ..machine.gpus[1].clone()
+            });
+        }
+        Ok(crate::inventory::LocalReading {
+            machine,
+            live: Vec::new(),
+        })
+    }
+}
+
+#[tokio::test]
+async fn a_gpu_of_this_machine_cut_as_committed_is_cut_again_at_startup_when_the_driver_lists_none_of_its_instances(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = crate::db::connect(None, dir.path()).await.unwrap();
+    sqlx::query("INSERT INTO gpu_sharing (machine, gpu_index, mode, mig_instances) VALUES ('hopper', 0, 'mig', '[\"3g.40gb\", \"3g.40gb\"]')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let open = |expect_calls: usize| {
+        let pool = pool.clone();
+        let dir = dir.path().to_owned();
+        async move {
+            let settings = crate::runtime::Settings {
+                nvidia_smi: dir.join("nvidia-smi"),
+                ..crate::runtime::Settings::new(
+                    std::env::current_exe().unwrap(),
+                    dir.join("engines"),
+                )
+            };
+            let runtime = std::sync::Arc::new(
+                crate::runtime::Runtime::open(pool.clone(), settings)
+                    .await
+                    .unwrap(),
+            );
+            let hosts = crate::runtime::Hosts {
+                local: Some("hopper".to_owned()),
+                ..Default::default()
+            };
+            let machines = crate::inventory::file::parse_inventory(crate::testing::HOPPER).unwrap();
+            let inventory = placement::Inventory::new(machines).unwrap();
+            let local = std::sync::Arc::new(Rebooted { dir: dir.clone() });
+            let fleet = super::Fleet::open(pool, inventory, Some(local), runtime, hosts)
+                .await
+                .unwrap();
+            assert_eq!(crate::testing::nvidia_smi_calls(&dir).len(), expect_calls);
+            fleet
+        }
+    };
+    crate::testing::stand_in_nvidia_smi(dir.path(), "Enabled", None);
+    let fleet = open(6).await;
+    assert_eq!(
+        &crate::testing::nvidia_smi_calls(dir.path())[4..],
+        ["mig -i 0 -cgi 9:0 -C", "mig -i 0 -cgi 9:4 -C"]
+    );
+    let indices: Vec<u32> = fleet
+        .machine("hopper")
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.index)
+        .collect();
+    assert_eq!(indices, [0, 1, 1000, 1001]);
+    drop(fleet);
+    // Listed already: nothing is cut again.
+    let _ = open(6).await;
+}

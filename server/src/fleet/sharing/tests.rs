@@ -1,4 +1,7 @@
-use crate::testing::{atlas_here_with_catalog, majin_and_node, TestApp, ATLAS, MAJIN};
+use crate::testing::{
+    atlas_here_with_catalog, majin_and_node, nvidia_smi_calls, stand_in_nvidia_smi, TestApp, ATLAS,
+    HOPPER, MAJIN,
+};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -234,24 +237,6 @@ async fn a_sharing_broken_before_a_write_is_said_and_refuses_only_what_breaks_it
     app.fleet.check_ledger().await.unwrap();
 }
 
-/// hopper: two H100s, each 80 GB.
-const HOPPER: &str = r#"
-[[machine]]
-name = "hopper"
-cpu_cores = 64
-memory_gb = 512
-[[machine.gpu]]
-index = 0
-uuid = "GPU-0a1b"
-model = "NVIDIA H100 80GB HBM3"
-memory_gb = 80
-[[machine.gpu]]
-index = 1
-uuid = "GPU-2c3d"
-model = "NVIDIA H100 80GB HBM3"
-memory_gb = 80
-"#;
-
 /// A worker holding GPU `gpu` (`machine:index`) whole.
 fn whole(name: &str, gpu: &str) -> String {
     json!({
@@ -426,32 +411,6 @@ async fn a_layout_the_menu_cannot_hold_or_a_machine_tessera_cannot_cut_is_refuse
     }
 }
 
-/// A stand-in for `nvidia-smi` in `dir`: it writes each call's arguments to `dir/calls`, says MIG mode
-/// is `mode`, and fails any call whose arguments contain `fail` (when given).
-fn nvidia_smi(dir: &std::path::Path, mode: &str, fail: Option<&str>) {
-    use std::os::unix::fs::PermissionsExt;
-    let calls = dir.join("calls");
-    let fail = fail.map_or(String::new(), |f| {
-        format!("case \"$*\" in *'{f}'*) echo 'Failed to create GPU instances: Insufficient Resources' >&2; exit 3;; esac\n")
-    });
-    let script = format!(
-        "#!/bin/sh\necho \"$*\" >> '{}'\n{fail}case \"$*\" in *--query-gpu*) echo {mode};; esac\n",
-        calls.display()
-    );
-    let path = dir.join("nvidia-smi");
-    std::fs::write(&path, script).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let _ = std::fs::remove_file(calls);
-}
-
-fn calls(dir: &std::path::Path) -> Vec<String> {
-    std::fs::read_to_string(dir.join("calls"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
 #[tokio::test]
 async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_way_is_undone_and_not_stored(
 ) {
@@ -459,7 +418,7 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_
     let dir = app.dir.path();
     let cut = json!({"mode": "mig", "instances": ["1g.10gb", "3g.40gb"]});
 
-    nvidia_smi(dir, "Enabled", Some("-cgi 19:4"));
+    stand_in_nvidia_smi(dir, "Enabled", Some("-cgi 19:4"));
     let (status, body) = set(&app, "hopper:1", cut.clone()).await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     let error = body["error"].as_str().unwrap();
@@ -469,7 +428,7 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_
         "{error}"
     );
     assert_eq!(
-        calls(dir),
+        nvidia_smi_calls(dir),
         [
             "-i 1 -mig 1",
             "-i 1 --query-gpu=mig.mode.current --format=csv,noheader",
@@ -486,25 +445,28 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_
     assert_eq!(log, json!([]), "nothing is stored");
 
     // A board that turns MIG on only after a reset is left as it was, and told how.
-    nvidia_smi(dir, "Disabled", None);
+    stand_in_nvidia_smi(dir, "Disabled", None);
     let (status, body) = set(&app, "hopper:1", cut.clone()).await;
     assert_eq!(
         (status, body["error"].as_str()),
         (StatusCode::CONFLICT, Some("GPU 1 of hopper could not be cut: MIG mode of GPU 1 is \"Disabled\", not Enabled: this board turns it on only after a GPU reset (nvidia-smi -r -i 1) or a reboot, which Tessera does not do; reset it, then cut it again"))
     );
-    assert_eq!(calls(dir).last().map(String::as_str), Some("-i 1 -mig 0"));
+    assert_eq!(
+        nvidia_smi_calls(dir).last().map(String::as_str),
+        Some("-i 1 -mig 0")
+    );
 
-    nvidia_smi(dir, "Enabled", None);
+    stand_in_nvidia_smi(dir, "Enabled", None);
     let (status, body) = set(&app, "hopper:1", cut).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(
-        &calls(dir)[4..],
+        &nvidia_smi_calls(dir)[4..],
         ["mig -i 1 -cgi 9:0 -C", "mig -i 1 -cgi 19:4 -C"]
     );
     let (status, _) = set(&app, "hopper:1", json!({"mode": "time-slicing"})).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        &calls(dir)[6..],
+        &nvidia_smi_calls(dir)[6..],
         ["mig -i 1 -dci", "mig -i 1 -dgi", "-i 1 -mig 0"]
     );
     let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
