@@ -82,14 +82,12 @@ pub fn ray_node(head: Option<String>, name: Option<String>) -> Result<(), String
     if let Some(name) = name {
         machine.name = name;
     }
-    // A GPU cut into MIG instances is left out: work runs only in its instances, which Tessera does not
-    // place on yet, and a node's readings do not say it is cut.
-    let under_mig = nvml.under_mig();
+    // A GPU cut into MIG instances takes no work itself: its instances are offered in its place.
     machine.gpus.retain(|gpu| {
-        let cut = under_mig.contains(&gpu.index);
+        let cut = gpu.mig == Some(placement::MigRole::Cut);
         if cut {
             eprintln!(
-                "GPU {} has MIG on and is left out: Tessera does not place work in MIG instances yet",
+                "GPU {} has MIG on: its instances are offered one by one in its place",
                 gpu.index
             );
         }

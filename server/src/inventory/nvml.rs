@@ -83,18 +83,6 @@ impl NvmlGpus {
         };
         Ok(LocalReading { machine, live })
     }
-
-    /// The indices of the GPUs whose MIG mode is on now.
-    pub fn under_mig(&self) -> Vec<u32> {
-        let count = self.nvml.device_count().unwrap_or(0);
-        (0..count)
-            .filter(|&index| {
-                self.nvml
-                    .device_by_index(index)
-                    .is_ok_and(|device| mig_on(&device))
-            })
-            .collect()
-    }
 }
 
 /// Whether `device`'s MIG mode is on (a GPU without MIG says it is not supported).

@@ -7,7 +7,9 @@
 //! - the label [`MODEL_LABEL`]: its GPUs' model;
 //! - the label [`DEMO_LABEL`] `=true` on a node whose GPUs are made up: the demo engine stands in there;
 //! - one custom resource per GPU, `tessera_gpu_{index}_{uuid}`, worth the GPU's memory in MiB: a job books
-//!   its share there, so that Ray itself refuses two jobs that together overbook a GPU.
+//!   its share there, so that Ray itself refuses two jobs that together overbook a GPU. A GPU cut into MIG
+//!   instances is not one: each instance is, numbered as [`placement::mig::instance_index`] says, with the
+//!   label [`MIG_LABEL`]`{index}` giving its profile.
 
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes as BodyBytes;
@@ -25,6 +27,8 @@ pub const MACHINE_LABEL: &str = "tessera.machine";
 pub const MODEL_LABEL: &str = "tessera.gpu-model";
 /// The label of a node whose GPUs are made up (tests, trying Tessera out).
 pub const DEMO_LABEL: &str = "tessera.demo";
+/// What the label of a MIG instance's profile is named, its index after it: `tessera.mig.5001=3g.40gb`.
+pub const MIG_LABEL: &str = "tessera.mig.";
 /// What each GPU resource's name begins with.
 pub const GPU_RESOURCE: &str = "tessera_gpu_";
 
@@ -348,6 +352,8 @@ pub struct NodeGpu {
     pub memory: Bytes,
     /// The resource a job books its share on.
     pub resource: String,
+    /// For a MIG instance, its profile (such as `3g.40gb`), where its label gives it.
+    pub profile: Option<String>,
 }
 
 /// A machine of the cluster: where its engines run and how its GPUs are named there.
@@ -382,6 +388,7 @@ fn gpu_of(resource: &str, mib: f64) -> Option<NodeGpu> {
         uuid: uuid.to_owned(),
         memory: Bytes(mib as u64 * MIB),
         resource: resource.to_owned(),
+        profile: None,
     })
 }
 
@@ -399,6 +406,12 @@ pub fn machines(nodes: &[Node]) -> Vec<ClusterMachine> {
             .filter_map(|(name, mib)| gpu_of(name, *mib))
             .collect();
         gpus.sort_by_key(|g| g.index);
+        for gpu in &mut gpus {
+            gpu.profile = node
+                .labels
+                .get(&format!("{MIG_LABEL}{}", gpu.index))
+                .cloned();
+        }
         let machine = ClusterMachine {
             name: name.clone(),
             node_id: node.node_id.clone(),
@@ -436,15 +449,30 @@ impl ClusterMachine {
             gpus: self
                 .gpus
                 .iter()
-                .map(|g| Gpu {
-                    index: g.index,
-                    uuid: g.uuid.clone(),
-                    model: self.model.replace('-', " "),
-                    vendor: "nvidia".to_owned(),
-                    total: g.memory,
-                    held_outside: Bytes::ZERO,
-                    healthy: self.alive,
-                    mig: None,
+                .map(|g| {
+                    let model = self.model.replace('-', " ");
+                    // An instance's profile is its label's; one without (a label lost) still is an instance.
+                    let mig = placement::mig::instance_of(g.index).map(|(parent, _)| {
+                        placement::MigRole::Instance {
+                            parent,
+                            profile: g.profile.clone().unwrap_or_else(|| "unknown".to_owned()),
+                        }
+                    });
+                    Gpu {
+                        index: g.index,
+                        uuid: g.uuid.clone(),
+                        model: match &mig {
+                            Some(placement::MigRole::Instance { profile, .. }) => {
+                                format!("{model} MIG {profile}")
+                            }
+                            _ => model,
+                        },
+                        vendor: "nvidia".to_owned(),
+                        total: g.memory,
+                        held_outside: Bytes::ZERO,
+                        healthy: self.alive,
+                        mig,
+                    }
                 })
                 .collect(),
         }
@@ -478,14 +506,30 @@ pub fn start_line(machine: &Machine, head: Option<&str>) -> String {
         Some(head) => line.push(format!("--address={head}")),
         None => line.push("--head --dashboard-host=0.0.0.0".to_owned()),
     }
+    // The GPUs' model, without the profile a MIG instance's name ends with.
     let model = machine
         .gpus
         .first()
-        .map(|g| label_value(&g.model))
+        .map(|g| {
+            let profile = placement::mig::profile_in_name(&g.model);
+            let model = profile
+                .and_then(|p| g.model.strip_suffix(&format!(" MIG {p}")))
+                .unwrap_or(&g.model);
+            label_value(model)
+        })
         .unwrap_or_default();
     let mut labels = format!("{MACHINE_LABEL}={}", label_value(&machine.name));
     if !model.is_empty() {
         labels.push_str(&format!(",{MODEL_LABEL}={model}"));
+    }
+    for gpu in &machine.gpus {
+        if let Some(placement::MigRole::Instance { profile, .. }) = &gpu.mig {
+            labels.push_str(&format!(
+                ",{MIG_LABEL}{}={}",
+                gpu.index,
+                label_value(profile)
+            ));
+        }
     }
     line.push(format!("--labels={labels}"));
     let resources: BTreeMap<String, u64> = machine

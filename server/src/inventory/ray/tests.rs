@@ -135,3 +135,62 @@ fn a_nodes_gpu_readings_are_read_from_its_agents_figures_in_mib() {
         (Some(3), None)
     );
 }
+
+#[test]
+fn a_node_s_gpu_cut_into_mig_instances_is_offered_as_its_instances_each_with_its_profile() {
+    let h100 = |index: u32, uuid: &str, model: &str, mib: u64, mig| Gpu {
+        index,
+        uuid: uuid.to_owned(),
+        model: model.to_owned(),
+        vendor: "nvidia".to_owned(),
+        total: Bytes(mib << 20),
+        held_outside: Bytes::ZERO,
+        healthy: true,
+        mig,
+    };
+    let instance = |profile: &str| {
+        Some(placement::MigRole::Instance {
+            parent: 0,
+            profile: profile.to_owned(),
+        })
+    };
+    // As `tessera ray-node` leaves it: the cut GPU gone, its instances in its place.
+    let machine = Machine {
+        name: "hopper".to_owned(),
+        gpus: vec![
+            h100(1, "GPU-bbbb", "NVIDIA H100 80GB HBM3", 81559, None),
+            h100(
+                1000,
+                "MIG-aaaa",
+                "NVIDIA H100 80GB HBM3 MIG 3g.40gb",
+                40448,
+                instance("3g.40gb"),
+            ),
+            h100(
+                1001,
+                "MIG-cccc",
+                "NVIDIA H100 80GB HBM3 MIG 1g.10gb",
+                9984,
+                instance("1g.10gb"),
+            ),
+        ],
+        cpu_cores: 32,
+        memory: Bytes::gb(256),
+        all_gpus_visible: false,
+    };
+    assert_eq!(
+        start_line(&machine, Some("10.0.0.1:6379")),
+        r#"ray start --address=10.0.0.1:6379 --labels=tessera.machine=hopper,tessera.gpu-model=NVIDIA-H100-80GB-HBM3,tessera.mig.1000=3g.40gb,tessera.mig.1001=1g.10gb --resources='{"tessera_gpu_1000_MIG-aaaa":40448,"tessera_gpu_1001_MIG-cccc":9984,"tessera_gpu_1_GPU-bbbb":81559}'"#
+    );
+    let node = node(json!({
+        "node_id": "h", "node_ip": "10.0.0.3", "state": "ALIVE",
+        "labels": {"tessera.machine": "hopper", "tessera.gpu-model": "NVIDIA-H100-80GB-HBM3",
+                   "tessera.mig.1000": "3g.40gb", "tessera.mig.1001": "1g.10gb"},
+        "resources_total": {"tessera_gpu_1_GPU-bbbb": 81559.0, "tessera_gpu_1000_MIG-aaaa": 40448.0,
+                            "tessera_gpu_1001_MIG-cccc": 9984.0}
+    }));
+    let read_back = machines(&[node])[0].machine();
+    let inventory = placement::Inventory::new(vec![read_back.clone()])
+        .expect("instances numbered as instances are a consistent inventory");
+    assert_eq!(inventory.machines()[0].gpus, machine.gpus);
+}
