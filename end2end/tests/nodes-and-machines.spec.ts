@@ -131,6 +131,11 @@ test("an operator cuts an idle H200 into MIG instances from its page: each is a 
   await expect(instance.getByTestId("gpu-total")).toHaveText("16 GB");
   await expect(instance.getByTestId("gpu-mig")).toHaveText("A MIG instance, with memory and compute walls of its own: one engine holds it whole.");
 
+  // The Nodes tab counts the cut GPU as its three instances, which are not shared.
+  await open(page, "/nodes");
+  await expect(page.locator('tr[data-node="h200-node"]').getByTestId("node-memory")).toContainText("7 of 10 shareable · 987 GB free");
+  await open(page, "/machines/h200-node");
+
   // An engine takes an instance whole; while it runs there, the GPU is not joined back.
   const asr = await request.post("/api/workers", {
     data: { name: "asr", requested_resources: { gpu_requests: { count: 1, shared: false, ids: ["h200-node:5001"] } } },

@@ -67,6 +67,12 @@ pub enum GroupError {
     /// An unhealthy GPU.
     #[error("{0} is unhealthy; choose another")]
     Unhealthy(GpuRef),
+    /// A GPU cut into MIG instances: work runs in those, each held whole.
+    #[error("{0} is cut into MIG instances, each holding one engine whole: deploy the model on one of them whole, or choose another GPU")]
+    MigCut(GpuRef),
+    /// A MIG instance, which one engine holds whole.
+    #[error("{0} holds one engine whole: deploy the model on it whole, or choose another GPU")]
+    MigInstance(GpuRef),
     /// GPUs of different sizes: one share could not mean one amount of memory on each.
     #[error("a group's shares are of one GPU's memory: choose GPUs of the same size")]
     DifferentSizes {
@@ -145,6 +151,13 @@ pub fn check_new_group(inventory: &Inventory, chosen: &[GpuRef]) -> Result<(), G
         }
         if !found.healthy {
             return Err(GroupError::Unhealthy(gpu.clone()));
+        }
+        match found.mig {
+            Some(crate::MigRole::Cut) => return Err(GroupError::MigCut(gpu.clone())),
+            Some(crate::MigRole::Instance { .. }) => {
+                return Err(GroupError::MigInstance(gpu.clone()))
+            }
+            None => {}
         }
         let first_total = *first_total.get_or_insert(found.total);
         if found.total != first_total {
@@ -278,6 +291,30 @@ mod tests {
             }
         );
         assert_eq!(choice.line(), "This model joins text-router.");
+    }
+
+    #[test]
+    fn a_group_starts_neither_on_a_gpu_cut_into_mig_instances_nor_on_an_instance() {
+        let mut node = machine("node", &[80, 80]);
+        node.gpus[1].mig = Some(crate::MigRole::Cut);
+        node.gpus.push(crate::Gpu {
+            index: crate::mig::instance_index(1, 0),
+            mig: Some(crate::MigRole::Instance {
+                parent: 1,
+                profile: "3g.40gb".into(),
+            }),
+            ..crate::testing::gpu(0, 40)
+        });
+        let inv = Inventory::new(vec![node]).unwrap();
+        assert_eq!(
+            check_new_group(&inv, &refs(&["node:1"])).unwrap_err().to_string(),
+            "GPU 1 of node is cut into MIG instances, each holding one engine whole: deploy the model on one of them whole, or choose another GPU"
+        );
+        assert_eq!(
+            check_new_group(&inv, &refs(&["node:2000"])).unwrap_err().to_string(),
+            "MIG instance 0 of GPU 1 of node holds one engine whole: deploy the model on it whole, or choose another GPU"
+        );
+        assert_eq!(check_new_group(&inv, &refs(&["node:0"])), Ok(()));
     }
 
     #[test]

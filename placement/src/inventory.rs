@@ -189,8 +189,12 @@ pub enum MigRole {
 }
 
 impl Gpu {
-    /// What the GPU offers to Tessera: its total less what is held outside.
+    /// What the GPU offers to Tessera: its total less what is held outside; nothing where it is cut into MIG
+    /// instances, whose memory its instances offer.
     pub fn offered(&self) -> Bytes {
+        if self.mig == Some(MigRole::Cut) {
+            return Bytes::ZERO;
+        }
         self.total.saturating_sub(self.held_outside)
     }
 

@@ -339,6 +339,15 @@ pub enum NoLayout {
     },
 }
 
+/// The layout of named profiles on a GPU of `model` (as NVML names it): [`layout_of`] on its menu, or that it
+/// has none.
+pub fn layout_for(model: &str, profiles: &[String]) -> Result<Layout, NoLayout> {
+    let menu = menu(model).ok_or_else(|| NoLayout::NoMenu {
+        model: model.to_owned(),
+    })?;
+    layout_of(menu, profiles)
+}
+
 /// The layout of `menu`'s GPU with an instance of each profile named (by name, such as `3g.40gb`), at the
 /// placements that leave the most room beside them; or why the menu cannot hold them.
 pub fn layout_of(menu: &'static Menu, profiles: &[String]) -> Result<Layout, NoLayout> {

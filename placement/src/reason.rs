@@ -120,6 +120,12 @@ pub enum PendingReason {
         /// The instance.
         gpu: GpuRef,
     },
+    /// The GPU is a MIG instance, where an engine runs on it alone (CUDA sees one MIG device per process);
+    /// the worker asks for several GPUs.
+    InstanceAlone {
+        /// The instance.
+        gpu: GpuRef,
+    },
 }
 
 impl fmt::Display for PendingReason {
@@ -220,8 +226,12 @@ impl fmt::Display for PendingReason {
                 write!(f, "{gpu} is cut into MIG instances: work runs in those")
             }
             InstanceHeldWhole { gpu } => {
-                write!(f, "{gpu} is held whole by one engine; it asks for a share")
+                write!(f, "{gpu} takes one engine whole; it asks for a share")
             }
+            InstanceAlone { gpu } => write!(
+                f,
+                "{gpu} runs its engine on it alone; it asks for several GPUs"
+            ),
         }
     }
 }

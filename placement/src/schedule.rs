@@ -588,6 +588,11 @@ impl Scheduler {
                     gpu: self.gpu_ref(id),
                 }))
             }
+            (Some(MigRole::Instance { .. }), GpuMode::Whole) if demand.count > 1 => {
+                return Some(Fit::No(PendingReason::InstanceAlone {
+                    gpu: self.gpu_ref(id),
+                }))
+            }
             _ => {}
         }
         if demand.healthy_only && !gpu.healthy {

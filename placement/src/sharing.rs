@@ -48,13 +48,15 @@ pub enum SharingError {
         engines: Vec<String>,
     },
     /// A MIG instance, which one engine holds whole, asked to be shared.
-    #[error("{gpu} is held whole by one engine and shared no further; set how its GPU is shared instead")]
+    #[error(
+        "{gpu} takes one engine whole and is shared no further; set how its GPU is shared instead"
+    )]
     InstanceHeldWhole {
         /// The instance, as the console names it.
         gpu: String,
     },
     /// A machine whose GPUs Tessera cannot cut.
-    #[error("{gpu} is on {machine}, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi and restart `tessera ray-node`")]
+    #[error("{gpu} is on {machine}, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi, start Ray there again with the line `tessera ray-node` prints, then restart Tessera")]
     NoMigThere {
         /// The GPU, as the console names it.
         gpu: String,

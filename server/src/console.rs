@@ -135,7 +135,13 @@ fn node_options(machines: &[MachineView]) -> Vec<NodeOption> {
         .filter(|m| !m.gpus.is_empty())
         .map(|m| NodeOption {
             name: m.name.clone(),
-            gpus: m.gpus.iter().map(gpu_option).collect(),
+            // A GPU cut into MIG instances is not one to deploy on: its instances are.
+            gpus: m
+                .gpus
+                .iter()
+                .filter(|g| g.mig != Some(placement::MigRole::Cut))
+                .map(gpu_option)
+                .collect(),
         })
         .collect()
 }
@@ -275,18 +281,24 @@ impl ConsoleService {
                             share: None,
                         }),
                 );
-                let shareable: Vec<&GpuView> = machine
+                // A GPU cut into MIG instances is counted as its instances, which hold an engine whole.
+                let usable: Vec<&GpuView> = machine
                     .gpus
                     .iter()
-                    .filter(|g| g.healthy && g.mode != "whole")
+                    .filter(|g| g.mig != Some(placement::MigRole::Cut))
+                    .collect();
+                let shareable: Vec<&GpuView> = usable
+                    .iter()
+                    .copied()
+                    .filter(|g| g.healthy && g.mode != "whole" && g.mig.is_none())
                     .collect();
                 NodeRow {
                     name: machine.name.clone(),
                     groups: here.iter().map(|g| g.name.clone()).collect(),
                     models,
-                    gpus: machine.gpus.len() as u32,
+                    gpus: usable.len() as u32,
                     shareable: shareable.len() as u32,
-                    total: machine.gpus.iter().map(|g| Bytes(g.total_bytes)).sum(),
+                    total: usable.iter().map(|g| Bytes(g.total_bytes)).sum(),
                     free: shareable
                         .iter()
                         .map(|g| Bytes(g.offered_bytes).saturating_sub(Bytes(g.taken_bytes)))

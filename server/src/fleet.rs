@@ -22,6 +22,7 @@ pub mod demand;
 mod engines;
 pub mod interference;
 mod machines;
+mod mig;
 pub mod readings;
 pub mod repack;
 mod sharing;
@@ -72,6 +73,10 @@ pub struct Fleet {
     measured: std::sync::RwLock<BTreeMap<(String, u32, String), placement::Bytes>>,
     /// Why each GPU the last reading of its machine found unhealthy is so, by machine and GPU index.
     problems: std::sync::RwLock<BTreeMap<(String, u32), String>>,
+    /// This machine's GPUs being cut into MIG instances or joined back now.
+    mig_busy: std::sync::Mutex<std::collections::BTreeSet<placement::GpuRef>>,
+    /// Bumped when a cut or a join of this machine's GPUs begins or ends: a reading taken before is stale.
+    local_generation: std::sync::atomic::AtomicU64,
 }
 
 /// What was last committed, and the ledger built from it.
@@ -119,20 +124,14 @@ impl Fleet {
             let ledger = Ledger::build(inventory.clone(), &committed);
             let machine = hosts.local.as_deref().unwrap_or_default();
             let ours = engines::ours(&ledger, machine, &runtime.recorded().await?);
-            match read_local(&local, ours.clone(), &inventory).await {
+            match read_local(&local, ours, &inventory).await {
                 Ok(read) => inventory = read,
                 // The first reading, before Tessera's engines were known, stands.
                 Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
             }
-            if sharing::recut(&inventory, &committed, machine, &runtime.nvidia_smi()).await {
-                match read_local(&local, ours, &inventory).await {
-                    Ok(read) => inventory = read,
-                    Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
-                }
-            }
         }
         let cut = Committed::load(&mut *pool.acquire().await?).await?;
-        let inventory = sharing::cut_made_up(inventory, &cut, &hosts);
+        let inventory = mig::cut_made_up(inventory, &cut, &hosts);
         let (committed, ledger) =
             Fleet::settle(crate::db::write(&pool).await?, inventory, None).await?;
         let state = State {
@@ -152,6 +151,8 @@ impl Fleet {
             repack: std::sync::Mutex::default(),
             measured: std::sync::RwLock::default(),
             problems: std::sync::RwLock::default(),
+            mig_busy: std::sync::Mutex::default(),
+            local_generation: std::sync::atomic::AtomicU64::default(),
             state: Mutex::new(state),
         };
         fleet.runtime.submit(Change::Reconcile(desired));

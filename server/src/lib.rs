@@ -219,6 +219,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             .map_err(ServerError::Load)?;
     }
     if let Some(gpus) = local_gpus {
+        tokio::spawn(fleet.clone().recut_after_restart());
         tokio::spawn(fleet.clone().follow_local_gpus(gpus, LOCAL_GPU_REFRESH));
     }
     if let Some(client) = ray {

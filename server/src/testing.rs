@@ -125,6 +125,8 @@ pub struct TestApp {
     local: Option<String>,
     /// Every machine of the inventory is made up, as the demo fleet's are.
     made_up: bool,
+    /// This machine's GPUs as its driver reads them, where a test gives a driver.
+    gpus: Option<Arc<dyn crate::inventory::LocalGpus>>,
 }
 
 /// The admin every test server has; its password, for the tests that sign in.
@@ -141,19 +143,37 @@ impl TestApp {
     /// A server over the inventory in `fleet_toml` whose machine `local` is this one: its engines are
     /// started here (a worker without a command fails to start, and nothing runs).
     pub async fn with_local(fleet_toml: &str, local: Option<&str>) -> TestApp {
-        TestApp::open(fleet_toml, local, false).await
+        TestApp::open(fleet_toml, local, false, None).await
     }
 
     /// A server over the inventory in `fleet_toml` whose machines are all made up, as the demo fleet's:
     /// demo engines stand in for what would run there, and their GPUs are cut in the inventory alone.
     pub async fn made_up(fleet_toml: &str) -> TestApp {
-        TestApp::open(fleet_toml, None, true).await
+        TestApp::open(fleet_toml, None, true, None).await
     }
 
-    async fn open(fleet_toml: &str, local: Option<&str>, made_up: bool) -> TestApp {
+    /// A server on hopper as this machine, its GPUs read from [`StandInDriver`] (MIG mode on for `mig_on`
+    /// at first) and changed by the stand-in `nvidia-smi` the test puts in its folder.
+    pub async fn hopper_here(mig_on: &[u32]) -> TestApp {
+        TestApp::open(HOPPER, Some("hopper"), false, Some(mig_on)).await
+    }
+
+    async fn open(
+        fleet_toml: &str,
+        local: Option<&str>,
+        made_up: bool,
+        driver: Option<&[u32]>,
+    ) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
         let local = local.map(str::to_owned);
-        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone(), made_up).await;
+        let gpus: Option<Arc<dyn crate::inventory::LocalGpus>> = driver.map(|mig_on| {
+            Arc::new(StandInDriver {
+                dir: dir.path().to_owned(),
+                mig_on: mig_on.to_vec(),
+            }) as Arc<dyn crate::inventory::LocalGpus>
+        });
+        let (router, fleet, pool) =
+            start(dir.path(), fleet_toml, local.clone(), made_up, gpus.clone()).await;
         // One hash for every test server of the run: argon2 is slow by design.
         static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let hash = HASH.get_or_init(|| {
@@ -179,6 +199,7 @@ impl TestApp {
             token,
             local,
             made_up,
+            gpus,
         }
     }
 
@@ -198,6 +219,7 @@ impl TestApp {
             token,
             local,
             made_up,
+            gpus,
             ..
         } = self;
         drop(router);
@@ -213,7 +235,8 @@ impl TestApp {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         drop((fleet, pool));
-        let (router, fleet, pool) = start(dir.path(), fleet_toml, local.clone(), made_up).await;
+        let (router, fleet, pool) =
+            start(dir.path(), fleet_toml, local.clone(), made_up, gpus.clone()).await;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),
@@ -223,6 +246,7 @@ impl TestApp {
             token,
             local,
             made_up,
+            gpus,
         }
     }
 
@@ -316,6 +340,7 @@ async fn start(
     fleet_toml: &str,
     local: Option<String>,
     made_up: bool,
+    gpus: Option<Arc<dyn crate::inventory::LocalGpus>>,
 ) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
     let machines =
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
@@ -331,6 +356,7 @@ async fn start(
     // `nvidia-smi` is whatever a test puts in its folder: never the machine's own.
     let settings = Settings {
         nvidia_smi: dir.join("nvidia-smi"),
+        gpus: gpus.clone(),
         ..Settings::new(
             std::env::current_exe().expect("the test binary"),
             dir.join("engines"),
@@ -345,7 +371,7 @@ async fn start(
         Fleet::open(
             pool.clone(),
             inventory,
-            None,
+            gpus,
             runtime,
             Hosts {
                 local,
@@ -364,17 +390,17 @@ async fn start(
     (router(state), fleet, pool)
 }
 
-/// A stand-in for `nvidia-smi` in `dir`: it writes each call's arguments to `dir/calls`, says MIG mode
-/// is `mode`, and fails any call whose arguments contain `fail` (when given).
+/// A stand-in for `nvidia-smi` in `dir`: it writes each call's arguments to `dir/calls` (` FAILED` after
+/// those it fails), says MIG mode is `mode`, and fails any call whose arguments contain `fail` (when given).
 pub fn stand_in_nvidia_smi(dir: &std::path::Path, mode: &str, fail: Option<&str>) {
     use std::os::unix::fs::PermissionsExt;
     let calls = dir.join("calls");
+    let log = calls.display();
     let fail = fail.map_or(String::new(), |f| {
-        format!("case \"$*\" in *'{f}'*) echo 'Failed to create GPU instances: Insufficient Resources' >&2; exit 3;; esac\n")
+        format!("case \"$*\" in *'{f}'*) echo \"$* FAILED\" >> '{log}'; echo 'Failed to create GPU instances: Insufficient Resources' >&2; exit 3;; esac\n")
     });
     let script = format!(
-        "#!/bin/sh\necho \"$*\" >> '{}'\n{fail}case \"$*\" in *--query-gpu*) echo {mode};; esac\n",
-        calls.display()
+        "#!/bin/sh\n{fail}echo \"$*\" >> '{log}'\ncase \"$*\" in *--query-gpu*) echo {mode};; esac\n"
     );
     let path = dir.join("nvidia-smi");
     std::fs::write(&path, script).unwrap();
@@ -389,4 +415,76 @@ pub fn nvidia_smi_calls(dir: &std::path::Path) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// hopper's driver as the stand-in `nvidia-smi` in `dir` has left it: a GPU's MIG mode is what its last
+/// `-mig` call set (`mig_on` before any), and its instances those its `-cgi` calls that did not fail made
+/// since its last `-dgi`.
+pub struct StandInDriver {
+    /// Where the stand-in keeps its calls.
+    pub dir: std::path::PathBuf,
+    /// The GPUs whose MIG mode is on before any call.
+    pub mig_on: Vec<u32>,
+}
+
+impl crate::inventory::LocalGpus for StandInDriver {
+    fn read(
+        &self,
+        _: &crate::inventory::Ours,
+    ) -> Result<crate::inventory::LocalReading, crate::inventory::InventoryError> {
+        let mut machine = crate::inventory::file::parse_inventory(HOPPER)
+            .expect("hopper")
+            .remove(0);
+        let calls = nvidia_smi_calls(&self.dir);
+        let menu = &placement::mig::H100_80GB;
+        let mut instances = Vec::new();
+        for gpu in &mut machine.gpus {
+            let index = gpu.index;
+            let own: Vec<&String> = calls
+                .iter()
+                .filter(|c| c.contains(&format!("-i {index} ")) && !c.ends_with("FAILED"))
+                .collect();
+            let on = own
+                .iter()
+                .rev()
+                .find_map(|c| {
+                    c.strip_suffix("-mig 1")
+                        .map(|_| true)
+                        .or(c.strip_suffix("-mig 0").map(|_| false))
+                })
+                .unwrap_or(self.mig_on.contains(&index));
+            if !on {
+                continue;
+            }
+            gpu.mig = Some(placement::MigRole::Cut);
+            gpu.held_outside = gpu.total;
+            let since = own
+                .iter()
+                .rposition(|c| c.ends_with("-dgi"))
+                .map_or(0, |p| p + 1);
+            let made = own[since..].iter().filter_map(|c| {
+                let id: u32 = c.split("-cgi ").nth(1)?.split(':').next()?.parse().ok()?;
+                menu.profiles.iter().find(|p| p.id == id)
+            });
+            for (n, profile) in (0..).zip(made) {
+                instances.push(placement::Gpu {
+                    index: placement::mig::instance_index(index, n),
+                    uuid: format!("MIG-{index}-{n}"),
+                    model: format!("{} MIG {}", gpu.model, profile.name),
+                    total: profile.memory(),
+                    held_outside: placement::Bytes::ZERO,
+                    mig: Some(placement::MigRole::Instance {
+                        parent: index,
+                        profile: profile.name.to_owned(),
+                    }),
+                    ..gpu.clone()
+                });
+            }
+        }
+        machine.gpus.extend(instances);
+        Ok(crate::inventory::LocalReading {
+            machine,
+            live: Vec::new(),
+        })
+    }
 }

@@ -357,8 +357,8 @@ fn a_gpu_cut_into_instances_takes_no_work_and_an_instance_takes_one_whole_engine
         reasons,
         [
             "GPU 0 of h100-node is cut into MIG instances: work runs in those",
-            "MIG instance 0 of GPU 0 of h100-node is held whole by one engine; it asks for a share",
-            "MIG instance 1 of GPU 0 of h100-node is held whole by one engine; it asks for a share",
+            "MIG instance 0 of GPU 0 of h100-node takes one engine whole; it asks for a share",
+            "MIG instance 1 of GPU 0 of h100-node takes one engine whole; it asks for a share",
         ]
     );
     let mut whole = WorkerRequest::shared_gb(1.0);
@@ -370,4 +370,14 @@ fn a_gpu_cut_into_instances_takes_no_work_and_an_instance_takes_one_whole_engine
         }
     }
     assert!(matches!(s.decide(&whole), Decision::Wait(_)));
+    // An engine on two GPUs gets none of them.
+    let mut s = Scheduler::new(s.inventory().clone());
+    let mut two = whole.clone();
+    two.gpus.as_mut().unwrap().count = 2;
+    let Decision::Wait(reasons) = s.place("tp", &two).unwrap() else {
+        panic!("two instances are not two GPUs");
+    };
+    assert!(reasons
+        .iter()
+        .any(|r| r.to_string() == "MIG instance 0 of GPU 0 of h100-node runs its engine on it alone; it asks for several GPUs"), "{reasons:?}");
 }

@@ -314,8 +314,28 @@ impl Fleet {
     /// have changed. A GPU whose holders now take more than it offers is over-committed (the policy of
     /// [`Ledger::relieve`] decides what stops); pending work that fits now is placed, oldest first.
     pub async fn refresh_machine(self: &Arc<Self>, machine: Machine) -> Result<(), ApiError> {
+        self.refresh(machine, None).await
+    }
+
+    /// [`Fleet::refresh_machine`] for a reading of this machine taken at `generation`: dropped where a cut
+    /// or a join of its GPUs began or ended since, and marked where one is under way.
+    async fn refresh(
+        self: &Arc<Self>,
+        machine: Machine,
+        generation: Option<u64>,
+    ) -> Result<(), ApiError> {
         self.write(|fleet| async move {
             let mut state = fleet.state.lock().await;
+            if let Some(generation) = generation {
+                if fleet
+                    .local_generation
+                    .load(std::sync::atomic::Ordering::SeqCst)
+                    != generation
+                {
+                    return Ok(());
+                }
+            }
+            let machine = fleet.marked(machine);
             let inventory = state.ledger.inventory();
             if inventory.machine(&machine.name) == Some(&machine) {
                 return Ok(());
@@ -339,6 +359,9 @@ impl Fleet {
         let mut last_error = None;
         loop {
             tokio::time::sleep(every).await;
+            let generation = self
+                .local_generation
+                .load(std::sync::atomic::Ordering::SeqCst);
             let reader = gpus.clone();
             let running = self.runtime.running().await;
             let ours = {
@@ -357,7 +380,7 @@ impl Fleet {
                         .record_samples(&reading.machine, &reading.live, at)
                         .await
                     {
-                        Ok(()) => self.refresh_machine(reading.machine).await,
+                        Ok(()) => self.refresh(reading.machine, Some(generation)).await,
                         Err(e) => Err(e),
                     }
                     .map_err(|e| e.to_string())

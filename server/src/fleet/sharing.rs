@@ -2,20 +2,17 @@
 //! engines it restarts (those whose spec it changes: the GPU's sharers, which become or stop being MPS
 //! clients), and the runtime carries it out in the memory-safe order, each stopped before it starts again.
 //!
-//! Cutting a GPU into MIG instances, or joining them back, changes the GPUs themselves: it is done only
-//! while nothing runs on the GPU or its instances, through `nvidia-smi` on this machine (the demo fleet's
-//! made-up GPUs are cut in the inventory alone), and the instances then stand in the inventory as GPUs of
-//! their own, each held whole.
+//! Cutting a GPU into MIG instances, or joining them back, changes the GPUs themselves ([`super::mig`]).
 
 use super::engines;
 use super::ledger::Ledger;
+use super::mig::Written;
 use super::Fleet;
 use crate::error::ApiError;
 use crate::runtime::spec::Host;
 use app::views::SharingChange;
-use placement::mig::Layout;
 use placement::sharing::{GpuSharing, Sharing, SharingError};
-use placement::{GpuRef, Hold, Inventory, MigRole};
+use placement::{GpuRef, MigRole};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -37,10 +34,22 @@ impl Fleet {
             instances => instances.unwrap_or_default(),
         };
         let actor = actor.to_owned();
-        self.write(
-            |fleet| async move { fleet.write_sharing(gpu, sharing, instances, &actor).await },
-        )
+        // In a task of its own, so that a client that goes away cannot leave a GPU marked as being cut.
+        let fleet = self.clone();
+        tokio::spawn(async move {
+            let written =
+                fleet
+                    .write(|fleet| async move {
+                        fleet.write_sharing(gpu, sharing, instances, &actor).await
+                    })
+                    .await?;
+            match written {
+                Written::Done(change) => Ok(change),
+                Written::Local(change) => fleet.carry_out(change).await,
+            }
+        })
         .await
+        .map_err(ApiError::internal)?
     }
 
     async fn write_sharing(
@@ -49,7 +58,7 @@ impl Fleet {
         sharing: GpuSharing,
         instances: Vec<String>,
         actor: &str,
-    ) -> Result<SharingChange, ApiError> {
+    ) -> Result<Written, ApiError> {
         let mut state = self.state.lock().await;
         let Some(target) = state.ledger.inventory().gpu(&gpu).cloned() else {
             return Err(ApiError::NotFound(format!(
@@ -76,16 +85,12 @@ impl Fleet {
         if let Some(refusal) = refusal {
             return Err(ApiError::Unprocessable(refusal.to_string()));
         }
-        let layout = if sharing.mode == Sharing::Mig {
-            let laid = placement::mig::menu(&target.model)
-                .ok_or_else(|| placement::mig::NoLayout::NoMenu {
-                    model: target.model.clone(),
-                })
-                .and_then(|menu| placement::mig::layout_of(menu, &instances))
-                .map_err(|e| ApiError::Unprocessable(format!("{gpu}: {e}")))?;
-            Some(laid)
-        } else {
-            None
+        let layout = match sharing.mode {
+            Sharing::Mig => Some(
+                placement::mig::layout_for(&target.model, &instances)
+                    .map_err(|e| ApiError::Unprocessable(format!("{gpu}: {e}")))?,
+            ),
+            _ => None,
         };
         let profiles: Option<Vec<String>> = layout.as_ref().map(|l| {
             l.instances
@@ -94,28 +99,23 @@ impl Fleet {
                 .collect()
         });
         let before = state.committed.sharing(&gpu);
-        let cut_before = state.committed.mig.get(&gpu).cloned();
-        let change = |restarts| SharingChange {
-            gpu: gpu.id(),
-            sharing,
-            restarts,
-        };
-        if before == sharing && cut_before == profiles {
-            return Ok(change(Vec::new()));
+        let cut = target.mig == Some(MigRole::Cut);
+        // Unchanged only where the GPU is as stored: one stored as cut that reads whole is cut again.
+        if before == sharing
+            && state.committed.mig.get(&gpu) == profiles.as_ref()
+            && cut == (sharing.mode == Sharing::Mig)
+        {
+            return Ok(Written::Done(SharingChange {
+                gpu: gpu.id(),
+                sharing,
+                restarts: Vec::new(),
+            }));
         }
-        if before.mode == Sharing::Mig || sharing.mode == Sharing::Mig {
-            let inventory = self.recut(&state, &gpu, &host, layout.as_ref()).await?;
-            let mut tx = crate::db::write(&self.pool).await?;
-            store(&mut tx, &gpu, sharing, profiles.as_deref()).await?;
-            crate::audit::record(
-                &mut tx,
-                crate::audit::Entry::new(actor, "gpu.sharing", &gpu.id())
-                    .before(serde_json::json!({ "sharing": before, "instances": cut_before }))
-                    .after(serde_json::json!({ "sharing": sharing, "instances": profiles })),
-            )
-            .await?;
-            self.finish(&mut state, tx, inventory, None).await?;
-            return Ok(change(Vec::new()));
+        // A GPU cut (as stored, or by hand) is joined back before it is shared otherwise.
+        if cut || before.mode == Sharing::Mig || sharing.mode == Sharing::Mig {
+            return self
+                .change_mig(&mut state, gpu, host, sharing, layout, actor)
+                .await;
         }
         // What it restarts: the engines whose spec the setting changes, worked out on the state it leads to,
         // which must hold what the GPU runs (an MPS GPU takes so many engines, each on it alone).
@@ -173,177 +173,16 @@ impl Fleet {
         .await?;
         let inventory = state.ledger.inventory().clone();
         self.finish(&mut state, tx, inventory, None).await?;
-        Ok(change(restarts))
+        Ok(Written::Done(SharingChange {
+            gpu: gpu.id(),
+            sharing,
+            restarts,
+        }))
     }
-}
-
-impl Fleet {
-    /// Cuts `gpu` into `layout`'s instances, or joins it back whole where there is none, once nothing runs
-    /// on it or its instances; answers the inventory that follows.
-    async fn recut(
-        &self,
-        state: &super::State,
-        gpu: &GpuRef,
-        host: &Host,
-        layout: Option<&Layout>,
-    ) -> Result<Inventory, ApiError> {
-        let inventory = state.ledger.inventory();
-        let machine = inventory
-            .machine(&gpu.machine)
-            .ok_or_else(|| ApiError::NotFound(format!("there is no machine {}", gpu.machine)))?;
-        let mut running = std::collections::BTreeSet::new();
-        for g in machine.gpus.iter().filter(|g| {
-            g.index == gpu.index
-                || matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index)
-        }) {
-            match state
-                .ledger
-                .scheduler()
-                .hold(&GpuRef::new(&gpu.machine, g.index))
-            {
-                Some(Hold::Whole(by)) => {
-                    running.insert(super::groups::sharer(by).0.to_owned());
-                }
-                Some(Hold::Shared(sharers)) => running.extend(
-                    sharers
-                        .keys()
-                        .map(|unit| super::groups::sharer(unit).0.to_owned()),
-                ),
-                Some(Hold::Free) | None => {}
-            }
-        }
-        if !running.is_empty() {
-            return Err(ApiError::Conflict(
-                SharingError::MigBusy {
-                    gpu: gpu.to_string(),
-                    engines: running.into_iter().collect(),
-                }
-                .to_string(),
-            ));
-        }
-        match host {
-            Host::Simulated => {
-                let machine = match layout {
-                    Some(layout) => crate::inventory::demo::cut(machine, gpu.index, layout),
-                    None => crate::inventory::demo::join(machine, gpu.index),
-                };
-                inventory.with_machine(machine).map_err(ApiError::internal)
-            }
-            Host::Local => {
-                let nvidia_smi = self.runtime.nvidia_smi();
-                let done = match layout {
-                    Some(layout) => nvidia_smi.cut(gpu.index, layout).await,
-                    None => nvidia_smi.join(gpu.index).await,
-                };
-                done.map_err(|why| {
-                    ApiError::Conflict(format!(
-                        "{gpu} could not be {}: {why}",
-                        if layout.is_some() {
-                            "cut"
-                        } else {
-                            "joined back"
-                        }
-                    ))
-                })?;
-                Ok(self.read_local(state, inventory.clone()).await)
-            }
-            Host::Remote | Host::Cluster { .. } => Err(ApiError::Unprocessable(
-                SharingError::NoMigThere {
-                    gpu: gpu.to_string(),
-                    machine: gpu.machine.clone(),
-                }
-                .to_string(),
-            )),
-        }
-    }
-
-    /// `inventory` with this machine as NVML reads it now; as it was where the reading fails (the next
-    /// reading brings the change).
-    async fn read_local(&self, state: &super::State, inventory: Inventory) -> Inventory {
-        let Some(gpus) = self.runtime.local_gpus() else {
-            return inventory;
-        };
-        let local = self.hosts.local.as_deref().unwrap_or_default();
-        let ours = engines::ours(&state.ledger, local, &self.runtime.running().await);
-        match super::read_local(&gpus, ours, &inventory).await {
-            Ok(read) => read,
-            Err(e) => {
-                tracing::warn!("this machine's GPUs could not be read after a MIG change: {e}");
-                inventory
-            }
-        }
-    }
-}
-
-/// Cuts again each GPU of this machine (`local`) that was cut as committed but whose instances the driver
-/// no longer lists: MIG instances do not outlive a reboot or a driver reload, while MIG mode does. Each
-/// cut, or why it failed, is logged; answers whether any was made, for the caller to read the machine
-/// again.
-pub(super) async fn recut(
-    inventory: &Inventory,
-    committed: &super::Committed,
-    local: &str,
-    nvidia_smi: &crate::runtime::mig::NvidiaSmi,
-) -> bool {
-    let Some(machine) = inventory.machine(local) else {
-        return false;
-    };
-    let mut cut = false;
-    for (gpu, profiles) in committed.mig.iter().filter(|(g, _)| g.machine == local) {
-        let listed = machine.gpus.iter().any(
-            |g| matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index),
-        );
-        let Some(target) = inventory.gpu(gpu).filter(|_| !listed) else {
-            continue;
-        };
-        let layout = placement::mig::menu(&target.model)
-            .ok_or_else(|| format!("{} has no MIG menu", target.model))
-            .and_then(|menu| placement::mig::layout_of(menu, profiles).map_err(|e| e.to_string()));
-        let done = match layout {
-            Ok(layout) => nvidia_smi.cut(gpu.index, &layout).await,
-            Err(e) => Err(e),
-        };
-        match done {
-            Ok(()) => {
-                tracing::info!("{gpu} was cut into MIG instances again ({}): the driver listed none of them", profiles.join(", "));
-                cut = true;
-            }
-            Err(e) => tracing::warn!("{gpu} is committed as cut into MIG instances ({}), which the driver does not list, and could not be cut again: {e}", profiles.join(", ")),
-        }
-    }
-    cut
-}
-
-/// `inventory` with each made-up GPU of the demo fleet cut as committed: its instances exist nowhere else.
-pub(super) fn cut_made_up(
-    mut inventory: Inventory,
-    committed: &super::Committed,
-    hosts: &crate::runtime::Hosts,
-) -> Inventory {
-    for (gpu, profiles) in &committed.mig {
-        if !matches!(hosts.host(&gpu.machine), Host::Simulated) {
-            continue;
-        }
-        let (Some(machine), Some(target)) = (inventory.machine(&gpu.machine), inventory.gpu(gpu))
-        else {
-            continue;
-        };
-        let layout = placement::mig::menu(&target.model)
-            .ok_or_else(|| format!("{} has no MIG menu", target.model))
-            .and_then(|menu| placement::mig::layout_of(menu, profiles).map_err(|e| e.to_string()));
-        let cut = layout
-            .map(|layout| crate::inventory::demo::cut(machine, gpu.index, &layout))
-            .and_then(|machine| inventory.with_machine(machine).map_err(|e| e.to_string()));
-        match cut {
-            Ok(cut) => inventory = cut,
-            Err(e) => tracing::warn!("{gpu} is not cut as committed: {e}"),
-        }
-    }
-    inventory
 }
 
 /// Writes how `gpu` is shared (time-slicing has no row), with the profiles it was cut into under MIG.
-async fn store(
+pub(super) async fn store(
     tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
     gpu: &GpuRef,
     sharing: GpuSharing,

@@ -10,6 +10,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 use tokio::time::timeout;
 
+/// The longest one `nvidia-smi` call may take: enabling MIG mode may reset the GPU, which takes seconds,
+/// not minutes. It runs outside the fleet's write lock, so a slow call holds up only its own GPU.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
 /// `nvidia-smi`, run for one GPU at a time.
 #[derive(Debug, Clone)]
 pub struct NvidiaSmi {
@@ -24,14 +28,21 @@ impl NvidiaSmi {
     pub async fn cut(&self, index: u32, layout: &Layout) -> Result<(), String> {
         let gpu = index.to_string();
         self.run(&["-i", &gpu, "-mig", "1"]).await?;
-        let mode = self
+        let mode = match self
             .run(&[
                 "-i",
                 &gpu,
                 "--query-gpu=mig.mode.current",
                 "--format=csv,noheader",
             ])
-            .await?;
+            .await
+        {
+            Ok(mode) => mode,
+            Err(why) => {
+                let _ = self.run(&["-i", &gpu, "-mig", "0"]).await;
+                return Err(why);
+            }
+        };
         if mode.trim() != "Enabled" {
             // Pending until the GPU is reset: turning it back off leaves nothing pending behind.
             let _ = self.run(&["-i", &gpu, "-mig", "0"]).await;

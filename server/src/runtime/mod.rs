@@ -458,11 +458,11 @@ impl Runtime {
         let _ = self.orders.send(Order::Change(change));
     }
 
-    /// `nvidia-smi` for this machine's GPUs, each call given the stop timeout.
+    /// `nvidia-smi` for this machine's GPUs, each call given [`mig::CALL_TIMEOUT`].
     pub fn nvidia_smi(&self) -> mig::NvidiaSmi {
         mig::NvidiaSmi {
             program: self.shared.settings.nvidia_smi.clone(),
-            timeout: self.shared.settings.stop_timeout,
+            timeout: mig::CALL_TIMEOUT,
         }
     }
 

@@ -308,9 +308,7 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
     let (_, body) = app.post_worker(&pinned("tiny", 1.0, "hopper:1001")).await;
     assert_eq!(
         body["pending_reasons"],
-        json!([
-            "MIG instance 1 of GPU 0 of hopper is held whole by one engine; it asks for a share"
-        ])
+        json!(["MIG instance 1 of GPU 0 of hopper takes one engine whole; it asks for a share"])
     );
     let (_, body) = app.post_worker(&pinned("cut", 1.0, "hopper:0")).await;
     assert_eq!(
@@ -331,7 +329,7 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
     let (status, body) = set(&app, "hopper:1001", json!({"mode": "mps"})).await;
     assert_eq!(
         (status, body["error"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("MIG instance 1 of GPU 0 of hopper is held whole by one engine and shared no further; set how its GPU is shared instead"))
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("MIG instance 1 of GPU 0 of hopper takes one engine whole and is shared no further; set how its GPU is shared instead"))
     );
 
     // A restart finds the made-up GPU cut as committed, and what ran in an instance runs there still.
@@ -399,7 +397,7 @@ async fn a_layout_the_menu_cannot_hold_or_a_machine_tessera_cannot_cut_is_refuse
     .await;
     assert_eq!(
         (status, answer["error"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("GPU 0 of hopper is on hopper, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi and restart `tessera ray-node`"))
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("GPU 0 of hopper is on hopper, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi, start Ray there again with the line `tessera ray-node` prints, then restart Tessera"))
     );
     for app in [&app, &remote] {
         assert_eq!(
@@ -412,20 +410,22 @@ async fn a_layout_the_menu_cannot_hold_or_a_machine_tessera_cannot_cut_is_refuse
 }
 
 #[tokio::test]
-async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_way_is_undone_and_not_stored(
+async fn this_machine_s_gpu_is_cut_through_nvidia_smi_its_instances_read_back_as_gpus_and_a_cut_that_fails_half_way_is_undone_and_not_stored(
 ) {
-    let app = TestApp::with_local(HOPPER, Some("hopper")).await;
+    let app = TestApp::hopper_here(&[]).await;
     let dir = app.dir.path();
     let cut = json!({"mode": "mig", "instances": ["1g.10gb", "3g.40gb"]});
 
     stand_in_nvidia_smi(dir, "Enabled", Some("-cgi 19:4"));
     let (status, body) = set(&app, "hopper:1", cut.clone()).await;
-    assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    let error = body["error"].as_str().unwrap();
-    assert!(
-        error.starts_with("GPU 1 of hopper could not be cut: ")
-            && error.contains("mig -i 1 -cgi 19:4 -C failed (exit status: 3): Failed to create GPU instances: Insufficient Resources; the instances made before it were removed and the GPU left whole"),
-        "{error}"
+    // The stand-in's folder, as the error names the program, is left out.
+    let error = body["error"]
+        .as_str()
+        .map(|e| e.replace(&format!("{}/", dir.display()), ""));
+    assert_eq!(
+        (status, error.as_deref()),
+        (StatusCode::CONFLICT, Some("GPU 1 of hopper could not be cut: nvidia-smi mig -i 1 -cgi 19:4 -C failed (exit status: 3): Failed to create GPU instances: Insufficient Resources; the instances made before it were removed and the GPU left whole")),
+        "{body}"
     );
     assert_eq!(
         nvidia_smi_calls(dir),
@@ -435,11 +435,16 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_
             "mig -i 1 -dci",
             "mig -i 1 -dgi",
             "mig -i 1 -cgi 9:0 -C",
-            "mig -i 1 -cgi 19:4 -C",
+            "mig -i 1 -cgi 19:4 -C FAILED",
             "mig -i 1 -dci",
             "mig -i 1 -dgi",
             "-i 1 -mig 0",
         ]
+    );
+    assert_eq!(
+        gpus(&app, "hopper").await,
+        [(0, Value::Null, 80 << 30), (1, Value::Null, 80 << 30)],
+        "read back whole"
     );
     let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
     assert_eq!(log, json!([]), "nothing is stored");
@@ -459,16 +464,168 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_and_a_cut_that_fails_half_
     stand_in_nvidia_smi(dir, "Enabled", None);
     let (status, body) = set(&app, "hopper:1", cut).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    let instance = |n: u64, profile: &str, mib: u64| {
+        (
+            2000 + n,
+            json!({"role": "instance", "parent": 1, "profile": profile}),
+            mib << 20,
+        )
+    };
     assert_eq!(
-        &nvidia_smi_calls(dir)[4..],
-        ["mig -i 1 -cgi 9:0 -C", "mig -i 1 -cgi 19:4 -C"]
+        gpus(&app, "hopper").await,
+        [
+            (0, Value::Null, 80 << 30),
+            (1, json!({"role": "cut"}), 80 << 30),
+            instance(0, "3g.40gb", 40448),
+            instance(1, "1g.10gb", 9984),
+        ]
     );
-    let (status, _) = set(&app, "hopper:1", json!({"mode": "time-slicing"})).await;
+    let (status, body) = app.post_worker(&whole("big", "hopper:2000")).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let spec = app
+        .fleet
+        .desired()
+        .await
+        .into_iter()
+        .find(|s| s.unit == "big")
+        .unwrap();
+    let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
+    assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-1-0");
+
+    let join = json!({"mode": "time-slicing"});
+    let (status, _) = set(&app, "hopper:1", join.clone()).await;
+    assert_eq!(status, StatusCode::CONFLICT);
+    app.call(Method::DELETE, "/api/workers/big", None).await;
+    stand_in_nvidia_smi(dir, "Enabled", None);
+    let (status, _) = set(&app, "hopper:1", join).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
-        &nvidia_smi_calls(dir)[6..],
+        nvidia_smi_calls(dir),
         ["mig -i 1 -dci", "mig -i 1 -dgi", "-i 1 -mig 0"]
+    );
+    assert_eq!(
+        gpus(&app, "hopper").await,
+        [(0, Value::Null, 80 << 30), (1, Value::Null, 80 << 30)]
     );
     let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
     assert_eq!(log.as_array().unwrap().len(), 2);
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_gpu_cut_by_hand_takes_no_work_and_is_joined_back_when_it_is_set_to_be_shared() {
+    let app = TestApp::hopper_here(&[0]).await;
+    let dir = app.dir.path();
+    let (_, body) = app.post_worker(&pinned("chat", 5.0, "hopper:0")).await;
+    assert_eq!(
+        body["pending_reasons"],
+        json!(["GPU 0 of hopper is cut into MIG instances: work runs in those"])
+    );
+    stand_in_nvidia_smi(dir, "Enabled", None);
+    let (status, body) = set(&app, "hopper:0", json!({"mode": "time-slicing"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        nvidia_smi_calls(dir),
+        ["mig -i 0 -dci", "mig -i 0 -dgi", "-i 0 -mig 0"]
+    );
+    let (_, body) = app.get("/api/workers/chat").await;
+    assert_eq!(
+        body["gpus"],
+        json!([0]),
+        "what waited goes there now: {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_gpu_stored_as_cut_is_cut_again_after_a_reboot_lost_its_instances_but_not_once_its_mig_mode_was_turned_off(
+) {
+    let app = TestApp::hopper_here(&[0]).await;
+    sqlx::query("INSERT INTO gpu_sharing (machine, gpu_index, mode, mig_instances) VALUES ('hopper', 0, 'mig', '[\"3g.40gb\", \"3g.40gb\"]')")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    let app = app.restart().await;
+    let dir = app.dir.path().to_owned();
+    stand_in_nvidia_smi(&dir, "Enabled", None);
+    app.fleet.clone().recut_after_restart().await;
+    assert_eq!(
+        &nvidia_smi_calls(&dir)[4..],
+        ["mig -i 0 -cgi 9:0 -C", "mig -i 0 -cgi 9:4 -C"]
+    );
+    let indices: Vec<u64> = gpus(&app, "hopper")
+        .await
+        .into_iter()
+        .map(|g| g.0)
+        .collect();
+    assert_eq!(indices, [0, 1, 1000, 1001]);
+    let (_, log) = app.get("/api/audit?action=gpu.sharing").await;
+    assert_eq!(log, json!([]), "what was stored did not change");
+
+    // Listed already: nothing is cut again.
+    let calls = nvidia_smi_calls(&dir).len();
+    let app = app.restart().await;
+    app.fleet.clone().recut_after_restart().await;
+    assert_eq!(nvidia_smi_calls(&dir).len(), calls);
+
+    // MIG mode turned off by hand (the stand-in's driver reads its calls): left so.
+    std::fs::write(dir.join("calls"), "-i 0 -mig 0\n").unwrap();
+    let app = app.restart().await;
+    app.fleet.clone().recut_after_restart().await;
+    assert_eq!(nvidia_smi_calls(&dir), ["-i 0 -mig 0"]);
+}
+
+#[tokio::test]
+async fn while_nvidia_smi_cuts_a_gpu_other_writes_go_on_and_nothing_is_placed_on_that_gpu() {
+    use std::os::unix::fs::PermissionsExt;
+    let app = TestApp::hopper_here(&[]).await;
+    let dir = app.dir.path();
+    stand_in_nvidia_smi(dir, "Enabled", None);
+    // The same stand-in, two seconds slower at creating an instance.
+    let script = std::fs::read_to_string(dir.join("nvidia-smi")).unwrap();
+    let slow = script.replacen(
+        "#!/bin/sh\n",
+        "#!/bin/sh\ncase \"$*\" in *-cgi*) sleep 2;; esac\n",
+        1,
+    );
+    std::fs::write(dir.join("nvidia-smi"), slow).unwrap();
+    std::fs::set_permissions(
+        dir.join("nvidia-smi"),
+        std::fs::Permissions::from_mode(0o755),
+    )
+    .unwrap();
+    let cutting = set(
+        &app,
+        "hopper:1",
+        json!({"mode": "mig", "instances": ["7g.80gb"]}),
+    );
+    let meanwhile = async {
+        tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+        let started = std::time::Instant::now();
+        let (status, body) = app.post_worker(&pinned("elsewhere", 5.0, "hopper:0")).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(1),
+            "a write waited {:?} for the cut",
+            started.elapsed()
+        );
+        let (_, body) = app.post_worker(&pinned("there", 5.0, "hopper:1")).await;
+        assert_eq!(
+            body["pending_reasons"],
+            json!(["GPU 1 of hopper is cut into MIG instances: work runs in those"])
+        );
+        let (status, body) = set(&app, "hopper:1", json!({"mode": "time-slicing"})).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (StatusCode::CONFLICT, Some("GPU 1 of hopper is being cut into MIG instances or joined back; wait until that is done"))
+        );
+    };
+    let ((status, body), ()) = tokio::join!(cutting, meanwhile);
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let indices: Vec<u64> = gpus(&app, "hopper")
+        .await
+        .into_iter()
+        .map(|g| g.0)
+        .collect();
+    assert_eq!(indices, [0, 1, 2000]);
+    app.fleet.check_ledger().await.unwrap();
 }
