@@ -305,11 +305,19 @@ impl Fleet {
                 Some(Hold::Whole(by)) => {
                     running.insert(super::groups::sharer(by).0.to_owned());
                 }
-                Some(Hold::Shared(sharers)) => running.extend(
-                    sharers
-                        .keys()
-                        .map(|unit| super::groups::sharer(unit).0.to_owned()),
-                ),
+                // A group's room for its on-demand members is named by its group.
+                Some(Hold::Shared(sharers)) => {
+                    running.extend(
+                        sharers
+                            .keys()
+                            .map(|unit| match super::groups::sharer(unit) {
+                                (super::ledger::TURNS, Some(group)) => {
+                                    format!("group {group}'s on-demand models")
+                                }
+                                (name, _) => name.to_owned(),
+                            }),
+                    )
+                }
                 Some(Hold::Free) | None => {}
             }
         }

@@ -41,13 +41,22 @@ fn held_now(scheduler: &Scheduler) -> Vec<Held> {
     let mut out = Vec::new();
     for machine in scheduler.inventory().machines() {
         for gpu in &machine.gpus {
+            // A MIG instance is a part of its GPU: an hour of one is its memory's part of a GPU-hour.
+            let total = match &gpu.mig {
+                Some(placement::MigRole::Instance { parent, .. }) => machine
+                    .gpus
+                    .iter()
+                    .find(|g| g.index == *parent)
+                    .map_or(gpu.total, |g| g.total),
+                _ => gpu.total,
+            };
             let mut push = |holder: &str, held: Bytes| {
                 out.push(Held {
                     holder: holder.to_owned(),
                     machine: machine.name.clone(),
                     gpu: gpu.index,
                     held,
-                    total: gpu.total,
+                    total,
                 });
             };
             match scheduler.hold(&GpuRef::new(&machine.name, gpu.index)) {

@@ -324,6 +324,14 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
         .unwrap();
     let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
     assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-0a1b-0");
+    // For usage, an hour of the instance is its memory's part of a GPU-hour, not a whole one.
+    let (held, total): (i64, i64) = sqlx::query_as(
+        "SELECT held_bytes, gpu_total_bytes FROM holdings WHERE holder = 'big' AND end_ms IS NULL",
+    )
+    .fetch_one(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!((held, total), (40448 << 20, 80 << 30));
 
     // The instance's own setting is its GPU's.
     let (status, body) = set(&app, "hopper:1001", json!({"mode": "mps"})).await;
