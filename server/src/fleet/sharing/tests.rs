@@ -247,6 +247,22 @@ fn whole(name: &str, gpu: &str) -> String {
     .to_string()
 }
 
+/// Sets `gpu` as `body` says while `worker` runs there, which is refused, then once it is removed; answers
+/// what the second time answered.
+async fn once_idle(app: &TestApp, gpu: &str, body: Value, worker: &str) -> Value {
+    let (status, answer) = set(app, gpu, body.clone()).await;
+    let named: placement::GpuRef = gpu.parse().unwrap();
+    assert_eq!(
+        (status, answer["error"].as_str().map(str::to_owned)),
+        (StatusCode::CONFLICT, Some(format!("{named} runs {worker}: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first")))
+    );
+    app.call(Method::DELETE, &format!("/api/workers/{worker}"), None)
+        .await;
+    let (status, change) = set(app, gpu, body).await;
+    assert_eq!(status, StatusCode::OK, "{change}");
+    change
+}
+
 /// Each GPU of `machine` as the API lists it: index, MIG part and total bytes.
 async fn gpus(app: &TestApp, machine: &str) -> Vec<(u64, Value, u64)> {
     let (_, m) = app.get(&format!("/api/machines/{machine}")).await;
@@ -271,15 +287,7 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
     let (status, _) = app.post_worker(&pinned("chat", 10.0, "hopper:0")).await;
     assert_eq!(status, StatusCode::CREATED);
     let cut = json!({"mode": "mig", "instances": ["3g.40gb", "2g.20gb", "1g.10gb"]});
-    let (status, body) = set(&app, "hopper:0", cut.clone()).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (StatusCode::CONFLICT, Some("GPU 0 of hopper runs chat: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first"))
-    );
-    app.call(Method::DELETE, "/api/workers/chat", None).await;
-
-    let (status, change) = set(&app, "hopper:0", cut).await;
-    assert_eq!(status, StatusCode::OK, "{change}");
+    let change = once_idle(&app, "hopper:0", cut, "chat").await;
     assert_eq!(
         change,
         json!({"gpu": "hopper:0", "sharing": {"mode": "mig"}, "restarts": []})
@@ -347,15 +355,7 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
     let (_, big) = app.get("/api/workers/big").await;
     assert_eq!(big["gpus"], json!([1000]), "{big}");
 
-    let join = json!({"mode": "time-slicing"});
-    let (status, body) = set(&app, "hopper:0", join.clone()).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (StatusCode::CONFLICT, Some("GPU 0 of hopper runs big: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first"))
-    );
-    app.call(Method::DELETE, "/api/workers/big", None).await;
-    let (status, change) = set(&app, "hopper:0", join).await;
-    assert_eq!(status, StatusCode::OK, "{change}");
+    once_idle(&app, "hopper:0", json!({"mode": "time-slicing"}), "big").await;
     assert_eq!(
         gpus(&app, "hopper").await,
         [(0, Value::Null, 80 << 30), (1, Value::Null, 80 << 30)]
@@ -500,13 +500,8 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_its_instances_read_back_as
     let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
     assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-1-0");
 
-    let join = json!({"mode": "time-slicing"});
-    let (status, _) = set(&app, "hopper:1", join.clone()).await;
-    assert_eq!(status, StatusCode::CONFLICT);
-    app.call(Method::DELETE, "/api/workers/big", None).await;
     stand_in_nvidia_smi(dir, "Enabled", None);
-    let (status, _) = set(&app, "hopper:1", join).await;
-    assert_eq!(status, StatusCode::OK);
+    once_idle(&app, "hopper:1", json!({"mode": "time-slicing"}), "big").await;
     assert_eq!(
         nvidia_smi_calls(dir),
         ["mig -i 1 -dci", "mig -i 1 -dgi", "-i 1 -mig 0"]
