@@ -263,6 +263,19 @@ async fn once_idle(app: &TestApp, gpu: &str, body: Value, worker: &str) -> Value
     change
 }
 
+/// What `CUDA_VISIBLE_DEVICES` the engine of `unit` is started with.
+async fn cuda_devices(app: &TestApp, unit: &str) -> String {
+    let spec = app
+        .fleet
+        .desired()
+        .await
+        .into_iter()
+        .find(|s| s.unit == unit)
+        .unwrap();
+    let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
+    launch.env["CUDA_VISIBLE_DEVICES"].clone()
+}
+
 /// Each GPU of `machine` as the API lists it: index, MIG part and total bytes.
 async fn gpus(app: &TestApp, machine: &str) -> Vec<(u64, Value, u64)> {
     let (_, m) = app.get(&format!("/api/machines/{machine}")).await;
@@ -323,15 +336,7 @@ async fn a_gpu_is_cut_into_mig_instances_each_held_whole_as_a_gpu_of_its_own_and
         body["pending_reasons"],
         json!(["GPU 0 of hopper is cut into MIG instances: work runs in those"])
     );
-    let spec = app
-        .fleet
-        .desired()
-        .await
-        .into_iter()
-        .find(|s| s.unit == "big")
-        .unwrap();
-    let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
-    assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-0a1b-0");
+    assert_eq!(cuda_devices(&app, "big").await, "MIG-0a1b-0");
     // For usage, an hour of the instance is its memory's part of a GPU-hour, not a whole one.
     let (held, total): (i64, i64) = sqlx::query_as(
         "SELECT held_bytes, gpu_total_bytes FROM holdings WHERE holder = 'big' AND end_ms IS NULL",
@@ -490,15 +495,7 @@ async fn this_machine_s_gpu_is_cut_through_nvidia_smi_its_instances_read_back_as
     );
     let (status, body) = app.post_worker(&whole("big", "hopper:2000")).await;
     assert_eq!(status, StatusCode::CREATED, "{body}");
-    let spec = app
-        .fleet
-        .desired()
-        .await
-        .into_iter()
-        .find(|s| s.unit == "big")
-        .unwrap();
-    let launch = spec.command_line(8001, placement::Bytes::gb(40)).unwrap();
-    assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-1-0");
+    assert_eq!(cuda_devices(&app, "big").await, "MIG-1-0");
 
     stand_in_nvidia_smi(dir, "Enabled", None);
     once_idle(&app, "hopper:1", json!({"mode": "time-slicing"}), "big").await;
