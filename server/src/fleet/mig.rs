@@ -11,6 +11,7 @@
 use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::runtime::spec::Host;
+use crate::runtime::EngineState;
 use app::views::SharingChange;
 use placement::mig::Layout;
 use placement::sharing::{GpuSharing, Sharing, SharingError};
@@ -320,6 +321,31 @@ impl Fleet {
                 }
                 Some(Hold::Free) | None => {}
             }
+        }
+        // On this machine's real GPUs, an engine let go but still stopping holds its memory, and the
+        // driver would refuse to cut under it.
+        if self.hosts.local.as_deref() == Some(gpu.machine.as_str()) {
+            let on_it: BTreeSet<u32> = inventory
+                .machine(&gpu.machine)
+                .into_iter()
+                .flat_map(|m| m.gpus.iter())
+                .filter(|g| {
+                    g.index == gpu.index
+                        || matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index)
+                })
+                .map(|g| g.index)
+                .collect();
+            let stopping: Vec<String> = self
+                .runtime
+                .engines()
+                .into_iter()
+                .filter(|e| e.machine == gpu.machine && e.gpus.iter().any(|i| on_it.contains(i)))
+                .filter(|e| !matches!(e.state, EngineState::Stopped | EngineState::Failed))
+                .map(|e| e.model.or(e.worker).unwrap_or(e.unit))
+                .filter(|name| !running.contains(name))
+                .map(|name| format!("{name}, whose engine has not stopped yet"))
+                .collect();
+            running.extend(stopping);
         }
         if running.is_empty() {
             Ok(())
