@@ -56,7 +56,7 @@ pub enum SharingError {
         gpu: String,
     },
     /// A machine whose GPUs Tessera cannot cut.
-    #[error("{gpu} is on {machine}, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi, start Ray there again with the line `tessera ray-node` prints, then restart Tessera")]
+    #[error("{gpu} is on {machine}, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi and start Ray there again with the line `tessera ray-node` prints")]
     NoMigThere {
         /// The GPU, as the console names it.
         gpu: String,

@@ -6,7 +6,7 @@ use super::groups::holder;
 use super::ledger::Ledger;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::inventory::Ours;
-use crate::runtime::spec::{EngineSpec, MpsClient, Recipe};
+use crate::runtime::spec::{EngineSpec, Host, MpsClient, Recipe};
 use crate::runtime::Hosts;
 use placement::sharing::Sharing;
 use placement::{Assignment, Bytes, GpuRef, Hold};
@@ -114,9 +114,23 @@ fn spec(
         }
         _ => None,
     };
+    // A node's GPUs as last read, not as at startup: its instances, and UUIDs made again after a reboot.
+    let host = match hosts.host(&assignment.machine) {
+        Host::Cluster { address, demo, .. } => Host::Cluster {
+            address,
+            demo,
+            uuids: ledger
+                .inventory()
+                .machine(&assignment.machine)
+                .into_iter()
+                .flat_map(|m| m.gpus.iter().map(|g| (g.index, g.uuid.clone())))
+                .collect(),
+        },
+        host => host,
+    };
     EngineSpec {
         unit: unit.to_owned(),
-        host: hosts.host(&assignment.machine),
+        host,
         gpu_total: gpus.first().map(|g| g.total).unwrap_or_default(),
         gpu_offered: gpus.iter().map(|g| g.offered()).min().unwrap_or_default(),
         gpus: assignment.gpus.clone(),
@@ -217,4 +231,81 @@ pub(super) fn held_on(
             Some((gpu.index, taken))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::ray::{ClusterMachine, NodeGpu};
+    use placement::{Gpu, Inventory, Machine, MigRole};
+
+    #[test]
+    fn an_engine_on_a_node_names_its_gpu_by_the_uuid_last_read_there_a_mig_instance_s_among_them() {
+        // As Tessera started: one whole GPU. As read since: cut by hand, its instance offered instead.
+        let node = ClusterMachine {
+            name: "nimbus".into(),
+            node_id: "n1".into(),
+            address: "10.0.0.9".into(),
+            gpus: vec![NodeGpu {
+                index: 0,
+                uuid: "GPU-before".into(),
+                memory: Bytes::gb(80),
+                resource: "tessera_gpu_0_GPU-before".into(),
+                profile: None,
+            }],
+            demo: false,
+            alive: true,
+            model: "NVIDIA-H100-80GB-HBM3".into(),
+            cpu_cores: 16,
+            memory: Bytes::gb(64),
+        };
+        let hosts = Hosts {
+            cluster: [("nimbus".to_owned(), node.clone())].into(),
+            ..Hosts::default()
+        };
+        let instance = Gpu {
+            index: placement::mig::instance_index(0, 0),
+            uuid: "MIG-after".into(),
+            total: Bytes(40448 << 20),
+            mig: Some(MigRole::Instance {
+                parent: 0,
+                profile: "3g.40gb".into(),
+            }),
+            ..node.machine().gpus[0].clone()
+        };
+        let inventory = Inventory::new(vec![Machine {
+            gpus: vec![instance],
+            ..node.machine()
+        }])
+        .unwrap();
+        let committed = Committed {
+            workers: Vec::new(),
+            groups: Vec::new(),
+            models: Vec::new(),
+            sharing: BTreeMap::new(),
+            mig: BTreeMap::new(),
+        };
+        let ledger = Ledger::build(inventory, &committed);
+        let assignment = Assignment {
+            machine: "nimbus".into(),
+            gpus: vec![1000],
+            shared: None,
+            cpu_cores: 0,
+            memory: Bytes::ZERO,
+        };
+        let recipe = Recipe {
+            engine: Engine::Command,
+            model_path: String::new(),
+            command: Some("serve".into()),
+            args: Vec::new(),
+            env: BTreeMap::new(),
+        };
+        let spec = spec(&committed, &ledger, &hosts, "asr", &assignment, recipe);
+        let Host::Cluster { uuids, .. } = &spec.host else {
+            panic!("a node's engine runs there: {:?}", spec.host);
+        };
+        assert_eq!(uuids, &BTreeMap::from([(1000, "MIG-after".to_owned())]));
+        let launch = spec.command_line(8001, Bytes::gb(40)).unwrap();
+        assert_eq!(launch.env["CUDA_VISIBLE_DEVICES"], "MIG-after");
+    }
 }

@@ -410,7 +410,7 @@ async fn a_layout_the_menu_cannot_hold_or_a_machine_tessera_cannot_cut_is_refuse
     .await;
     assert_eq!(
         (status, answer["error"].as_str()),
-        (StatusCode::UNPROCESSABLE_ENTITY, Some("GPU 0 of hopper is on hopper, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi, start Ray there again with the line `tessera ray-node` prints, then restart Tessera"))
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("GPU 0 of hopper is on hopper, where Tessera cannot cut a GPU: MIG is applied to this server's own GPUs (and the demo fleet's); on a node, cut it with nvidia-smi and start Ray there again with the line `tessera ray-node` prints"))
     );
     for app in [&app, &remote] {
         assert_eq!(
