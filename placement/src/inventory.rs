@@ -198,6 +198,11 @@ impl Gpu {
         self.total.saturating_sub(self.held_outside)
     }
 
+    /// Whether it is a MIG instance cut from GPU `index` of its machine.
+    pub fn is_instance_of(&self, index: u32) -> bool {
+        matches!(&self.mig, Some(MigRole::Instance { parent, .. }) if *parent == index)
+    }
+
     /// Whether `id` names this GPU of `machine`: its UUID, or `machine:index`.
     pub fn is_named_by(&self, machine: &str, id: &str) -> bool {
         (!self.uuid.is_empty() && self.uuid == id)

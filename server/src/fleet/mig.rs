@@ -277,9 +277,7 @@ impl Fleet {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         for gpu in busy.iter().filter(|g| g.machine == machine.name) {
-            machine.gpus.retain(|g| {
-                !matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index)
-            });
+            machine.gpus.retain(|g| !g.is_instance_of(gpu.index));
             for g in machine.gpus.iter_mut().filter(|g| g.index == gpu.index) {
                 g.mig = Some(MigRole::Cut);
             }
@@ -291,17 +289,19 @@ impl Fleet {
     fn check_idle(&self, state: &State, gpu: &GpuRef) -> Result<(), ApiError> {
         let inventory = state.ledger.inventory();
         let mut running = BTreeSet::new();
-        let on_it = inventory.machine(&gpu.machine).into_iter().flat_map(|m| {
-            m.gpus.iter().filter(|g| {
-                g.index == gpu.index
-                    || matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index)
-            })
-        });
-        for g in on_it {
+        // The GPU and its instances, by index.
+        let on_it: BTreeSet<u32> = inventory
+            .machine(&gpu.machine)
+            .into_iter()
+            .flat_map(|m| m.gpus.iter())
+            .filter(|g| g.index == gpu.index || g.is_instance_of(gpu.index))
+            .map(|g| g.index)
+            .collect();
+        for &index in &on_it {
             match state
                 .ledger
                 .scheduler()
-                .hold(&GpuRef::new(&gpu.machine, g.index))
+                .hold(&GpuRef::new(&gpu.machine, index))
             {
                 Some(Hold::Whole(by)) => {
                     running.insert(super::groups::sharer(by).0.to_owned());
@@ -325,16 +325,6 @@ impl Fleet {
         // On this machine's real GPUs, an engine let go but still stopping holds its memory, and the
         // driver would refuse to cut under it.
         if self.hosts.local.as_deref() == Some(gpu.machine.as_str()) {
-            let on_it: BTreeSet<u32> = inventory
-                .machine(&gpu.machine)
-                .into_iter()
-                .flat_map(|m| m.gpus.iter())
-                .filter(|g| {
-                    g.index == gpu.index
-                        || matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index)
-                })
-                .map(|g| g.index)
-                .collect();
             let stopping: Vec<String> = self
                 .runtime
                 .engines()
@@ -380,11 +370,9 @@ impl Fleet {
 
 /// Whether the driver lists any MIG instance of `gpu`.
 fn listed_instances(inventory: &Inventory, gpu: &GpuRef) -> bool {
-    inventory.machine(&gpu.machine).is_some_and(|m| {
-        m.gpus.iter().any(
-            |g| matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == gpu.index),
-        )
-    })
+    inventory
+        .machine(&gpu.machine)
+        .is_some_and(|m| m.gpus.iter().any(|g| g.is_instance_of(gpu.index)))
 }
 
 /// Stores that `gpu` is shared as `sharing` (cut into `layout` under MIG), with an audit entry where that

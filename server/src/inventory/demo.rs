@@ -190,9 +190,7 @@ pub fn cut(machine: &Machine, index: u32, layout: &Layout) -> Machine {
 /// `machine` with made-up GPU `index` whole again: its instances gone.
 pub fn join(machine: &Machine, index: u32) -> Machine {
     let mut machine = machine.clone();
-    machine
-        .gpus
-        .retain(|g| !matches!(&g.mig, Some(MigRole::Instance { parent, .. }) if *parent == index));
+    machine.gpus.retain(|g| !g.is_instance_of(index));
     for gpu in machine.gpus.iter_mut().filter(|g| g.index == index) {
         gpu.mig = None;
     }
