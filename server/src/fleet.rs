@@ -118,10 +118,11 @@ impl Fleet {
         runtime: Arc<Runtime>,
         hosts: Hosts,
     ) -> Result<Fleet, ApiError> {
+        // What was committed, read once for what comes before the write that settles it.
+        let stored = Committed::load(&mut *pool.acquire().await?).await?;
         let mut inventory = inventory;
         if let Some(local) = local {
-            let committed = Committed::load(&mut *pool.acquire().await?).await?;
-            let ledger = Ledger::build(inventory.clone(), &committed);
+            let ledger = Ledger::build(inventory.clone(), &stored);
             let machine = hosts.local.as_deref().unwrap_or_default();
             let ours = engines::ours(&ledger, machine, &runtime.recorded().await?);
             match read_local(&local, ours, &inventory).await {
@@ -130,8 +131,7 @@ impl Fleet {
                 Err(e) => tracing::warn!("this machine's GPUs could not be read again: {e}"),
             }
         }
-        let cut = Committed::load(&mut *pool.acquire().await?).await?;
-        let inventory = mig::cut_made_up(inventory, &cut, &hosts);
+        let inventory = mig::cut_made_up(inventory, &stored, &hosts);
         let (committed, ledger) =
             Fleet::settle(crate::db::write(&pool).await?, inventory, None).await?;
         let state = State {
