@@ -762,6 +762,17 @@ impl Shared {
                 },
             );
         }
+        // An adopted engine runs already: it says so before this returns, not once its supervisor runs.
+        if let Begin::Adopt(running) = &begin {
+            let (_, port) = running.address();
+            self.set(
+                &spec.unit,
+                EngineState::Starting,
+                running.pid(),
+                Some(port),
+                None,
+            );
+        }
         if let Some(rx) = commands {
             tokio::spawn(supervisor::supervise(self.clone(), spec, begin, rx));
         }

@@ -35,17 +35,7 @@ pub(super) async fn supervise(
     let unit = spec.unit.clone();
     let mut failures: u32 = 0;
     let mut adopted = match begin {
-        Begin::Adopt(running) => {
-            let (_, port) = running.address();
-            shared.set(
-                &unit,
-                EngineState::Starting,
-                running.pid(),
-                Some(port),
-                None,
-            );
-            Some(running)
-        }
+        Begin::Adopt(running) => Some(running),
         Begin::Start => None,
     };
     loop {
