@@ -254,6 +254,68 @@ async fn an_engine_killed_on_its_node_is_submitted_again_after_its_backoff() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn an_engine_s_next_job_is_submitted_only_once_every_earlier_job_of_it_has_ended() {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    add_model(&server).await;
+    let (status, deployed) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "glm", "gpus": ["majin:0"], "share": 50}),
+        )
+        .await;
+    assert_eq!(status, 201, "{deployed}");
+    let engine = server.wait_healthy(1).await.remove(0);
+    let metadata = running_jobs().await[0]["metadata"].clone();
+    // An earlier job of the same engine that has not ended: as one whose stop Ray only queued while its
+    // node was dead, and which runs once the node returns.
+    let (status, planted) = support::request(
+        8265,
+        "POST",
+        "/api/jobs/",
+        Some(json!({
+            "entrypoint": "sleep 1000",
+            "submission_id": "glm_earlier",
+            "metadata": {
+                "tessera_instance": metadata["tessera_instance"],
+                "tessera_unit": metadata["tessera_unit"],
+            },
+        })),
+    )
+    .await;
+    assert_eq!(status, 200, "{planted}");
+    wait_until("the earlier job runs", || async {
+        ray("GET", "/api/jobs/glm_earlier").await["status"] == "RUNNING"
+    })
+    .await;
+
+    support::kill(
+        report(&engine).await["pid"].as_u64().unwrap() as u32,
+        "KILL",
+    );
+    wait_until("the engine runs again in a new job", || async {
+        server
+            .engine_if_any("glm")
+            .await
+            .is_some_and(|now| now["state"] == "healthy" && now["restarts"] == 1)
+    })
+    .await;
+    let earlier = ray("GET", "/api/jobs/glm_earlier").await;
+    assert_eq!(earlier["status"], "STOPPED", "{earlier}");
+    let running = running_jobs().await;
+    assert_eq!(running.len(), 1, "{running:?}");
+    assert!(
+        earlier["end_time"].as_u64().unwrap() <= running[0]["start_time"].as_u64().unwrap(),
+        "the earlier job ended before the next began: {earlier} {running:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
 async fn a_server_killed_and_started_again_adopts_its_running_jobs_without_a_duplicate() {
     let _one = CLUSTER.lock().await;
     clear_jobs().await;

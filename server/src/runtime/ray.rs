@@ -16,7 +16,7 @@ use crate::inventory::ray::{
 };
 use async_trait::async_trait;
 use placement::sharing::MpsDaemon;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::time::{sleep, Instant};
@@ -107,6 +107,46 @@ impl RayExecutor {
             port,
             mps: None,
             over: false,
+        }
+    }
+
+    /// Ends every earlier job of `unit` that has not ended, within the stop timeout, before its next is
+    /// submitted. Ray only queues the stop of a job still waiting for its node (one that died): when the
+    /// node returns, that job starts and runs, beside the next, until the stop reaches it.
+    async fn end_earlier(&self, unit: &str) -> Result<(), StartFailure> {
+        let deadline = Instant::now() + self.0.settings.stop_timeout;
+        let mut told = BTreeSet::new();
+        loop {
+            let jobs = self.0.client.jobs().await.map_err(unavailable)?;
+            let earlier: Vec<&Job> = jobs
+                .iter()
+                .filter(|job| {
+                    !job.terminal()
+                        && job.meta(META_INSTANCE) == Some(&self.0.instance)
+                        && job.meta(META_UNIT) == Some(unit)
+                })
+                .collect();
+            let Some(last) = earlier.last() else {
+                return Ok(());
+            };
+            if Instant::now() >= deadline {
+                return Err(StartFailure::Unavailable(format!(
+                    "its earlier Ray job {} has not ended yet ({}): it starts once that has",
+                    last.submission_id.as_deref().unwrap_or_default(),
+                    last.status
+                )));
+            }
+            for id in earlier
+                .iter()
+                .filter_map(|job| job.submission_id.as_deref())
+            {
+                if told.insert(id.to_owned()) {
+                    if let Err(e) = self.0.client.stop(id).await {
+                        tracing::debug!("Ray job {id} not stopped: {e}");
+                    }
+                }
+            }
+            sleep(self.0.settings.health_interval).await;
         }
     }
 
@@ -482,6 +522,7 @@ impl Executor for RayExecutor {
         let (request, daemon) = self
             .submission(spec, launch, port)
             .map_err(StartFailure::Refused)?;
+        self.end_earlier(&spec.unit).await?;
         let mps = daemon.map(|daemon| (spec.machine.clone(), daemon));
         // A client waits for its daemon's quit, if one is under way (it then starts a new one), and is
         // one before it is submitted: a last client leaving meanwhile leaves the daemon up.
