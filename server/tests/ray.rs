@@ -521,6 +521,69 @@ async fn a_machine_whose_node_dies_is_unreachable_its_work_waits_and_it_is_recon
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn an_engine_s_job_on_a_node_with_real_gpus_reports_its_processes_in_its_log_which_its_log_view_leaves_out(
+) {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = start(dir.path()).await;
+    // nimbus runs recipes as they are: the demo engine, run as a command, stands in for a real one.
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "emb", "engine": "command", "default_share_percent": 25, "model_path": "",
+                   "command": format!("{} demo-engine --", env!("CARGO_BIN_EXE_tessera"))}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, answer) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "emb", "gpus": ["nimbus:0"], "share": 25}),
+        )
+        .await;
+    assert_eq!(status, 201, "{answer}");
+    let engine = server.wait_healthy(1).await.remove(0);
+    let pid = report(&engine).await["pid"].as_u64().unwrap().to_string();
+    let jobs = running_jobs().await;
+    let id = job_of(&jobs, engine["unit"].as_str().unwrap())["submission_id"]
+        .as_str()
+        .unwrap();
+    wait_until("the job reports the engine's process", || async {
+        ray("GET", &format!("/api/jobs/{id}/logs")).await["logs"]
+            .as_str()
+            .unwrap()
+            .lines()
+            .any(|l| {
+                l.strip_prefix("tessera-pids:")
+                    .is_some_and(|pids| pids.split_whitespace().any(|p| p == pid))
+            })
+    })
+    .await;
+    let (status, logs) = server
+        .get(&format!(
+            "/api/engines/{}/logs",
+            engine["id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(status, 200, "{logs}");
+    let lines = logs["lines"].as_array().unwrap();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.as_str().unwrap().contains("demo engine"))
+            && !lines
+                .iter()
+                .any(|l| l.as_str().unwrap().starts_with("tessera-pids:")),
+        "{logs}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
 async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_job_that_stops_it_after_its_last(
 ) {
     let _one = CLUSTER.lock().await;

@@ -210,13 +210,17 @@ impl Fleet {
             for (name, known) in &self.hosts.cluster {
                 let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
                     Some(now) if now.alive => (self.read_node(&client, now).await, true),
-                    _ => (
-                        placement::Machine {
-                            gpus: Vec::new(),
-                            ..known.machine()
-                        },
-                        false,
-                    ),
+                    _ => {
+                        // What its engines were measured to hold there is past.
+                        self.measure(name, &[], &[]);
+                        (
+                            placement::Machine {
+                                gpus: Vec::new(),
+                                ..known.machine()
+                            },
+                            false,
+                        )
+                    }
                 };
                 if let Err(e) = self.refresh_machine(machine).await {
                     tracing::warn!(
@@ -274,6 +278,12 @@ impl Fleet {
             }
         }
         if !live.is_empty() {
+            let seen: Vec<u32> = live
+                .iter()
+                .flat_map(|gpu| gpu.processes.iter().map(|&(pid, _)| pid))
+                .collect();
+            let running = self.runtime.node_processes(&node.name, &seen).await;
+            self.measure(&node.name, &live, &running);
             let at = super::usage::now_ms();
             if let Err(e) = self.record_samples(&machine, &live, at).await {
                 tracing::warn!("the GPU readings of {} could not be kept: {e}", node.name);

@@ -66,6 +66,9 @@ pub struct Settings {
     pub restart_unhealthy_after: u32,
     /// How long a serving engine about to stop may take to finish its requests in flight.
     pub drain_grace: Duration,
+    /// How often a node's engine's job log is read again for its processes while the node's GPUs run
+    /// a process that no engine's last report accounts for (one may have started since).
+    pub processes_reread: Duration,
     /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
     pub gpus: Option<Arc<dyn LocalGpus>>,
     /// The Ray cluster whose machines' engines run as its jobs, where there is one.
@@ -86,6 +89,7 @@ impl std::fmt::Debug for Settings {
             .field("unhealthy_after", &self.unhealthy_after)
             .field("restart_unhealthy_after", &self.restart_unhealthy_after)
             .field("drain_grace", &self.drain_grace)
+            .field("processes_reread", &self.processes_reread)
             .field("gpus", &self.gpus.is_some())
             .field(
                 "ray",
@@ -118,6 +122,7 @@ impl Settings {
             unhealthy_after: 3,
             restart_unhealthy_after: 15,
             drain_grace: Duration::from_secs(30),
+            processes_reread: Duration::from_secs(30),
             gpus: None,
             ray: None,
         }
@@ -563,6 +568,24 @@ impl Runtime {
             .filter_map(|e| Some((e.unit, e.pid?)))
             .collect();
         self.shared.local.processes(engines).await
+    }
+
+    /// The engines on the cluster's `machine` with the processes each runs as on its node, as its job
+    /// last reported them (`seen`: the processes the node's GPUs run now).
+    pub async fn node_processes(&self, machine: &str, seen: &[u32]) -> Vec<(String, Vec<u32>)> {
+        let Some(cluster) = &self.shared.cluster else {
+            return Vec::new();
+        };
+        let units: Vec<String> = self
+            .shared
+            .lock()
+            .iter()
+            .filter(|(_, unit)| {
+                unit.spec.machine == machine && matches!(unit.spec.host, Host::Cluster { .. })
+            })
+            .map(|(name, _)| name.clone())
+            .collect();
+        cluster.processes(&units, seen).await
     }
 
     /// The engines a previous server recorded that still run on this machine (in this boot, same PID and

@@ -36,6 +36,21 @@ const QUIT_SCHEDULING: std::time::Duration = std::time::Duration::from_secs(60);
 
 const MIB: u64 = 1 << 20;
 
+/// How a job's log line saying which processes its engine runs as begins.
+const PIDS_MARK: &str = "tessera-pids:";
+
+/// Run in the background by an engine's job on a node with real GPUs, before the engine takes the shell's
+/// place: prints the processes of the job's process group (Ray starts each job in a session of its own)
+/// whenever they change, so that Tessera can tie the node's per-process GPU memory to the engine. In a
+/// session of its own, so that it is none of them; it ends once the group is empty. A node without
+/// `pgrep` or `setsid` reports nothing.
+const PIDS_REPORTER: &str = r#"setsid sh -c 'last=
+while now=$(pgrep -g "$1" | tr "\n" " ") && [ -n "$now" ]; do
+  [ "$now" = "$last" ] || printf "tessera-pids: %s\n" "$now"
+  last=$now
+  sleep 2
+done' tessera-pids "$$" </dev/null &"#;
+
 /// How many of a unit's runs keep their job in Ray's list: the one running and the one before.
 const KEPT_RUNS: usize = 2;
 
@@ -52,6 +67,8 @@ struct Inner {
     /// One gate per daemon (by pipe directory), held while a client joins it and while it is told to
     /// quit: a client waits for its own GPU's daemon to be gone, not for another GPU's.
     gates: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The processes each engine's job last reported, and when its log was read, by job.
+    pids: Mutex<BTreeMap<String, (Vec<u32>, Instant)>>,
 }
 
 /// A Ray cluster's jobs, as an [`Executor`].
@@ -73,6 +90,7 @@ impl RayExecutor {
             jobs: Mutex::default(),
             mps: Mutex::default(),
             gates: Mutex::default(),
+            pids: Mutex::default(),
         }))
     }
 
@@ -108,6 +126,56 @@ impl RayExecutor {
             mps: None,
             over: false,
         }
+    }
+
+    /// The processes `units`' engines run as on their node, as each one's job last reported them in its
+    /// log (none where it reported nothing). A log is read once, and again (at most every
+    /// `processes_reread`) while `seen`, the processes the node's GPUs run, holds one no report accounts
+    /// for.
+    pub(super) async fn processes(
+        &self,
+        units: &[String],
+        seen: &[u32],
+    ) -> Vec<(String, Vec<u32>)> {
+        let jobs: Vec<(&String, String)> = units
+            .iter()
+            .filter_map(|unit| Some((unit, self.newest(unit)?)))
+            .collect();
+        let (known, unaccounted) = {
+            let mut pids = self.0.pids.lock().unwrap_or_else(PoisonError::into_inner);
+            pids.retain(|job, _| jobs.iter().any(|(_, id)| id == job));
+            let unaccounted = seen
+                .iter()
+                .any(|pid| !pids.values().any(|(reported, _)| reported.contains(pid)));
+            (pids.clone(), unaccounted)
+        };
+        let mut processes = Vec::new();
+        for (unit, id) in jobs {
+            let reported = match known.get(&id) {
+                Some((reported, read))
+                    if !unaccounted || read.elapsed() < self.0.settings.processes_reread =>
+                {
+                    reported.clone()
+                }
+                _ => match self.0.client.logs(&id).await {
+                    Ok(logs) => {
+                        let reported = reported_pids(&logs);
+                        self.0
+                            .pids
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .insert(id, (reported.clone(), Instant::now()));
+                        reported
+                    }
+                    Err(e) => {
+                        tracing::debug!("the log of Ray job {id} could not be read: {e}");
+                        continue;
+                    }
+                },
+            };
+            processes.push((unit.clone(), reported));
+        }
+        processes
     }
 
     /// Ends every earlier job of `unit` that has not ended, within the stop timeout, before its next is
@@ -441,7 +509,11 @@ echo quit | {control} >&2
             submission_id: submission_id(&spec.unit),
             // `exec`: the engine itself takes the shell's place, and Ray's stop signals reach it.
             entrypoint: match daemon {
-                Some(daemon) => self.mps_entrypoint(daemon, &spec.unit, &command)?,
+                Some(daemon) => format!(
+                    "{PIDS_REPORTER}\n{}",
+                    self.mps_entrypoint(daemon, &spec.unit, &command)?
+                ),
+                None if spec.host.runs_daemons() => format!("{PIDS_REPORTER}\nexec {command}"),
                 None => format!("exec {command}"),
             },
             runtime_env: RuntimeEnv { env_vars },
@@ -453,6 +525,19 @@ echo quit | {control} >&2
             )]),
         })
     }
+}
+
+/// The processes a job's log last said its engine runs as.
+pub(super) fn reported_pids(logs: &str) -> Vec<u32> {
+    logs.lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(PIDS_MARK))
+        .map(|pids| {
+            pids.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// `word` quoted for a shell.
@@ -609,7 +694,10 @@ impl Executor for RayExecutor {
             return Ok(Vec::new());
         };
         let logs = self.0.client.logs(&id).await.map_err(io::Error::other)?;
-        let all: Vec<&str> = logs.lines().collect();
+        let all: Vec<&str> = logs
+            .lines()
+            .filter(|line| !line.starts_with(PIDS_MARK))
+            .collect();
         Ok(all[all.len().saturating_sub(lines)..]
             .iter()
             .map(|l| (*l).to_owned())

@@ -925,3 +925,167 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
     assert!(request.entrypoint.starts_with("exec "), "{request:?}");
     assert!(!launch.env.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
 }
+
+/// An engine on a cluster's node with real GPUs: `command` as its recipe.
+fn on_real_node(unit: &str, command_line: &str) -> EngineSpec {
+    EngineSpec {
+        machine: "majin".to_owned(),
+        host: Host::Cluster {
+            address: "127.0.0.1".to_owned(),
+            uuids: BTreeMap::from([(0, "GPU-a1b2c3d4-0000-4000-8000-000000000001".to_owned())]),
+            demo: false,
+        },
+        ..command(unit, 0, command_line)
+    }
+}
+
+#[test]
+fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_and_stops_reporting_once_they_are_gone(
+) {
+    use std::io::BufRead;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let node = ray::RayExecutor::new(
+        crate::inventory::ray::RayClient::new("http://127.0.0.1:9", None).unwrap(),
+        settings(dir.path()),
+        instance(dir.path()),
+        Arc::new(Mutex::new(false)),
+    );
+    // An engine that starts a helper process after a while, as vLLM starts its EngineCore.
+    let spec = on_real_node("emb", "sh -c 'sleep 3; sleep 1000 & wait'");
+    let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
+    let (request, _) = node.submission(&spec, &mut launch, 8000).unwrap();
+    // As Ray runs an entrypoint: in a process group of its own, its output to the job's log.
+    let mut job = std::process::Command::new("sh")
+        .args(["-c", &request.entrypoint])
+        .envs(&request.runtime_env.env_vars)
+        .process_group(0)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let engine = job.id();
+    let (lines, log) = std::sync::mpsc::channel();
+    let out = job.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(out).lines() {
+            let _ = lines.send(line.unwrap());
+        }
+    });
+    let next_report = || {
+        let line = log.recv_timeout(Duration::from_secs(10)).unwrap();
+        let pids = ray::reported_pids(&line);
+        assert!(!pids.is_empty(), "{line}");
+        pids
+    };
+    let helper = |pids: &[u32]| {
+        pids.iter()
+            .copied()
+            .filter(|&pid| pid != engine)
+            .collect::<Vec<_>>()
+    };
+
+    let first = next_report();
+    assert!(
+        first.contains(&engine),
+        "{first:?} holds the engine {engine}"
+    );
+    let then = next_report();
+    assert!(then.contains(&engine), "{then:?}");
+    assert_ne!(helper(&first), helper(&then), "its helper changed");
+    let started = helper(&then);
+    assert_eq!(started.len(), 1, "{then:?}");
+    assert!(
+        std::fs::read_to_string(format!("/proc/{}/cmdline", started[0]))
+            .unwrap()
+            .starts_with("sleep\x001000"),
+        "the helper started since is reported"
+    );
+
+    // Stopped as Ray stops a job: its process group told to end. The reporter ends after it.
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", "--", &format!("-{engine}")])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    job.wait().unwrap();
+    assert_eq!(
+        log.recv_timeout(Duration::from_secs(10)),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected),
+        "nothing is reported once the engine is gone, and the reporter holds the log no longer"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_s_processes_on_its_node_are_read_from_its_job_s_log_once_and_again_only_for_a_process_no_report_accounts_for(
+) {
+    use axum::routing::get;
+    use std::sync::atomic::AtomicUsize;
+    let dir = tempfile::tempdir().unwrap();
+    let reads = Arc::new(AtomicUsize::new(0));
+    let jobs = serde_json::json!([{
+        "submission_id": "emb_job",
+        "status": "RUNNING",
+        "metadata": {"tessera_instance": instance(dir.path()), "tessera_unit": "emb", "tessera_port": "8000"},
+    }]);
+    let counted = reads.clone();
+    let stand_in = axum::Router::new()
+        .route("/api/jobs/", get(move || async move { axum::Json(jobs) }))
+        .route(
+            "/api/jobs/{id}/logs",
+            get(move || async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                axum::Json(serde_json::json!({
+                    "logs": "tessera-pids: 11 \nloading\ntessera-pids: 11 12 \nready\n"
+                }))
+            }),
+        );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, stand_in).await });
+    let node = ray::RayExecutor::new(
+        crate::inventory::ray::RayClient::new(&format!("http://{address}"), None).unwrap(),
+        Settings {
+            processes_reread: Duration::from_millis(200),
+            ..settings(dir.path())
+        },
+        instance(dir.path()),
+        Arc::new(Mutex::new(false)),
+    );
+    // The server finds its engine's job.
+    let leftovers = node.leftovers().await.unwrap();
+    assert_eq!(leftovers.len(), 1);
+    let units = vec!["emb".to_owned()];
+
+    let expected = vec![("emb".to_owned(), vec![11, 12])];
+    assert_eq!(
+        node.processes(&units, &[12]).await,
+        expected,
+        "its last report"
+    );
+    assert_eq!(reads.load(Ordering::SeqCst), 1);
+    assert_eq!(node.processes(&units, &[11, 12]).await, expected);
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        1,
+        "all accounted for: not read again"
+    );
+    assert_eq!(node.processes(&units, &[12, 99]).await, expected);
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        1,
+        "a process none accounts for, but the log was read a moment ago"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(node.processes(&units, &[12, 99]).await, expected);
+    assert_eq!(
+        reads.load(Ordering::SeqCst),
+        2,
+        "a process none accounts for, the log read a while ago: read again"
+    );
+    assert_eq!(
+        node.logs("emb", 10).await.unwrap(),
+        vec!["loading", "ready"],
+        "its log view leaves the reports out"
+    );
+}
