@@ -1,0 +1,163 @@
+//! The real binary over a stand-in for Ray's HTTP API, for what the Ray suite's nodes cannot show: their
+//! dashboard agents read no GPUs (there are none), so their readings carry no processes. The stand-in
+//! answers as Ray 2.60 does: one node, majin, with one real-labelled 140 GiB GPU whose agent reads a
+//! process on it; the jobs Tessera submits, kept as running; each job's log with its reporter's line.
+
+mod support;
+
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use support::{wait_until, Server};
+
+/// What the stand-in holds: the jobs submitted, and the node's GPU memory in use by its one process.
+#[derive(Clone, Default)]
+struct Cluster {
+    jobs: Arc<Mutex<Vec<Value>>>,
+    used_mib: Arc<Mutex<u64>>,
+}
+
+/// The PID the node's agent reads on the GPU, and that the engine's job reports as its own.
+const ENGINE_PID: u32 = 4242;
+
+fn stand_in(cluster: Cluster) -> Router {
+    Router::new()
+        .route(
+            "/api/v0/nodes",
+            get(|| async {
+                Json(json!({"data": {"result": {"result": [{
+                    "node_id": "n1", "node_ip": "127.0.0.1", "state": "ALIVE",
+                    "labels": {"tessera.machine": "majin", "tessera.gpu-model": "NVIDIA-H200"},
+                    "resources_total": {"CPU": 16.0, "memory": 8e9, "tessera_gpu_0_GPU-aaaa": 143771.0}
+                }]}}}))
+            }),
+        )
+        .route(
+            "/nodes/{id}",
+            get(|State(c): State<Cluster>| async move {
+                let used = *c.used_mib.lock().unwrap();
+                Json(json!({"data": {"detail": {"gpus": [{
+                    "index": 0, "name": "NVIDIA H200", "uuid": "GPU-aaaa", "utilizationGpu": 40,
+                    "memoryUsed": used, "memoryTotal": 143771,
+                    "processesPids": [{"pid": ENGINE_PID, "gpuMemoryUsage": used}]
+                }]}}}))
+            }),
+        )
+        .route(
+            "/api/jobs/",
+            get(|State(c): State<Cluster>| async move { Json(Value::from(c.jobs.lock().unwrap().clone())) })
+                .post(|State(c): State<Cluster>, Json(mut job): Json<Value>| async move {
+                    job["status"] = json!("RUNNING");
+                    let id = job["submission_id"].clone();
+                    c.jobs.lock().unwrap().push(job);
+                    Json(json!({"submission_id": id}))
+                }),
+        )
+        .route(
+            "/api/jobs/{id}",
+            get(|State(c): State<Cluster>, Path(id): Path<String>| async move {
+                let jobs = c.jobs.lock().unwrap();
+                Json(jobs.iter().find(|j| j["submission_id"] == id).cloned().unwrap_or_default())
+            })
+            .delete(|| async { Json(json!(true)) }),
+        )
+        .route(
+            "/api/jobs/{id}/stop",
+            post(|State(c): State<Cluster>, Path(id): Path<String>| async move {
+                for job in c.jobs.lock().unwrap().iter_mut() {
+                    if job["submission_id"] == id {
+                        job["status"] = json!("STOPPED");
+                    }
+                }
+                Json(json!({"stopped": true}))
+            }),
+        )
+        .route(
+            "/api/jobs/{id}/logs",
+            get(|| async {
+                Json(json!({"logs": format!("Running entrypoint\ntessera-pids: {ENGINE_PID} \nloading\n")}))
+            }),
+        )
+        .with_state(cluster)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_on_a_cluster_s_node_measured_past_its_share_by_the_node_s_own_reading_is_flagged_until_it_keeps_it(
+) {
+    let cluster = Cluster::default();
+    *cluster.used_mib.lock().unwrap() = 20_480;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ray = format!("http://{}", listener.local_addr().unwrap());
+    let app = stand_in(cluster.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), 200, &["--ray", &ray]).await;
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "emb", "engine": "command", "default_share_percent": 25, "model_path": "",
+                   "command": "emb-server"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "emb", "gpus": ["majin:0"], "share": 25}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let entrypoint = || {
+        let jobs = cluster.jobs.lock().unwrap();
+        jobs.first()
+            .map(|job| job["entrypoint"].as_str().unwrap_or_default().to_owned())
+    };
+    wait_until("its job is submitted", || async { entrypoint().is_some() }).await;
+    assert!(
+        entrypoint().unwrap().contains("tessera-pids"),
+        "the job runs its reporter: {entrypoint:?}",
+        entrypoint = entrypoint()
+    );
+    let sharer = || async {
+        let (_, machine) = server.get("/api/machines/majin").await;
+        machine["gpus"][0]["sharers"][0].clone()
+    };
+
+    // 25 % of the GPU's 143771 MiB is 35942 MiB (35.1 GB as the console counts, in GiB): 20 GB keeps it,
+    // 40 GB does not.
+    wait_until(
+        "the node's reading is set against the engine's share",
+        || async { sharer().await["measured_bytes"] == 20_480u64 << 20 },
+    )
+    .await;
+    assert!(sharer().await["over_share"].is_null());
+    *cluster.used_mib.lock().unwrap() = 40_960;
+    wait_until("the engine is flagged", || async {
+        sharer().await["over_share"].is_string()
+    })
+    .await;
+    assert_eq!(
+        sharer().await["over_share"],
+        "emb uses 40 GB on GPU 0 of majin, 4.9 GB past its 35.1 GB share: its neighbours may run out of memory."
+    );
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("tessera_worker_over_share{")
+                && l.contains("worker=\"emb\"")
+                && l.ends_with(" 1")),
+        "{metrics}"
+    );
+    *cluster.used_mib.lock().unwrap() = 30_720;
+    wait_until("the flag goes once it keeps its share", || async {
+        sharer().await["over_share"].is_null()
+    })
+    .await;
+    server.stop().await;
+}
