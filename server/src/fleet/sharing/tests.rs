@@ -629,3 +629,71 @@ async fn while_nvidia_smi_cuts_a_gpu_other_writes_go_on_and_nothing_is_placed_on
     assert_eq!(indices, [0, 1, 2000]);
     app.fleet.check_ledger().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_let_go_on_this_machine_but_still_stopping_keeps_its_gpu_from_being_cut_until_it_has_stopped(
+) {
+    let app = TestApp::hopper_here(&[]).await;
+    stand_in_nvidia_smi(app.dir.path(), "Enabled", None);
+    // An engine that ignores SIGTERM: it stops only when the stop timeout's SIGKILL comes.
+    let stubborn = json!({
+        "name": "stubborn",
+        "command": "sh -c 'trap \"\" TERM; exec sleep 600'",
+        "requested_resources": { "gpu_requests": { "count": 1, "shared": false, "ids": ["hopper:1"] } }
+    });
+    let (status, body) = app.post_worker(&stubborn.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let pid = || {
+        app.fleet
+            .runtime
+            .engines()
+            .into_iter()
+            .find(|e| e.worker.as_deref() == Some("stubborn"))
+            .and_then(|e| e.pid)
+    };
+    let started = std::time::Instant::now();
+    while pid().is_none() {
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    let pid = pid().unwrap();
+    app.call(Method::DELETE, "/api/workers/stubborn", None)
+        .await;
+
+    let cut = json!({"mode": "mig", "instances": ["7g.80gb"]});
+    let (status, body) = set(&app, "hopper:1", cut.clone()).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (StatusCode::CONFLICT, Some("GPU 1 of hopper runs stubborn, whose engine has not stopped yet: a GPU is cut into MIG instances, or joined back, only while nothing runs on it; remove or move it first"))
+    );
+    assert!(
+        !nvidia_smi_calls(app.dir.path())
+            .iter()
+            .any(|c| c.contains("-mig 1")),
+        "nothing was cut"
+    );
+
+    // Once it is gone (here by hand, rather than waiting out the stop timeout), the GPU is cut.
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let started = std::time::Instant::now();
+    loop {
+        let (status, body) = set(&app, "hopper:1", cut.clone()).await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(10),
+            "{status}: {body}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        gpus(&app, "hopper").await.last().map(|g| g.0),
+        Some(2000),
+        "cut"
+    );
+}
