@@ -50,6 +50,7 @@ fn stand_in(cluster: Cluster) -> Router {
             get(|State(c): State<Cluster>| async move { Json(Value::from(c.jobs.lock().unwrap().clone())) })
                 .post(|State(c): State<Cluster>, Json(mut job): Json<Value>| async move {
                     job["status"] = json!("RUNNING");
+                    job["driver_node_id"] = json!("n1");
                     let id = job["submission_id"].clone();
                     c.jobs.lock().unwrap().push(job);
                     Json(json!({"submission_id": id}))
@@ -75,10 +76,8 @@ fn stand_in(cluster: Cluster) -> Router {
             }),
         )
         .route(
-            "/api/jobs/{id}/logs",
-            get(|| async {
-                Json(json!({"logs": format!("Running entrypoint\ntessera-pids: {ENGINE_PID} \nloading\n")}))
-            }),
+            "/api/v0/logs/file",
+            get(|| async { format!("Running entrypoint\ntessera-pids: {ENGINE_PID} \nloading\n") }),
         )
         .with_state(cluster)
 }

@@ -269,7 +269,8 @@ async fn an_engine_s_next_job_is_submitted_only_once_every_earlier_job_of_it_has
         .await;
     assert_eq!(status, 201, "{deployed}");
     let engine = server.wait_healthy(1).await.remove(0);
-    let metadata = running_jobs().await[0]["metadata"].clone();
+    let metadata =
+        job_of(&running_jobs().await, engine["unit"].as_str().unwrap())["metadata"].clone();
     // An earlier job of the same engine that has not ended: as one whose stop Ray only queued while its
     // node was dead, and which runs once the node returns.
     let (status, planted) = support::request(
@@ -562,6 +563,27 @@ async fn an_engine_s_job_on_a_node_with_real_gpus_reports_its_processes_in_its_l
             })
     })
     .await;
+    // Tessera reads the report from the end of the log, through Ray's state API.
+    let (status, tail) = support::request_bytes(
+        8265,
+        None,
+        "GET",
+        &format!(
+            "/api/v0/logs/file?node_id={}&submission_id={id}&lines=1000",
+            ray("GET", &format!("/api/jobs/{id}")).await["driver_node_id"]
+                .as_str()
+                .unwrap()
+        ),
+        None,
+    )
+    .await;
+    let tail = String::from_utf8_lossy(&tail);
+    assert_eq!(status, 200, "{tail}");
+    assert!(
+        tail.lines()
+            .any(|l| l.starts_with("tessera-pids:") && l.contains(&pid)),
+        "{tail}"
+    );
     let (status, logs) = server
         .get(&format!(
             "/api/engines/{}/logs",

@@ -247,6 +247,8 @@ impl Fleet {
             Ok(readings) => readings,
             Err(e) => {
                 tracing::debug!("the GPUs of {} could not be read: {e}", node.name);
+                // No figures: nothing is judged until the next reading.
+                self.measure(&node.name, &[], &[]);
                 return machine;
             }
         };
@@ -277,13 +279,16 @@ impl Fleet {
                 }));
             }
         }
+        let seen: Vec<u32> = live
+            .iter()
+            .flat_map(|gpu| gpu.processes.iter().map(|&(pid, _)| pid))
+            .collect();
+        let running = match seen.is_empty() {
+            true => Vec::new(),
+            false => self.runtime.node_processes(&node.name, &seen).await,
+        };
+        self.measure(&node.name, &live, &running);
         if !live.is_empty() {
-            let seen: Vec<u32> = live
-                .iter()
-                .flat_map(|gpu| gpu.processes.iter().map(|&(pid, _)| pid))
-                .collect();
-            let running = self.runtime.node_processes(&node.name, &seen).await;
-            self.measure(&node.name, &live, &running);
             let at = super::usage::now_ms();
             if let Err(e) = self.record_samples(&machine, &live, at).await {
                 tracing::warn!("the GPU readings of {} could not be kept: {e}", node.name);

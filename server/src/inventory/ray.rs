@@ -112,6 +112,20 @@ impl RayClient {
         path: &str,
         body: Option<Value>,
     ) -> Result<Value, RayError> {
+        let bytes = self.exchange(method, path, body).await?;
+        serde_json::from_slice(&bytes).map_err(|e| RayError::Body {
+            path: path.to_owned(),
+            why: e.to_string(),
+        })
+    }
+
+    /// Sends one request and answers the body of a successful answer.
+    async fn exchange(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<BodyBytes, RayError> {
         let unreachable = |why: String| RayError::Unreachable {
             address: self.address(),
             why,
@@ -168,10 +182,7 @@ impl RayClient {
                 body: text.chars().take(300).collect(),
             });
         }
-        serde_json::from_slice(&bytes).map_err(|e| RayError::Body {
-            path: path.to_owned(),
-            why: e.to_string(),
-        })
+        Ok(bytes)
     }
 
     fn parse<T: for<'de> Deserialize<'de>>(path: &str, value: Value) -> Result<T, RayError> {
@@ -247,6 +258,13 @@ impl RayClient {
         }
         let read: Vec<AgentGpu> = Self::parse(&path, gpus)?;
         Ok(read.into_iter().map(AgentGpu::reading).collect())
+    }
+
+    /// The last `lines` lines job `id` wrote on `node` (the state API, which reads them there).
+    pub async fn log_tail(&self, id: &str, node: &str, lines: usize) -> Result<String, RayError> {
+        let path = format!("/api/v0/logs/file?node_id={node}&submission_id={id}&lines={lines}");
+        let bytes = self.exchange(Method::GET, &path, None).await?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
     }
 
     /// What a job wrote.
@@ -590,6 +608,9 @@ pub struct Job {
     /// Its process's exit code, once it has one.
     #[serde(default)]
     pub driver_exit_code: Option<i64>,
+    /// The node it runs on, once it has started on one.
+    #[serde(default)]
+    pub driver_node_id: Option<String>,
 }
 
 impl Job {

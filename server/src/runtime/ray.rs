@@ -19,6 +19,7 @@ use placement::sharing::MpsDaemon;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io;
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 use tokio::time::{sleep, Instant};
 
 /// The metadata keys Tessera's jobs carry.
@@ -27,27 +28,36 @@ const META_UNIT: &str = "tessera_unit";
 const META_FINGERPRINT: &str = "tessera_fingerprint";
 const META_ADDRESS: &str = "tessera_address";
 const META_PORT: &str = "tessera_port";
+/// On an engine's job: the machine it runs on.
+const META_MACHINE: &str = "tessera_machine";
 /// On a job that tells a GPU's MPS daemon to quit (not an engine): the GPU's UUID.
 const META_MPS_QUIT: &str = "tessera_mps_quit";
 
 /// How long a job that tells a daemon to quit may take to be scheduled, beyond its own wait for the
 /// daemon to go (the stop timeout).
-const QUIT_SCHEDULING: std::time::Duration = std::time::Duration::from_secs(60);
+const QUIT_SCHEDULING: Duration = Duration::from_secs(60);
 
 const MIB: u64 = 1 << 20;
 
 /// How a job's log line saying which processes its engine runs as begins.
 const PIDS_MARK: &str = "tessera-pids:";
 
+/// How many of a job's last lines are read for its last report: the reporter repeats it every 30 s.
+const PIDS_TAIL: usize = 1000;
+
 /// Run in the background by an engine's job on a node with real GPUs, before the engine takes the shell's
 /// place: prints the processes of the job's process group (Ray starts each job in a session of its own)
-/// whenever they change, so that Tessera can tie the node's per-process GPU memory to the engine. In a
-/// session of its own, so that it is none of them; it ends once the group is empty. A node without
-/// `pgrep` or `setsid` reports nothing.
-const PIDS_REPORTER: &str = r#"setsid sh -c 'last=
+/// whenever they change, and every 30 s, so that Tessera can tie the node's per-process GPU memory to the
+/// engine from the end of its log. In a session of its own, so that it is none of them; it ends once the
+/// group is empty (or with the engine, when Ray stops the job). A node without `pgrep` or `setsid`
+/// reports nothing.
+const PIDS_REPORTER: &str = r#"setsid sh -c 'last= n=0
 while now=$(pgrep -g "$1" | tr "\n" " ") && [ -n "$now" ]; do
-  [ "$now" = "$last" ] || printf "tessera-pids: %s\n" "$now"
-  last=$now
+  if [ "$now" != "$last" ] || [ "$n" -ge 15 ]; then
+    printf "tessera-pids: %s\n" "$now"
+    last=$now n=0
+  fi
+  n=$((n + 1))
   sleep 2
 done' tessera-pids "$$" </dev/null &"#;
 
@@ -67,8 +77,18 @@ struct Inner {
     /// One gate per daemon (by pipe directory), held while a client joins it and while it is told to
     /// quit: a client waits for its own GPU's daemon to be gone, not for another GPU's.
     gates: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
-    /// The processes each engine's job last reported, and when its log was read, by job.
-    pids: Mutex<BTreeMap<String, (Vec<u32>, Instant)>>,
+    /// What each engine's job last reported of its processes, by job.
+    reports: Mutex<BTreeMap<String, Report>>,
+}
+
+/// The processes a job last reported, as read from its log.
+#[derive(Clone)]
+struct Report {
+    pids: Vec<u32>,
+    /// When its log was read (or failed to be).
+    read: Instant,
+    /// The processes its node's GPUs ran then.
+    seen: Vec<u32>,
 }
 
 /// A Ray cluster's jobs, as an [`Executor`].
@@ -90,7 +110,7 @@ impl RayExecutor {
             jobs: Mutex::default(),
             mps: Mutex::default(),
             gates: Mutex::default(),
-            pids: Mutex::default(),
+            reports: Mutex::default(),
         }))
     }
 
@@ -128,94 +148,155 @@ impl RayExecutor {
         }
     }
 
-    /// The processes `units`' engines run as on their node, as each one's job last reported them in its
-    /// log (none where it reported nothing). A log is read once, and again (at most every
-    /// `processes_reread`) while `seen`, the processes the node's GPUs run, holds one no report accounts
-    /// for.
+    /// The processes `units`' engines run as on their node, as each one's job last reported them at the
+    /// end of its log (none where it reported nothing). A job's log is read once, and again (at most
+    /// every `processes_reread`) once `seen`, the processes the node's GPUs run, differs from what they
+    /// ran at its last read: a process its engine started since, or a PID given to another.
     pub(super) async fn processes(
         &self,
         units: &[String],
         seen: &[u32],
     ) -> Vec<(String, Vec<u32>)> {
+        let mut seen = seen.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
         let jobs: Vec<(&String, String)> = units
             .iter()
             .filter_map(|unit| Some((unit, self.newest(unit)?)))
             .collect();
-        let (known, unaccounted) = {
-            let mut pids = self.0.pids.lock().unwrap_or_else(PoisonError::into_inner);
-            pids.retain(|job, _| jobs.iter().any(|(_, id)| id == job));
-            let unaccounted = seen
-                .iter()
-                .any(|pid| !pids.values().any(|(reported, _)| reported.contains(pid)));
-            (pids.clone(), unaccounted)
+        let newest: BTreeSet<String> = self
+            .0
+            .jobs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .filter_map(|runs| runs.last().cloned())
+            .collect();
+        let known: BTreeMap<String, Report> = {
+            let mut reports = self.reports();
+            reports.retain(|job, _| newest.contains(job));
+            jobs.iter()
+                .filter_map(|(_, id)| Some((id.clone(), reports.get(id)?.clone())))
+                .collect()
         };
+        let reread = self.0.settings.processes_reread;
         let mut processes = Vec::new();
         for (unit, id) in jobs {
-            let reported = match known.get(&id) {
-                Some((reported, read))
-                    if !unaccounted || read.elapsed() < self.0.settings.processes_reread =>
-                {
-                    reported.clone()
+            let last = known.get(&id);
+            let pids = match last {
+                Some(last) if last.seen == seen || last.read.elapsed() < reread => {
+                    last.pids.clone()
                 }
-                _ => match self.0.client.logs(&id).await {
-                    Ok(logs) => {
-                        let reported = reported_pids(&logs);
-                        self.0
-                            .pids
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .insert(id, (reported.clone(), Instant::now()));
-                        reported
-                    }
-                    Err(e) => {
-                        tracing::debug!("the log of Ray job {id} could not be read: {e}");
-                        continue;
-                    }
-                },
+                _ => {
+                    let reported = match self.read_report(&id).await {
+                        Ok(reported) => reported,
+                        Err(e) => {
+                            tracing::debug!("the log of Ray job {id} could not be read: {e}");
+                            None
+                        }
+                    };
+                    // A tail without a report (or a failed read) keeps the last one.
+                    let pids = reported
+                        .or_else(|| last.map(|last| last.pids.clone()))
+                        .unwrap_or_default();
+                    self.reports().insert(
+                        id,
+                        Report {
+                            pids: pids.clone(),
+                            read: Instant::now(),
+                            seen: seen.clone(),
+                        },
+                    );
+                    pids
+                }
             };
-            processes.push((unit.clone(), reported));
+            processes.push((unit.clone(), pids));
         }
         processes
     }
 
-    /// Ends every earlier job of `unit` that has not ended, within the stop timeout, before its next is
-    /// submitted. Ray only queues the stop of a job still waiting for its node (one that died): when the
-    /// node returns, that job starts and runs, beside the next, until the stop reaches it.
-    async fn end_earlier(&self, unit: &str) -> Result<(), StartFailure> {
-        let deadline = Instant::now() + self.0.settings.stop_timeout;
+    /// What job `id` last reported of its processes at the end of its log, if it has (it runs nowhere
+    /// before it has started on its node).
+    async fn read_report(&self, id: &str) -> Result<Option<Vec<u32>>, RayError> {
+        let Some(node) = self.0.client.job(id).await?.driver_node_id else {
+            return Ok(None);
+        };
+        let tail = self.0.client.log_tail(id, &node, PIDS_TAIL).await?;
+        Ok(reported_pids(&tail))
+    }
+
+    fn reports(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Report>> {
+        self.0
+            .reports
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Ends every earlier job of `spec`'s unit that has not ended before its next is submitted: Ray only
+    /// queues the stop of a job still waiting for its node (one that died), and when the node returns,
+    /// that job starts and runs until the stop reaches it. One on the same machine is waited for (within
+    /// the stop timeout and Ray's SIGKILL after it), as it would run beside the next on the same GPU; one
+    /// on another machine (the engine moved off a dead node) is told to stop, and not waited for.
+    async fn end_earlier(&self, spec: &EngineSpec) -> Result<(), StartFailure> {
+        let deadline = Instant::now() + self.stop_grace() + Duration::from_secs(2);
         let mut told = BTreeSet::new();
         loop {
-            let jobs = self.0.client.jobs().await.map_err(unavailable)?;
+            if *self
+                .0
+                .closing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+            {
+                return Err(StartFailure::Closing);
+            }
+            let jobs = self
+                .0
+                .client
+                .jobs()
+                .await
+                .map_err(|e| StartFailure::Unavailable(e.to_string()))?;
             let earlier: Vec<&Job> = jobs
                 .iter()
                 .filter(|job| {
                     !job.terminal()
                         && job.meta(META_INSTANCE) == Some(&self.0.instance)
-                        && job.meta(META_UNIT) == Some(unit)
+                        && job.meta(META_UNIT) == Some(&spec.unit)
                 })
                 .collect();
-            let Some(last) = earlier.last() else {
+            for id in earlier
+                .iter()
+                .filter_map(|job| job.submission_id.as_deref())
+            {
+                if !told.contains(id) {
+                    match self.0.client.stop(id).await {
+                        Ok(()) => {
+                            told.insert(id.to_owned());
+                        }
+                        Err(e) => tracing::debug!("Ray job {id} not stopped: {e}"),
+                    }
+                }
+            }
+            // A job from before machines were noted counts as on this one.
+            let Some(here) = earlier
+                .iter()
+                .rfind(|job| job.meta(META_MACHINE).is_none_or(|m| m == spec.machine))
+            else {
                 return Ok(());
             };
             if Instant::now() >= deadline {
                 return Err(StartFailure::Unavailable(format!(
                     "its earlier Ray job {} has not ended yet ({}): it starts once that has",
-                    last.submission_id.as_deref().unwrap_or_default(),
-                    last.status
+                    here.submission_id.as_deref().unwrap_or_default(),
+                    here.status
                 )));
-            }
-            for id in earlier
-                .iter()
-                .filter_map(|job| job.submission_id.as_deref())
-            {
-                if told.insert(id.to_owned()) {
-                    if let Err(e) = self.0.client.stop(id).await {
-                        tracing::debug!("Ray job {id} not stopped: {e}");
-                    }
-                }
             }
             sleep(self.0.settings.health_interval).await;
         }
+    }
+
+    /// Ray's wait between a job's SIGTERM and its SIGKILL: the stop timeout in whole seconds.
+    fn stop_grace(&self) -> Duration {
+        Duration::from_secs_f64(self.0.settings.stop_timeout.as_secs_f64().ceil().max(1.0))
     }
 
     fn clients(&self) -> std::sync::MutexGuard<'_, MpsClients> {
@@ -486,8 +567,10 @@ echo quit | {control} >&2
         let mut env_vars = launch.env.clone();
         // Ray's wait between SIGTERM and SIGKILL, per job: the engine gets Tessera's stop timeout to drain,
         // not Ray's 3 s.
-        let grace = self.0.settings.stop_timeout.as_secs_f64().ceil().max(1.0);
-        env_vars.insert("RAY_JOB_STOP_WAIT_TIME_S".to_owned(), format!("{grace}"));
+        env_vars.insert(
+            "RAY_JOB_STOP_WAIT_TIME_S".to_owned(),
+            self.stop_grace().as_secs().to_string(),
+        );
         // Its share of each GPU, booked on that GPU's resource (whole MiB, rounded down: never more than
         // the ledger placed).
         let mib = (spec.memory().get() / MIB) as f64;
@@ -504,6 +587,7 @@ echo quit | {control} >&2
             (META_FINGERPRINT.to_owned(), spec.fingerprint()),
             (META_ADDRESS.to_owned(), address.clone()),
             (META_PORT.to_owned(), port.to_string()),
+            (META_MACHINE.to_owned(), spec.machine.clone()),
         ]);
         Ok(JobRequest {
             submission_id: submission_id(&spec.unit),
@@ -527,17 +611,26 @@ echo quit | {control} >&2
     }
 }
 
-/// The processes a job's log last said its engine runs as.
-pub(super) fn reported_pids(logs: &str) -> Vec<u32> {
-    logs.lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(PIDS_MARK))
-        .map(|pids| {
+/// The processes a job's log (or the end of it) last said its engine runs as, if it said. A report may
+/// follow what the engine wrote without a newline (a progress bar's `\r`).
+pub(super) fn reported_pids(logs: &str) -> Option<Vec<u32>> {
+    logs.lines().rev().find_map(|line| {
+        let (_, pids) = line.rsplit_once(PIDS_MARK)?;
+        Some(
             pids.split_whitespace()
                 .filter_map(|p| p.parse().ok())
-                .collect()
-        })
-        .unwrap_or_default()
+                .collect(),
+        )
+    })
+}
+
+/// A log line as the log view shows it: without a report, and left out where it was one alone.
+fn without_report(line: &str) -> Option<&str> {
+    match line.split_once(PIDS_MARK) {
+        None => Some(line),
+        Some((before, _)) if before.trim().is_empty() => None,
+        Some((before, _)) => Some(before),
+    }
 }
 
 /// `word` quoted for a shell.
@@ -607,7 +700,7 @@ impl Executor for RayExecutor {
         let (request, daemon) = self
             .submission(spec, launch, port)
             .map_err(StartFailure::Refused)?;
-        self.end_earlier(&spec.unit).await?;
+        self.end_earlier(spec).await?;
         let mps = daemon.map(|daemon| (spec.machine.clone(), daemon));
         // A client waits for its daemon's quit, if one is under way (it then starts a new one), and is
         // one before it is submitted: a last client leaving meanwhile leaves the daemon up.
@@ -694,10 +787,7 @@ impl Executor for RayExecutor {
             return Ok(Vec::new());
         };
         let logs = self.0.client.logs(&id).await.map_err(io::Error::other)?;
-        let all: Vec<&str> = logs
-            .lines()
-            .filter(|line| !line.starts_with(PIDS_MARK))
-            .collect();
+        let all: Vec<&str> = logs.lines().filter_map(without_report).collect();
         Ok(all[all.len().saturating_sub(lines)..]
             .iter()
             .map(|l| (*l).to_owned())

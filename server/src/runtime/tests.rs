@@ -974,32 +974,37 @@ fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_
     });
     let next_report = || {
         let line = log.recv_timeout(Duration::from_secs(10)).unwrap();
-        let pids = ray::reported_pids(&line);
-        assert!(!pids.is_empty(), "{line}");
-        pids
+        ray::reported_pids(&line).unwrap_or_else(|| panic!("not a report: {line}"))
     };
-    let helper = |pids: &[u32]| {
+    let helpers = |pids: &[u32]| {
         pids.iter()
             .copied()
             .filter(|&pid| pid != engine)
             .collect::<Vec<_>>()
     };
+    let cmdline =
+        |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
 
     let first = next_report();
     assert!(
         first.contains(&engine),
         "{first:?} holds the engine {engine}"
     );
-    let then = next_report();
-    assert!(then.contains(&engine), "{then:?}");
-    assert_ne!(helper(&first), helper(&then), "its helper changed");
-    let started = helper(&then);
-    assert_eq!(started.len(), 1, "{then:?}");
-    assert!(
-        std::fs::read_to_string(format!("/proc/{}/cmdline", started[0]))
-            .unwrap()
-            .starts_with("sleep\x001000"),
-        "the helper started since is reported"
+    // A report comes each time they change, until one holds the helper started since.
+    let started = std::time::Instant::now();
+    let last = loop {
+        let report = next_report();
+        assert!(report.contains(&engine), "{report:?}");
+        let helpers = helpers(&report);
+        if helpers.len() == 1 && cmdline(helpers[0]).starts_with("sleep\x001000") {
+            break report;
+        }
+        assert!(started.elapsed() < PATIENCE, "{report:?}");
+    };
+    assert_eq!(
+        last.len(),
+        2,
+        "the engine and its helper, not the reporter: {last:?}"
     );
 
     // Stopped as Ray stops a job: its process group told to end. The reporter ends after it.
@@ -1017,75 +1022,247 @@ fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_engine_s_processes_on_its_node_are_read_from_its_job_s_log_once_and_again_only_for_a_process_no_report_accounts_for(
+async fn an_engine_s_processes_on_its_node_are_read_from_the_end_of_its_job_s_log_once_and_again_only_once_its_gpus_run_other_processes(
 ) {
+    use axum::extract::{Path as UrlPath, Query};
+    use axum::http::StatusCode;
     use axum::routing::get;
     use std::sync::atomic::AtomicUsize;
     let dir = tempfile::tempdir().unwrap();
     let reads = Arc::new(AtomicUsize::new(0));
-    let jobs = serde_json::json!([{
-        "submission_id": "emb_job",
-        "status": "RUNNING",
-        "metadata": {"tessera_instance": instance(dir.path()), "tessera_unit": "emb", "tessera_port": "8000"},
-    }]);
+    let job = |unit: &str, machine: &str| {
+        serde_json::json!({
+            "submission_id": format!("{unit}_job"), "status": "RUNNING", "driver_node_id": machine,
+            "metadata": {"tessera_instance": instance(dir.path()), "tessera_unit": unit,
+                         "tessera_machine": machine, "tessera_port": "8000"},
+        })
+    };
+    let jobs = serde_json::json!([job("emb", "majin"), job("rr", "atlas"), job("bad", "atlas")]);
+    let listed = jobs.clone();
+    // A report after a progress bar's `\r`, with no newline before it.
+    let log = |id: &str| match id {
+        "emb_job" => Some("tessera-pids: 11 \nloading 45%\rtessera-pids: 11 12 \nready\n"),
+        "rr_job" => Some("tessera-pids: 21 \n"),
+        _ => None,
+    };
     let counted = reads.clone();
     let stand_in = axum::Router::new()
         .route("/api/jobs/", get(move || async move { axum::Json(jobs) }))
         .route(
+            "/api/v0/logs/file",
+            get(
+                move |Query(query): Query<BTreeMap<String, String>>| async move {
+                    counted.fetch_add(1, Ordering::SeqCst);
+                    assert_eq!(query["lines"], "1000");
+                    // Ray's state API needs the node as well as the job.
+                    let node = match query["submission_id"].as_str() {
+                        "emb_job" => "majin",
+                        _ => "atlas",
+                    };
+                    assert_eq!(query["node_id"], node);
+                    log(&query["submission_id"]).ok_or(StatusCode::INTERNAL_SERVER_ERROR)
+                },
+            ),
+        )
+        .route(
+            "/api/jobs/{id}",
+            get(move |UrlPath(id): UrlPath<String>| async move {
+                let jobs = listed.as_array().unwrap();
+                axum::Json(
+                    jobs.iter()
+                        .find(|j| j["submission_id"] == id)
+                        .unwrap()
+                        .clone(),
+                )
+            }),
+        )
+        .route(
             "/api/jobs/{id}/logs",
-            get(move || async move {
-                counted.fetch_add(1, Ordering::SeqCst);
-                axum::Json(serde_json::json!({
-                    "logs": "tessera-pids: 11 \nloading\ntessera-pids: 11 12 \nready\n"
-                }))
+            get(move |UrlPath(id): UrlPath<String>| async move {
+                axum::Json(serde_json::json!({"logs": log(&id)}))
             }),
         );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, stand_in).await });
+    let reread = Duration::from_secs(1);
+    let node = ray::RayExecutor::new(
+        crate::inventory::ray::RayClient::new(&format!("http://{address}"), None).unwrap(),
+        Settings {
+            processes_reread: reread,
+            ..settings(dir.path())
+        },
+        instance(dir.path()),
+        Arc::new(Mutex::new(false)),
+    );
+    // The server finds its engines' jobs.
+    assert_eq!(node.leftovers().await.unwrap().len(), 3);
+    let units = |unit: &str| vec![unit.to_owned()];
+    let emb = vec![("emb".to_owned(), vec![11, 12])];
+    let read = || reads.load(Ordering::SeqCst);
+
+    assert_eq!(
+        node.processes(&units("emb"), &[12]).await,
+        emb,
+        "its last report"
+    );
+    assert_eq!(read(), 1);
+    assert_eq!(
+        node.processes(&units("rr"), &[21]).await,
+        [("rr".to_owned(), vec![21])]
+    );
+    assert_eq!(read(), 2);
+    assert_eq!(node.processes(&units("emb"), &[12]).await, emb);
+    assert_eq!(
+        read(),
+        2,
+        "another node's reading keeps what this one's jobs reported"
+    );
+    assert_eq!(node.processes(&units("emb"), &[12, 99]).await, emb);
+    assert_eq!(
+        read(),
+        2,
+        "another process runs, but the log was read a moment ago"
+    );
+    tokio::time::sleep(reread).await;
+    assert_eq!(node.processes(&units("emb"), &[12, 99]).await, emb);
+    assert_eq!(
+        read(),
+        3,
+        "another process runs, the log read a while ago: read again"
+    );
+    tokio::time::sleep(reread).await;
+    assert_eq!(node.processes(&units("emb"), &[99, 12]).await, emb);
+    assert_eq!(
+        read(),
+        3,
+        "the same processes as at the last read: not read again"
+    );
+
+    // A log that cannot be read reports nothing, and is not read again at every reading.
+    let bad = vec![("bad".to_owned(), Vec::new())];
+    assert_eq!(node.processes(&units("bad"), &[5]).await, bad);
+    assert_eq!(node.processes(&units("bad"), &[5, 6]).await, bad);
+    assert_eq!(read(), 4);
+
+    assert_eq!(
+        node.logs("emb", 10).await.unwrap(),
+        vec!["loading 45%\r", "ready"],
+        "its log view leaves the reports out"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_s_job_waits_for_its_earlier_job_on_the_same_machine_to_end_but_not_for_one_left_on_a_machine_it_moved_off(
+) {
+    use axum::extract::{Path as UrlPath, State};
+    use axum::routing::{get, post};
+    use executor::StartFailure;
+    type Jobs = Arc<Mutex<Vec<serde_json::Value>>>;
+    let dir = tempfile::tempdir().unwrap();
+    let jobs: Jobs = Arc::default();
+    let job = |id: &str, machine: &str, status: &str| {
+        serde_json::json!({
+            "submission_id": id, "status": status,
+            "metadata": {"tessera_instance": instance(dir.path()), "tessera_unit": "emb",
+                         "tessera_machine": machine},
+        })
+    };
+    // A job waiting for a dead node, or one that ignores its stop, is not ended by a stop.
+    let stand_in =
+        axum::Router::new()
+            .route(
+                "/api/jobs/",
+                get(|State(jobs): State<Jobs>| async move {
+                    axum::Json(serde_json::Value::from(jobs.lock().unwrap().clone()))
+                })
+                .post(
+                    |State(jobs): State<Jobs>,
+                     axum::Json(mut job): axum::Json<serde_json::Value>| async move {
+                        job["status"] = "PENDING".into();
+                        jobs.lock().unwrap().push(job);
+                        axum::Json(serde_json::json!({}))
+                    },
+                ),
+            )
+            .route(
+                "/api/jobs/{id}/stop",
+                post(
+                    |State(jobs): State<Jobs>, UrlPath(id): UrlPath<String>| async move {
+                        for job in jobs.lock().unwrap().iter_mut() {
+                            if job["submission_id"] == id.as_str() && !id.ends_with("_stuck") {
+                                job["status"] = "STOPPED".into();
+                            }
+                        }
+                        axum::Json(serde_json::json!({"stopped": true}))
+                    },
+                ),
+            )
+            .with_state(jobs.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, stand_in).await });
     let node = ray::RayExecutor::new(
         crate::inventory::ray::RayClient::new(&format!("http://{address}"), None).unwrap(),
         Settings {
-            processes_reread: Duration::from_millis(200),
+            stop_timeout: Duration::from_secs(1),
             ..settings(dir.path())
         },
         instance(dir.path()),
         Arc::new(Mutex::new(false)),
     );
-    // The server finds its engine's job.
-    let leftovers = node.leftovers().await.unwrap();
-    assert_eq!(leftovers.len(), 1);
-    let units = vec!["emb".to_owned()];
+    let spec = on_real_node("emb", "serve");
+    let start = || async {
+        let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
+        node.start(&spec, &mut launch, 8000).await
+    };
+    let status = |id: &str| {
+        jobs.lock()
+            .unwrap()
+            .iter()
+            .find(|j| j["submission_id"] == id)
+            .map(|j| j["status"].as_str().unwrap().to_owned())
+            .unwrap()
+    };
+    let submitted = || {
+        jobs.lock()
+            .unwrap()
+            .iter()
+            .filter(|j| j["metadata"]["tessera_machine"] == "majin" && j["entrypoint"].is_string())
+            .count()
+    };
 
-    let expected = vec![("emb".to_owned(), vec![11, 12])];
-    assert_eq!(
-        node.processes(&units, &[12]).await,
-        expected,
-        "its last report"
+    // Left on atlas, which it moved off: told to stop, not waited for.
+    jobs.lock()
+        .unwrap()
+        .push(job("emb_on_atlas_stuck", "atlas", "PENDING"));
+    assert!(start().await.is_ok());
+    assert_eq!(submitted(), 1);
+    // On majin, where it would run beside the next: waited for.
+    let new = jobs.lock().unwrap().last().unwrap()["submission_id"].clone();
+    assert_eq!(status(new.as_str().unwrap()), "PENDING");
+    jobs.lock().unwrap().retain(|j| j["submission_id"] != new);
+    jobs.lock()
+        .unwrap()
+        .push(job("emb_ending", "majin", "RUNNING"));
+    assert!(start().await.is_ok());
+    assert_eq!(status("emb_ending"), "STOPPED", "ended before the next");
+    assert_eq!(submitted(), 1);
+    jobs.lock()
+        .unwrap()
+        .push(job("emb_on_majin_stuck", "majin", "RUNNING"));
+    let started = std::time::Instant::now();
+    match start().await {
+        Err(StartFailure::Unavailable(why)) => assert_eq!(
+            why,
+            "its earlier Ray job emb_on_majin_stuck has not ended yet (RUNNING): it starts once that has"
+        ),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("started beside its earlier job"),
+    }
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "the stop timeout was given to it"
     );
-    assert_eq!(reads.load(Ordering::SeqCst), 1);
-    assert_eq!(node.processes(&units, &[11, 12]).await, expected);
-    assert_eq!(
-        reads.load(Ordering::SeqCst),
-        1,
-        "all accounted for: not read again"
-    );
-    assert_eq!(node.processes(&units, &[12, 99]).await, expected);
-    assert_eq!(
-        reads.load(Ordering::SeqCst),
-        1,
-        "a process none accounts for, but the log was read a moment ago"
-    );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(node.processes(&units, &[12, 99]).await, expected);
-    assert_eq!(
-        reads.load(Ordering::SeqCst),
-        2,
-        "a process none accounts for, the log read a while ago: read again"
-    );
-    assert_eq!(
-        node.logs("emb", 10).await.unwrap(),
-        vec!["loading", "ready"],
-        "its log view leaves the reports out"
-    );
+    assert_eq!(submitted(), 1, "nothing more was submitted");
 }
