@@ -64,6 +64,36 @@ async fn add(server: &Server, name: &str) {
     assert_eq!(status, 201, "{body}");
 }
 
+/// Adds model `name` as a command: nimbus runs recipes as they are, and the demo engine, run as a
+/// command, stands in for a real one there.
+async fn add_command(server: &Server, name: &str) {
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": name, "engine": "command", "default_share_percent": 25, "model_path": "",
+                   "command": format!("{} demo-engine --", env!("CARGO_BIN_EXE_tessera"))}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// A server with glm deployed on half of majin's GPU 0, and its engine once healthy.
+async fn glm_on_majin(dir: &std::path::Path) -> (Server, Value) {
+    let server = start(dir).await;
+    add_model(&server).await;
+    let (status, deployed) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "glm", "gpus": ["majin:0"], "share": 50}),
+        )
+        .await;
+    assert_eq!(status, 201, "{deployed}");
+    let engine = server.wait_healthy(1).await.remove(0);
+    (server, engine)
+}
+
 /// The job of `unit` among `jobs`.
 fn job_of<'a>(jobs: &'a [Value], unit: &str) -> &'a Value {
     jobs.iter()
@@ -225,17 +255,7 @@ async fn an_engine_killed_on_its_node_is_submitted_again_after_its_backoff() {
     let _one = CLUSTER.lock().await;
     clear_jobs().await;
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
-    add_model(&server).await;
-    let (status, deployed) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "glm", "gpus": ["majin:0"], "share": 50}),
-        )
-        .await;
-    assert_eq!(status, 201, "{deployed}");
-    let engine = server.wait_healthy(1).await.remove(0);
+    let (server, engine) = glm_on_majin(dir.path()).await;
     let first = report(&engine).await["pid"].as_u64().unwrap();
     support::kill(first as u32, "KILL");
     wait_until("the engine runs again in a new job", || async {
@@ -258,17 +278,7 @@ async fn an_engine_s_next_job_is_submitted_only_once_every_earlier_job_of_it_has
     let _one = CLUSTER.lock().await;
     clear_jobs().await;
     let dir = tempfile::tempdir().unwrap();
-    let server = start(dir.path()).await;
-    add_model(&server).await;
-    let (status, deployed) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "glm", "gpus": ["majin:0"], "share": 50}),
-        )
-        .await;
-    assert_eq!(status, 201, "{deployed}");
-    let engine = server.wait_healthy(1).await.remove(0);
+    let (server, engine) = glm_on_majin(dir.path()).await;
     let metadata =
         job_of(&running_jobs().await, engine["unit"].as_str().unwrap())["metadata"].clone();
     // An earlier job of the same engine that has not ended: as one whose stop Ray only queued while its
@@ -528,16 +538,7 @@ async fn an_engine_s_job_on_a_node_with_real_gpus_reports_its_processes_in_its_l
     clear_jobs().await;
     let dir = tempfile::tempdir().unwrap();
     let server = start(dir.path()).await;
-    // nimbus runs recipes as they are: the demo engine, run as a command, stands in for a real one.
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/models",
-            json!({"name": "emb", "engine": "command", "default_share_percent": 25, "model_path": "",
-                   "command": format!("{} demo-engine --", env!("CARGO_BIN_EXE_tessera"))}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    add_command(&server, "emb").await;
     let (status, answer) = server
         .send(
             "POST",
@@ -624,17 +625,8 @@ async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_jo
         node_dir.to_str().unwrap(),
     ];
     let server = Server::start_with(dir.path(), 200, &args).await;
-    // nimbus runs recipes as they are: the demo engine, run as a command, stands in for a real one.
     for name in ["emb", "rerank"] {
-        let (status, body) = server
-            .send(
-                "POST",
-                "/api/models",
-                json!({"name": name, "engine": "command", "default_share_percent": 25, "model_path": "",
-                       "command": format!("{} demo-engine --", env!("CARGO_BIN_EXE_tessera"))}),
-            )
-            .await;
-        assert_eq!(status, 201, "{body}");
+        add_command(&server, name).await;
     }
     let (status, body) = server
         .send(
