@@ -522,12 +522,9 @@ impl GpuDetail {
         })
     }
 
-    /// What it offers Tessera: its total less what is held outside.
+    /// What it offers Tessera: [`placement::offered`].
     pub fn offered(&self) -> Bytes {
-        if self.mig == Some(placement::MigRole::Cut) {
-            return Bytes::ZERO;
-        }
-        self.total.saturating_sub(self.held_outside)
+        placement::offered(self.total, self.held_outside, self.mig.as_ref())
     }
 
     /// What its sharers take.

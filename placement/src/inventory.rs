@@ -188,14 +188,19 @@ pub enum MigRole {
     },
 }
 
+/// What a GPU of `total` offers to Tessera: its total less what is held outside; nothing where it is cut
+/// into MIG instances (`mig`), whose memory its instances offer.
+pub fn offered(total: Bytes, held_outside: Bytes, mig: Option<&MigRole>) -> Bytes {
+    if mig == Some(&MigRole::Cut) {
+        return Bytes::ZERO;
+    }
+    total.saturating_sub(held_outside)
+}
+
 impl Gpu {
-    /// What the GPU offers to Tessera: its total less what is held outside; nothing where it is cut into MIG
-    /// instances, whose memory its instances offer.
+    /// What the GPU offers to Tessera: [`offered`].
     pub fn offered(&self) -> Bytes {
-        if self.mig == Some(MigRole::Cut) {
-            return Bytes::ZERO;
-        }
-        self.total.saturating_sub(self.held_outside)
+        offered(self.total, self.held_outside, self.mig.as_ref())
     }
 
     /// Whether it is a MIG instance cut from GPU `index` of its machine.

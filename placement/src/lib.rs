@@ -38,8 +38,8 @@ pub use group::{
     GroupChoice, GroupError,
 };
 pub use inventory::{
-    parse_gpu_list, Gpu, GpuChoice, GpuRef, GpuRefError, Inventory, InventoryError, Machine,
-    MigRole,
+    offered, parse_gpu_list, Gpu, GpuChoice, GpuRef, GpuRefError, Inventory, InventoryError,
+    Machine, MigRole,
 };
 pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
 pub use reason::PendingReason;
