@@ -171,6 +171,38 @@ pub fn profile_in_name(name: &str) -> Option<&str> {
         .filter(|p| !p.is_empty())
 }
 
+/// How NVML names a MIG device cut as `profile` from a GPU named `model`.
+pub fn instance_name(model: &str, profile: &str) -> String {
+    format!("{model} MIG {profile}")
+}
+
+/// The GPU model in a name as NVML gives it: a MIG device's without its profile, a GPU's as it is.
+pub fn model_in_name(name: &str) -> &str {
+    match profile_in_name(name) {
+        Some(profile) => name
+            .strip_suffix(&format!(" MIG {profile}"))
+            .unwrap_or(name),
+        None => name,
+    }
+}
+
+/// Instance `n` of `parent`, cut as `profile`, as the driver lists it: a GPU of its own, numbered under
+/// its GPU, named and sized by its profile, with nothing held outside.
+pub fn instance(parent: &crate::Gpu, n: u32, profile: &Profile, uuid: String) -> crate::Gpu {
+    crate::Gpu {
+        index: instance_index(parent.index, n),
+        uuid,
+        model: instance_name(&parent.model, profile.name),
+        total: profile.memory(),
+        held_outside: Bytes::ZERO,
+        mig: Some(crate::MigRole::Instance {
+            parent: parent.index,
+            profile: profile.name.to_owned(),
+        }),
+        ..parent.clone()
+    }
+}
+
 /// A model meant for the GPU and the memory it needs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Tenant {
@@ -211,6 +243,14 @@ pub struct Layout {
 }
 
 impl Layout {
+    /// Its instances' profiles by name, in order, as they are stored.
+    pub fn profiles(&self) -> Vec<String> {
+        self.instances
+            .iter()
+            .map(|p| p.profile.name.to_owned())
+            .collect()
+    }
+
     /// Memory slices no instance takes.
     pub fn free_slices(&self) -> u8 {
         MEMORY_SLICES - self.instances.iter().map(|p| p.profile.slices).sum::<u8>()

@@ -467,18 +467,12 @@ impl crate::inventory::LocalGpus for StandInDriver {
                 menu.profiles.iter().find(|p| p.id == id)
             });
             for (n, profile) in (0..).zip(made) {
-                instances.push(placement::Gpu {
-                    index: placement::mig::instance_index(index, n),
-                    uuid: format!("MIG-{index}-{n}"),
-                    model: format!("{} MIG {}", gpu.model, profile.name),
-                    total: profile.memory(),
-                    held_outside: placement::Bytes::ZERO,
-                    mig: Some(placement::MigRole::Instance {
-                        parent: index,
-                        profile: profile.name.to_owned(),
-                    }),
-                    ..gpu.clone()
-                });
+                instances.push(placement::mig::instance(
+                    gpu,
+                    n,
+                    profile,
+                    format!("MIG-{index}-{n}"),
+                ));
             }
         }
         machine.gpus.extend(instances);

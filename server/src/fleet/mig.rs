@@ -386,12 +386,7 @@ async fn record(
     cut_before: Option<Vec<String>>,
     actor: &str,
 ) -> Result<SharingChange, ApiError> {
-    let profiles: Option<Vec<String>> = layout.map(|l| {
-        l.instances
-            .iter()
-            .map(|p| p.profile.name.to_owned())
-            .collect()
-    });
+    let profiles = layout.map(Layout::profiles);
     super::sharing::store(tx, gpu, sharing, profiles.as_deref()).await?;
     if (before, &cut_before) != (sharing, &profiles) {
         crate::audit::record(

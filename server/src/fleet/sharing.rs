@@ -11,6 +11,7 @@ use super::Fleet;
 use crate::error::ApiError;
 use crate::runtime::spec::Host;
 use app::views::SharingChange;
+use placement::mig::Layout;
 use placement::sharing::{GpuSharing, Sharing, SharingError};
 use placement::{GpuRef, MigRole};
 use std::collections::BTreeMap;
@@ -92,12 +93,7 @@ impl Fleet {
             ),
             _ => None,
         };
-        let profiles: Option<Vec<String>> = layout.as_ref().map(|l| {
-            l.instances
-                .iter()
-                .map(|p| p.profile.name.to_owned())
-                .collect()
-        });
+        let profiles = layout.as_ref().map(Layout::profiles);
         let before = state.committed.sharing(&gpu);
         let cut = target.mig == Some(MigRole::Cut);
         // Unchanged only where the GPU is as stored: one stored as cut that reads whole is cut again.

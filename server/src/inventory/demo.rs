@@ -4,7 +4,7 @@
 //! Windows PC under WSL2 where every container sees every GPU, a node with two large GPUs, and an 8-GPU
 //! data-centre node.
 
-use placement::mig::{instance_index, Layout};
+use placement::mig::{instance, Layout};
 use placement::units::GB;
 use placement::{BasisPoints, Bytes, Gpu, Machine, MigRole};
 use serde::{Deserialize, Serialize};
@@ -170,18 +170,10 @@ pub fn cut(machine: &Machine, index: u32, layout: &Layout) -> Machine {
     };
     parent.mig = Some(MigRole::Cut);
     let parent = parent.clone();
-    let instances = layout.instances.iter().zip(0..).map(|(placed, n)| Gpu {
-        index: instance_index(index, n),
-        // The driver's form, MIG- and a UUID of its own; made up from the GPU's and the instance's number.
-        uuid: format!("MIG-{}-{n}", parent.uuid.trim_start_matches("GPU-")),
-        model: format!("{} MIG {}", parent.model, placed.profile.name),
-        total: placed.profile.memory(),
-        held_outside: Bytes::ZERO,
-        mig: Some(MigRole::Instance {
-            parent: index,
-            profile: placed.profile.name.to_owned(),
-        }),
-        ..parent.clone()
+    // The driver's form of a UUID, MIG- and one of its own: made up from the GPU's and the instance's number.
+    let instances = layout.instances.iter().zip(0..).map(|(placed, n)| {
+        let uuid = format!("MIG-{}-{n}", parent.uuid.trim_start_matches("GPU-"));
+        instance(&parent, n, &placed.profile, uuid)
     });
     machine.gpus.extend(instances);
     machine

@@ -481,7 +481,7 @@ impl ClusterMachine {
                         uuid: g.uuid.clone(),
                         model: match &mig {
                             Some(placement::MigRole::Instance { profile, .. }) => {
-                                format!("{model} MIG {profile}")
+                                placement::mig::instance_name(&model, profile)
                             }
                             _ => model,
                         },
@@ -528,13 +528,7 @@ pub fn start_line(machine: &Machine, head: Option<&str>) -> String {
     let model = machine
         .gpus
         .first()
-        .map(|g| {
-            let profile = placement::mig::profile_in_name(&g.model);
-            let model = profile
-                .and_then(|p| g.model.strip_suffix(&format!(" MIG {p}")))
-                .unwrap_or(&g.model);
-            label_value(model)
-        })
+        .map(|g| label_value(placement::mig::model_in_name(&g.model)))
         .unwrap_or_default();
     let mut labels = format!("{MACHINE_LABEL}={}", label_value(&machine.name));
     if !model.is_empty() {
