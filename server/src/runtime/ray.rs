@@ -225,6 +225,15 @@ impl RayExecutor {
         Ok(reported_pids(&tail))
     }
 
+    /// Whether the server is shutting down: nothing starts from then on.
+    fn closing(&self) -> bool {
+        *self
+            .0
+            .closing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn reports(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Report>> {
         self.0
             .reports
@@ -241,12 +250,7 @@ impl RayExecutor {
         let deadline = Instant::now() + self.stop_grace() + Duration::from_secs(2);
         let mut told = BTreeSet::new();
         loop {
-            if *self
-                .0
-                .closing
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-            {
+            if self.closing() {
                 return Err(StartFailure::Closing);
             }
             let jobs = self
@@ -709,12 +713,7 @@ impl Executor for RayExecutor {
             Some(gate) => Some(gate.lock().await),
             None => None,
         };
-        if *self
-            .0
-            .closing
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
+        if self.closing() {
             return Err(StartFailure::Closing);
         }
         if let Some((_, daemon)) = &mps {
