@@ -3,8 +3,6 @@
 //! and its GPUs lack the room, the least recently used idle on-demand models there make way first; a model
 //! with requests in flight, or waiting for it, is never unloaded.
 
-use crate::plan::PlanMember;
-use crate::restart::Share;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -147,32 +145,9 @@ pub fn expired(loaded: &[Loaded], now_ms: u64) -> Vec<&str> {
         .collect()
 }
 
-/// The members whose engines run before a change from `before` to `after`, and after it, with their shares
-/// (for [`crate::transition`]): every member but an on-demand one in `unloaded`; after the change, an
-/// on-demand member only if it ran before (one that stays on demand keeps its engine, and one turned
-/// on-demand keeps it until its keep-alive runs out); a new on-demand member waits for its first request.
-pub fn running(
-    before: &[PlanMember],
-    unloaded: &[String],
-    after: &[PlanMember],
-) -> (Vec<Share>, Vec<Share>) {
-    let share = |m: &PlanMember| Share::new(&m.name, m.share.unwrap_or_default());
-    let ran =
-        |name: &str| before.iter().any(|m| m.name == name) && !unloaded.iter().any(|u| u == name);
-    (
-        before.iter().filter(|m| ran(&m.name)).map(share).collect(),
-        after
-            .iter()
-            .filter(|m| !m.demand.is_on_demand() || ran(&m.name))
-            .map(share)
-            .collect(),
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::units::BasisPoints;
     use proptest::prelude::*;
 
     fn loaded(name: &str, last_used_ms: u64, busy: bool) -> Loaded {
@@ -233,43 +208,6 @@ mod tests {
         assert_eq!(
             serde_json::from_value::<Demand>(serde_json::json!({"mode": "pinned"})).unwrap(),
             Demand::Pinned
-        );
-    }
-
-    #[test]
-    fn only_engines_that_run_restart_when_a_plan_changes() {
-        let on = |name: &str, pct: u32| PlanMember {
-            demand: Demand::OnDemand {
-                keep_alive: KeepAlive::DEFAULT,
-            },
-            ..PlanMember::new(name, BasisPoints::percent(pct))
-        };
-        let pinned = |name: &str, pct: u32| PlanMember::new(name, BasisPoints::percent(pct));
-        let before = [
-            pinned("glm", 50),
-            on("vision", 20),
-            on("speech", 20),
-            pinned("embed", 10),
-        ];
-        // vision is not loaded; speech is. embed turns on-demand; a new on-demand member joins.
-        let after = [
-            pinned("glm", 50),
-            on("vision", 25),
-            on("speech", 25),
-            on("embed", 10),
-            on("rerank", 5),
-        ];
-        let (was, will) = running(&before, &["vision".to_owned()], &after);
-        let names = |s: &[Share]| s.iter().map(|s| s.member.clone()).collect::<Vec<_>>();
-        assert_eq!(names(&was), ["glm", "speech", "embed"]);
-        assert_eq!(names(&will), ["glm", "speech", "embed"]);
-        let restarts = crate::transition(&was, &will, &[]).restarts;
-        assert_eq!(
-            restarts
-                .iter()
-                .map(|r| r.member.as_str())
-                .collect::<Vec<_>>(),
-            ["speech"]
         );
     }
 

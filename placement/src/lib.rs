@@ -32,7 +32,7 @@ pub mod usage;
 #[cfg(test)]
 mod testing;
 
-pub use demand::{eviction_order, expired, running, Demand, KeepAlive, KeepAliveError, Loaded};
+pub use demand::{eviction_order, expired, Demand, KeepAlive, KeepAliveError, Loaded};
 pub use group::{
     check_new_group, choose_group, group_gpus, member_assignments, pick_new_group_gpus, Candidate,
     GroupChoice, GroupError,
@@ -41,7 +41,7 @@ pub use inventory::{
     offered, parse_gpu_list, Gpu, GpuChoice, GpuRef, GpuRefError, Inventory, InventoryError,
     Machine, MigRole,
 };
-pub use plan::{judge, GroupGpu, PlanMember, Problem, Verdict};
+pub use plan::{judge, running, GroupGpu, PlanMember, Problem, Verdict};
 pub use reason::PendingReason;
 pub use repack::{
     plan_repack, GpuLoad, Movable, Move, RepackError, RepackInput, RepackPlan, RepackStep,
