@@ -2,7 +2,6 @@
 //! follows. Derived from the committed state and the ledger alone, so that it costs no database read.
 
 use super::committed::{Committed, Worker};
-use super::groups::holder;
 use super::ledger::Ledger;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::inventory::Ours;
@@ -69,7 +68,7 @@ pub(super) fn group_engines(
         recipe.args.extend(serving.args);
         recipe.env.extend(serving.env);
         for machine in &machines {
-            let unit = holder(&group.name, &member.member, machine);
+            let unit = crate::units::member(&group.name, &member.member, machine);
             if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
                 out.push(spec(
                     committed,

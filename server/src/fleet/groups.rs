@@ -6,6 +6,7 @@ use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::{EngineState, Progress};
+use crate::units::Holder;
 use app::auth::Caller;
 use placement::{
     choose_group, judge, running, transition, BasisPoints, Demand, GpuChoice, GpuRef, GroupChoice,
@@ -254,25 +255,6 @@ impl Group {
     }
 }
 
-/// The scheduler's name for what `member` of `group` holds on `machine`; worker names cannot contain `:`,
-/// `/` or `@`, so the two never meet.
-pub(crate) fn holder(group: &str, member: &str, machine: &str) -> String {
-    format!("group:{group}/{member}@{machine}")
-}
-
-/// Who a sharer is, as shown: a worker's own name, or a group member's model name with its group.
-pub(crate) fn sharer(holder: &str) -> (&str, Option<&str>) {
-    holder
-        .strip_prefix("group:")
-        .and_then(|rest| rest.split_once('/'))
-        .and_then(|(group, member)| Some((member.rsplit_once('@')?.0, Some(group))))
-        .unwrap_or((holder, None))
-}
-
-pub(crate) fn holder_prefix(group: &str) -> String {
-    format!("group:{group}/")
-}
-
 pub(crate) fn engine_name(engine: Engine) -> &'static str {
     match engine {
         Engine::Vllm => "vllm",
@@ -307,7 +289,7 @@ impl Fleet {
                             message: e.message.clone(),
                         })
                         .collect();
-                    let prefix = format!("{}{}@", holder_prefix(&g.name), member.name);
+                    let prefix = crate::units::member_prefix(&g.name, &member.name);
                     member.on_demand = self.on_demand_view(&member.name);
                     member.not_held = views
                         .unplaced
@@ -716,7 +698,7 @@ fn group_gpu(
         sharers
             .into_iter()
             .flatten()
-            .map(|(holder, bytes)| (sharer(holder).1, *bytes)),
+            .map(|(holder, bytes)| (Holder::parse(holder).group(), *bytes)),
         group,
     ))
 }

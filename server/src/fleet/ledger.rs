@@ -7,7 +7,8 @@
 //! engine does not run.
 
 use super::committed::Committed;
-use super::groups::{holder, Group};
+use super::groups::Group;
+use crate::units::{self, Holder, TURNS};
 use placement::sharing::{Sharing, SharingError};
 use placement::{
     group::member_assignments, Assignment, BasisPoints, GpuRef, Hold, Inventory, Scheduler,
@@ -16,7 +17,6 @@ use std::collections::BTreeMap;
 
 /// The member name under which a group holds the room its on-demand members take turns in, beyond what
 /// those loaded hold: not a model's name (those have no spaces), so no engine or usage is ever its.
-pub(crate) const TURNS: &str = "on-demand turns";
 
 /// What a group keeps for its on-demand members beside what the loaded ones hold: the largest on-demand
 /// share (the verdict checked that much fits), less what the loaded ones hold already; none when that is
@@ -80,7 +80,7 @@ impl Ledger {
                 .chain(turns(group).map(|share| (TURNS.to_owned(), share)));
             for (member, share) in held {
                 for (machine, gpus) in &by_machine {
-                    let who = holder(&group.name, &member, machine);
+                    let who = units::member(&group.name, &member, machine);
                     let held = member_assignments(scheduler.inventory(), gpus, share)
                         .map_err(|e| e.to_string())
                         .and_then(|assignments| {
@@ -164,9 +164,11 @@ impl Ledger {
                                 .get(who.as_str())
                                 .is_some_and(|a| a.gpus.len() > 1)
                         })
-                        .map(|who| match super::groups::sharer(who) {
-                            (TURNS, Some(group)) => format!("the on-demand members of {group}"),
-                            (name, _) => name.to_owned(),
+                        .map(|who| match Holder::parse(who) {
+                            h @ Holder::Member { group, .. } if h.is_turns() => {
+                                format!("the on-demand members of {group}")
+                            }
+                            h => h.name().to_owned(),
                         })
                         .collect();
                     if !engines.is_empty() {

@@ -10,6 +10,7 @@ use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::GpuLive;
 use crate::inventory::LocalGpus;
+use crate::units::Holder;
 use placement::sharing::GpuSharing;
 use placement::{GpuRef, Hold, Machine, Overcommit};
 use serde::{Deserialize, Serialize};
@@ -132,7 +133,7 @@ impl Fleet {
             let here = GpuRef::new(&name, gpu.index).to_string();
             for sharer in &mut gpu.sharers {
                 let holder = match &sharer.group {
-                    Some(group) => super::groups::holder(group, &sharer.worker, &name),
+                    Some(group) => crate::units::member(group, &sharer.worker, &name),
                     None => sharer.worker.clone(),
                 };
                 if let Some(&used) = measured.get(&(name.clone(), gpu.index, holder)) {
@@ -553,7 +554,7 @@ fn machine_view(
                 let summary = (!sharers.is_empty()).then(|| {
                     let list: Vec<String> = sharers
                         .iter()
-                        .map(|(w, b)| format!("{} {b}", super::groups::sharer(w).0))
+                        .map(|(w, b)| format!("{} {b}", Holder::parse(w).name()))
                         .collect();
                     format!("shared: {} — {} taken", list.join(", "), hold.taken())
                 });
@@ -574,10 +575,10 @@ fn machine_view(
                     sharers: sharers
                         .iter()
                         .map(|(w, b)| {
-                            let (name, group) = super::groups::sharer(w);
+                            let holder = Holder::parse(w);
                             SharerView {
-                                worker: name.to_owned(),
-                                group: group.map(str::to_owned),
+                                worker: holder.name().to_owned(),
+                                group: holder.group().map(str::to_owned),
                                 gb: b.as_gb_f64(),
                                 bytes: b.get(),
                                 measured_bytes: None,

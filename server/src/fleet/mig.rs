@@ -12,6 +12,7 @@ use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::runtime::spec::Host;
 use crate::runtime::EngineState;
+use crate::units::Holder;
 use app::views::SharingChange;
 use placement::mig::Layout;
 use placement::sharing::{GpuSharing, Sharing, SharingError};
@@ -304,20 +305,16 @@ impl Fleet {
                 .hold(&GpuRef::new(&gpu.machine, index))
             {
                 Some(Hold::Whole(by)) => {
-                    running.insert(super::groups::sharer(by).0.to_owned());
+                    running.insert(Holder::parse(by).name().to_owned());
                 }
                 // A group's room for its on-demand members is named by its group.
                 Some(Hold::Shared(sharers)) => {
-                    running.extend(
-                        sharers
-                            .keys()
-                            .map(|unit| match super::groups::sharer(unit) {
-                                (super::ledger::TURNS, Some(group)) => {
-                                    format!("group {group}'s on-demand models")
-                                }
-                                (name, _) => name.to_owned(),
-                            }),
-                    )
+                    running.extend(sharers.keys().map(|unit| match Holder::parse(unit) {
+                        h @ Holder::Member { group, .. } if h.is_turns() => {
+                            format!("group {group}'s on-demand models")
+                        }
+                        h => h.name().to_owned(),
+                    }))
                 }
                 Some(Hold::Free) | None => {}
             }
@@ -387,7 +384,7 @@ async fn record(
     actor: &str,
 ) -> Result<SharingChange, ApiError> {
     let profiles = layout.map(Layout::profiles);
-    super::sharing::store(tx, gpu, sharing, profiles.as_deref()).await?;
+    super::committed::store_sharing(tx, gpu, sharing, profiles.as_deref()).await?;
     if (before, &cut_before) != (sharing, &profiles) {
         crate::audit::record(
             tx,

@@ -7,11 +7,11 @@
 //! on several GPUs, or on a machine whose containers see every GPU stays where it is.
 
 use super::committed::Committed;
-use super::groups::holder_prefix;
 use super::ledger::Ledger;
 use super::workers::json;
 use super::Fleet;
 use crate::error::ApiError;
+use crate::units::Holder;
 use app::views::{RepackProgress, RepackRun};
 use placement::repack::Goal;
 use placement::{
@@ -58,7 +58,7 @@ fn movable(committed: &Committed, ledger: &Ledger) -> Vec<Movable> {
         let Some(Hold::Shared(sharers)) = scheduler.hold(gpu) else {
             continue;
         };
-        let prefix = holder_prefix(&group.name);
+        let prefix = crate::units::group_prefix(&group.name);
         let holders: Vec<String> = sharers
             .keys()
             .filter(|h| h.starts_with(&prefix))
@@ -408,10 +408,9 @@ impl Fleet {
 fn group_models(holders: &[String]) -> Vec<String> {
     holders
         .iter()
-        .filter_map(|h| match super::groups::sharer(h) {
-            (_, Some(_)) if h.contains(super::ledger::TURNS) => None,
-            (name, _) => Some(name.to_owned()),
-        })
+        .map(|h| Holder::parse(h))
+        .filter(|h| !h.is_turns())
+        .map(|h| h.name().to_owned())
         .collect()
 }
 

@@ -10,6 +10,7 @@ use super::mig::Written;
 use super::Fleet;
 use crate::error::ApiError;
 use crate::runtime::spec::Host;
+use crate::units::Holder;
 use app::views::SharingChange;
 use placement::mig::Layout;
 use placement::sharing::{GpuSharing, Sharing, SharingError};
@@ -153,12 +154,12 @@ impl Fleet {
                 was.get(&spec.unit)
                     .is_some_and(|f| *f != spec.fingerprint())
             })
-            .map(|spec| super::groups::sharer(&spec.unit).0.to_owned())
+            .map(|spec| Holder::parse(&spec.unit).name().to_owned())
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
         let mut tx = crate::db::write(&self.pool).await?;
-        store(&mut tx, &gpu, sharing, None).await?;
+        super::committed::store_sharing(&mut tx, &gpu, sharing, None).await?;
         crate::audit::record(
             &mut tx,
             crate::audit::Entry::new(actor, "gpu.sharing", &gpu.id())
@@ -175,35 +176,6 @@ impl Fleet {
             restarts,
         }))
     }
-}
-
-/// Writes how `gpu` is shared (time-slicing has no row), with the profiles it was cut into under MIG.
-pub(super) async fn store(
-    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-    gpu: &GpuRef,
-    sharing: GpuSharing,
-    instances: Option<&[String]>,
-) -> Result<(), ApiError> {
-    let index = i64::from(gpu.index);
-    if sharing.mode == Sharing::TimeSlicing {
-        sqlx::query("DELETE FROM gpu_sharing WHERE machine = ? AND gpu_index = ?")
-            .bind(&gpu.machine)
-            .bind(index)
-            .execute(&mut **tx)
-            .await?;
-    } else {
-        sqlx::query(
-            "INSERT OR REPLACE INTO gpu_sharing (machine, gpu_index, mode, compute_percent, mig_instances) VALUES (?, ?, ?, ?, ?)",
-        )
-        .bind(&gpu.machine)
-        .bind(index)
-        .bind(sharing.mode.as_str())
-        .bind(sharing.compute_percent.map(i64::from))
-        .bind(instances.map(|i| serde_json::json!(i).to_string()))
-        .execute(&mut **tx)
-        .await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

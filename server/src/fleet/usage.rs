@@ -9,6 +9,7 @@
 use crate::error::ApiError;
 use crate::fleet::Fleet;
 use crate::inventory::GpuLive;
+use crate::units;
 use placement::usage::{
     Figures, GpuMillis, Grouping, Holder, Holding, Sample, UsageReport, HOUR_MS,
 };
@@ -63,7 +64,7 @@ fn held_now(scheduler: &Scheduler) -> Vec<Held> {
                 Some(Hold::Whole(worker)) => push(worker, gpu.total),
                 Some(Hold::Shared(sharers)) => {
                     for (holder, bytes) in sharers {
-                        if super::groups::sharer(holder).0 != super::ledger::TURNS {
+                        if !units::Holder::parse(holder).is_turns() {
                             push(holder, *bytes);
                         }
                     }
@@ -111,7 +112,8 @@ pub(crate) async fn record_holdings(
             .await?;
     }
     for h in started {
-        let (name, group) = super::groups::sharer(&h.holder);
+        let holder = units::Holder::parse(&h.holder);
+        let (name, group) = (holder.name(), holder.group());
         sqlx::query("INSERT INTO holdings (holder, name, group_name, machine, gpu_index, held_bytes, gpu_total_bytes, start_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&h.holder)
             .bind(name)

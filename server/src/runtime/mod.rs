@@ -16,6 +16,7 @@ pub mod spec;
 mod supervisor;
 
 use crate::inventory::LocalGpus;
+use crate::units::Holder;
 use conductor::{Cancel, StartError};
 use executor::Executor;
 use local::LocalExecutor;
@@ -510,7 +511,7 @@ impl Runtime {
         let Some(me) = units.get(unit) else {
             return Vec::new();
         };
-        let own = crate::fleet::groups::sharer(unit).0;
+        let own = Holder::parse(unit).name();
         let in_flight = self
             .shared
             .in_flight
@@ -527,7 +528,7 @@ impl Runtime {
                     .get(*name)
                     .is_some_and(|c| c.load(Ordering::SeqCst) > 0)
             })
-            .map(|(name, _)| crate::fleet::groups::sharer(name).0)
+            .map(|(name, _)| Holder::parse(name).name())
             .filter(|name| *name != own)
             .map(str::to_owned)
             .collect();
@@ -650,9 +651,11 @@ impl Runtime {
 fn view(unit: &Unit) -> EngineView {
     let status = unit.status.borrow();
     let spec = &unit.spec;
-    let (worker, group, model) = match crate::fleet::groups::sharer(&spec.unit) {
-        (model, Some(group)) => (None, Some(group.to_owned()), Some(model.to_owned())),
-        (worker, None) => (Some(worker.to_owned()), None, None),
+    let (worker, group, model) = match Holder::parse(&spec.unit) {
+        Holder::Member { group, member, .. } => {
+            (None, Some(group.to_owned()), Some(member.to_owned()))
+        }
+        Holder::Worker(worker) => (Some(worker.to_owned()), None, None),
     };
     EngineView {
         id: engine_id(&spec.unit),

@@ -1,7 +1,8 @@
 //! What an engine is started as: its recipe (vLLM, SGLang, llama.cpp or any command), turned into a program,
 //! arguments and environment for the share it holds. Pure: the supervisor does the starting.
 
-use crate::inventory::demo::Engine;
+use crate::catalog::Engine;
+use crate::units::Holder;
 use placement::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -226,7 +227,7 @@ impl EngineSpec {
         let tensor_parallel = (self.gpus.len() > 1).then(|| self.gpus.len().to_string());
         // The name the gateway asks the engine for: the model's (or the worker's), not the weights' path,
         // which vLLM and SGLang would otherwise answer to alone.
-        let (served, _) = crate::fleet::groups::sharer(&self.unit);
+        let served = Holder::parse(&self.unit).name();
         let (program, mut args): (String, Vec<String>) = match r.engine {
             Engine::Vllm => {
                 let mut args = words(&[

@@ -1,8 +1,8 @@
 //! Sharing groups through the REST API, on a real SQLite file.
 
-use super::sharer;
 use crate::inventory::demo::demo_catalog;
 use crate::testing::{majin_and_atlas_with_catalog, TestApp};
+use crate::units::Holder;
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};
 
@@ -35,9 +35,13 @@ fn step_names(change: &Value) -> Vec<String> {
 
 #[test]
 fn a_sharer_is_shown_by_its_own_name() {
-    assert_eq!(sharer("listen"), ("listen", None));
+    let shown = |unit| {
+        let holder = Holder::parse(unit);
+        (holder.name(), holder.group())
+    };
+    assert_eq!(shown("listen"), ("listen", None));
     assert_eq!(
-        sharer("group:text-router/glm-5.3@atlas"),
+        shown("group:text-router/glm-5.3@atlas"),
         ("glm-5.3", Some("text-router"))
     );
 }

@@ -1,0 +1,115 @@
+//! An engine unit's name, which is also what the scheduler holds a share under: made and parsed here, once.
+//! The fleet makes them and the runtime reads them; living below both, it lets neither import the other.
+//!
+//! A worker's unit is the worker's own name; a group member's is `group:{group}/{member}@{machine}`. Worker
+//! names cannot contain `:`, `/` or `@`, so the two never meet.
+
+/// The member under which a group's on-demand members hold the room they take turns in.
+pub const TURNS: &str = "on-demand turns";
+
+/// Who holds a share, and whose engine a unit is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder<'a> {
+    /// A worker, by its name.
+    Worker(&'a str),
+    /// A member of a sharing group (its model's name) on one machine.
+    Member {
+        /// The group.
+        group: &'a str,
+        /// The member: its model's name, or [`TURNS`].
+        member: &'a str,
+        /// The machine it holds room on.
+        machine: &'a str,
+    },
+}
+
+impl<'a> Holder<'a> {
+    /// The holder a unit name (or the scheduler's holder) stands for.
+    pub fn parse(name: &'a str) -> Holder<'a> {
+        name.strip_prefix("group:")
+            .and_then(|rest| rest.split_once('/'))
+            .and_then(|(group, rest)| {
+                let (member, machine) = rest.rsplit_once('@')?;
+                Some(Holder::Member {
+                    group,
+                    member,
+                    machine,
+                })
+            })
+            .unwrap_or(Holder::Worker(name))
+    }
+
+    /// The name a person knows it by: the worker's, or the member's model name.
+    pub fn name(&self) -> &'a str {
+        match *self {
+            Holder::Worker(name) => name,
+            Holder::Member { member, .. } => member,
+        }
+    }
+
+    /// The group it is a member of, if any.
+    pub fn group(&self) -> Option<&'a str> {
+        match *self {
+            Holder::Worker(_) => None,
+            Holder::Member { group, .. } => Some(group),
+        }
+    }
+
+    /// Whether it is the room a group's on-demand members take turns in.
+    pub fn is_turns(&self) -> bool {
+        matches!(self, Holder::Member { member: TURNS, .. })
+    }
+}
+
+/// The unit name of `member` of `group` on `machine`.
+pub fn member(group: &str, member: &str, machine: &str) -> String {
+    format!("group:{group}/{member}@{machine}")
+}
+
+/// What every unit name of `group`'s members begins with.
+pub fn group_prefix(group: &str) -> String {
+    format!("group:{group}/")
+}
+
+/// What every unit name of `member` of `group`, on any machine, begins with.
+pub fn member_prefix(group: &str, member: &str) -> String {
+    format!("group:{group}/{member}@")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_member_s_unit_name_parses_back_into_its_group_member_and_machine() {
+        let name = member("chat", "qwen", "vega");
+        assert_eq!(
+            Holder::parse(&name),
+            Holder::Member {
+                group: "chat",
+                member: "qwen",
+                machine: "vega"
+            }
+        );
+        assert!(name.starts_with(&group_prefix("chat")));
+        assert!(name.starts_with(&member_prefix("chat", "qwen")));
+        assert_eq!(Holder::parse(&name).name(), "qwen");
+        assert_eq!(Holder::parse(&name).group(), Some("chat"));
+    }
+
+    #[test]
+    fn a_worker_s_unit_name_is_its_own_name() {
+        assert_eq!(Holder::parse("scribe"), Holder::Worker("scribe"));
+        assert_eq!(Holder::parse("scribe").group(), None);
+        assert_eq!(
+            Holder::parse("group:broken"),
+            Holder::Worker("group:broken")
+        );
+    }
+
+    #[test]
+    fn the_turns_room_of_a_group_is_known_as_such() {
+        assert!(Holder::parse(&member("chat", TURNS, "vega")).is_turns());
+        assert!(!Holder::parse(&member("chat", "qwen", "vega")).is_turns());
+    }
+}
