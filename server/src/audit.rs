@@ -2,7 +2,7 @@
 //! made and who restarted. Each entry is written in the same transaction as the change it records, so the
 //! log never tells of a change that did not happen, nor misses one that did.
 //! Entries older than the audit retention (400 days by default) are deleted by the housekeeping in
-//! [`crate::db::tidy`].
+//! [`crate::fleet::housekeeping::tidy`].
 
 use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
@@ -156,7 +156,7 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
     let json = |text: Option<String>| -> Result<Option<Value>, ApiError> {
         text.map(|t| {
             serde_json::from_str(&t)
-                .map(|v| crate::fleet::authority::redact_json(v, &[]))
+                .map(|v| crate::redact::redact_json(v, &[]))
                 .map_err(ApiError::internal)
         })
         .transpose()
