@@ -319,8 +319,8 @@ pub struct RetentionFlags {
 
 impl RetentionFlags {
     /// The database's housekeeping settings.
-    pub fn retention(&self) -> crate::db::Retention {
-        crate::db::Retention::days(
+    pub fn retention(&self) -> crate::fleet::housekeeping::Retention {
+        crate::fleet::housekeeping::Retention::days(
             self.keep_raw_samples_days,
             self.keep_usage_days,
             self.keep_audit_days,
@@ -406,7 +406,7 @@ mod tests {
         let config = Config::try_parse_from(["tessera"]).unwrap();
         assert_eq!(
             config.retention.retention(),
-            crate::db::Retention::default()
+            crate::fleet::housekeeping::Retention::default()
         );
         let config = Config::try_parse_from([
             "tessera",
@@ -421,7 +421,10 @@ mod tests {
             retention.raw_samples,
             Some(std::time::Duration::from_secs(2 * 24 * 3600))
         );
-        assert_eq!(retention.usage, crate::db::Retention::default().usage);
+        assert_eq!(
+            retention.usage,
+            crate::fleet::housekeeping::Retention::default().usage
+        );
         assert_eq!(retention.audit, None);
     }
 

@@ -1,55 +1,5 @@
-//! What can stop the server, and why a call into the core cannot do what was asked. No HTTP here: the REST
-//! edge (`api.rs`) says which status and body each error answers with.
-
-use std::path::PathBuf;
-
-/// Why the server could not start or had to stop.
-#[derive(Debug, thiserror::Error)]
-pub enum ServerError {
-    /// The console's build settings could not be read.
-    #[error("could not read the console's settings (build it with cargo leptos): {0}")]
-    LeptosConfig(#[from] leptos::config::errors::LeptosConfigError),
-    /// The address is taken or not ours.
-    #[error("could not listen on {addr}: {source}; pass another --listen address")]
-    Bind {
-        /// The address asked for.
-        addr: std::net::SocketAddr,
-        /// What the OS said.
-        source: std::io::Error,
-    },
-    /// The data folder cannot be made.
-    #[error("could not create the data folder {}: {source}; pass another --data-dir", dir.display())]
-    DataDir {
-        /// The folder.
-        dir: PathBuf,
-        /// What the OS said.
-        source: std::io::Error,
-    },
-    /// The database cannot be opened or migrated.
-    #[error("the database could not be opened or migrated: {0}; check DATABASE_URL or --data-dir")]
-    Database(#[source] sqlx::Error),
-    /// The inventory file is malformed.
-    #[error("{0}")]
-    InventoryFile(#[from] crate::inventory::file::InventoryFileError),
-    /// The machines from all sources contradict each other.
-    #[error("the inventory cannot be used: {0}")]
-    Inventory(#[from] placement::InventoryError),
-    /// `--here` names no machine that can be this one.
-    #[error("{0}")]
-    Here(String),
-    /// The Ray cluster asked for is not usable.
-    #[error("{0}; check --ray (TESSERA_RAY) and --ray-token")]
-    Ray(#[from] crate::inventory::ray::RayError),
-    /// The stored state could not be loaded.
-    #[error("the stored workers could not be loaded: {0}")]
-    Load(ApiError),
-    /// The server's own binary cannot be found, to run the demo engine from.
-    #[error("could not find this program's own path (to run the demo engine): {0}")]
-    Exe(std::io::Error),
-    /// Serving failed.
-    #[error("the server stopped: {0}")]
-    Serve(std::io::Error),
-}
+//! Why a call into the core cannot do what was asked. No HTTP here: the REST edge (`api/`) says which
+//! status and body each error answers with. What stops the server at start is [`crate::ServerError`].
 
 /// A call that cannot be done as asked; each kind answers with its own HTTP status at the edge.
 #[derive(Debug, thiserror::Error)]

@@ -12,6 +12,7 @@
 mod committed;
 pub mod deployments;
 pub mod groups;
+pub mod housekeeping;
 mod ledger;
 pub mod usage;
 

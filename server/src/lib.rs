@@ -8,6 +8,7 @@ pub mod accounts;
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod catalog;
 pub mod cli;
 pub mod config;
 pub mod console;
@@ -18,8 +19,10 @@ pub mod fleet;
 pub mod gateway;
 pub mod inventory;
 pub mod metrics;
+pub mod redact;
 pub mod runtime;
 pub mod security;
+pub mod units;
 
 use app::{shell, App};
 use axum::extract::DefaultBodyLimit;
@@ -27,12 +30,54 @@ use axum::extract::FromRef;
 use axum::routing::post;
 use axum::{Json, Router};
 use config::Config;
-use error::ServerError;
 use fleet::Fleet;
 use leptos::config::LeptosOptions;
 use leptos_axum::{generate_route_list, AxumRouteListing, LeptosRoutes};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
+
+/// Why the server could not start or had to stop.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    /// The console's build settings could not be read.
+    #[error("could not read the console's settings (build it with cargo leptos): {0}")]
+    LeptosConfig(#[from] leptos::config::errors::LeptosConfigError),
+    /// The address is taken or not ours.
+    #[error("could not listen on {addr}: {source}; pass another --listen address")]
+    Bind {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        /// What the OS said.
+        source: std::io::Error,
+    },
+    /// The database (or its data folder) cannot be opened or migrated.
+    #[error(transparent)]
+    Open(#[from] db::OpenError),
+    /// The runtime's records cannot be read.
+    #[error("the database could not be opened or migrated: {0}; check DATABASE_URL or --data-dir")]
+    Database(#[source] sqlx::Error),
+    /// The inventory file is malformed.
+    #[error("{0}")]
+    InventoryFile(#[from] crate::inventory::file::InventoryFileError),
+    /// The machines from all sources contradict each other.
+    #[error("the inventory cannot be used: {0}")]
+    Inventory(#[from] placement::InventoryError),
+    /// `--here` names no machine that can be this one.
+    #[error("{0}")]
+    Here(String),
+    /// The Ray cluster asked for is not usable.
+    #[error("{0}; check --ray (TESSERA_RAY) and --ray-token")]
+    Ray(#[from] crate::inventory::ray::RayError),
+    /// The stored state could not be loaded.
+    #[error("the stored workers could not be loaded: {0}")]
+    Load(error::ApiError),
+    /// The server's own binary cannot be found, to run the demo engine from.
+    #[error("could not find this program's own path (to run the demo engine): {0}")]
+    Exe(std::io::Error),
+    /// Serving failed.
+    #[error("the server stopped: {0}")]
+    Serve(std::io::Error),
+}
 
 /// Everything a request handler may need, behind one `Arc`: every request clones the state (each
 /// middleware and handler that takes it), and a clone of the parts themselves (the Leptos options, a
@@ -238,7 +283,10 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         );
     }
     tokio::spawn(forget_expired_sessions(pool.clone()));
-    tokio::spawn(db::keep_tidy(pool.clone(), config.retention.retention()));
+    tokio::spawn(fleet::housekeeping::keep_tidy(
+        pool.clone(),
+        config.retention.retention(),
+    ));
     tokio::spawn(fleet.clone().keep_writing_calls(CALLS_WRITE));
     tokio::spawn(fleet.clone().keep_unloading(KEEP_ALIVE_CHECK));
     fleet.latencies().configure(

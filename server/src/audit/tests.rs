@@ -165,9 +165,9 @@ async fn entries_older_than_the_retention_are_deleted_a_batch_at_a_time_and_newe
     let all = count().await;
     // 2026-03-11T00:00:00Z, 400 days after 2025-02-04.
     let now_ms = 1_773_187_200_000;
-    let tidied = crate::db::tidy(
+    let tidied = crate::fleet::housekeeping::tidy(
         &app.pool,
-        &crate::db::Retention::default(),
+        &crate::fleet::housekeeping::Retention::default(),
         now_ms,
         std::time::Duration::ZERO,
     )

@@ -7,7 +7,7 @@ use super::groups::{Group, Serving};
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
 use crate::inventory::demo::CatalogModel;
-use placement::sharing::GpuSharing;
+use placement::sharing::{GpuSharing, Sharing};
 use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, Share};
 use std::collections::BTreeMap;
 
@@ -221,6 +221,35 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
 }
 
 type MigLayouts = BTreeMap<GpuRef, Vec<String>>;
+
+/// Writes how `gpu` is shared (time-slicing has no row), with the profiles it was cut into under MIG.
+pub(super) async fn store_sharing(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    gpu: &GpuRef,
+    sharing: GpuSharing,
+    instances: Option<&[String]>,
+) -> Result<(), ApiError> {
+    let index = i64::from(gpu.index);
+    if sharing.mode == Sharing::TimeSlicing {
+        sqlx::query("DELETE FROM gpu_sharing WHERE machine = ? AND gpu_index = ?")
+            .bind(&gpu.machine)
+            .bind(index)
+            .execute(&mut **tx)
+            .await?;
+    } else {
+        sqlx::query(
+            "INSERT OR REPLACE INTO gpu_sharing (machine, gpu_index, mode, compute_percent, mig_instances) VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(&gpu.machine)
+        .bind(index)
+        .bind(sharing.mode.as_str())
+        .bind(sharing.compute_percent.map(i64::from))
+        .bind(instances.map(|i| serde_json::json!(i).to_string()))
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
 
 /// A row of `gpu_sharing`: machine, index, mode, compute share, MIG profiles (JSON).
 type SharingRow = (String, i64, String, Option<i64>, Option<String>);

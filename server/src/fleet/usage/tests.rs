@@ -436,7 +436,7 @@ async fn the_usage_page_shows_what_the_csv_says() {
 // Retention: raw readings rolled up into runs keep the report's figures; old usage is deleted.
 
 use super::{figures, roll_up_hour, runs_of, Reading};
-use crate::db::{tidy, Retention, Tidied};
+use crate::fleet::housekeeping::{tidy, Retention, Tidied};
 use placement::{Holding, Sample};
 use proptest::prelude::*;
 use std::time::Duration;
