@@ -257,6 +257,7 @@ pub fn running(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::demand::KeepAlive;
 
     fn plan(shares: &[(&str, Option<u32>)]) -> Vec<PlanMember> {
         shares
