@@ -5,8 +5,8 @@
 //! A GPU has eight memory slices and seven compute slices. A profile such as `3g.40gb` takes three compute
 //! slices and four memory slices, and may start only at certain memory slices (its placements), as
 //! `nvidia-smi mig -lgipp` lists them. Where drivers report an instance's memory differently, the lower
-//! figure is taken: a plan that leaves a little unused beats one that overfills. The sources are in the
-//! README ("How a GPU is shared").
+//! figure is taken: a plan that leaves a little unused beats one that overfills. The sources are in
+//! docs/src/design/nvidia.md.
 
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};

@@ -5,7 +5,7 @@
 //!   memory share (`CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`: an allocation past it fails with out of memory).
 //! - MIG: the GPU is cut into instances with walls ([`crate::mig`]); each is held whole.
 //!
-//! What Tessera relies on from NVIDIA's MPS documentation is in the README ("How a GPU is shared").
+//! What Tessera relies on from NVIDIA's MPS documentation is in docs/src/design/nvidia.md.
 
 use crate::units::Bytes;
 use serde::{Deserialize, Serialize};

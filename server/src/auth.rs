@@ -149,8 +149,8 @@ fn area(method: &Method, path: &str) -> Area {
         _ if path.starts_with("/api/users") || path.starts_with("/api/tokens") => {
             Area::Api(Role::Admin)
         }
-        // A recipe chooses the program engines run and what they are given: an admin's (README, "Who
-        // may run what").
+        // A recipe chooses the program engines run and what they are given: an admin's
+        // (docs/src/security.md, "Who may run what").
         "/api/models" if !reads => Area::Api(Role::Admin),
         _ if path.starts_with("/api/") || path == "/metrics" => {
             Area::Api(if reads { Role::Viewer } else { Role::Operator })

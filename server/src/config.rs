@@ -21,7 +21,7 @@ pub struct Config {
     /// Add the built-in demo fleet (majin, a WSL2 PC, a node with two 96 GB GPUs, an 8 × H200 node).
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,
-    /// Machines the server cannot see, described in a TOML file (see the README).
+    /// Machines the server cannot see, described in a TOML file (see docs/src/server.md).
     #[arg(long, env = "TESSERA_INVENTORY", value_name = "PATH")]
     pub inventory: Option<PathBuf>,
     /// Where the SQLite database lives.
@@ -286,7 +286,7 @@ impl EngineFlags {
     }
 }
 
-/// How long what grows with time is kept, in days; 0 keeps it for good (see the README's "Retention").
+/// How long what grows with time is kept, in days; 0 keeps it for good (docs/src/operations.md, "Retention").
 #[derive(Debug, Clone, clap::Args)]
 pub struct RetentionFlags {
     /// Days GPU readings (every 5 s per GPU) are kept raw; older ones are rolled up into runs within each

@@ -287,7 +287,7 @@ async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) ->
     signed(&engine, answer)
 }
 
-/// `POST /route`, the router's contract (README): of `models`, the first whose name the request's last
+/// `POST /route`, the router's contract (docs/src/gateway.md): of `models`, the first whose name the request's last
 /// message (or prompt) mentions, else the first.
 async fn route(State(engine): State<Engine>, Json(question): Json<Value>) -> Response {
     let request = &question["request"];

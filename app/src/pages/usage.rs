@@ -38,7 +38,7 @@ pub async fn load_usage(period: String, by: String) -> Result<UsageReport, AppEr
     })?;
     let to = console.now_ms();
     // From a whole hour: readings older than a week are kept as hourly runs, whose figures are exact
-    // for whole hours only (README, "Retention").
+    // for whole hours only (docs/src/operations.md, "Retention").
     let from = to.saturating_sub(length) / HOUR_MS * HOUR_MS;
     crate::services::answer(console.usage(from, to, by)).await
 }

@@ -1,4 +1,4 @@
-//! Who may give an engine what (README, "Who may run what"). Engines run as the server's user, so whatever
+//! Who may give an engine what (docs/src/security.md, "Who may run what"). Engines run as the server's user, so whatever
 //! can choose a program, a library it loads or the interpreter's search path can do anything that user
 //! can: that is an admin's. An operator deploys catalog models and tunes them with extra arguments and
 //! environment variables that cannot do so, and that cannot take more than the share Tessera gave them.

@@ -5,7 +5,7 @@
 use sqlx::SqlitePool;
 use std::time::Duration;
 
-/// How long what grows with time is kept; `None` keeps it for good. See the README's "Retention".
+/// How long what grows with time is kept; `None` keeps it for good. See docs/src/operations.md, "Retention".
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     /// GPU readings (every 5 s per GPU) are kept raw this long, then rolled up into runs that keep the

@@ -2,7 +2,7 @@
 //! labels are machines, and engines on them run as jobs (Jobs API). Ray runs the commands; which node, which
 //! share and in what order stay Tessera's decisions.
 //!
-//! What a node tells Tessera (written by `tessera ray-node`, README "Several machines"):
+//! What a node tells Tessera (written by `tessera ray-node`, docs/src/ray.md):
 //! - the label [`MACHINE_LABEL`]: the machine's name, and that the node is Tessera's;
 //! - the label [`MODEL_LABEL`]: its GPUs' model;
 //! - the label [`DEMO_LABEL`] `=true` on a node whose GPUs are made up: the demo engine stands in there;

@@ -1,7 +1,7 @@
 //! Where an engine's process runs: the one seam between the supervisor (states, health checks, backoff,
 //! ordered plan steps, reconcile), which is the same everywhere, and a place to run commands. This machine's
 //! processes ([`super::local`]) and a Ray cluster's jobs ([`super::ray`]) sit behind it; a Kubernetes
-//! executor would too (README, "Where engines run").
+//! executor would too (docs/src/design/runtime.md, "Where engines run").
 
 use super::spec::{EngineSpec, Launch};
 use async_trait::async_trait;
