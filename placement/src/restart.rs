@@ -47,8 +47,11 @@ pub enum Change {
     Leaves,
 }
 
-/// A member that restarts (or stops) because of the change.
+/// A member that restarts (or stops) because of the change. On the wire it speaks as requests do: `kind`
+/// in snake_case and shares in percent; `change` (variant labels, basis points) is kept one release,
+/// deprecated.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "RestartWire")]
 pub struct Restart {
     /// The member.
     pub member: String,
@@ -56,13 +59,116 @@ pub struct Restart {
     pub change: Change,
 }
 
-/// One step of a transition.
+/// One step of a transition. On the wire, `action` (`stop` or `start`), `member` and, for a start,
+/// `share_percent`, beside the deprecated `{"Stop": member}` / `{"Start": [member, basis points]}` key.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "StepWire", try_from = "StepIn")]
 pub enum Step {
     /// Stop the member and wait until its memory is free.
     Stop(String),
     /// Start the member with this share.
     Start(String, BasisPoints),
+}
+
+impl Change {
+    /// The kind, in snake_case as requests name things.
+    pub fn kind(self) -> &'static str {
+        match self {
+            Change::Joins => "joins",
+            Change::Moves => "moves",
+            Change::Grows { .. } => "grows",
+            Change::Shrinks { .. } => "shrinks",
+            Change::Leaves => "leaves",
+        }
+    }
+
+    /// The shares before and after, for a member that grows or shrinks.
+    pub fn shares(self) -> Option<(BasisPoints, BasisPoints)> {
+        match self {
+            Change::Grows { from, to } | Change::Shrinks { from, to } => Some((from, to)),
+            Change::Joins | Change::Moves | Change::Leaves => None,
+        }
+    }
+}
+
+/// How a [`Restart`] is written.
+#[derive(Serialize)]
+struct RestartWire {
+    member: String,
+    kind: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from_percent: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    to_percent: Option<f64>,
+    /// Deprecated: `kind`, `from_percent` and `to_percent` say the same.
+    change: Change,
+}
+
+impl From<Restart> for RestartWire {
+    fn from(r: Restart) -> RestartWire {
+        let shares = r.change.shares();
+        RestartWire {
+            kind: r.change.kind(),
+            from_percent: shares.map(|(from, _)| from.as_percent_f64()),
+            to_percent: shares.map(|(_, to)| to.as_percent_f64()),
+            change: r.change,
+            member: r.member,
+        }
+    }
+}
+
+/// How a [`Step`] is written: the deprecated externally tagged key beside the new fields.
+#[derive(Serialize)]
+struct StepWire {
+    #[serde(rename = "Stop", skip_serializing_if = "Option::is_none")]
+    old_stop: Option<String>,
+    #[serde(rename = "Start", skip_serializing_if = "Option::is_none")]
+    old_start: Option<(String, BasisPoints)>,
+    action: &'static str,
+    member: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    share_percent: Option<f64>,
+}
+
+impl From<Step> for StepWire {
+    fn from(step: Step) -> StepWire {
+        match step {
+            Step::Stop(member) => StepWire {
+                old_stop: Some(member.clone()),
+                old_start: None,
+                action: "stop",
+                member,
+                share_percent: None,
+            },
+            Step::Start(member, share) => StepWire {
+                old_stop: None,
+                old_start: Some((member.clone(), share)),
+                action: "start",
+                member,
+                share_percent: Some(share.as_percent_f64()),
+            },
+        }
+    }
+}
+
+/// A [`Step`] as read back: the old key decides, as it is exact (basis points).
+#[derive(Deserialize)]
+struct StepIn {
+    #[serde(rename = "Stop")]
+    old_stop: Option<String>,
+    #[serde(rename = "Start")]
+    old_start: Option<(String, BasisPoints)>,
+}
+
+impl TryFrom<StepIn> for Step {
+    type Error = &'static str;
+    fn try_from(step: StepIn) -> Result<Step, &'static str> {
+        match (step.old_stop, step.old_start) {
+            (Some(member), None) => Ok(Step::Stop(member)),
+            (None, Some((member, share))) => Ok(Step::Start(member, share)),
+            _ => Err("a step is either Stop or Start"),
+        }
+    }
 }
 
 /// The restart set of a plan change and the order of its steps.
@@ -269,5 +375,44 @@ mod tests {
                 prop_assert_eq!(t.restarts.iter().any(|r| r.member == s.member), !unchanged);
             }
         }
+    }
+
+    #[test]
+    fn a_restart_and_a_step_speak_percent_and_snake_case_beside_the_deprecated_fields() {
+        let restart = Restart {
+            member: "scribe".into(),
+            change: Change::Shrinks {
+                from: BasisPoints::percent(40),
+                to: BasisPoints::percent(30),
+            },
+        };
+        let json = serde_json::to_value(&restart).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"member": "scribe", "kind": "shrinks", "from_percent": 40.0,
+                "to_percent": 30.0, "change": {"Shrinks": {"from": 4000, "to": 3000}}})
+        );
+        assert_eq!(serde_json::from_value::<Restart>(json).unwrap(), restart);
+        let joins = Restart {
+            member: "vision".into(),
+            change: Change::Joins,
+        };
+        assert_eq!(
+            serde_json::to_value(&joins).unwrap(),
+            serde_json::json!({"member": "vision", "kind": "joins", "change": "Joins"})
+        );
+        let steps = [
+            Step::Stop("scribe".into()),
+            Step::Start("scribe".into(), BasisPoints(3_333)),
+        ];
+        let json = serde_json::to_value(&steps).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!([
+                {"Stop": "scribe", "action": "stop", "member": "scribe"},
+                {"Start": ["scribe", 3333], "action": "start", "member": "scribe", "share_percent": 33.33}
+            ])
+        );
+        assert_eq!(serde_json::from_value::<Vec<Step>>(json).unwrap(), steps);
     }
 }

@@ -68,9 +68,12 @@ async fn a_removed_member_stops_and_the_others_keep_their_shares() {
     assert_eq!(status, StatusCode::OK, "{change}");
     assert_eq!(
         change["restarts"],
-        json!([{"member": "speech", "change": "Leaves"}])
+        json!([{"member": "speech", "kind": "leaves", "change": "Leaves"}])
     );
-    assert_eq!(change["steps"], json!([{"Stop": "speech"}]));
+    assert_eq!(
+        change["steps"],
+        json!([{"action": "stop", "member": "speech", "Stop": "speech"}])
+    );
     let (_, group) = app.get("/api/groups/text-router").await;
     assert_eq!(members(&group), [("glm-5.3".to_owned(), 40.0)]);
     assert_eq!(group["revision"], 3);

@@ -201,7 +201,7 @@ async fn the_router_moves_into_a_new_group_and_keeps_its_share() {
     assert_eq!(status, StatusCode::CREATED, "{change}");
     assert_eq!(
         change["restarts"][0],
-        json!({"member": "semantic-router", "change": "Moves"})
+        json!({"member": "semantic-router", "kind": "moves", "change": "Moves"})
     );
     assert_eq!(
         step_names(&change),
