@@ -1,0 +1,37 @@
+//! The Audit page: the log's entries and what the page narrows it to.
+
+use serde::{Deserialize, Serialize};
+
+/// One entry of the audit log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditLine {
+    /// Its number.
+    pub id: i64,
+    /// When.
+    pub at: String,
+    /// Who.
+    pub actor: String,
+    /// What kind of change.
+    pub action: String,
+    /// What it was done to.
+    pub target: String,
+    /// Before, as JSON text.
+    pub before: Option<String>,
+    /// After, as JSON text.
+    pub after: Option<String>,
+    /// The revision it made.
+    pub revision: Option<i64>,
+    /// Who restarted.
+    pub restarts: Vec<String>,
+}
+
+/// What the Audit page narrows the log to; empty fields leave it wide.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditQuery {
+    /// Only this account's changes.
+    pub actor: String,
+    /// Only this kind (or family: `plan`) of change.
+    pub action: String,
+    /// Only changes to this.
+    pub target: String,
+}

@@ -1,0 +1,29 @@
+//! What the console's pages show, as the server sends it, and the requests the pages send back. Plain
+//! serde types in the units of `placement`: the server fills them in, the browser only shows them (and
+//! judges plans with `placement`).
+//!
+//! One file per page or family of pages; every type is re-exported here, so `app::views::X` is the one
+//! path the server and the pages use.
+
+mod accounts;
+mod audit;
+mod deploy;
+mod groups;
+mod machines;
+mod models;
+mod playground;
+mod repack;
+
+pub use accounts::{Account, AccountsPage, ApiToken, NewApiToken, TokenLimits, TokenScope};
+pub use audit::{AuditLine, AuditQuery};
+pub use deploy::{
+    CatalogEntry, DeployOptions, DeployRequest, GpuOption, NodeOption, Serving, ServingForm,
+};
+pub use groups::{ChangeOutcome, GroupPlan, PlanProgress, SharingForm, StepLine, StepState};
+pub use machines::{
+    GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, PendingLine, Sharer,
+    SharingChange, WorkerLine,
+};
+pub use models::{EngineLine, EngineStatus, LoadState, ModelRow, OnDemand};
+pub use playground::Playground;
+pub use repack::{RepackProgress, RepackRun};

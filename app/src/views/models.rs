@@ -1,0 +1,284 @@
+//! The Models tab's rows: each deployed model with its engines' states and, for one loaded on demand,
+//! whether it is loaded. The engine states live here too, as the Models tab is where they are worded.
+
+use placement::BasisPoints;
+use serde::{Deserialize, Serialize};
+
+/// Where an engine is in its life, as the runtime reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineStatus {
+    /// Started, not yet answering its health check.
+    Starting,
+    /// Answering its health check: it can serve.
+    Healthy,
+    /// Running, but its health checks fail.
+    Unhealthy,
+    /// About to stop: finishing its requests in flight, taking no new ones.
+    Draining,
+    /// Exited; waiting out its backoff before it starts again.
+    Restarting,
+    /// Not running, as wanted (or on a machine Tessera cannot start engines on).
+    Stopped,
+    /// Not running, against what was wanted.
+    Failed,
+}
+
+impl EngineStatus {
+    /// The word the Models tab shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            EngineStatus::Starting => "Starting",
+            EngineStatus::Healthy => "Serving",
+            EngineStatus::Unhealthy => "Unhealthy",
+            EngineStatus::Draining => "Draining",
+            EngineStatus::Restarting => "Restarting",
+            EngineStatus::Stopped => "Stopped",
+            EngineStatus::Failed => "Failed",
+        }
+    }
+
+    /// Its CSS class.
+    pub fn css_class(self) -> &'static str {
+        match self {
+            EngineStatus::Starting => "starting",
+            EngineStatus::Healthy => "serving",
+            EngineStatus::Unhealthy => "unhealthy",
+            EngineStatus::Draining => "draining",
+            EngineStatus::Restarting => "restarting",
+            EngineStatus::Stopped => "stopped",
+            EngineStatus::Failed => "failed",
+        }
+    }
+
+    /// How much the state needs an operator's eye: the row shows its worst engine.
+    fn concern(self) -> u8 {
+        match self {
+            EngineStatus::Healthy => 0,
+            EngineStatus::Starting => 1,
+            EngineStatus::Draining | EngineStatus::Restarting => 2,
+            EngineStatus::Stopped => 3,
+            EngineStatus::Unhealthy => 4,
+            EngineStatus::Failed => 5,
+        }
+    }
+}
+
+/// One engine of a model: the model runs one per machine.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EngineLine {
+    /// The machine it runs on.
+    pub machine: String,
+    /// Its state.
+    pub status: EngineStatus,
+    /// Why it is not as wanted.
+    pub message: Option<String>,
+}
+
+/// A row of the Models tab: a deployed model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelRow {
+    /// The catalog model.
+    pub name: String,
+    /// The sharing group it runs in; `None` for a model on whole GPUs.
+    pub group: Option<String>,
+    /// Its share of one GPU, in a group.
+    pub share: Option<BasisPoints>,
+    /// How many whole GPUs it takes on each node, outside any group.
+    pub whole_gpus: Option<u32>,
+    /// The nodes it runs on.
+    pub nodes: Vec<String>,
+    /// Its engines.
+    pub engines: Vec<EngineLine>,
+    /// A system member (the semantic router): its share is not editable and it is not removed here.
+    pub system: bool,
+    /// The revision a change must name: its group's, or its own outside a group.
+    pub revision: i64,
+    /// For a model loaded on demand: whether it is loaded, when it was last used, its last cold start.
+    #[serde(default)]
+    pub on_demand: Option<OnDemand>,
+    /// Why it is flagged as slowed by its neighbours, if it is (seed 002's interference alarm).
+    #[serde(default)]
+    pub slowed: Option<String>,
+    /// Whether the driver holds it to its share on every GPU of its group (MPS); otherwise the share is a
+    /// promise its engine keeps by sizing itself.
+    #[serde(default)]
+    pub share_enforced: bool,
+    /// Why it is flagged as using more GPU memory than its share, if it is (a promise broken).
+    #[serde(default)]
+    pub over_share: Option<String>,
+}
+
+/// Whether an on-demand model is loaded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoadState {
+    /// No engine: the next request loads it.
+    NotLoaded,
+    /// Loaded for a request; its engine is not ready yet.
+    Loading,
+    /// Its engine serves.
+    Loaded,
+}
+
+impl LoadState {
+    /// The word the Models tab shows.
+    pub fn label(self) -> &'static str {
+        match self {
+            LoadState::NotLoaded => "not loaded",
+            LoadState::Loading => "loading",
+            LoadState::Loaded => "loaded",
+        }
+    }
+}
+
+/// How an on-demand model is.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OnDemand {
+    /// How long it stays loaded with no request, seconds.
+    pub keep_alive_s: u32,
+    /// Loaded or not.
+    pub state: LoadState,
+    /// When a request last began or ended for it (RFC 3339), since the server started.
+    pub last_used: Option<String>,
+    /// Its last cold start, from the request that loaded it to its engine being ready, in milliseconds.
+    pub cold_start_ms: Option<u64>,
+}
+
+impl OnDemand {
+    /// The Models tab's line: `On demand, unloaded after 300 s idle: loaded; last used …; last cold start
+    /// 1.2 s.`
+    pub fn line(&self) -> String {
+        let mut line = format!(
+            "On demand, unloaded after {} s idle: {}",
+            self.keep_alive_s,
+            self.state.label()
+        );
+        if let Some(at) = &self.last_used {
+            line.push_str(&format!("; last used {at}"));
+        }
+        if let Some(ms) = self.cold_start_ms {
+            line.push_str(&format!(
+                "; last cold start {}.{} s",
+                ms / 1000,
+                ms % 1000 / 100
+            ));
+        }
+        line.push('.');
+        line
+    }
+}
+
+impl ModelRow {
+    /// The health chip: `2/2 healthy`.
+    pub fn health(&self) -> String {
+        let healthy = self
+            .engines
+            .iter()
+            .filter(|e| e.status == EngineStatus::Healthy)
+            .count();
+        format!("{healthy}/{} healthy", self.engines.len())
+    }
+
+    /// The state of its worst engine (`Serving` when every engine is healthy), with why.
+    pub fn state(&self) -> (EngineStatus, Option<String>) {
+        let idle = self
+            .on_demand
+            .as_ref()
+            .filter(|o| o.state == LoadState::NotLoaded)
+            .map(|_| "not loaded: the next request loads it".to_owned());
+        self.engines
+            .iter()
+            .max_by_key(|e| e.status.concern())
+            .map(|e| (e.status, e.message.clone()))
+            .unwrap_or((EngineStatus::Stopped, idle))
+    }
+
+    /// The Share column: `40%` in a group, `2 whole GPUs` outside one.
+    pub fn share_text(&self) -> String {
+        match (self.share, self.whole_gpus) {
+            (Some(share), _) => share.to_string(),
+            (None, Some(1)) => "1 whole GPU".to_owned(),
+            (None, Some(n)) => format!("{n} whole GPUs"),
+            (None, None) => "—".to_owned(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(engines: &[EngineStatus]) -> ModelRow {
+        ModelRow {
+            name: "glm-5.3".into(),
+            group: Some("text-router".into()),
+            share: Some(BasisPoints::percent(40)),
+            whole_gpus: None,
+            nodes: vec!["atlas".into()],
+            engines: engines
+                .iter()
+                .map(|s| EngineLine {
+                    machine: "atlas".into(),
+                    status: *s,
+                    message: None,
+                })
+                .collect(),
+            system: false,
+            revision: 1,
+            on_demand: None,
+            slowed: None,
+            over_share: None,
+            share_enforced: false,
+        }
+    }
+
+    #[test]
+    fn an_on_demand_model_says_whether_it_is_loaded_when_it_was_used_and_its_last_cold_start() {
+        let mut r = row(&[]);
+        r.on_demand = Some(OnDemand {
+            keep_alive_s: 300,
+            state: LoadState::NotLoaded,
+            last_used: None,
+            cold_start_ms: None,
+        });
+        assert_eq!(
+            r.state(),
+            (
+                EngineStatus::Stopped,
+                Some("not loaded: the next request loads it".to_owned())
+            )
+        );
+        assert_eq!(
+            r.on_demand.as_ref().unwrap().line(),
+            "On demand, unloaded after 300 s idle: not loaded."
+        );
+        let loaded = OnDemand {
+            keep_alive_s: 60,
+            state: LoadState::Loaded,
+            last_used: Some("2026-12-04T03:10:00Z".into()),
+            cold_start_ms: Some(1_234),
+        };
+        assert_eq!(
+            loaded.line(),
+            "On demand, unloaded after 60 s idle: loaded; last used 2026-12-04T03:10:00Z; last cold start 1.2 s."
+        );
+    }
+
+    #[test]
+    fn the_health_chip_counts_healthy_engines() {
+        let r = row(&[EngineStatus::Healthy, EngineStatus::Starting]);
+        assert_eq!(r.health(), "1/2 healthy");
+        assert_eq!(r.state().0, EngineStatus::Starting);
+        assert_eq!(
+            row(&[EngineStatus::Healthy; 2]).state().0.label(),
+            "Serving"
+        );
+        assert_eq!(
+            row(&[EngineStatus::Restarting, EngineStatus::Failed])
+                .state()
+                .0,
+            EngineStatus::Failed
+        );
+    }
+}

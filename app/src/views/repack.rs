@@ -1,0 +1,28 @@
+//! A repack being carried out: its plan and the progress of each step.
+
+use serde::{Deserialize, Serialize};
+
+/// A repack being carried out, or the last one since the server started.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepackRun {
+    /// `running`, `done`, `stopped` (an operator stopped it between moves) or `failed`.
+    pub state: String,
+    /// Who started it.
+    pub started_by: String,
+    /// The plan it carries out, as planned when it started.
+    pub plan: placement::RepackPlan,
+    /// Its moves in the order they are made: one at a time, or several at once where units trade places.
+    pub steps: Vec<RepackProgress>,
+}
+
+/// One step of a repack being carried out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepackProgress {
+    /// The moves made together.
+    pub moves: Vec<placement::Move>,
+    /// `waiting`, `running`, `done`, `failed` or `stopped`.
+    pub status: String,
+    /// Why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
