@@ -107,7 +107,7 @@ impl LocalExecutor {
     /// a client that came first would run outside it.
     async fn mps_start(&self, daemon: &MpsDaemon) -> Result<(), String> {
         let [_, flag] = MpsDaemon::start_command();
-        let mut command = tokio::process::Command::new(&self.0.settings.mps_control);
+        let mut command = super::process::command(&self.0.settings.mps_control);
         command
             .arg(flag)
             .envs(daemon.env())
@@ -141,7 +141,7 @@ impl LocalExecutor {
     async fn mps_command(&self, daemon: &MpsDaemon, input: &str) -> Result<(), String> {
         use tokio::io::AsyncWriteExt;
         let program = &self.0.settings.mps_control;
-        let mut child = tokio::process::Command::new(program)
+        let mut child = super::process::command(program)
             .envs(daemon.env())
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::null())

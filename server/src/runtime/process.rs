@@ -14,6 +14,73 @@ use std::sync::{Mutex, PoisonError};
 /// stored in the database), so that engines left by a crashed server are found again.
 pub const INSTANCE_VAR: &str = "TESSERA_INSTANCE";
 
+/// What of the server's own environment an engine (or an MPS daemon) inherits: what a program needs to find
+/// its libraries, caches, locale and proxy, and what engines read as their own settings. Nothing else, so
+/// that none of Tessera's own settings and secrets (`TESSERA_RAY_TOKEN`, `DATABASE_URL`) reaches a
+/// process that runs whatever a recipe says.
+const INHERITED: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+    "SSL_CERT_FILE",
+    "SSL_CERT_DIR",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+];
+/// Prefixes of inherited names: the locale, CUDA and the driver, the engines' and their libraries' own
+/// settings, and the demo engine's (`TESSERA_DEMO_*`, which stands in for an engine's).
+const INHERITED_PREFIXES: &[&str] = &[
+    "LC_",
+    "XDG_",
+    "PYTHON",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "HF_",
+    "HUGGING_FACE_",
+    "TRANSFORMERS_",
+    "TORCH",
+    "TRITON_",
+    "VLLM_",
+    "SGLANG_",
+    "LLAMA_",
+    "GGML_",
+    "OPENBLAS_",
+    "TESSERA_DEMO_",
+];
+
+/// The part of `env` (the server's environment) that an engine inherits.
+pub fn inherited(
+    env: impl IntoIterator<Item = (String, String)>,
+) -> impl Iterator<Item = (String, String)> {
+    env.into_iter().filter(|(name, _)| {
+        INHERITED.contains(&name.as_str()) || INHERITED_PREFIXES.iter().any(|p| name.starts_with(p))
+    })
+}
+
+/// A command for `program` that inherits only [`inherited`] of the server's environment.
+pub fn command(program: impl AsRef<std::ffi::OsStr>) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    command.env_clear().envs(inherited(std::env::vars()));
+    command
+}
+
 /// A started engine.
 pub struct Spawned {
     /// The child, to wait on.
@@ -43,7 +110,7 @@ pub fn spawn(
     }
     let out = File::create(log)?;
     let err = out.try_clone()?;
-    let mut command = tokio::process::Command::new(&launch.program);
+    let mut command = command(&launch.program);
     command
         .args(&launch.args)
         .envs(&launch.env)
@@ -327,5 +394,57 @@ mod tests {
     fn the_start_time_is_read_past_a_name_with_spaces_and_parentheses() {
         assert!(start_ticks(std::process::id()).is_some());
         assert_eq!(start_ticks(u32::MAX), None);
+    }
+
+    #[test]
+    fn an_engine_inherits_what_programs_need_of_the_server_s_environment_and_none_of_tessera_s_secrets(
+    ) {
+        let server = [
+            ("PATH", "/usr/bin"),
+            ("HOME", "/var/lib/tessera"),
+            ("LC_ALL", "C.UTF-8"),
+            ("CUDA_HOME", "/usr/local/cuda"),
+            ("HF_HOME", "/models"),
+            ("VLLM_LOGGING_LEVEL", "INFO"),
+            ("TESSERA_DEMO_START_MS", "3000"),
+            ("TESSERA_RAY_TOKEN", "run-code-on-every-node"),
+            ("TESSERA_LISTEN", "0.0.0.0:3000"),
+            ("DATABASE_URL", "sqlite:///var/lib/tessera/tessera.db"),
+            ("AWS_SECRET_ACCESS_KEY", "x"),
+        ]
+        .map(|(k, v)| (k.to_owned(), v.to_owned()));
+        let names: Vec<String> = inherited(server).map(|(k, _)| k).collect();
+        assert_eq!(
+            names,
+            [
+                "PATH",
+                "HOME",
+                "LC_ALL",
+                "CUDA_HOME",
+                "HF_HOME",
+                "VLLM_LOGGING_LEVEL",
+                "TESSERA_DEMO_START_MS"
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_spawned_engine_sees_only_the_inherited_part_of_the_server_s_environment() {
+        // cargo gives the test process (here, the server) variables of its own; none is for engines.
+        assert!(std::env::var_os("CARGO_MANIFEST_DIR").is_some());
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("env.log");
+        let launch = Launch {
+            program: "sh".into(),
+            args: vec![
+                "-c".into(),
+                "echo cargo=$CARGO_MANIFEST_DIR path=${PATH:+set} engine=$TESSERA_ENGINE".into(),
+            ],
+            env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
+        };
+        let mut spawned = spawn(&launch, &log, "instance-env", &Mutex::new(false)).unwrap();
+        spawned.child.wait().await.unwrap();
+        let out = std::fs::read_to_string(&log).unwrap();
+        assert_eq!(out.trim(), "cargo= path=set engine=unit-a");
     }
 }
