@@ -418,7 +418,9 @@ fn engine_flags(engine: Engine) -> &'static [(&'static str, Owner)] {
 
 /// The flag of Tessera's that `arg` would override, with what sets it. A `command` engine's are the flags
 /// its template gives a placeholder (`--port {port}`, `--mem={gpu_memory_gb}`). Python's argument parser
-/// takes `_` for `-` (vLLM) and an unambiguous abbreviation (`--gpu-memory-util`), so those count too.
+/// takes `_` for `-` (vLLM) and an unambiguous abbreviation (`--gpu-memory-util`, `--ho`), so those count
+/// too: any prefix of an owned long flag, however short, since Tessera does not know the engine's other
+/// flags, and a prefix that is ambiguous among them is refused by the engine anyway.
 pub fn owned_flag(engine: Engine, template: Option<&str>, arg: &str) -> Option<(String, Owner)> {
     let given = arg.split_once('=').map_or(arg, |(flag, _)| flag);
     if !given.starts_with('-') {
@@ -428,7 +430,7 @@ pub fn owned_flag(engine: Engine, template: Option<&str>, arg: &str) -> Option<(
     let python = matches!(engine, Engine::Vllm | Engine::Sglang);
     let matches = |flag: &str| {
         given == flag
-            || (python && flag.starts_with("--") && given.len() > 4 && flag.starts_with(&given))
+            || (python && flag.starts_with("--") && given.len() > 2 && flag.starts_with(&given))
     };
     if let Some((flag, owner)) = engine_flags(engine).iter().find(|(flag, _)| matches(flag)) {
         return Some(((*flag).to_owned(), *owner));
@@ -662,6 +664,21 @@ mod tests {
         for nowhere in [node(true), Host::Simulated, Host::Remote] {
             assert_eq!(EngineSpec::mps_of(&on(nowhere).fingerprint()), None);
         }
+    }
+
+    #[test]
+    fn a_two_letter_abbreviation_of_a_flag_tessera_owns_is_known_as_that_flag() {
+        let owned = |engine, arg| owned_flag(engine, None, arg);
+        assert_eq!(
+            owned(Engine::Vllm, "--ho=0.0.0.0"),
+            Some(("--host".to_owned(), Owner::Host))
+        );
+        assert_eq!(
+            owned(Engine::Sglang, "--po=1"),
+            Some(("--port".to_owned(), Owner::Port))
+        );
+        assert_eq!(owned(Engine::Vllm, "--"), None);
+        assert_eq!(owned(Engine::Vllm, "--max-model-len=4096"), None);
     }
 
     #[test]
