@@ -119,7 +119,7 @@ pub fn routes() -> Router<AppState> {
 }
 
 /// The OpenAPI document of the REST API.
-pub const OPENAPI: &str = include_str!("../openapi.json");
+pub const OPENAPI: &str = include_str!("../../openapi.json");
 
 /// `GET /api/openapi.json`.
 async fn openapi() -> impl IntoResponse {
