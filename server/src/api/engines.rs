@@ -1,0 +1,133 @@
+//! The engines the runtime runs: each one's view, its last lines of output and a restart, plus the stream of
+//! engine states and plan-change steps. Secrets in command lines and logs are redacted here for non-admins.
+
+use crate::auth::Actor;
+use crate::error::ApiError;
+use crate::fleet::authority::{redact_args, redact_line, Sight};
+use crate::runtime::EngineView;
+use crate::AppState;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+/// An engine as `sight` shows it: the values of secret flags in its command line redacted.
+fn shown_engine(mut engine: EngineView, sight: Sight) -> EngineView {
+    if sight == Sight::Redacted {
+        engine.command = engine.command.map(|c| redact_args(&c));
+    }
+    engine
+}
+
+pub(super) async fn list_engines(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+) -> Json<Vec<EngineView>> {
+    let sight = Sight::of(&actor);
+    Json(
+        state
+            .fleet
+            .runtime()
+            .engines()
+            .into_iter()
+            .map(|e| shown_engine(e, sight))
+            .collect(),
+    )
+}
+
+pub(super) async fn get_engine(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(id): Path<String>,
+) -> Result<Json<EngineView>, ApiError> {
+    state
+        .fleet
+        .runtime()
+        .engine(&id)
+        .map(|e| Json(shown_engine(e, Sight::of(&actor))))
+        .ok_or_else(|| no_engine(&id))
+}
+
+/// `?lines=N`: how many of the last lines (100 unless said, at most 1000).
+#[derive(Debug, Deserialize)]
+pub(super) struct LinesQuery {
+    lines: Option<usize>,
+}
+
+/// An engine's last lines of output.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct EngineLogs {
+    /// The engine's id.
+    pub engine: String,
+    /// Oldest first.
+    pub lines: Vec<String>,
+}
+
+pub(super) async fn engine_logs(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(id): Path<String>,
+    query: Result<Query<LinesQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EngineLogs>, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::BadRequest("lines must be a whole number, such as ?lines=50".to_owned())
+    })?;
+    let lines = query.lines.unwrap_or(100).min(1000);
+    let runtime = state.fleet.runtime();
+    let engine = runtime.engine(&id).ok_or_else(|| no_engine(&id))?;
+    let read = runtime
+        .logs(&id, lines)
+        .await
+        .ok_or_else(|| no_engine(&id))?;
+    let mut lines = read.map_err(ApiError::internal)?;
+    // An engine may print its settings: what it was given in secret stays so for all but admins.
+    if Sight::of(&actor) == Sight::Redacted {
+        let secrets = state.fleet.engine_secrets(&engine);
+        for line in &mut lines {
+            *line = redact_line(line, &secrets);
+        }
+    }
+    Ok(Json(EngineLogs { engine: id, lines }))
+}
+
+/// `POST /api/engines/{id}/restart`: stops the engine and starts it again as it is specified now, with a
+/// fresh count of failures; 202, the restart follows the changes before it.
+pub(super) async fn restart_engine(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<(StatusCode, Json<EngineView>), ApiError> {
+    let runtime = state.fleet.runtime();
+    let engine = runtime.engine(&id).ok_or_else(|| no_engine(&id))?;
+    if engine.host == crate::runtime::spec::Host::Remote {
+        return Err(ApiError::Conflict(format!(
+            "{} runs on {}, where Tessera has no agent: it cannot be restarted from here",
+            engine.unit, engine.machine
+        )));
+    }
+    runtime.submit(crate::runtime::Change::Restart(engine.unit.clone()));
+    Ok((StatusCode::ACCEPTED, Json(engine)))
+}
+
+fn no_engine(id: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "there is no engine {id}; GET /api/engines lists them"
+    ))
+}
+
+/// `GET /api/events`: engine states and plan-change steps as server-sent events, each a JSON object with
+/// its `kind`, until the server stops.
+pub(super) async fn events(
+    State(state): State<AppState>,
+) -> axum::response::Sse<
+    impl futures::Stream<Item = Result<axum::response::sse::Event, std::convert::Infallible>>,
+> {
+    use futures::StreamExt;
+    let stream = state.fleet.runtime().events().map(|event| {
+        Ok(axum::response::sse::Event::default()
+            .json_data(&event)
+            .unwrap_or_else(|_| {
+                axum::response::sse::Event::default().comment("unserializable event")
+            }))
+    });
+    axum::response::Sse::new(stream).keep_alive(axum::response::sse::KeepAlive::default())
+}

@@ -1,0 +1,182 @@
+//! Sharing groups and their plans: read a group, change its members' shares, and judge a plan before it is
+//! sent (the verdict scripts read, also beside a refused change).
+
+use super::{percent, percents, ApiJson};
+use crate::auth::Actor;
+use crate::error::ApiError;
+use crate::fleet::groups::{GroupView, PlanChange, PlanCommand};
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::Json;
+use placement::{judge, Demand, GpuRef, PlanMember, Verdict};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub(super) async fn list_groups(
+    State(state): State<AppState>,
+) -> Result<Json<Vec<GroupView>>, ApiError> {
+    Ok(Json(state.fleet.groups()))
+}
+
+pub(super) async fn get_group(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<GroupView>, ApiError> {
+    Ok(Json(state.fleet.group(&name)?))
+}
+
+pub(super) async fn change_plan(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(name): Path<String>,
+    ApiJson(update): ApiJson<PlanUpdate>,
+) -> Result<Json<PlanChange>, ApiError> {
+    let update = update.parse()?;
+    Ok(Json(
+        state.fleet.change_plan(&name, update, &actor.name).await?,
+    ))
+}
+
+/// `POST /api/plans/validate`: a group's members with their shares in percent, and the GPUs it runs on.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct PlanRequest {
+    members: Vec<PlanMemberRequest>,
+    /// GPUs as `machine:index`.
+    #[serde(default)]
+    gpus: Vec<String>,
+    /// The group the plan is for, whose own memory on those GPUs does not count against it.
+    #[serde(default)]
+    group: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PlanMemberRequest {
+    name: String,
+    /// Percent of one GPU's memory; absent or null for a member with no share yet.
+    #[serde(default)]
+    share: Option<f64>,
+    #[serde(default)]
+    locked: bool,
+    /// Pinned (the default) or on demand: on-demand members take turns beside the pinned ones.
+    #[serde(default)]
+    demand: Demand,
+}
+
+/// A GPU named `machine:index`.
+fn parse_gpu_ref(id: &str) -> Result<GpuRef, ApiError> {
+    id.parse()
+        .map_err(|e: placement::GpuRefError| ApiError::Unprocessable(e.to_string()))
+}
+
+/// `PUT /api/groups/{name}/plan`: every member's share, against the revision it was read at.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlanUpdate {
+    /// The revision the plan was read at.
+    pub revision: i64,
+    /// Each member's share, percent. A member left out has no explicit share, which the verdict refuses.
+    pub shares: BTreeMap<String, f64>,
+    /// Members whose demand changes (`{"mode": "pinned"}` or `{"mode": "on_demand", "keep_alive": 300}`);
+    /// the others keep theirs.
+    #[serde(default)]
+    pub demand: BTreeMap<String, Demand>,
+}
+
+impl PlanUpdate {
+    /// The plan change as the fleet takes it, its shares read once.
+    pub fn parse(self) -> Result<PlanCommand, ApiError> {
+        Ok(PlanCommand {
+            revision: self.revision,
+            shares: percents(self.shares)?,
+            demand: self.demand,
+        })
+    }
+}
+
+/// The verdict as scripts read it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VerdictView {
+    /// `fits` or `refused`.
+    pub verdict: String,
+    /// The sum of the shares, percent.
+    pub total_percent: f64,
+    /// What is left of one GPU, percent.
+    pub free_percent: f64,
+    /// The line under the bar when it fits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// The Free row's warning over 90 %.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    /// Why it is refused, each naming its member where there is one.
+    pub problems: Vec<ProblemView>,
+    /// With on-demand members: `On-demand models take turns in the 30% the pinned ones leave.`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub turns: Option<String>,
+}
+
+/// One reason a plan is refused.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ProblemView {
+    /// The seed's sentence.
+    pub message: String,
+    /// The member it is about.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub member: Option<String>,
+}
+
+impl From<&Verdict> for VerdictView {
+    fn from(verdict: &Verdict) -> VerdictView {
+        VerdictView {
+            verdict: if verdict.is_refused() {
+                "refused"
+            } else {
+                "fits"
+            }
+            .to_owned(),
+            total_percent: verdict.total.as_percent_f64(),
+            free_percent: verdict.free().as_percent_f64(),
+            message: verdict.fits_message(),
+            warning: verdict
+                .warns()
+                .then(|| placement::plan::FREE_ROW_WARNING.to_owned()),
+            problems: verdict
+                .problems
+                .iter()
+                .map(|p| ProblemView {
+                    message: p.message(),
+                    member: p.member().map(str::to_owned),
+                })
+                .collect(),
+            turns: verdict.turns_message(),
+        }
+    }
+}
+
+pub(super) async fn validate_plan(
+    State(state): State<AppState>,
+    ApiJson(plan): ApiJson<PlanRequest>,
+) -> Result<Json<VerdictView>, ApiError> {
+    let mut members = Vec::with_capacity(plan.members.len());
+    for m in &plan.members {
+        let share = m.share.map(|p| percent(p, &m.name)).transpose()?;
+        members.push(PlanMember {
+            name: m.name.clone(),
+            share,
+            locked: m.locked,
+            demand: m.demand,
+        });
+    }
+    let mut gpus = Vec::with_capacity(plan.gpus.len());
+    for id in &plan.gpus {
+        gpus.push(
+            state
+                .fleet
+                .group_gpu(&parse_gpu_ref(id)?, plan.group.as_deref())
+                .await?,
+        );
+    }
+    Ok(Json(VerdictView::from(&judge(&members, &gpus))))
+}

@@ -1,0 +1,69 @@
+//! Machines and their GPUs: what each offers and holds, the workers on it, and how a GPU is shared
+//! (time-slicing, MPS or MIG instances).
+
+use super::ApiJson;
+use crate::auth::Actor;
+use crate::error::ApiError;
+use crate::fleet::authority::Sight;
+use crate::fleet::MachineView;
+use crate::AppState;
+use axum::extract::{Path, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::Json;
+use placement::GpuRef;
+use serde::Deserialize;
+
+pub(super) async fn list_machines(State(state): State<AppState>) -> Json<Vec<MachineView>> {
+    Json(state.fleet.machines())
+}
+
+pub(super) async fn get_machine(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<MachineView>, ApiError> {
+    Ok(Json(state.fleet.machine(&name)?))
+}
+
+/// `{"mode": "time-slicing" | "mps" | "mig", "compute_percent": N, "instances": ["3g.40gb", …]}`: how a
+/// GPU is to be shared; under MIG, the profiles it is cut into.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct SharingUpdate {
+    mode: String,
+    compute_percent: Option<i64>,
+    instances: Option<Vec<String>>,
+}
+
+/// `PUT /api/machines/{name}/gpus/{index}/sharing`: shares the GPU as asked; its sharers restart, each
+/// stopped before it starts again. 200 with what restarts.
+pub(super) async fn set_sharing(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path((name, index)): Path<(String, String)>,
+    ApiJson(update): ApiJson<SharingUpdate>,
+) -> Result<Json<app::views::SharingChange>, ApiError> {
+    let index = index.parse().map_err(|_| {
+        ApiError::BadRequest(format!(
+            "a GPU is named by its index on the machine, such as /api/machines/{name}/gpus/0/sharing, not {index:?}"
+        ))
+    })?;
+    let gpu = GpuRef::new(name, index);
+    let sharing = placement::sharing::GpuSharing::parse(&update.mode, update.compute_percent)
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    Ok(Json(
+        state
+            .fleet
+            .set_sharing(gpu, sharing, update.instances, &actor.name)
+            .await?,
+    ))
+}
+
+pub(super) async fn machine_workers(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(name): Path<String>,
+) -> Result<impl IntoResponse, ApiError> {
+    let json = state.fleet.machine_workers(&name, Sight::of(&actor))?;
+    Ok(([(header::CONTENT_TYPE, "application/json")], json))
+}

@@ -1,0 +1,29 @@
+//! The model catalog: the models one can deploy, and adding one.
+
+use super::ApiJson;
+use crate::auth::Actor;
+use crate::error::ApiError;
+use crate::fleet::authority::Sight;
+use crate::inventory::demo::CatalogModel;
+use crate::AppState;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+
+pub(super) async fn list_models(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+) -> Result<Json<Vec<CatalogModel>>, ApiError> {
+    Ok(Json(state.fleet.models_shown(Sight::of(&actor))))
+}
+
+pub(super) async fn add_model(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    ApiJson(model): ApiJson<CatalogModel>,
+) -> Result<(StatusCode, Json<CatalogModel>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(state.fleet.add_model(model, &actor.name).await?),
+    ))
+}

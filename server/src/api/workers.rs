@@ -1,0 +1,69 @@
+//! Workers (seed 000): create, list, read and delete, each shown as the caller's role may see it.
+
+use super::ApiJson;
+use crate::auth::Actor;
+use crate::error::ApiError;
+use crate::fleet::authority::Sight;
+use crate::fleet::{NewWorker, WorkerView};
+use crate::AppState;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+
+pub(super) async fn create_worker(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    ApiJson(new): ApiJson<NewWorker>,
+) -> Result<(StatusCode, Json<WorkerView>), ApiError> {
+    Ok((
+        StatusCode::CREATED,
+        Json(state.fleet.create_worker(new, &actor).await?),
+    ))
+}
+
+pub(super) async fn list_workers(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+) -> Json<Vec<WorkerView>> {
+    let sight = Sight::of(&actor);
+    Json(
+        state
+            .fleet
+            .workers()
+            .into_iter()
+            .map(|w| state.fleet.shown(w, sight))
+            .collect(),
+    )
+}
+
+pub(super) async fn get_worker(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(name): Path<String>,
+) -> Result<Json<WorkerView>, ApiError> {
+    let worker = state.fleet.worker(&name)?;
+    Ok(Json(state.fleet.shown(worker, Sight::of(&actor))))
+}
+
+/// `?revision=N`: delete only if the worker is still at revision N.
+#[derive(Debug, Deserialize)]
+pub(super) struct RevisionQuery {
+    revision: Option<i64>,
+}
+
+pub(super) async fn delete_worker(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(name): Path<String>,
+    query: Result<Query<RevisionQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<StatusCode, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::BadRequest("revision must be a whole number, such as ?revision=2".to_owned())
+    })?;
+    state
+        .fleet
+        .delete_worker(&name, query.revision, &actor.name)
+        .await?;
+    Ok(StatusCode::NO_CONTENT)
+}
