@@ -2,9 +2,9 @@
 
 use super::ApiJson;
 use crate::auth::Actor;
+use crate::catalog::CatalogModel;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
-use crate::inventory::demo::CatalogModel;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;

@@ -6,8 +6,8 @@
 //! Secrets (tokens, keys, passwords) in an engine's environment or arguments are shown to admins only, and
 //! never written to the audit log.
 
+use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
-use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::spec::{owned_flag, Owner};
 use app::auth::{Caller, Role};
 use std::collections::BTreeMap;

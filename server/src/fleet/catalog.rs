@@ -3,8 +3,8 @@
 use super::authority::{check_recipe_args, redact_args, redact_env, redact_json, Sight};
 use super::groups::{check_recipe, engine_name};
 use super::{check_name, Fleet};
+use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
-use crate::inventory::demo::{CatalogModel, Engine};
 use placement::BasisPoints;
 use std::sync::Arc;
 

@@ -4,9 +4,9 @@
 //! is exactly what that transaction committed.
 
 use super::groups::{Group, Serving};
+use crate::catalog::CatalogModel;
 use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
-use crate::inventory::demo::CatalogModel;
 use placement::sharing::{GpuSharing, Sharing};
 use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, Share};
 use std::collections::BTreeMap;

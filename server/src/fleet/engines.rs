@@ -3,7 +3,7 @@
 
 use super::committed::{Committed, Worker};
 use super::ledger::Ledger;
-use crate::inventory::demo::{CatalogModel, Engine};
+use crate::catalog::{CatalogModel, Engine};
 use crate::inventory::Ours;
 use crate::runtime::spec::{EngineSpec, Host, MpsClient, Recipe};
 use crate::runtime::Hosts;
