@@ -272,12 +272,11 @@ pub fn parse_env(text: &str) -> Result<Vec<(String, String)>, String> {
             ));
         };
         let name = name.trim();
-        let valid = name.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
-        if !valid {
+        if !placement::names::is_env_name(name) {
             return Err(format!(
-                "Line {}: {name:?} is not a variable name; use letters, digits and '_', not starting with a digit.",
-                n + 1
+                "Line {}: {name:?} is not a variable name; {}.",
+                n + 1,
+                placement::names::ENV_NAME_RULE
             ));
         }
         if out.iter().any(|(k, _)| k == name) {

@@ -11,6 +11,7 @@
 //! - [`repack`]: moves of shared work that free whole GPUs, with the fewest restarts.
 //! - [`sharing`]: how a GPU is shared (time-slicing, MPS, MIG), and what an engine gets under MPS.
 //! - [`mig`]: a GPU cut into MIG instances from its menu, and the layout that fits the models meant for it.
+//! - [`names`]: names people type (environment variables), checked alike in the browser and the server.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -19,6 +20,7 @@ pub mod group;
 pub mod interference;
 pub mod inventory;
 pub mod mig;
+pub mod names;
 pub mod plan;
 pub mod reason;
 pub mod repack;
