@@ -1,6 +1,6 @@
 //! The console's pages rendered by the server, and its server functions over HTTP, on a real SQLite file.
 
-use super::concerns;
+use super::machines::concerns;
 use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, MAJIN};
 use axum::http::{Method, StatusCode};
 use serde_json::{json, Value};

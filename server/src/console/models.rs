@@ -1,0 +1,150 @@
+//! The Models tab and the playground: what runs where, with which engines, and how far each group's
+//! change has got; the playground's models and the log of the engine it shows.
+
+use super::{engine_line, whole_deployments, ConsoleService};
+use crate::error::ApiError;
+use crate::fleet::authority;
+use crate::fleet::groups::Group;
+use crate::runtime::StepStatus;
+use app::auth::{Caller, Role};
+use app::error::AppError;
+use app::views::{ModelRow, PlanProgress, Playground, StepLine, StepState};
+
+/// The machines a group runs on, in the order of its GPUs.
+fn group_machines(group: &Group) -> Vec<String> {
+    let mut machines: Vec<String> = Vec::new();
+    for gpu in &group.gpus {
+        if !machines.contains(&gpu.machine) {
+            machines.push(gpu.machine.clone());
+        }
+    }
+    machines
+}
+
+impl ConsoleService {
+    pub(super) async fn model_rows(&self) -> Result<Vec<ModelRow>, ApiError> {
+        let system = self.fleet.system_models();
+        let engines = self.fleet.runtime().engines();
+        let mut rows = Vec::new();
+        let committed = self.fleet.committed();
+        for group in &committed.groups {
+            for share in &group.members {
+                rows.push(ModelRow {
+                    name: share.member.clone(),
+                    group: Some(group.name.clone()),
+                    share: Some(share.share),
+                    whole_gpus: None,
+                    nodes: group_machines(group),
+                    engines: engines
+                        .iter()
+                        .filter(|e| {
+                            e.group.as_deref() == Some(&group.name)
+                                && e.model.as_deref() == Some(&share.member)
+                        })
+                        .map(engine_line)
+                        .collect(),
+                    system: system.contains(&share.member),
+                    revision: group.revision,
+                    on_demand: self.fleet.on_demand_view(&share.member),
+                    slowed: self.fleet.slowed(&share.member),
+                    over_share: self.fleet.over_share(&share.member),
+                    // Not on made-up GPUs, where no daemon runs: the demo engines stand in.
+                    share_enforced: !group.gpus.is_empty()
+                        && group.gpus.iter().all(|gpu| {
+                            committed.sharing(gpu).mode.enforces_memory()
+                                && self.fleet.runs_daemons(&gpu.machine)
+                        }),
+                });
+            }
+        }
+        for worker in whole_deployments(&self.fleet.workers()) {
+            rows.push(ModelRow {
+                name: worker.model.clone().unwrap_or_default(),
+                group: None,
+                share: None,
+                whole_gpus: Some(worker.gpus.len() as u32),
+                nodes: worker.machine.iter().cloned().collect(),
+                engines: engines
+                    .iter()
+                    .filter(|e| e.worker.as_deref() == Some(&worker.name))
+                    .map(engine_line)
+                    .collect(),
+                system: false,
+                revision: worker.revision,
+                on_demand: None,
+                slowed: worker.model.as_deref().and_then(|m| self.fleet.slowed(m)),
+                over_share: None,
+                share_enforced: false,
+            });
+        }
+        rows.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(rows)
+    }
+
+    pub(super) async fn progress(&self) -> Result<Vec<PlanProgress>, ApiError> {
+        let runtime = self.fleet.runtime();
+        Ok(self
+            .fleet
+            .committed()
+            .groups
+            .iter()
+            .filter_map(|g| runtime.progress(&g.name).map(|p| (g.name.clone(), p)))
+            .map(|(group, p)| PlanProgress {
+                group,
+                revision: p.revision,
+                steps: p
+                    .steps
+                    .into_iter()
+                    .map(|s| StepLine {
+                        action: s.action,
+                        member: s.member,
+                        state: match s.status {
+                            StepStatus::Waiting => StepState::Waiting,
+                            StepStatus::Running => StepState::Running,
+                            StepStatus::Done => StepState::Done,
+                            StepStatus::Failed => StepState::Failed,
+                        },
+                        message: s.message,
+                    })
+                    .collect(),
+            })
+            // Done changes drop out; a failed step stays in sight until the next change.
+            .filter(|p| p.steps.iter().any(|s| s.state != StepState::Done))
+            .collect())
+    }
+
+    pub(super) async fn playground_page(
+        &self,
+        caller: Caller,
+        model: Option<String>,
+    ) -> Result<Playground, AppError> {
+        let models = self.fleet.served();
+        let shown = model.or_else(|| models.first().cloned());
+        let runtime = self.fleet.runtime();
+        let engine = runtime
+            .engines()
+            .into_iter()
+            .find(|e| shown.is_some() && (e.model == shown || e.worker == shown));
+        let mut logs = match &engine {
+            Some(engine) => match runtime
+                .logs(&engine.id, app::pages::playground::LOG_LINES)
+                .await
+            {
+                Some(Ok(lines)) => lines,
+                Some(Err(e)) => {
+                    tracing::warn!("the log of {} could not be read: {e}", engine.id);
+                    Vec::new()
+                }
+                None => Vec::new(),
+            },
+            None => Vec::new(),
+        };
+        if let Some(engine) = engine.filter(|_| caller.role != Role::Admin) {
+            let secrets = self.fleet.engine_secrets(&engine);
+            for line in &mut logs {
+                *line = authority::redact_line(line, &secrets);
+            }
+        }
+        Ok(Playground { models, logs })
+    }
+}
