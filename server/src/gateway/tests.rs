@@ -1,3 +1,4 @@
+use super::metering::usage_in;
 use super::*;
 
 #[test]

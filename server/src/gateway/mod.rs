@@ -3,29 +3,38 @@
 //! healthy engines on any machine. The engine's status, headers and body come back as they come (a streamed
 //! answer is never buffered); what is Tessera's own to say (no such model, not ready, no key, too large) is
 //! said in OpenAI's error shape.
+//!
+//! Here: the routes and a request's way through them (the model it names, a group's router, the call to the
+//! engine). Beside it, each in a room of its own: the caller's key and its models (`keys`), what a request
+//! is counted as (`metering`), the engine's count of requests in flight that a drain waits on (`drain`), the
+//! wait for a ready engine and an on-demand load (`on_demand`), and what headers cross (`headers`).
 
-use crate::accounts::{self, Grant};
+mod drain;
+mod headers;
+mod keys;
+mod metering;
+mod on_demand;
+
 use crate::auth::Actor;
-use crate::error::ApiError;
-use crate::fleet::calls::{Counts, Key};
-use crate::fleet::demand::Load;
+use crate::fleet::calls::Key;
 use crate::fleet::groups::{GroupView, MemberView};
 use crate::runtime::spec::Host;
 use crate::runtime::{EngineState, EngineView};
 use crate::AppState;
-use axum::body::{Body, Bytes};
+use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
 use axum::{Json, Router};
+use headers::passed_on;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
-use placement::interference::Sample;
+use metering::Meter;
 use serde_json::{json, Value};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
 /// The largest request body the gateway takes (an audio upload fits).
@@ -40,9 +49,6 @@ const ROUTE_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long the console's playground waits for a model's engine to be ready: under the 30 s the guard gives
 /// a request.
 const PLAYGROUND_WAIT: Duration = Duration::from_secs(20);
-
-/// How often a request waiting for a model to be ready looks again.
-const READY_POLL: Duration = Duration::from_millis(100);
 
 /// What the gateway keeps between requests: its connections to the engines and its place in each rotation.
 pub struct Gateway {
@@ -101,46 +107,9 @@ fn unavailable(code: &str, message: String) -> Response {
     answer
 }
 
-/// The caller's key, checked as the rest of the API checks it (a token seen lately answers from memory).
-async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<Grant, Response> {
-    let unauthorised = |message: &str| {
-        openai_error(
-            StatusCode::UNAUTHORIZED,
-            "invalid_request_error",
-            "invalid_api_key",
-            message.to_owned(),
-        )
-    };
-    let Some(secret) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-    else {
-        return Err(unauthorised(
-            "send a Tessera API token as Authorization: Bearer tsr_…",
-        ));
-    };
-    if let Some(grant) = accounts::cached_grant(&state.tokens, secret) {
-        return Ok(grant);
-    }
-    match accounts::grant_by_token(&state.pool, &state.tokens, secret).await {
-        Ok(Ok(grant)) => Ok(grant),
-        Ok(Err(refusal)) => Err(unauthorised(&refusal.message())),
-        Err(e) => {
-            tracing::error!("a gateway key could not be checked: {e}");
-            Err(openai_error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                "internal_error",
-                "the key could not be checked; try again".to_owned(),
-            ))
-        }
-    }
-}
-
 /// `GET /v1/models`: every model deployed, as OpenAI lists them.
 async fn models(State(state): State<AppState>, request: Request) -> Response {
-    let grant = match authorised(&state, request.headers()).await {
+    let grant = match keys::authorised(&state, request.headers()).await {
         Ok(grant) => grant,
         Err(refused) => return refused,
     };
@@ -194,7 +163,7 @@ fn address(engine: &EngineView) -> Option<(String, u16)> {
 
 /// Every other `/v1/*` path: to the next healthy engine of the model the request names.
 async fn forward(State(state): State<AppState>, request: Request) -> Response {
-    let grant = match authorised(&state, request.headers()).await {
+    let grant = match keys::authorised(&state, request.headers()).await {
         Ok(grant) => grant,
         Err(refused) => return refused,
     };
@@ -252,16 +221,8 @@ async fn carry(
             "name the model in the body's \"model\" field (GET /v1/models lists them)".to_owned(),
         );
     };
-    if let Some(models) = models.filter(|m| !m.contains(&model)) {
-        return openai_error(
-            StatusCode::FORBIDDEN,
-            "invalid_request_error",
-            "model_not_allowed",
-            format!(
-                "this API token may call only {}, not {model}",
-                models.join(", ")
-            ),
-        );
+    if let Some(refused) = keys::out_of_scope(models, &model) {
+        return refused;
     }
     if !engines_of(state, &model).is_empty() || state.fleet.on_demand(&model).is_some() {
         return to_model(state, &model, key, wait, parts, body).await;
@@ -375,84 +336,11 @@ async fn to_model(
     parts: axum::http::request::Parts,
     body: Bytes,
 ) -> Response {
-    let mut meter = Meter {
-        state: state.clone(),
-        model: model.to_owned(),
-        key,
-        failed: true,
-        tail: Vec::new(),
-        asked_ms: crate::fleet::usage::now_ms(),
-        sent: None,
-        first_bytes: None,
-        busy_neighbours: Vec::new(),
-        engine: String::new(),
-        queue_depth: 0,
+    let mut meter = Meter::new(state, model, key);
+    let (in_flight, host, port, unit) = match on_demand::ready_engine(state, model, wait).await {
+        Ok(taken) => taken,
+        Err(refused) => return refused,
     };
-    let runtime = state.fleet.runtime();
-    let asked = tokio::time::Instant::now();
-    // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
-    let deadline = asked + wait;
-    // An on-demand model is busy while a request waits for it: no keep-alive or other load unloads it.
-    let mut on_demand = state.fleet.on_demand(model);
-    let waiting = on_demand.map(|_| state.fleet.activity().wait(model));
-    let mut cold = false;
-    let (in_flight, host, port, unit) = loop {
-        // Not loaded (or unloaded by its keep-alive just as the request came): loaded for it, a fleet change
-        // carried out after what makes way has stopped. Where the room is taken by models with requests in
-        // flight, the load waits for one of them to end.
-        if on_demand == Some(false) {
-            match state.fleet.load(model).await {
-                Ok(load) => {
-                    cold |= matches!(load, Load::Loading { .. });
-                    on_demand = Some(true);
-                }
-                Err(ApiError::Conflict(_)) if tokio::time::Instant::now() < deadline => {}
-                Err(e) => {
-                    let message = match e {
-                        ApiError::Internal(detail) => {
-                            tracing::error!("{model} could not be loaded: {detail}");
-                            format!("{model} could not be loaded; it has been logged")
-                        }
-                        refused => refused.to_string(),
-                    };
-                    return unavailable("model_not_loaded", message);
-                }
-            }
-        }
-        let ready: Vec<(EngineView, (String, u16))> = engines_of(state, model)
-            .into_iter()
-            .filter(|e| e.state == EngineState::Healthy)
-            .filter_map(|e| address(&e).map(|a| (e, a)))
-            .collect();
-        let first = state.gateway.turn.fetch_add(1, Ordering::Relaxed);
-        let taken = (0..ready.len()).find_map(|k| {
-            let (engine, (host, port)) = &ready[(first + k) % ready.len()];
-            runtime
-                .begin_request(&engine.unit)
-                .map(|counted| (counted, host.clone(), *port, engine.unit.clone()))
-        });
-        if let Some(taken) = taken {
-            break taken;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return unavailable(
-                "model_not_ready",
-                format!(
-                    "{model} is deployed but none of its engines was ready within {} s; try again shortly",
-                    wait.as_secs()
-                ),
-            );
-        }
-        tokio::time::sleep(READY_POLL).await;
-        // A pinned model stays pinned; an on-demand one may have been unloaded meanwhile.
-        if on_demand.is_some() {
-            on_demand = state.fleet.on_demand(model);
-        }
-    };
-    if cold {
-        state.fleet.activity().cold_started(model, asked.elapsed());
-    }
-    drop(waiting);
     let path = parts
         .uri
         .path_and_query()
@@ -475,27 +363,13 @@ async fn to_model(
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
     onward.headers_mut().remove(header::CONTENT_LENGTH);
-    // Who else is busy on its GPUs as it goes (none, and it counts toward the model's latency alone), and
-    // how many requests its engine has in flight.
-    meter.busy_neighbours = runtime.busy_beside(&unit);
-    meter.queue_depth = runtime.requests_in_flight(&unit) as u32;
-    meter.engine = unit;
-    meter.sent = Some(std::time::Instant::now());
+    meter.sending(state.fleet.runtime(), unit);
     match state.gateway.client.request(onward).await {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);
-            meter.failed = !parts.status.is_success();
-            // Counted in flight, and metered, until the last of the answer has gone (or the caller has
-            // left).
-            let body = body.map_frame(move |frame| {
-                let _counted = &in_flight;
-                if let Some(data) = frame.data_ref() {
-                    meter.saw(data);
-                }
-                frame
-            });
-            Response::from_parts(parts, Body::new(body))
+            meter.answered(parts.status);
+            Response::from_parts(parts, drain::held_to_the_end(body, in_flight, meter))
         }
         Err(e) => {
             tracing::warn!(
@@ -507,119 +381,6 @@ async fn to_model(
             )
         }
     }
-}
-
-/// How much of an answer's end is kept to find its `usage` in: an OpenAI answer ends with it (or, streamed,
-/// its last event carries it), followed by little.
-const USAGE_TAIL: usize = 16 << 10;
-
-/// Counts one request when it ends (its answer sent, or the caller gone), with the tokens its answer's
-/// `usage` reports.
-struct Meter {
-    state: AppState,
-    model: String,
-    key: Key,
-    failed: bool,
-    /// The answer's last bytes.
-    tail: Vec<u8>,
-    /// When the request came.
-    asked_ms: u64,
-    /// When it was sent on to the engine.
-    sent: Option<std::time::Instant>,
-    /// From then to the answer's first bytes.
-    first_bytes: Option<Duration>,
-    /// The other models busy on the engine's GPUs as it was sent.
-    busy_neighbours: Vec<String>,
-    /// The engine it went to, and its requests in flight then.
-    engine: String,
-    queue_depth: u32,
-}
-
-impl Meter {
-    fn saw(&mut self, data: &[u8]) {
-        if self.first_bytes.is_none() {
-            self.first_bytes = self.sent.map(|sent| sent.elapsed());
-        }
-        self.tail.extend_from_slice(data);
-        if self.tail.len() > 2 * USAGE_TAIL {
-            self.tail.drain(..self.tail.len() - USAGE_TAIL);
-        }
-    }
-}
-
-impl Drop for Meter {
-    fn drop(&mut self) {
-        self.state.fleet.activity().touch(&self.model);
-        let (prompt_tokens, completion_tokens) = usage_in(&self.tail).unwrap_or_default();
-        if let Some(sent) = self.sent {
-            let request = sent.elapsed();
-            self.state.fleet.latencies().record(
-                &self.model,
-                Sample {
-                    at_ms: self.asked_ms,
-                    engine: std::mem::take(&mut self.engine),
-                    latency_us: self.first_bytes.unwrap_or(request).as_micros() as u64,
-                    request_us: request.as_micros() as u64,
-                    completion_tokens,
-                    queue_depth: self.queue_depth,
-                    failed: self.failed,
-                    busy_neighbours: std::mem::take(&mut self.busy_neighbours),
-                },
-            );
-        }
-        self.state.fleet.calls().record(
-            &self.model,
-            &self.key,
-            Counts {
-                requests: 1,
-                failed: u64::from(self.failed),
-                prompt_tokens,
-                completion_tokens,
-            },
-            self.asked_ms,
-        );
-    }
-}
-
-/// The prompt and completion tokens of the last `"usage"` object in `tail` (an answer's JSON, or the
-/// events of a streamed one); `None` where there is none with figures.
-fn usage_in(tail: &[u8]) -> Option<(u64, u64)> {
-    const NEEDLE: &[u8] = b"\"usage\"";
-    let at = tail.windows(NEEDLE.len()).rposition(|w| w == NEEDLE)?;
-    let rest = tail[at + NEEDLE.len()..].trim_ascii_start();
-    let rest = rest.strip_prefix(b":")?;
-    let usage: Value = serde_json::Deserializer::from_slice(rest)
-        .into_iter::<Value>()
-        .next()?
-        .ok()?;
-    let count = |name: &str| usage.get(name).and_then(Value::as_u64);
-    let prompt = count("prompt_tokens");
-    let completion = count("completion_tokens");
-    (prompt.is_some() || completion.is_some())
-        .then(|| (prompt.unwrap_or(0), completion.unwrap_or(0)))
-}
-
-/// The headers that go on to the other side: not the hop-by-hop ones (RFC 9110, 7.6.1), not the caller's
-/// Tessera key, session cookie or CSRF token (an engine is not told them), and not the host, which the
-/// client sets for its connection.
-fn passed_on(mut headers: HeaderMap) -> HeaderMap {
-    for name in [
-        header::CONNECTION,
-        header::HOST,
-        header::AUTHORIZATION,
-        header::COOKIE,
-        header::PROXY_AUTHORIZATION,
-        header::TE,
-        header::TRAILER,
-        header::TRANSFER_ENCODING,
-        header::UPGRADE,
-    ] {
-        headers.remove(name);
-    }
-    headers.remove("keep-alive");
-    headers.remove(app::auth::CSRF_HEADER);
-    headers.remove("proxy-connection");
-    headers
 }
 
 #[cfg(test)]
