@@ -297,8 +297,8 @@ async fn route(state: &AppState, group: &GroupView, body: &Bytes) -> (String, &'
     }
 }
 
-/// Asks a healthy engine of `router` which of `models` should answer `body` (README, "The router's
-/// contract").
+/// Asks a healthy engine of `router` which of `models` should answer `body` (docs/src/gateway.md, "The
+/// router's contract").
 async fn ask_router(
     state: &AppState,
     router: &str,
