@@ -1,0 +1,46 @@
+//! What every answer carries, whoever asks: the security headers, a page's policy, and the body limit.
+
+use super::Browser;
+use crate::testing::{TestApp, ADMIN, ADMIN_PASSWORD, MAJIN};
+use axum::http::{header, Method, StatusCode};
+
+#[tokio::test]
+async fn every_answer_carries_the_security_headers_and_a_page_its_policy() {
+    let app = TestApp::new(MAJIN).await;
+    let mut browser = Browser::new(&app);
+    browser.sign_in(ADMIN, ADMIN_PASSWORD).await;
+    let page = browser.get("/nodes").await;
+    let policy = page.headers[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap();
+    let nonce = page
+        .body
+        .split("nonce=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("the hydration script has a nonce");
+    assert!(policy.contains(&format!("'nonce-{nonce}'")), "{policy}");
+    assert!(policy.contains("'wasm-unsafe-eval'"), "{policy}");
+    assert!(policy.contains("frame-ancestors 'none'"), "{policy}");
+    assert!(!policy.contains("unsafe-inline"), "{policy}");
+    assert_eq!(page.headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+    assert_eq!(page.headers[header::X_FRAME_OPTIONS], "DENY");
+    let json = browser.get("/api/health").await;
+    assert_eq!(
+        json.headers[header::CONTENT_SECURITY_POLICY],
+        "default-src 'none'; frame-ancestors 'none'"
+    );
+}
+
+#[tokio::test]
+async fn a_body_past_the_limit_is_refused_with_413() {
+    let app = TestApp::new(MAJIN).await;
+    let name = "x".repeat(crate::security::MAX_BODY_BYTES + 1);
+    let body = format!(r#"{{"name": "{name}", "requested_resources": {{}}}}"#);
+    let (status, answer) = app.call(Method::POST, "/api/workers", Some(&body)).await;
+    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{answer}");
+    assert_eq!(
+        answer["error"],
+        "the request body is larger than the 256 KiB a request may send"
+    );
+}
