@@ -1,6 +1,7 @@
 //! GPUs that run MPS: at most 48 engines each, and each engine on that one GPU.
 
 use super::*;
+use crate::sharing::MPS_MAX_CLIENTS;
 use crate::testing::machine;
 
 #[test]

@@ -1,0 +1,207 @@
+//! Why a machine or a GPU says no to a worker: each refusal is a pending reason in seed 000's words, and a
+//! GPU that says yes says how much room it leaves, for best fit to weigh.
+
+use super::{Fit, Hold, Scheduler};
+use crate::inventory::MigRole;
+use crate::reason::PendingReason;
+use crate::request::{GpuDemand, GpuMode, WorkerRequest};
+use crate::sharing::{Sharing, MPS_MAX_CLIENTS};
+use crate::units::Bytes;
+
+impl Scheduler {
+    /// Why this machine's free CPU cores or memory cannot take `cores` and `memory`, if they cannot.
+    pub(super) fn machine_refusal(
+        &self,
+        m: usize,
+        cores: u32,
+        memory: Bytes,
+    ) -> Option<PendingReason> {
+        let machine = self.machine(m);
+        let used = &self.machines[m];
+        let free_cores = machine.cpu_cores.saturating_sub(used.cpu_used);
+        if cores > free_cores {
+            return Some(PendingReason::TooFewCpuCores {
+                machine: machine.name.clone(),
+                free: free_cores,
+                total: machine.cpu_cores,
+                needs: cores,
+            });
+        }
+        let free_memory = machine.memory.saturating_sub(used.memory_used);
+        if memory > free_memory {
+            return Some(PendingReason::TooLittleMemory {
+                machine: machine.name.clone(),
+                free: free_memory,
+                total: machine.memory,
+                needs: memory,
+            });
+        }
+        None
+    }
+
+    /// Why the GPU's holders alone leave no room for `mode`: held whole, or shared when whole is wanted.
+    pub(super) fn holder_refusal(&self, id: usize, mode: GpuMode) -> Option<PendingReason> {
+        match (&self.gpus[id].hold, mode) {
+            (Hold::Whole(by), _) => Some(PendingReason::HeldWhole {
+                gpu: self.gpu_ref(id),
+                by: by.clone(),
+            }),
+            (Hold::Shared(sharers), GpuMode::Whole) => Some(PendingReason::Shared {
+                gpu: self.gpu_ref(id),
+                sharers: sharers.len(),
+            }),
+            _ => None,
+        }
+    }
+
+    /// Why the GPU's holders or memory leave no room for `mode`, ignoring the request's filters. An
+    /// over-committed GPU has no room for shared work of any size.
+    pub(super) fn capacity_refusal(
+        &self,
+        id: usize,
+        mode: GpuMode,
+        gpus: usize,
+    ) -> Option<PendingReason> {
+        if let Some(reason) = self.holder_refusal(id, mode) {
+            return Some(reason);
+        }
+        let GpuMode::Shared(need) = mode else {
+            return None;
+        };
+        let taken = self.gpus[id].taken;
+        let gpu = self.gpu(id);
+        if let Some(reason) = self.mps_refusal(id, gpus) {
+            Some(reason)
+        } else if need > gpu.offered() {
+            Some(PendingReason::OffersTooLittle {
+                gpu: self.gpu_ref(id),
+                total: gpu.total,
+                held_outside: gpu.held_outside,
+                needs: need,
+            })
+        } else if taken + need > gpu.offered() {
+            Some(PendingReason::SharedFull {
+                gpu: self.gpu_ref(id),
+                taken,
+                offered: gpu.offered(),
+                needs: need,
+            })
+        } else {
+            None
+        }
+    }
+
+    /// How an MPS GPU turns away one more sharer on `gpus` GPUs: each engine is a client of its GPU's own
+    /// MPS server, which takes [`MPS_MAX_CLIENTS`] and sees that GPU alone.
+    pub(super) fn mps_refusal(&self, id: usize, gpus: usize) -> Option<PendingReason> {
+        if self.gpus[id].sharing != Sharing::Mps {
+            return None;
+        }
+        let sharers = match &self.gpus[id].hold {
+            Hold::Shared(sharers) => sharers.len(),
+            Hold::Whole(_) | Hold::Free => 0,
+        };
+        if gpus > 1 {
+            Some(PendingReason::MpsOneGpu {
+                gpu: self.gpu_ref(id),
+            })
+        } else if sharers >= MPS_MAX_CLIENTS {
+            Some(PendingReason::MpsFull {
+                gpu: self.gpu_ref(id),
+            })
+        } else {
+            None
+        }
+    }
+
+    /// How the demand's filters (ids, health, vendor, models) turn this GPU away, whatever holds it.
+    pub(super) fn filter_refusal(&self, id: usize, demand: &GpuDemand) -> Option<Fit> {
+        let gpu = self.gpu(id);
+        let machine = &self.machine(self.gpus[id].machine).name;
+        if !demand.ids.is_empty() && !demand.ids.iter().any(|i| gpu.is_named_by(machine, i)) {
+            return Some(Fit::NotAsked);
+        }
+        match (&gpu.mig, demand.mode) {
+            (Some(MigRole::Cut), _) => {
+                return Some(Fit::No(PendingReason::CutIntoInstances {
+                    gpu: self.gpu_ref(id),
+                }))
+            }
+            (Some(MigRole::Instance { .. }), GpuMode::Shared(_)) => {
+                return Some(Fit::No(PendingReason::InstanceHeldWhole {
+                    gpu: self.gpu_ref(id),
+                }))
+            }
+            (Some(MigRole::Instance { .. }), GpuMode::Whole) if demand.count > 1 => {
+                return Some(Fit::No(PendingReason::InstanceAlone {
+                    gpu: self.gpu_ref(id),
+                }))
+            }
+            _ => {}
+        }
+        if demand.healthy_only && !gpu.healthy {
+            return Some(Fit::No(PendingReason::Unhealthy {
+                gpu: self.gpu_ref(id),
+            }));
+        }
+        if let Some(vendor) = &demand.vendor {
+            if !gpu.vendor.eq_ignore_ascii_case(vendor) {
+                return Some(Fit::No(PendingReason::WrongVendor {
+                    gpu: self.gpu_ref(id),
+                    vendor: gpu.vendor.clone(),
+                    wanted: vendor.clone(),
+                }));
+            }
+        }
+        if !demand.models.is_empty()
+            && !demand
+                .models
+                .iter()
+                .any(|m| m.eq_ignore_ascii_case(&gpu.model))
+        {
+            return Some(Fit::No(PendingReason::WrongModel {
+                gpu: self.gpu_ref(id),
+                model: gpu.model.clone(),
+                wanted: demand.models.clone(),
+            }));
+        }
+        None
+    }
+
+    pub(super) fn fit(&self, id: usize, demand: &GpuDemand) -> Fit {
+        if let Some(refusal) = self.filter_refusal(id, demand) {
+            return refusal;
+        }
+        match self.capacity_refusal(id, demand.mode, demand.count as usize) {
+            Some(reason) => Fit::No(reason),
+            None => Fit::Yes(match demand.mode {
+                GpuMode::Shared(need) => self.room(id) - need.get(),
+                GpuMode::Whole => 0,
+            }),
+        }
+    }
+
+    pub(super) fn too_few(&self, m: usize, fit: usize, needs: u32) -> PendingReason {
+        PendingReason::TooFewGpus {
+            machine: self.machine(m).name.clone(),
+            fit: fit as u32,
+            needs,
+        }
+    }
+
+    pub(super) fn reasons(
+        &self,
+        request: &WorkerRequest,
+        demand: &GpuDemand,
+    ) -> Vec<PendingReason> {
+        let reasons: Vec<_> = (0..self.machines.len())
+            .filter_map(|m| self.machine_choice(m, request, demand).err())
+            .flatten()
+            .collect();
+        if reasons.is_empty() {
+            vec![PendingReason::NoGpuMatches]
+        } else {
+            reasons
+        }
+    }
+}
