@@ -409,12 +409,15 @@ pub struct Grant {
     until: Option<Instant>,
 }
 
+/// Whether a key limited to `models` (every model when `None`) may call `model` through the gateway.
+pub fn may_call(models: Option<&[String]>, model: &str) -> bool {
+    models.is_none_or(|models| models.iter().any(|m| m == model))
+}
+
 impl Grant {
     /// Whether it may call `model` through the gateway.
     pub fn may_call(&self, model: &str) -> bool {
-        self.models
-            .as_ref()
-            .is_none_or(|models| models.iter().any(|m| m == model))
+        may_call(self.models.as_deref(), model)
     }
 
     fn works_at(&self, now: Instant) -> bool {

@@ -48,7 +48,7 @@ pub(super) async fn authorised(state: &AppState, headers: &HeaderMap) -> Result<
 /// The refusal of `model` to a key limited to `models` (where there is such a list) without it; `None` where
 /// the key may call it.
 pub(super) fn out_of_scope(models: Option<&[String]>, model: &str) -> Option<Response> {
-    let models = models.filter(|m| !m.iter().any(|m| m == model))?;
+    let models = models.filter(|_| !accounts::may_call(models, model))?;
     Some(openai_error(
         StatusCode::FORBIDDEN,
         "invalid_request_error",
