@@ -1,21 +1,26 @@
 //! A deployed catalog model, wherever it runs: as a member of a sharing group, or on whole GPUs (a worker
-//! that names its model). Removing one, and changing its serving configuration, which restarts it alone.
+//! that names its model). Deploying one, removing one, and changing its serving configuration, which
+//! restarts it alone.
 
 use super::authority::{
     check_serving as check_model_serving, keep_secrets, redact_args, redact_env, secret_values,
 };
 use super::committed::{Committed, Worker};
 use super::groups::{
-    check_revision, check_serving, DeployCommand, Group, Note, PlanChange, Serving,
+    check_revision, check_serving, no_group, plan_with, router_stays_pinned, DeployCommand, Group,
+    Note, PlanChange, Serving, Sharing,
 };
 use super::workers::{ModelRun, NewWorker};
 use super::{check_name, Fleet};
 use crate::audit::Entry;
 use crate::error::ApiError;
 use app::auth::Caller;
-use placement::{BasisPoints, GpuRef, GpuRequests, RequestedResources, Restart, Step};
+use placement::{
+    choose_group, BasisPoints, GpuRef, GpuRequests, GroupChoice, PlanMember, RequestedResources,
+    Restart, Step,
+};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// Where a deployed model runs.
@@ -85,6 +90,120 @@ impl Fleet {
             secrets.extend(secret_values(&env, &args, &marked));
         }
         secrets
+    }
+
+    /// Deploys a catalog model onto a share of the chosen GPUs: it joins the group that runs there, or
+    /// starts one (named by its recipe, or after the model), into which the router moves. With sharing off
+    /// it takes whole GPUs of one machine instead.
+    pub async fn deploy(
+        self: &Arc<Self>,
+        deploy: DeployCommand,
+        actor: &Caller,
+    ) -> Result<PlanChange, ApiError> {
+        let caller = actor.clone();
+        let actor = actor.name.clone();
+        self.write(|fleet| async move {
+            check_serving(&deploy.serving.args, &deploy.serving.env)?;
+            if let Some(model) = fleet.committed().model(&deploy.model) {
+                super::authority::check_serving(
+                    &caller,
+                    model,
+                    &deploy.serving.args,
+                    &deploy.serving.env,
+                )?;
+            }
+            let Sharing::Shared {
+                share,
+                shares,
+                revision,
+                demand,
+                demands,
+            } = &deploy.sharing
+            else {
+                return fleet.deploy_whole(&deploy, &actor).await;
+            };
+            let chosen = deploy.gpus.gpus();
+            let mut state = fleet.state.lock().await;
+            let committed = state.committed.clone();
+            let model = committed.undeployed_model(&deploy.model)?;
+            let system = committed.system_models();
+            let on_nodes: Vec<&str> = committed
+                .groups
+                .iter()
+                .filter(|g| g.gpus.iter().any(|gpu| chosen.contains(gpu)))
+                .map(|g| g.name.as_str())
+                .collect();
+            let choice = choose_group(&model.name, model.group.as_deref(), &on_nodes)
+                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            let share = share.unwrap_or(model.default_share);
+            let (group, mut plan, moving) = match &choice {
+                GroupChoice::Join(name) => {
+                    let group = committed
+                        .group(name)
+                        .cloned()
+                        .ok_or_else(|| no_group(name))?;
+                    check_revision(&group, *revision)?;
+                    let plan = plan_with(&group, &system, shares, demands, true)?;
+                    (group, plan, None)
+                }
+                GroupChoice::New { name, .. } => {
+                    if committed.group(name).is_some() {
+                        return Err(ApiError::Conflict(format!(
+                            "a group named {name} runs on other GPUs; choose its GPUs to join it"
+                        )));
+                    }
+                    let inventory = state.ledger.inventory();
+                    placement::check_new_group(inventory, chosen)
+                        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+                    // The router moves out of the group it runs in, with its share, into the new one.
+                    let router = committed.groups.iter().find_map(|g| {
+                        g.members
+                            .iter()
+                            .find(|s| system.contains(&s.member))
+                            .map(|s| (g.clone(), s.clone()))
+                    });
+                    let plan = router
+                        .iter()
+                        .map(|(_, s)| PlanMember {
+                            locked: true,
+                            ..PlanMember::new(&s.member, s.share)
+                        })
+                        .collect();
+                    let group = Group {
+                        name: name.clone(),
+                        gpus: placement::group_gpus(inventory, chosen),
+                        revision: 0,
+                        members: Vec::new(),
+                        serving: BTreeMap::new(),
+                        demand: BTreeMap::new(),
+                        loaded: BTreeSet::new(),
+                    };
+                    (group, plan, router)
+                }
+            };
+            if model.system && demand.is_on_demand() {
+                return Err(router_stays_pinned(&model.name));
+            }
+            plan.push(PlanMember {
+                locked: model.system,
+                demand: *demand,
+                ..PlanMember::new(&model.name, share)
+            });
+            let serving = deploy.serving.clone();
+            let mut change = fleet
+                .commit(
+                    &mut state,
+                    &group,
+                    plan,
+                    moving,
+                    Some((&model.name, serving)),
+                    Note::new(&actor, "deploy", &model.name),
+                )
+                .await?;
+            change.line = Some(choice.line());
+            Ok(change)
+        })
+        .await
     }
 
     /// Deploys a model on whole GPUs of one machine: a worker named after the model that holds exactly the

@@ -3,13 +3,20 @@
 //! change cancels the waits it makes moot; after a crash, the engines the previous server left are adopted
 //! or stopped first.
 
+use super::adoption::reconcile;
 use super::spec::EngineSpec;
-use super::supervisor::Begin;
-use super::{Change, Order, Progress, Shared, StepProgress, StepStatus};
+use super::{Change, Progress, Shared, StepProgress, StepStatus};
 use placement::Step;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
+
+/// What the runtime's handle asks of the conductor, in the order it asked.
+pub(super) enum Order {
+    Change(Change),
+    Settled(oneshot::Sender<()>),
+    Shutdown(oneshot::Sender<()>),
+}
 
 /// A GPU as changes are ordered by: `machine#index`, or `machine#unit` for an engine that holds none.
 type Gpu = String;
@@ -268,46 +275,6 @@ pub(super) enum StartError {
     /// The server is shutting down.
     #[error("the server is shutting down")]
     Closing,
-}
-
-/// Adopts the engines a previous server left running as `desired` wants, and stops every other engine of
-/// this installation, on every executor. What an executor trusts as still the engine it recorded (the same
-/// process in the same boot; the same job) is its own affair.
-async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> std::io::Result<()> {
-    let wanted: BTreeMap<&str, &EngineSpec> =
-        desired.iter().map(|s| (s.unit.as_str(), s)).collect();
-    let mut strays = Vec::new();
-    for executor in shared.executors() {
-        for leftover in executor.leftovers().await? {
-            match wanted.get(leftover.unit.as_str()) {
-                Some(spec)
-                    if shared.executor(spec).is_some()
-                        && leftover.fingerprint.as_deref() == Some(&spec.fingerprint()) =>
-                {
-                    tracing::info!(
-                        "adopting engine {}, still running as committed",
-                        leftover.unit
-                    );
-                    shared.launch_unit((*spec).clone(), Begin::Adopt(leftover.running));
-                }
-                _ => {
-                    tracing::info!(
-                        "stopping engine {}: the committed state no longer runs it so",
-                        leftover.unit
-                    );
-                    strays.push(leftover.running);
-                }
-            }
-        }
-    }
-    futures::future::join_all(strays.into_iter().map(|mut running| async move {
-        if let Some(stuck) = running.stop().await {
-            tracing::warn!("a stray engine did not stop: {stuck}");
-        }
-        running.forget().await;
-    }))
-    .await;
-    Ok(())
 }
 
 /// Stops what should not run as it does among the engines `within` takes, then starts what is missing

@@ -5,171 +5,35 @@
 //! (see [`conductor`]). Each carries the desired state as of its commit, so nothing starts with a share that
 //! was not committed.
 
+mod adoption;
 mod conductor;
+mod engines;
 mod executor;
 mod local;
 pub mod mig;
 mod mps;
 pub(crate) mod process;
 mod ray;
+mod settings;
 pub mod spec;
 mod supervisor;
 
+pub use settings::{Hosts, Settings};
+
 use crate::inventory::LocalGpus;
 use crate::units::Holder;
-use conductor::{Cancel, StartError};
-use executor::Executor;
+use conductor::Order;
+use engines::{view, Shared};
 use local::LocalExecutor;
-use placement::{Bytes, Step};
+use placement::Step;
 use ray::RayExecutor;
 use serde::{Deserialize, Serialize};
-use spec::{EngineSpec, Host, Launch};
+use spec::{EngineSpec, Host};
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
-use supervisor::{Begin, Control};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-
-/// How engines are supervised.
-#[derive(Clone)]
-pub struct Settings {
-    /// The program that runs the demo engine (`tessera demo-engine`): this server's own binary.
-    pub demo_engine: PathBuf,
-    /// Where each engine's output is kept.
-    pub log_dir: PathBuf,
-    /// The data folder, under which each GPU's MPS daemon keeps its pipes and logs (`mps/`).
-    pub data_dir: PathBuf,
-    /// NVIDIA's MPS control program, which starts and stops each GPU's MPS daemon (here and on the
-    /// cluster's nodes).
-    pub mps_control: PathBuf,
-    /// NVIDIA's `nvidia-smi`, which cuts this machine's GPUs into MIG instances and joins them back.
-    pub nvidia_smi: PathBuf,
-    /// On each node of the Ray cluster, the folder its GPUs' MPS daemons keep their pipes and logs under.
-    pub node_data_dir: PathBuf,
-    /// How often each engine's health is checked.
-    pub health_interval: Duration,
-    /// How long a starting engine may take to answer its first health check (loading weights).
-    pub start_timeout: Duration,
-    /// How long a stopping engine is given after SIGTERM before SIGKILL.
-    pub stop_timeout: Duration,
-    /// The first wait before a restart; it doubles with each failure in a row.
-    pub backoff: Duration,
-    /// The longest wait before a restart.
-    pub backoff_max: Duration,
-    /// Failures in a row after which an engine is left failed.
-    pub max_restarts: u32,
-    /// Failed health checks in a row after which a running engine is unhealthy.
-    pub unhealthy_after: u32,
-    /// Failed health checks in a row after which it is restarted.
-    pub restart_unhealthy_after: u32,
-    /// How long a serving engine about to stop may take to finish its requests in flight.
-    pub drain_grace: Duration,
-    /// How often a node's engine's job log is read again for its processes while the node's GPUs run
-    /// a process that no engine's last report accounts for (one may have started since).
-    pub processes_reread: Duration,
-    /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
-    pub gpus: Option<Arc<dyn LocalGpus>>,
-    /// The Ray cluster whose machines' engines run as its jobs, where there is one.
-    pub ray: Option<crate::inventory::ray::RayClient>,
-}
-
-impl std::fmt::Debug for Settings {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Settings")
-            .field("demo_engine", &self.demo_engine)
-            .field("log_dir", &self.log_dir)
-            .field("health_interval", &self.health_interval)
-            .field("start_timeout", &self.start_timeout)
-            .field("stop_timeout", &self.stop_timeout)
-            .field("backoff", &self.backoff)
-            .field("backoff_max", &self.backoff_max)
-            .field("max_restarts", &self.max_restarts)
-            .field("unhealthy_after", &self.unhealthy_after)
-            .field("restart_unhealthy_after", &self.restart_unhealthy_after)
-            .field("drain_grace", &self.drain_grace)
-            .field("processes_reread", &self.processes_reread)
-            .field("gpus", &self.gpus.is_some())
-            .field(
-                "ray",
-                &self
-                    .ray
-                    .as_ref()
-                    .map(crate::inventory::ray::RayClient::address),
-            )
-            .finish()
-    }
-}
-
-impl Settings {
-    /// The defaults for engines that load real weights: health every 2 s, 15 minutes to load, 30 s to stop,
-    /// restarts after 1, 2, 4 … up to 60 s, left failed after 5 failures in a row.
-    pub fn new(demo_engine: PathBuf, log_dir: PathBuf) -> Settings {
-        Settings {
-            demo_engine,
-            data_dir: log_dir.clone(),
-            log_dir,
-            mps_control: PathBuf::from("nvidia-cuda-mps-control"),
-            nvidia_smi: PathBuf::from("nvidia-smi"),
-            node_data_dir: PathBuf::from("/tmp/tessera"),
-            health_interval: Duration::from_secs(2),
-            start_timeout: Duration::from_secs(15 * 60),
-            stop_timeout: Duration::from_secs(30),
-            backoff: Duration::from_secs(1),
-            backoff_max: Duration::from_secs(60),
-            max_restarts: 5,
-            unhealthy_after: 3,
-            restart_unhealthy_after: 15,
-            drain_grace: Duration::from_secs(30),
-            processes_reread: Duration::from_secs(30),
-            gpus: None,
-            ray: None,
-        }
-    }
-
-    /// The wait before restart number `failures` (1-based).
-    pub fn backoff(&self, failures: u32) -> Duration {
-        let factor = 2u32.saturating_pow(failures.saturating_sub(1));
-        self.backoff.saturating_mul(factor).min(self.backoff_max)
-    }
-}
-
-/// Which machines engines can be started for: this one (through NVML) runs recipes, the demo fleet's run
-/// the demo engine in their place, the Ray cluster's run jobs, and any other is remote.
-#[derive(Debug, Clone, Default)]
-pub struct Hosts {
-    /// This machine, when NVML found it.
-    pub local: Option<String>,
-    /// The demo fleet's machines.
-    pub simulated: std::collections::BTreeSet<String>,
-    /// The Ray cluster's machines.
-    pub cluster: BTreeMap<String, crate::inventory::ray::ClusterMachine>,
-}
-
-impl Hosts {
-    /// Where `machine` is.
-    pub fn host(&self, machine: &str) -> Host {
-        if let Some(node) = self.cluster.get(machine) {
-            Host::Cluster {
-                address: node.address.clone(),
-                uuids: node
-                    .gpus
-                    .iter()
-                    .map(|g| (g.index, g.uuid.clone()))
-                    .collect(),
-                demo: node.demo,
-            }
-        } else if self.local.as_deref() == Some(machine) {
-            Host::Local
-        } else if self.simulated.contains(machine) {
-            Host::Simulated
-        } else {
-            Host::Remote
-        }
-    }
-}
 
 /// Where an engine is in its life.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -352,40 +216,6 @@ pub enum Change {
     },
 }
 
-/// An engine the runtime knows of.
-struct Unit {
-    spec: EngineSpec,
-    status: watch::Sender<Status>,
-    control: Option<mpsc::Sender<Control>>,
-}
-
-#[derive(Debug, Clone)]
-struct Status {
-    state: EngineState,
-    since: String,
-    pid: Option<u32>,
-    port: Option<u16>,
-    restarts: u32,
-    message: Option<String>,
-    launch: Option<Launch>,
-}
-
-/// What the supervisors share with the runtime.
-pub(crate) struct Shared {
-    settings: Settings,
-    /// This machine's processes: its own engines and the demo fleet's.
-    local: LocalExecutor,
-    /// The Ray cluster's jobs: its machines' engines.
-    cluster: Option<RayExecutor>,
-    /// Set once a graceful shutdown begins: from then on no engine starts. Taken before `units`.
-    shutting_down: Arc<Mutex<bool>>,
-    units: Mutex<BTreeMap<String, Unit>>,
-    events: broadcast::Sender<Event>,
-    progress: Mutex<BTreeMap<String, Progress>>,
-    /// The gateway's requests in flight, by unit.
-    in_flight: Mutex<BTreeMap<String, Arc<AtomicUsize>>>,
-}
-
 /// A request in flight to an engine, counted until it is dropped (with the last of its answer).
 pub struct InFlight(Arc<AtomicUsize>);
 
@@ -402,12 +232,6 @@ pub struct Runtime {
     orders: mpsc::UnboundedSender<Order>,
     /// Set when the server is stopping.
     closing: watch::Sender<bool>,
-}
-
-enum Order {
-    Change(Change),
-    Settled(oneshot::Sender<()>),
-    Shutdown(oneshot::Sender<()>),
 }
 
 impl Runtime {
@@ -648,54 +472,6 @@ impl Runtime {
     }
 }
 
-fn view(unit: &Unit) -> EngineView {
-    let status = unit.status.borrow();
-    let spec = &unit.spec;
-    let (worker, group, model) = match Holder::parse(&spec.unit) {
-        Holder::Member { group, member, .. } => {
-            (None, Some(group.to_owned()), Some(member.to_owned()))
-        }
-        Holder::Worker(worker) => (Some(worker.to_owned()), None, None),
-    };
-    EngineView {
-        id: engine_id(&spec.unit),
-        unit: spec.unit.clone(),
-        worker,
-        group,
-        model,
-        machine: spec.machine.clone(),
-        gpus: spec.gpus.clone(),
-        memory_gb: spec.memory().as_gb_f64(),
-        host: spec.host.clone(),
-        state: status.state,
-        since: status.since.clone(),
-        pid: status.pid,
-        port: status.port,
-        restarts: status.restarts,
-        message: status.message.clone(),
-        command: status.launch.as_ref().map(|l| {
-            std::iter::once(l.program.clone())
-                .chain(l.args.iter().cloned())
-                .collect()
-        }),
-        env: status
-            .launch
-            .as_ref()
-            .map(|l| {
-                l.env
-                    .iter()
-                    .filter(|(k, _)| {
-                        k.starts_with("TESSERA_")
-                            || k.starts_with("CUDA_MPS_")
-                            || k.as_str() == "CUDA_VISIBLE_DEVICES"
-                    })
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect()
-            })
-            .unwrap_or_default(),
-    }
-}
-
 /// A unit as a URL path segment and a file name: worker, group and model names cannot hold `~`.
 pub fn engine_id(unit: &str) -> String {
     unit.replace([':', '/', '@'], "~")
@@ -706,324 +482,6 @@ pub(crate) fn now() -> String {
     time::OffsetDateTime::now_utc()
         .format(&time::format_description::well_known::Rfc3339)
         .unwrap_or_default()
-}
-
-impl Shared {
-    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Unit>> {
-        self.units.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn unit_names(&self) -> Vec<String> {
-        self.lock().keys().cloned().collect()
-    }
-
-    fn has(&self, unit: &str) -> bool {
-        self.lock().contains_key(unit)
-    }
-
-    /// Every executor there is.
-    fn executors(&self) -> Vec<Arc<dyn Executor>> {
-        let mut all: Vec<Arc<dyn Executor>> = vec![Arc::new(self.local.clone())];
-        if let Some(cluster) = &self.cluster {
-            all.push(Arc::new(cluster.clone()));
-        }
-        all
-    }
-
-    /// What starts `spec`'s engine, where anything can.
-    fn executor(&self, spec: &EngineSpec) -> Option<Arc<dyn Executor>> {
-        match spec.host {
-            Host::Local | Host::Simulated => Some(Arc::new(self.local.clone())),
-            Host::Cluster { .. } => self
-                .cluster
-                .clone()
-                .map(|c| Arc::new(c) as Arc<dyn Executor>),
-            Host::Remote => None,
-        }
-    }
-
-    /// Registers `spec` and starts its supervisor; a remote engine is only shown. `None` once the server
-    /// is shutting down: nothing new is registered then, so the shutdown stops every engine there is.
-    fn launch_unit(
-        self: &Arc<Self>,
-        spec: EngineSpec,
-        begin: Begin,
-    ) -> Option<watch::Receiver<Status>> {
-        let remote = self.executor(&spec).is_none();
-        let (status, watcher) = watch::channel(Status {
-            state: EngineState::Stopped,
-            since: now(),
-            pid: None,
-            port: None,
-            restarts: 0,
-            message: remote.then(|| {
-                format!(
-                    "{} is not this machine, and Tessera has no agent there to start engines with",
-                    spec.machine
-                )
-            }),
-            launch: None,
-        });
-        let (control, commands) = if remote {
-            (None, None)
-        } else {
-            let (tx, rx) = mpsc::channel(4);
-            (Some(tx), Some(rx))
-        };
-        {
-            let shutting_down = self
-                .shutting_down
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            if *shutting_down {
-                return None;
-            }
-            // Registered before its supervisor runs, so that the supervisor's first state is not lost.
-            self.lock().insert(
-                spec.unit.clone(),
-                Unit {
-                    spec: spec.clone(),
-                    status,
-                    control,
-                },
-            );
-        }
-        // An adopted engine runs already: it says so before this returns, not once its supervisor runs.
-        if let Begin::Adopt(running) = &begin {
-            let (_, port) = running.address();
-            self.set(
-                &spec.unit,
-                EngineState::Starting,
-                running.pid(),
-                Some(port),
-                None,
-            );
-        }
-        if let Some(rx) = commands {
-            tokio::spawn(supervisor::supervise(self.clone(), spec, begin, rx));
-        }
-        Some(watcher)
-    }
-
-    /// Starts `spec` and waits until it is healthy, or has failed, or `cancel` says the wait is moot.
-    async fn start_and_wait(
-        self: &Arc<Self>,
-        spec: EngineSpec,
-        cancel: &mut Cancel,
-    ) -> Result<(), StartError> {
-        let unit = spec.unit.clone();
-        let remote = self.executor(&spec).is_none();
-        // An engine sizes itself by the memory free as it starts: not while another beside it still loads
-        // (one that a cancelled change left loading, say).
-        while !remote && self.loading_beside(&spec) {
-            tokio::select! {
-                () = tokio::time::sleep(self.settings.health_interval) => {}
-                _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
-            }
-        }
-        let mut watcher = self
-            .launch_unit(spec, Begin::Start)
-            .ok_or(StartError::Closing)?;
-        if remote {
-            return Ok(());
-        }
-        let done = tokio::select! {
-            done = watcher.wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed)) => {
-                done.map(|s| (s.state, s.message.clone()))
-            }
-            _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
-        };
-        match done {
-            Ok((EngineState::Healthy, _)) => Ok(()),
-            Ok((_, message)) => Err(StartError::Failed(
-                message.unwrap_or_else(|| "failed".to_owned()),
-            )),
-            Err(_) => Err(StartError::Failed(format!(
-                "{unit} was stopped as it started"
-            ))),
-        }
-    }
-
-    /// Why a cancelled start ended.
-    fn halted(&self) -> StartError {
-        if *self
-            .shutting_down
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
-            StartError::Closing
-        } else {
-            StartError::Superseded
-        }
-    }
-
-    /// Whether another engine on one of `spec`'s GPUs is still loading.
-    fn loading_beside(&self, spec: &EngineSpec) -> bool {
-        self.lock().values().any(|u| {
-            u.spec.unit != spec.unit
-                && u.spec.machine == spec.machine
-                && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
-                && u.status.borrow().state == EngineState::Starting
-        })
-    }
-
-    /// Stops one engine and waits until it has exited (also when another change stops it at the same time).
-    async fn stop_unit(&self, unit: &str) {
-        let control = self.lock().get(unit).and_then(|u| u.control.clone());
-        if let Some(control) = control {
-            let _ = control.send(Control::Stop).await;
-            // Its supervisor ends once the engine is gone, dropping the other end.
-            control.closed().await;
-        }
-    }
-
-    fn drop_units(&self, units: &[String]) {
-        let mut all = self.lock();
-        for u in units {
-            all.remove(u);
-        }
-    }
-
-    /// The count of `unit`'s requests in flight.
-    fn counter(&self, unit: &str) -> Arc<AtomicUsize> {
-        self.in_flight
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .entry(unit.to_owned())
-            .or_default()
-            .clone()
-    }
-
-    /// Takes a serving engine out of the rotation and waits, up to the drain grace, until its requests in
-    /// flight are done. Says how many were left.
-    async fn drain(&self, unit: &str, pid: Option<u32>, port: u16) -> usize {
-        let counter = self.counter(unit);
-        self.set(unit, EngineState::Draining, pid, Some(port), None);
-        let deadline = tokio::time::Instant::now() + self.settings.drain_grace;
-        loop {
-            let left = counter.load(Ordering::SeqCst);
-            if left == 0 || tokio::time::Instant::now() >= deadline {
-                return left;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    fn state(&self, unit: &str) -> Option<EngineState> {
-        self.lock().get(unit).map(|u| u.status.borrow().state)
-    }
-
-    /// Records a new state (with its PID and port while it runs) and says so on the event stream.
-    fn set(
-        &self,
-        unit: &str,
-        state: EngineState,
-        pid: Option<u32>,
-        port: Option<u16>,
-        message: Option<String>,
-    ) {
-        let changed = {
-            let units = self.lock();
-            let Some(u) = units.get(unit) else { return };
-            let mut changed = false;
-            u.status.send_if_modified(|s| {
-                changed = s.state != state || s.message != message;
-                if changed {
-                    s.since = now();
-                }
-                let keep_port = matches!(
-                    state,
-                    EngineState::Starting
-                        | EngineState::Healthy
-                        | EngineState::Unhealthy
-                        | EngineState::Draining
-                );
-                s.state = state;
-                s.pid = pid;
-                s.port = if keep_port { port.or(s.port) } else { None };
-                s.message = message.clone();
-                true
-            });
-            changed
-        };
-        if changed {
-            if let Some(m) = &message {
-                tracing::info!("engine {unit}: {state:?}: {m}");
-            }
-            let _ = self.events.send(Event::Engine {
-                at: now(),
-                engine: unit.to_owned(),
-                state,
-                message,
-            });
-        }
-    }
-
-    fn set_launch(&self, unit: &str, launch: &Launch) {
-        if let Some(u) = self.lock().get(unit) {
-            u.status.send_modify(|s| s.launch = Some(launch.clone()));
-        }
-    }
-
-    fn count_restart(&self, unit: &str) {
-        if let Some(u) = self.lock().get(unit) {
-            u.status.send_modify(|s| s.restarts += 1);
-        }
-    }
-
-    /// The memory free on `spec`'s GPUs as it starts: what they offer less what the other running engines
-    /// there take.
-    fn free_at_start(&self, spec: &EngineSpec) -> Bytes {
-        let units = self.lock();
-        let taken: Bytes = units
-            .values()
-            .filter(|u| u.spec.unit != spec.unit && u.spec.machine == spec.machine)
-            .filter(|u| u.spec.gpus.iter().any(|g| spec.gpus.contains(g)))
-            // Running, as a process or a job (which has no PID here).
-            .filter(|u| {
-                matches!(
-                    u.status.borrow().state,
-                    EngineState::Starting
-                        | EngineState::Healthy
-                        | EngineState::Unhealthy
-                        | EngineState::Draining
-                )
-            })
-            .map(|u| u.spec.memory())
-            .sum();
-        spec.gpu_offered.saturating_sub(taken)
-    }
-
-    fn set_progress(&self, group: &str, progress: &Progress) {
-        self.progress
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(group.to_owned(), progress.clone());
-    }
-
-    fn step(
-        &self,
-        group: &str,
-        progress: &mut Progress,
-        i: usize,
-        status: StepStatus,
-        message: Option<String>,
-    ) {
-        let step = &mut progress.steps[i];
-        step.status = status;
-        step.message.clone_from(&message);
-        let event = Event::Step {
-            at: now(),
-            group: group.to_owned(),
-            revision: progress.revision,
-            member: step.member.clone(),
-            action: step.action.clone(),
-            status,
-            message,
-        };
-        self.set_progress(group, progress);
-        let _ = self.events.send(event);
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,418 @@
+//! The engines the runtime knows of, in one table shared with their supervisors: registering and launching
+//! one, starting one and waiting until it is healthy, draining and stopping one, and recording each state
+//! change (with its event) and each plan step's progress.
+
+use super::conductor::{Cancel, StartError};
+use super::executor::Executor;
+use super::local::LocalExecutor;
+use super::ray::RayExecutor;
+use super::spec::{EngineSpec, Host, Launch};
+use super::supervisor::{self, Begin, Control};
+use super::{engine_id, now, EngineState, EngineView, Event, Progress, Settings, StepStatus};
+use crate::units::Holder;
+use placement::Bytes;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, watch};
+
+/// An engine the runtime knows of.
+pub(super) struct Unit {
+    pub(super) spec: EngineSpec,
+    pub(super) status: watch::Sender<Status>,
+    pub(super) control: Option<mpsc::Sender<Control>>,
+}
+
+#[derive(Debug, Clone)]
+pub(super) struct Status {
+    pub(super) state: EngineState,
+    pub(super) since: String,
+    pub(super) pid: Option<u32>,
+    pub(super) port: Option<u16>,
+    pub(super) restarts: u32,
+    pub(super) message: Option<String>,
+    pub(super) launch: Option<Launch>,
+}
+
+/// What the supervisors share with the runtime.
+pub(crate) struct Shared {
+    pub(super) settings: Settings,
+    /// This machine's processes: its own engines and the demo fleet's.
+    pub(super) local: LocalExecutor,
+    /// The Ray cluster's jobs: its machines' engines.
+    pub(super) cluster: Option<RayExecutor>,
+    /// Set once a graceful shutdown begins: from then on no engine starts. Taken before `units`.
+    pub(super) shutting_down: Arc<Mutex<bool>>,
+    pub(super) units: Mutex<BTreeMap<String, Unit>>,
+    pub(super) events: broadcast::Sender<Event>,
+    pub(super) progress: Mutex<BTreeMap<String, Progress>>,
+    /// The gateway's requests in flight, by unit.
+    pub(super) in_flight: Mutex<BTreeMap<String, Arc<AtomicUsize>>>,
+}
+
+pub(super) fn view(unit: &Unit) -> EngineView {
+    let status = unit.status.borrow();
+    let spec = &unit.spec;
+    let (worker, group, model) = match Holder::parse(&spec.unit) {
+        Holder::Member { group, member, .. } => {
+            (None, Some(group.to_owned()), Some(member.to_owned()))
+        }
+        Holder::Worker(worker) => (Some(worker.to_owned()), None, None),
+    };
+    EngineView {
+        id: engine_id(&spec.unit),
+        unit: spec.unit.clone(),
+        worker,
+        group,
+        model,
+        machine: spec.machine.clone(),
+        gpus: spec.gpus.clone(),
+        memory_gb: spec.memory().as_gb_f64(),
+        host: spec.host.clone(),
+        state: status.state,
+        since: status.since.clone(),
+        pid: status.pid,
+        port: status.port,
+        restarts: status.restarts,
+        message: status.message.clone(),
+        command: status.launch.as_ref().map(|l| {
+            std::iter::once(l.program.clone())
+                .chain(l.args.iter().cloned())
+                .collect()
+        }),
+        env: status
+            .launch
+            .as_ref()
+            .map(|l| {
+                l.env
+                    .iter()
+                    .filter(|(k, _)| {
+                        k.starts_with("TESSERA_")
+                            || k.starts_with("CUDA_MPS_")
+                            || k.as_str() == "CUDA_VISIBLE_DEVICES"
+                    })
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    }
+}
+
+impl Shared {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Unit>> {
+        self.units.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn unit_names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
+    pub(super) fn has(&self, unit: &str) -> bool {
+        self.lock().contains_key(unit)
+    }
+
+    /// Every executor there is.
+    pub(super) fn executors(&self) -> Vec<Arc<dyn Executor>> {
+        let mut all: Vec<Arc<dyn Executor>> = vec![Arc::new(self.local.clone())];
+        if let Some(cluster) = &self.cluster {
+            all.push(Arc::new(cluster.clone()));
+        }
+        all
+    }
+
+    /// What starts `spec`'s engine, where anything can.
+    pub(super) fn executor(&self, spec: &EngineSpec) -> Option<Arc<dyn Executor>> {
+        match spec.host {
+            Host::Local | Host::Simulated => Some(Arc::new(self.local.clone())),
+            Host::Cluster { .. } => self
+                .cluster
+                .clone()
+                .map(|c| Arc::new(c) as Arc<dyn Executor>),
+            Host::Remote => None,
+        }
+    }
+
+    /// Registers `spec` and starts its supervisor; a remote engine is only shown. `None` once the server
+    /// is shutting down: nothing new is registered then, so the shutdown stops every engine there is.
+    pub(super) fn launch_unit(
+        self: &Arc<Self>,
+        spec: EngineSpec,
+        begin: Begin,
+    ) -> Option<watch::Receiver<Status>> {
+        let remote = self.executor(&spec).is_none();
+        let (status, watcher) = watch::channel(Status {
+            state: EngineState::Stopped,
+            since: now(),
+            pid: None,
+            port: None,
+            restarts: 0,
+            message: remote.then(|| {
+                format!(
+                    "{} is not this machine, and Tessera has no agent there to start engines with",
+                    spec.machine
+                )
+            }),
+            launch: None,
+        });
+        let (control, commands) = if remote {
+            (None, None)
+        } else {
+            let (tx, rx) = mpsc::channel(4);
+            (Some(tx), Some(rx))
+        };
+        {
+            let shutting_down = self
+                .shutting_down
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if *shutting_down {
+                return None;
+            }
+            // Registered before its supervisor runs, so that the supervisor's first state is not lost.
+            self.lock().insert(
+                spec.unit.clone(),
+                Unit {
+                    spec: spec.clone(),
+                    status,
+                    control,
+                },
+            );
+        }
+        // An adopted engine runs already: it says so before this returns, not once its supervisor runs.
+        if let Begin::Adopt(running) = &begin {
+            let (_, port) = running.address();
+            self.set(
+                &spec.unit,
+                EngineState::Starting,
+                running.pid(),
+                Some(port),
+                None,
+            );
+        }
+        if let Some(rx) = commands {
+            tokio::spawn(supervisor::supervise(self.clone(), spec, begin, rx));
+        }
+        Some(watcher)
+    }
+
+    /// Starts `spec` and waits until it is healthy, or has failed, or `cancel` says the wait is moot.
+    pub(super) async fn start_and_wait(
+        self: &Arc<Self>,
+        spec: EngineSpec,
+        cancel: &mut Cancel,
+    ) -> Result<(), StartError> {
+        let unit = spec.unit.clone();
+        let remote = self.executor(&spec).is_none();
+        // An engine sizes itself by the memory free as it starts: not while another beside it still loads
+        // (one that a cancelled change left loading, say).
+        while !remote && self.loading_beside(&spec) {
+            tokio::select! {
+                () = tokio::time::sleep(self.settings.health_interval) => {}
+                _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
+            }
+        }
+        let mut watcher = self
+            .launch_unit(spec, Begin::Start)
+            .ok_or(StartError::Closing)?;
+        if remote {
+            return Ok(());
+        }
+        let done = tokio::select! {
+            done = watcher.wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed)) => {
+                done.map(|s| (s.state, s.message.clone()))
+            }
+            _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
+        };
+        match done {
+            Ok((EngineState::Healthy, _)) => Ok(()),
+            Ok((_, message)) => Err(StartError::Failed(
+                message.unwrap_or_else(|| "failed".to_owned()),
+            )),
+            Err(_) => Err(StartError::Failed(format!(
+                "{unit} was stopped as it started"
+            ))),
+        }
+    }
+
+    /// Why a cancelled start ended.
+    fn halted(&self) -> StartError {
+        if *self
+            .shutting_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            StartError::Closing
+        } else {
+            StartError::Superseded
+        }
+    }
+
+    /// Whether another engine on one of `spec`'s GPUs is still loading.
+    fn loading_beside(&self, spec: &EngineSpec) -> bool {
+        self.lock().values().any(|u| {
+            u.spec.unit != spec.unit
+                && u.spec.machine == spec.machine
+                && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
+                && u.status.borrow().state == EngineState::Starting
+        })
+    }
+
+    /// Stops one engine and waits until it has exited (also when another change stops it at the same time).
+    pub(super) async fn stop_unit(&self, unit: &str) {
+        let control = self.lock().get(unit).and_then(|u| u.control.clone());
+        if let Some(control) = control {
+            let _ = control.send(Control::Stop).await;
+            // Its supervisor ends once the engine is gone, dropping the other end.
+            control.closed().await;
+        }
+    }
+
+    pub(super) fn drop_units(&self, units: &[String]) {
+        let mut all = self.lock();
+        for u in units {
+            all.remove(u);
+        }
+    }
+
+    /// The count of `unit`'s requests in flight.
+    pub(super) fn counter(&self, unit: &str) -> Arc<AtomicUsize> {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .entry(unit.to_owned())
+            .or_default()
+            .clone()
+    }
+
+    /// Takes a serving engine out of the rotation and waits, up to the drain grace, until its requests in
+    /// flight are done. Says how many were left.
+    pub(super) async fn drain(&self, unit: &str, pid: Option<u32>, port: u16) -> usize {
+        let counter = self.counter(unit);
+        self.set(unit, EngineState::Draining, pid, Some(port), None);
+        let deadline = tokio::time::Instant::now() + self.settings.drain_grace;
+        loop {
+            let left = counter.load(Ordering::SeqCst);
+            if left == 0 || tokio::time::Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub(super) fn state(&self, unit: &str) -> Option<EngineState> {
+        self.lock().get(unit).map(|u| u.status.borrow().state)
+    }
+
+    /// Records a new state (with its PID and port while it runs) and says so on the event stream.
+    pub(super) fn set(
+        &self,
+        unit: &str,
+        state: EngineState,
+        pid: Option<u32>,
+        port: Option<u16>,
+        message: Option<String>,
+    ) {
+        let changed = {
+            let units = self.lock();
+            let Some(u) = units.get(unit) else { return };
+            let mut changed = false;
+            u.status.send_if_modified(|s| {
+                changed = s.state != state || s.message != message;
+                if changed {
+                    s.since = now();
+                }
+                let keep_port = matches!(
+                    state,
+                    EngineState::Starting
+                        | EngineState::Healthy
+                        | EngineState::Unhealthy
+                        | EngineState::Draining
+                );
+                s.state = state;
+                s.pid = pid;
+                s.port = if keep_port { port.or(s.port) } else { None };
+                s.message = message.clone();
+                true
+            });
+            changed
+        };
+        if changed {
+            if let Some(m) = &message {
+                tracing::info!("engine {unit}: {state:?}: {m}");
+            }
+            let _ = self.events.send(Event::Engine {
+                at: now(),
+                engine: unit.to_owned(),
+                state,
+                message,
+            });
+        }
+    }
+
+    pub(super) fn set_launch(&self, unit: &str, launch: &Launch) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| s.launch = Some(launch.clone()));
+        }
+    }
+
+    pub(super) fn count_restart(&self, unit: &str) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| s.restarts += 1);
+        }
+    }
+
+    /// The memory free on `spec`'s GPUs as it starts: what they offer less what the other running engines
+    /// there take.
+    pub(super) fn free_at_start(&self, spec: &EngineSpec) -> Bytes {
+        let units = self.lock();
+        let taken: Bytes = units
+            .values()
+            .filter(|u| u.spec.unit != spec.unit && u.spec.machine == spec.machine)
+            .filter(|u| u.spec.gpus.iter().any(|g| spec.gpus.contains(g)))
+            // Running, as a process or a job (which has no PID here).
+            .filter(|u| {
+                matches!(
+                    u.status.borrow().state,
+                    EngineState::Starting
+                        | EngineState::Healthy
+                        | EngineState::Unhealthy
+                        | EngineState::Draining
+                )
+            })
+            .map(|u| u.spec.memory())
+            .sum();
+        spec.gpu_offered.saturating_sub(taken)
+    }
+
+    pub(super) fn set_progress(&self, group: &str, progress: &Progress) {
+        self.progress
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(group.to_owned(), progress.clone());
+    }
+
+    pub(super) fn step(
+        &self,
+        group: &str,
+        progress: &mut Progress,
+        i: usize,
+        status: StepStatus,
+        message: Option<String>,
+    ) {
+        let step = &mut progress.steps[i];
+        step.status = status;
+        step.message.clone_from(&message);
+        let event = Event::Step {
+            at: now(),
+            group: group.to_owned(),
+            revision: progress.revision,
+            member: step.member.clone(),
+            action: step.action.clone(),
+            status,
+            message,
+        };
+        self.set_progress(group, progress);
+        let _ = self.events.send(event);
+    }
+}

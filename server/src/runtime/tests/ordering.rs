@@ -1,0 +1,161 @@
+//! The order changes are carried out in: what starts after what on a GPU, and nothing starting once a
+//! shutdown begins.
+
+use super::*;
+use crate::runtime::supervisor::Begin;
+
+#[test]
+fn nothing_is_spawned_once_the_server_is_shutting_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let launch = command("late", 0, "sleep 1000")
+        .command_line(1, Bytes::gb(8))
+        .unwrap();
+    let refused = process::spawn(
+        &launch,
+        &dir.path().join("late.log"),
+        &instance(dir.path()),
+        &Mutex::new(true),
+    );
+    assert!(matches!(refused, Err(process::SpawnError::Closing)));
+    assert!(processes_of(dir.path(), "late").is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_queued_when_shutdown_begins_never_spawns() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(
+        pool,
+        Settings {
+            start_timeout: Duration::from_secs(1),
+            max_restarts: 0,
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    let marker = dir.path().join("second-started");
+    let first = command("first", 0, "sleep 1000");
+    let second = command(
+        "second",
+        0,
+        &format!("sh -c 'touch {}; sleep 1000'", marker.display()),
+    );
+    // The second waits for the first to load: same GPU.
+    runtime.submit(Change::Apply(vec![first.clone(), second]));
+    wait_until("the first is loading", || {
+        runtime.engine("first").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    runtime.shutdown().await;
+    // Past the first's start timeout, when the queue would have gone on to the second.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !marker.exists(),
+        "the second started after the shutdown began"
+    );
+    assert!(processes_of(dir.path(), "first").is_empty());
+    assert!(processes_of(dir.path(), "second").is_empty());
+    assert!(runtime.engines().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_backing_off_does_not_start_again_once_shutdown_begins() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(
+        pool,
+        Settings {
+            backoff: Duration::from_millis(500),
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    let starts = dir.path().join("starts");
+    let failing = command(
+        "failing",
+        0,
+        &format!("sh -c 'echo start >> {}; exit 1'", starts.display()),
+    );
+    runtime.submit(Change::Apply(vec![failing]));
+    wait_until("it backs off", || {
+        runtime
+            .engine("failing")
+            .is_some_and(|e| e.state == EngineState::Restarting)
+    })
+    .await;
+    runtime.shutdown().await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let started = std::fs::read_to_string(&starts).unwrap();
+    assert_eq!(started.lines().count(), 1, "it started again");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_does_not_start_beside_one_a_cancelled_change_left_loading() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let runtime = Runtime::open(pool, settings(dir.path())).await.unwrap();
+    let mut events = runtime.shared.events.subscribe();
+    let loading = command("loading", 0, "sleep 1000");
+    runtime.submit(Change::Apply(vec![
+        loading.clone(),
+        command("dropped", 0, "sleep 1000"),
+    ]));
+    wait_until("the first engine is loading", || {
+        runtime.engine("loading").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    // Cancels the first change's wait (it would start "dropped"), while "loading" still loads.
+    let beside = command("beside", 0, "sleep 1000");
+    runtime.submit(Change::Apply(vec![loading, beside.clone()]));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    runtime.submit(Change::Apply(vec![beside]));
+
+    let mut order = Vec::new();
+    while !order.contains(&("beside".to_owned(), EngineState::Starting)) {
+        let event = tokio::time::timeout(PATIENCE, events.recv())
+            .await
+            .expect("events")
+            .unwrap();
+        if let Event::Engine { engine, state, .. } = event {
+            order.push((engine, state));
+        }
+    }
+    assert!(
+        order.contains(&("loading".to_owned(), EngineState::Stopped)),
+        "beside started while loading still loaded: {order:?}"
+    );
+    assert!(!order.iter().any(|(engine, _)| engine == "dropped"));
+    runtime.shutdown().await;
+}
+
+#[tokio::test]
+async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory_free_at_a_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    let on_node = |unit: &str| EngineSpec {
+        machine: "majin".to_owned(),
+        host: Host::Cluster {
+            address: "10.0.0.7".to_owned(),
+            uuids: BTreeMap::from([(0, "GPU-aaaa".to_owned())]),
+            demo: false,
+        },
+        ..command(unit, 0, "sleep 60")
+    };
+    // No cluster executor in this runtime: the job is only registered, and its state set as a job's is.
+    runtime
+        .shared
+        .launch_unit(on_node("job"), Begin::Start)
+        .unwrap();
+    runtime
+        .shared
+        .set("job", EngineState::Healthy, None, Some(8000), None);
+    assert_eq!(
+        runtime.shared.free_at_start(&on_node("next")),
+        Bytes::gb(7),
+        "the job's 1 GB of the 8 GB is taken"
+    );
+}
