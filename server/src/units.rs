@@ -4,7 +4,8 @@
 //! A worker's unit is the worker's own name; a group member's is `group:{group}/{member}@{machine}`. Worker
 //! names cannot contain `:`, `/` or `@`, so the two never meet.
 
-/// The member under which a group's on-demand members hold the room they take turns in.
+/// The member name under which a group holds the room its on-demand members take turns in, beyond what
+/// those loaded hold: not a model's name (those have no spaces), so no engine or usage is ever its.
 pub const TURNS: &str = "on-demand turns";
 
 /// Who holds a share, and whose engine a unit is.

@@ -10,8 +10,8 @@ pub(super) use plan::{plan_with, router_stays_pinned};
 pub use plan::{PlanChange, PlanCommand};
 
 use super::Fleet;
+use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
-use crate::inventory::demo::{CatalogModel, Engine};
 use crate::runtime::{EngineState, Progress};
 use crate::units::Holder;
 use placement::{

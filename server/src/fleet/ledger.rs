@@ -15,9 +15,6 @@ use placement::{
 };
 use std::collections::BTreeMap;
 
-/// The member name under which a group holds the room its on-demand members take turns in, beyond what
-/// those loaded hold: not a model's name (those have no spaces), so no engine or usage is ever its.
-
 /// What a group keeps for its on-demand members beside what the loaded ones hold: the largest on-demand
 /// share (the verdict checked that much fits), less what the loaded ones hold already; none when that is
 /// nothing.

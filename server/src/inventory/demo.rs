@@ -9,7 +9,7 @@ use placement::units::GB;
 use placement::{BasisPoints, Bytes, Gpu, Machine, MigRole};
 use std::collections::BTreeMap;
 
-pub use crate::catalog::{CatalogModel, Engine};
+use crate::catalog::{CatalogModel, Engine};
 
 /// The demo fleet: majin, studio (WSL2), atlas and h200-node.
 pub fn demo_fleet() -> Vec<Machine> {

@@ -11,7 +11,7 @@ mod stopping;
 
 use super::spec::{EngineSpec, Host, Recipe};
 use super::*;
-use crate::inventory::demo::Engine;
+use crate::catalog::Engine;
 use placement::Bytes;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
