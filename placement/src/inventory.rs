@@ -31,7 +31,7 @@ impl GpuRef {
 
 impl fmt::Display for GpuRef {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match crate::mig::instance_of(self.index) {
+        match instance_of(self.index) {
             Some((parent, n)) => write!(f, "MIG instance {n} of GPU {parent} of {}", self.machine),
             None => write!(f, "GPU {} of {}", self.index, self.machine),
         }
@@ -179,7 +179,7 @@ pub struct Gpu {
 pub enum MigRole {
     /// Its MIG mode is on: work runs in its instances, each listed as a GPU of its own, and none on it.
     Cut,
-    /// A MIG instance, held whole by one engine: its index is [`crate::mig::instance_index`] of its GPU's.
+    /// A MIG instance, held whole by one engine: its index is [`instance_index`] of its GPU's.
     Instance {
         /// The index of the GPU it is cut from.
         parent: u32,
@@ -187,6 +187,22 @@ pub enum MigRole {
         profile: String,
     },
 }
+
+/// The index on its machine of MIG instance `n` of GPU `parent` (NVML's order of the GPU's MIG devices):
+/// GPUs are numbered from 0 and instances from 1000 up, so an instance's address never meets a GPU's and
+/// says which GPU it is cut from (instance 2 of GPU 0 is 1002, of GPU 1 2002).
+pub fn instance_index(parent: u32, n: u32) -> u32 {
+    INSTANCES_FROM * (parent + 1) + n
+}
+
+/// The GPU and the instance number an index names, where it names a MIG instance.
+pub fn instance_of(index: u32) -> Option<(u32, u32)> {
+    (index >= INSTANCES_FROM).then(|| (index / INSTANCES_FROM - 1, index % INSTANCES_FROM))
+}
+
+/// Where instance numbers start; NVML numbers a machine's GPUs (at most 64) and a GPU's instances (at most
+/// 7) far below it.
+const INSTANCES_FROM: u32 = 1000;
 
 /// What a GPU of `total` offers to Tessera: its total less what is held outside; nothing where it is cut
 /// into MIG instances (`mig`), whose memory its instances offer.
@@ -289,8 +305,8 @@ impl Inventory {
             }
             for gpu in &machine.gpus {
                 let instance = matches!(gpu.mig, Some(MigRole::Instance { parent, .. })
-                    if crate::mig::instance_of(gpu.index).is_some_and(|(p, _)| p == parent));
-                if instance != crate::mig::instance_of(gpu.index).is_some() {
+                    if instance_of(gpu.index).is_some_and(|(p, _)| p == parent));
+                if instance != instance_of(gpu.index).is_some() {
                     return Err(InventoryError::MisnumberedGpu(GpuRef::new(
                         &machine.name,
                         gpu.index,

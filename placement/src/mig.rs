@@ -12,6 +12,8 @@ use crate::units::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
+pub use crate::inventory::{instance_index, instance_of};
+
 /// Memory slices of a MIG-capable GPU.
 pub const MEMORY_SLICES: u8 = 8;
 /// Compute slices of a MIG-capable GPU.
@@ -147,22 +149,6 @@ pub fn menu(model: &str) -> Option<&'static Menu> {
         None
     }
 }
-
-/// The index on its machine of MIG instance `n` of GPU `parent` (NVML's order of the GPU's MIG devices):
-/// GPUs are numbered from 0 and instances from 1000 up, so an instance's address never meets a GPU's and
-/// says which GPU it is cut from (instance 2 of GPU 0 is 1002, of GPU 1 2002).
-pub fn instance_index(parent: u32, n: u32) -> u32 {
-    INSTANCES_FROM * (parent + 1) + n
-}
-
-/// The GPU and the instance number an index names, where it names a MIG instance.
-pub fn instance_of(index: u32) -> Option<(u32, u32)> {
-    (index >= INSTANCES_FROM).then(|| (index / INSTANCES_FROM - 1, index % INSTANCES_FROM))
-}
-
-/// Where instance numbers start; NVML numbers a machine's GPUs (at most 64) and a GPU's instances (at most
-/// 7) far below it.
-const INSTANCES_FROM: u32 = 1000;
 
 /// The profile of a MIG device as NVML names it (`NVIDIA H100 80GB HBM3 MIG 3g.40gb`).
 pub fn profile_in_name(name: &str) -> Option<&str> {

@@ -2,8 +2,8 @@
 //! stopped. The executors say which of their processes and jobs are still this installation's; the rule for
 //! what is kept of them is the runtime's, the same for every executor.
 
+use super::engines::Begin;
 use super::spec::EngineSpec;
-use super::supervisor::Begin;
 use super::Shared;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -26,7 +26,11 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> s
                         "adopting engine {}, still running as committed",
                         leftover.unit
                     );
-                    shared.launch_unit((*spec).clone(), Begin::Adopt(leftover.running));
+                    super::supervisor::launch(
+                        shared,
+                        (*spec).clone(),
+                        Begin::Adopt(leftover.running),
+                    );
                 }
                 _ => {
                     tracing::info!(

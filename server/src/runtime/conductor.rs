@@ -4,11 +4,12 @@
 //! or stopped first.
 
 use super::adoption::reconcile;
+use super::engines::Begin;
 use super::spec::EngineSpec;
-use super::{Change, Progress, Shared, StepProgress, StepStatus};
+use super::{Change, EngineState, Progress, Shared, StepProgress, StepStatus};
 use placement::Step;
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// What the runtime's handle asks of the conductor, in the order it asked.
@@ -409,4 +410,69 @@ pub(super) fn is_member(unit: &str, group: Option<&str>, member: &str) -> bool {
         return false;
     };
     m == member && group.is_none_or(|want| want == g)
+}
+
+/// Starting an engine in a change's order: after its neighbours have loaded, and no longer than the change
+/// still wants it.
+impl Shared {
+    /// Starts `spec` and waits until it is healthy, or has failed, or `cancel` says the wait is moot.
+    pub(super) async fn start_and_wait(
+        self: &Arc<Self>,
+        spec: EngineSpec,
+        cancel: &mut Cancel,
+    ) -> Result<(), StartError> {
+        let unit = spec.unit.clone();
+        let remote = self.executor(&spec).is_none();
+        // An engine sizes itself by the memory free as it starts: not while another beside it still loads
+        // (one that a cancelled change left loading, say).
+        while !remote && self.loading_beside(&spec) {
+            tokio::select! {
+                () = tokio::time::sleep(self.settings.health_interval) => {}
+                _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
+            }
+        }
+        let mut watcher =
+            super::supervisor::launch(self, spec, Begin::Start).ok_or(StartError::Closing)?;
+        if remote {
+            return Ok(());
+        }
+        let done = tokio::select! {
+            done = watcher.wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed)) => {
+                done.map(|s| (s.state, s.message.clone()))
+            }
+            _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
+        };
+        match done {
+            Ok((EngineState::Healthy, _)) => Ok(()),
+            Ok((_, message)) => Err(StartError::Failed(
+                message.unwrap_or_else(|| "failed".to_owned()),
+            )),
+            Err(_) => Err(StartError::Failed(format!(
+                "{unit} was stopped as it started"
+            ))),
+        }
+    }
+
+    /// Why a cancelled start ended.
+    fn halted(&self) -> StartError {
+        if *self
+            .shutting_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            StartError::Closing
+        } else {
+            StartError::Superseded
+        }
+    }
+
+    /// Whether another engine on one of `spec`'s GPUs is still loading.
+    pub(super) fn loading_beside(&self, spec: &EngineSpec) -> bool {
+        self.lock().values().any(|u| {
+            u.spec.unit != spec.unit
+                && u.spec.machine == spec.machine
+                && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
+                && u.status.borrow().state == EngineState::Starting
+        })
+    }
 }

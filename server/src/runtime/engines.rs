@@ -2,12 +2,10 @@
 //! one, starting one and waiting until it is healthy, draining and stopping one, and recording each state
 //! change (with its event) and each plan step's progress.
 
-use super::conductor::{Cancel, StartError};
-use super::executor::Executor;
+use super::executor::{Executor, Running};
 use super::local::LocalExecutor;
 use super::ray::RayExecutor;
 use super::spec::{EngineSpec, Host, Launch};
-use super::supervisor::{self, Begin, Control};
 use super::{engine_id, now, EngineState, EngineView, Event, Progress, Settings, StepStatus};
 use crate::units::Holder;
 use placement::Bytes;
@@ -16,6 +14,20 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tokio::sync::{broadcast, mpsc, watch};
+
+/// What the runtime asks of a supervisor.
+pub(super) enum Control {
+    /// Stop the engine gracefully; the supervisor ends once it has exited.
+    Stop,
+}
+
+/// How the supervisor begins.
+pub(super) enum Begin {
+    /// Start a new engine.
+    Start,
+    /// Watch an engine a previous server started, which still runs as the committed state wants.
+    Adopt(Box<dyn Running>),
+}
 
 /// An engine the runtime knows of.
 pub(super) struct Unit {
@@ -133,13 +145,15 @@ impl Shared {
         }
     }
 
-    /// Registers `spec` and starts its supervisor; a remote engine is only shown. `None` once the server
-    /// is shutting down: nothing new is registered then, so the shutdown stops every engine there is.
-    pub(super) fn launch_unit(
-        self: &Arc<Self>,
-        spec: EngineSpec,
-        begin: Begin,
-    ) -> Option<watch::Receiver<Status>> {
+    /// Registers `spec`, with where its supervisor (started by [`super::supervisor::launch`]) is told what
+    /// to do; a remote engine is only shown, and has none. `None` once the server is shutting down: nothing
+    /// new is registered then, so the shutdown stops every engine there is.
+    #[allow(clippy::type_complexity)]
+    pub(super) fn register(
+        &self,
+        spec: &EngineSpec,
+        begin: &Begin,
+    ) -> Option<(watch::Receiver<Status>, Option<mpsc::Receiver<Control>>)> {
         let remote = self.executor(&spec).is_none();
         let (status, watcher) = watch::channel(Status {
             state: EngineState::Stopped,
@@ -180,7 +194,7 @@ impl Shared {
             );
         }
         // An adopted engine runs already: it says so before this returns, not once its supervisor runs.
-        if let Begin::Adopt(running) = &begin {
+        if let Begin::Adopt(running) = begin {
             let (_, port) = running.address();
             self.set(
                 &spec.unit,
@@ -190,72 +204,7 @@ impl Shared {
                 None,
             );
         }
-        if let Some(rx) = commands {
-            tokio::spawn(supervisor::supervise(self.clone(), spec, begin, rx));
-        }
-        Some(watcher)
-    }
-
-    /// Starts `spec` and waits until it is healthy, or has failed, or `cancel` says the wait is moot.
-    pub(super) async fn start_and_wait(
-        self: &Arc<Self>,
-        spec: EngineSpec,
-        cancel: &mut Cancel,
-    ) -> Result<(), StartError> {
-        let unit = spec.unit.clone();
-        let remote = self.executor(&spec).is_none();
-        // An engine sizes itself by the memory free as it starts: not while another beside it still loads
-        // (one that a cancelled change left loading, say).
-        while !remote && self.loading_beside(&spec) {
-            tokio::select! {
-                () = tokio::time::sleep(self.settings.health_interval) => {}
-                _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
-            }
-        }
-        let mut watcher = self
-            .launch_unit(spec, Begin::Start)
-            .ok_or(StartError::Closing)?;
-        if remote {
-            return Ok(());
-        }
-        let done = tokio::select! {
-            done = watcher.wait_for(|s| matches!(s.state, EngineState::Healthy | EngineState::Failed)) => {
-                done.map(|s| (s.state, s.message.clone()))
-            }
-            _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
-        };
-        match done {
-            Ok((EngineState::Healthy, _)) => Ok(()),
-            Ok((_, message)) => Err(StartError::Failed(
-                message.unwrap_or_else(|| "failed".to_owned()),
-            )),
-            Err(_) => Err(StartError::Failed(format!(
-                "{unit} was stopped as it started"
-            ))),
-        }
-    }
-
-    /// Why a cancelled start ended.
-    fn halted(&self) -> StartError {
-        if *self
-            .shutting_down
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-        {
-            StartError::Closing
-        } else {
-            StartError::Superseded
-        }
-    }
-
-    /// Whether another engine on one of `spec`'s GPUs is still loading.
-    fn loading_beside(&self, spec: &EngineSpec) -> bool {
-        self.lock().values().any(|u| {
-            u.spec.unit != spec.unit
-                && u.spec.machine == spec.machine
-                && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
-                && u.status.borrow().state == EngineState::Starting
-        })
+        Some((watcher, commands))
     }
 
     /// Stops one engine and waits until it has exited (also when another change stops it at the same time).

@@ -2,26 +2,27 @@
 //! checks its health over HTTP, restarts it after a crash with exponential backoff up to a cap, and stops it
 //! gracefully. The same for every executor.
 
+use super::engines::{Begin, Control, Status};
 use super::executor::{Running, StartFailure};
 use super::spec::EngineSpec;
 use super::{EngineState, Shared};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, timeout, Instant};
 
-/// What the runtime asks of a supervisor.
-pub(super) enum Control {
-    /// Stop the engine gracefully; the supervisor ends once it has exited.
-    Stop,
-}
-
-/// How the supervisor begins.
-pub(super) enum Begin {
-    /// Start a new engine.
-    Start,
-    /// Watch an engine a previous server started, which still runs as the committed state wants.
-    Adopt(Box<dyn Running>),
+/// Registers `spec` and starts its supervisor (a remote engine is only shown); `None` once the server is
+/// shutting down.
+pub(super) fn launch(
+    shared: &Arc<Shared>,
+    spec: EngineSpec,
+    begin: Begin,
+) -> Option<watch::Receiver<Status>> {
+    let (watcher, commands) = shared.register(&spec, &begin)?;
+    if let Some(rx) = commands {
+        tokio::spawn(supervise(shared.clone(), spec, begin, rx));
+    }
+    Some(watcher)
 }
 
 /// Supervises `spec` until told to stop.

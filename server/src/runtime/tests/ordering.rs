@@ -2,7 +2,7 @@
 //! shutdown begins.
 
 use super::*;
-use crate::runtime::supervisor::Begin;
+use crate::runtime::engines::Begin;
 
 #[test]
 fn nothing_is_spawned_once_the_server_is_shutting_down() {
@@ -146,10 +146,7 @@ async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory
         ..command(unit, 0, "sleep 60")
     };
     // No cluster executor in this runtime: the job is only registered, and its state set as a job's is.
-    runtime
-        .shared
-        .launch_unit(on_node("job"), Begin::Start)
-        .unwrap();
+    crate::runtime::supervisor::launch(&runtime.shared, on_node("job"), Begin::Start).unwrap();
     runtime
         .shared
         .set("job", EngineState::Healthy, None, Some(8000), None);
