@@ -5,7 +5,7 @@ use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{ChangeOutcome, EngineStatus, ModelRow, OnDemand, PlanProgress, StepState};
+use crate::views::{ChangeOutcome, EngineState, ModelRow, OnDemand, PlanProgress, StepState};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
@@ -190,7 +190,7 @@ fn ModelLine(
     let (name, system, in_group) =
         row.with_untracked(|r| (r.name.clone(), r.system, r.group.is_some()));
     let state = move || row.with(ModelRow::state);
-    let healthy = move || state().0 == EngineStatus::Healthy;
+    let healthy = move || state().0 == EngineState::Healthy;
     let sharing = format!("/models/{name}/sharing");
     let serving = format!("/models/{name}/serving");
     let remove_name = name.clone();

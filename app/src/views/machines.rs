@@ -1,7 +1,7 @@
 //! Machines and their GPUs: the Nodes tab's rows and the machine page, with each GPU's readings, sharers,
 //! MIG part and sharing setting.
 
-use super::models::EngineStatus;
+use super::models::EngineState;
 use placement::{BasisPoints, Bytes};
 use serde::{Deserialize, Serialize};
 
@@ -285,7 +285,7 @@ pub struct WorkerLine {
     /// What it takes on each, when shared.
     pub shared: Option<Bytes>,
     /// Its engine's state.
-    pub status: Option<EngineStatus>,
+    pub status: Option<EngineState>,
 }
 
 impl WorkerLine {

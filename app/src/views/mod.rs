@@ -24,6 +24,6 @@ pub use machines::{
     GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, PendingLine, Sharer,
     SharingChange, WorkerLine,
 };
-pub use models::{EngineLine, EngineStatus, LoadState, ModelRow, OnDemand};
+pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
 pub use playground::Playground;
 pub use repack::{RepackProgress, RepackRun};

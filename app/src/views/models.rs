@@ -7,59 +7,60 @@ use serde::{Deserialize, Serialize};
 /// Where an engine is in its life, as the runtime reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum EngineStatus {
+pub enum EngineState {
     /// Started, not yet answering its health check.
     Starting,
     /// Answering its health check: it can serve.
     Healthy,
     /// Running, but its health checks fail.
     Unhealthy,
-    /// About to stop: finishing its requests in flight, taking no new ones.
+    /// About to stop: out of the gateway's rotation, finishing its requests in flight (up to the drain
+    /// grace) before it is stopped.
     Draining,
     /// Exited; waiting out its backoff before it starts again.
     Restarting,
     /// Not running, as wanted (or on a machine Tessera cannot start engines on).
     Stopped,
-    /// Not running, against what was wanted.
+    /// Not running, against what was wanted: its start failed, or it failed too often in a row.
     Failed,
 }
 
-impl EngineStatus {
+impl EngineState {
     /// The word the Models tab shows.
     pub fn label(self) -> &'static str {
         match self {
-            EngineStatus::Starting => "Starting",
-            EngineStatus::Healthy => "Serving",
-            EngineStatus::Unhealthy => "Unhealthy",
-            EngineStatus::Draining => "Draining",
-            EngineStatus::Restarting => "Restarting",
-            EngineStatus::Stopped => "Stopped",
-            EngineStatus::Failed => "Failed",
+            EngineState::Starting => "Starting",
+            EngineState::Healthy => "Serving",
+            EngineState::Unhealthy => "Unhealthy",
+            EngineState::Draining => "Draining",
+            EngineState::Restarting => "Restarting",
+            EngineState::Stopped => "Stopped",
+            EngineState::Failed => "Failed",
         }
     }
 
     /// Its CSS class.
     pub fn css_class(self) -> &'static str {
         match self {
-            EngineStatus::Starting => "starting",
-            EngineStatus::Healthy => "serving",
-            EngineStatus::Unhealthy => "unhealthy",
-            EngineStatus::Draining => "draining",
-            EngineStatus::Restarting => "restarting",
-            EngineStatus::Stopped => "stopped",
-            EngineStatus::Failed => "failed",
+            EngineState::Starting => "starting",
+            EngineState::Healthy => "serving",
+            EngineState::Unhealthy => "unhealthy",
+            EngineState::Draining => "draining",
+            EngineState::Restarting => "restarting",
+            EngineState::Stopped => "stopped",
+            EngineState::Failed => "failed",
         }
     }
 
     /// How much the state needs an operator's eye: the row shows its worst engine.
     fn concern(self) -> u8 {
         match self {
-            EngineStatus::Healthy => 0,
-            EngineStatus::Starting => 1,
-            EngineStatus::Draining | EngineStatus::Restarting => 2,
-            EngineStatus::Stopped => 3,
-            EngineStatus::Unhealthy => 4,
-            EngineStatus::Failed => 5,
+            EngineState::Healthy => 0,
+            EngineState::Starting => 1,
+            EngineState::Draining | EngineState::Restarting => 2,
+            EngineState::Stopped => 3,
+            EngineState::Unhealthy => 4,
+            EngineState::Failed => 5,
         }
     }
 }
@@ -70,7 +71,7 @@ pub struct EngineLine {
     /// The machine it runs on.
     pub machine: String,
     /// Its state.
-    pub status: EngineStatus,
+    pub status: EngineState,
     /// Why it is not as wanted.
     pub message: Option<String>,
 }
@@ -175,13 +176,13 @@ impl ModelRow {
         let healthy = self
             .engines
             .iter()
-            .filter(|e| e.status == EngineStatus::Healthy)
+            .filter(|e| e.status == EngineState::Healthy)
             .count();
         format!("{healthy}/{} healthy", self.engines.len())
     }
 
     /// The state of its worst engine (`Serving` when every engine is healthy), with why.
-    pub fn state(&self) -> (EngineStatus, Option<String>) {
+    pub fn state(&self) -> (EngineState, Option<String>) {
         let idle = self
             .on_demand
             .as_ref()
@@ -191,7 +192,7 @@ impl ModelRow {
             .iter()
             .max_by_key(|e| e.status.concern())
             .map(|e| (e.status, e.message.clone()))
-            .unwrap_or((EngineStatus::Stopped, idle))
+            .unwrap_or((EngineState::Stopped, idle))
     }
 
     /// The Share column: `40%` in a group, `2 whole GPUs` outside one.
@@ -209,7 +210,7 @@ impl ModelRow {
 mod tests {
     use super::*;
 
-    fn row(engines: &[EngineStatus]) -> ModelRow {
+    fn row(engines: &[EngineState]) -> ModelRow {
         ModelRow {
             name: "glm-5.3".into(),
             group: Some("text-router".into()),
@@ -245,7 +246,7 @@ mod tests {
         assert_eq!(
             r.state(),
             (
-                EngineStatus::Stopped,
+                EngineState::Stopped,
                 Some("not loaded: the next request loads it".to_owned())
             )
         );
@@ -267,18 +268,15 @@ mod tests {
 
     #[test]
     fn the_health_chip_counts_healthy_engines() {
-        let r = row(&[EngineStatus::Healthy, EngineStatus::Starting]);
+        let r = row(&[EngineState::Healthy, EngineState::Starting]);
         assert_eq!(r.health(), "1/2 healthy");
-        assert_eq!(r.state().0, EngineStatus::Starting);
+        assert_eq!(r.state().0, EngineState::Starting);
+        assert_eq!(row(&[EngineState::Healthy; 2]).state().0.label(), "Serving");
         assert_eq!(
-            row(&[EngineStatus::Healthy; 2]).state().0.label(),
-            "Serving"
-        );
-        assert_eq!(
-            row(&[EngineStatus::Restarting, EngineStatus::Failed])
+            row(&[EngineState::Restarting, EngineState::Failed])
                 .state()
                 .0,
-            EngineStatus::Failed
+            EngineState::Failed
         );
     }
 }

@@ -1,7 +1,7 @@
 //! The Nodes tab and a machine's page: each machine's GPUs, what they hold and who shares them, what waits
 //! for them; and a GPU's sharing mode, set from that page. The deploy forms offer the same GPUs.
 
-use super::{app_error, status, whole_deployments, ConsoleService};
+use super::{app_error, whole_deployments, ConsoleService};
 use crate::error::ApiError;
 use crate::fleet::groups::Group;
 use crate::fleet::{GpuView, MachineView};
@@ -145,7 +145,7 @@ impl ConsoleService {
                 status: engines
                     .iter()
                     .find(|e| e.worker.as_deref() == Some(&w.name))
-                    .map(|e| status(e.state)),
+                    .map(|e| e.state),
             })
             .collect();
         for group in &self.fleet.committed().groups {
@@ -177,7 +177,7 @@ impl ConsoleService {
                                 && e.model.as_deref() == Some(&share.member)
                                 && e.machine == name
                         })
-                        .map(|e| status(e.state)),
+                        .map(|e| e.state),
                 });
             }
         }

@@ -13,14 +13,14 @@ mod models;
 use crate::accounts;
 use crate::error::ApiError;
 use crate::fleet::{Fleet, WorkerView};
-use crate::runtime::{EngineState, EngineView};
+use crate::runtime::EngineView;
 use app::auth::{Caller, Role};
 use app::error::AppError;
 use app::services::{Answer, Console};
 use app::views::{
     AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest, EngineLine,
-    EngineStatus, MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, Serving,
-    ServingForm, SharingForm, TokenLimits,
+    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, Serving, ServingForm,
+    SharingForm, TokenLimits,
 };
 use placement::{BasisPoints, Demand, Grouping, UsageReport};
 use sqlx::SqlitePool;
@@ -66,22 +66,10 @@ fn app_error(e: ApiError) -> AppError {
     }
 }
 
-fn status(state: EngineState) -> EngineStatus {
-    match state {
-        EngineState::Starting => EngineStatus::Starting,
-        EngineState::Healthy => EngineStatus::Healthy,
-        EngineState::Unhealthy => EngineStatus::Unhealthy,
-        EngineState::Draining => EngineStatus::Draining,
-        EngineState::Restarting => EngineStatus::Restarting,
-        EngineState::Stopped => EngineStatus::Stopped,
-        EngineState::Failed => EngineStatus::Failed,
-    }
-}
-
 fn engine_line(e: &EngineView) -> EngineLine {
     EngineLine {
         machine: e.machine.clone(),
-        status: status(e.state),
+        status: e.state,
         message: e.message.clone(),
     }
 }

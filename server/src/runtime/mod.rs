@@ -18,6 +18,8 @@ mod settings;
 pub mod spec;
 mod supervisor;
 
+/// Where an engine is in its life: the one enum the runtime, the REST API and the console's pages share.
+pub use app::views::EngineState;
 pub use settings::{Hosts, Settings};
 
 use crate::inventory::LocalGpus;
@@ -34,27 +36,6 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{broadcast, mpsc, oneshot, watch};
-
-/// Where an engine is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineState {
-    /// Started, not yet answering its health check.
-    Starting,
-    /// Answering its health check.
-    Healthy,
-    /// Running, but its health checks fail.
-    Unhealthy,
-    /// About to stop: out of the gateway's rotation, finishing its requests in flight (up to the drain
-    /// grace) before it is stopped.
-    Draining,
-    /// Exited or killed; waiting out its backoff before it starts again.
-    Restarting,
-    /// Not running, as wanted (or on a machine Tessera cannot start engines on).
-    Stopped,
-    /// Not running, against what was wanted: its start failed, or it failed too often in a row.
-    Failed,
-}
 
 /// What the event stream (`GET /api/events`) carries.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
