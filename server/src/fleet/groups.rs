@@ -369,13 +369,10 @@ pub(super) fn check_recipe(model: &CatalogModel) -> Result<(), ApiError> {
 
 /// Environment variable names as a shell and the engines take them.
 pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    let bad = env.keys().find(|k| {
-        !k.starts_with(|c: char| c.is_ascii_alphabetic() || c == '_')
-            || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
-    });
-    match bad {
+    match env.keys().find(|k| !placement::names::is_env_name(k)) {
         Some(k) => Err(ApiError::Unprocessable(format!(
-            "environment variable name {k:?}: use letters, digits and '_', not starting with a digit"
+            "environment variable name {k:?}: {}",
+            placement::names::ENV_NAME_RULE
         ))),
         None => Ok(()),
     }
