@@ -50,8 +50,10 @@ pub struct Move {
     pub memory: Bytes,
 }
 
-/// One step of carrying a repack out.
+/// One step of carrying a repack out. On the wire, `action` (`stop` or `start`), `unit` and `gpu`, beside
+/// the deprecated `{"Stop": {"unit", "gpu"}}` / `{"Start": …}` key, kept one release.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "RepackStepWire", try_from = "RepackStepIn")]
 pub enum RepackStep {
     /// Stop the unit's workers on this GPU and wait until their memory is free.
     Stop {
@@ -67,6 +69,65 @@ pub enum RepackStep {
         /// The GPU it comes to.
         gpu: GpuRef,
     },
+}
+
+/// A step's unit and GPU, as the deprecated key held them.
+#[derive(Clone, Serialize, Deserialize)]
+struct UnitOnGpu {
+    unit: String,
+    gpu: GpuRef,
+}
+
+/// How a [`RepackStep`] is written.
+#[derive(Serialize)]
+struct RepackStepWire {
+    #[serde(rename = "Stop", skip_serializing_if = "Option::is_none")]
+    old_stop: Option<UnitOnGpu>,
+    #[serde(rename = "Start", skip_serializing_if = "Option::is_none")]
+    old_start: Option<UnitOnGpu>,
+    action: &'static str,
+    unit: String,
+    gpu: GpuRef,
+}
+
+impl From<RepackStep> for RepackStepWire {
+    fn from(step: RepackStep) -> RepackStepWire {
+        let (action, unit, gpu) = match step {
+            RepackStep::Stop { unit, gpu } => ("stop", unit, gpu),
+            RepackStep::Start { unit, gpu } => ("start", unit, gpu),
+        };
+        let old = Some(UnitOnGpu {
+            unit: unit.clone(),
+            gpu: gpu.clone(),
+        });
+        RepackStepWire {
+            old_stop: if action == "stop" { old.clone() } else { None },
+            old_start: if action == "start" { old } else { None },
+            action,
+            unit,
+            gpu,
+        }
+    }
+}
+
+/// A [`RepackStep`] as read back, from its old key or its new fields.
+#[derive(Deserialize)]
+struct RepackStepIn {
+    #[serde(rename = "Stop")]
+    old_stop: Option<UnitOnGpu>,
+    #[serde(rename = "Start")]
+    old_start: Option<UnitOnGpu>,
+}
+
+impl TryFrom<RepackStepIn> for RepackStep {
+    type Error = &'static str;
+    fn try_from(step: RepackStepIn) -> Result<RepackStep, &'static str> {
+        match (step.old_stop, step.old_start) {
+            (Some(UnitOnGpu { unit, gpu }), None) => Ok(RepackStep::Stop { unit, gpu }),
+            (None, Some(UnitOnGpu { unit, gpu })) => Ok(RepackStep::Start { unit, gpu }),
+            _ => Err("a repack step is either Stop or Start"),
+        }
+    }
 }
 
 /// A GPU's load before or after a repack.

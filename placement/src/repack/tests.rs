@@ -434,3 +434,31 @@ fn work_moves_onto_an_mps_gpu_only_where_its_48_engines_hold_whatever_else_moves
     assert!(plan.moves.is_empty(), "{plan:?}");
     assert!(plan.freed.is_empty());
 }
+
+#[test]
+fn a_repack_step_speaks_snake_case_beside_the_deprecated_key() {
+    let gpu = GpuRef::new("atlas", 1);
+    let steps = vec![
+        RepackStep::Stop {
+            unit: "scribe".into(),
+            gpu: gpu.clone(),
+        },
+        RepackStep::Start {
+            unit: "scribe".into(),
+            gpu: gpu.clone(),
+        },
+    ];
+    let json = serde_json::to_value(&steps).unwrap();
+    let at = serde_json::to_value(&gpu).unwrap();
+    assert_eq!(
+        json,
+        serde_json::json!([
+            {"action": "stop", "unit": "scribe", "gpu": at, "Stop": {"unit": "scribe", "gpu": at}},
+            {"action": "start", "unit": "scribe", "gpu": at, "Start": {"unit": "scribe", "gpu": at}},
+        ])
+    );
+    assert_eq!(
+        serde_json::from_value::<Vec<RepackStep>>(json).unwrap(),
+        steps
+    );
+}
