@@ -29,6 +29,10 @@ pub(super) enum Begin {
     Adopt(Box<dyn Running>),
 }
 
+/// A unit just registered: its states as they change, and (where it has a supervisor) what that supervisor
+/// is told.
+pub(super) type Registered = (watch::Receiver<Status>, Option<mpsc::Receiver<Control>>);
+
 /// An engine the runtime knows of.
 pub(super) struct Unit {
     pub(super) spec: EngineSpec,
@@ -148,13 +152,8 @@ impl Shared {
     /// Registers `spec`, with where its supervisor (started by [`super::supervisor::launch`]) is told what
     /// to do; a remote engine is only shown, and has none. `None` once the server is shutting down: nothing
     /// new is registered then, so the shutdown stops every engine there is.
-    #[allow(clippy::type_complexity)]
-    pub(super) fn register(
-        &self,
-        spec: &EngineSpec,
-        begin: &Begin,
-    ) -> Option<(watch::Receiver<Status>, Option<mpsc::Receiver<Control>>)> {
-        let remote = self.executor(&spec).is_none();
+    pub(super) fn register(&self, spec: &EngineSpec, begin: &Begin) -> Option<Registered> {
+        let remote = self.executor(spec).is_none();
         let (status, watcher) = watch::channel(Status {
             state: EngineState::Stopped,
             since: now(),
