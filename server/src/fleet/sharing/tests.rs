@@ -258,9 +258,20 @@ async fn once_idle(app: &TestApp, gpu: &str, body: Value, worker: &str) -> Value
     );
     app.call(Method::DELETE, &format!("/api/workers/{worker}"), None)
         .await;
-    let (status, change) = set(app, gpu, body).await;
-    assert_eq!(status, StatusCode::OK, "{change}");
-    change
+    // Its engine is let go at once, but stops in its own time (longer on a loaded machine): until then
+    // the GPU is refused as not yet idle.
+    let started = std::time::Instant::now();
+    loop {
+        let (status, change) = set(app, gpu, body.clone()).await;
+        let stopping = change["error"]
+            .as_str()
+            .is_some_and(|e| e.contains("whose engine has not stopped yet"));
+        if !stopping || started.elapsed() > std::time::Duration::from_secs(30) {
+            assert_eq!(status, StatusCode::OK, "{change}");
+            return change;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
 }
 
 /// What `CUDA_VISIBLE_DEVICES` the engine of `unit` is started with.
