@@ -78,3 +78,33 @@ fn the_tokens_are_read_from_the_last_usage_of_an_answer_or_of_its_events() {
     assert_eq!(usage_in(br#"{"usage": null}"#), None);
     assert_eq!(usage_in(br#"{"usage": {"prompt_tok"#), None, "cut short");
 }
+
+#[test]
+fn the_headers_a_connection_header_names_and_an_engines_cookies_never_cross_the_gateway() {
+    let headers = HeaderMap::from_iter([
+        (
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Hop-One"),
+        ),
+        (header::CONNECTION, HeaderValue::from_static("x-hop-two")),
+        (
+            header::HeaderName::from_static("x-hop-one"),
+            HeaderValue::from_static("1"),
+        ),
+        (
+            header::HeaderName::from_static("x-hop-two"),
+            HeaderValue::from_static("2"),
+        ),
+        (
+            header::SET_COOKIE,
+            HeaderValue::from_static("engine=1; Path=/"),
+        ),
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ),
+    ]);
+    let passed = passed_on(headers);
+    let names: Vec<&str> = passed.keys().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["content-type"]);
+}

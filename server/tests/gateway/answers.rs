@@ -1,7 +1,8 @@
-//! Which engine of a model answers: the least busy, balanced per model by requests in flight.
+//! Which engine of a model answers, and what of its answer reaches the client: balanced per model by
+//! requests in flight, and without the engine's cookies or the headers its `Connection` header names.
 
 use super::{ask, deploy, Answer};
-use crate::support::Server;
+use crate::support::{self, Server};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -107,4 +108,49 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
         "{busy} was streaming, yet answered some of {meanwhile:?}"
     );
     Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engines_set_cookie_and_the_headers_its_connection_header_names_never_reach_the_client()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let headers = json!({"set-cookie": "id=engine; Path=/", "connection": "x-engine-hop",
+                         "x-engine-hop": "1", "x-engine-kept": "1"});
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40,
+               "env": {"TESSERA_DEMO_ANSWER_HEADERS": headers.to_string()}}),
+    )
+    .await;
+    let engine = server.wait_healthy(1).await.remove(0);
+    let port = engine["port"].as_u64().unwrap() as u16;
+    let mut direct = support::connect(port).await.unwrap();
+    let told = direct
+        .send_request(
+            hyper::Request::get("/v1/models")
+                .header(hyper::header::HOST, "127.0.0.1")
+                .body(http_body_util::Full::new(hyper::body::Bytes::new()))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        told.headers()["set-cookie"],
+        "id=engine; Path=/",
+        "the engine sends them"
+    );
+    assert_eq!(told.headers()["x-engine-hop"], "1");
+
+    let answer = ask(&server, "/v1/chat/completions", chat("glm-5.3", false)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    for gone in ["set-cookie", "x-engine-hop"] {
+        assert!(
+            answer.headers.get(gone).is_none(),
+            "{gone}: {:?}",
+            answer.headers
+        );
+    }
+    assert_eq!(answer.headers["x-engine-kept"], "1");
+    server.stop().await;
 }
