@@ -4,7 +4,7 @@
 //! speaks the OpenAI routes an engine serves (`/v1/models`, `/v1/chat/completions` streamed or not,
 //! `/v1/completions`, `/v1/embeddings`), answering with words of its own, so that the gateway can be tried
 //! without a GPU; each answer says which engine gave it (`x-tessera-engine`). For the gateway's tests it can
-//! add headers of its own to its answers.
+//! add headers of its own to its answers and die in the middle of a streamed one.
 
 use axum::body::Body;
 use axum::extract::State;
@@ -48,7 +48,9 @@ struct Engine {
 /// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
 /// before it listens, as a real engine loads its weights; with `TESSERA_DEMO_EXIT_AFTER_MS` it exits with
 /// status 70 that long after it starts, as an engine that cannot load. `TESSERA_DEMO_ANSWER_HEADERS` (a JSON
-/// object of names and values) is added to each OpenAI answer's headers.
+/// object of names and values) is added to each OpenAI answer's headers; with
+/// `TESSERA_DEMO_DIE_AFTER_CHUNKS` it exits with status 70 after that many events of a streamed answer, as
+/// an engine that crashes while it answers.
 pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let port: u16 = var("TESSERA_PORT")
@@ -207,12 +209,23 @@ fn word_pause() -> Duration {
     Duration::from_millis(ms)
 }
 
-/// `data: …` events, one per chunk, a pause before each, then `data: [DONE]`.
+/// `data: …` events, one per chunk, a pause before each, then `data: [DONE]`; or, told to die after N
+/// (`TESSERA_DEMO_DIE_AFTER_CHUNKS`), N of them and an exit.
 fn event_stream(chunks: Vec<Value>) -> Response {
     let pause = word_pause();
-    let events = futures::stream::unfold(chunks.into_iter(), move |mut rest| async move {
+    let die_after: Option<usize> = std::env::var("TESSERA_DEMO_DIE_AFTER_CHUNKS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let chunks = chunks.into_iter().enumerate();
+    let events = futures::stream::unfold(chunks, move |mut rest| async move {
         let event = match rest.next() {
-            Some(chunk) => {
+            Some((sent, _)) if Some(sent) == die_after => {
+                // The events before have gone out meanwhile: the client holds part of an answer.
+                tokio::time::sleep(pause).await;
+                println!("dying after {sent} events of an answer, as told");
+                std::process::exit(70);
+            }
+            Some((_, chunk)) => {
                 tokio::time::sleep(pause).await;
                 format!("data: {chunk}\n\n")
             }

@@ -1,15 +1,11 @@
 //! The gateway's half of an engine's drain: a request goes only to an engine that serves now, and is counted
-//! in flight there until the last of its answer has gone, so an engine taken out of the rotation finishes
-//! what it was given before it is stopped. The count is taken as the engine is chosen and given back with
-//! the answer's end, so both sit here. The same count chooses among a model's engines: the least busy first.
+//! in flight there until the last of its answer has gone (`answer` holds the count that long), so an engine
+//! taken out of the rotation finishes what it was given before it is stopped. The same count chooses among
+//! a model's engines: the least busy first.
 
-use super::metering::Meter;
 use super::{address, engines_of};
 use crate::runtime::{EngineState, EngineView, InFlight};
 use crate::AppState;
-use axum::body::Body;
-use http_body_util::BodyExt;
-use hyper::body::Incoming;
 
 /// An engine a request goes to: the request's count in flight there, the engine's host and port, its unit.
 pub(super) type Taken = (InFlight, String, u16, String);
@@ -39,16 +35,4 @@ pub(super) fn take(state: &AppState, model: &str) -> Option<Taken> {
             .begin_request(&engine.unit)
             .map(|counted| (counted, host.clone(), *port, engine.unit.clone()))
     })
-}
-
-/// The engine's answer, passed on as it comes.
-pub(super) fn held_to_the_end(body: Incoming, in_flight: InFlight, mut meter: Meter) -> Body {
-    // Counted in flight, and metered, until the last of the answer has gone (or the caller has left).
-    Body::new(body.map_frame(move |frame| {
-        let _counted = &in_flight;
-        if let Some(data) = frame.data_ref() {
-            meter.saw(data);
-        }
-        frame
-    }))
 }

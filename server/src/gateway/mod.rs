@@ -7,9 +7,10 @@
 //! Here: the routes and a request's way through them (the model it names, a group's router, the call to the
 //! engine). Beside it, each in a room of its own: the caller's key and its models (`keys`), what a request
 //! is counted as (`metering`), the engine's count of requests in flight that a drain waits on and that
-//! chooses the engine (`drain`), the wait for a ready engine and an on-demand load (`on_demand`), and what
-//! headers cross (`headers`).
+//! chooses the engine (`drain`), the wait for a ready engine and an on-demand load (`on_demand`), what
+//! headers cross (`headers`) and the answer's way back (`answer`).
 
+mod answer;
 mod drain;
 mod headers;
 mod keys;
@@ -22,6 +23,7 @@ use crate::fleet::groups::{GroupView, MemberView};
 use crate::runtime::spec::Host;
 use crate::runtime::{EngineState, EngineView};
 use crate::AppState;
+use answer::Passing;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
@@ -380,7 +382,17 @@ async fn to_model(
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);
             meter.answered(parts.status);
-            Response::from_parts(parts, drain::held_to_the_end(body, in_flight, meter))
+            let events = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+            let passing = Passing {
+                _in_flight: in_flight,
+                meter,
+                events,
+                model: model.to_owned(),
+            };
+            Response::from_parts(parts, answer::held_to_the_end(body, passing))
         }
         Err(e) => {
             tracing::warn!(

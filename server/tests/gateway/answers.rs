@@ -1,5 +1,6 @@
 //! Which engine of a model answers, and what of its answer reaches the client: balanced per model by
-//! requests in flight, and without the engine's cookies or the headers its `Connection` header names.
+//! requests in flight, ended with an error event when the engine dies in the middle, and without the
+//! engine's cookies or the headers its `Connection` header names.
 
 use super::{ask, deploy, Answer};
 use crate::support::{self, Server};
@@ -108,6 +109,42 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
         "{busy} was streaming, yet answered some of {meanwhile:?}"
     );
     Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_that_dies_mid_stream_is_counted_as_failed_and_the_stream_ends_with_an_error_event(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40,
+               "env": {"TESSERA_DEMO_DIE_AFTER_CHUNKS": "3"}}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let cut = ask(&server, "/v1/chat/completions", chat("glm-5.3", true)).await;
+    assert_eq!(cut.status, 200);
+    let text = cut.text();
+    let events: Vec<Value> = text
+        .split("\n\n")
+        .filter_map(|event| serde_json::from_str(event.trim().strip_prefix("data: ")?).ok())
+        .collect();
+    assert_eq!(events.len(), 4, "three chunks, then the error: {text}");
+    assert!(
+        events[..3]
+            .iter()
+            .all(|e| e["object"] == "chat.completion.chunk"),
+        "{text}"
+    );
+    assert_eq!(events[3]["error"]["code"], "engine_cut_short", "{text}");
+    assert_eq!(events[3]["error"]["type"], "server_error", "{text}");
+    assert!(!text.contains("[DONE]"), "the answer is not whole: {text}");
+
+    let (_, report) = server.get("/api/usage").await;
+    assert_eq!(report["requests"][0]["requests"], 1, "{report}");
+    assert_eq!(report["requests"][0]["failed"], 1, "{report}");
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
