@@ -1,9 +1,11 @@
 //! An engine's answer on its way to the client: passed on frame by frame as it comes, counted in flight and
-//! metered until its last byte, and, where the engine stops before the end (it died, its connection
-//! broke), counted as failed and, when streamed, ended with an error event the client can read rather than
-//! just stopping. Its own room because it is the one place an answer's body is touched.
+//! metered until its last byte, its `model` field renamed to the name the model was asked for, and, where
+//! the engine stops before the end (it died, its connection broke), counted as failed and, when streamed,
+//! ended with an error event the client can read rather than just stopping. Its own room because it is the
+//! one place an answer's body is touched.
 
 use super::metering::Meter;
+use super::model_field::Rename;
 use crate::runtime::InFlight;
 use axum::body::{Body, Bytes};
 use http_body_util::{BodyExt, StreamBody};
@@ -15,6 +17,8 @@ pub(super) struct Passing {
     /// The request's count in flight to its engine, given back when the answer ends (dropped with it).
     pub(super) _in_flight: InFlight,
     pub(super) meter: Meter,
+    /// The model's name in the answer, where the answer is JSON or events.
+    pub(super) rename: Option<Rename>,
     /// Whether the answer is a stream of server-sent events.
     pub(super) events: bool,
     /// The model asked for.
@@ -36,6 +40,14 @@ pub(super) fn held_to_the_end(body: Incoming, passing: Passing) -> Body {
                             0 => at_event_end,
                             _ => data.ends_with(b"\n\n") || data.ends_with(b"\r\n\r\n"),
                         };
+                        let data = match &mut passing.rename {
+                            Some(rename) => rename.pass(data),
+                            None => data,
+                        };
+                        // Renamed: the rest passes without a look.
+                        if passing.rename.as_ref().is_some_and(|r| !r.reading()) {
+                            passing.rename = None;
+                        }
                         (Frame::data(data), ends_event)
                     }
                     // Trailers.

@@ -1,20 +1,23 @@
 //! One OpenAI-compatible endpoint for every model Tessera runs: `/v1/models`, and every other `/v1/*` path
 //! passed to an engine of the model the request names (its `model` field), the least busy of that model's
 //! healthy engines on any machine. The engine's status, headers and body come back as they come (a streamed
-//! answer is never buffered); what is Tessera's own to say (no such model, not ready, no key, too large) is
-//! said in OpenAI's error shape.
+//! answer is never buffered), but for the headers that are not the client's and the name the model answers
+//! under; what is Tessera's own to say (no such model, not ready, no key, too large) is said in OpenAI's
+//! error shape.
 //!
 //! Here: the routes and a request's way through them (the model it names, a group's router, the call to the
 //! engine). Beside it, each in a room of its own: the caller's key and its models (`keys`), what a request
 //! is counted as (`metering`), the engine's count of requests in flight that a drain waits on and that
 //! chooses the engine (`drain`), the wait for a ready engine and an on-demand load (`on_demand`), what
-//! headers cross (`headers`) and the answer's way back (`answer`).
+//! headers cross (`headers`), the answer's way back (`answer`) and the renaming of its `model` field
+//! (`model_field`).
 
 mod answer;
 mod drain;
 mod headers;
 mod keys;
 mod metering;
+mod model_field;
 mod on_demand;
 
 use crate::auth::Actor;
@@ -36,6 +39,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metering::Meter;
+use model_field::Rename;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -382,6 +386,11 @@ async fn to_model(
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);
             meter.answered(parts.status);
+            let rename = Rename::of_answer(&parts.headers, model);
+            if rename.is_some() {
+                // The new name may be longer or shorter than the engine's.
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
             let events = parts
                 .headers
                 .get(header::CONTENT_TYPE)
@@ -389,6 +398,7 @@ async fn to_model(
             let passing = Passing {
                 _in_flight: in_flight,
                 meter,
+                rename,
                 events,
                 model: model.to_owned(),
             };
