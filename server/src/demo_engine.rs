@@ -3,11 +3,12 @@
 //! share and environment it was started with, and can be told to fail its health check or to crash. It also
 //! speaks the OpenAI routes an engine serves (`/v1/models`, `/v1/chat/completions` streamed or not,
 //! `/v1/completions`, `/v1/embeddings`), answering with words of its own, so that the gateway can be tried
-//! without a GPU; each answer says which engine gave it (`x-tessera-engine`).
+//! without a GPU; each answer says which engine gave it (`x-tessera-engine`). For the gateway's tests it can
+//! add headers of its own to its answers and die in the middle of a streamed one.
 
 use axum::body::Body;
 use axum::extract::State;
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -40,11 +41,16 @@ struct Engine {
     failing: Arc<AtomicBool>,
     /// How long each answer waits before its first byte, as an engine slowed by its neighbours does.
     slow_ms: Arc<AtomicU64>,
+    /// Headers added to each of its OpenAI answers (`TESSERA_DEMO_ANSWER_HEADERS`).
+    answer_headers: Arc<HeaderMap>,
 }
 
 /// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
 /// before it listens, as a real engine loads its weights; with `TESSERA_DEMO_EXIT_AFTER_MS` it exits with
-/// status 70 that long after it starts, as an engine that cannot load.
+/// status 70 that long after it starts, as an engine that cannot load. `TESSERA_DEMO_ANSWER_HEADERS` (a JSON
+/// object of names and values) is added to each OpenAI answer's headers; with
+/// `TESSERA_DEMO_DIE_AFTER_CHUNKS` it exits with status 70 after that many events of a streamed answer, as
+/// an engine that crashes while it answers.
 pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
     let var = |name: &str| std::env::var(name).unwrap_or_default();
     let port: u16 = var("TESSERA_PORT")
@@ -87,6 +93,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         report: Arc::new(report),
         failing: Arc::default(),
         slow_ms: Arc::default(),
+        answer_headers: Arc::new(answer_headers(&var("TESSERA_DEMO_ANSWER_HEADERS"))?),
     };
     // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
     // lost is drained by Tessera before the signal.
@@ -131,10 +138,35 @@ fn model_of(engine: &Engine, request: &Value) -> String {
         .unwrap_or_else(|| engine.report.engine.clone())
 }
 
-/// Says which engine answered.
+/// The headers `TESSERA_DEMO_ANSWER_HEADERS` asks for: a JSON object of names and values (none if unset).
+fn answer_headers(asked: &str) -> Result<HeaderMap, String> {
+    if asked.is_empty() {
+        return Ok(HeaderMap::new());
+    }
+    let bad = || {
+        format!(
+            "TESSERA_DEMO_ANSWER_HEADERS is not a JSON object of header names and values: {asked}"
+        )
+    };
+    let asked: BTreeMap<String, String> = serde_json::from_str(asked).map_err(|_| bad())?;
+    asked
+        .iter()
+        .map(|(name, value)| {
+            Ok((
+                HeaderName::try_from(name.as_str()).map_err(|_| bad())?,
+                HeaderValue::try_from(value.as_str()).map_err(|_| bad())?,
+            ))
+        })
+        .collect()
+}
+
+/// Says which engine answered, with the headers it was told to add.
 fn signed(engine: &Engine, mut answer: Response) -> Response {
     if let Ok(value) = HeaderValue::from_str(&engine.report.engine) {
         answer.headers_mut().insert("x-tessera-engine", value);
+    }
+    for (name, value) in engine.answer_headers.iter() {
+        answer.headers_mut().append(name, value.clone());
     }
     answer
 }
@@ -177,12 +209,23 @@ fn word_pause() -> Duration {
     Duration::from_millis(ms)
 }
 
-/// `data: …` events, one per chunk, a pause before each, then `data: [DONE]`.
+/// `data: …` events, one per chunk, a pause before each, then `data: [DONE]`; or, told to die after N
+/// (`TESSERA_DEMO_DIE_AFTER_CHUNKS`), N of them and an exit.
 fn event_stream(chunks: Vec<Value>) -> Response {
     let pause = word_pause();
-    let events = futures::stream::unfold(chunks.into_iter(), move |mut rest| async move {
+    let die_after: Option<usize> = std::env::var("TESSERA_DEMO_DIE_AFTER_CHUNKS")
+        .ok()
+        .and_then(|v| v.parse().ok());
+    let chunks = chunks.into_iter().enumerate();
+    let events = futures::stream::unfold(chunks, move |mut rest| async move {
         let event = match rest.next() {
-            Some(chunk) => {
+            Some((sent, _)) if Some(sent) == die_after => {
+                // The events before have gone out meanwhile: the client holds part of an answer.
+                tokio::time::sleep(pause).await;
+                println!("dying after {sent} events of an answer, as told");
+                std::process::exit(70);
+            }
+            Some((_, chunk)) => {
                 tokio::time::sleep(pause).await;
                 format!("data: {chunk}\n\n")
             }
@@ -391,6 +434,7 @@ mod tests {
             }),
             failing: Arc::default(),
             slow_ms: Arc::default(),
+            answer_headers: Arc::default(),
         }
     }
 

@@ -3,6 +3,9 @@
 
 mod support;
 
+#[path = "gateway/answers.rs"]
+mod answers;
+
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{json, Value};

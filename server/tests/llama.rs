@@ -147,3 +147,108 @@ async fn a_real_llama_cpp_server_answers_through_the_gateway_a_share_change_lose
     );
     Arc::into_inner(server).unwrap().stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llama_cpp_server_run_as_a_command_can_be_told_the_models_name_and_its_weights_path_never_reaches_a_client(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = tiny_model(dir.path());
+    let server = Server::start_with(dir.path(), 100, &["--demo", "--here", "majin"]).await;
+    // "tiny" as a recipe that does not name it (llama.cpp answers under the weights' path), "named" as one
+    // that does.
+    let serve =
+        format!("{PYTHON} {LLAMA}/serve.py --model {{model}} --host 127.0.0.1 --port {{port}}");
+    let mut revision = None;
+    for (name, command) in [
+        ("tiny", serve.clone()),
+        ("named", format!("{serve} --alias {{name}}")),
+    ] {
+        let (status, added) = server
+            .send(
+                "POST",
+                "/api/models",
+                json!({"name": name, "engine": "command", "default_share_percent": 40,
+                       "model_path": weights, "command": command}),
+            )
+            .await;
+        assert_eq!(status, 201, "{added}");
+        let (status, deployed) = server
+            .send(
+                "POST",
+                "/api/deployments",
+                json!({"model": name, "gpus": ["majin:0"], "share": 40, "revision": revision}),
+            )
+            .await;
+        assert_eq!(status, 201, "{deployed}");
+        revision = Some(deployed["revision"].clone());
+    }
+    server.wait_healthy(2).await;
+    let ask = |model: &str, stream: bool| json!({"model": model, "stream": stream, "max_tokens": 4, "messages": [{"role": "user", "content": "hello"}]});
+
+    let named = server.engine("named").await;
+    let command = named["command"].as_array().unwrap();
+    assert_eq!(
+        command[command.len() - 2..],
+        [json!("--alias"), json!("named")]
+    );
+    let port = |engine: &Value| engine["port"].as_u64().unwrap() as u16;
+    let (status, direct) = support::request(
+        port(&named),
+        "POST",
+        "/v1/chat/completions",
+        Some(ask("named", false)),
+    )
+    .await;
+    assert_eq!(
+        (status, &direct["model"]),
+        (200, &json!("named")),
+        "{direct}"
+    );
+
+    // Asked directly, llama.cpp says where its weights are; through the gateway, the model's name.
+    let tiny = server.engine("tiny").await;
+    let (status, direct) = support::request(
+        port(&tiny),
+        "POST",
+        "/v1/chat/completions",
+        Some(ask("tiny", false)),
+    )
+    .await;
+    assert_eq!(
+        (status, &direct["model"]),
+        (200, &json!(weights)),
+        "{direct}"
+    );
+    let (status, answer) = server
+        .send("POST", "/v1/chat/completions", ask("tiny", false))
+        .await;
+    assert_eq!(
+        (status, &answer["model"]),
+        (200, &json!("tiny")),
+        "{answer}"
+    );
+    assert!(
+        answer["timings"].is_object(),
+        "the rest comes back as it was: {answer}"
+    );
+    let (status, streamed) = support::request_bytes(
+        server.port,
+        Some(&server.token),
+        "POST",
+        "/v1/chat/completions",
+        Some(ask("tiny", true)),
+    )
+    .await;
+    let streamed = String::from_utf8(streamed.to_vec()).unwrap();
+    assert_eq!(status, 200, "{streamed}");
+    let chunks: Vec<Value> = streamed
+        .split("data: ")
+        .filter_map(|event| serde_json::from_str(event.trim()).ok())
+        .collect();
+    assert!(chunks.len() >= 2, "{streamed}");
+    for chunk in &chunks {
+        assert_eq!(chunk["model"], "tiny", "{streamed}");
+    }
+    assert!(!streamed.contains(&weights), "{streamed}");
+    server.stop().await;
+}

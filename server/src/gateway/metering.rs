@@ -68,6 +68,11 @@ impl Meter {
         self.failed = !status.is_success();
     }
 
+    /// The engine stopped before the end of its answer: whatever its status said, the request failed.
+    pub(super) fn cut_short(&mut self) {
+        self.failed = true;
+    }
+
     pub(super) fn saw(&mut self, data: &[u8]) {
         if self.first_bytes.is_none() {
             self.first_bytes = self.sent.map(|sent| sent.elapsed());

@@ -1,18 +1,23 @@
 //! One OpenAI-compatible endpoint for every model Tessera runs: `/v1/models`, and every other `/v1/*` path
-//! passed to an engine of the model the request names (its `model` field), round-robin over that model's
+//! passed to an engine of the model the request names (its `model` field), the least busy of that model's
 //! healthy engines on any machine. The engine's status, headers and body come back as they come (a streamed
-//! answer is never buffered); what is Tessera's own to say (no such model, not ready, no key, too large) is
-//! said in OpenAI's error shape.
+//! answer is never buffered), but for the headers that are not the client's and the name the model answers
+//! under; what is Tessera's own to say (no such model, not ready, no key, too large) is said in OpenAI's
+//! error shape.
 //!
 //! Here: the routes and a request's way through them (the model it names, a group's router, the call to the
 //! engine). Beside it, each in a room of its own: the caller's key and its models (`keys`), what a request
-//! is counted as (`metering`), the engine's count of requests in flight that a drain waits on (`drain`), the
-//! wait for a ready engine and an on-demand load (`on_demand`), and what headers cross (`headers`).
+//! is counted as (`metering`), the engine's count of requests in flight that a drain waits on and that
+//! chooses the engine (`drain`), the wait for a ready engine and an on-demand load (`on_demand`), what
+//! headers cross (`headers`), the answer's way back (`answer`) and the renaming of its `model` field
+//! (`model_field`).
 
+mod answer;
 mod drain;
 mod headers;
 mod keys;
 mod metering;
+mod model_field;
 mod on_demand;
 
 use crate::auth::Actor;
@@ -21,6 +26,7 @@ use crate::fleet::groups::{GroupView, MemberView};
 use crate::runtime::spec::Host;
 use crate::runtime::{EngineState, EngineView};
 use crate::AppState;
+use answer::Passing;
 use axum::body::Bytes;
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
@@ -33,8 +39,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metering::Meter;
+use model_field::Rename;
 use serde_json::{json, Value};
-use std::sync::atomic::AtomicUsize;
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 /// The largest request body the gateway takes (an audio upload fits).
@@ -50,10 +58,11 @@ const ROUTE_TIMEOUT: Duration = Duration::from_secs(2);
 /// a request.
 const PLAYGROUND_WAIT: Duration = Duration::from_secs(20);
 
-/// What the gateway keeps between requests: its connections to the engines and its place in each rotation.
+/// What the gateway keeps between requests: its connections to the engines and its place in each model's
+/// rotation.
 pub struct Gateway {
     client: Client<HttpConnector, Full<Bytes>>,
-    turn: AtomicUsize,
+    turns: Mutex<HashMap<String, usize>>,
     /// How long a request for a model with no engine ready waits for one.
     wait: Duration,
 }
@@ -74,9 +83,17 @@ impl Gateway {
             client: Client::builder(TokioExecutor::new())
                 .pool_idle_timeout(Duration::from_secs(60))
                 .build(connector),
-            turn: AtomicUsize::new(0),
+            turns: Mutex::default(),
             wait,
         }
+    }
+
+    /// `model`'s next turn: one rotation per model, so that one model's requests do not move another's.
+    fn turn(&self, model: &str) -> usize {
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        let turn = turns.entry(model.to_owned()).or_default();
+        *turn = turn.wrapping_add(1);
+        *turn
     }
 }
 
@@ -369,7 +386,23 @@ async fn to_model(
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);
             meter.answered(parts.status);
-            Response::from_parts(parts, drain::held_to_the_end(body, in_flight, meter))
+            let rename = Rename::of_answer(&parts.headers, model);
+            if rename.is_some() {
+                // The new name may be longer or shorter than the engine's.
+                parts.headers.remove(header::CONTENT_LENGTH);
+            }
+            let events = parts
+                .headers
+                .get(header::CONTENT_TYPE)
+                .is_some_and(|t| t.as_bytes().starts_with(b"text/event-stream"));
+            let passing = Passing {
+                _in_flight: in_flight,
+                meter,
+                rename,
+                events,
+                model: model.to_owned(),
+            };
+            Response::from_parts(parts, answer::held_to_the_end(body, passing))
         }
         Err(e) => {
             tracing::warn!(

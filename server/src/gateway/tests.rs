@@ -1,4 +1,5 @@
 use super::metering::usage_in;
+use super::model_field::Rename;
 use super::*;
 
 #[test]
@@ -77,4 +78,137 @@ fn the_tokens_are_read_from_the_last_usage_of_an_answer_or_of_its_events() {
     assert_eq!(usage_in(streamed_without), None);
     assert_eq!(usage_in(br#"{"usage": null}"#), None);
     assert_eq!(usage_in(br#"{"usage": {"prompt_tok"#), None, "cut short");
+}
+
+#[test]
+fn the_headers_a_connection_header_names_and_an_engines_cookies_never_cross_the_gateway() {
+    let headers = HeaderMap::from_iter([
+        (
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, X-Hop-One"),
+        ),
+        (header::CONNECTION, HeaderValue::from_static("x-hop-two")),
+        (
+            header::HeaderName::from_static("x-hop-one"),
+            HeaderValue::from_static("1"),
+        ),
+        (
+            header::HeaderName::from_static("x-hop-two"),
+            HeaderValue::from_static("2"),
+        ),
+        (
+            header::SET_COOKIE,
+            HeaderValue::from_static("engine=1; Path=/"),
+        ),
+        (
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        ),
+    ]);
+    let passed = passed_on(headers);
+    let names: Vec<&str> = passed.keys().map(|k| k.as_str()).collect();
+    assert_eq!(names, ["content-type"]);
+}
+
+/// `body` through a rename to `name` in frames of `size` bytes, as `content_type`.
+fn renamed(content_type: &'static str, name: &str, body: &[u8], size: usize) -> Vec<u8> {
+    let headers =
+        HeaderMap::from_iter([(header::CONTENT_TYPE, HeaderValue::from_static(content_type))]);
+    let mut rename = Rename::of_answer(&headers, name).expect("JSON or events are renamed");
+    body.chunks(size)
+        .flat_map(|frame| rename.pass(Bytes::copy_from_slice(frame)).to_vec())
+        .collect()
+}
+
+#[test]
+fn the_model_of_a_json_answer_and_of_each_event_is_renamed_to_the_name_asked_for_wherever_the_frames_cut(
+) {
+    // llama.cpp's keys come in alphabetical order: the model after the choices, a key named in a string.
+    let answer = br#"{"choices":[{"message":{"content":"the \"model\": \"x\" {[","role":"assistant"}}],"created":1,"id":"c","model":"/srv/weights/tiny.gguf","object":"chat.completion","usage":{"prompt_tokens":1}}"#;
+    let expected = String::from_utf8(answer.to_vec())
+        .unwrap()
+        .replace("/srv/weights/tiny.gguf", "tiny");
+    for size in [1, 2, 7, 64, answer.len()] {
+        let out = renamed("application/json; charset=utf-8", "tiny", answer, size);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            expected,
+            "frames of {size}"
+        );
+    }
+    let escaped = br#" { "model" : "C:\\weights\\\"q\".gguf", "model": "kept" }"#;
+    assert_eq!(
+        renamed("application/json", "a \"b\"", escaped, 3),
+        br#" { "model" : "a \"b\"", "model": "kept" }"#
+    );
+    let untouched: &[&[u8]] = &[
+        br#"{"data":[{"model":"x"}],"modelx":"y","mode":"z","model":null}"#,
+        b"[1,2]",
+        b"not json",
+    ];
+    for body in untouched {
+        assert_eq!(renamed("application/json", "tiny", body, 5), body.to_vec());
+    }
+
+    let events = b"data: {\"id\":\"1\",\"model\":\"/srv/w.gguf\",\"choices\":[]}\n\n\
+                   : a comment with \"model\":\"x\"\n\n\
+                   data:{\"choices\":[{\"delta\":{\"content\":\"model\"}}],\"model\":\"/srv/w.gguf\"}\r\n\r\n\
+                   data: [DONE]\n\n";
+    let expected = String::from_utf8(events.to_vec())
+        .unwrap()
+        .replace("/srv/w.gguf", "tiny");
+    for size in [1, 3, 16, events.len()] {
+        let out = renamed("text/event-stream", "tiny", events, size);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            expected,
+            "frames of {size}"
+        );
+    }
+}
+
+#[test]
+fn renaming_reads_only_json_answers_and_events_and_a_json_answer_only_up_to_its_model() {
+    let headers = |content_type: &'static str| {
+        HeaderMap::from_iter([(header::CONTENT_TYPE, HeaderValue::from_static(content_type))])
+    };
+    for other in ["audio/wav", "text/plain", "application/octet-stream"] {
+        assert!(Rename::of_answer(&headers(other), "m").is_none(), "{other}");
+    }
+    let mut gzipped = headers("application/json");
+    gzipped.insert(header::CONTENT_ENCODING, HeaderValue::from_static("gzip"));
+    assert!(Rename::of_answer(&gzipped, "m").is_none());
+
+    // Fed a byte at a time, it stops reading at the closing quote of the model's name.
+    let answer = br#"{"id":"1","model":"/srv/w.gguf","data":[0.1,0.2]}"#;
+    let mut rename = Rename::of_answer(&headers("application/json"), "m").unwrap();
+    let read = answer
+        .iter()
+        .take_while(|&&b| {
+            rename.pass(Bytes::copy_from_slice(&[b]));
+            rename.reading()
+        })
+        .count();
+    assert_eq!(&answer[..=read], br#"{"id":"1","model":"/srv/w.gguf""#);
+
+    // An embedding of 4 MiB after it: every frame after the first passes as it came, not copied.
+    let mut big = br#"{"object":"list","model":"/srv/w.gguf","data":[{"embedding":["#.to_vec();
+    while big.len() < 4 << 20 {
+        big.extend_from_slice(b"0.123456789,");
+    }
+    big.extend_from_slice(b"0]}]}");
+    let frames: Vec<Bytes> = big.chunks(16 << 10).map(Bytes::copy_from_slice).collect();
+    let mut rename = Rename::of_answer(&headers("application/json"), "m").unwrap();
+    let first = rename.pass(frames[0].clone());
+    assert!(first.starts_with(br#"{"object":"list","model":"m","data""#));
+    assert!(!rename.reading());
+    let started = std::time::Instant::now();
+    for frame in &frames[1..] {
+        assert_eq!(rename.pass(frame.clone()).as_ptr(), frame.as_ptr());
+    }
+    eprintln!(
+        "the {} frames after the model's passed in {:?}",
+        frames.len() - 1,
+        started.elapsed()
+    );
 }

@@ -15,7 +15,7 @@ pub struct Recipe {
     pub engine: Engine,
     /// Where the engine finds the weights.
     pub model_path: String,
-    /// The command template of a `command` engine, such as `my-server --port {port}`.
+    /// The command template of a `command` engine, such as `my-server --port {port} --alias {name}`.
     pub command: Option<String>,
     /// Added after the engine's own arguments.
     pub args: Vec<String>,
@@ -302,6 +302,7 @@ impl EngineSpec {
                     .map(|word| {
                         word.replace("{port}", &port_text)
                             .replace("{model}", &r.model_path)
+                            .replace("{name}", served)
                             .replace("{gpu_memory_gb}", &self.memory().gb_text())
                             .replace("{gpu_memory_fraction}", &fraction)
                     })
@@ -440,6 +441,7 @@ pub fn owned_flag(engine: Engine, template: Option<&str>, arg: &str) -> Option<(
         [
             ("{port}", Owner::Port),
             ("{model}", Owner::ModelPath),
+            ("{name}", Owner::Name),
             ("{gpu_memory_gb}", Owner::Share),
             ("{gpu_memory_fraction}", Owner::Share),
         ]
@@ -577,6 +579,22 @@ mod tests {
         );
         // Tessera's own variables win over the recipe's.
         assert_eq!(launch.env["TESSERA_PORT"], "9000");
+    }
+
+    #[test]
+    fn a_command_template_is_given_the_name_the_gateway_serves_the_model_under() {
+        let mut s = spec(Engine::Command, Some(20), &[0]);
+        s.recipe.command = Some("llama-server -m {model} --port {port} --alias {name}".into());
+        let launch = s.command_line(9000, Bytes::gb(80)).unwrap();
+        assert_eq!(
+            launch.args[..6],
+            ["-m", "zai-org/GLM", "--port", "9000", "--alias", "glm"]
+        );
+        let template = s.recipe.command.as_deref();
+        assert_eq!(
+            owned_flag(Engine::Command, template, "--alias=other"),
+            Some(("--alias".to_owned(), Owner::Name))
+        );
     }
 
     #[test]
