@@ -11,10 +11,12 @@
 //! - [`repack`]: moves of shared work that free whole GPUs, with the fewest restarts.
 //! - [`sharing`]: how a GPU is shared (time-slicing, MPS, MIG), and what an engine gets under MPS.
 //! - [`mig`]: a GPU cut into MIG instances from its menu, and the layout that fits the models meant for it.
+//! - [`estimate`]: a model's memory from its GGUF header: weights, KV cache, compute buffers, each shown.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod demand;
+pub mod estimate;
 pub mod group;
 pub mod interference;
 pub mod inventory;
