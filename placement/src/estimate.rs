@@ -196,8 +196,8 @@ impl fmt::Display for Caveat {
                  layer's KV cache is counted at the full context, an upper bound"
             ),
             Caveat::MixtureOfExperts => f.write_str(
-                "a mixture of experts: the compute buffer is sized as a dense block as wide as the \
-                 experts one token uses, which is not measured against llama.cpp",
+                "a mixture of experts: its compute buffer came within 17 % of llama.cpp's on the shapes \
+                 measured, not within the 1 % of a dense model",
             ),
             Caveat::LatentAttention => f.write_str(
                 "multi-head latent attention: the KV cache holds the compressed keys alone, which is \

@@ -582,6 +582,68 @@ fn per_layer_kv_heads_skip_layers_without_attention() {
 }
 
 #[test]
+fn a_mixture_of_experts_is_estimated_and_says_how_closely() {
+    let mut g = llama(4, 1024, 512, 16, 4, 8192, 8)
+        .kv("llama.expert_count", V::U32(32))
+        .kv("llama.expert_used_count", V::U32(4));
+    g.tensors.retain(|t| !t.0.contains("ffn_"));
+    for i in 0..4 {
+        g = g
+            .tensor(
+                &format!("blk.{i}.ffn_gate_exps.weight"),
+                &[1024, 512, 32],
+                12,
+            )
+            .tensor(&format!("blk.{i}.ffn_up_exps.weight"), &[1024, 512, 32], 12)
+            .tensor(
+                &format!("blk.{i}.ffn_down_exps.weight"),
+                &[512, 1024, 32],
+                14,
+            );
+    }
+    let m = info(&g);
+    let ffn = m.shape.as_ref().unwrap().ffn;
+    assert_eq!(
+        ffn.experts.map(|x| (x.count, x.used, x.width)),
+        Some((32, 4, 512))
+    );
+    assert!(ffn.gated);
+    assert_eq!(m.caveats, vec![Caveat::MixtureOfExperts]);
+    // llama.cpp reported 26.02 MiB for this shape (`moe-32x4` in scripts/bench-estimate).
+    let compute = mib(estimate(&m, &settings(4096, 1)).compute.unwrap().bytes);
+    assert!((compute / 26.02 - 1.0).abs() < 0.17, "{compute}");
+}
+
+#[test]
+fn a_fused_gate_and_up_is_a_gated_block_half_as_wide() {
+    let mut g = llama(1, 256, 512, 4, 4, 300, 1);
+    g.tensors
+        .retain(|t| !t.0.contains("ffn_gate") && !t.0.contains("ffn_up"));
+    let m = info(&g.tensor("blk.0.ffn_up.weight", &[256, 1024], 1));
+    let ffn = m.shape.unwrap().ffn;
+    assert_eq!((ffn.width, ffn.gated), (512, true));
+}
+
+#[test]
+fn a_hybrid_keeps_a_cache_in_its_attention_layers_alone() {
+    let mut g = llama(8, 256, 512, 4, 4, 300, 1).kv("qwen3next.full_attention_interval", V::U32(4));
+    for (key, value) in std::mem::take(&mut g.kv) {
+        let key = key.replace("llama", "qwen3next");
+        let value = if key == "general.architecture" {
+            V::Str("qwen3next")
+        } else {
+            value
+        };
+        g.kv.push((key, value));
+    }
+    let m = info(&g);
+    assert_eq!(m.cache, CacheKind::Hybrid);
+    let e = estimate(&m, &settings(1024, 1));
+    assert_eq!(e.kv_cache.unwrap().layers, 2);
+    assert!(e.gaps[0].to_string().contains("recurrent state"));
+}
+
+#[test]
 fn no_context_chosen_means_the_models_own() {
     let m = info(&llama(1, 64, 128, 4, 4, 300, 0));
     let e = estimate(&m, &Settings::default());
