@@ -1,4 +1,5 @@
-"""The memory estimate against llama.cpp itself (BENCHMARKS.md, "The memory estimate"); run by scripts/bench-estimate.
+"""The memory estimate against llama.cpp itself (BENCHMARKS.md, "The memory estimate against llama.cpp"); run by
+scripts/bench-estimate.
 
 Writes random-weight GGUF models of varied shape with PyPI's gguf, starts llama.cpp's own server (PyPI's xllamacpp,
 CPU, one thread, bound to 127.0.0.1) on each at several contexts and slot counts, reads what its log says it allocated
@@ -371,7 +372,7 @@ def main():
     workdir = args.keep or tempfile.mkdtemp(prefix="bench-estimate-")
     os.makedirs(workdir, exist_ok=True)
     rows = []
-    print("| case | -c × -np | weights: ours / llama.cpp | KV cache | compute | output | total: ours / llama.cpp | error |")
+    print("| case | context × slots | weights, MiB: ours / llama.cpp | KV cache | compute | output | total | error |")
     print("|---|---|---|---|---|---|---|---|")
     try:
         for name, description, write, kwargs, runs in MODELS:

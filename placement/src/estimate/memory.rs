@@ -163,8 +163,8 @@ fn cells_u32(n: u64) -> u32 {
 ///
 /// Weights are exact. The KV cache follows llama.cpp's own sizing: the context padded to 256 cells per
 /// slot (or for the shared pool), sliding-window layers holding the window plus a batch, encoders holding
-/// none. The compute buffer is a model measured against llama.cpp (BENCHMARKS.md, "The memory estimate"):
-/// the masks plus the live activations of the widest feed-forward or attention step.
+/// none. The compute buffer is a model measured against llama.cpp (BENCHMARKS.md, "The memory estimate
+/// against llama.cpp"): the masks plus the live activations of the widest feed-forward or attention step.
 pub fn estimate(model: &ModelInfo, settings: &Settings) -> Estimate {
     let slots = settings.slots.max(1);
     let mut caveats = model.caveats.clone();
