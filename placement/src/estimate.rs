@@ -87,6 +87,8 @@ pub enum Gap {
     RecurrentState {
         /// The architecture.
         architecture: String,
+        /// Attention layers beside the recurrent ones, whose KV cache and compute are estimated.
+        hybrid: bool,
     },
     /// No vocabulary size, so no output buffer.
     NoVocabulary,
@@ -146,9 +148,21 @@ impl fmt::Display for Gap {
                 f,
                 "metadata key {key} is missing, so the KV cache and compute buffers are not estimated"
             ),
-            Gap::RecurrentState { architecture } => write!(
+            Gap::RecurrentState {
+                architecture,
+                hybrid: true,
+            } => write!(
                 f,
-                "{architecture} keeps a recurrent state per slot, which is not estimated"
+                "{architecture} keeps a recurrent state per slot in its recurrent layers, which is not \
+                 estimated"
+            ),
+            Gap::RecurrentState {
+                architecture,
+                hybrid: false,
+            } => write!(
+                f,
+                "{architecture} keeps a recurrent state per slot instead of a KV cache: neither it nor \
+                 the compute buffers are estimated"
             ),
             Gap::NoVocabulary => f.write_str(
                 "the file states no vocabulary size, so the output buffer is not estimated",

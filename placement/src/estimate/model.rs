@@ -287,6 +287,7 @@ impl ModelInfo {
         if matches!(cache, CacheKind::Recurrent | CacheKind::Hybrid) {
             gaps.push(Gap::RecurrentState {
                 architecture: arch.to_string(),
+                hybrid: cache == CacheKind::Hybrid,
             });
         }
 
@@ -393,9 +394,9 @@ fn read_shape(
                 .map(|v| v.as_bool().unwrap_or(false))
                 .collect(),
         ),
-        Some(value) if value.as_u32().is_some() => (
+        Some(Value::Uint(n)) => (
             sliding_window,
-            swa_pattern(layers, value.as_u32().unwrap_or(0)),
+            swa_pattern(layers, u32::try_from(*n).unwrap_or(0)),
         ),
         _ => match pattern {
             Some(&(_, n, default)) => match sliding_window.or(default) {

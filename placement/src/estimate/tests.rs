@@ -551,7 +551,8 @@ fn a_recurrent_model_gets_weights_and_says_what_it_lacks() {
     assert!(e.kv_cache.is_none() && e.compute.is_none());
     assert_eq!(
         e.gaps[0].to_string(),
-        "mamba keeps a recurrent state per slot, which is not estimated"
+        "mamba keeps a recurrent state per slot instead of a KV cache: neither it nor the compute \
+         buffers are estimated"
     );
     assert_eq!(e.total(), e.weights.bytes);
 }
@@ -640,7 +641,9 @@ fn a_hybrid_keeps_a_cache_in_its_attention_layers_alone() {
     assert_eq!(m.cache, CacheKind::Hybrid);
     let e = estimate(&m, &settings(1024, 1));
     assert_eq!(e.kv_cache.unwrap().layers, 2);
-    assert!(e.gaps[0].to_string().contains("recurrent state"));
+    assert!(e.gaps[0]
+        .to_string()
+        .contains("recurrent state per slot in its recurrent layers"));
 }
 
 #[test]
