@@ -12,10 +12,12 @@
 //! - [`sharing`]: how a GPU is shared (time-slicing, MPS, MIG), and what an engine gets under MPS.
 //! - [`mig`]: a GPU cut into MIG instances from its menu, and the layout that fits the models meant for it.
 //! - [`names`]: names people type (environment variables), checked alike in the browser and the server.
+//! - [`estimate`]: a model's memory from its GGUF header: weights, KV cache, compute buffers, each shown.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
 pub mod demand;
+pub mod estimate;
 pub mod group;
 pub mod interference;
 pub mod inventory;
