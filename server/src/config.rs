@@ -123,6 +123,17 @@ pub enum Command {
         #[command(subcommand)]
         action: TokenCommand,
     },
+    /// Copies the database, while the server runs, into FILE: one consistent snapshot, which
+    /// `tessera restore` puts back.
+    Backup {
+        /// The copy to make; never overwritten.
+        file: PathBuf,
+    },
+    /// Puts a backup in the place of the database: refused while the server runs on the data folder.
+    Restore {
+        /// A backup made by `tessera backup`.
+        file: PathBuf,
+    },
     /// Prints the `ray start` line that makes this machine one of Tessera's in a Ray cluster: its name,
     /// its GPUs' model as labels, and each GPU (read with NVML) as a resource worth its memory.
     RayNode {

@@ -28,6 +28,12 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Token { action }) => server::cli::token(&config, action)
             .await
             .map_err(|e| format!("tessera token: {e}")),
+        Some(Command::Backup { file }) => server::cli::backup(&config, &file)
+            .await
+            .map_err(|e| format!("tessera backup: {e}")),
+        Some(Command::Restore { file }) => server::cli::restore(&config, &file)
+            .await
+            .map_err(|e| format!("tessera restore: {e}")),
         Some(Command::RayNode { head, name }) => {
             server::cli::ray_node(head, name).map_err(|e| format!("tessera ray-node: {e}"))
         }
