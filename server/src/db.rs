@@ -23,8 +23,8 @@ pub enum OpenError {
 
 pub mod backup;
 
-/// Every migration of this version of Tessera, from `migrations/`: applied at start, in order. An applied
-/// one is never edited (`tests/upgrades.rs` holds each file's checksum).
+/// Every migration of this version of Tessera, from `migrations/`: applied at start, in order. A released
+/// one is never edited: `migrations/SHA256SUMS` holds each file's checksum, which a test compares.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 /// Opens the database named by `database_url`, or `tessera.db` in `data_dir`, and applies the migrations.
