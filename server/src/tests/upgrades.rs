@@ -179,6 +179,9 @@ async fn fixture(version: i64, password_hash: &str) -> tempfile::TempDir {
     dir
 }
 
+/// A group as the checks compare it: its name, its revision, and each member's share in basis points.
+type Plan<'a> = (&'a str, i64, Vec<(&'a str, u32)>);
+
 fn gpu(machine: &str, index: u32) -> GpuRef {
     GpuRef {
         machine: machine.to_owned(),
@@ -242,7 +245,7 @@ async fn a_database_of_every_earlier_schema_opens_with_every_plan_worker_account
             );
         }
 
-        let plans: Vec<(&str, i64, Vec<(&str, u32)>)> = committed
+        let plans: Vec<Plan> = committed
             .groups
             .iter()
             .map(|g| {
