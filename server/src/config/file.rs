@@ -100,7 +100,7 @@ fn file_named(command: &clap::Command, args: &[OsString], installed: &Path) -> O
 }
 
 /// The flags a file may set, by key: each of the server's own flags, its long name with `_` for `-`.
-pub(super) fn keys(command: &clap::Command) -> Vec<(String, &clap::Arg)> {
+fn keys(command: &clap::Command) -> Vec<(String, &clap::Arg)> {
     command
         .get_arguments()
         .filter(|arg| {

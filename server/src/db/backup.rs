@@ -126,6 +126,9 @@ impl DataLock {
             }
             Err(TryLockError::Error(e)) => return Err(io(e)),
         }
+        // A lock file a restore run as root made is still the server's to open; best effort, as the
+        // server itself runs as the folder's owner.
+        let _ = own_like(&path, data_dir);
         // Who holds it, for the message another process gives.
         file.set_len(0).map_err(io)?;
         writeln!(file, "{}", std::process::id()).map_err(io)?;
@@ -209,6 +212,13 @@ pub async fn restore(
     let written = backup(&copy, &beside).await;
     copy.close().await;
     written?;
+    // Run as root (sudo), the restore still leaves the server a database it may write.
+    let like = if database.exists() {
+        database.clone()
+    } else {
+        folder_of(&database).to_path_buf()
+    };
+    own_like(&beside, &like)?;
     checkpoint(&options).await;
     for stale in [sibling(&database, "wal"), sibling(&database, "shm")] {
         remove_if_there(&stale)?;
@@ -218,16 +228,15 @@ pub async fn restore(
         path: database.clone(),
         source,
     })?;
-    if let Some(folder) = database.parent().filter(|p| !p.as_os_str().is_empty()) {
-        // The rename itself outlives a power cut only once the folder is synced.
-        File::open(folder)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|source| BackupError::Io {
-                what: "could not sync the folder",
-                path: folder.to_path_buf(),
-                source,
-            })?;
-    }
+    // The rename itself outlives a power cut only once the folder is synced.
+    let folder = folder_of(&database);
+    File::open(folder)
+        .and_then(|dir| dir.sync_all())
+        .map_err(|source| BackupError::Io {
+            what: "could not sync the folder",
+            path: folder.to_path_buf(),
+            source,
+        })?;
     Ok(Restored {
         database,
         version,
@@ -315,6 +324,34 @@ async fn checkpoint(options: &SqliteConnectOptions) {
             "the database being replaced could not be checkpointed ({e}); replacing it all the same"
         );
     }
+}
+
+/// The folder `file` is in (`.` for a bare name).
+fn folder_of(file: &Path) -> &Path {
+    file.parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."))
+}
+
+/// Gives `path` the owner and group of `like` (and its mode, where `like` is a file): a file a command run
+/// as root makes in the data folder must stay the server's to write.
+fn own_like(path: &Path, like: &Path) -> Result<(), BackupError> {
+    use std::os::unix::fs::MetadataExt;
+    let (Ok(want), Ok(have)) = (std::fs::metadata(like), std::fs::metadata(path)) else {
+        return Ok(());
+    };
+    let failed = |source| BackupError::Io {
+        what: "could not give the server's owner (run the restore as the server's user) to",
+        path: path.to_path_buf(),
+        source,
+    };
+    if (want.uid(), want.gid()) != (have.uid(), have.gid()) {
+        std::os::unix::fs::chown(path, Some(want.uid()), Some(want.gid())).map_err(failed)?;
+    }
+    if want.is_file() {
+        std::fs::set_permissions(path, want.permissions()).map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// `database` with `-suffix` after its name, as SQLite names its WAL (`tessera.db-wal`).
@@ -576,5 +613,24 @@ mod tests {
         assert_eq!(names(&pool).await, ["a", "b"]);
         // The backup itself is left as it was, to restore again.
         assert_eq!(names(&read_only(&copy).await).await, ["a", "b"]);
+    }
+
+    #[tokio::test]
+    async fn a_restore_run_as_root_leaves_the_server_its_own_files() {
+        use std::os::unix::fs::{chown, MetadataExt};
+        let (dir, pool, copy) = backed_up().await;
+        pool.close().await;
+        if std::fs::metadata(&copy).unwrap().uid() != 0 {
+            return; // Only root can give a file away.
+        }
+        let data = dir.path().join("data");
+        for file in [data.clone(), data.join("tessera.db")] {
+            chown(&file, Some(4242), Some(4243)).unwrap();
+        }
+        restore(&copy, None, &data).await.unwrap();
+        for file in ["tessera.db", "tessera.lock"] {
+            let meta = std::fs::metadata(data.join(file)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (4242, 4243), "{file}");
+        }
     }
 }
