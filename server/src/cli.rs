@@ -1,10 +1,11 @@
-//! The commands that manage accounts without the console, for scripts and CI: they work on the same
-//! database as the server (which may be running).
+//! The commands that manage accounts and the database without the console, for scripts and CI: they work
+//! on the same database as the server (which may be running, but for a restore).
 
 use crate::accounts::{self, NewUser};
 use crate::config::{Config, TokenCommand, UserCommand};
 use app::views::{TokenLimits, TokenScope};
 use std::io::BufRead;
+use std::path::Path;
 
 /// Who the audit log says made a change from the command line.
 const CLI: &str = "tessera-cli";
@@ -69,6 +70,41 @@ pub async fn token(config: &Config, action: TokenCommand) -> Result<(), String> 
             Ok(())
         }
     }
+}
+
+/// `tessera backup FILE`: a consistent copy of the database, taken beside the running server.
+pub async fn backup(config: &Config, to: &Path) -> Result<(), String> {
+    let pool = crate::db::open_existing(config.database_url.as_deref(), &config.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    crate::db::backup::backup(&pool, to)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("backed up the database to {}", to.display());
+    Ok(())
+}
+
+/// `tessera restore FILE`: the backup in the place of the database, the server stopped.
+pub async fn restore(config: &Config, from: &Path) -> Result<(), String> {
+    let restored =
+        crate::db::backup::restore(from, config.database_url.as_deref(), &config.data_dir)
+            .await
+            .map_err(|e| e.to_string())?;
+    println!(
+        "restored {} into {} (schema {}{})",
+        from.display(),
+        restored.database.display(),
+        restored.version,
+        if restored.version < restored.latest {
+            format!(
+                "; the server migrates it to {} when it starts",
+                restored.latest
+            )
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
 }
 
 /// `tessera ray-node`: prints the `ray start` line for this machine, from its GPUs as NVML reads them.

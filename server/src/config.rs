@@ -1,4 +1,9 @@
-//! The server's settings: command-line flags, each with an environment variable.
+//! The server's settings: command-line flags, each with an environment variable, and the config file
+//! that may set any of them (`file`).
+
+mod file;
+
+pub use file::{LoadError, INSTALLED};
 
 use clap::Parser;
 use std::net::SocketAddr;
@@ -11,6 +16,10 @@ use std::path::PathBuf;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "tessera", version, about)]
 pub struct Config {
+    /// A TOML file that sets any flag below, its long name with _ for - as the key (docs/src/server.md);
+    /// flags and environment variables win over it. Without it, /etc/tessera/tessera.toml where it exists.
+    #[arg(long, env = "TESSERA_CONFIG", value_name = "PATH")]
+    pub config: Option<PathBuf>,
     /// Address to listen on. Without it, LEPTOS_SITE_ADDR (as cargo-leptos sets it), then 127.0.0.1:3000.
     #[arg(long, env = "LEPTOS_SITE_ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
@@ -113,6 +122,17 @@ pub enum Command {
     Token {
         #[command(subcommand)]
         action: TokenCommand,
+    },
+    /// Copies the database, while the server runs, into FILE: one consistent snapshot, which
+    /// `tessera restore` puts back.
+    Backup {
+        /// The copy to make; never overwritten.
+        file: PathBuf,
+    },
+    /// Puts a backup in the place of the database: refused while the server runs on the data folder.
+    Restore {
+        /// A backup made by `tessera backup`.
+        file: PathBuf,
     },
     /// Prints the `ray start` line that makes this machine one of Tessera's in a Ray cluster: its name,
     /// its GPUs' model as labels, and each GPU (read with NVML) as a resource worth its memory.

@@ -21,32 +21,58 @@ pub enum OpenError {
     Database(#[source] sqlx::Error),
 }
 
+pub mod backup;
+
+/// Every migration of this version of Tessera, from `migrations/`: applied at start, in order. A released
+/// one is never edited: `migrations/SHA256SUMS` holds each file's checksum, which a test compares.
+pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
 /// Opens the database named by `database_url`, or `tessera.db` in `data_dir`, and applies the migrations.
 pub async fn connect(database_url: Option<&str>, data_dir: &Path) -> Result<SqlitePool, OpenError> {
-    let options = match database_url {
-        Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
-        None => {
-            std::fs::create_dir_all(data_dir).map_err(|source| OpenError::DataDir {
-                dir: data_dir.to_path_buf(),
-                source,
-            })?;
-            SqliteConnectOptions::new().filename(data_dir.join("tessera.db"))
-        }
+    if database_url.is_none() {
+        std::fs::create_dir_all(data_dir).map_err(|source| OpenError::DataDir {
+            dir: data_dir.to_path_buf(),
+            source,
+        })?;
     }
-    .create_if_missing(true)
-    .journal_mode(SqliteJournalMode::Wal)
-    .foreign_keys(true)
-    .busy_timeout(Duration::from_secs(5));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(8)
-        .connect_with(options)
-        .await
-        .map_err(OpenError::Database)?;
-    sqlx::migrate!("./migrations")
+    let pool = pool(options(database_url, data_dir)?.create_if_missing(true)).await?;
+    MIGRATOR
         .run(&pool)
         .await
         .map_err(|e| OpenError::Database(e.into()))?;
     Ok(pool)
+}
+
+/// Opens the database as it is, for a command that reads it beside the server (`tessera backup`): it is
+/// neither made where missing nor migrated.
+pub async fn open_existing(
+    database_url: Option<&str>,
+    data_dir: &Path,
+) -> Result<SqlitePool, OpenError> {
+    pool(options(database_url, data_dir)?).await
+}
+
+/// How the database named by `database_url`, or `tessera.db` in `data_dir`, is opened.
+pub fn options(
+    database_url: Option<&str>,
+    data_dir: &Path,
+) -> Result<SqliteConnectOptions, OpenError> {
+    let options = match database_url {
+        Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
+        None => SqliteConnectOptions::new().filename(data_dir.join("tessera.db")),
+    };
+    Ok(options
+        .journal_mode(SqliteJournalMode::Wal)
+        .foreign_keys(true)
+        .busy_timeout(Duration::from_secs(5)))
+}
+
+async fn pool(options: SqliteConnectOptions) -> Result<SqlitePool, OpenError> {
+    SqlitePoolOptions::new()
+        .max_connections(8)
+        .connect_with(options)
+        .await
+        .map_err(OpenError::Database)
 }
 
 /// Begins a write transaction that takes SQLite's write lock at once (`BEGIN IMMEDIATE`), waiting up to the

@@ -50,6 +50,9 @@ pub enum ServerError {
         /// What the OS said.
         source: std::io::Error,
     },
+    /// Another server (or a restore) holds the data folder.
+    #[error(transparent)]
+    Locked(#[from] db::backup::LockError),
     /// The database (or its data folder) cannot be opened or migrated.
     #[error(transparent)]
     Open(#[from] db::OpenError),
@@ -230,6 +233,8 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         .map(|address| inventory::ray::RayClient::new(address, config.ray_token.clone()))
         .transpose()?;
     let (inventory, local_gpus, hosts) = gather_inventory(&config, ray.as_ref()).await?;
+    // Held for the server's life: a restore refuses to replace the database under it.
+    let _lock = db::backup::DataLock::take(&config.data_dir)?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let settings = runtime::Settings {

@@ -1,5 +1,4 @@
-use clap::Parser;
-use server::config::{Command, Config};
+use server::config::{Command, Config, LoadError};
 use tracing_subscriber::EnvFilter;
 
 #[tokio::main]
@@ -11,7 +10,14 @@ async fn main() -> std::process::ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .init();
-    let config = Config::parse();
+    let config = match Config::load() {
+        Ok(config) => config,
+        Err(LoadError::Args(e)) => e.exit(),
+        Err(e) => {
+            eprintln!("tessera: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let outcome = match config.command.clone() {
         Some(Command::DemoEngine { stands_in_for }) => server::demo_engine::run(stands_in_for)
             .await
@@ -22,6 +28,12 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Token { action }) => server::cli::token(&config, action)
             .await
             .map_err(|e| format!("tessera token: {e}")),
+        Some(Command::Backup { file }) => server::cli::backup(&config, &file)
+            .await
+            .map_err(|e| format!("tessera backup: {e}")),
+        Some(Command::Restore { file }) => server::cli::restore(&config, &file)
+            .await
+            .map_err(|e| format!("tessera restore: {e}")),
         Some(Command::RayNode { head, name }) => {
             server::cli::ray_node(head, name).map_err(|e| format!("tessera ray-node: {e}"))
         }

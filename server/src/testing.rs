@@ -158,6 +158,12 @@ impl TestApp {
         TestApp::open(HOPPER, Some("hopper"), false, Some(mig_on)).await
     }
 
+    /// A server over the inventory in `fleet_toml` on the data folder `dir`, as an earlier Tessera (or a
+    /// test) left it.
+    pub async fn over(dir: tempfile::TempDir, fleet_toml: &str) -> TestApp {
+        TestApp::open_in(dir, fleet_toml, None, false, None).await
+    }
+
     async fn open(
         fleet_toml: &str,
         local: Option<&str>,
@@ -165,6 +171,16 @@ impl TestApp {
         driver: Option<&[u32]>,
     ) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
+        TestApp::open_in(dir, fleet_toml, local, made_up, driver).await
+    }
+
+    async fn open_in(
+        dir: tempfile::TempDir,
+        fleet_toml: &str,
+        local: Option<&str>,
+        made_up: bool,
+        driver: Option<&[u32]>,
+    ) -> TestApp {
         let local = local.map(str::to_owned);
         let gpus: Option<Arc<dyn crate::inventory::LocalGpus>> = driver.map(|mig_on| {
             Arc::new(StandInDriver {

@@ -1,5 +1,7 @@
 //! The HTTP surface, driven through the router without a socket.
 
+mod upgrades;
+
 use crate::testing::{TestApp, MAJIN};
 use axum::body::Body;
 use axum::http::{Request, StatusCode};

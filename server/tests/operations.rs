@@ -1,0 +1,177 @@
+//! Running Tessera for good, through the real binary as an operator would: its config file against flags
+//! and environment variables, and a backup of the running server put back once it is stopped.
+
+mod support;
+
+use serde_json::json;
+use std::path::Path;
+use std::process::{Output, Stdio};
+use support::Server;
+
+/// `tessera ARGS` with `env`, the password line on standard input; none of the variables the tests set is
+/// inherited from the test's own environment.
+fn tessera(args: &[&str], env: &[(&str, &Path)]) -> Output {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"));
+    for name in ["TESSERA_CONFIG", "TESSERA_DATA_DIR", "DATABASE_URL"] {
+        command.env_remove(name);
+    }
+    let mut child = command
+        .args(args)
+        .envs(env.iter().copied())
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tessera binary runs");
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), b"a long test password\n").unwrap();
+    child.wait_with_output().unwrap()
+}
+
+fn said(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn the_config_file_sets_the_data_folder_and_a_variable_or_a_flag_wins_over_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    let config = at("tessera.toml");
+    std::fs::write(
+        &config,
+        format!("# the data folder\ndata_dir = {:?}\n", at("from-file")),
+    )
+    .unwrap();
+    let config = config.to_str().unwrap();
+    fn add(name: &str) -> [&str; 5] {
+        ["user", "add", name, "--role", "admin"]
+    }
+    let out = tessera(&[&["--config", config][..], &add("ada")].concat(), &[]);
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(at("from-file/tessera.db").exists());
+    let out = tessera(&add("bo"), &[("TESSERA_CONFIG", Path::new(config))]);
+    assert!(out.status.success(), "{}", said(&out));
+    let from_env = at("from-env");
+    let out = tessera(
+        &[&["--config", config][..], &add("cy")].concat(),
+        &[("TESSERA_DATA_DIR", &from_env)],
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(at("from-env/tessera.db").exists());
+    let from_flag = at("from-flag");
+    let out = tessera(
+        &[
+            &[
+                "--config",
+                config,
+                "--data-dir",
+                from_flag.to_str().unwrap(),
+            ][..],
+            &add("di"),
+        ]
+        .concat(),
+        &[("TESSERA_DATA_DIR", &from_env)],
+    );
+    assert!(out.status.success(), "{}", said(&out));
+    assert!(at("from-flag/tessera.db").exists());
+    std::fs::write(at("typo.toml"), "data_dri = \"/srv\"\n").unwrap();
+    let out = tessera(
+        &[
+            &["--config", at("typo.toml").to_str().unwrap()][..],
+            &add("ed"),
+        ]
+        .concat(),
+        &[],
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(
+        said(&out),
+        format!(
+            "tessera: unknown key `data_dri` in {} (line 1); did you mean `data_dir`?\n",
+            at("typo.toml").display()
+        )
+    );
+}
+
+/// A worker that waits for ever (no machine offers 500 GB), so that no engine starts.
+async fn add_worker(server: &Server, name: &str) {
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/workers",
+            json!({"name": name, "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 500}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+async fn worker_names(server: &Server) -> Vec<String> {
+    let (status, body) = server.get("/api/workers").await;
+    assert_eq!(status, 200, "{body}");
+    let mut names: Vec<String> = body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_of_the_running_server_holds_its_workers_and_is_restored_once_it_stops() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let server = Server::start_with(&data, 0, &[]).await;
+    for n in 0..5 {
+        add_worker(&server, &format!("before-{n}")).await;
+    }
+    let data_dir = data.to_str().unwrap().to_owned();
+    let copy = dir.path().join("backup.db");
+    let copy_path = copy.to_str().unwrap().to_owned();
+    // Writes go on while the copy is taken.
+    let backup = tokio::task::spawn_blocking(move || {
+        tessera(&["--data-dir", &data_dir, "backup", &copy_path], &[])
+    });
+    let mut during = 0;
+    while !backup.is_finished() {
+        add_worker(&server, &format!("during-{during}")).await;
+        during += 1;
+    }
+    let out = backup.await.unwrap();
+    assert!(out.status.success(), "{}", said(&out));
+    let data_dir = data.to_str().unwrap();
+    let copy_path = copy.to_str().unwrap();
+    let out = tessera(&["--data-dir", data_dir, "backup", copy_path], &[]);
+    assert!(!out.status.success());
+    assert!(said(&out).contains("already exists"), "{}", said(&out));
+    add_worker(&server, "after").await;
+    let out = tessera(&["--data-dir", data_dir, "restore", copy_path], &[]);
+    assert!(!out.status.success(), "a restore under a running server");
+    let refusal = said(&out);
+    assert!(
+        refusal.starts_with(&format!(
+            "tessera restore: a Tessera server (pid {}) runs on the data folder {data_dir}",
+            server.pid()
+        )) && refusal.contains("stop it first"),
+        "{refusal}"
+    );
+    let before_stop = worker_names(&server).await;
+    assert!(before_stop.contains(&"after".to_owned()));
+    server.stop().await;
+
+    let out = tessera(&["--data-dir", data_dir, "restore", copy_path], &[]);
+    assert!(out.status.success(), "{}", said(&out));
+    let server = Server::start_with(&data, 0, &[]).await;
+    let restored = worker_names(&server).await;
+    for n in 0..5 {
+        assert!(restored.contains(&format!("before-{n}")), "{restored:?}");
+    }
+    assert!(!restored.contains(&"after".to_owned()), "{restored:?}");
+    // The copy is one moment: the workers added meanwhile are in it up to some point, none after.
+    let kept = (0..during)
+        .take_while(|n| restored.contains(&format!("during-{n}")))
+        .count();
+    assert_eq!(restored.len(), 5 + kept, "{restored:?}");
+    server.stop().await;
+}
