@@ -86,7 +86,7 @@ pub fn check_limits(limits: TokenLimits) -> Result<TokenLimits, ApiError> {
             ));
         }
         for model in models.iter() {
-            crate::fleet::check_name(model)?;
+            crate::input::check_name(model)?;
         }
         models.sort();
         models.dedup();
@@ -205,7 +205,7 @@ pub async fn create_user(
     new: &NewUser,
     actor: &str,
 ) -> Result<Account, ApiError> {
-    crate::fleet::check_name(&new.name)?;
+    crate::input::check_name(&new.name)?;
     check_password(&new.password)?;
     let hash = hash_off_executor(&new.password).await?;
     let mut tx = crate::db::write(pool).await?;
@@ -240,7 +240,7 @@ pub async fn create_first_admin(
     if count(pool).await? > 0 {
         return Err(taken());
     }
-    crate::fleet::check_name(name)?;
+    crate::input::check_name(name)?;
     check_password(password)?;
     let hash = hash_off_executor(password).await?;
     let mut tx = crate::db::write(pool).await?;
@@ -573,7 +573,7 @@ pub async fn create_token(
     limits: &TokenLimits,
     actor: &str,
 ) -> Result<NewApiToken, ApiError> {
-    crate::fleet::check_name(name)?;
+    crate::input::check_name(name)?;
     let secret = new_secret();
     let prefix: String = secret.chars().take(TOKEN_PREFIX.len() + 6).collect();
     let mut tx = crate::db::write(pool).await?;
