@@ -1,14 +1,16 @@
-//! Input parsed once, at the edge, into what the core takes: names, serving settings, and the typed command
-//! of every write to the fleet (a new worker, a new catalog model, a deploy, a plan change, a GPU's
-//! sharing). The REST handlers parse their bodies into these, the console's adapters build them from the
-//! pages' typed fields; a command whose fields are private is made only by its parse, so the core never
-//! holds one that breaks these rules. What needs the committed state (a name taken, a revision gone stale)
-//! or the caller's role (who may set what) stays the core's to check.
+//! Input parsed once, at the edge, into what the core takes: names, serving settings, token limits, and the
+//! typed command of every write (a new worker, a new catalog model, a deploy, a plan change, a GPU's
+//! sharing, an account, an API token). The REST handlers parse their bodies into these, the console's
+//! adapters build them from the pages' typed fields; a command whose fields are private is made only by
+//! its parse, so the core never holds one that breaks these rules. What needs the committed state (a name
+//! taken, a revision gone stale) or the caller's role (who may set what) stays the core's to check.
 //!
-//! Below the fleet, so that it, and every edge above it, can name the same types.
+//! Below the fleet and the accounts, so that both, and every edge above them, can name the same types.
 
 use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
+use app::auth::Role;
+use app::views::{TokenLimits, TokenScope};
 use placement::sharing::{GpuSharing, Sharing as GpuMode, SharingError};
 use placement::{BasisPoints, Demand, GpuChoice, GpuRef, RequestedResources, WorkerRequest};
 use std::collections::BTreeMap;
@@ -347,4 +349,139 @@ impl SharingCommand {
     pub fn into_parts(self) -> (GpuRef, GpuSharing, Vec<String>) {
         (self.gpu, self.sharing, self.instances)
     }
+}
+
+/// The shortest password accepted.
+pub const MIN_PASSWORD_LEN: usize = 12;
+/// The longest: argon2 takes any length, but a megabyte of "password" is an attack on the CPU.
+pub const MAX_PASSWORD_LEN: usize = 1024;
+
+/// An account to make: a good name, a role, and a password long enough (and not too long to hash).
+#[derive(Clone)]
+pub struct NewUser {
+    name: String,
+    role: Role,
+    password: String,
+}
+
+impl NewUser {
+    /// The account `name` with `role` and `password`, refused with what to fix.
+    pub fn parse(name: String, role: Role, password: String) -> Result<NewUser, ApiError> {
+        check_name(&name)?;
+        let len = password.chars().count();
+        if !(MIN_PASSWORD_LEN..=MAX_PASSWORD_LEN).contains(&len) {
+            return Err(ApiError::Unprocessable(format!(
+                "a password needs {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} characters; this one has {len}"
+            )));
+        }
+        Ok(NewUser {
+            name,
+            role,
+            password,
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its role.
+    pub fn role(&self) -> Role {
+        self.role
+    }
+
+    /// Its password, to hash.
+    pub fn password(&self) -> &str {
+        &self.password
+    }
+}
+
+// The password stays out of logs.
+impl std::fmt::Debug for NewUser {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NewUser")
+            .field("name", &self.name)
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
+}
+
+/// An API token to make: its name and its limits as stored.
+#[derive(Debug, Clone)]
+pub struct NewToken {
+    name: String,
+    limits: TokenLimits,
+}
+
+impl NewToken {
+    /// The token `name` limited by `limits`, refused with what to fix.
+    pub fn parse(name: String, limits: TokenLimits) -> Result<NewToken, ApiError> {
+        let limits = check_limits(limits)?;
+        check_name(&name)?;
+        Ok(NewToken { name, limits })
+    }
+
+    /// What it is for, such as `ci`.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its limits, as stored.
+    pub fn limits(&self) -> &TokenLimits {
+        &self.limits
+    }
+}
+
+/// A token's limits as stored, if they hold: models only for an inference token and each a name (sorted,
+/// once each), an expiry to come (in UTC, to the second).
+fn check_limits(limits: TokenLimits) -> Result<TokenLimits, ApiError> {
+    let TokenLimits {
+        scope,
+        mut models,
+        expires_at,
+    } = limits;
+    if let Some(models) = &mut models {
+        if scope != TokenScope::Inference {
+            return Err(ApiError::Unprocessable(
+                "models limits an inference token: set scope to \"inference\", or leave models out"
+                    .to_owned(),
+            ));
+        }
+        if models.is_empty() {
+            return Err(ApiError::Unprocessable(
+                "models names at least one model; leave it out for every model".to_owned(),
+            ));
+        }
+        for model in models.iter() {
+            check_name(model)?;
+        }
+        models.sort();
+        models.dedup();
+    }
+    Ok(TokenLimits {
+        scope,
+        models,
+        expires_at: expires_at.as_deref().map(expiry).transpose()?,
+    })
+}
+
+/// An expiry as stored (RFC 3339 in UTC, to the second), if `text` is one and is still to come.
+fn expiry(text: &str) -> Result<String, ApiError> {
+    use time::format_description::well_known::Rfc3339;
+    let at = time::OffsetDateTime::parse(text, &Rfc3339).map_err(|_| {
+        ApiError::Unprocessable(format!(
+            "expires_at is a time in RFC 3339, like 2027-01-31T00:00:00Z; {text:?} is not"
+        ))
+    })?;
+    if at <= time::OffsetDateTime::now_utc() {
+        return Err(ApiError::Unprocessable(format!(
+            "expires_at {text} has passed; give a time to come"
+        )));
+    }
+    at.to_offset(time::UtcOffset::UTC)
+        .replace_nanosecond(0)
+        .ok()
+        .and_then(|at| at.format(&Rfc3339).ok())
+        .ok_or_else(|| ApiError::Unprocessable(format!("expires_at {text} is out of range")))
 }
