@@ -7,7 +7,7 @@ mod support;
 use axum::routing::get;
 use placement::{GpuRequests, RequestedResources};
 use server::fleet::authority::Sight;
-use server::fleet::NewWorker;
+use server::input::NewWorker;
 use server::inventory::demo::demo_fleet;
 use support::Bench;
 
@@ -24,16 +24,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             ids: vec![format!("h200-node:{}", n % 8)],
             ..Default::default()
         };
-        let worker = NewWorker {
-            name: format!("worker-{n:02}"),
-            requested_resources: RequestedResources {
+        let worker = NewWorker::parse(
+            format!("worker-{n:02}"),
+            RequestedResources {
                 cpu_cores: Some(2.0),
                 memory_bytes: None,
                 gpu_requests: Some(gpu_requests),
             },
-            command: None,
-            env: Default::default(),
-        };
+            None,
+            Default::default(),
+        )?;
         bench
             .fleet
             .create_worker(worker, &support::actor())

@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 use placement::{BasisPoints, Bytes, Gpu, Machine};
 use placement::{GpuChoice, GpuRef};
 use server::catalog::{CatalogModel, Engine};
-use server::fleet::groups::{DeployCommand, Serving, Sharing};
+use server::input::{DeployCommand, NewModel, ServingSettings, Sharing};
 use std::time::{Duration, Instant};
 use support::Bench;
 use tower::ServiceExt;
@@ -48,7 +48,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let name = format!("{member}-{n:03}");
             fleet
                 .add_model(
-                    CatalogModel {
+                    NewModel::parse(CatalogModel {
                         name: name.clone(),
                         engine: Engine::Command,
                         default_share: BasisPoints::percent(20),
@@ -59,7 +59,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         args: Vec::new(),
                         env: Default::default(),
                         secret_env: Vec::new(),
-                    },
+                    })?,
                     "bench",
                 )
                 .await
@@ -79,7 +79,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             demand: Default::default(),
                             demands: Default::default(),
                         },
-                        serving: Serving::default(),
+                        serving: ServingSettings::default(),
                     },
                     &support::actor(),
                 )

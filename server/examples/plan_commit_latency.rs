@@ -9,7 +9,7 @@ mod support;
 use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use placement::{BasisPoints, GpuChoice, GpuRef};
-use server::fleet::groups::{DeployCommand, Serving, Sharing};
+use server::input::{DeployCommand, ServingSettings, Sharing};
 use server::inventory::demo::{demo_catalog, demo_fleet};
 use std::time::{Duration, Instant};
 use support::Bench;
@@ -36,7 +36,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 demand: Default::default(),
                 demands: Default::default(),
             },
-            serving: Serving::default(),
+            serving: ServingSettings::default(),
         })
     };
     fleet

@@ -3,120 +3,20 @@
 
 use crate::audit::{self, Entry};
 use crate::error::ApiError;
+use crate::input::{NewToken, NewUser, MAX_PASSWORD_LEN};
 use app::auth::{Caller, Role};
 use app::views::{Account, ApiToken, NewApiToken, TokenLimits, TokenScope};
 use argon2::password_hash::rand_core::{OsRng, RngCore};
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use sqlx::SqlitePool;
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-/// The shortest password accepted.
-pub const MIN_PASSWORD_LEN: usize = 12;
-/// The longest: argon2 takes any length, but a megabyte of "password" is an attack on the CPU.
-pub const MAX_PASSWORD_LEN: usize = 1024;
 /// What every API token starts with, so that a leaked one is easy to recognise and search for.
 pub const TOKEN_PREFIX: &str = "tsr_";
-
-/// `POST /api/users`, and `tessera user add`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewUser {
-    /// Letters, digits, `.`, `-`, `_`, at most 63.
-    pub name: String,
-    /// `admin`, `operator` or `viewer`.
-    pub role: Role,
-    /// At least 12 characters.
-    pub password: String,
-}
-
-/// `POST /api/tokens`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewToken {
-    /// What it is for, such as `ci`.
-    pub name: String,
-    /// Whose role it acts with; the caller's own account when absent.
-    #[serde(default)]
-    pub user: Option<String>,
-    /// `api` (the default: every route its owner's role allows) or `inference` (only the gateway, `/v1`).
-    #[serde(default)]
-    pub scope: TokenScope,
-    /// For an inference token, the models it may call; every model when absent.
-    #[serde(default)]
-    pub models: Option<Vec<String>>,
-    /// When it stops working, RFC 3339 (`2027-01-31T00:00:00Z`); never when absent.
-    #[serde(default)]
-    pub expires_at: Option<String>,
-}
-
-impl NewToken {
-    /// Its limits, checked ([`check_limits`]).
-    pub fn limits(&self) -> Result<TokenLimits, ApiError> {
-        check_limits(TokenLimits {
-            scope: self.scope,
-            models: self.models.clone(),
-            expires_at: self.expires_at.clone(),
-        })
-    }
-}
-
-/// A token's limits as stored, if they hold: models only for an inference token and each a name (sorted,
-/// once each), an expiry to come (in UTC, to the second).
-pub fn check_limits(limits: TokenLimits) -> Result<TokenLimits, ApiError> {
-    let TokenLimits {
-        scope,
-        mut models,
-        expires_at,
-    } = limits;
-    if let Some(models) = &mut models {
-        if scope != TokenScope::Inference {
-            return Err(ApiError::Unprocessable(
-                "models limits an inference token: set scope to \"inference\", or leave models out"
-                    .to_owned(),
-            ));
-        }
-        if models.is_empty() {
-            return Err(ApiError::Unprocessable(
-                "models names at least one model; leave it out for every model".to_owned(),
-            ));
-        }
-        for model in models.iter() {
-            crate::fleet::check_name(model)?;
-        }
-        models.sort();
-        models.dedup();
-    }
-    Ok(TokenLimits {
-        scope,
-        models,
-        expires_at: expires_at.as_deref().map(expiry).transpose()?,
-    })
-}
-
-/// An expiry as stored (RFC 3339 in UTC, to the second), if `text` is one and is still to come.
-fn expiry(text: &str) -> Result<String, ApiError> {
-    use time::format_description::well_known::Rfc3339;
-    let at = time::OffsetDateTime::parse(text, &Rfc3339).map_err(|_| {
-        ApiError::Unprocessable(format!(
-            "expires_at is a time in RFC 3339, like 2027-01-31T00:00:00Z; {text:?} is not"
-        ))
-    })?;
-    if at <= time::OffsetDateTime::now_utc() {
-        return Err(ApiError::Unprocessable(format!(
-            "expires_at {text} has passed; give a time to come"
-        )));
-    }
-    at.to_offset(time::UtcOffset::UTC)
-        .replace_nanosecond(0)
-        .ok()
-        .and_then(|at| at.format(&Rfc3339).ok())
-        .ok_or_else(|| ApiError::Unprocessable(format!("expires_at {text} is out of range")))
-}
 
 /// The argon2id hash of `password`, in PHC form.
 pub fn hash_password(password: &str) -> Result<String, ApiError> {
@@ -143,16 +43,6 @@ pub fn verify_password(hash: &str, password: &str) -> bool {
             .verify_password(password.as_bytes(), &parsed)
             .is_ok()
     })
-}
-
-fn check_password(password: &str) -> Result<(), ApiError> {
-    let len = password.chars().count();
-    if !(MIN_PASSWORD_LEN..=MAX_PASSWORD_LEN).contains(&len) {
-        return Err(ApiError::Unprocessable(format!(
-            "a password needs {MIN_PASSWORD_LEN} to {MAX_PASSWORD_LEN} characters; this one has {len}"
-        )));
-    }
-    Ok(())
 }
 
 /// Bytes as lower-case hex. (Every API request digests its token: no allocation per byte.)
@@ -205,28 +95,27 @@ pub async fn create_user(
     new: &NewUser,
     actor: &str,
 ) -> Result<Account, ApiError> {
-    crate::fleet::check_name(&new.name)?;
-    check_password(&new.password)?;
-    let hash = hash_off_executor(&new.password).await?;
+    let hash = hash_off_executor(new.password()).await?;
     let mut tx = crate::db::write(pool).await?;
     sqlx::query("INSERT INTO users (name, password_hash, role) VALUES (?, ?, ?)")
-        .bind(&new.name)
+        .bind(new.name())
         .bind(&hash)
-        .bind(new.role.as_str())
+        .bind(new.role().as_str())
         .execute(&mut *tx)
         .await
         .map_err(|e| {
             ApiError::on_unique(e, || {
-                format!("an account named {} exists already", new.name)
+                format!("an account named {} exists already", new.name())
             })
         })?;
     audit::record(
         &mut tx,
-        Entry::new(actor, "user.create", &new.name).after(serde_json::json!({ "role": new.role })),
+        Entry::new(actor, "user.create", new.name())
+            .after(serde_json::json!({ "role": new.role() })),
     )
     .await?;
     tx.commit().await?;
-    user(pool, &new.name).await
+    user(pool, new.name()).await
 }
 
 /// Makes the first admin, but only while there is no account at all (the setup page's one job); answers
@@ -240,9 +129,9 @@ pub async fn create_first_admin(
     if count(pool).await? > 0 {
         return Err(taken());
     }
-    crate::fleet::check_name(name)?;
-    check_password(password)?;
-    let hash = hash_off_executor(password).await?;
+    // Parsed here rather than at the edge: one who asks once an admin exists is told so, whatever they sent.
+    let new = NewUser::parse(name.to_owned(), Role::Admin, password.to_owned())?;
+    let hash = hash_off_executor(new.password()).await?;
     let mut tx = crate::db::write(pool).await?;
     // Checked again in the write: two setups at once make one admin.
     let made: Option<i64> = sqlx::query_scalar(
@@ -569,11 +458,10 @@ fn models_of(json: Option<&str>) -> Result<Option<Vec<String>>, ApiError> {
 pub async fn create_token(
     pool: &SqlitePool,
     user: &str,
-    name: &str,
-    limits: &TokenLimits,
+    new: &NewToken,
     actor: &str,
 ) -> Result<NewApiToken, ApiError> {
-    crate::fleet::check_name(name)?;
+    let (name, limits) = (new.name(), new.limits());
     let secret = new_secret();
     let prefix: String = secret.chars().take(TOKEN_PREFIX.len() + 6).collect();
     let mut tx = crate::db::write(pool).await?;

@@ -1,8 +1,9 @@
 //! The commands that manage accounts and the database without the console, for scripts and CI: they work
 //! on the same database as the server (which may be running, but for a restore).
 
-use crate::accounts::{self, NewUser};
+use crate::accounts;
 use crate::config::{Config, TokenCommand, UserCommand};
+use crate::input::{NewToken, NewUser};
 use app::views::{TokenLimits, TokenScope};
 use std::io::BufRead;
 use std::path::Path;
@@ -23,17 +24,10 @@ pub async fn user(config: &Config, action: UserCommand) -> Result<(), String> {
                 .read_line(&mut password)
                 .map_err(|e| format!("could not read the password from standard input: {e}"))?;
             let password = password.trim_end_matches(['\r', '\n']).to_owned();
-            let user = accounts::create_user(
-                &pool,
-                &NewUser {
-                    name,
-                    role,
-                    password,
-                },
-                CLI,
-            )
-            .await
-            .map_err(|e| e.to_string())?;
+            let new = NewUser::parse(name, role, password).map_err(|e| e.to_string())?;
+            let user = accounts::create_user(&pool, &new, CLI)
+                .await
+                .map_err(|e| e.to_string())?;
             println!("made {} ({})", user.name, user.role.as_str());
             Ok(())
         }
@@ -53,7 +47,7 @@ pub async fn token(config: &Config, action: TokenCommand) -> Result<(), String> 
             models,
             expires_at,
         } => {
-            let limits = accounts::check_limits(TokenLimits {
+            let limits = TokenLimits {
                 scope: if inference {
                     TokenScope::Inference
                 } else {
@@ -61,9 +55,9 @@ pub async fn token(config: &Config, action: TokenCommand) -> Result<(), String> 
                 },
                 models: (!models.is_empty()).then_some(models),
                 expires_at,
-            })
-            .map_err(|e| e.to_string())?;
-            let issued = accounts::create_token(&pool, &user, &name, &limits, CLI)
+            };
+            let token = NewToken::parse(name, limits).map_err(|e| e.to_string())?;
+            let issued = accounts::create_token(&pool, &user, &token, CLI)
                 .await
                 .map_err(|e| e.to_string())?;
             println!("{}", issued.secret);

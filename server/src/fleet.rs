@@ -30,7 +30,7 @@ mod sharing;
 mod workers;
 
 pub use machines::{GpuView, MachineView, SharerView};
-pub use workers::{NewWorker, WorkerView};
+pub use workers::WorkerView;
 
 use crate::error::ApiError;
 use crate::inventory::LocalGpus;
@@ -43,9 +43,6 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 use tokio::sync::Mutex;
-
-/// The longest worker name.
-pub const MAX_NAME_LEN: usize = 63;
 
 /// The fleet service.
 pub struct Fleet {
@@ -343,23 +340,6 @@ impl Fleet {
         }
         let rebuilt = Ledger::build(state.ledger.inventory().clone(), &stored);
         state.ledger.same_as(&rebuilt)
-    }
-}
-
-/// Names are what URLs, logs and process names carry: letters, digits, `.`, `-`, `_`, at most 63.
-pub(crate) fn check_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.is_empty()
-        && name.len() <= MAX_NAME_LEN
-        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_'));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::Unprocessable(format!(
-            "name {name:?}: use 1 to {MAX_NAME_LEN} letters, digits, '.', '-' or '_', starting with a letter or digit"
-        )))
     }
 }
 

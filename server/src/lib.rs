@@ -17,6 +17,7 @@ pub mod demo_engine;
 pub mod error;
 pub mod fleet;
 pub mod gateway;
+pub mod input;
 pub mod inventory;
 pub mod metrics;
 pub mod redact;

@@ -201,11 +201,12 @@ impl TestApp {
             .execute(&pool)
             .await
             .expect("the test admin");
-        let token =
-            crate::accounts::create_token(&pool, ADMIN, "tests", &Default::default(), "test")
-                .await
-                .expect("the test admin's token")
-                .secret;
+        let tests = crate::input::NewToken::parse("tests".to_owned(), Default::default())
+            .expect("a token's name");
+        let token = crate::accounts::create_token(&pool, ADMIN, &tests, "test")
+            .await
+            .expect("the test admin's token")
+            .secret;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),

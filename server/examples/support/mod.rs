@@ -3,8 +3,9 @@
 
 use leptos::config::LeptosOptions;
 use placement::{Inventory, Machine};
-use server::accounts::{self, NewUser};
+use server::accounts;
 use server::fleet::Fleet;
+use server::input::{NewToken, NewUser};
 use server::runtime::{Hosts, Runtime, Settings};
 use server::{db, router, AppState};
 use std::error::Error;
@@ -48,15 +49,16 @@ impl Bench {
             .await
             .map_err(|e| e.to_string())?,
         );
-        let operator = NewUser {
-            name: "bench".to_owned(),
-            role: app::auth::Role::Operator,
-            password: "the benchmarks' password".to_owned(),
-        };
+        let operator = NewUser::parse(
+            "bench".to_owned(),
+            app::auth::Role::Operator,
+            "the benchmarks' password".to_owned(),
+        )?;
         accounts::create_user(&pool, &operator, "bench")
             .await
             .map_err(|e| e.to_string())?;
-        let token = accounts::create_token(&pool, "bench", "bench", &Default::default(), "bench")
+        let bench = NewToken::parse("bench".to_owned(), Default::default())?;
+        let token = accounts::create_token(&pool, "bench", &bench, "bench")
             .await
             .map_err(|e| e.to_string())?
             .secret;

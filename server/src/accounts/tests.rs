@@ -1,14 +1,11 @@
 //! Accounts and tokens on a real SQLite file.
 
 use super::*;
+use crate::input::{NewToken, NewUser};
 use crate::testing::{TestApp, ADMIN, MAJIN};
 
-fn new_user(name: &str, role: Role, password: &str) -> NewUser {
-    NewUser {
-        name: name.to_owned(),
-        role,
-        password: password.to_owned(),
-    }
+fn new_user(name: &str, role: Role, password: &str) -> Result<NewUser, ApiError> {
+    NewUser::parse(name.to_owned(), role, password.to_owned())
 }
 
 #[test]
@@ -31,35 +28,30 @@ fn a_password_is_stored_as_an_argon2id_hash_that_only_it_matches() {
 async fn an_account_needs_a_good_name_a_long_password_and_a_name_of_its_own() {
     let app = TestApp::new(MAJIN).await;
     let pool = &app.pool;
-    let short = create_user(pool, &new_user("otto", Role::Operator, "short"), ADMIN).await;
+    let short = new_user("otto", Role::Operator, "short");
     assert_eq!(
         short.unwrap_err().to_string(),
         "a password needs 12 to 1024 characters; this one has 5"
     );
-    let hostile = create_user(
-        pool,
-        &new_user(
-            "<script>alert(1)</script>",
-            Role::Viewer,
-            "long enough pass",
-        ),
-        ADMIN,
-    )
-    .await;
+    let hostile = new_user(
+        "<script>alert(1)</script>",
+        Role::Viewer,
+        "long enough pass",
+    );
     assert!(hostile
         .unwrap_err()
         .to_string()
         .starts_with("name \"<script>alert(1)</script>\": use 1 to 63 letters"));
     create_user(
         pool,
-        &new_user("otto", Role::Operator, "long enough pass"),
+        &new_user("otto", Role::Operator, "long enough pass").unwrap(),
         ADMIN,
     )
     .await
     .unwrap();
     let again = create_user(
         pool,
-        &new_user("otto", Role::Viewer, "long enough pass"),
+        &new_user("otto", Role::Viewer, "long enough pass").unwrap(),
         ADMIN,
     )
     .await;
@@ -91,7 +83,7 @@ async fn the_last_admin_stays_and_no_one_removes_their_own_account() {
     );
     create_user(
         pool,
-        &new_user("grace", Role::Admin, "long enough pass"),
+        &new_user("grace", Role::Admin, "long enough pass").unwrap(),
         ADMIN,
     )
     .await
@@ -117,9 +109,8 @@ async fn the_last_admin_stays_and_no_one_removes_their_own_account() {
 async fn a_token_is_stored_as_its_digest_and_shown_once() {
     let app = TestApp::new(MAJIN).await;
     let pool = &app.pool;
-    let issued = create_token(pool, ADMIN, "ci", &TokenLimits::default(), ADMIN)
-        .await
-        .unwrap();
+    let ci = NewToken::parse("ci".to_owned(), TokenLimits::default()).unwrap();
+    let issued = create_token(pool, ADMIN, &ci, ADMIN).await.unwrap();
     assert!(issued.secret.starts_with(TOKEN_PREFIX));
     assert!(issued.secret.starts_with(&issued.token.prefix));
     let stored: Vec<(String,)> = sqlx::query_as("SELECT hash FROM api_tokens")
@@ -162,19 +153,22 @@ async fn a_token_is_stored_as_its_digest_and_shown_once() {
     ));
 }
 
-fn new_token(scope: TokenScope, models: Option<&[&str]>, expires_at: Option<&str>) -> NewToken {
-    NewToken {
-        name: "chat".to_owned(),
-        user: None,
+fn new_token(
+    scope: TokenScope,
+    models: Option<&[&str]>,
+    expires_at: Option<&str>,
+) -> Result<NewToken, ApiError> {
+    let limits = TokenLimits {
         scope,
         models: models.map(|m| m.iter().map(|m| m.to_string()).collect()),
         expires_at: expires_at.map(str::to_owned),
-    }
+    };
+    NewToken::parse("chat".to_owned(), limits)
 }
 
 #[test]
 fn a_token_limited_to_models_must_be_an_inference_token_and_expire_in_the_future() {
-    let refused = |new: NewToken| match new.limits() {
+    let refused = |new: Result<NewToken, ApiError>| match new {
         Err(ApiError::Unprocessable(message)) => message,
         other => panic!("accepted: {other:?}"),
     };
@@ -187,13 +181,13 @@ fn a_token_limited_to_models_must_be_an_inference_token_and_expire_in_the_future
         Some("2020-01-01T00:00:00Z")
     ))
     .contains("has passed"));
-    let limits = new_token(
+    let token = new_token(
         TokenScope::Inference,
         Some(&["glm-5.3", "embedder", "glm-5.3"]),
         Some("2999-01-31T01:00:00.5+01:00"),
     )
-    .limits()
     .unwrap();
+    let limits = token.limits();
     assert_eq!(
         limits.models.as_deref(),
         Some(&["embedder".to_owned(), "glm-5.3".to_owned()][..])
@@ -209,12 +203,8 @@ async fn an_expired_token_is_refused_with_when_it_expired_even_while_it_is_remem
     let soon = (time::OffsetDateTime::now_utc() + time::Duration::seconds(2))
         .format(&Rfc3339)
         .unwrap();
-    let limits = new_token(TokenScope::Inference, Some(&["glm-5.3"]), Some(&soon))
-        .limits()
-        .unwrap();
-    let issued = create_token(pool, ADMIN, "chat", &limits, ADMIN)
-        .await
-        .unwrap();
+    let token = new_token(TokenScope::Inference, Some(&["glm-5.3"]), Some(&soon)).unwrap();
+    let issued = create_token(pool, ADMIN, &token, ADMIN).await.unwrap();
     let cache = TokenCache::default();
     let grant = grant_by_token(pool, &cache, &issued.secret)
         .await
@@ -234,6 +224,6 @@ async fn an_expired_token_is_refused_with_when_it_expired_even_while_it_is_remem
             .await
             .unwrap()
             .err(),
-        Some(Refusal::Expired(limits.expires_at.unwrap()))
+        Some(Refusal::Expired(token.limits().expires_at.clone().unwrap()))
     );
 }

@@ -1,16 +1,50 @@
 //! The REST API's accounts, API tokens and audit log routes.
 
-use crate::accounts::{self, NewToken, NewUser};
+use crate::accounts;
 use crate::api::ApiJson;
 use crate::audit::{self, AuditEntry, AuditFilter};
 use crate::auth::Actor;
 use crate::error::ApiError;
+use crate::input::{NewToken, NewUser};
 use crate::AppState;
-use app::auth::Caller;
-use app::views::{Account, ApiToken, NewApiToken};
+use app::auth::{Caller, Role};
+use app::views::{Account, ApiToken, NewApiToken, TokenLimits, TokenScope};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use serde::Deserialize;
+
+/// `POST /api/users`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewUserBody {
+    /// Letters, digits, `.`, `-`, `_`, at most 63.
+    pub name: String,
+    /// `admin`, `operator` or `viewer`.
+    pub role: Role,
+    /// At least 12 characters.
+    pub password: String,
+}
+
+/// `POST /api/tokens`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewTokenBody {
+    /// What it is for, such as `ci`.
+    pub name: String,
+    /// Whose role it acts with; the caller's own account when absent.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `api` (the default: every route its owner's role allows) or `inference` (only the gateway, `/v1`).
+    #[serde(default)]
+    pub scope: TokenScope,
+    /// For an inference token, the models it may call; every model when absent.
+    #[serde(default)]
+    pub models: Option<Vec<String>>,
+    /// When it stops working, RFC 3339 (`2027-01-31T00:00:00Z`); never when absent.
+    #[serde(default)]
+    pub expires_at: Option<String>,
+}
 
 /// `GET /api/me`: who the caller is, with which role.
 pub async fn me(Actor(caller): Actor) -> Json<Caller> {
@@ -26,8 +60,9 @@ pub async fn list_users(State(state): State<AppState>) -> Result<Json<Vec<Accoun
 pub async fn create_user(
     State(state): State<AppState>,
     Actor(actor): Actor,
-    ApiJson(new): ApiJson<NewUser>,
+    ApiJson(new): ApiJson<NewUserBody>,
 ) -> Result<(StatusCode, Json<Account>), ApiError> {
+    let new = NewUser::parse(new.name, new.role, new.password)?;
     let user = accounts::create_user(&state.pool, &new, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(user)))
 }
@@ -52,12 +87,16 @@ pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<Vec<ApiTo
 pub async fn create_token(
     State(state): State<AppState>,
     Actor(actor): Actor,
-    ApiJson(new): ApiJson<NewToken>,
+    ApiJson(new): ApiJson<NewTokenBody>,
 ) -> Result<(StatusCode, Json<NewApiToken>), ApiError> {
-    let limits = new.limits()?;
+    let limits = TokenLimits {
+        scope: new.scope,
+        models: new.models,
+        expires_at: new.expires_at,
+    };
+    let token = NewToken::parse(new.name, limits)?;
     let user = new.user.unwrap_or_else(|| actor.name.clone());
-    let issued =
-        accounts::create_token(&state.pool, &user, &new.name, &limits, &actor.name).await?;
+    let issued = accounts::create_token(&state.pool, &user, &token, &actor.name).await?;
     Ok((StatusCode::CREATED, Json(issued)))
 }
 

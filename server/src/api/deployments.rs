@@ -4,7 +4,8 @@ use super::{percent, percents, ApiJson};
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::deployments::ServingChange;
-use crate::fleet::groups::{DeployCommand, PlanChange, Serving, Sharing};
+use crate::fleet::groups::PlanChange;
+use crate::input::{DeployCommand, ServingSettings, Sharing};
 use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -63,7 +64,7 @@ pub(super) async fn change_serving(
     Ok(Json(
         state
             .fleet
-            .change_serving(&model, update.revision, update.serving(), &actor)
+            .change_serving(&model, update.revision, update.serving()?, &actor)
             .await?,
     ))
 }
@@ -123,7 +124,7 @@ fn sharing_by_default() -> bool {
 }
 
 impl Deploy {
-    /// The deploy as the fleet takes it: GPUs, shares and sharing read once.
+    /// The deploy as the fleet takes it: GPUs, shares, sharing and serving settings read once.
     pub fn parse(self) -> Result<DeployCommand, ApiError> {
         let gpus = placement::parse_gpu_list(&self.gpus)
             .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
@@ -139,20 +140,14 @@ impl Deploy {
             )?,
             model: self.model,
             gpus,
-            serving: Serving {
-                args: self.args,
-                env: self.env,
-            },
+            serving: ServingSettings::parse(self.args, self.env)?,
         })
     }
 }
 
 impl ServingUpdate {
-    /// The serving configuration it sets.
-    pub fn serving(self) -> Serving {
-        Serving {
-            args: self.args,
-            env: self.env,
-        }
+    /// The serving configuration it sets, read once.
+    pub fn serving(self) -> Result<ServingSettings, ApiError> {
+        ServingSettings::parse(self.args, self.env)
     }
 }

@@ -4,7 +4,8 @@
 use super::{percent, percents, ApiJson};
 use crate::auth::Actor;
 use crate::error::ApiError;
-use crate::fleet::groups::{GroupView, PlanChange, PlanCommand};
+use crate::fleet::groups::{GroupView, PlanChange};
+use crate::input::PlanCommand;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::Json;

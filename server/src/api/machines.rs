@@ -6,6 +6,7 @@ use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
 use crate::fleet::MachineView;
+use crate::input::SharingCommand;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::http::header;
@@ -48,15 +49,13 @@ pub(super) async fn set_sharing(
             "a GPU is named by its index on the machine, such as /api/machines/{name}/gpus/0/sharing, not {index:?}"
         ))
     })?;
-    let gpu = GpuRef::new(name, index);
-    let sharing = placement::sharing::GpuSharing::parse(&update.mode, update.compute_percent)
-        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-    Ok(Json(
-        state
-            .fleet
-            .set_sharing(gpu, sharing, update.instances, &actor.name)
-            .await?,
-    ))
+    let command = SharingCommand::parse(
+        GpuRef::new(name, index),
+        &update.mode,
+        update.compute_percent,
+        update.instances,
+    )?;
+    Ok(Json(state.fleet.set_sharing(command, &actor.name).await?))
 }
 
 pub(super) async fn machine_workers(

@@ -28,6 +28,7 @@ mod workers;
 pub use deployments::{Deploy, ServingUpdate};
 pub use engines::EngineLogs;
 pub use groups::{PlanUpdate, ProblemView, VerdictView};
+pub use workers::NewWorkerBody;
 
 /// JSON whose rejection is an [`ApiError`], so that a malformed body gets our error shape.
 #[derive(FromRequest)]

@@ -5,6 +5,7 @@ use crate::auth::Actor;
 use crate::catalog::CatalogModel;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
+use crate::input::NewModel;
 use crate::AppState;
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -22,6 +23,8 @@ pub(super) async fn add_model(
     Actor(actor): Actor,
     ApiJson(model): ApiJson<CatalogModel>,
 ) -> Result<(StatusCode, Json<CatalogModel>), ApiError> {
+    // The recipe's JSON is the catalog's own, as `GET /api/models` answers it.
+    let model = NewModel::parse(model)?;
     Ok((
         StatusCode::CREATED,
         Json(state.fleet.add_model(model, &actor.name).await?),

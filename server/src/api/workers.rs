@@ -4,18 +4,45 @@ use super::ApiJson;
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
-use crate::fleet::{NewWorker, WorkerView};
+use crate::fleet::WorkerView;
+use crate::input::NewWorker;
 use crate::AppState;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use placement::RequestedResources;
 use serde::Deserialize;
+use std::collections::BTreeMap;
+
+/// `POST /api/workers`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewWorkerBody {
+    /// A unique name.
+    pub name: String,
+    /// What it needs (seed 000).
+    pub requested_resources: RequestedResources,
+    /// The command to run.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Environment variables for it.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+}
+
+impl NewWorkerBody {
+    /// The worker as the fleet takes it: its name, settings and request read once.
+    pub fn parse(self) -> Result<NewWorker, ApiError> {
+        NewWorker::parse(self.name, self.requested_resources, self.command, self.env)
+    }
+}
 
 pub(super) async fn create_worker(
     State(state): State<AppState>,
     Actor(actor): Actor,
-    ApiJson(new): ApiJson<NewWorker>,
+    ApiJson(new): ApiJson<NewWorkerBody>,
 ) -> Result<(StatusCode, Json<WorkerView>), ApiError> {
+    let new = new.parse()?;
     Ok((
         StatusCode::CREATED,
         Json(state.fleet.create_worker(new, &actor).await?),

@@ -2,6 +2,7 @@
 //! change to an account or a token empties the gateway's token cache.
 
 use super::{app_error, ConsoleService};
+use crate::input::{NewToken, NewUser};
 use crate::{accounts, audit};
 use app::auth::{Caller, Role};
 use app::error::AppError;
@@ -22,11 +23,7 @@ impl ConsoleService {
         role: Role,
         password: String,
     ) -> Result<(), AppError> {
-        let new = accounts::NewUser {
-            name,
-            role,
-            password,
-        };
+        let new = NewUser::parse(name, role, password).map_err(app_error)?;
         accounts::create_user(&self.pool, &new, &actor.name)
             .await
             .map(drop)
@@ -48,8 +45,8 @@ impl ConsoleService {
         name: String,
         limits: TokenLimits,
     ) -> Result<NewApiToken, AppError> {
-        let limits = accounts::check_limits(limits).map_err(app_error)?;
-        accounts::create_token(&self.pool, &user, &name, &limits, &actor.name)
+        let token = NewToken::parse(name, limits).map_err(app_error)?;
+        accounts::create_token(&self.pool, &user, &token, &actor.name)
             .await
             .map_err(app_error)
     }

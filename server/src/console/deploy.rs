@@ -6,9 +6,8 @@ use super::{app_error, whole_deployments, ConsoleService};
 use crate::error::ApiError;
 use crate::fleet::authority;
 use crate::fleet::deployments::Deployed;
-use crate::fleet::groups::{
-    DeployCommand, Group, PlanChange, PlanCommand, Serving as FleetServing, Sharing,
-};
+use crate::fleet::groups::{Group, PlanChange};
+use crate::input::{DeployCommand, PlanCommand, ServingSettings, Sharing};
 use app::auth::{Caller, Role};
 use app::error::AppError;
 use app::views::{
@@ -138,10 +137,7 @@ impl ConsoleService {
             gpus: GpuChoice::new(request.gpus)
                 .map_err(|e| app_error(ApiError::Unprocessable(e.to_string())))?,
             sharing: sharing.map_err(app_error)?,
-            serving: FleetServing {
-                args: request.serving.args,
-                env: env_map(request.serving.env).map_err(app_error)?,
-            },
+            serving: serving_settings(request.serving).map_err(app_error)?,
         };
         self.fleet
             .deploy(deploy, &actor)
@@ -177,10 +173,7 @@ impl ConsoleService {
         revision: i64,
         serving: Serving,
     ) -> Result<ChangeOutcome, AppError> {
-        let serving = FleetServing {
-            args: serving.args,
-            env: env_map(serving.env).map_err(app_error)?,
-        };
+        let serving = serving_settings(serving).map_err(app_error)?;
         let change = self
             .fleet
             .change_serving(&model, revision, serving, &actor)
@@ -213,17 +206,17 @@ fn not_running(model: &str) -> ApiError {
     ))
 }
 
-/// Environment variables from a form, refusing a name given twice.
-fn env_map(env: Vec<(String, String)>) -> Result<BTreeMap<String, String>, ApiError> {
-    let mut map = BTreeMap::new();
-    for (name, value) in env {
-        if map.insert(name.clone(), value).is_some() {
+/// A form's serving configuration, read once: environment variables as a map, refusing a name given twice.
+fn serving_settings(serving: Serving) -> Result<ServingSettings, ApiError> {
+    let mut env = BTreeMap::new();
+    for (name, value) in serving.env {
+        if env.insert(name.clone(), value).is_some() {
             return Err(ApiError::Unprocessable(format!(
                 "the environment variable {name} is set twice; keep one"
             )));
         }
     }
-    Ok(map)
+    ServingSettings::parse(serving.args, env)
 }
 
 fn outcome(change: PlanChange) -> ChangeOutcome {

@@ -5,6 +5,7 @@ use super::{app_error, whole_deployments, ConsoleService};
 use crate::error::ApiError;
 use crate::fleet::groups::Group;
 use crate::fleet::{GpuView, MachineView};
+use crate::input::SharingCommand;
 use app::auth::Caller;
 use app::error::AppError;
 use app::views::{
@@ -256,15 +257,15 @@ impl ConsoleService {
         compute_percent: Option<i64>,
         instances: Option<Vec<String>>,
     ) -> Result<app::views::SharingChange, AppError> {
-        let sharing = placement::sharing::GpuSharing::parse(&mode, compute_percent)
-            .map_err(|e| AppError::Refused(e.to_string()))?;
+        let command = SharingCommand::parse(
+            placement::GpuRef::new(machine, index),
+            &mode,
+            compute_percent,
+            instances,
+        )
+        .map_err(app_error)?;
         self.fleet
-            .set_sharing(
-                placement::GpuRef::new(machine, index),
-                sharing,
-                instances,
-                &actor.name,
-            )
+            .set_sharing(command, &actor.name)
             .await
             .map_err(app_error)
     }

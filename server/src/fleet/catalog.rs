@@ -1,11 +1,11 @@
 //! The model catalog and its recipes.
 
 use super::authority::{check_recipe_args, redact_args, redact_env, redact_json, Sight};
-use super::groups::{check_recipe, engine_name};
-use super::{check_name, Fleet};
-use crate::catalog::{CatalogModel, Engine};
+use super::groups::engine_name;
+use super::Fleet;
+use crate::catalog::CatalogModel;
 use crate::error::ApiError;
-use placement::BasisPoints;
+use crate::input::NewModel;
 use std::sync::Arc;
 
 impl Fleet {
@@ -37,7 +37,7 @@ impl Fleet {
     /// Adds a model to the catalog.
     pub async fn add_model(
         self: &Arc<Self>,
-        model: CatalogModel,
+        model: NewModel,
         actor: &str,
     ) -> Result<CatalogModel, ApiError> {
         let actor = actor.to_owned();
@@ -45,31 +45,9 @@ impl Fleet {
             .await
     }
 
-    async fn add_model_now(
-        &self,
-        model: CatalogModel,
-        actor: &str,
-    ) -> Result<CatalogModel, ApiError> {
-        check_name(&model.name)?;
-        if model.default_share == BasisPoints::ZERO || model.default_share > BasisPoints::WHOLE {
-            return Err(ApiError::Unprocessable(
-                "default_share_percent must be more than 0 and at most 100".to_owned(),
-            ));
-        }
-        if model.engine == Engine::Command
-            && model
-                .command
-                .as_deref()
-                .and_then(shlex::split)
-                .is_none_or(|words| words.is_empty())
-        {
-            return Err(ApiError::Unprocessable(format!(
-                "{} runs on the command engine, so it needs a \"command\" template, such as \"my-server --port {{port}} --model {{model}}\" (without unclosed quotes)",
-                model.name
-            )));
-        }
-        check_recipe(&model)?;
-        check_recipe_args(&model)?;
+    async fn add_model_now(&self, model: NewModel, actor: &str) -> Result<CatalogModel, ApiError> {
+        check_recipe_args(model.model())?;
+        let model = model.into_model();
         let mut state = self.state.lock().await;
         let mut tx = crate::db::write(&self.pool).await?;
         sqlx::query("INSERT INTO models (name, engine, default_share, group_name, model_path, system, command, args, env, secret_env) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
@@ -102,7 +80,10 @@ impl Fleet {
     /// Adds the models the catalog lacks (the demo's), leaving the ones it has as they are.
     pub async fn seed_catalog(self: &Arc<Self>, models: &[CatalogModel]) -> Result<(), ApiError> {
         for model in models {
-            match self.add_model(model.clone(), crate::audit::TESSERA).await {
+            match self
+                .add_model(NewModel::parse(model.clone())?, crate::audit::TESSERA)
+                .await
+            {
                 Ok(_) | Err(ApiError::Conflict(_)) => {}
                 Err(e) => return Err(e),
             }

@@ -7,13 +7,13 @@ use super::authority::{
 };
 use super::committed::{Committed, Worker};
 use super::groups::{
-    check_revision, check_serving, no_group, plan_with, router_stays_pinned, DeployCommand, Group,
-    Note, PlanChange, Serving, Sharing,
+    check_revision, no_group, plan_with, router_stays_pinned, Group, Note, PlanChange, Serving,
 };
-use super::workers::{ModelRun, NewWorker};
-use super::{check_name, Fleet};
+use super::workers::ModelRun;
+use super::Fleet;
 use crate::audit::Entry;
 use crate::error::ApiError;
+use crate::input::{DeployCommand, NewWorker, ServingSettings, Sharing};
 use app::auth::Caller;
 use placement::{
     choose_group, BasisPoints, GpuRef, GpuRequests, GroupChoice, PlanMember, RequestedResources,
@@ -103,13 +103,12 @@ impl Fleet {
         let caller = actor.clone();
         let actor = actor.name.clone();
         self.write(|fleet| async move {
-            check_serving(&deploy.serving.args, &deploy.serving.env)?;
             if let Some(model) = fleet.committed().model(&deploy.model) {
                 super::authority::check_serving(
                     &caller,
                     model,
-                    &deploy.serving.args,
-                    &deploy.serving.env,
+                    deploy.serving.args(),
+                    deploy.serving.env(),
                 )?;
             }
             let Sharing::Shared {
@@ -189,7 +188,7 @@ impl Fleet {
                 demand: *demand,
                 ..PlanMember::new(&model.name, share)
             });
-            let serving = deploy.serving.clone();
+            let serving = Serving::from(deploy.serving.clone());
             let mut change = fleet
                 .commit(
                     &mut state,
@@ -219,10 +218,9 @@ impl Fleet {
                 "a model on whole GPUs runs on one machine: choose GPUs of one node".to_owned(),
             ));
         }
-        check_name(&deploy.model)?;
-        let new = NewWorker {
-            name: deploy.model.clone(),
-            requested_resources: RequestedResources {
+        let new = NewWorker::parse(
+            deploy.model.clone(),
+            RequestedResources {
                 cpu_cores: None,
                 memory_bytes: None,
                 gpu_requests: Some(GpuRequests {
@@ -231,12 +229,12 @@ impl Fleet {
                     ..GpuRequests::default()
                 }),
             },
-            command: None,
-            env: deploy.serving.env.clone(),
-        };
+            None,
+            deploy.serving.env().clone(),
+        )?;
         let run = ModelRun {
             model: deploy.model.clone(),
-            args: deploy.serving.args.clone(),
+            args: deploy.serving.args().to_vec(),
         };
         let worker = self.accept_worker(new, Some(run), actor).await?;
         let on: Vec<String> = worker
@@ -315,10 +313,10 @@ impl Fleet {
         self: &Arc<Self>,
         model: &str,
         revision: i64,
-        mut serving: Serving,
+        serving: ServingSettings,
         actor: &Caller,
     ) -> Result<ServingChange, ApiError> {
-        check_serving(&serving.args, &serving.env)?;
+        let mut serving = Serving::from(serving);
         let caller = actor.clone();
         let (model, actor) = (model.to_owned(), actor.name.clone());
         self.write(|fleet| async move {

@@ -1,23 +1,21 @@
 //! Sharing groups (seed 003): each group's committed share plan as stored and as the API shows it, what a
-//! GPU offers a group, and the deploy command that brings a model into one. Every member holds its share on
-//! each of the group's GPUs in the scheduler, so shared workers and groups never overfill a GPU between
+//! GPU offers a group, and the serving configuration each member runs with. Every member holds its share
+//! on each of the group's GPUs in the scheduler, so shared workers and groups never overfill a GPU between
 //! them. Changing a plan is in [`plan`]; carrying out a deploy is a deployment's ([`super::deployments`]).
 
 mod plan;
 
+pub use plan::PlanChange;
 pub(crate) use plan::{check_revision, Note};
 pub(super) use plan::{plan_with, router_stays_pinned};
-pub use plan::{PlanChange, PlanCommand};
 
 use super::Fleet;
-use crate::catalog::{CatalogModel, Engine};
+use crate::catalog::Engine;
 use crate::error::ApiError;
+use crate::input::ServingSettings;
 use crate::runtime::{EngineState, Progress};
 use crate::units::Holder;
-use placement::{
-    judge, BasisPoints, Demand, GpuChoice, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember,
-    Scheduler, Share,
-};
+use placement::{judge, Demand, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember, Scheduler, Share};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -72,81 +70,20 @@ pub struct MemberEngine {
     pub message: Option<String>,
 }
 
-/// A deploy as the fleet takes it, every field already read: the REST API parses one from its body, the
-/// console builds one from the wizard's typed fields.
-#[derive(Debug, Clone)]
-pub struct DeployCommand {
-    /// The catalog model.
-    pub model: String,
-    /// The GPUs chosen.
-    pub gpus: GpuChoice,
-    /// A share of a group's GPUs, or GPUs whole.
-    pub sharing: Sharing,
-    /// The deployment's own serving configuration.
-    pub serving: Serving,
-}
-
-/// How a deployed model takes its GPUs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Sharing {
-    /// A share of each GPU, in the group that runs there or in a new one.
-    Shared {
-        /// Its share; the catalog's default share when none.
-        share: Option<BasisPoints>,
-        /// New shares for other members of the group it joins.
-        shares: BTreeMap<String, BasisPoints>,
-        /// The revision of the group it joins; required when it joins one.
-        revision: Option<i64>,
-        /// Always loaded, or loaded when asked for.
-        demand: Demand,
-        /// New demand for other members of the group it joins.
-        demands: BTreeMap<String, Demand>,
-    },
-    /// The GPUs whole, all of one machine.
-    Whole,
-}
-
-impl Sharing {
-    /// The sharing a deploy asks for: with `shared` off it takes GPUs whole, and then no share, shares or
-    /// revision belong to it.
-    pub fn new(
-        shared: bool,
-        share: Option<BasisPoints>,
-        shares: BTreeMap<String, BasisPoints>,
-        revision: Option<i64>,
-        demand: Demand,
-        demands: BTreeMap<String, Demand>,
-    ) -> Result<Sharing, ApiError> {
-        if shared {
-            return Ok(Sharing::Shared {
-                share,
-                shares,
-                revision,
-                demand,
-                demands,
-            });
-        }
-        if demand.is_on_demand() || !demands.is_empty() {
-            return Err(ApiError::Unprocessable(
-                "a model on whole GPUs is always loaded: deploy it with \"shared\": true to load it on demand".to_owned(),
-            ));
-        }
-        if share.is_some() || !shares.is_empty() || revision.is_some() {
-            return Err(ApiError::Unprocessable(
-                "a deploy on whole GPUs takes no share, shares or revision; leave them out, or deploy with \"shared\": true".to_owned(),
-            ));
-        }
-        Ok(Sharing::Whole)
-    }
-}
-
-/// A deployment's own serving configuration.
+/// A deployment's own serving configuration, as committed.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Serving {
+pub(crate) struct Serving {
     /// Arguments added to the model's recipe.
     pub args: Vec<String>,
     /// Environment variables added to the model's recipe.
     pub env: BTreeMap<String, String>,
+}
+
+impl From<ServingSettings> for Serving {
+    fn from(settings: ServingSettings) -> Serving {
+        let (args, env) = settings.into_parts();
+        Serving { args, env }
+    }
 }
 
 /// A group as stored.
@@ -314,68 +251,6 @@ fn group_gpu(
             .map(|(holder, bytes)| (Holder::parse(holder).group(), *bytes)),
         group,
     ))
-}
-
-/// The most extra arguments and environment variables one recipe or deployment takes.
-const MAX_SETTINGS: usize = 64;
-/// The longest argument, variable value, command template or model path.
-const MAX_SETTING_LEN: usize = 4096;
-
-pub(crate) fn check_text(what: &str, text: &str) -> Result<(), ApiError> {
-    if text.len() > MAX_SETTING_LEN {
-        return Err(ApiError::Unprocessable(format!(
-            "{what} is {} bytes long; at most {MAX_SETTING_LEN}",
-            text.len()
-        )));
-    }
-    if text.contains('\0') {
-        return Err(ApiError::Unprocessable(format!(
-            "{what} contains a NUL character, which no program can be given"
-        )));
-    }
-    Ok(())
-}
-
-/// A serving configuration (extra arguments and environment) that a process can be started with.
-pub(crate) fn check_serving(
-    args: &[String],
-    env: &BTreeMap<String, String>,
-) -> Result<(), ApiError> {
-    if args.len() > MAX_SETTINGS || env.len() > MAX_SETTINGS {
-        return Err(ApiError::Unprocessable(format!(
-            "at most {MAX_SETTINGS} extra arguments and {MAX_SETTINGS} environment variables"
-        )));
-    }
-    for (i, arg) in args.iter().enumerate() {
-        check_text(&format!("extra argument {}", i + 1), arg)?;
-    }
-    for (name, value) in env {
-        check_text(&format!("the value of {name}"), value)?;
-    }
-    check_env(env)
-}
-
-/// A catalog recipe's fields, beyond its name and share.
-pub(super) fn check_recipe(model: &CatalogModel) -> Result<(), ApiError> {
-    if let Some(group) = &model.group {
-        crate::fleet::check_name(group)?;
-    }
-    check_text("model_path", &model.model_path)?;
-    if let Some(command) = &model.command {
-        check_text("command", command)?;
-    }
-    check_serving(&model.args, &model.env)
-}
-
-/// Environment variable names as a shell and the engines take them.
-pub(crate) fn check_env(env: &BTreeMap<String, String>) -> Result<(), ApiError> {
-    match env.keys().find(|k| !placement::names::is_env_name(k)) {
-        Some(k) => Err(ApiError::Unprocessable(format!(
-            "environment variable name {k:?}: {}",
-            placement::names::ENV_NAME_RULE
-        ))),
-        None => Ok(()),
-    }
 }
 
 pub(super) fn no_group(name: &str) -> ApiError {

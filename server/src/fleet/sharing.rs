@@ -9,6 +9,7 @@ use super::ledger::Ledger;
 use super::mig::Written;
 use super::Fleet;
 use crate::error::ApiError;
+use crate::input::SharingCommand;
 use crate::runtime::spec::Host;
 use crate::units::Holder;
 use app::views::SharingChange;
@@ -19,22 +20,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 impl Fleet {
-    /// Shares `gpu` as `sharing` says, restarting the engines that changes.
+    /// Shares a GPU as `command` says, restarting the engines that changes.
     pub(crate) async fn set_sharing(
         self: &Arc<Self>,
-        gpu: GpuRef,
-        sharing: GpuSharing,
-        instances: Option<Vec<String>>,
+        command: SharingCommand,
         actor: &str,
     ) -> Result<SharingChange, ApiError> {
-        let instances = match instances {
-            Some(_) if sharing.mode != Sharing::Mig => {
-                return Err(ApiError::Unprocessable(
-                    SharingError::InstancesWithoutMig.to_string(),
-                ))
-            }
-            instances => instances.unwrap_or_default(),
-        };
+        let (gpu, sharing, instances) = command.into_parts();
         let actor = actor.to_owned();
         // In a task of its own, so that a client that goes away cannot leave a GPU marked as being cut.
         let fleet = self.clone();

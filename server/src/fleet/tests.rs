@@ -143,7 +143,10 @@ async fn a_group_whose_gpu_left_the_inventory_is_shown_not_held_and_the_server_s
 #[tokio::test]
 async fn a_write_whose_request_is_dropped_half_way_still_commits_whole_and_the_ledger_follows() {
     let app = TestApp::new(MAJIN).await;
-    let new = serde_json::from_str(&shared_worker("dropped", 2.0)).unwrap();
+    let new = serde_json::from_str::<crate::api::NewWorkerBody>(&shared_worker("dropped", 2.0))
+        .unwrap()
+        .parse()
+        .unwrap();
     // One poll starts the write; the request is then gone, as when its client disconnects.
     assert!(app
         .fleet

@@ -3,29 +3,14 @@
 
 use super::committed::{Committed, Worker};
 use super::ledger::Ledger;
-use super::{check_name, Fleet, State};
+use super::{Fleet, State};
 use crate::error::ApiError;
+use crate::input::NewWorker;
 use app::auth::Caller;
 use placement::{Assignment, Decision, RequestedResources, WorkerRequest};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// `POST /api/workers`.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct NewWorker {
-    /// A unique name.
-    pub name: String,
-    /// What it needs (seed 000).
-    pub requested_resources: RequestedResources,
-    /// The command to run.
-    #[serde(default)]
-    pub command: Option<String>,
-    /// Environment variables for it.
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-}
 
 /// A worker as the API shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -88,8 +73,8 @@ impl Fleet {
         new: NewWorker,
         actor: &Caller,
     ) -> Result<WorkerView, ApiError> {
-        super::authority::check_command(actor, new.command.as_deref())?;
-        super::authority::check_worker_env(actor, &new.env)?;
+        super::authority::check_command(actor, new.command())?;
+        super::authority::check_worker_env(actor, new.env())?;
         let actor = actor.name.clone();
         self.write(|fleet| async move { fleet.accept_worker(new, None, &actor).await })
             .await
@@ -103,36 +88,29 @@ impl Fleet {
         run: Option<ModelRun>,
         actor: &str,
     ) -> Result<WorkerView, ApiError> {
-        check_name(&new.name)?;
-        super::groups::check_serving(&[], &new.env)?;
-        if let Some(command) = &new.command {
-            super::groups::check_text("command", command)?;
-        }
-        let request = WorkerRequest::from_wire(&new.requested_resources)
-            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
         let mut state = self.state.lock().await;
         if let Some(run) = &run {
             state.committed.undeployed_model(&run.model)?;
         }
-        if state.committed.worker(&new.name).is_some() {
+        if state.committed.worker(new.name()).is_some() {
             return Err(ApiError::Conflict(match run {
                 Some(_) => format!(
                     "a worker named {} exists; remove it before deploying the model on whole GPUs",
-                    new.name
+                    new.name()
                 ),
                 None => format!(
                     "a worker named {} exists; choose another name, or delete it first",
-                    new.name
+                    new.name()
                 ),
             }));
         }
-        let (assignment, reasons) = match state.ledger.scheduler().decide(&request) {
+        let (assignment, reasons) = match state.ledger.scheduler().decide(new.request()) {
             Decision::Place(a) => (Some(a), Vec::new()),
             Decision::Wait(r) if run.is_some() => {
                 let reasons: Vec<String> = r.iter().map(ToString::to_string).collect();
                 return Err(ApiError::Unprocessable(format!(
                     "{} does not fit there: {}",
-                    new.name,
+                    new.name(),
                     reasons.join("; ")
                 )));
             }
@@ -145,10 +123,10 @@ impl Fleet {
         };
         let mut tx = crate::db::write(&self.pool).await?;
         sqlx::query("INSERT INTO workers (name, request, command, env, state, assignment, pending_reasons, model, args) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
-            .bind(&new.name)
-            .bind(json(&new.requested_resources)?)
-            .bind(&new.command)
-            .bind(json(&new.env)?)
+            .bind(new.name())
+            .bind(json(new.requested_resources())?)
+            .bind(new.command())
+            .bind(json(new.env())?)
             .bind(placed)
             .bind(assignment.as_ref().map(json).transpose()?)
             .bind(json(&reasons)?)
@@ -156,16 +134,16 @@ impl Fleet {
             .bind(json(&run.as_ref().map(|r| r.args.clone()).unwrap_or_default())?)
             .execute(&mut *tx)
             .await
-            .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name)))?;
+            .map_err(|e| ApiError::on_unique(e, || format!("a worker named {} exists; choose another name, or delete it first", new.name())))?;
         let (action, target) = match &run {
             Some(run) => ("deploy", run.model.as_str()),
-            None => ("worker.create", new.name.as_str()),
+            None => ("worker.create", new.name()),
         };
         crate::audit::record(
             &mut tx,
             crate::audit::Entry::new(actor, action, target)
                 .after(serde_json::json!({
-                    "requested_resources": new.requested_resources,
+                    "requested_resources": new.requested_resources(),
                     "state": placed,
                     "assignment": assignment,
                     "pending_reasons": reasons,
@@ -178,9 +156,9 @@ impl Fleet {
         self.finish(&mut state, tx, inventory, None).await?;
         state
             .committed
-            .worker(&new.name)
+            .worker(new.name())
             .map(|w| view(w, &state.ledger))
-            .ok_or_else(|| no_worker(&new.name))
+            .ok_or_else(|| no_worker(new.name()))
     }
 
     /// One worker.

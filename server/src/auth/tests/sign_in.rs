@@ -218,7 +218,7 @@ async fn a_sign_in_with_a_next_that_a_browser_reads_as_another_site_goes_home() 
 async fn setup_once_an_admin_exists_refuses_before_it_looks_at_the_password() {
     let app = TestApp::new(MAJIN).await;
     // A password no check would pass: refused as taken, so nothing was checked or hashed first.
-    let huge = "x".repeat(crate::accounts::MAX_PASSWORD_LEN * 10);
+    let huge = "x".repeat(crate::input::MAX_PASSWORD_LEN * 10);
     let refused = crate::accounts::create_first_admin(&app.pool, "mallory", &huge).await;
     assert!(
         matches!(refused, Err(crate::error::ApiError::Conflict(_))),

@@ -5,6 +5,7 @@
 use super::{group_gpu, no_group, Group, Serving};
 use crate::error::ApiError;
 use crate::fleet::{Fleet, State};
+use crate::input::PlanCommand;
 use placement::{
     judge, running, transition, BasisPoints, Demand, KeepAlive, PlanMember, Restart, Share, Step,
 };
@@ -30,18 +31,6 @@ pub struct PlanChange {
     /// The Free row's warning when the committed plan is over 90 %; it did not block.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
-}
-
-/// A plan change as the fleet takes it: every member's share, against the revision it was read at. A
-/// member left out has no explicit share, which the verdict refuses.
-#[derive(Debug, Clone)]
-pub struct PlanCommand {
-    /// The revision the plan was read at.
-    pub revision: i64,
-    /// Each member's share.
-    pub shares: BTreeMap<String, BasisPoints>,
-    /// Members whose demand changes (pinned, or on demand with a keep-alive); the others keep theirs.
-    pub demand: BTreeMap<String, Demand>,
 }
 
 /// Who makes a plan change and what it is, for the audit log.

@@ -149,7 +149,10 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
         }
         Step::CreateDropped { name, tenths } => {
             let body = shared_worker(&format!("w{name}"), f64::from(*tenths) / 10.0);
-            let new = serde_json::from_str(&body).unwrap();
+            let new = serde_json::from_str::<crate::api::NewWorkerBody>(&body)
+                .unwrap()
+                .parse()
+                .unwrap();
             let _ = app
                 .fleet
                 .create_worker(new, &crate::testing::admin())
