@@ -188,7 +188,7 @@ pub struct EstimateQuery {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub enum EstimateAnswer {
     /// Estimated from the model's file.
-    Estimated(placement::estimate::Estimate),
+    Estimated(Box<placement::estimate::Estimate>),
     /// Not estimated, and why (no such file here, not GGUF, a safetensors folder, a file on a node).
     NotEstimated(String),
 }

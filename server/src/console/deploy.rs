@@ -70,7 +70,7 @@ impl ConsoleService {
             .estimate_model(&query.model, query.machine.as_deref(), settings)
             .await
         {
-            Ok(estimate) => Ok(EstimateAnswer::Estimated(estimate)),
+            Ok(estimate) => Ok(EstimateAnswer::Estimated(Box::new(estimate))),
             Err(ApiError::Unprocessable(reason)) => Ok(EstimateAnswer::NotEstimated(reason)),
             Err(e) => Err(e),
         }
