@@ -3,10 +3,10 @@
 //! opens on, and who restarts. The rules themselves are `placement`'s.
 
 use crate::share_form::ShareRow;
-use crate::views::{CatalogEntry, DeployOptions, GroupPlan, NodeOption};
+use crate::views::{CatalogEntry, DeployOptions, EstimateQuery, GroupPlan, NodeOption};
 use placement::{
-    choose_group, pick_new_group_gpus, running, transition, BasisPoints, Candidate, Demand, GpuRef,
-    GroupChoice, GroupGpu, PlanMember,
+    choose_group, pick_new_group_gpus, running, transition, BasisPoints, Bytes, Candidate, Demand,
+    GpuRef, GroupChoice, GroupGpu, PlanMember,
 };
 
 /// Step one of the wizard as filled in.
@@ -308,6 +308,66 @@ pub fn env_text(env: &[(String, String)]) -> String {
         .join("\n")
 }
 
+/// The estimate's inputs as typed: context empty for the model's own, slots from 1.
+pub fn estimate_query(
+    model: &str,
+    machine: Option<String>,
+    context: &str,
+    slots: &str,
+    cache_type: &str,
+) -> Result<EstimateQuery, String> {
+    let context = match context.trim() {
+        "" => None,
+        text => Some(text.parse::<u32>().map_err(|_| {
+            "The context is a whole number of tokens, such as 8192, or empty for the model's own."
+                .to_owned()
+        })?),
+    };
+    let slots = slots
+        .trim()
+        .parse::<u32>()
+        .ok()
+        .filter(|n| (1..=placement::estimate::MAX_SLOTS).contains(n))
+        .ok_or_else(|| {
+            format!(
+                "Parallel slots is a whole number from 1 to {}.",
+                placement::estimate::MAX_SLOTS
+            )
+        })?;
+    Ok(EstimateQuery {
+        model: model.to_owned(),
+        machine,
+        context,
+        slots,
+        cache_type: cache_type.to_owned(),
+    })
+}
+
+/// The share that holds an estimate of `needed` on a GPU of `gpu_total`, rounded up to a whole percent;
+/// `None` when one GPU cannot hold it.
+pub fn suggested_share(needed: Bytes, gpu_total: Bytes) -> Option<BasisPoints> {
+    if gpu_total == Bytes::ZERO {
+        return None;
+    }
+    let percent = (u128::from(needed.get()) * 100).div_ceil(u128::from(gpu_total.get()));
+    u32::try_from(percent)
+        .ok()
+        .filter(|&p| p <= 100)
+        .map(|p| BasisPoints::percent(p.max(1)))
+}
+
+/// The warning, in a line of its own, when `share` of a GPU of `gpu_total` is below the estimated `needed`.
+pub fn below_estimate(share: BasisPoints, gpu_total: Bytes, needed: Bytes) -> Option<String> {
+    let held = gpu_total.share(share);
+    (held < needed).then(|| {
+        format!(
+            "The share ({} GB) is below the estimated {} GB this model needs with these settings.",
+            held.gb_text(),
+            needed.gb_text()
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,5 +577,49 @@ mod tests {
             "--max-model-len 8192 --served-model-name 'glm 5'"
         );
         assert!(parse_args("--name 'open").is_err());
+    }
+
+    #[test]
+    fn the_suggested_share_rounds_the_estimate_up_to_a_whole_percent() {
+        let gpu = Bytes::gb(80);
+        assert_eq!(
+            suggested_share(Bytes::gb(8), gpu),
+            Some(BasisPoints::percent(10))
+        );
+        let share = suggested_share(Bytes(Bytes::gb(8).get() + 1), gpu).unwrap();
+        assert_eq!(share, BasisPoints::percent(11));
+        assert!(gpu.share(share) >= Bytes::gb(8));
+        assert_eq!(
+            suggested_share(Bytes(1), gpu),
+            Some(BasisPoints::percent(1))
+        );
+        assert_eq!(suggested_share(Bytes::gb(81), gpu), None);
+    }
+
+    #[test]
+    fn a_share_below_the_estimate_is_a_warning_in_the_words_of_the_form() {
+        let gpu = Bytes::gb(80);
+        assert_eq!(
+            below_estimate(BasisPoints::percent(5), gpu, Bytes::gb(6)).as_deref(),
+            Some("The share (4 GB) is below the estimated 6 GB this model needs with these settings.")
+        );
+        assert_eq!(
+            below_estimate(BasisPoints::percent(10), gpu, Bytes::gb(6)),
+            None
+        );
+    }
+
+    #[test]
+    fn the_estimates_inputs_are_read_as_typed() {
+        let q = estimate_query("m", None, "", "2", "q8_0").unwrap();
+        assert_eq!((q.context, q.slots), (None, 2));
+        assert_eq!(
+            estimate_query("m", None, " 8192 ", "1", "f16")
+                .unwrap()
+                .context,
+            Some(8192)
+        );
+        assert!(estimate_query("m", None, "lots", "1", "f16").is_err());
+        assert!(estimate_query("m", None, "", "0", "f16").is_err());
     }
 }

@@ -6,8 +6,8 @@ use crate::auth::{Caller, Role};
 use crate::error::AppError;
 use crate::views::{
     AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest,
-    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, RepackRun, Serving,
-    ServingForm, SharingForm, TokenLimits,
+    EstimateAnswer, EstimateQuery, MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress,
+    Playground, RepackRun, Serving, ServingForm, SharingForm, TokenLimits,
 };
 use placement::{BasisPoints, Grouping, UsageReport};
 use std::future::Future;
@@ -31,6 +31,8 @@ pub trait Console: Send + Sync {
     fn deploy_options(&self) -> Answer<'_, DeployOptions>;
     /// Deploys a model; the server judges the plan again before it commits.
     fn deploy(&self, actor: Caller, request: DeployRequest) -> Answer<'_, ChangeOutcome>;
+    /// A catalog model's memory estimate from its file's header, or why it has none.
+    fn estimate(&self, query: EstimateQuery) -> Answer<'_, EstimateAnswer>;
     /// The GPU sharing form of a running model.
     fn sharing_form(&self, model: String) -> Answer<'_, SharingForm>;
     /// Commits a group's new shares (and the demand of members whose demand changes), read at `revision`.

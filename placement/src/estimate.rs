@@ -11,6 +11,7 @@
 //! - [`weights`]: the tensor table summed.
 //! - [`model`]: what the header says that memory depends on.
 //! - [`memory`]: the estimate itself.
+//! - `writer` (tests and feature `testing`): a tiny GGUF writer.
 //!
 //! How close it comes to what llama.cpp allocates is measured by `scripts/bench-estimate` (BENCHMARKS.md).
 
@@ -19,13 +20,18 @@ pub mod gguf;
 pub mod memory;
 pub mod model;
 pub mod weights;
+#[cfg(any(test, feature = "testing"))]
+pub mod writer;
 
 #[cfg(test)]
 mod tests;
 
 pub use ggml_type::GgmlType;
 pub use gguf::{GgufError, GgufHeader, TensorInfo, Value};
-pub use memory::{estimate, Assumed, Compute, Estimate, KvCache, Settings};
+pub use memory::{
+    cache_type, estimate, Assumed, Compute, Estimate, KvCache, Settings, SettingsError,
+    CACHE_TYPES, MAX_SLOTS,
+};
 pub use model::{CacheKind, ModelInfo, ModelKind, Shape};
 pub use weights::Weights;
 

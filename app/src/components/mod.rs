@@ -3,6 +3,7 @@
 pub mod account_menu;
 pub mod cluster_tabs;
 pub mod confirm;
+pub mod estimate_panel;
 pub mod live;
 pub mod memory_bar;
 pub mod serving_fields;

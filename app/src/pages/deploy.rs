@@ -1,10 +1,12 @@
 //! The Deploy a model wizard (seed 003): Model and placement → Serving → GPU sharing. The GPU sharing step
 //! states the group the model joins and opens the Shared GPU memory panel on the group's plan with the new
-//! model in it; `placement` judges it in the browser on every keystroke. Deploy is unavailable while the
-//! plan is refused; when the deploy restarts other models a confirmation names each, and Deploy again
+//! model in it; `placement` judges it in the browser on every keystroke. Beside it, the model's memory
+//! estimate (read from its file by the server) can fill its share, and warns when the share is below it.
+//! Deploy is unavailable while the plan is refused; when the deploy restarts other models a confirmation names each, and Deploy again
 //! commits it on the server, which judges the plan again first.
 
 use crate::components::confirm::Confirm;
+use crate::components::estimate_panel::EstimatePanel;
 use crate::components::serving_fields::ServingFields;
 use crate::components::share_panel::SharedGpuMemoryPanel;
 use crate::deploy_form::{
@@ -220,7 +222,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             {move || match step.get() {
                 0 => view! { <PlacementStep options model nodes width sharing /> }.into_any(),
                 1 => view! { <ServingFields args env /> }.into_any(),
-                _ => view! { <SharingStep sharing shared rows verdict whole /> }.into_any(),
+                _ => view! { <SharingStep model sharing shared rows verdict whole /> }.into_any(),
             }}
             {move || (step.get() == 0).then(|| placement_problem().filter(|_| !model.get().is_empty() && !nodes.get().is_empty()).map(|p| view! {
                 <p class="error" role="alert" data-testid="placement-problem">{p}</p>
@@ -339,6 +341,7 @@ fn PlacementStep(
 /// Step three: the toggle, the line naming the group, and the Shared GPU memory panel.
 #[component]
 fn SharingStep(
+    model: RwSignal<String>,
     sharing: RwSignal<bool>,
     shared: Memo<Result<SharedDeploy, String>>,
     rows: RwSignal<Vec<ShareRow>>,
@@ -369,10 +372,12 @@ fn SharingStep(
                 Ok(plan) => {
                     let gpu_total = plan.gpus.first().map(|g| g.total).unwrap_or_default();
                     let on = plan.gpus.iter().map(|g| g.gpu.to_string()).collect::<Vec<_>>().join(", ");
+                    let machine = plan.gpus.first().map(|g| g.gpu.machine.clone());
                     view! {
                         <p class="group-line" data-testid="group-line">{plan.choice.line()}</p>
                         <p class="muted">"On " {on} "."</p>
                         <SharedGpuMemoryPanel rows verdict gpu_total />
+                        <EstimatePanel model=model.get_untracked() machine gpu_total rows />
                     }.into_any()
                 }
                 Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),

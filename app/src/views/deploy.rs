@@ -168,3 +168,27 @@ mod tests {
         );
     }
 }
+
+/// What a model's memory estimate asks: the inputs llama.cpp would be given, and where it would run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EstimateQuery {
+    /// The catalog model.
+    pub model: String,
+    /// The machine it would run on, whose copy of its file is read.
+    pub machine: Option<String>,
+    /// Each slot's context in tokens; the model's own when `None`.
+    pub context: Option<u32>,
+    /// Requests served at once.
+    pub slots: u32,
+    /// The KV cache type of keys and values, as llama.cpp names it (`f16`, `q8_0`).
+    pub cache_type: String,
+}
+
+/// A model's memory estimate, or why it has none: never a made-up one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub enum EstimateAnswer {
+    /// Estimated from the model's file.
+    Estimated(Box<placement::estimate::Estimate>),
+    /// Not estimated, and why (no such file here, not GGUF, a safetensors folder, a file on a node).
+    NotEstimated(String),
+}

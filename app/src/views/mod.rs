@@ -17,7 +17,8 @@ mod repack;
 pub use accounts::{Account, AccountsPage, ApiToken, NewApiToken, TokenLimits, TokenScope};
 pub use audit::{AuditLine, AuditQuery};
 pub use deploy::{
-    CatalogEntry, DeployOptions, DeployRequest, GpuOption, NodeOption, Serving, ServingForm,
+    CatalogEntry, DeployOptions, DeployRequest, EstimateAnswer, EstimateQuery, GpuOption,
+    NodeOption, Serving, ServingForm,
 };
 pub use groups::{ChangeOutcome, GroupPlan, PlanProgress, SharingForm, StepLine, StepState};
 pub use machines::{

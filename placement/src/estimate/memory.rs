@@ -28,6 +28,25 @@ const MASK_CELL: u64 = 2;
 /// Bytes of one activation: f32.
 const ACTIVATION: u64 = 4;
 
+/// The KV cache types llama.cpp's `--cache-type-k` and `--cache-type-v` take (common/arg.cpp), the
+/// default first.
+pub const CACHE_TYPES: [GgmlType; 9] = [
+    GgmlType::F16,
+    GgmlType::Q8_0,
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Iq4Nl,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Bf16,
+    GgmlType::F32,
+];
+
+/// A KV cache type by the name llama.cpp takes (`f16`, `q8_0`), when llama.cpp takes it for a cache.
+pub fn cache_type(name: &str) -> Option<GgmlType> {
+    GgmlType::from_name(name).filter(|t| CACHE_TYPES.contains(t))
+}
+
 /// The serving choices an estimate is for: what llama.cpp's flags would say.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Settings {
@@ -63,6 +82,42 @@ impl Default for Settings {
             ubatch: 512,
             swa_full: false,
         }
+    }
+}
+
+/// The most slots a person may ask an estimate for: llama.cpp takes more, but no GPU holds their caches.
+pub const MAX_SLOTS: u32 = 1024;
+
+/// Why chosen settings cannot be estimated.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SettingsError {
+    /// Slots of 0 or more than [`MAX_SLOTS`].
+    #[error("slots must be from 1 to {MAX_SLOTS}, not {0}")]
+    Slots(u32),
+    /// A cache type llama.cpp does not take.
+    #[error("cache type {0:?} is not one llama.cpp takes (f16, q8_0, q4_0, q4_1, iq4_nl, q5_0, q5_1, bf16, f32)")]
+    CacheType(String),
+}
+
+impl Settings {
+    /// llama.cpp server's defaults with what a person chooses: each slot's context (`None` for the
+    /// model's own), the slots, and one cache type for keys and values.
+    pub fn chosen(
+        context: Option<u32>,
+        slots: u32,
+        cache: &str,
+    ) -> Result<Settings, SettingsError> {
+        if slots == 0 || slots > MAX_SLOTS {
+            return Err(SettingsError::Slots(slots));
+        }
+        let cache = cache_type(cache).ok_or_else(|| SettingsError::CacheType(cache.to_owned()))?;
+        Ok(Settings {
+            context: context.filter(|&c| c > 0),
+            slots,
+            cache_type_k: cache,
+            cache_type_v: cache,
+            ..Settings::default()
+        })
     }
 }
 

@@ -99,6 +99,11 @@ pub fn table() -> Vec<ApiRoute> {
         route("/api/plans/validate", M::POST, post(groups::validate_plan)),
         route("/api/models", M::GET, get(models::list_models)),
         route("/api/models", M::POST, post(models::add_model)),
+        route(
+            "/api/models/{name}/estimate",
+            M::GET,
+            get(models::estimate_model),
+        ),
         route("/api/groups", M::GET, get(groups::list_groups)),
         route("/api/groups/{name}", M::GET, get(groups::get_group)),
         route("/api/groups/{name}/plan", M::PUT, put(groups::change_plan)),

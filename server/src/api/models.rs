@@ -1,4 +1,4 @@
-//! The model catalog: the models one can deploy, and adding one.
+//! The model catalog: the models one can deploy, adding one, and a model's memory estimate.
 
 use super::ApiJson;
 use crate::auth::Actor;
@@ -7,9 +7,12 @@ use crate::error::ApiError;
 use crate::fleet::authority::Sight;
 use crate::input::NewModel;
 use crate::AppState;
-use axum::extract::State;
+use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use placement::estimate::{Assumed, Estimate, Settings};
+use placement::Bytes;
+use serde::{Deserialize, Serialize};
 
 pub(super) async fn list_models(
     State(state): State<AppState>,
@@ -29,4 +32,199 @@ pub(super) async fn add_model(
         StatusCode::CREATED,
         Json(state.fleet.add_model(model, &actor.name).await?),
     ))
+}
+
+/// `GET /api/models/{name}/estimate`'s query: what llama.cpp would be told, and where the model would run.
+#[derive(Debug, Deserialize)]
+pub(super) struct EstimateQuery {
+    /// Each slot's context in tokens; the model's own when absent or 0.
+    context: Option<u32>,
+    /// Requests served at once; 1 when absent.
+    slots: Option<u32>,
+    /// The KV cache type of keys and values; f16 when absent.
+    cache_type: Option<String>,
+    /// The machine the model would run on, whose copy of the file is read; this machine's when absent.
+    machine: Option<String>,
+}
+
+/// A part of the estimate, in bytes and in GB (2^30 bytes, as every GB of the API).
+#[derive(Debug, Serialize)]
+struct Part {
+    bytes: u64,
+    gb: f64,
+}
+
+impl From<Bytes> for Part {
+    fn from(bytes: Bytes) -> Part {
+        Part {
+            bytes: bytes.get(),
+            gb: (bytes.as_gb_f64() * 100.0).round() / 100.0,
+        }
+    }
+}
+
+/// The estimate's parts; `null` for a part that could not be estimated (see `gaps`).
+#[derive(Debug, Serialize)]
+struct Parts {
+    weights: Part,
+    kv_cache: Option<Part>,
+    compute: Option<Part>,
+    output: Option<Part>,
+}
+
+/// A model's memory estimate as the REST API answers it.
+#[derive(Debug, Serialize)]
+pub(super) struct EstimateView {
+    model: String,
+    /// Every part estimated, together: with gaps, the least the model needs.
+    total: Part,
+    /// Whether every part was estimated.
+    complete: bool,
+    parts: Parts,
+    assumed: Assumed,
+    gaps: Vec<String>,
+    caveats: Vec<String>,
+    /// Everything the estimate found: tensors by type, per-layer weights, cache cells.
+    detail: Estimate,
+}
+
+pub(super) async fn estimate_model(
+    State(state): State<AppState>,
+    Actor(_): Actor,
+    Path(name): Path<String>,
+    query: Result<Query<EstimateQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<EstimateView>, ApiError> {
+    let Query(query) = query.map_err(|_| {
+        ApiError::BadRequest(
+            "context and slots must be whole numbers, such as ?context=8192&slots=4&cache_type=q8_0"
+                .to_owned(),
+        )
+    })?;
+    let settings = Settings::chosen(
+        query.context,
+        query.slots.unwrap_or(1),
+        query.cache_type.as_deref().unwrap_or("f16"),
+    )
+    .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    let estimate = state
+        .fleet
+        .estimate_model(&name, query.machine.as_deref(), settings)
+        .await?;
+    Ok(Json(EstimateView {
+        model: name,
+        total: estimate.total().into(),
+        complete: estimate.is_complete(),
+        parts: Parts {
+            weights: estimate.weights.bytes.into(),
+            kv_cache: estimate.kv_cache.map(|kv| kv.bytes.into()),
+            compute: estimate.compute.map(|c| c.bytes.into()),
+            output: estimate.output.map(Part::from),
+        },
+        assumed: estimate.assumed,
+        gaps: estimate.gaps.iter().map(ToString::to_string).collect(),
+        caveats: estimate.caveats.iter().map(ToString::to_string).collect(),
+        detail: estimate,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::testing::{majin_and_atlas_with_catalog, TestApp, MAJIN};
+    use axum::http::{Method, StatusCode};
+    use placement::estimate::writer::llama;
+    use serde_json::json;
+
+    /// A catalog with one llama.cpp model whose file is a tiny GGUF written here.
+    async fn with_tiny_model(dir: &std::path::Path) -> (TestApp, u64) {
+        let gguf = llama(2, 256, 512, 4, 2, 1000, 1);
+        let path = dir.join("tiny.gguf");
+        std::fs::write(&path, gguf.header()).unwrap();
+        let app = TestApp::new(MAJIN).await;
+        let body = json!({"name": "tiny", "engine": "llamacpp", "default_share_percent": 5,
+                          "group": null, "model_path": path});
+        let (status, body) = app
+            .call(Method::POST, "/api/models", Some(&body.to_string()))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        (app, gguf.table_bytes())
+    }
+
+    #[tokio::test]
+    async fn a_gguf_models_estimate_shows_each_part_and_what_it_assumed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, table) = with_tiny_model(dir.path()).await;
+        let (status, body) = app
+            .get("/api/models/tiny/estimate?context=2048&slots=2&cache_type=q8_0")
+            .await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["model"], "tiny");
+        assert_eq!(body["parts"]["weights"]["bytes"], table);
+        assert_eq!(body["assumed"]["context"], 2048);
+        assert_eq!(body["assumed"]["slots"], 2);
+        assert_eq!(body["assumed"]["ctx_size"], 4096);
+        assert_eq!(body["assumed"]["cache_type_k"], "q8_0");
+        assert_eq!(body["complete"], true);
+        assert_eq!(body["gaps"], json!([]));
+        let parts = ["weights", "kv_cache", "compute", "output"]
+            .iter()
+            .map(|p| body["parts"][p]["bytes"].as_u64().unwrap())
+            .sum::<u64>();
+        assert_eq!(body["total"]["bytes"], parts);
+        let (_, f16) = app
+            .get("/api/models/tiny/estimate?context=2048&slots=2")
+            .await;
+        assert!(
+            f16["parts"]["kv_cache"]["bytes"].as_u64()
+                > body["parts"]["kv_cache"]["bytes"].as_u64(),
+            "an f16 cache is larger than a q8_0 one: {f16}"
+        );
+    }
+
+    #[tokio::test]
+    async fn no_context_asked_means_the_models_own() {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, _) = with_tiny_model(dir.path()).await;
+        let (status, body) = app.get("/api/models/tiny/estimate").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["assumed"]["context"], 4096);
+        assert_eq!(body["assumed"]["context_from_model"], true);
+        assert_eq!(body["assumed"]["slots"], 1);
+    }
+
+    #[tokio::test]
+    async fn settings_out_of_range_are_refused_with_the_reason() {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, _) = with_tiny_model(dir.path()).await;
+        let (status, body) = app.get("/api/models/tiny/estimate?slots=0").await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(body["error"], "slots must be from 1 to 1024, not 0");
+        let (status, body) = app.get("/api/models/tiny/estimate?cache_type=q4_K").await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(body["error"].as_str().unwrap().contains("q4_K"), "{body}");
+        let (status, _) = app.get("/api/models/tiny/estimate?context=many").await;
+        assert_eq!(status, StatusCode::BAD_REQUEST);
+    }
+
+    #[tokio::test]
+    async fn a_model_that_cannot_be_read_gets_no_estimate_and_says_why() {
+        let app = majin_and_atlas_with_catalog().await;
+        let (status, body) = app.get("/api/models/nothing/estimate").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+        assert_eq!(body["error"], "no model nothing in the catalog");
+        let (status, body) = app.get("/api/models/speech/estimate").await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert_eq!(
+            body["error"],
+            "models/speech.gguf does not exist on this machine"
+        );
+        let (status, body) = app.get("/api/models/glm-5.3/estimate").await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY);
+        assert!(
+            body["error"]
+                .as_str()
+                .unwrap()
+                .ends_with("safetensors folders are not estimated yet"),
+            "{body}"
+        );
+    }
 }

@@ -11,8 +11,8 @@ use crate::input::{DeployCommand, PlanCommand, ServingSettings, Sharing};
 use app::auth::{Caller, Role};
 use app::error::AppError;
 use app::views::{
-    CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest, GroupPlan, Serving, ServingForm,
-    SharingForm,
+    CatalogEntry, ChangeOutcome, DeployOptions, DeployRequest, EstimateAnswer, EstimateQuery,
+    GroupPlan, Serving, ServingForm, SharingForm,
 };
 use placement::{BasisPoints, Demand, GpuChoice, GpuRef};
 use std::collections::BTreeMap;
@@ -54,6 +54,25 @@ impl ConsoleService {
             nodes: node_options(&self.fleet.machines()),
             groups: groups.iter().map(|g| plan_of(g, &system)).collect(),
         })
+    }
+
+    /// The wizard's estimate: a model the fleet cannot read gets the reason, shown in place of numbers.
+    pub(super) async fn estimate_model(
+        &self,
+        query: EstimateQuery,
+    ) -> Result<EstimateAnswer, ApiError> {
+        let settings =
+            placement::estimate::Settings::chosen(query.context, query.slots, &query.cache_type)
+                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+        match self
+            .fleet
+            .estimate_model(&query.model, query.machine.as_deref(), settings)
+            .await
+        {
+            Ok(estimate) => Ok(EstimateAnswer::Estimated(Box::new(estimate))),
+            Err(ApiError::Unprocessable(reason)) => Ok(EstimateAnswer::NotEstimated(reason)),
+            Err(e) => Err(e),
+        }
     }
 
     pub(super) async fn sharing(&self, model: &str) -> Result<SharingForm, ApiError> {

@@ -19,8 +19,8 @@ use app::error::AppError;
 use app::services::{Answer, Console};
 use app::views::{
     AccountsPage, AuditLine, AuditQuery, ChangeOutcome, DeployOptions, DeployRequest, EngineLine,
-    MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress, Playground, Serving, ServingForm,
-    SharingForm, TokenLimits,
+    EstimateAnswer, EstimateQuery, MachineDetail, ModelRow, NewApiToken, NodeRow, PlanProgress,
+    Playground, Serving, ServingForm, SharingForm, TokenLimits,
 };
 use placement::{BasisPoints, Demand, Grouping, UsageReport};
 use sqlx::SqlitePool;
@@ -102,6 +102,10 @@ impl Console for ConsoleService {
 
     fn deploy(&self, actor: Caller, request: DeployRequest) -> Answer<'_, ChangeOutcome> {
         Box::pin(self.deploy_model(actor, request))
+    }
+
+    fn estimate(&self, query: EstimateQuery) -> Answer<'_, EstimateAnswer> {
+        Box::pin(async move { self.estimate_model(query).await.map_err(app_error) })
     }
 
     fn sharing_form(&self, model: String) -> Answer<'_, SharingForm> {

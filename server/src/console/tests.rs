@@ -291,3 +291,18 @@ async fn the_serving_form_shows_a_secret_to_admins_only() {
         json!([["HF_TOKEN", "hf_formsecret"]])
     );
 }
+
+#[tokio::test]
+async fn the_wizards_estimate_says_why_a_model_has_none() {
+    let app = app().await;
+    let query = json!({"query": {"model": "speech", "machine": "atlas", "context": null, "slots": 1, "cache_type": "f16"}});
+    let (status, answer) = call_rpc(&app, "estimate_model", query).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer,
+        json!({"NotEstimated": "models/speech.gguf does not exist on this machine"})
+    );
+    let query = json!({"query": {"model": "nothing", "machine": null, "context": null, "slots": 1, "cache_type": "f16"}});
+    let (status, _) = call_rpc(&app, "estimate_model", query).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}

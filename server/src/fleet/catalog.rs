@@ -3,9 +3,12 @@
 use super::authority::{check_recipe_args, redact_args, redact_env, redact_json, Sight};
 use super::groups::engine_name;
 use super::Fleet;
-use crate::catalog::CatalogModel;
+use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
 use crate::input::NewModel;
+use crate::runtime::model_file::{estimate_local, NoEstimate};
+use crate::runtime::spec::Host;
+use placement::estimate::{Estimate, Settings};
 use std::sync::Arc;
 
 impl Fleet {
@@ -89,5 +92,36 @@ impl Fleet {
             }
         }
         Ok(())
+    }
+
+    /// The memory estimate of catalog model `name` under `settings`, read from the header of its file where
+    /// it would run: `machine`'s, or this machine's when none is named. `NotFound` for no such model,
+    /// `Unprocessable` with the reason for one that gets no estimate.
+    pub async fn estimate_model(
+        &self,
+        name: &str,
+        machine: Option<&str>,
+        settings: Settings,
+    ) -> Result<Estimate, ApiError> {
+        let model = self
+            .committed()
+            .model(name)
+            .cloned()
+            .ok_or_else(|| ApiError::NotFound(format!("no model {name} in the catalog")))?;
+        let unreadable = |reason: NoEstimate| ApiError::Unprocessable(reason.to_string());
+        if matches!(model.engine, Engine::Vllm | Engine::Sglang) {
+            return Err(unreadable(NoEstimate::Safetensors(model.model_path)));
+        }
+        if let Some(machine) = machine {
+            if let Host::Cluster { .. } = self.hosts.host(machine) {
+                return Err(unreadable(NoEstimate::OnNode {
+                    path: model.model_path,
+                    machine: machine.to_owned(),
+                }));
+            }
+        }
+        estimate_local(model.model_path, settings)
+            .await
+            .map_err(unreadable)
     }
 }

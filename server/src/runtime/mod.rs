@@ -11,6 +11,7 @@ mod engines;
 mod executor;
 mod local;
 pub mod mig;
+pub mod model_file;
 mod mps;
 pub(crate) mod process;
 mod ray;

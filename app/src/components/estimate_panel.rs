@@ -1,0 +1,171 @@
+//! A model's memory estimate beside its share: the parts, the inputs it assumed (editable), a Suggest button
+//! that fills the share from it, and a warning of its own when the share is below it. Its own room because
+//! it reads the server (the model's file is there) while the share panel beside it judges in the browser.
+
+use crate::deploy_form::{below_estimate, estimate_query, suggested_share};
+use crate::error::AppError;
+use crate::share_form::ShareRow;
+use crate::views::{EstimateAnswer, EstimateQuery};
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use placement::estimate::{Estimate, CACHE_TYPES};
+use placement::Bytes;
+
+/// A catalog model's memory estimate from its file's header, or why it has none.
+#[server(prefix = "/rpc", endpoint = "estimate_model", input = Json, client = crate::csrf::CsrfClient)]
+pub async fn estimate_model(query: EstimateQuery) -> Result<EstimateAnswer, AppError> {
+    crate::auth::require(crate::auth::Role::Viewer)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.estimate(query)).await
+}
+
+fn part(bytes: Option<Bytes>) -> String {
+    bytes.map_or_else(
+        || "not estimated".to_owned(),
+        |b| format!("{} GB", b.gb_text()),
+    )
+}
+
+/// What the estimate assumed, in a line.
+fn assumed_line(e: &Estimate) -> String {
+    let a = &e.assumed;
+    let whose = if a.context_from_model {
+        " (the model's own)"
+    } else {
+        ""
+    };
+    format!(
+        "Assumed: {} tokens of context per slot{whose}, {} slot{}, {}/{} cache.",
+        a.context,
+        a.slots,
+        if a.slots == 1 { "" } else { "s" },
+        a.cache_type_k.name(),
+        a.cache_type_v.name()
+    )
+}
+
+/// The estimate of `model` on a GPU of `gpu_total`, beside its row of the share panel.
+#[component]
+pub fn EstimatePanel(
+    /// The model being deployed.
+    model: String,
+    /// The machine it would run on.
+    machine: Option<String>,
+    /// One GPU's memory.
+    gpu_total: Bytes,
+    /// The share panel's rows: Suggest fills the model's, the warning reads it.
+    rows: RwSignal<Vec<ShareRow>>,
+) -> impl IntoView {
+    let context = RwSignal::new(String::new());
+    let slots = RwSignal::new("1".to_owned());
+    let cache = RwSignal::new("f16".to_owned());
+    let query = {
+        let model = model.clone();
+        Memo::new(move |_| {
+            estimate_query(
+                &model,
+                machine.clone(),
+                &context.get(),
+                &slots.get(),
+                &cache.get(),
+            )
+        })
+    };
+    let estimate = Resource::new(
+        move || query.get().ok(),
+        |query| async move {
+            match query {
+                Some(query) => estimate_model(query).await.map(Some),
+                None => Ok(None),
+            }
+        },
+    );
+    let share = {
+        let model = model.clone();
+        move || {
+            rows.with(|r| {
+                r.iter()
+                    .find(|row| row.name == model)
+                    .and_then(|row| row.member().share)
+            })
+        }
+    };
+    let suggest = move |needed: Bytes| {
+        let model = model.clone();
+        move |_| {
+            if let Some(share) = suggested_share(needed, gpu_total) {
+                rows.update(|r| {
+                    if let Some(row) = r.iter_mut().find(|row| row.name == model) {
+                        row.text = share.percent_text();
+                    }
+                });
+            }
+        }
+    };
+
+    let shown = move |answer: EstimateAnswer| match answer {
+        EstimateAnswer::NotEstimated(reason) => view! {
+            <p class="muted" data-testid="no-estimate">{format!("No estimate: {reason}.")}</p>
+        }
+        .into_any(),
+        EstimateAnswer::Estimated(e) => {
+            let needed = e.total();
+            let share = share.clone();
+            let warning = move || share().and_then(|s| below_estimate(s, gpu_total, needed));
+            let too_big = suggested_share(needed, gpu_total).is_none();
+            let gaps = e
+                .gaps
+                .iter()
+                .map(|g| g.to_string())
+                .chain(e.caveats.iter().map(|c| c.to_string()))
+                .map(|line| view! { <li>{line}</li> })
+                .collect_view();
+            view! {
+                <table class="estimate-parts" data-testid="estimate-parts">
+                    <tbody>
+                        <tr><th scope="row">"Weights"</th><td>{part(Some(e.weights.bytes))}</td></tr>
+                        <tr><th scope="row">"KV cache"</th><td>{part(e.kv_cache.map(|k| k.bytes))}</td></tr>
+                        <tr><th scope="row">"Compute buffers"</th><td>{part(e.compute.map(|c| c.bytes))}</td></tr>
+                        <tr><th scope="row">"Output buffer"</th><td>{part(e.output)}</td></tr>
+                        <tr class="total"><th scope="row">"Estimate"</th><td data-testid="estimate-total">{format!("{} GB", needed.gb_text())}</td></tr>
+                    </tbody>
+                </table>
+                <p class="muted" data-testid="estimate-assumed">{assumed_line(&e)}</p>
+                <ul class="muted">{gaps}</ul>
+                <button type="button" class="secondary" data-testid="suggest" disabled=too_big on:click=suggest(needed)>"Suggest"</button>
+                {too_big.then(|| view! { <p class="error">"One GPU cannot hold this estimate."</p> })}
+                {move || warning().map(|w| view! { <p class="warn" role="alert" data-testid="estimate-warning">{w}</p> })}
+            }
+            .into_any()
+        }
+    };
+
+    view! {
+        <section class="panel" aria-labelledby="memory-estimate">
+            <h2 id="memory-estimate">"Memory estimate"</h2>
+            <div class="estimate-inputs">
+                <label for="estimate-context">"Context per slot"</label>
+                <input id="estimate-context" type="text" inputmode="numeric" size="8" placeholder="the model's own"
+                    prop:value=move || context.get() on:input=move |ev| context.set(event_target_value(&ev)) />
+                <label for="estimate-slots">"Parallel slots"</label>
+                <input id="estimate-slots" type="text" inputmode="numeric" size="4"
+                    prop:value=move || slots.get() on:input=move |ev| slots.set(event_target_value(&ev)) />
+                <label for="estimate-cache">"Cache type"</label>
+                <select id="estimate-cache" on:change=move |ev| cache.set(event_target_value(&ev))>
+                    {CACHE_TYPES.iter().map(|t| {
+                        let name = t.name();
+                        view! { <option value=name selected=move || cache.get() == name>{name}</option> }
+                    }).collect_view()}
+                </select>
+            </div>
+            {move || query.get().err().map(|e| view! { <p class="field-error" role="alert">{e}</p> })}
+            <Transition fallback=|| view! { <p class="muted">"Reading the model's header…"</p> }>
+                {move || estimate.get().map(|answer| match answer {
+                    Ok(Some(answer)) => shown(answer),
+                    Ok(None) => ().into_any(),
+                    Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                })}
+            </Transition>
+        </section>
+    }
+}
