@@ -520,6 +520,39 @@ async fn removing_an_engine_that_never_becomes_healthy_stops_it_without_waiting_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_worker_s_engine_stops_at_once_while_a_neighbour_on_its_gpu_still_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let (status, worker) = server
+        .send(
+            "POST",
+            "/api/workers",
+            json!({
+                "name": "leaving",
+                "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 2, "ids": ["atlas:1"]}}
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{worker}");
+    let leaving = server.wait_healthy(1).await[0]["pid"].as_u64().unwrap() as u32;
+    // Its neighbour loads for ten minutes, within its start timeout (15 minutes).
+    never_healthy(&server).await;
+
+    let (status, _) = server
+        .send("DELETE", "/api/workers/leaving", json!({}))
+        .await;
+    assert_eq!(status, 204);
+    wait_until("the removed worker's engine is stopped", || async {
+        server.engine_if_any("leaving").await.is_none()
+    })
+    .await;
+    assert!(!alive(leaving), "its process is gone");
+    assert_eq!(server.engine("vision").await["state"], "starting");
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_shutdown_does_not_wait_for_an_engine_that_never_becomes_healthy() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 100).await;
