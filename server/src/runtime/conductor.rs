@@ -98,11 +98,7 @@ impl Conductor {
     async fn dispatch(&mut self, change: Change) {
         match change {
             Change::Reconcile(desired) => {
-                if let Err(e) = reconcile(&self.shared, &desired).await {
-                    tracing::error!(
-                        "the engines left by the previous server could not be reconciled: {e}"
-                    );
-                }
+                reconcile(&self.shared, &desired).await;
                 self.apply(desired);
             }
             Change::Apply(desired) => self.apply(desired),
