@@ -367,8 +367,10 @@ impl Executor for LocalExecutor {
                 pid: record.pid,
                 start_ticks: record.start_ticks,
             };
+            // Adopted or stopped, its stop waits for its memory on the GPUs it was started on.
+            let gpus = EngineSpec::local_gpus_of(&record.fingerprint);
             leftovers.push(Leftover {
-                running: self.process(&record.unit, Vec::new(), kind, record.port),
+                running: self.process(&record.unit, gpus, kind, record.port),
                 unit: record.unit,
                 fingerprint: Some(record.fingerprint),
             });
