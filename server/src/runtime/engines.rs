@@ -161,7 +161,7 @@ impl Shared {
         spec: &EngineSpec,
         begin: &Begin,
     ) -> Option<(watch::Receiver<Status>, Option<mpsc::Receiver<Control>>)> {
-        let remote = self.executor(&spec).is_none();
+        let remote = self.executor(spec).is_none();
         let (status, watcher) = watch::channel(Status {
             state: EngineState::Stopped,
             since: now(),
