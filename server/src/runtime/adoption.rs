@@ -19,7 +19,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) {
         desired.iter().map(|s| (s.unit.as_str(), s)).collect();
     let mut strays = Vec::new();
     for executor in shared.executors() {
-        let leftovers = match executor.leftovers().await {
+        let leftovers = match executor.leftovers(&|_| true).await {
             Ok(leftovers) => leftovers,
             Err(e) => {
                 tracing::error!("the engines left by the previous server could not all be found: {e}; they are stopped once they can be");
@@ -69,12 +69,11 @@ async fn sweep_later(shared: Arc<Shared>, executor: Arc<dyn Executor>) {
         {
             return;
         }
-        let Ok(leftovers) = executor.leftovers().await else {
+        let Ok(leftovers) = executor.leftovers(&|unit| !shared.has(unit)).await else {
             continue;
         };
         let strays = leftovers
             .into_iter()
-            .filter(|leftover| !shared.has(&leftover.unit))
             .map(|leftover| {
                 tracing::info!(
                     "stopping engine {}, left by the previous server",
