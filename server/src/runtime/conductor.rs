@@ -153,17 +153,20 @@ impl Conductor {
         }
     }
 
-    /// Carries out an [`super::Change::Apply`]: what runs and is no longer wanted as it runs stops at once,
-    /// and one job per set of GPUs that an engine joins (a tensor-parallel engine holds several) is queued,
-    /// which stops what still runs there and should not, then starts what is missing.
+    /// Carries out an [`super::Change::Apply`]: what runs and is no longer wanted at all stops at once, and
+    /// one job per set of GPUs that an engine joins (a tensor-parallel engine holds several) is queued,
+    /// which stops what still runs there and should not (an engine to start again otherwise: its stop and
+    /// its start stay in order, a plan's steps too), then starts what is missing.
     fn apply(&mut self, desired: Vec<EngineSpec>) {
-        let moot = |s: &EngineSpec| {
+        self.cancel(|s| {
             !desired
                 .iter()
                 .any(|d| d.unit == s.unit && d.fingerprint() == s.fingerprint())
-        };
-        self.cancel(moot);
-        self.stop_now(self.shared.registered(moot));
+        });
+        self.stop_now(
+            self.shared
+                .registered(|s| !desired.iter().any(|d| d.unit == s.unit)),
+        );
         // An engine joins the GPUs it is wanted on with those it runs or is about to start on (it may move),
         // so that its stop and its start fall in one job, in that order.
         let mut joins: Vec<BTreeSet<Gpu>> = desired
@@ -193,11 +196,11 @@ impl Conductor {
         }
     }
 
-    /// Stops each of `stale` now, whatever is queued on its GPUs: a stop never needs memory, so it never
+    /// Stops each of `removed` now, whatever is queued on its GPUs: a stop never needs memory, so it never
     /// waits behind a start still loading there (which may take its start timeout, times its retries). What
     /// is queued on those GPUs after this starts only once the stop is over as well, its memory free.
-    fn stop_now(&mut self, stale: Vec<(Registration, EngineSpec)>) {
-        for (registration, spec) in stale {
+    fn stop_now(&mut self, removed: Vec<(Registration, EngineSpec)>) {
+        for (registration, spec) in removed {
             let (ended, tail) = watch::channel(());
             let before: Vec<watch::Receiver<()>> = gpus_of(&spec)
                 .into_iter()
