@@ -19,6 +19,7 @@ pub mod usage;
 pub mod authority;
 pub mod calls;
 mod catalog;
+pub(crate) mod cluster;
 pub mod demand;
 mod engines;
 pub mod interference;
@@ -49,8 +50,8 @@ pub struct Fleet {
     pool: SqlitePool,
     /// Runs what the committed state says should run.
     runtime: Arc<Runtime>,
-    /// Which machines engines can be started for.
-    hosts: Hosts,
+    /// Which machines engines can be started for: the cluster's grow as it lists new ones.
+    hosts: RwLock<Arc<Hosts>>,
     /// The write lock, over what was last committed and the ledger built from it.
     state: Mutex<State>,
     /// What reads are answered from, published after each committed write, so that a read waits on neither
@@ -140,7 +141,7 @@ impl Fleet {
         let fleet = Fleet {
             pool,
             runtime,
-            hosts,
+            hosts: RwLock::new(Arc::new(hosts)),
             views: RwLock::new(Arc::new(Views::of(&state.committed, &state.ledger))),
             unreachable: std::sync::RwLock::default(),
             calls: calls::Calls::default(),
@@ -155,6 +156,14 @@ impl Fleet {
         };
         fleet.runtime.submit(Change::Reconcile(desired));
         Ok(fleet)
+    }
+
+    /// Which machines engines can be started for, now.
+    fn hosts(&self) -> Arc<Hosts> {
+        self.hosts
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// The runtime.
@@ -285,7 +294,7 @@ impl Fleet {
         self.install(state, committed, ledger);
         if let Some((group, revision, steps)) = plan {
             let members =
-                engines::group_engines(&state.committed, &state.ledger, &self.hosts, &group);
+                engines::group_engines(&state.committed, &state.ledger, &self.hosts(), &group);
             self.runtime.submit(Change::Plan {
                 group,
                 revision,
@@ -296,7 +305,7 @@ impl Fleet {
         self.runtime.submit(Change::Apply(engines::desired(
             &state.committed,
             &state.ledger,
-            &self.hosts,
+            &self.hosts(),
         )));
         Ok(())
     }
@@ -323,7 +332,7 @@ impl Fleet {
     #[cfg(test)]
     pub(crate) async fn desired(&self) -> Vec<crate::runtime::spec::EngineSpec> {
         let state = self.state.lock().await;
-        engines::desired(&state.committed, &state.ledger, &self.hosts)
+        engines::desired(&state.committed, &state.ledger, &self.hosts())
     }
 
     /// Checks the ledger against one rebuilt from what the database holds now: the same holds, the same

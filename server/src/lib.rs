@@ -233,10 +233,11 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         .as_deref()
         .map(|address| inventory::ray::RayClient::new(address, config.ray_token.clone()))
         .transpose()?;
-    let (inventory, local_gpus, hosts) = gather_inventory(&config, ray.as_ref()).await?;
     // Held for the server's life: a restore refuses to replace the database under it.
     let _lock = db::backup::DataLock::take(&config.data_dir)?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
+    let (inventory, local_gpus, hosts, silent) =
+        gather_inventory(&config, ray.as_ref(), &pool).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let settings = runtime::Settings {
         gpus: local_gpus.clone(),
@@ -262,6 +263,9 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         .await
         .map_err(ServerError::Load)?,
     );
+    for machine in &silent {
+        fleet.mark_reachable(machine, false);
+    }
     if config.demo {
         let catalog = inventory::demo::demo_catalog();
         fleet
@@ -392,18 +396,21 @@ const CLUSTER_REFRESH: Duration = Duration::from_secs(3);
 /// How often this machine's GPUs are read again: what they offer moves as other programs come and go.
 const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);
 
-/// The machines from every source: this machine's GPUs (NVML), the inventory file, and the demo fleet,
-/// with the NVML reader to follow this machine by. Without an NVIDIA driver NVML fails: that is said once,
-/// and the other sources carry on.
+/// The machines from every source: this machine's GPUs (NVML), the inventory file, the Ray cluster and the
+/// demo fleet, with the NVML reader to follow this machine by, and the cluster's machines shown unreachable
+/// as the cluster does not answer. Without an NVIDIA driver NVML fails: that is said once, and the other
+/// sources carry on; so does a cluster that does not answer.
 type Gathered = (
     placement::Inventory,
     Option<Arc<dyn inventory::LocalGpus>>,
     runtime::Hosts,
+    Vec<String>,
 );
 
 async fn gather_inventory(
     config: &Config,
     ray: Option<&inventory::ray::RayClient>,
+    pool: &sqlx::SqlitePool,
 ) -> Result<Gathered, ServerError> {
     use inventory::LocalGpus;
     let mut machines = Vec::new();
@@ -424,16 +431,37 @@ async fn gather_inventory(
     if let Some(path) = &config.inventory {
         machines.extend(inventory::file::load_inventory(path)?);
     }
+    let mut silent = Vec::new();
     if let Some(client) = ray {
-        let nodes = client.nodes().await?;
-        let cluster = inventory::ray::machines(&nodes);
-        if cluster.is_empty() {
-            tracing::warn!(
-                "no node of the Ray cluster at {} carries the label {}: run `tessera ray-node` on each machine for its `ray start` line",
-                client.address(),
-                inventory::ray::MACHINE_LABEL
-            );
-        }
+        let cluster = match client.nodes().await {
+            Ok(nodes) => {
+                let cluster = inventory::ray::machines(&nodes);
+                if cluster.is_empty() {
+                    tracing::warn!(
+                        "no node of the Ray cluster at {} carries the label {}: run `tessera ray-node` on each machine for its `ray start` line",
+                        client.address(),
+                        inventory::ray::MACHINE_LABEL
+                    );
+                }
+                fleet::cluster::keep(pool, &cluster)
+                    .await
+                    .map_err(ServerError::Database)?;
+                cluster
+            }
+            // Tessera starts all the same: the cluster's machines as it last listed them are unreachable
+            // (no GPUs, so nothing runs or is placed there) until it answers.
+            Err(e) => {
+                let kept = fleet::cluster::kept(pool)
+                    .await
+                    .map_err(ServerError::Database)?;
+                tracing::warn!(
+                    "{e}: starting without it; {} of its machines shown unreachable until it answers",
+                    kept.len()
+                );
+                silent = kept.iter().map(|m| m.name.clone()).collect();
+                kept
+            }
+        };
         for node in cluster {
             // The cluster's own view of a machine wins over NVML's name for the same one.
             machines.retain(|m| m.name != node.name);
@@ -441,7 +469,14 @@ async fn gather_inventory(
                 local = None;
                 hosts.local = None;
             }
-            machines.push(node.machine());
+            if silent.contains(&node.name) {
+                machines.push(placement::Machine {
+                    gpus: Vec::new(),
+                    ..node.machine()
+                });
+            } else {
+                machines.push(node.machine());
+            }
             hosts.cluster.insert(node.name.clone(), node);
         }
     }
@@ -470,7 +505,7 @@ async fn gather_inventory(
     if machines.is_empty() {
         tracing::warn!("no machines: no NVIDIA driver, no --inventory file, no --ray cluster and no --demo; the console shows an empty fleet");
     }
-    Ok((placement::Inventory::new(machines)?, local, hosts))
+    Ok((placement::Inventory::new(machines)?, local, hosts, silent))
 }
 
 async fn shutdown_signal() {

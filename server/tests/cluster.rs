@@ -23,13 +23,18 @@ struct Cluster {
 const ENGINE_PID: u32 = 4242;
 
 fn stand_in(cluster: Cluster) -> Router {
+    stand_in_for(cluster, "majin")
+}
+
+/// The stand-in, its one node labelled as `machine`.
+fn stand_in_for(cluster: Cluster, machine: &'static str) -> Router {
     Router::new()
         .route(
             "/api/v0/nodes",
-            get(|| async {
+            get(move || async move {
                 Json(json!({"data": {"result": {"result": [{
                     "node_id": "n1", "node_ip": "127.0.0.1", "state": "ALIVE",
-                    "labels": {"tessera.machine": "majin", "tessera.gpu-model": "NVIDIA-H200"},
+                    "labels": {"tessera.machine": machine, "tessera.gpu-model": "NVIDIA-H200"},
                     "resources_total": {"CPU": 16.0, "memory": 8e9, "tessera_gpu_0_GPU-aaaa": 143771.0}
                 }]}}}))
             }),
@@ -156,6 +161,129 @@ async fn an_engine_on_a_cluster_s_node_measured_past_its_share_by_the_node_s_own
     *cluster.used_mib.lock().unwrap() = 30_720;
     wait_until("the flag goes once it keeps its share", || async {
         sharer().await["over_share"].is_null()
+    })
+    .await;
+    server.stop().await;
+}
+
+/// An address where nothing listens yet, and the Ray dashboard's address there.
+fn silent_head() -> (std::net::SocketAddr, String) {
+    let address = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    (address, format!("http://{address}"))
+}
+
+/// Serves `app` at `address` until the task is aborted.
+async fn answer(address: std::net::SocketAddr, app: Router) -> tokio::task::JoinHandle<()> {
+    let listener = tokio::net::TcpListener::bind(address).await.unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    })
+}
+
+/// Adds the command model `emb` and deploys it at 25 % on `gpu`.
+async fn deploy_emb(server: &Server, gpu: &str) {
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "emb", "engine": "command", "default_share_percent": 25, "model_path": "",
+                   "command": "emb-server"}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "emb", "gpus": [gpu], "share": 25}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+}
+
+/// The jobs the stand-in runs now.
+fn running(cluster: &Cluster) -> usize {
+    let jobs = cluster.jobs.lock().unwrap();
+    jobs.iter().filter(|job| job["status"] == "RUNNING").count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_whose_ray_head_does_not_answer_starts_runs_its_own_engines_and_takes_up_the_cluster_s_machines_once_it_answers(
+) {
+    let (address, ray) = silent_head();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), 200, &["--demo", "--ray", &ray]).await;
+    let (status, change) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "vision", "gpus": ["atlas:1"], "share": 25}),
+        )
+        .await;
+    assert_eq!(status, 201, "{change}");
+    server.wait_healthy(1).await;
+    let (_, machines) = server.get("/api/machines").await;
+    assert!(
+        !machines
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["name"] == "vega"),
+        "{machines}"
+    );
+
+    let cluster = Cluster::default();
+    let _head = answer(address, stand_in_for(cluster.clone(), "vega")).await;
+    wait_until("vega is taken up with its GPU", || async {
+        let (status, vega) = server.get("/api/machines/vega").await;
+        status == 200
+            && vega["gpus"].as_array().unwrap().len() == 1
+            && vega["unreachable_since"].is_null()
+    })
+    .await;
+    deploy_emb(&server, "vega:0").await;
+    wait_until("emb runs as a job on vega", || async {
+        running(&cluster) == 1
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cluster_s_machines_are_shown_unreachable_while_it_does_not_answer_at_a_start_and_their_work_resumes_once_it_answers(
+) {
+    let (address, ray) = silent_head();
+    let cluster = Cluster::default();
+    let head = answer(address, stand_in(cluster.clone())).await;
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), 200, &["--ray", &ray]).await;
+    deploy_emb(&server, "majin:0").await;
+    wait_until("emb runs as a job on majin", || async {
+        running(&cluster) == 1
+    })
+    .await;
+    server.stop().await;
+    assert_eq!(running(&cluster), 0, "its job stopped with the server");
+    head.abort();
+    let _ = head.await;
+
+    let server = Server::start_with(dir.path(), 200, &["--ray", &ray]).await;
+    let (status, majin) = server.get("/api/machines/majin").await;
+    assert_eq!(status, 200, "{majin}");
+    assert!(majin["unreachable_since"].is_string(), "{majin}");
+    assert_eq!(majin["gpus"], json!([]), "nothing is held or placed there");
+
+    let _head = answer(address, stand_in(cluster.clone())).await;
+    wait_until("majin is reachable again with its GPU", || async {
+        let (_, majin) = server.get("/api/machines/majin").await;
+        majin["gpus"].as_array().unwrap().len() == 1 && majin["unreachable_since"].is_null()
+    })
+    .await;
+    wait_until("emb runs as a job on majin again", || async {
+        running(&cluster) == 1
     })
     .await;
     server.stop().await;

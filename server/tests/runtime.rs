@@ -141,6 +141,38 @@ async fn a_share_change_restarts_only_that_member_with_its_new_share_shrinking_s
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_member_stops_only_once_the_shrinking_one_serves_again_with_its_new_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 300).await;
+    text_router(&server).await;
+    server.wait_healthy(3).await;
+    let events = server.follow_events().await;
+
+    shrink_glm_grow_embedder(&server).await;
+    wait_until("the embedder serves again", || async {
+        let seen = events.all();
+        engine_events(&seen, "embedder", "healthy").count() > 0
+    })
+    .await;
+    let seen = events.all();
+    let glm_serves = engine_events(&seen, "glm-5.3", "healthy")
+        .map(at)
+        .min()
+        .expect("glm-5.3 serves again");
+    let embedder_stops = engine_events(&seen, "embedder", "draining")
+        .chain(engine_events(&seen, "embedder", "stopped"))
+        .map(at)
+        .min()
+        .expect("the embedder stopped");
+    assert!(
+        glm_serves < embedder_stops,
+        "the embedder stopped at {embedder_stops}, before glm-5.3 served again at {glm_serves}"
+    );
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_engine_is_restarted_after_its_backoff_and_the_state_says_so() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 100).await;
@@ -515,6 +547,39 @@ async fn removing_an_engine_that_never_becomes_healthy_stops_it_without_waiting_
     })
     .await;
     assert!(!alive(pid as u32), "the engine's process is gone");
+
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_worker_s_engine_stops_at_once_while_a_neighbour_on_its_gpu_still_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let (status, worker) = server
+        .send(
+            "POST",
+            "/api/workers",
+            json!({
+                "name": "leaving",
+                "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 2, "ids": ["atlas:1"]}}
+            }),
+        )
+        .await;
+    assert_eq!(status, 201, "{worker}");
+    let leaving = server.wait_healthy(1).await[0]["pid"].as_u64().unwrap() as u32;
+    // Its neighbour loads for ten minutes, within its start timeout (15 minutes).
+    never_healthy(&server).await;
+
+    let (status, _) = server
+        .send("DELETE", "/api/workers/leaving", json!({}))
+        .await;
+    assert_eq!(status, 204);
+    wait_until("the removed worker's engine is stopped", || async {
+        server.engine_if_any("leaving").await.is_none()
+    })
+    .await;
+    assert!(!alive(leaving), "its process is gone");
+    assert_eq!(server.engine("vision").await["state"], "starting");
 
     server.stop().await;
 }

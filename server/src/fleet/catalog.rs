@@ -113,7 +113,7 @@ impl Fleet {
             return Err(unreadable(NoEstimate::Safetensors(model.model_path)));
         }
         if let Some(machine) = machine {
-            if let Host::Cluster { .. } = self.hosts.host(machine) {
+            if let Host::Cluster { .. } = self.hosts().host(machine) {
                 return Err(unreadable(NoEstimate::OnNode {
                     path: model.model_path,
                     machine: machine.to_owned(),

@@ -182,138 +182,6 @@ impl Fleet {
             .cloned()
     }
 
-    /// Reads the Ray cluster's nodes every `every` for as long as the server runs. A machine whose node
-    /// died (or left) is unreachable from then on: its GPUs leave the inventory, so what it held holds
-    /// nothing (with the reason), its engines are not run and nothing new is placed there. Once a node
-    /// with its label is alive again, its GPUs come back: what it held is held again and its engines
-    /// start. While the cluster itself does not answer, the last reading stands.
-    pub async fn follow_cluster(
-        self: Arc<Self>,
-        client: crate::inventory::ray::RayClient,
-        every: std::time::Duration,
-    ) {
-        let mut last_error = None;
-        loop {
-            tokio::time::sleep(every).await;
-            let nodes = match client.nodes().await {
-                Ok(nodes) => nodes,
-                Err(e) => {
-                    let e = e.to_string();
-                    if last_error.as_ref() != Some(&e) {
-                        tracing::warn!("{e}: its machines are shown as last read");
-                        last_error = Some(e);
-                    }
-                    continue;
-                }
-            };
-            last_error = None;
-            let seen = crate::inventory::ray::machines(&nodes);
-            for (name, known) in &self.hosts.cluster {
-                let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
-                    Some(now) if now.alive => (self.read_node(&client, now).await, true),
-                    _ => {
-                        // What its engines were measured to hold there is past.
-                        self.measure(name, &[], &[]);
-                        (
-                            placement::Machine {
-                                gpus: Vec::new(),
-                                ..known.machine()
-                            },
-                            false,
-                        )
-                    }
-                };
-                if let Err(e) = self.refresh_machine(machine).await {
-                    tracing::warn!(
-                        "the cluster's machine {name} could not be brought up to date: {e}"
-                    );
-                }
-                // Said once the inventory shows it: whoever sees the machine unreachable sees its GPUs
-                // gone, and whoever sees it reachable again sees them back.
-                self.mark_reachable(name, alive);
-            }
-        }
-    }
-
-    /// A live machine of the cluster, with what its node's own GPU readings say is held outside Tessera
-    /// (memory in use less what Tessera's holders there stand for). A node without NVML reports no GPUs:
-    /// nothing is held outside then, as far as Tessera can tell.
-    async fn read_node(
-        &self,
-        client: &crate::inventory::ray::RayClient,
-        node: &crate::inventory::ray::ClusterMachine,
-    ) -> placement::Machine {
-        let mut machine = node.machine();
-        let readings = match client.node_gpus(&node.node_id).await {
-            Ok(readings) => readings,
-            Err(e) => {
-                tracing::debug!("the GPUs of {} could not be read: {e}", node.name);
-                // No figures: nothing is judged until the next reading.
-                self.measure(&node.name, &[], &[]);
-                return machine;
-            }
-        };
-        let ours = {
-            let state = self.state.lock().await;
-            engines::committed_on(&state.ledger, &node.name)
-        };
-        let mut live = Vec::new();
-        for gpu in &mut machine.gpus {
-            if let Some(reading) = readings.iter().find(|r| r.uuid == gpu.uuid) {
-                gpu.held_outside = crate::inventory::held_outside(
-                    reading.used,
-                    &ours,
-                    gpu.index,
-                    &reading.processes,
-                );
-                // Kept for the machine page where the agent read how busy the GPU was (it gives no
-                // temperature or power).
-                live.extend(reading.utilisation_percent.map(|utilisation| GpuLive {
-                    index: gpu.index,
-                    utilisation_percent: utilisation,
-                    power_mw: None,
-                    temperature_c: None,
-                    energy_mj: None,
-                    used: reading.used,
-                    processes: reading.processes.clone(),
-                    problem: None,
-                }));
-            }
-        }
-        let seen: Vec<u32> = live
-            .iter()
-            .flat_map(|gpu| gpu.processes.iter().map(|&(pid, _)| pid))
-            .collect();
-        let running = match seen.is_empty() {
-            true => Vec::new(),
-            false => self.runtime.node_processes(&node.name, &seen).await,
-        };
-        self.measure(&node.name, &live, &running);
-        if !live.is_empty() {
-            let at = super::usage::now_ms();
-            if let Err(e) = self.record_samples(&machine, &live, at).await {
-                tracing::warn!("the GPU readings of {} could not be kept: {e}", node.name);
-            }
-        }
-        machine
-    }
-
-    fn mark_reachable(&self, name: &str, reachable: bool) {
-        let mut unreachable = self
-            .unreachable
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if reachable {
-            if unreachable.remove(name).is_some() {
-                tracing::info!("{name} is reachable again in the Ray cluster");
-            }
-        } else if !unreachable.contains_key(name) {
-            let since = crate::runtime::now();
-            tracing::warn!("{name} is unreachable: its Ray node is dead or gone");
-            unreachable.insert(name.to_owned(), since);
-        }
-    }
-
     /// The workers placed on one machine, as a JSON array, with their secrets if `sight` allows.
     pub fn machine_workers(&self, name: &str, sight: Sight) -> Result<axum::body::Bytes, ApiError> {
         let views = self.views();
@@ -382,7 +250,8 @@ impl Fleet {
             let running = self.runtime.running().await;
             let ours = {
                 let state = self.state.lock().await;
-                let local = self.hosts.local.as_deref().unwrap_or_default();
+                let hosts = self.hosts();
+                let local = hosts.local.as_deref().unwrap_or_default();
                 engines::ours(&state.ledger, local, &running)
             };
             let reading =

@@ -191,7 +191,7 @@ impl Fleet {
     /// whose instances the driver no longer lists: instances do not outlive a reboot or a driver reload,
     /// while MIG mode does. A GPU whose MIG mode was turned off is left as it is. Each outcome is logged.
     pub async fn recut_after_restart(self: Arc<Self>) {
-        let Some(local) = self.hosts.local.clone() else {
+        let Some(local) = self.hosts().local.clone() else {
             return;
         };
         let lost: Vec<(GpuRef, Vec<String>)> = {
@@ -321,7 +321,7 @@ impl Fleet {
         }
         // On this machine's real GPUs, an engine let go but still stopping holds its memory, and the
         // driver would refuse to cut under it.
-        if self.hosts.local.as_deref() == Some(gpu.machine.as_str()) {
+        if self.hosts().local.as_deref() == Some(gpu.machine.as_str()) {
             let stopping: Vec<String> = self
                 .runtime
                 .engines()
@@ -353,7 +353,8 @@ impl Fleet {
         let Some(gpus) = self.runtime.local_gpus() else {
             return inventory;
         };
-        let local = self.hosts.local.as_deref().unwrap_or_default();
+        let hosts = self.hosts();
+        let local = hosts.local.as_deref().unwrap_or_default();
         let ours = super::engines::ours(&state.ledger, local, &self.runtime.running().await);
         match super::read_local(&gpus, ours, &inventory).await {
             Ok(read) => read,

@@ -19,17 +19,17 @@ const MAX_POINTS: usize = 240;
 impl Fleet {
     /// Whether `machine` is the demo fleet's: its figures are made up from its demo engines.
     pub fn is_demo(&self, machine: &str) -> bool {
-        self.hosts.simulated.contains(machine)
+        self.hosts().simulated.contains(machine)
     }
 
     /// Whether Tessera runs real programs on `machine`'s GPUs, MPS daemons among them.
     pub fn runs_daemons(&self, machine: &str) -> bool {
-        self.hosts.host(machine).runs_daemons()
+        self.hosts().host(machine).runs_daemons()
     }
 
     /// Whether `machine`'s GPUs are made up (the demo fleet's, a Ray node's labelled demo).
     pub fn made_up(&self, machine: &str) -> bool {
-        self.hosts.host(machine).made_up()
+        self.hosts().host(machine).made_up()
     }
 
     /// The demo fleet's GPUs as its demo engines make them now, over the last `period`: busy for the share

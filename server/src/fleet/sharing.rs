@@ -59,7 +59,7 @@ impl Fleet {
                 "there is no {gpu}; GET /api/machines lists the GPUs"
             )));
         };
-        let host = self.hosts.host(&gpu.machine);
+        let host = self.hosts().host(&gpu.machine);
         let refusal = match (sharing.mode, &host, &target.mig) {
             (_, _, Some(MigRole::Instance { .. })) => Some(SharingError::InstanceHeldWhole {
                 gpu: gpu.to_string(),
@@ -135,12 +135,12 @@ impl Fleet {
             None => {}
         }
         let was: BTreeMap<String, String> =
-            engines::desired(&state.committed, &state.ledger, &self.hosts)
+            engines::desired(&state.committed, &state.ledger, &self.hosts())
                 .into_iter()
                 .map(|spec| (spec.unit.clone(), spec.fingerprint()))
                 .collect();
         // By name, each once (a group's member runs on each of its machines), as the console lists sharers.
-        let restarts: Vec<String> = engines::desired(&next, &ledger, &self.hosts)
+        let restarts: Vec<String> = engines::desired(&next, &ledger, &self.hosts())
             .iter()
             .filter(|spec| {
                 was.get(&spec.unit)

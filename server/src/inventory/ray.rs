@@ -360,7 +360,7 @@ impl Node {
 }
 
 /// One GPU of a node, from its resource.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeGpu {
     /// Its index on its machine.
     pub index: u32,
@@ -375,7 +375,7 @@ pub struct NodeGpu {
 }
 
 /// A machine of the cluster: where its engines run and how its GPUs are named there.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterMachine {
     /// The machine's name (its label).
     pub name: String,

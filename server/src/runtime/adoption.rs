@@ -3,20 +3,31 @@
 //! what is kept of them is the runtime's, the same for every executor.
 
 use super::engines::Begin;
+use super::executor::{Executor, Running};
 use super::spec::EngineSpec;
 use super::Shared;
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError};
 
 /// Adopts the engines a previous server left running as `desired` wants, and stops every other engine of
 /// this installation, on every executor. What an executor trusts as still the engine it recorded (the same
-/// process in the same boot; the same job) is its own affair.
-pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> std::io::Result<()> {
+/// process in the same boot; the same job) is its own affair. An executor that cannot say (a Ray head that
+/// does not answer) holds up neither the others nor the stops of what they found: it is asked again until
+/// it answers, and what it left is stopped then.
+pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) {
     let wanted: BTreeMap<&str, &EngineSpec> =
         desired.iter().map(|s| (s.unit.as_str(), s)).collect();
     let mut strays = Vec::new();
     for executor in shared.executors() {
-        for leftover in executor.leftovers().await? {
+        let leftovers = match executor.leftovers(&|_| true).await {
+            Ok(leftovers) => leftovers,
+            Err(e) => {
+                tracing::error!("the engines left by the previous server could not all be found: {e}; they are stopped once they can be");
+                tokio::spawn(sweep_later(shared.clone(), executor));
+                continue;
+            }
+        };
+        for leftover in leftovers {
             match wanted.get(leftover.unit.as_str()) {
                 Some(spec)
                     if shared.executor(spec).is_some()
@@ -42,6 +53,42 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> s
             }
         }
     }
+    stop(strays).await;
+}
+
+/// Asks `executor` for what the previous server left until it answers, then stops whatever of it this
+/// server has not started since: too late to adopt, as its unit may be starting anew by then (a start ends
+/// its unit's earlier engine itself).
+async fn sweep_later(shared: Arc<Shared>, executor: Arc<dyn Executor>) {
+    loop {
+        tokio::time::sleep(shared.settings.health_interval).await;
+        if *shared
+            .shutting_down
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+        {
+            return;
+        }
+        let Ok(leftovers) = executor.leftovers(&|unit| !shared.has(unit)).await else {
+            continue;
+        };
+        let strays = leftovers
+            .into_iter()
+            .map(|leftover| {
+                tracing::info!(
+                    "stopping engine {}, left by the previous server",
+                    leftover.unit
+                );
+                leftover.running
+            })
+            .collect();
+        stop(strays).await;
+        return;
+    }
+}
+
+/// Stops `strays` side by side, and forgets them.
+async fn stop(strays: Vec<Box<dyn Running>>) {
     futures::future::join_all(strays.into_iter().map(|mut running| async move {
         if let Some(stuck) = running.stop().await {
             tracing::warn!("a stray engine did not stop: {stuck}");
@@ -49,5 +96,4 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) -> s
         running.forget().await;
     }))
     .await;
-    Ok(())
 }

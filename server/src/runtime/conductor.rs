@@ -4,7 +4,7 @@
 //! or stopped first.
 
 use super::adoption::reconcile;
-use super::engines::Begin;
+use super::engines::{Begin, Registration};
 use super::spec::EngineSpec;
 use super::{Change, EngineState, Progress, Shared, StepProgress, StepStatus};
 use placement::Step;
@@ -87,9 +87,7 @@ pub(super) async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedRece
                     job.cancel.send_replace(true);
                 }
                 let shared = &conductor.shared;
-                let units = shared.unit_names();
-                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
-                shared.drop_units(&units);
+                shared.stop_units(&shared.unit_names()).await;
                 let _ = done.send(());
             }
         }
@@ -100,11 +98,7 @@ impl Conductor {
     async fn dispatch(&mut self, change: Change) {
         match change {
             Change::Reconcile(desired) => {
-                if let Err(e) = reconcile(&self.shared, &desired).await {
-                    tracing::error!(
-                        "the engines left by the previous server could not be reconciled: {e}"
-                    );
-                }
+                reconcile(&self.shared, &desired).await;
                 self.apply(desired);
             }
             Change::Apply(desired) => self.apply(desired),
@@ -118,8 +112,7 @@ impl Conductor {
                     gpus,
                     vec![spec.clone()],
                     move |shared, mut cancel| async move {
-                        shared.stop_unit(&unit).await;
-                        shared.drop_units(std::slice::from_ref(&unit));
+                        shared.stop_units(std::slice::from_ref(&unit)).await;
                         let _ = shared.start_and_wait(spec, &mut cancel).await;
                     },
                 );
@@ -160,14 +153,20 @@ impl Conductor {
         }
     }
 
-    /// Queues an [`super::Change::Apply`] as one job per set of GPUs that an engine joins (a tensor-parallel
-    /// engine holds several): each stops what runs there and should not, then starts what is missing.
+    /// Carries out an [`super::Change::Apply`]: what runs and is no longer wanted at all stops at once, and
+    /// one job per set of GPUs that an engine joins (a tensor-parallel engine holds several) is queued,
+    /// which stops what still runs there and should not (an engine to start again otherwise: its stop and
+    /// its start stay in order, a plan's steps too), then starts what is missing.
     fn apply(&mut self, desired: Vec<EngineSpec>) {
         self.cancel(|s| {
             !desired
                 .iter()
                 .any(|d| d.unit == s.unit && d.fingerprint() == s.fingerprint())
         });
+        self.stop_now(
+            self.shared
+                .registered(|s| !desired.iter().any(|d| d.unit == s.unit)),
+        );
         // An engine joins the GPUs it is wanted on with those it runs or is about to start on (it may move),
         // so that its stop and its start fall in one job, in that order.
         let mut joins: Vec<BTreeSet<Gpu>> = desired
@@ -193,6 +192,28 @@ impl Conductor {
             self.queue(part, starts, move |shared, mut cancel| async move {
                 let within = |spec: &EngineSpec| !gpus_of(spec).is_disjoint(&within);
                 apply_to(&shared, &desired, within, &mut cancel).await;
+            });
+        }
+    }
+
+    /// Stops each of `removed` now, whatever is queued on its GPUs: a stop never needs memory, so it never
+    /// waits behind a start still loading there (which may take its start timeout, times its retries). What
+    /// is queued on those GPUs after this starts only once the stop is over as well, its memory free.
+    fn stop_now(&mut self, removed: Vec<(Registration, EngineSpec)>) {
+        for (registration, spec) in removed {
+            let (ended, tail) = watch::channel(());
+            let before: Vec<watch::Receiver<()>> = gpus_of(&spec)
+                .into_iter()
+                .filter_map(|gpu| self.tails.insert(gpu, tail.clone()))
+                .collect();
+            let shared = self.shared.clone();
+            tokio::spawn(async move {
+                let _ended = ended;
+                shared.stop(registration).await;
+                // The tail it leaves on its GPUs stands for what was queued there before it, too.
+                for mut job in before {
+                    let _ = job.changed().await;
+                }
             });
         }
     }
@@ -301,8 +322,7 @@ async fn apply_to(
             .map(|(name, _)| name.clone())
             .collect()
     };
-    futures::future::join_all(stale.iter().map(|u| shared.stop_unit(u))).await;
-    shared.drop_units(&stale);
+    shared.stop_units(&stale).await;
     for spec in desired.iter().filter(|s| within(s)) {
         if !shared.has(&spec.unit) {
             // A start that fails says so in its state and events; the others still start.
@@ -355,8 +375,7 @@ async fn carry_out(
                     .into_iter()
                     .filter(|u| is_member(u, None, member))
                     .collect();
-                futures::future::join_all(units.iter().map(|u| shared.stop_unit(u))).await;
-                shared.drop_units(&units);
+                shared.stop_units(&units).await;
                 Ok(())
             }
             Step::Start(member, _) => {
@@ -430,6 +449,11 @@ impl Shared {
                 () = tokio::time::sleep(self.settings.health_interval) => {}
                 _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
             }
+        }
+        // A newer change that no longer wants it may have stopped what it found registered a moment ago: a
+        // start it made moot begins no more (one that slips through is stopped by the job queued after).
+        if *cancel.borrow() {
+            return Err(self.halted());
         }
         let mut watcher =
             super::supervisor::launch(self, spec, Begin::Start).ok_or(StartError::Closing)?;

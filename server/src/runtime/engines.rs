@@ -33,6 +33,13 @@ pub(super) enum Begin {
 /// is told.
 pub(super) type Registered = (watch::Receiver<Status>, Option<mpsc::Receiver<Control>>);
 
+/// One registration of an engine, to stop and forget exactly it.
+pub(super) struct Registration {
+    unit: String,
+    status: watch::Sender<Status>,
+    control: Option<mpsc::Sender<Control>>,
+}
+
 /// An engine the runtime knows of.
 pub(super) struct Unit {
     pub(super) spec: EngineSpec,
@@ -206,20 +213,46 @@ impl Shared {
         Some((watcher, commands))
     }
 
-    /// Stops one engine and waits until it has exited (also when another change stops it at the same time).
-    pub(super) async fn stop_unit(&self, unit: &str) {
-        let control = self.lock().get(unit).and_then(|u| u.control.clone());
-        if let Some(control) = control {
+    /// The engines registered now whose spec `pick` takes, each with its spec.
+    pub(super) fn registered(
+        &self,
+        pick: impl Fn(&EngineSpec) -> bool,
+    ) -> Vec<(Registration, EngineSpec)> {
+        self.lock()
+            .iter()
+            .filter(|(_, unit)| pick(&unit.spec))
+            .map(|(name, unit)| {
+                let registration = Registration {
+                    unit: name.clone(),
+                    status: unit.status.clone(),
+                    control: unit.control.clone(),
+                };
+                (registration, unit.spec.clone())
+            })
+            .collect()
+    }
+
+    /// Stops the engines of `units` registered now, side by side, and forgets each once it has exited.
+    pub(super) async fn stop_units(&self, units: &[String]) {
+        let registered = self.registered(|spec| units.contains(&spec.unit));
+        futures::future::join_all(registered.into_iter().map(|(r, _)| self.stop(r))).await;
+    }
+
+    /// Stops one registered engine and waits until it has exited (also when another change stops it at the
+    /// same time), then forgets it: it, not one registered under its unit since, which a stop running
+    /// beside a change's own may meet.
+    pub(super) async fn stop(&self, registration: Registration) {
+        if let Some(control) = &registration.control {
             let _ = control.send(Control::Stop).await;
             // Its supervisor ends once the engine is gone, dropping the other end.
             control.closed().await;
         }
-    }
-
-    pub(super) fn drop_units(&self, units: &[String]) {
         let mut all = self.lock();
-        for u in units {
-            all.remove(u);
+        if all
+            .get(&registration.unit)
+            .is_some_and(|u| u.status.same_channel(&registration.status))
+        {
+            all.remove(&registration.unit);
         }
     }
 

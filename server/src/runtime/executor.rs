@@ -7,6 +7,9 @@ use super::spec::{EngineSpec, Launch};
 use async_trait::async_trait;
 use std::io;
 
+/// Which units a call is about.
+pub(crate) type Units<'a> = dyn for<'u> Fn(&'u str) -> bool + Sync + 'a;
+
 /// Starts engines somewhere and finds the ones a previous server left there.
 #[async_trait]
 pub(crate) trait Executor: Send + Sync {
@@ -24,8 +27,9 @@ pub(crate) trait Executor: Send + Sync {
 
     /// The engines of this installation that a previous server left running: each still recorded as what
     /// it was started for, or found by the installation's token with no record (started by a server that
-    /// died before it could record it).
-    async fn leftovers(&self) -> io::Result<Vec<Leftover>>;
+    /// died before it could record it). Only those of the units `of` takes: the others, with their records,
+    /// are left as they are.
+    async fn leftovers(&self, of: &Units) -> io::Result<Vec<Leftover>>;
 
     /// The last `lines` lines of what `unit`'s engine wrote.
     async fn logs(&self, unit: &str, lines: usize) -> io::Result<Vec<String>>;

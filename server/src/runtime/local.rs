@@ -2,7 +2,7 @@
 //! boot) in the database so that a server started after a crash adopts it, stopped with SIGTERM then
 //! SIGKILL, and waited for until its processes and, where NVML can tell, its GPU memory are gone.
 
-use super::executor::{Executor, Leftover, Running, StartFailure};
+use super::executor::{Executor, Leftover, Running, StartFailure, Units};
 use super::mps::MpsClients;
 use super::process::{self, off_executor, SpawnError, Spawned, KILL, TERM};
 use super::spec::{EngineSpec, Host, Launch, MpsClient};
@@ -345,12 +345,15 @@ impl Executor for LocalExecutor {
         Ok(self.process(&spec.unit, gpus, Kind::Child(spawned), port))
     }
 
-    async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
+    async fn leftovers(&self, of: &Units) -> io::Result<Vec<Leftover>> {
         let records = self.records().await.map_err(io::Error::other)?;
         let mut leftovers = Vec::new();
         let mut groups = BTreeSet::new();
         let mut units = BTreeSet::new();
         for record in records {
+            if !of(&record.unit) {
+                continue;
+            }
             if !record.ours {
                 // Some other process has the PID now: nothing of ours to stop.
                 self.forget(&record.unit).await;
@@ -367,8 +370,10 @@ impl Executor for LocalExecutor {
                 pid: record.pid,
                 start_ticks: record.start_ticks,
             };
+            // Adopted or stopped, its stop waits for its memory on the GPUs it was started on.
+            let gpus = EngineSpec::local_gpus_of(&record.fingerprint);
             leftovers.push(Leftover {
-                running: self.process(&record.unit, Vec::new(), kind, record.port),
+                running: self.process(&record.unit, gpus, kind, record.port),
                 unit: record.unit,
                 fingerprint: Some(record.fingerprint),
             });
@@ -379,7 +384,10 @@ impl Executor for LocalExecutor {
         let instance = self.0.instance.clone();
         let found = off_executor(move || process::instance_processes(&instance)).await;
         for f in found {
-            if groups.contains(&f.group) || units.contains(&f.engine) || f.pid == std::process::id()
+            if groups.contains(&f.group)
+                || units.contains(&f.engine)
+                || f.pid == std::process::id()
+                || !of(&f.engine)
             {
                 continue;
             }

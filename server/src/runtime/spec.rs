@@ -181,6 +181,23 @@ impl EngineSpec {
         ))
     }
 
+    /// This machine's GPUs a recorded engine was started on, read back from its fingerprint: where its
+    /// stop waits for its memory to be free, as a started engine's does. None for an engine elsewhere (a
+    /// demo machine's indices name nothing here).
+    pub fn local_gpus_of(fingerprint: &str) -> Vec<u32> {
+        let Ok(print) = serde_json::from_str::<serde_json::Value>(fingerprint) else {
+            return Vec::new();
+        };
+        if print
+            .pointer("/host/kind")
+            .and_then(serde_json::Value::as_str)
+            != Some("local")
+        {
+            return Vec::new();
+        }
+        serde_json::from_value(print["gpus"].clone()).unwrap_or_default()
+    }
+
     /// The memory it takes on each of its GPUs.
     pub fn memory(&self) -> Bytes {
         self.share.unwrap_or(self.gpu_total)

@@ -152,6 +152,12 @@ const ERAS: &[(i64, &str)] = &[
         INSERT INTO gpu_sharing (machine, gpu_index, mode, compute_percent, mig_instances) VALUES ('atlas', 0, 'mps', NULL, NULL);
         "#,
     ),
+    (
+        15,
+        r#"
+        INSERT INTO cluster_machines (name, machine) VALUES ('vega', '{"name":"vega","node_id":"n1","address":"10.0.0.7","gpus":[{"index":0,"uuid":"GPU-v0","memory":85899345920,"resource":"tessera_gpu_vega_0","profile":null}],"demo":false,"alive":true,"model":"NVIDIA H100 80GB HBM3","cpu_cores":32,"memory":274877906944}');
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.

@@ -11,7 +11,7 @@ mod daemons;
 mod job;
 mod processes;
 
-use super::executor::{Executor, Leftover, Running, StartFailure};
+use super::executor::{Executor, Leftover, Running, StartFailure, Units};
 use super::mps::MpsClients;
 use super::spec::{EngineSpec, Host, Launch};
 use super::Settings;
@@ -378,7 +378,7 @@ impl Executor for RayExecutor {
         Ok(Box::new(job))
     }
 
-    async fn leftovers(&self) -> io::Result<Vec<Leftover>> {
+    async fn leftovers(&self, of: &Units) -> io::Result<Vec<Leftover>> {
         let jobs = self.0.client.jobs().await.map_err(io::Error::other)?;
         self.sweep_quits(&jobs).await;
         let mut leftovers = Vec::new();
@@ -391,6 +391,9 @@ impl Executor for RayExecutor {
             let (Some(unit), Some(id)) = (job.meta(META_UNIT), job.submission_id.clone()) else {
                 continue;
             };
+            if !of(unit) {
+                continue;
+            }
             let address = job.meta(META_ADDRESS).unwrap_or_default().to_owned();
             let port = job
                 .meta(META_PORT)

@@ -113,3 +113,196 @@ async fn an_engine_recorded_before_boot_ids_were_kept_is_adopted_after_an_upgrad
 
     runtime.shutdown().await;
 }
+
+/// A runtime on `pool` whose GPU 0 lists what `gpus` holds, as NVML would.
+async fn reading(pool: SqlitePool, dir: &Path, gpus: &Arc<Gpus>) -> Runtime {
+    Runtime::open(
+        pool,
+        Settings {
+            gpus: Some(gpus.clone()),
+            ..settings(dir)
+        },
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_engine_s_stop_waits_for_its_gpu_memory_before_the_next_engine_there_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let spec = command("adoptee", 0, "sleep 1000");
+    let pid = left_running(&pool, dir.path(), &spec, &this_boot()).await;
+    let gpus = Arc::new(Gpus::default());
+    let runtime = reading(pool, dir.path(), &gpus).await;
+    runtime.submit(Change::Reconcile(vec![spec]));
+    runtime.settled().await;
+    assert_eq!(runtime.engine("adoptee").unwrap().pid, Some(pid), "adopted");
+    // The driver goes on listing it after it exits: its memory is not free yet.
+    gpus.holding.lock().unwrap().push(pid);
+
+    runtime.submit(Change::Apply(vec![command("next", 0, "sleep 1000")]));
+    wait_until("the adopted engine has exited", || !alive(pid)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        runtime.engine("next").is_none(),
+        "the next engine started while the adopted one's memory was held"
+    );
+    gpus.holding.lock().unwrap().clear();
+    wait_until("the next engine runs", || {
+        runtime.engine("next").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stray_engine_s_stop_waits_for_its_gpu_memory_before_its_replacement_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let stray = left_running(
+        &pool,
+        dir.path(),
+        &command("emb", 0, "sleep 1000"),
+        &this_boot(),
+    )
+    .await;
+    let gpus = Arc::new(Gpus::default());
+    gpus.holding.lock().unwrap().push(stray);
+    let runtime = reading(pool, dir.path(), &gpus).await;
+
+    // Committed otherwise since: the engine left running is a stray.
+    runtime.submit(Change::Reconcile(vec![command("emb", 0, "sleep 999")]));
+    wait_until("the stray has exited", || !alive(stray)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        runtime.engine("emb").is_none(),
+        "the replacement started while the stray's memory was held"
+    );
+    gpus.holding.lock().unwrap().clear();
+    wait_until("the replacement runs", || {
+        runtime.engine("emb").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    runtime.shutdown().await;
+}
+
+/// A Ray dashboard address where nothing listens (yet).
+fn silent_cluster() -> (u16, crate::inventory::ray::RayClient) {
+    let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client =
+        crate::inventory::ray::RayClient::new(&format!("http://127.0.0.1:{port}"), None).unwrap();
+    (port, client)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stray_found_here_is_stopped_and_replaced_alone_even_when_the_cluster_does_not_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let pool = database(dir.path()).await;
+    let stray = left_running(
+        &pool,
+        dir.path(),
+        &command("emb", 0, "sleep 1000"),
+        &this_boot(),
+    )
+    .await;
+    let (_, cluster) = silent_cluster();
+    let runtime = Runtime::open(
+        pool,
+        Settings {
+            ray: Some(cluster),
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+
+    runtime.submit(Change::Reconcile(vec![command("emb", 0, "sleep 999")]));
+    wait_until("the replacement runs", || {
+        runtime
+            .engine("emb")
+            .and_then(|e| e.pid)
+            .is_some_and(|pid| pid != stray)
+    })
+    .await;
+    assert!(!alive(stray), "the stray runs beside its replacement");
+    assert_eq!(processes_of(dir.path(), "emb").len(), 1);
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_a_cluster_silent_at_reconcile_was_left_running_are_stopped_once_it_answers() {
+    use axum::extract::{Path as UrlPath, State};
+    use axum::routing::{get, post};
+    type Jobs = Arc<Mutex<Vec<serde_json::Value>>>;
+    let dir = tempfile::tempdir().unwrap();
+    let (port, cluster) = silent_cluster();
+    let runtime = Runtime::open(
+        database(dir.path()).await,
+        Settings {
+            ray: Some(cluster),
+            ..settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    runtime.submit(Change::Reconcile(Vec::new()));
+    runtime.settled().await;
+
+    // The cluster answers now, with a job the previous server left.
+    let jobs: Jobs = Arc::new(Mutex::new(vec![serde_json::json!({
+        "submission_id": "left_job", "status": "RUNNING",
+        "metadata": {"tessera_instance": instance(dir.path()), "tessera_unit": "gone",
+                     "tessera_machine": "majin", "tessera_port": "8000"},
+    })]));
+    let find = |jobs: &Jobs, id: &str| {
+        jobs.lock()
+            .unwrap()
+            .iter()
+            .find(|j| j["submission_id"] == id)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let stand_in = axum::Router::new()
+        .route(
+            "/api/jobs/",
+            get(|State(jobs): State<Jobs>| async move {
+                axum::Json(serde_json::Value::from(jobs.lock().unwrap().clone()))
+            }),
+        )
+        .route(
+            "/api/jobs/{id}",
+            get(
+                move |State(jobs): State<Jobs>, UrlPath(id): UrlPath<String>| async move {
+                    axum::Json(find(&jobs, &id))
+                },
+            ),
+        )
+        .route(
+            "/api/jobs/{id}/stop",
+            post(
+                |State(jobs): State<Jobs>, UrlPath(id): UrlPath<String>| async move {
+                    for job in jobs.lock().unwrap().iter_mut() {
+                        if job["submission_id"] == id.as_str() {
+                            job["status"] = "STOPPED".into();
+                        }
+                    }
+                    axum::Json(serde_json::json!({"stopped": true}))
+                },
+            ),
+        )
+        .with_state(jobs.clone());
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+        .await
+        .unwrap();
+    tokio::spawn(async move { axum::serve(listener, stand_in).await });
+    wait_until("the job left running is stopped", || {
+        find(&jobs, "left_job")["status"] == "STOPPED"
+    })
+    .await;
+    runtime.shutdown().await;
+}

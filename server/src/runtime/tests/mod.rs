@@ -12,6 +12,7 @@ mod stopping;
 use super::spec::{EngineSpec, Host, Recipe};
 use super::*;
 use crate::catalog::Engine;
+use crate::inventory::{InventoryError, LocalReading};
 use placement::Bytes;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -126,4 +127,24 @@ fn mps_control() -> PathBuf {
         env!("CARGO_MANIFEST_DIR"),
         "/tests/support/mps-control"
     ))
+}
+
+/// A GPU reader whose GPU 0 lists `holding` as its compute processes.
+#[derive(Default)]
+struct Gpus {
+    holding: Mutex<Vec<u32>>,
+}
+
+impl LocalGpus for Gpus {
+    fn read(&self, _ours: &crate::inventory::Ours) -> Result<LocalReading, InventoryError> {
+        Err(InventoryError::Memory("not read by the runtime".to_owned()))
+    }
+
+    fn processes_on(&self, index: u32) -> Vec<u32> {
+        if index == 0 {
+            self.holding.lock().unwrap().clone()
+        } else {
+            Vec::new()
+        }
+    }
 }

@@ -2,27 +2,6 @@
 //! engine there starts.
 
 use super::*;
-use crate::inventory::{InventoryError, LocalReading};
-
-/// A GPU reader whose GPU 0 lists `holding` as its compute processes.
-#[derive(Default)]
-struct Gpus {
-    holding: Mutex<Vec<u32>>,
-}
-
-impl LocalGpus for Gpus {
-    fn read(&self, _ours: &crate::inventory::Ours) -> Result<LocalReading, InventoryError> {
-        Err(InventoryError::Memory("not read by the runtime".to_owned()))
-    }
-
-    fn processes_on(&self, index: u32) -> Vec<u32> {
-        if index == 0 {
-            self.holding.lock().unwrap().clone()
-        } else {
-            Vec::new()
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_ends_the_helpers_that_left_the_engines_process_group() {

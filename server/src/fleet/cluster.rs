@@ -1,0 +1,217 @@
+//! Following the Ray cluster: its machines as it lists them, read again every few seconds, taken up when it
+//! lists new ones, kept in the database so that a server started while the cluster does not answer still
+//! shows them (unreachable), and marked unreachable while their node is dead or gone.
+
+use super::engines;
+use super::Fleet;
+use crate::inventory::ray::{ClusterMachine, RayClient};
+use crate::inventory::GpuLive;
+use std::collections::BTreeSet;
+use std::sync::{Arc, PoisonError};
+
+impl Fleet {
+    /// Reads the Ray cluster's nodes every `every` for as long as the server runs. A machine whose node
+    /// died (or left) is unreachable from then on: its GPUs leave the inventory, so what it held holds
+    /// nothing (with the reason), its engines are not run and nothing new is placed there. Once a node
+    /// with its label is alive again, its GPUs come back: what it held is held again and its engines
+    /// start. A machine the cluster lists for the first time (it did not answer when the server started,
+    /// or the node joined since) is taken up as it is read. While the cluster itself does not answer, the
+    /// last reading stands.
+    pub async fn follow_cluster(self: Arc<Self>, client: RayClient, every: std::time::Duration) {
+        let mut last_error = None;
+        let mut kept: Option<Vec<ClusterMachine>> = None;
+        let mut ignored = BTreeSet::new();
+        loop {
+            tokio::time::sleep(every).await;
+            let nodes = match client.nodes().await {
+                Ok(nodes) => nodes,
+                Err(e) => {
+                    let e = e.to_string();
+                    if last_error.as_ref() != Some(&e) {
+                        tracing::warn!("{e}: its machines are shown as last read");
+                        last_error = Some(e);
+                    }
+                    continue;
+                }
+            };
+            last_error = None;
+            let seen = crate::inventory::ray::machines(&nodes);
+            if kept.as_ref() != Some(&seen) {
+                match keep(&self.pool, &seen).await {
+                    Ok(()) => kept = Some(seen.clone()),
+                    Err(e) => tracing::warn!("the cluster's machines could not be kept: {e}"),
+                }
+            }
+            self.take_up(&seen, &mut ignored);
+            let known = self.hosts().cluster.clone();
+            for (name, known) in &known {
+                let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
+                    Some(now) if now.alive => (self.read_node(&client, now).await, true),
+                    _ => {
+                        // What its engines were measured to hold there is past.
+                        self.measure(name, &[], &[]);
+                        (
+                            placement::Machine {
+                                gpus: Vec::new(),
+                                ..known.machine()
+                            },
+                            false,
+                        )
+                    }
+                };
+                if let Err(e) = self.refresh_machine(machine).await {
+                    tracing::warn!(
+                        "the cluster's machine {name} could not be brought up to date: {e}"
+                    );
+                }
+                // Said once the inventory shows it: whoever sees the machine unreachable sees its GPUs
+                // gone, and whoever sees it reachable again sees them back.
+                self.mark_reachable(name, alive);
+            }
+        }
+    }
+
+    /// Takes up each machine of `seen` alive that engines cannot be started for yet, or whose node changed
+    /// since (a node that came back has a new id, maybe a new address): engines start there from the next
+    /// write on. A machine that is this one or the demo fleet's is left as it is (`ignored`, said once).
+    fn take_up(&self, seen: &[ClusterMachine], ignored: &mut BTreeSet<String>) {
+        let hosts = self.hosts();
+        let mut next = (*hosts).clone();
+        for machine in seen
+            .iter()
+            .filter(|m| m.alive && hosts.cluster.get(&m.name) != Some(*m))
+        {
+            let elsewhere = hosts.local.as_deref() == Some(machine.name.as_str())
+                || hosts.simulated.contains(&machine.name);
+            if elsewhere && !hosts.cluster.contains_key(&machine.name) {
+                if ignored.insert(machine.name.clone()) {
+                    tracing::warn!(
+                        "the Ray cluster lists {0}, which Tessera runs as this machine or the demo fleet's: start Tessera again to run its engines as the cluster's jobs",
+                        machine.name
+                    );
+                }
+                continue;
+            }
+            if !hosts.cluster.contains_key(&machine.name) {
+                tracing::info!("{} joins as a machine of the Ray cluster", machine.name);
+            }
+            next.cluster.insert(machine.name.clone(), machine.clone());
+        }
+        if next.cluster != hosts.cluster {
+            *self.hosts.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
+        }
+    }
+
+    /// A live machine of the cluster, with what its node's own GPU readings say is held outside Tessera
+    /// (memory in use less what Tessera's holders there stand for). A node without NVML reports no GPUs:
+    /// nothing is held outside then, as far as Tessera can tell.
+    async fn read_node(
+        &self,
+        client: &crate::inventory::ray::RayClient,
+        node: &crate::inventory::ray::ClusterMachine,
+    ) -> placement::Machine {
+        let mut machine = node.machine();
+        let readings = match client.node_gpus(&node.node_id).await {
+            Ok(readings) => readings,
+            Err(e) => {
+                tracing::debug!("the GPUs of {} could not be read: {e}", node.name);
+                // No figures: nothing is judged until the next reading.
+                self.measure(&node.name, &[], &[]);
+                return machine;
+            }
+        };
+        let ours = {
+            let state = self.state.lock().await;
+            engines::committed_on(&state.ledger, &node.name)
+        };
+        let mut live = Vec::new();
+        for gpu in &mut machine.gpus {
+            if let Some(reading) = readings.iter().find(|r| r.uuid == gpu.uuid) {
+                gpu.held_outside = crate::inventory::held_outside(
+                    reading.used,
+                    &ours,
+                    gpu.index,
+                    &reading.processes,
+                );
+                // Kept for the machine page where the agent read how busy the GPU was (it gives no
+                // temperature or power).
+                live.extend(reading.utilisation_percent.map(|utilisation| GpuLive {
+                    index: gpu.index,
+                    utilisation_percent: utilisation,
+                    power_mw: None,
+                    temperature_c: None,
+                    energy_mj: None,
+                    used: reading.used,
+                    processes: reading.processes.clone(),
+                    problem: None,
+                }));
+            }
+        }
+        let seen: Vec<u32> = live
+            .iter()
+            .flat_map(|gpu| gpu.processes.iter().map(|&(pid, _)| pid))
+            .collect();
+        let running = match seen.is_empty() {
+            true => Vec::new(),
+            false => self.runtime.node_processes(&node.name, &seen).await,
+        };
+        self.measure(&node.name, &live, &running);
+        if !live.is_empty() {
+            let at = super::usage::now_ms();
+            if let Err(e) = self.record_samples(&machine, &live, at).await {
+                tracing::warn!("the GPU readings of {} could not be kept: {e}", node.name);
+            }
+        }
+        machine
+    }
+
+    /// Marks `name` reachable or not (since now): the machine page says so.
+    pub(crate) fn mark_reachable(&self, name: &str, reachable: bool) {
+        let mut unreachable = self
+            .unreachable
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        if reachable {
+            if unreachable.remove(name).is_some() {
+                tracing::info!("{name} is reachable again in the Ray cluster");
+            }
+        } else if !unreachable.contains_key(name) {
+            let since = crate::runtime::now();
+            tracing::warn!("{name} is unreachable: its Ray node is dead or gone, or the cluster does not answer");
+            unreachable.insert(name.to_owned(), since);
+        }
+    }
+}
+
+/// Keeps `machines` as the cluster's, in place of those kept before.
+pub(crate) async fn keep(
+    pool: &sqlx::SqlitePool,
+    machines: &[ClusterMachine],
+) -> Result<(), sqlx::Error> {
+    let mut tx = crate::db::write(pool).await?;
+    sqlx::query("DELETE FROM cluster_machines")
+        .execute(&mut *tx)
+        .await?;
+    for machine in machines {
+        // Plain data: it serializes.
+        let json = serde_json::to_string(machine).unwrap_or_default();
+        sqlx::query("INSERT INTO cluster_machines (name, machine) VALUES (?, ?)")
+            .bind(&machine.name)
+            .bind(json)
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await
+}
+
+/// The cluster's machines as kept when it last answered: what a server started while it does not answer
+/// shows. One that cannot be read back (kept by another version) is left out.
+pub(crate) async fn kept(pool: &sqlx::SqlitePool) -> Result<Vec<ClusterMachine>, sqlx::Error> {
+    let rows: Vec<(String,)> = sqlx::query_as("SELECT machine FROM cluster_machines ORDER BY name")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .filter_map(|(json,)| serde_json::from_str(&json).ok())
+        .collect())
+}
