@@ -20,10 +20,18 @@ pub async fn estimate_model(query: EstimateQuery) -> Result<EstimateAnswer, AppE
 }
 
 fn part(bytes: Option<Bytes>) -> String {
-    bytes.map_or_else(
-        || "not estimated".to_owned(),
-        |b| format!("{} GB", b.gb_text()),
-    )
+    bytes.map_or_else(|| "not estimated".to_owned(), size)
+}
+
+/// A size as the panel shows it: in GB, or in MB below one GB, where a small model's parts would all read
+/// "0 GB".
+fn size(bytes: Bytes) -> String {
+    const MB: u64 = placement::units::GB >> 10;
+    if bytes.get() < placement::units::GB {
+        format!("{} MB", bytes.get().div_ceil(MB))
+    } else {
+        format!("{} GB", bytes.gb_text())
+    }
 }
 
 /// What the estimate assumed, in a line.
@@ -127,7 +135,7 @@ pub fn EstimatePanel(
                         <tr><th scope="row">"KV cache"</th><td>{part(e.kv_cache.map(|k| k.bytes))}</td></tr>
                         <tr><th scope="row">"Compute buffers"</th><td>{part(e.compute.map(|c| c.bytes))}</td></tr>
                         <tr><th scope="row">"Output buffer"</th><td>{part(e.output)}</td></tr>
-                        <tr class="total"><th scope="row">"Estimate"</th><td data-testid="estimate-total">{format!("{} GB", needed.gb_text())}</td></tr>
+                        <tr class="total"><th scope="row">"Estimate"</th><td data-testid="estimate-total">{size(needed)}</td></tr>
                     </tbody>
                 </table>
                 <p class="muted" data-testid="estimate-assumed">{assumed_line(&e)}</p>
@@ -167,5 +175,18 @@ pub fn EstimatePanel(
                 })}
             </Transition>
         </section>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_part_under_a_gb_is_shown_in_mb_rounded_up_and_a_larger_one_in_gb() {
+        assert_eq!(size(Bytes(10_315_040)), "10 MB");
+        assert_eq!(size(Bytes(1)), "1 MB");
+        assert_eq!(size(Bytes(placement::units::GB)), "1 GB");
+        assert_eq!(part(None), "not estimated");
     }
 }
