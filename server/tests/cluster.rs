@@ -98,23 +98,7 @@ async fn an_engine_on_a_cluster_s_node_measured_past_its_share_by_the_node_s_own
     tokio::spawn(async move { axum::serve(listener, app).await });
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start_with(dir.path(), 200, &["--ray", &ray]).await;
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/models",
-            json!({"name": "emb", "engine": "command", "default_share_percent": 25, "model_path": "",
-                   "command": "emb-server"}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "emb", "gpus": ["majin:0"], "share": 25}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    deploy_emb(&server, "majin:0").await;
     let entrypoint = || {
         let jobs = cluster.jobs.lock().unwrap();
         jobs.first()

@@ -115,6 +115,22 @@ async fn an_engine_recorded_before_boot_ids_were_kept_is_adopted_after_an_upgrad
 }
 
 /// A runtime on `pool` whose GPU 0 lists what `gpus` holds, as NVML would.
+/// `gone` exits, but `next` does not start while the driver still lists it on the GPU; once the driver lets
+/// its memory go, `next` runs.
+async fn starts_only_once_freed(runtime: &Runtime, gpus: &Gpus, gone: u32, next: &str) {
+    wait_until("the engine stopped has exited", || !alive(gone)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        runtime.engine(next).is_none(),
+        "{next} started while the memory of the engine stopped was held"
+    );
+    gpus.holding.lock().unwrap().clear();
+    wait_until("the next engine runs", || {
+        runtime.engine(next).and_then(|e| e.pid).is_some()
+    })
+    .await;
+}
+
 async fn reading(pool: SqlitePool, dir: &Path, gpus: &Arc<Gpus>) -> Runtime {
     Runtime::open(
         pool,
@@ -142,17 +158,7 @@ async fn an_adopted_engine_s_stop_waits_for_its_gpu_memory_before_the_next_engin
     gpus.holding.lock().unwrap().push(pid);
 
     runtime.submit(Change::Apply(vec![command("next", 0, "sleep 1000")]));
-    wait_until("the adopted engine has exited", || !alive(pid)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        runtime.engine("next").is_none(),
-        "the next engine started while the adopted one's memory was held"
-    );
-    gpus.holding.lock().unwrap().clear();
-    wait_until("the next engine runs", || {
-        runtime.engine("next").and_then(|e| e.pid).is_some()
-    })
-    .await;
+    starts_only_once_freed(&runtime, &gpus, pid, "next").await;
     runtime.shutdown().await;
 }
 
@@ -173,17 +179,7 @@ async fn a_stray_engine_s_stop_waits_for_its_gpu_memory_before_its_replacement_s
 
     // Committed otherwise since: the engine left running is a stray.
     runtime.submit(Change::Reconcile(vec![command("emb", 0, "sleep 999")]));
-    wait_until("the stray has exited", || !alive(stray)).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert!(
-        runtime.engine("emb").is_none(),
-        "the replacement started while the stray's memory was held"
-    );
-    gpus.holding.lock().unwrap().clear();
-    wait_until("the replacement runs", || {
-        runtime.engine("emb").and_then(|e| e.pid).is_some()
-    })
-    .await;
+    starts_only_once_freed(&runtime, &gpus, stray, "emb").await;
     runtime.shutdown().await;
 }
 
