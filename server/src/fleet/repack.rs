@@ -360,11 +360,11 @@ impl Fleet {
         }
         let mut tx = crate::db::write(&self.pool).await?;
         for mv in moves {
-            match state
-                .committed
-                .group(&mv.unit)
-                .filter(|_| mv.workers.first().is_some_and(|w| w.starts_with("group:")))
-            {
+            match state.committed.group(&mv.unit).filter(|_| {
+                mv.workers
+                    .first()
+                    .is_some_and(|w| Holder::parse(w).group().is_some())
+            }) {
                 Some(group) => {
                     sqlx::query(
                         "UPDATE groups SET gpus = ?, revision = revision + 1 WHERE name = ?",

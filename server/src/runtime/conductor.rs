@@ -7,6 +7,7 @@ use super::adoption::reconcile;
 use super::engines::{Begin, Registration};
 use super::spec::EngineSpec;
 use super::{Change, EngineState, Progress, Shared, StepProgress, StepStatus};
+use crate::units::Holder;
 use placement::Step;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, PoisonError};
@@ -123,7 +124,7 @@ impl Conductor {
                 steps,
                 members,
             } => {
-                let prefix = format!("group:{group}/");
+                let prefix = crate::units::group_prefix(&group);
                 let stopped: Vec<String> = steps
                     .iter()
                     .filter_map(|s| match s {
@@ -201,11 +202,7 @@ impl Conductor {
     /// is queued on those GPUs after this starts only once the stop is over as well, its memory free.
     fn stop_now(&mut self, removed: Vec<(Registration, EngineSpec)>) {
         for (registration, spec) in removed {
-            let (ended, tail) = watch::channel(());
-            let before: Vec<watch::Receiver<()>> = gpus_of(&spec)
-                .into_iter()
-                .filter_map(|gpu| self.tails.insert(gpu, tail.clone()))
-                .collect();
+            let (ended, before) = self.last_on(gpus_of(&spec));
             let shared = self.shared.clone();
             tokio::spawn(async move {
                 let _ended = ended;
@@ -245,17 +242,24 @@ impl Conductor {
         running.into_iter().chain(queued).flatten().collect()
     }
 
+    /// Makes a new job the last on `gpus`: what is queued there after it waits until the sender it gets
+    /// is dropped. Also the ends of the jobs that were last there before it.
+    fn last_on(&mut self, gpus: BTreeSet<Gpu>) -> (watch::Sender<()>, Vec<watch::Receiver<()>>) {
+        let (ended, tail) = watch::channel(());
+        let before = gpus
+            .into_iter()
+            .filter_map(|gpu| self.tails.insert(gpu, tail.clone()))
+            .collect();
+        (ended, before)
+    }
+
     /// Runs `work` once every job queued before it on `gpus` has ended (skipping it when cancelled by then).
     fn queue<F, Fut>(&mut self, gpus: BTreeSet<Gpu>, starts: Vec<EngineSpec>, work: F)
     where
         F: FnOnce(Arc<Shared>, Cancel) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
-        let (ended, tail) = watch::channel(());
-        let before: Vec<watch::Receiver<()>> = gpus
-            .into_iter()
-            .filter_map(|gpu| self.tails.insert(gpu, tail.clone()))
-            .collect();
+        let (ended, before) = self.last_on(gpus);
         let (cancel, cancelled) = watch::channel(false);
         self.jobs.push(Job { starts, cancel });
         let shared = self.shared.clone();
@@ -407,7 +411,7 @@ async fn carry_out(
             Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
         }
     }
-    let prefix = format!("group:{group}/");
+    let prefix = crate::units::group_prefix(group);
     apply_to(
         shared,
         members,
@@ -419,16 +423,8 @@ async fn carry_out(
 
 /// Whether `unit` is `member` of `group` (of any group when `None`) on some machine.
 pub(super) fn is_member(unit: &str, group: Option<&str>, member: &str) -> bool {
-    let Some(rest) = unit.strip_prefix("group:") else {
-        return false;
-    };
-    let Some((g, rest)) = rest.split_once('/') else {
-        return false;
-    };
-    let Some((m, _machine)) = rest.rsplit_once('@') else {
-        return false;
-    };
-    m == member && group.is_none_or(|want| want == g)
+    matches!(Holder::parse(unit), Holder::Member { group: g, member: m, .. }
+        if m == member && group.is_none_or(|want| want == g))
 }
 
 /// Starting an engine in a change's order: after its neighbours have loaded, and no longer than the change
