@@ -350,6 +350,7 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
             .with_label_values(&labels)
             .inc_by(u64::from(engine.restarts));
     }
+    on_demand_figures(&registry, fleet)?;
     latency_figures(&registry, fleet)?;
     let mut families = registry.gather();
     families.extend(state.http_metrics.registry.gather());
@@ -357,6 +358,42 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     let mut out = Vec::new();
     TextEncoder::new().encode(&families, &mut out)?;
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
+}
+
+/// Each on-demand model's loads tried and its last cold start, the load apart from the wait before it.
+fn on_demand_figures(
+    registry: &Registry,
+    fleet: &crate::fleet::Fleet,
+) -> Result<(), prometheus::Error> {
+    let attempts = IntCounterVec::new(
+        Opts::new(
+            "tessera_on_demand_load_attempts_total",
+            "Loads tried for an on-demand model since the server started: each a fleet write, committed or refused for want of room.",
+        ),
+        &["model"],
+    )?;
+    let cold_start = GaugeVec::new(
+        Opts::new(
+            "tessera_on_demand_cold_start_seconds",
+            "An on-demand model's last cold start: the load itself (load), and what the request that loaded it waited before the load began (wait).",
+        ),
+        &["model", "part"],
+    )?;
+    registry.register(Box::new(attempts.clone()))?;
+    registry.register(Box::new(cold_start.clone()))?;
+    for (model, usage) in fleet.on_demand_usage() {
+        attempts
+            .with_label_values(&[model.as_str()])
+            .inc_by(usage.load_attempts);
+        if let Some(cold) = usage.cold_start {
+            for (part, took) in [("load", cold.load), ("wait", cold.waited)] {
+                cold_start
+                    .with_label_values(&[model.as_str(), part])
+                    .set(took.as_secs_f64());
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Each engine's latency, tokens per second, queue and errors through the gateway over the window; each

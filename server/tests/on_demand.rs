@@ -46,16 +46,17 @@ async fn chat(server: &Server, model: &str) -> (u16, Value) {
         .await
 }
 
-/// The member `model` of text-router, as the API shows it.
+/// The group member `model`, as the API shows it.
 async fn member(server: &Server, model: &str) -> Value {
-    let (_, group) = server.get("/api/groups/text-router").await;
-    group["members"]
+    let (_, groups) = server.get("/api/groups").await;
+    groups
         .as_array()
         .unwrap()
         .iter()
+        .flat_map(|g| g["members"].as_array().unwrap())
         .find(|m| m["name"] == model)
         .cloned()
-        .unwrap_or_else(|| panic!("{model} in {group}"))
+        .unwrap_or_else(|| panic!("{model} in {groups}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -170,4 +171,162 @@ async fn alternating_requests_swap_two_on_demand_models_in_lru_order_never_overf
         "newest first"
     );
     Arc::into_inner(server).unwrap().stop().await;
+}
+
+/// Asks `model` every 300 ms until it answers; says after how many tries.
+async fn until_answered(server: &Server, model: &str) -> u32 {
+    for attempt in 1.. {
+        let (status, answer) = chat(server, model).await;
+        if status == 200 {
+            return attempt;
+        }
+        assert_eq!(status, 503, "{model}: {answer}");
+        assert!(attempt < 40, "{model} never answered: {answer}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    unreachable!()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_on_demand_models_that_load_longer_than_the_gateway_waits_take_turns_and_each_answers()
+{
+    let dir = tempfile::tempdir().unwrap();
+    // Each engine loads in 2.5 s; a request waits 1 s for one.
+    let server =
+        Arc::new(Server::start_with(dir.path(), 2500, &["--demo", "--gateway-wait-s", "1"]).await);
+    group(&server, 600).await;
+    let client = |model: &'static str| {
+        let server = server.clone();
+        tokio::spawn(async move { until_answered(&server, model).await })
+    };
+    let vision = client("vision");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let speech = client("speech");
+    vision.await.unwrap();
+    speech.await.unwrap();
+    // vision's load was never cut short for speech's: each was loaded once.
+    let (_, audit) = server.get("/api/audit?action=model.load").await;
+    let loads: Vec<&Value> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["target"])
+        .collect();
+    assert_eq!(loads, ["speech", "vision"], "newest first: {audit}");
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cold_start_is_the_load_itself_and_the_wait_for_room_is_reported_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Arc::new(Server::start(dir.path(), 300).await);
+    group(&server, 600).await;
+    assert_eq!(chat(&server, "vision").await.0, 200);
+    // vision's engine takes 2.5 s over its next answer: speech, which needs its room, waits for it.
+    let engine = server.engine("vision").await;
+    let port = engine["port"].as_u64().unwrap() as u16;
+    let (status, _) = support::request(port, "POST", "/slow", Some(json!({"ms": 2500}))).await;
+    assert_eq!(status, 204);
+    let slow = {
+        let server = server.clone();
+        tokio::spawn(async move { chat(&server, "vision").await.0 })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(chat(&server, "speech").await.0, 200);
+    assert_eq!(slow.await.unwrap(), 200);
+    let speech = member(&server, "speech").await;
+    let load = speech["on_demand"]["cold_start_ms"].as_u64().unwrap();
+    let waited = speech["on_demand"]["cold_wait_ms"].as_u64().unwrap();
+    assert!((300..1_500).contains(&load), "{speech}");
+    assert!(waited >= 1_500, "{speech}");
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains("tessera_on_demand_cold_start_seconds{model=\"speech\",part=\"wait\"}"),
+        "{metrics}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_503_while_an_engine_restarts_says_to_ask_again_when_its_restart_should_be_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    // The engine loads in 2.5 s; a request waits 1 s for one.
+    let server = Server::start_with(dir.path(), 2500, &["--demo", "--gateway-wait-s", "1"]).await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 60}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let engine = server.engine("glm-5.3").await;
+    support::kill(engine["pid"].as_u64().unwrap() as u32, "KILL");
+    wait_until_within("the engine restarts", Duration::from_secs(10), || async {
+        server.engine("glm-5.3").await["state"] != "healthy"
+    })
+    .await;
+    let (status, headers, answer) = server
+        .send_full(
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "glm-5.3", "messages": [{"role": "user", "content": "hello"}]}),
+        )
+        .await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "model_not_ready");
+    // Its backoff (0.2 s) and its last load (2.5 s), less the second it was waited for: not a fixed 5.
+    let retry_after: u64 = headers[hyper::header::RETRY_AFTER]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=3).contains(&retry_after), "Retry-After: {retry_after}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_on_demand_model_whose_engine_fails_to_load_is_unloaded_and_refused_at_once_with_the_reason(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:0"], "share": 30, "demand": on_demand(600), "env": {"TESSERA_DEMO_EXIT_AFTER_MS": "50"}}),
+    )
+    .await;
+    let asked = std::time::Instant::now();
+    let (status, answer) = chat(&server, "vision").await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "model_failed", "{answer}");
+    let message = answer["error"]["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("vision failed to load and was unloaded: ")
+            && message.contains("exited"),
+        "{message}"
+    );
+    // Refused once it failed (three restarts), not after the gateway's 30 s wait.
+    assert!(
+        asked.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        member(&server, "vision").await["on_demand"]["state"],
+        "not_loaded"
+    );
+    let (_, audit) = server.get("/api/audit?action=model.unload").await;
+    assert!(
+        audit[0]["after"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its engine failed to load: "),
+        "{audit}"
+    );
+    // The next request, within the cool-off, is refused at once, saying why.
+    let again = std::time::Instant::now();
+    let (status, answer) = chat(&server, "vision").await;
+    assert_eq!(status, 503, "{answer}");
+    assert_eq!(answer["error"]["code"], "model_failed", "{answer}");
+    assert!(again.elapsed() < Duration::from_millis(900));
+    server.stop().await;
 }

@@ -142,8 +142,13 @@ pub struct OnDemand {
     pub state: LoadState,
     /// When a request last began or ended for it (RFC 3339), since the server started.
     pub last_used: Option<String>,
-    /// Its last cold start, from the request that loaded it to its engine being ready, in milliseconds.
+    /// Its last cold start: the load itself, from its engine's start to its first answered health check,
+    /// in milliseconds.
     pub cold_start_ms: Option<u64>,
+    /// What the request that loaded it waited before that load began (for room, and for the models that
+    /// made way to stop), in milliseconds.
+    #[serde(default)]
+    pub cold_wait_ms: Option<u64>,
 }
 
 impl OnDemand {
@@ -158,12 +163,12 @@ impl OnDemand {
         if let Some(at) = &self.last_used {
             line.push_str(&format!("; last used {at}"));
         }
+        let seconds = |ms: u64| format!("{}.{} s", ms / 1000, ms % 1000 / 100);
         if let Some(ms) = self.cold_start_ms {
-            line.push_str(&format!(
-                "; last cold start {}.{} s",
-                ms / 1000,
-                ms % 1000 / 100
-            ));
+            line.push_str(&format!("; last cold start {}", seconds(ms)));
+            if let Some(waited) = self.cold_wait_ms.filter(|&w| w >= 100) {
+                line.push_str(&format!(", after {} waiting for its turn", seconds(waited)));
+            }
         }
         line.push('.');
         line
@@ -242,6 +247,7 @@ mod tests {
             state: LoadState::NotLoaded,
             last_used: None,
             cold_start_ms: None,
+            cold_wait_ms: None,
         });
         assert_eq!(
             r.state(),
@@ -259,10 +265,20 @@ mod tests {
             state: LoadState::Loaded,
             last_used: Some("2026-12-04T03:10:00Z".into()),
             cold_start_ms: Some(1_234),
+            cold_wait_ms: Some(40),
         };
         assert_eq!(
             loaded.line(),
             "On demand, unloaded after 60 s idle: loaded; last used 2026-12-04T03:10:00Z; last cold start 1.2 s."
+        );
+        let after_a_wait = OnDemand {
+            cold_start_ms: Some(300),
+            cold_wait_ms: Some(2_900),
+            ..loaded
+        };
+        assert_eq!(
+            after_a_wait.line(),
+            "On demand, unloaded after 60 s idle: loaded; last used 2026-12-04T03:10:00Z; last cold start 0.3 s, after 2.9 s waiting for its turn."
         );
     }
 

@@ -12,30 +12,51 @@ use placement::{eviction_order, expired, GpuRef, Hold, Loaded};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// What the gateway tells the fleet about on-demand models, in memory.
 pub struct Activity {
     /// When the fleet opened: the last use of a model loaded before, which no request has touched since.
     opened_ms: u64,
     uses: Mutex<BTreeMap<String, Use>>,
+    /// One load attempt per model at a time: the request holding its turn tries, the others wait for it.
+    turns: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 struct Use {
     last_used_ms: u64,
     /// Requests waiting for it to load.
     waiting: usize,
-    /// The last cold start: from the request that loaded it to its engine being ready.
-    cold_start: Option<Duration>,
+    /// Committed as loaded, for the request that asked at this instant, and not yet answered once.
+    loading: Option<Instant>,
+    /// The last cold start.
+    cold_start: Option<ColdStart>,
+    /// The loads tried for it (each a fleet write, committed or refused for want of room).
+    load_attempts: u64,
+    /// Its engine failed to load: when it was unloaded for that, and why.
+    failed: Option<(Instant, String)>,
+}
+
+/// A cold start: the load itself, and what the request that asked for it waited before the load began
+/// (for room, and for the models that made way to stop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ColdStart {
+    /// From its engine's start to its first answered health check.
+    pub load: Duration,
+    /// From the request to its engine's start.
+    pub waited: Duration,
 }
 
 /// How an on-demand model is, for the Models tab.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Usage {
     /// When a request last began or ended for it (ms since the epoch), if one did since the server started.
     pub last_used_ms: Option<u64>,
     /// Its last cold start.
-    pub cold_start: Option<Duration>,
+    pub cold_start: Option<ColdStart>,
+    /// The loads tried for it since the server started.
+    pub load_attempts: u64,
 }
 
 /// A request waiting for an on-demand model: while one does, the model is busy and never unloads.
@@ -58,6 +79,7 @@ impl Activity {
         Activity {
             opened_ms: super::usage::now_ms(),
             uses: Mutex::default(),
+            turns: Mutex::default(),
         }
     }
 
@@ -86,24 +108,66 @@ impl Activity {
         }
     }
 
+    /// The turn to try loading `model`: whoever holds it tries, the others wait for what it brings.
+    pub fn load_turn(&self, model: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
+        turns.entry(model.to_owned()).or_default().clone()
+    }
+
     /// Says `model` was last used at `ms`, as if no request came since.
     #[cfg(test)]
     pub(crate) fn used_at(&self, model: &str, ms: u64) {
         self.with(model, |u| u.last_used_ms = ms);
     }
 
-    /// `model` was ready `took` after the request that loaded it.
-    pub fn cold_started(&self, model: &str, took: Duration) {
-        self.with(model, |u| u.cold_start = Some(took));
+    /// `model`'s engine served a request, its load (if this is its first since it was loaded) having
+    /// been `load`: a fresh load is over, and its cold start is recorded.
+    pub fn answered(&self, model: &str, load: Option<crate::runtime::Load>) {
+        self.with(model, |u| {
+            let Some(asked) = u.loading.take() else {
+                return;
+            };
+            u.cold_start = Some(match load {
+                Some(load) => ColdStart {
+                    load: load.took,
+                    waited: load
+                        .ready_at
+                        .saturating_duration_since(asked)
+                        .saturating_sub(load.took),
+                },
+                None => ColdStart {
+                    load: asked.elapsed(),
+                    waited: Duration::ZERO,
+                },
+            });
+        });
+    }
+
+    /// `model` was unloaded because its engine failed to load, saying `why`.
+    fn failed(&self, model: &str, why: String) {
+        self.with(model, |u| {
+            u.loading = None;
+            u.failed = Some((Instant::now(), why));
+        });
+    }
+
+    /// Why `model` is refused without a load, and for how long yet: its engine failed to load under
+    /// `cool_off` ago.
+    pub fn refused(&self, model: &str, cool_off: Duration) -> Option<(String, Duration)> {
+        let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        let (at, why) = uses.get(model)?.failed.as_ref()?;
+        let left = cool_off.checked_sub(at.elapsed())?;
+        Some((why.clone(), left))
     }
 
     /// How `model` has been used.
     pub fn usage(&self, model: &str) -> Usage {
         let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
-        let found = uses.get(model).copied().unwrap_or_default();
+        let found = uses.get(model).cloned().unwrap_or_default();
         Usage {
             last_used_ms: (found.last_used_ms > 0).then_some(found.last_used_ms),
             cold_start: found.cold_start,
+            load_attempts: found.load_attempts,
         }
     }
 
@@ -114,6 +178,12 @@ impl Activity {
     fn waiting(&self, model: &str) -> bool {
         let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
         uses.get(model).is_some_and(|u| u.waiting > 0)
+    }
+
+    /// When the request that loaded `model` asked, while the load has not answered once.
+    fn loading_since(&self, model: &str) -> Option<Instant> {
+        let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        uses.get(model)?.loading
     }
 }
 
@@ -169,6 +239,16 @@ impl Fleet {
         Some(committed.on_demand_group(model)?.loaded.contains(model))
     }
 
+    /// Every on-demand member, with how it has been used.
+    pub fn on_demand_usage(&self) -> Vec<(String, Usage)> {
+        self.committed()
+            .groups
+            .iter()
+            .flat_map(|g| g.demand.keys())
+            .map(|m| (m.clone(), self.activity.usage(m)))
+            .collect()
+    }
+
     /// How `model`, an on-demand member, is now: loaded or not (loading while loaded with no engine ready),
     /// when it was last used, its last cold start. `None` for a pinned model.
     pub fn on_demand_view(&self, model: &str) -> Option<app::views::OnDemand> {
@@ -188,8 +268,44 @@ impl Fleet {
             keep_alive_s: group.demand.get(model)?.secs(),
             state,
             last_used: usage.last_used_ms.and_then(rfc3339),
-            cold_start_ms: usage.cold_start.map(|d| d.as_millis() as u64),
+            cold_start_ms: usage.cold_start.map(|c| c.load.as_millis() as u64),
+            cold_wait_ms: usage.cold_start.map(|c| c.waited.as_millis() as u64),
         })
+    }
+
+    /// Why every engine of `model` failed, when each has (and it has one).
+    fn failed(&self, model: &str) -> Option<String> {
+        let engines: Vec<_> = self
+            .runtime
+            .engines()
+            .into_iter()
+            .filter(|e| e.model.as_deref() == Some(model))
+            .collect();
+        let failed = !engines.is_empty()
+            && engines
+                .iter()
+                .all(|e| e.state == crate::runtime::EngineState::Failed);
+        failed.then(|| {
+            engines
+                .iter()
+                .find_map(|e| e.message.clone())
+                .unwrap_or_else(|| "its engine failed".to_owned())
+        })
+    }
+
+    /// Whether `model`, loaded for a request that asked at `asked`, is still being loaded for it: no
+    /// engine of it failed, and none has served for a whole `keep_alive` with no request come for it.
+    fn still_loading(&self, model: &str, asked: Instant, keep_alive: Duration) -> bool {
+        if self.failed(model).is_some() {
+            return false;
+        }
+        !self
+            .runtime
+            .engines()
+            .iter()
+            .filter(|e| e.model.as_deref() == Some(model))
+            .filter_map(|e| self.runtime.last_load(&e.unit))
+            .any(|l| l.ready_at >= asked && l.ready_at.elapsed() >= keep_alive)
     }
 
     /// The loaded on-demand models on any of `gpus`, as eviction sees them.
@@ -201,16 +317,22 @@ impl Fleet {
             .filter(|g| g.gpus.iter().any(|gpu| gpus.contains(gpu)))
             .flat_map(|g| {
                 g.loaded.iter().filter_map(|m| {
+                    let keep_alive = *g.demand.get(m)?;
                     let in_flight: usize = engines
                         .iter()
                         .filter(|e| e.model.as_deref() == Some(m))
                         .map(|e| self.runtime.requests_in_flight(&e.unit))
                         .sum();
+                    // A fresh load keeps its place until it has answered once (or failed): a request
+                    // that gave up waiting for it leaves it loading, not idle.
+                    let loading = self.activity.loading_since(m).is_some_and(|asked| {
+                        self.still_loading(m, asked, Duration::from_millis(keep_alive.millis()))
+                    });
                     Some(Loaded {
                         name: m.clone(),
                         last_used_ms: self.activity.last_used_ms(m),
-                        busy: in_flight > 0 || self.activity.waiting(m),
-                        keep_alive: *g.demand.get(m)?,
+                        busy: in_flight > 0 || self.activity.waiting(m) || loading,
+                        keep_alive,
                     })
                 })
             })
@@ -242,13 +364,21 @@ impl Fleet {
         })
     }
 
-    /// Loads `model`, an on-demand member, for a request through the gateway: committed as loaded (with
-    /// the idle models that make way for it unloaded), then started by the runtime after what it replaces
-    /// has stopped. Refused (409) when its GPUs lack the room even with every idle on-demand model there
-    /// unloaded.
+    /// Loads `model`, an on-demand member, as a request that asks now would.
     pub async fn load(self: &Arc<Self>, model: &str) -> Result<Load, ApiError> {
+        self.load_for(model, Instant::now()).await
+    }
+
+    /// Loads `model`, an on-demand member, for a request through the gateway that asked at `asked`:
+    /// committed as loaded (with the idle models that make way for it unloaded), then started by the
+    /// runtime after what it replaces has stopped; it stays loaded, whoever asks, until it has answered once
+    /// or failed. Refused (409) when its GPUs lack the room even with every idle on-demand model there
+    /// unloaded.
+    pub async fn load_for(self: &Arc<Self>, model: &str, asked: Instant) -> Result<Load, ApiError> {
+        self.activity.with(model, |u| u.load_attempts += 1);
         let model = model.to_owned();
         self.write(|fleet| async move {
+
             let mut state = fleet.state.lock().await;
             let committed = state.committed.clone();
             let Some(group) = committed.on_demand_group(&model) else {
@@ -265,7 +395,7 @@ impl Fleet {
                 .make_room(&state, &wanted, &group.gpus, &[&model])
                 .ok_or_else(|| {
                     ApiError::Conflict(format!(
-                        "{model} cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight ends"
+                        "{model} cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight or a load under way there ends"
                     ))
                 })?;
             let mut tx = crate::db::write(&fleet.pool).await?;
@@ -288,13 +418,18 @@ impl Fleet {
             .await?;
             let inventory = state.ledger.inventory().clone();
             fleet.finish(&mut state, tx, inventory, None).await?;
+            fleet.activity.with(&model, |u| {
+                u.loading = Some(asked);
+                u.failed = None;
+            });
             tracing::info!("loading {model} for a request; unloaded to make room: {unloaded:?}");
             Ok(Load::Loading { unloaded })
         })
         .await
     }
 
-    /// Unloads every loaded on-demand model whose keep-alive ran out with no request.
+    /// Unloads every loaded on-demand model whose keep-alive ran out with no request, and every one whose
+    /// engines all failed to load (which would book its memory for nothing).
     pub async fn unload_expired(self: &Arc<Self>) -> Result<Vec<String>, ApiError> {
         if self.committed().groups.iter().all(|g| g.loaded.is_empty()) {
             return Ok(Vec::new());
@@ -311,37 +446,82 @@ impl Fleet {
             let gpus: Vec<GpuRef> = gpus.into_iter().collect();
             let loaded = fleet.loaded_on(&committed, &gpus);
             let now = super::usage::now_ms();
-            let expired: Vec<(String, u32)> = expired(&loaded, now)
+            let mut unload: Vec<(String, Unloaded)> = expired(&loaded, now)
                 .into_iter()
                 .filter_map(|m| {
                     let l = loaded.iter().find(|l| l.name == m)?;
-                    Some((m.to_owned(), l.keep_alive.secs()))
+                    Some((m.to_owned(), Unloaded::Idle(l.keep_alive.secs())))
                 })
                 .collect();
-            if expired.is_empty() {
-                return Ok(Vec::new());
+            for l in &loaded {
+                if let Some(why) = fleet.failed(&l.name) {
+                    if !unload.iter().any(|(m, _)| *m == l.name) {
+                        unload.push((l.name.clone(), Unloaded::Failed(why)));
+                    }
+                }
             }
-            let mut tx = crate::db::write(&fleet.pool).await?;
-            for (model, keep_alive) in &expired {
-                sqlx::query("UPDATE group_members SET loaded = 0 WHERE model = ?")
-                    .bind(model)
-                    .execute(&mut *tx)
-                    .await?;
-                crate::audit::record(
-                    &mut tx,
-                    crate::audit::Entry::new(crate::audit::TESSERA, "model.unload", model).after(
-                        serde_json::json!({ "reason": format!("no request for its keep-alive of {keep_alive} s") }),
-                    ),
-                )
-                .await?;
-            }
-            let inventory = state.ledger.inventory().clone();
-            fleet.finish(&mut state, tx, inventory, None).await?;
-            let names: Vec<String> = expired.into_iter().map(|(m, _)| m).collect();
-            tracing::info!("unloaded after their keep-alive: {names:?}");
-            Ok(names)
+            fleet.unload(&mut state, unload).await
         })
         .await
+    }
+
+    /// Unloads `model`, an on-demand member, if it is loaded and its engines all failed to load; says why
+    /// they failed, when it did.
+    pub async fn unload_failed(self: &Arc<Self>, model: &str) -> Result<Option<String>, ApiError> {
+        // Looked at on every poll of a waiting request: a write only where there is something to unload.
+        if self.failed(model).is_none() {
+            return Ok(None);
+        }
+        let model = model.to_owned();
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let loaded = state
+                .committed
+                .on_demand_group(&model)
+                .is_some_and(|g| g.loaded.contains(&model));
+            let Some(why) = fleet.failed(&model).filter(|_| loaded) else {
+                return Ok(None);
+            };
+            fleet
+                .unload(&mut state, vec![(model, Unloaded::Failed(why.clone()))])
+                .await?;
+            Ok(Some(why))
+        })
+        .await
+    }
+
+    /// Commits `models` as not loaded, each with why, in one write.
+    async fn unload(
+        &self,
+        state: &mut State,
+        models: Vec<(String, Unloaded)>,
+    ) -> Result<Vec<String>, ApiError> {
+        if models.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = crate::db::write(&self.pool).await?;
+        for (model, why) in &models {
+            sqlx::query("UPDATE group_members SET loaded = 0 WHERE model = ?")
+                .bind(model)
+                .execute(&mut *tx)
+                .await?;
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(crate::audit::TESSERA, "model.unload", model)
+                    .after(serde_json::json!({ "reason": why.reason() })),
+            )
+            .await?;
+        }
+        let inventory = state.ledger.inventory().clone();
+        self.finish(state, tx, inventory, None).await?;
+        for (model, why) in &models {
+            if let Unloaded::Failed(why) = why {
+                self.activity.failed(model, why.clone());
+            }
+        }
+        let names: Vec<String> = models.into_iter().map(|(m, _)| m).collect();
+        tracing::info!("unloaded: {names:?}");
+        Ok(names)
     }
 
     /// Unloads on-demand models whose keep-alive ran out, looking every `every`, for as long as the server
@@ -356,6 +536,25 @@ impl Fleet {
                     "idle on-demand models could not be unloaded (tried again shortly): {e}"
                 );
             }
+        }
+    }
+}
+
+/// Why an on-demand model is unloaded.
+enum Unloaded {
+    /// No request came for its keep-alive, in seconds.
+    Idle(u32),
+    /// Its engines all failed to load, for this reason.
+    Failed(String),
+}
+
+impl Unloaded {
+    fn reason(&self) -> String {
+        match self {
+            Unloaded::Idle(keep_alive) => {
+                format!("no request for its keep-alive of {keep_alive} s")
+            }
+            Unloaded::Failed(why) => format!("its engine failed to load: {why}"),
         }
     }
 }

@@ -48,8 +48,9 @@ use std::time::Duration;
 /// The largest request body the gateway takes (an audio upload fits).
 pub const BODY_LIMIT: usize = 32 << 20;
 
-/// How long a client is told to wait before it asks again for a model that is not ready.
-const RETRY_AFTER_S: u64 = 5;
+/// How long a client is told to wait before it asks again for a model that is not ready, where nothing
+/// says when it will be.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
 
 /// How long the router of a group may take to say which model answers.
 const ROUTE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -111,16 +112,17 @@ fn openai_error(status: StatusCode, kind: &str, code: &str, message: String) -> 
 }
 
 /// A 503 in OpenAI's shape, telling the client when to ask again.
-fn unavailable(code: &str, message: String) -> Response {
+fn unavailable(code: &str, message: String, retry_after: Duration) -> Response {
     let mut answer = openai_error(
         StatusCode::SERVICE_UNAVAILABLE,
         "server_error",
         code,
         message,
     );
-    answer
-        .headers_mut()
-        .insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_S));
+    answer.headers_mut().insert(
+        header::RETRY_AFTER,
+        HeaderValue::from(on_demand::seconds(retry_after)),
+    );
     answer
 }
 
@@ -380,7 +382,7 @@ async fn to_model(
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
     onward.headers_mut().remove(header::CONTENT_LENGTH);
-    meter.sending(state.fleet.runtime(), unit);
+    meter.sending(state.fleet.runtime(), unit.clone());
     match state.gateway.client.request(onward).await {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
@@ -411,6 +413,7 @@ async fn to_model(
             unavailable(
                 "engine_unreachable",
                 format!("an engine of {model} did not answer; try again shortly"),
+                on_demand::retry_after(state, model, Some(&unit)),
             )
         }
     }

@@ -4,74 +4,141 @@
 //! not with the routing.
 
 use super::drain::{self, Taken};
-use super::unavailable;
+use super::{engines_of, unavailable, RETRY_AFTER};
 use crate::error::ApiError;
-use crate::fleet::demand::Load;
 use crate::AppState;
 use axum::response::Response;
 use std::time::Duration;
+use tokio::sync::OwnedMutexGuard;
+use tokio::time::Instant;
 
 /// How often a request waiting for a model to be ready looks again.
 const READY_POLL: Duration = Duration::from_millis(100);
 
 /// The next healthy engine of `model`, waited for up to `wait` (and loaded for, where the model is on
-/// demand); else the 503 that says why not.
+/// demand); else the 503 that says why not, and when to ask again.
 pub(super) async fn ready_engine(
     state: &AppState,
     model: &str,
     wait: Duration,
 ) -> Result<Taken, Response> {
-    let asked = tokio::time::Instant::now();
+    let asked = Instant::now();
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
     let deadline = asked + wait;
+    let activity = state.fleet.activity();
     // An on-demand model is busy while a request waits for it: no keep-alive or other load unloads it.
     let mut on_demand = state.fleet.on_demand(model);
-    let waiting = on_demand.map(|_| state.fleet.activity().wait(model));
-    let mut cold = false;
+    let waiting = on_demand.map(|_| activity.wait(model));
+    // Requests waiting for one model share its load: only the one holding the model's turn tries it (a
+    // fleet write), the others look for its engine.
+    let mut turn: Option<OwnedMutexGuard<()>> = None;
     let taken = loop {
+        if on_demand == Some(true) {
+            failed_load(state, model).await?;
+        }
         // Not loaded (or unloaded by its keep-alive just as the request came): loaded for it, a fleet change
         // carried out after what makes way has stopped. Where the room is taken by models with requests in
-        // flight, the load waits for one of them to end.
+        // flight, the load is tried again until one of them ends.
         if on_demand == Some(false) {
-            match state.fleet.load(model).await {
-                Ok(load) => {
-                    cold |= matches!(load, Load::Loading { .. });
-                    on_demand = Some(true);
-                }
-                Err(ApiError::Conflict(_)) if tokio::time::Instant::now() < deadline => {}
-                Err(e) => {
-                    let message = match e {
-                        ApiError::Internal(detail) => {
-                            tracing::error!("{model} could not be loaded: {detail}");
-                            format!("{model} could not be loaded; it has been logged")
-                        }
-                        refused => refused.to_string(),
-                    };
-                    return Err(unavailable("model_not_loaded", message));
+            if let Some((why, left)) = activity.refused(model, state.fleet.runtime().cool_off()) {
+                return Err(unavailable(
+                    "model_failed",
+                    format!("{model} failed to load and was unloaded: {why}; the next request after {} s loads it again", seconds(left)),
+                    left,
+                ));
+            }
+            if turn.is_none() {
+                turn = activity.load_turn(model).try_lock_owned().ok();
+            }
+            if turn.is_some() {
+                match state.fleet.load_for(model, asked).await {
+                    Ok(_) => {
+                        on_demand = Some(true);
+                        turn = None;
+                    }
+                    Err(ApiError::Conflict(_)) if Instant::now() < deadline => {}
+                    Err(e) => {
+                        let message = match e {
+                            ApiError::Internal(detail) => {
+                                tracing::error!("{model} could not be loaded: {detail}");
+                                format!("{model} could not be loaded; it has been logged")
+                            }
+                            refused => refused.to_string(),
+                        };
+                        return Err(unavailable("model_not_loaded", message, RETRY_AFTER));
+                    }
                 }
             }
         }
         if let Some(taken) = drain::take(state, model) {
             break taken;
         }
-        if tokio::time::Instant::now() >= deadline {
+        if Instant::now() >= deadline {
             return Err(unavailable(
                 "model_not_ready",
                 format!(
                     "{model} is deployed but none of its engines was ready within {} s; try again shortly",
                     wait.as_secs()
                 ),
+                retry_after(state, model, None),
             ));
         }
         tokio::time::sleep(READY_POLL).await;
-        // A pinned model stays pinned; an on-demand one may have been unloaded meanwhile.
+        // A pinned model stays pinned; an on-demand one may have been loaded or unloaded meanwhile.
         if on_demand.is_some() {
             on_demand = state.fleet.on_demand(model);
         }
     };
-    if cold {
-        state.fleet.activity().cold_started(model, asked.elapsed());
+    if on_demand.is_some() {
+        activity.answered(model, state.fleet.runtime().last_load(&taken.3));
     }
     drop(waiting);
     Ok(taken)
+}
+
+/// Where every engine of `model`, an on-demand model, failed to load: unloaded, so that it books no memory,
+/// and the request refused at once with the reason.
+async fn failed_load(state: &AppState, model: &str) -> Result<(), Response> {
+    match state.fleet.unload_failed(model).await {
+        Ok(None) => Ok(()),
+        Ok(Some(why)) => {
+            let left = state.fleet.runtime().cool_off();
+            Err(unavailable(
+                "model_failed",
+                format!("{model} failed to load and was unloaded: {why}; the next request after {} s loads it again", seconds(left)),
+                left,
+            ))
+        }
+        Err(e) => {
+            tracing::error!("{model}, whose engine failed, could not be unloaded: {e}");
+            Err(unavailable(
+                "model_failed",
+                format!("{model} failed to load; it has been logged"),
+                RETRY_AFTER,
+            ))
+        }
+    }
+}
+
+/// When a client should ask again for `model`: when the first of its engines is expected to serve, from
+/// its state and its last load (`unreached`, one that just did not answer, after its restart); else the
+/// gateway's default.
+pub(super) fn retry_after(state: &AppState, model: &str, unreached: Option<&str>) -> Duration {
+    let runtime = state.fleet.runtime();
+    engines_of(state, model)
+        .iter()
+        .filter_map(|e| {
+            if Some(e.unit.as_str()) == unreached {
+                runtime.restart_in(&e.unit)
+            } else {
+                runtime.ready_in(&e.unit)
+            }
+        })
+        .min()
+        .unwrap_or(RETRY_AFTER)
+}
+
+/// Whole seconds, rounded up, at least one.
+pub(super) fn seconds(d: Duration) -> u64 {
+    d.as_millis().div_ceil(1000).max(1) as u64
 }

@@ -212,3 +212,35 @@ fn renaming_reads_only_json_answers_and_events_and_a_json_answer_only_up_to_its_
         started.elapsed()
     );
 }
+
+#[tokio::test]
+async fn requests_waiting_for_one_on_demand_model_share_one_load_attempt() {
+    use crate::testing::majin_and_atlas_with_catalog;
+    let app = majin_and_atlas_with_catalog().await;
+    let on_demand = json!({"mode": "on_demand", "keep_alive": 60});
+    for (model, revision) in [("vision", None), ("speech", Some(1))] {
+        let (status, change) = app
+            .deploy(json!({"model": model, "gpus": ["atlas:1"], "share": 60, "revision": revision, "demand": on_demand}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+    }
+    // vision holds the room, a request waiting on it: speech cannot load while it does.
+    app.fleet.load("vision").await.unwrap();
+    let _vision_waits = app.fleet.activity().wait("vision");
+    let state = crate::AppState::serving(
+        leptos::prelude::LeptosOptions::builder()
+            .output_name("tessera")
+            .build(),
+        app.fleet.clone(),
+        app.pool.clone(),
+        false,
+        Duration::from_secs(1),
+    );
+    let waiters =
+        (0..20).map(|_| on_demand::ready_engine(&state, "speech", Duration::from_secs(1)));
+    let answers = futures::future::join_all(waiters).await;
+    assert!(answers.iter().all(Result::is_err));
+    // One attempt per look (every 100 ms) for all twenty, not one each.
+    let attempts = app.fleet.activity().usage("speech").load_attempts;
+    assert!((1..=15).contains(&attempts), "{attempts} load attempts");
+}

@@ -72,6 +72,8 @@ pub(crate) struct Shared {
     pub(super) progress: Mutex<BTreeMap<String, Progress>>,
     /// The gateway's requests in flight, by unit.
     pub(super) in_flight: Mutex<BTreeMap<String, Arc<AtomicUsize>>>,
+    /// How long each engine's last load took, and when one waiting out a backoff starts again.
+    pub(super) readiness: super::readiness::Readiness,
 }
 
 pub(super) fn view(unit: &Unit) -> EngineView {

@@ -15,12 +15,14 @@ pub mod model_file;
 mod mps;
 pub(crate) mod process;
 mod ray;
+mod readiness;
 mod settings;
 pub mod spec;
 mod supervisor;
 
 /// Where an engine is in its life: the one enum the runtime, the REST API and the console's pages share.
 pub use app::views::EngineState;
+pub use readiness::Load;
 pub use settings::{Hosts, Settings};
 
 use crate::inventory::LocalGpus;
@@ -253,6 +255,7 @@ impl Runtime {
             events: broadcast::channel(1024).0,
             progress: Mutex::default(),
             in_flight: Mutex::default(),
+            readiness: readiness::Readiness::default(),
         });
         let (orders, inbox) = mpsc::unbounded_channel();
         tokio::spawn(conductor::conduct(shared.clone(), inbox));
@@ -346,6 +349,32 @@ impl Runtime {
     pub fn publish(&self, event: Event) {
         // No follower is no error.
         let _ = self.shared.events.send(event);
+    }
+
+    /// `unit`'s last load, if its engine has loaded since the server started.
+    pub fn last_load(&self, unit: &str) -> Option<Load> {
+        self.shared.readiness.last_load(unit)
+    }
+
+    /// How long until `unit`'s engine is expected to serve, where its state and its last load say.
+    pub fn ready_in(&self, unit: &str) -> Option<std::time::Duration> {
+        let state = self.shared.state(unit)?;
+        self.shared
+            .readiness
+            .ready_in(unit, state, tokio::time::Instant::now())
+    }
+
+    /// How long until `unit`'s engine, which has just stopped answering, is expected to serve again: its
+    /// first backoff and its last load, where it has loaded since the server started.
+    pub fn restart_in(&self, unit: &str) -> Option<std::time::Duration> {
+        let load = self.shared.readiness.last_load(unit)?;
+        Some(self.shared.settings.backoff(1) + load.took)
+    }
+
+    /// How long a model whose engine failed to load is refused before a request loads it again: the
+    /// longest wait before a restart.
+    pub fn cool_off(&self) -> std::time::Duration {
+        self.shared.settings.backoff_max
     }
 
     /// How many of the gateway's requests are in flight to `unit`'s engine.

@@ -109,6 +109,9 @@ pub(super) async fn supervise(
                     if healthy(&host, port, settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
+                            if !healthy_once {
+                                shared.readiness.ready(&unit, Instant::now());
+                            }
                             healthy_once = true;
                             failures = 0;
                             shared.set(&unit, EngineState::Healthy, running.pid(), Some(port), None);
@@ -173,6 +176,7 @@ async fn back_off(
         return Next::End;
     }
     let delay = settings.backoff(*failures);
+    shared.readiness.resumes_at(unit, Instant::now() + delay);
     shared.count_restart(unit);
     shared.set(
         unit,
@@ -201,6 +205,7 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     })?;
     let port = executor.port(spec).await?;
     let free = shared.free_at_start(spec);
+    shared.readiness.starting(&spec.unit, Instant::now());
     let mut launch = spec
         .launch(port, free, &shared.settings.demo_engine)
         .map_err(|e| StartFailure::Refused(e.to_string()))?;

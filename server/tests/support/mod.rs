@@ -66,6 +66,17 @@ impl Server {
 
     /// Starts the server on `data` over the machines `sources` name (`--demo`, `--ray URL`).
     pub async fn start_with(data: &Path, demo_start_ms: u64, sources: &[&str]) -> Server {
+        Server::start_with_env(data, demo_start_ms, sources, &[]).await
+    }
+
+    /// Starts the server on `data` with the arguments `args` (the machines first: `--demo`, `--ray URL`)
+    /// and the environment variables `env` besides the tests' own.
+    pub async fn start_with_env(
+        data: &Path,
+        demo_start_ms: u64,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Server {
         let port = std::net::TcpListener::bind(("127.0.0.1", 0))
             .unwrap()
             .local_addr()
@@ -73,7 +84,7 @@ impl Server {
             .port();
         let token = admin_token(data);
         let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(sources)
+            .args(args)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(data)
             .args([
@@ -89,6 +100,7 @@ impl Server {
                 "3",
             ])
             .env("TESSERA_DEMO_START_MS", demo_start_ms.to_string())
+            .envs(env.iter().copied())
             .env("RUST_LOG", "warn")
             // What cargo-leptos would set; the API needs no built site.
             .env("LEPTOS_OUTPUT_NAME", "tessera")
@@ -141,6 +153,19 @@ impl Server {
             status,
             serde_json::from_slice(&bytes).unwrap_or(Value::Null),
         )
+    }
+
+    /// A request answered with its status, its headers and its body as JSON.
+    pub async fn send_full(
+        &self,
+        method: &str,
+        path: &str,
+        body: Value,
+    ) -> (u16, hyper::HeaderMap, Value) {
+        let (status, headers, bytes) =
+            request_full(self.port, Some(&self.token), method, path, Some(body)).await;
+        let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, headers, body)
     }
 
     /// The engines, by model (or worker) name.
@@ -254,8 +279,20 @@ pub async fn request_bytes(
     path: &str,
     body: Option<Value>,
 ) -> (u16, Bytes) {
+    let (status, _, body) = request_full(port, token, method, path, body).await;
+    (status, body)
+}
+
+/// A request answered with its status, headers and raw body.
+pub async fn request_full(
+    port: u16,
+    token: Option<&str>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, hyper::HeaderMap, Bytes) {
     let Some(mut sender) = connect(port).await else {
-        return (0, Bytes::new());
+        return (0, hyper::HeaderMap::new(), Bytes::new());
     };
     let mut request = hyper::Request::builder()
         .method(method)
@@ -271,12 +308,13 @@ pub async fn request_bytes(
         )))
         .unwrap();
     let Ok(response) = sender.send_request(request).await else {
-        return (0, Bytes::new());
+        return (0, hyper::HeaderMap::new(), Bytes::new());
     };
-    let status = response.status().as_u16();
+    let (parts, body) = response.into_parts();
     (
-        status,
-        response.into_body().collect().await.unwrap().to_bytes(),
+        parts.status.as_u16(),
+        parts.headers,
+        body.collect().await.unwrap().to_bytes(),
     )
 }
 

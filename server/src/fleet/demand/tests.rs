@@ -55,6 +55,12 @@ async fn sharers(app: &TestApp) -> Vec<(String, f64)> {
         .collect()
 }
 
+/// A request to `model` was answered: its load, if it was fresh, is over.
+fn answered(app: &TestApp, model: &str) {
+    app.fleet.activity().answered(model, None);
+    app.fleet.activity().touch(model);
+}
+
 fn held(sharers: &[(String, f64)], who: &str) -> Option<f64> {
     sharers.iter().find(|(w, _)| w == who).map(|(_, gb)| *gb)
 }
@@ -104,13 +110,14 @@ async fn when_two_on_demand_models_do_not_fit_together_the_least_recently_used_i
     // 60 % pinned leaves 40 %: one 30 % turn at a time.
     let app = group(50, 30).await;
     app.fleet.load("vision").await.unwrap();
-    app.fleet.activity().touch("vision");
+    answered(&app, "vision");
     assert_eq!(
         app.fleet.load("speech").await.unwrap(),
         Load::Loading {
             unloaded: vec!["vision".into()]
         }
     );
+    answered(&app, "speech");
     assert_eq!(
         app.fleet.load("vision").await.unwrap(),
         Load::Loading {
@@ -144,11 +151,12 @@ async fn on_demand_models_that_fit_together_stay_loaded_together() {
 async fn a_model_a_request_waits_for_is_never_unloaded_to_make_room() {
     let app = group(50, 30).await;
     app.fleet.load("vision").await.unwrap();
+    answered(&app, "vision");
     let waiting = app.fleet.activity().wait("vision");
     let refused = app.fleet.load("speech").await.unwrap_err();
     assert_eq!(
         refused.to_string(),
-        "speech cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight ends"
+        "speech cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight or a load under way there ends"
     );
     assert_eq!(app.fleet.on_demand("vision"), Some(true));
     drop(waiting);
@@ -156,10 +164,42 @@ async fn a_model_a_request_waits_for_is_never_unloaded_to_make_room() {
 }
 
 #[tokio::test]
+async fn a_fresh_load_whose_request_gave_up_keeps_its_place_until_it_has_answered_once() {
+    let app = group(50, 30).await;
+    // vision's request loaded it, then gave up waiting (no request waits for it now).
+    app.fleet.load("vision").await.unwrap();
+    let refused = app.fleet.load("speech").await.unwrap_err();
+    assert!(
+        refused.to_string().starts_with("speech cannot load"),
+        "{refused}"
+    );
+    // Nor does its keep-alive run out while it loads.
+    app.fleet
+        .activity()
+        .used_at("vision", super::super::usage::now_ms() - 61_000);
+    assert_eq!(
+        app.fleet.unload_expired().await.unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(app.fleet.on_demand("vision"), Some(true));
+    // Once it has answered, it is idle like any other and makes way.
+    answered(&app, "vision");
+    assert_eq!(
+        app.fleet.load("speech").await.unwrap(),
+        Load::Loading {
+            unloaded: vec!["vision".into()]
+        }
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
 async fn an_idle_model_unloads_after_its_keep_alive_and_a_used_one_does_not() {
     let app = group(40, 25).await;
     app.fleet.load("vision").await.unwrap();
     app.fleet.load("speech").await.unwrap();
+    answered(&app, "vision");
+    answered(&app, "speech");
     assert_eq!(
         app.fleet.unload_expired().await.unwrap(),
         Vec::<String>::new()
@@ -308,6 +348,7 @@ async fn usage_counts_an_on_demand_model_only_while_it_is_loaded() {
     assert_eq!(names(&app).await, ["glm-5.3", "semantic-router"]);
     app.fleet.load("vision").await.unwrap();
     assert_eq!(names(&app).await, ["glm-5.3", "semantic-router", "vision"]);
+    answered(&app, "vision");
     app.fleet
         .activity()
         .used_at("vision", super::super::usage::now_ms() - 61_000);
