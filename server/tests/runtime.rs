@@ -388,6 +388,62 @@ async fn an_engine_failing_its_health_check_is_unhealthy_then_restarted() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_admitted_to_an_engine_that_then_turns_unhealthy_is_drained_before_the_engine_stops(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = std::sync::Arc::new(Server::start(dir.path(), 100).await);
+    deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    let engine = server.wait_healthy(1).await.remove(0);
+    let port = engine["port"].as_u64().unwrap() as u16;
+    // Its answers now take 2 s: the one asked next is in flight when its health checks start failing,
+    // and past the 15 failed checks (0.75 s) after which it is restarted.
+    let (status, _) = support::request(port, "POST", "/slow", Some(json!({"ms": 2000}))).await;
+    assert_eq!(status, 204);
+    let events = server.follow_events().await;
+    let asked = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .send(
+                    "POST",
+                    "/v1/chat/completions",
+                    json!({"model": "speech", "messages": [{"role": "user", "content": "hello"}]}),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    assert_eq!(
+        support::request(port, "POST", "/fail-health", None).await.0,
+        204
+    );
+    let (status, answer) = asked.await.unwrap();
+    assert_eq!(status, 200, "{answer}");
+    wait_until("speech runs again, healthy", || async {
+        server
+            .engine_if_any("speech")
+            .await
+            .is_some_and(|e| e["state"] == "healthy" && e["pid"] != engine["pid"])
+    })
+    .await;
+    let states: Vec<String> = events
+        .all()
+        .iter()
+        .filter(|e| e["kind"] == "engine")
+        .map(|e| e["state"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        states,
+        ["unhealthy", "draining", "restarting", "starting", "healthy"]
+    );
+    std::sync::Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_runs_with_its_share_and_environment_restarts_on_request_and_stops_when_deleted() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 100).await;

@@ -6,6 +6,7 @@ use super::engines::{Begin, Control, Status};
 use super::executor::{Running, StartFailure};
 use super::spec::EngineSpec;
 use super::{EngineState, Shared};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch};
@@ -81,12 +82,7 @@ pub(super) async fn supervise(
             tokio::select! {
                 message = control.recv() => {
                     let Some(Control::Stop) = message else { return };
-                    if shared.state(&unit) == Some(EngineState::Healthy) {
-                        let left = shared.drain(&unit, running.pid(), port).await;
-                        if left > 0 {
-                            tracing::warn!("engine {unit}: {left} requests still in flight after {:?}: stopping it", settings.drain_grace);
-                        }
-                    }
+                    drain(&shared, &unit, running.as_ref(), port).await;
                     let stuck = running.stop().await;
                     running.forget().await;
                     shared.set(&unit, EngineState::Stopped, None, None, stuck);
@@ -128,6 +124,7 @@ pub(super) async fn supervise(
                                 Some(format!("{failed_checks} health checks in a row failed")));
                         }
                         if failed_checks >= settings.restart_unhealthy_after {
+                            drain(&shared, &unit, running.as_ref(), port).await;
                             let stuck = running.stop().await;
                             break with_stuck(format!("failed {failed_checks} health checks in a row"), stuck);
                         }
@@ -140,6 +137,27 @@ pub(super) async fn supervise(
             Next::Retry => {}
             Next::End => return,
         }
+    }
+}
+
+/// Before an engine is stopped: out of the gateway's rotation, its requests in flight given the drain grace.
+/// A serving engine always drains; one whose health checks fail drains the requests it was given while it
+/// served (it may still be answering them), and is stopped at once where it has none.
+async fn drain(shared: &Shared, unit: &str, running: &dyn Running, port: u16) {
+    let serving = match shared.state(unit) {
+        Some(EngineState::Healthy) => true,
+        Some(EngineState::Unhealthy) => shared.counter(unit).load(Ordering::SeqCst) > 0,
+        _ => false,
+    };
+    if !serving {
+        return;
+    }
+    let left = shared.drain(unit, running.pid(), port).await;
+    if left > 0 {
+        tracing::warn!(
+            "engine {unit}: {left} requests still in flight after {:?}: stopping it",
+            shared.settings.drain_grace
+        );
     }
 }
 
