@@ -246,6 +246,16 @@ pub struct EngineFlags {
         value_name = "S"
     )]
     pub drain_grace_s: u64,
+    /// How long a GPU must stay over-committed (its sharers taking more than a reading leaves it, say
+    /// while another program allocates there) before its newest shared worker is stopped, in seconds; it
+    /// takes no new work from the first reading.
+    #[arg(
+        long,
+        env = "TESSERA_EVICT_AFTER_S",
+        default_value_t = 30,
+        value_name = "S"
+    )]
+    pub evict_after_s: u64,
     /// NVIDIA's MPS control program, run to start and stop the MPS daemon of each GPU shared under MPS.
     #[arg(
         long,
@@ -298,6 +308,7 @@ impl EngineFlags {
             backoff_max: Duration::from_millis(self.restart_backoff_max_ms),
             max_restarts: self.max_restarts,
             drain_grace: Duration::from_secs(self.drain_grace_s),
+            evict_after: Duration::from_secs(self.evict_after_s),
             mps_control: self.mps_control.clone(),
             node_data_dir: self.node_data_dir.clone(),
             nvidia_smi: self.nvidia_smi.clone(),

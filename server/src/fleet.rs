@@ -38,11 +38,12 @@ use crate::inventory::LocalGpus;
 use crate::runtime::{Change, Hosts, Runtime};
 use committed::Committed;
 use ledger::Ledger;
-use placement::Inventory;
+use placement::{GpuRef, Inventory};
 use sqlx::SqlitePool;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 use tokio::sync::Mutex;
 
 /// The fleet service.
@@ -82,6 +83,35 @@ pub struct Fleet {
 struct State {
     committed: Arc<Committed>,
     ledger: Ledger,
+    /// Since when (ms since the epoch) each GPU over-committed now has been so, write after write: the
+    /// over-commit policy stops work there only once that has lasted (`--evict-after-s`).
+    over_since: BTreeMap<GpuRef, u64>,
+}
+
+impl State {
+    /// Whether the over-commit policy may stop work on `gpu` at `now_ms`: over-committed for `grace`.
+    fn eviction_due(&self, gpu: &GpuRef, now_ms: u64, grace: Duration) -> bool {
+        self.over_since
+            .get(gpu)
+            .is_some_and(|since| now_ms.saturating_sub(*since) >= grace.as_millis() as u64)
+    }
+}
+
+/// The GPUs `ledger` finds over-committed, each since when it has been (from `before`, else `now_ms`).
+fn overcommitted_since(
+    ledger: &Ledger,
+    before: &BTreeMap<GpuRef, u64>,
+    now_ms: u64,
+) -> BTreeMap<GpuRef, u64> {
+    ledger
+        .scheduler()
+        .overcommitted()
+        .into_iter()
+        .map(|o| {
+            let since = before.get(&o.gpu).copied().unwrap_or(now_ms);
+            (o.gpu, since)
+        })
+        .collect()
 }
 
 /// The read side, as of the last committed write.
@@ -131,11 +161,15 @@ impl Fleet {
             }
         }
         let inventory = mig::cut_made_up(inventory, &stored, &hosts);
+        // What stood over-committed before the server stopped is not known to have lasted: nothing is
+        // stopped for it until it has, from now.
         let (committed, ledger) =
-            Fleet::settle(crate::db::write(&pool).await?, inventory, None).await?;
+            Fleet::settle(crate::db::write(&pool).await?, inventory, None, &|_| false).await?;
+        let over_since = overcommitted_since(&ledger, &BTreeMap::new(), usage::now_ms());
         let state = State {
             committed: Arc::new(committed),
             ledger,
+            over_since,
         };
         let desired = engines::desired(&state.committed, &state.ledger, &hosts);
         let fleet = Fleet {
@@ -237,6 +271,7 @@ impl Fleet {
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Inventory,
         before: Option<&Committed>,
+        eviction_due: &(dyn Fn(&GpuRef) -> bool + Sync),
     ) -> Result<(Committed, Ledger), ApiError> {
         let mut committed = Committed::load(&mut tx).await?;
         let mut ledger = Ledger::build(inventory.clone(), &committed);
@@ -255,7 +290,7 @@ impl Fleet {
                 tracing::warn!("{refusal}");
             }
         }
-        for evicted in ledger.relieve(&committed) {
+        for evicted in ledger.relieve(&committed, eviction_due) {
             workers::unplace(&mut tx, &mut committed, &evicted.worker, &evicted.reason).await?;
             crate::audit::record(
                 &mut tx,
@@ -290,7 +325,11 @@ impl Fleet {
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
         let before = state.committed.clone();
-        let (committed, ledger) = Fleet::settle(tx, inventory, Some(&before)).await?;
+        let now = usage::now_ms();
+        let grace = self.runtime.evict_after();
+        let due = |gpu: &GpuRef| grace.is_zero() || state.eviction_due(gpu, now, grace);
+        let (committed, ledger) = Fleet::settle(tx, inventory, Some(&before), &due).await?;
+        state.over_since = overcommitted_since(&ledger, &state.over_since, now);
         self.install(state, committed, ledger);
         if let Some((group, revision, steps)) = plan {
             let members =
@@ -320,6 +359,17 @@ impl Fleet {
     /// The committed state as of the last write.
     pub(crate) fn committed(&self) -> Arc<Committed> {
         self.views().committed.clone()
+    }
+
+    /// Says `gpu`, where it is over-committed now, has been so for `long`; says whether it is.
+    #[cfg(test)]
+    pub(crate) async fn overcommitted_for(&self, gpu: &GpuRef, long: Duration) -> bool {
+        let mut state = self.state.lock().await;
+        let Some(since) = state.over_since.get_mut(gpu) else {
+            return false;
+        };
+        *since = since.saturating_sub(long.as_millis() as u64);
+        true
     }
 
     /// The inventory the ledger holds on now.

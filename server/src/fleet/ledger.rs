@@ -104,27 +104,36 @@ impl Ledger {
         }
     }
 
-    /// The over-commit policy: while a GPU's sharers take more than it offers, the newest standalone shared
-    /// worker on it stops (it waits again, pending, with the reason). Group members are never stopped here:
-    /// their plan was committed by an operator, so their GPU stays over-committed, in sight, and takes no
-    /// new work until the plan changes or the memory held outside Tessera falls.
-    pub(crate) fn relieve(&mut self, committed: &Committed) -> Vec<Eviction> {
+    /// The over-commit policy: while a GPU's sharers take more than it offers, and have for long enough
+    /// (`due`, for a spike of another program's to pass), the newest standalone shared worker on it stops
+    /// (it waits again, pending, with the reason). Until then the GPU only takes no new work. Group members
+    /// are never stopped here: their plan was committed by an operator, so their GPU stays over-committed,
+    /// in sight, and takes no new work until the plan changes or the memory held outside Tessera falls.
+    pub(crate) fn relieve(
+        &mut self,
+        committed: &Committed,
+        due: &dyn Fn(&GpuRef) -> bool,
+    ) -> Vec<Eviction> {
         let mut evicted = Vec::new();
         loop {
-            let victim = self.scheduler.overcommitted().into_iter().find_map(|over| {
-                let Some(Hold::Shared(sharers)) = self.scheduler.hold(&over.gpu) else {
-                    return None;
-                };
-                committed
-                    .workers
-                    .iter()
-                    .rev()
-                    .find(|w| w.assignment.is_some() && sharers.contains_key(&w.name))
-                    .map(|w| Eviction {
-                        worker: w.name.clone(),
-                        reason: over.to_string(),
-                    })
-            });
+            let overcommitted = self.scheduler.overcommitted();
+            let victim = overcommitted
+                .into_iter()
+                .filter(|o| due(&o.gpu))
+                .find_map(|over| {
+                    let Some(Hold::Shared(sharers)) = self.scheduler.hold(&over.gpu) else {
+                        return None;
+                    };
+                    committed
+                        .workers
+                        .iter()
+                        .rev()
+                        .find(|w| w.assignment.is_some() && sharers.contains_key(&w.name))
+                        .map(|w| Eviction {
+                            worker: w.name.clone(),
+                            reason: over.to_string(),
+                        })
+                });
             let Some(victim) = victim else {
                 return evicted;
             };

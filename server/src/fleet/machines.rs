@@ -221,7 +221,15 @@ impl Fleet {
             }
             let machine = fleet.marked(machine);
             let inventory = state.ledger.inventory();
-            if inventory.machine(&machine.name) == Some(&machine) {
+            // The same reading changes nothing, unless a GPU of the machine has now been over-committed
+            // for long enough that the over-commit policy stops work there.
+            let now = super::usage::now_ms();
+            let grace = fleet.runtime.evict_after();
+            let eviction_due = state
+                .over_since
+                .keys()
+                .any(|gpu| gpu.machine == machine.name && state.eviction_due(gpu, now, grace));
+            if inventory.machine(&machine.name) == Some(&machine) && !eviction_due {
                 return Ok(());
             }
             let inventory = inventory

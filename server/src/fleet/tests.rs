@@ -6,7 +6,7 @@ use crate::inventory::file::parse_inventory;
 use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, ATLAS, MAJIN};
 use axum::http::{Method, StatusCode};
 use futures::FutureExt;
-use placement::Bytes;
+use placement::{Bytes, GpuRef};
 use serde_json::{json, Value};
 
 /// A shared worker of `gb` on majin's GPU.
@@ -93,7 +93,11 @@ async fn an_over_committed_gpu_stops_its_newest_shared_worker_first_and_never_a_
         .await;
     app.post_worker(&on_majin("older", 2.0)).await;
     app.post_worker(&on_majin("newer", 2.0)).await;
-    // Offers 4; glm-5.3 (2), older (2) and newer (2) take 6: newer stops, and that is enough.
+    // Offers 4; glm-5.3 (2), older (2) and newer (2) take 6, for longer than --evict-after-s: newer
+    // stops, and that is enough.
+    app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
+    let majin0 = GpuRef::new("majin", 0);
+    assert!(app.fleet.overcommitted_for(&majin0, EVICT_AFTER).await);
     app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
     let (_, newer) = app.get("/api/workers/newer").await;
     assert_eq!(newer["state"], "pending");
@@ -107,13 +111,48 @@ async fn an_over_committed_gpu_stops_its_newest_shared_worker_first_and_never_a_
         audit.to_string().contains("newer"),
         "said in the audit log: {audit}"
     );
-    // Offers 1: older stops too; glm-5.3 stays, and the GPU says it is over.
+    // Offers 1 for as long: older stops too; glm-5.3 stays, and the GPU says it is over.
+    app.fleet.refresh_machine(majin_holding(7)).await.unwrap();
+    assert!(app.fleet.overcommitted_for(&majin0, EVICT_AFTER).await);
     app.fleet.refresh_machine(majin_holding(7)).await.unwrap();
     assert_eq!(app.get("/api/workers/older").await.1["state"], "pending");
     let (_, groups) = app.get("/api/groups").await;
     assert_eq!(member(&groups, "glm-5.3")["share_percent"], 25.0);
     let (_, majin) = app.get("/api/machines/majin").await;
     assert!(majin["gpus"][0]["overcommitted"].is_string(), "{majin}");
+    app.fleet.check_ledger().await.unwrap();
+}
+
+/// The default `--evict-after-s`, which the test servers keep.
+pub(super) const EVICT_AFTER: std::time::Duration = std::time::Duration::from_secs(30);
+
+#[tokio::test]
+async fn a_spike_of_another_programs_memory_stops_no_worker_and_keeps_new_work_off_the_gpu_while_it_lasts(
+) {
+    let app = majin_and_atlas_with_catalog().await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["majin:0"], "share": 25}))
+        .await;
+    app.post_worker(&on_majin("older", 2.0)).await;
+    app.post_worker(&on_majin("newer", 2.0)).await;
+    // Another program takes 4 GB for a few readings, under --evict-after-s.
+    app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
+    app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
+    assert_eq!(app.get("/api/workers/newer").await.1["state"], "placed");
+    let (_, audit) = app.get("/api/audit?action=worker.evict").await;
+    assert_eq!(audit, json!([]));
+    let (_, majin) = app.get("/api/machines/majin").await;
+    assert!(majin["gpus"][0]["overcommitted"].is_string(), "{majin}");
+    // No new work goes there meanwhile.
+    let (_, small) = app.post_worker(&on_majin("small", 0.5)).await;
+    assert_eq!(small["state"], "pending", "{small}");
+    // The spike passes: nothing was stopped, and the waiting work is placed.
+    app.fleet.refresh_machine(majin_holding(0)).await.unwrap();
+    assert_eq!(app.get("/api/workers/small").await.1["state"], "placed");
+    assert_eq!(app.get("/api/workers/newer").await.1["state"], "placed");
+    // A new spike counts from its own start.
+    app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
+    app.fleet.refresh_machine(majin_holding(4)).await.unwrap();
+    assert_eq!(app.get("/api/workers/newer").await.1["state"], "placed");
     app.fleet.check_ledger().await.unwrap();
 }
 

@@ -371,6 +371,11 @@ impl Runtime {
         Some(self.shared.settings.backoff(1) + load.took)
     }
 
+    /// How long a GPU must stay over-committed before the over-commit policy stops a shared worker there.
+    pub fn evict_after(&self) -> std::time::Duration {
+        self.shared.settings.evict_after
+    }
+
     /// How long a model whose engine failed to load is refused before a request loads it again: the
     /// longest wait before a restart.
     pub fn cool_off(&self) -> std::time::Duration {

@@ -42,6 +42,8 @@ pub struct Settings {
     pub restart_unhealthy_after: u32,
     /// How long a serving engine about to stop may take to finish its requests in flight.
     pub drain_grace: Duration,
+    /// How long a GPU must stay over-committed before the over-commit policy stops a shared worker there.
+    pub evict_after: Duration,
     /// How often a node's engine's job log is read again for its processes while the node's GPUs run
     /// a process that no engine's last report accounts for (one may have started since).
     pub processes_reread: Duration,
@@ -65,6 +67,7 @@ impl std::fmt::Debug for Settings {
             .field("unhealthy_after", &self.unhealthy_after)
             .field("restart_unhealthy_after", &self.restart_unhealthy_after)
             .field("drain_grace", &self.drain_grace)
+            .field("evict_after", &self.evict_after)
             .field("processes_reread", &self.processes_reread)
             .field("gpus", &self.gpus.is_some())
             .field(
@@ -98,6 +101,7 @@ impl Settings {
             unhealthy_after: 3,
             restart_unhealthy_after: 15,
             drain_grace: Duration::from_secs(30),
+            evict_after: Duration::from_secs(30),
             processes_reread: Duration::from_secs(30),
             gpus: None,
             ray: None,
