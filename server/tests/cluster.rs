@@ -237,7 +237,7 @@ async fn a_server_whose_ray_head_does_not_answer_starts_runs_its_own_engines_and
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cluster_s_machines_are_shown_unreachable_while_it_does_not_answer_at_a_start_and_their_work_resumes_once_it_answers(
+async fn the_cluster_s_machines_are_shown_unreachable_while_it_does_not_answer_at_a_start_what_waits_for_them_says_so_and_their_work_resumes_once_it_answers(
 ) {
     let (address, ray) = silent_head();
     let cluster = Cluster::default();
@@ -259,6 +259,28 @@ async fn the_cluster_s_machines_are_shown_unreachable_while_it_does_not_answer_a
     assert_eq!(status, 200, "{majin}");
     assert!(majin["unreachable_since"].is_string(), "{majin}");
     assert_eq!(majin["gpus"], json!([]), "nothing is held or placed there");
+    // What waits for it says why: the machine is unreachable, not missing.
+    let unreachable = format!(
+        "majin is unreachable since {}: its Ray node is dead or gone, or the cluster does not answer",
+        majin["unreachable_since"].as_str().unwrap()
+    );
+    let (_, groups) = server.get("/api/groups").await;
+    assert_eq!(
+        groups[0]["members"][0]["not_held"],
+        json!([unreachable]),
+        "{groups}"
+    );
+    let pinned = json!({"name": "pinned", "requested_resources": {"gpu_requests": {"count": 1, "ids": ["majin:0"], "shared": true, "memory_gb": 1}}});
+    let (status, worker) = server.send("POST", "/api/workers", pinned).await;
+    assert_eq!(status, 201, "{worker}");
+    assert_eq!(worker["pending_reasons"], json!([unreachable]), "{worker}");
+    assert_eq!(
+        server
+            .send("DELETE", "/api/workers/pinned", json!(null))
+            .await
+            .0,
+        204
+    );
 
     let _head = answer(address, stand_in(cluster.clone())).await;
     wait_until("majin is reachable again with its GPU", || async {

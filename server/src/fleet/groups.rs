@@ -188,7 +188,12 @@ impl Fleet {
                         .unplaced
                         .iter()
                         .filter(|(who, _)| who.starts_with(&prefix))
-                        .map(|(_, why)| why.clone())
+                        .map(|(who, why)| match crate::units::Holder::parse(who) {
+                            crate::units::Holder::Member { machine, .. } => {
+                                self.said_of_unreachable(why.clone(), &[machine])
+                            }
+                            crate::units::Holder::Worker(_) => why.clone(),
+                        })
                         .collect();
                 }
                 view.progress = self.runtime.progress(&g.name);

@@ -174,6 +174,35 @@ impl Fleet {
         Ok(machine)
     }
 
+    /// Why work on `machine` waits while its node is unreachable, where it is: what the machine page says.
+    pub(super) fn unreachable_words(&self, machine: &str) -> Option<String> {
+        let since = self.unreachable_since(machine)?;
+        Some(format!(
+            "{machine} is unreachable since {since}: its Ray node is dead or gone, or the cluster does not answer"
+        ))
+    }
+
+    /// `why` a holder waits or is not held, said as the unreachable machine it names where it names one:
+    /// the GPUs of such a machine are out of the inventory, which alone would say they are not there.
+    pub(super) fn said_of_unreachable(&self, why: String, machines: &[&str]) -> String {
+        machines
+            .iter()
+            .find_map(|m| {
+                let gone = why == placement::PendingReason::NoGpuMatches.to_string()
+                    || why.ends_with(&format!(" of {m} is not in the inventory"));
+                gone.then(|| self.unreachable_words(m)).flatten()
+            })
+            .unwrap_or(why)
+    }
+
+    /// Whether every machine is reachable (always, without a Ray cluster): most reads say nothing more.
+    pub(super) fn nothing_unreachable(&self) -> bool {
+        self.unreachable
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_empty()
+    }
+
     fn unreachable_since(&self, name: &str) -> Option<String> {
         self.unreachable
             .read()

@@ -157,7 +157,7 @@ impl Fleet {
         state
             .committed
             .worker(new.name())
-            .map(|w| view(w, &state.ledger))
+            .map(|w| self.with_unreachable(view(w, &state.ledger)))
             .ok_or_else(|| no_worker(new.name()))
     }
 
@@ -168,12 +168,44 @@ impl Fleet {
             .iter()
             .find(|w| w.name == name)
             .cloned()
+            .map(|w| self.with_unreachable(w))
             .ok_or_else(|| no_worker(name))
     }
 
     /// Every worker, oldest first.
     pub fn workers(&self) -> Vec<WorkerView> {
-        self.views().workers.clone()
+        let workers = self.views().workers.clone();
+        if self.nothing_unreachable() {
+            return workers;
+        }
+        workers
+            .into_iter()
+            .map(|w| self.with_unreachable(w))
+            .collect()
+    }
+
+    /// `worker`, whose GPUs asked for or held may be on a machine unreachable now, saying so where that is
+    /// why it waits or is not held.
+    fn with_unreachable(&self, mut worker: WorkerView) -> WorkerView {
+        if self.nothing_unreachable() {
+            return worker;
+        }
+        let asked = worker.requested_resources.gpu_requests.iter();
+        let mut machines: Vec<String> = asked
+            .flat_map(|r| r.ids.iter())
+            .filter_map(|id| id.split_once(':').map(|(m, _)| m.to_owned()))
+            .collect();
+        machines.extend(worker.machine.clone());
+        let machines: Vec<&str> = machines.iter().map(String::as_str).collect();
+        worker.pending_reasons = std::mem::take(&mut worker.pending_reasons)
+            .into_iter()
+            .map(|why| self.said_of_unreachable(why, &machines))
+            .collect();
+        worker.not_held = worker
+            .not_held
+            .take()
+            .map(|why| self.said_of_unreachable(why, &machines));
+        worker
     }
 
     /// `worker` as one who sees it with `sight` is shown it.
