@@ -15,7 +15,7 @@ use crate::units::Holder;
 use app::views::{RepackProgress, RepackRun};
 use placement::repack::Goal;
 use placement::{
-    Assignment, GpuDemand, GpuMode, Hold, Movable, Move, Policy, RepackError, RepackInput,
+    Assignment, GpuDemand, GpuMode, GpuRef, Hold, Movable, Move, Policy, RepackError, RepackInput,
     RepackPlan, RepackStep, WorkerRequest,
 };
 use std::sync::{Arc, PoisonError};
@@ -314,7 +314,13 @@ impl Fleet {
             };
             match moved {
                 Ok(()) => {
-                    self.runtime.settled().await;
+                    // The step's own GPUs, not the fleet's: an unrelated engine loading for minutes
+                    // elsewhere does not hold the repack up.
+                    let gpus: Vec<GpuRef> = moves
+                        .iter()
+                        .flat_map(|m| [m.from.clone(), m.to.clone()])
+                        .collect();
+                    self.runtime.settled_on(&gpus).await;
                     self.repack_step(i, "done", None);
                 }
                 Err(e) => {

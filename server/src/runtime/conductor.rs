@@ -16,7 +16,9 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// What the runtime's handle asks of the conductor, in the order it asked.
 pub(super) enum Order {
     Change(Change),
-    Settled(oneshot::Sender<()>),
+    /// Answer once the changes under way on these GPUs (`machine#index`; every GPU where `None`) have
+    /// been carried out.
+    Settled(Option<BTreeSet<Gpu>>, oneshot::Sender<()>),
     Shutdown(oneshot::Sender<()>),
 }
 
@@ -63,11 +65,13 @@ pub(super) async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedRece
         conductor.jobs.retain(|job| !job.cancel.is_closed());
         match order {
             Order::Change(change) => conductor.dispatch(change).await,
-            Order::Settled(done) => {
+            Order::Settled(on, done) => {
                 // A tail whose job has ended answers `has_changed` with an error.
                 let tails: Vec<_> = conductor
                     .tails
-                    .values()
+                    .iter()
+                    .filter(|(gpu, _)| on.as_ref().is_none_or(|on| on.contains(*gpu)))
+                    .map(|(_, tail)| tail)
                     .filter(|tail| tail.has_changed().is_ok())
                     .cloned()
                     .collect();

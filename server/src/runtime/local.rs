@@ -3,7 +3,7 @@
 //! SIGKILL, and waited for until its processes and, where NVML can tell, its GPU memory are gone.
 
 use super::executor::{Executor, Leftover, Running, StartFailure, Units};
-use super::mps::MpsClients;
+use super::mps::{DaemonLocks, MpsClients};
 use super::process::{self, off_executor, SpawnError, Spawned, KILL, TERM};
 use super::spec::{EngineSpec, Host, Launch, MpsClient};
 use super::{engine_id, Settings};
@@ -13,7 +13,7 @@ use sqlx::SqlitePool;
 use std::collections::BTreeSet;
 use std::io;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::time::{sleep, timeout, Instant};
 
 /// What this machine's engines share.
@@ -28,7 +28,9 @@ pub(crate) struct Local {
     closing: Arc<Mutex<bool>>,
     /// The MPS daemons of this machine's GPUs shared under MPS, with the engines that are their clients:
     /// each started before its first, stopped after its last.
-    mps: tokio::sync::Mutex<MpsClients>,
+    mps: Mutex<MpsClients>,
+    /// One at a time per daemon: its start or stop and its clients' joins and leaves.
+    daemons: DaemonLocks,
 }
 
 /// This machine's processes, as an [`Executor`].
@@ -48,7 +50,8 @@ impl LocalExecutor {
             instance,
             boot: process::boot_id(),
             closing,
-            mps: tokio::sync::Mutex::default(),
+            mps: Mutex::default(),
+            daemons: DaemonLocks::default(),
         }))
     }
 
@@ -68,7 +71,7 @@ impl LocalExecutor {
     /// would run the engine outside MPS, unlimited, and say nothing: so where it cannot start, neither
     /// does the engine.
     async fn join_mps(&self, daemon: MpsDaemon, unit: &str) -> Result<(), String> {
-        let mut daemons = self.0.mps.lock().await;
+        let _this_daemon = self.0.daemons.lock(&daemon.pipe_dir).await;
         // Asked each time, not taken on trust: a daemon may have died, or been stopped while this server
         // was down. One that answers (a previous server's too) is kept; else one is started.
         if self.mps_answers(&daemon).await.is_err() {
@@ -83,8 +86,12 @@ impl LocalExecutor {
             })?;
             tracing::info!("MPS daemon of GPU {} started for {unit}", daemon.uuid);
         }
-        daemons.join(daemon, unit);
+        self.clients().join(daemon, unit);
         Ok(())
+    }
+
+    fn clients(&self) -> std::sync::MutexGuard<'_, MpsClients> {
+        self.0.mps.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether `daemon` answers its control program.
@@ -94,8 +101,12 @@ impl LocalExecutor {
 
     /// `unit` is no client of any daemon from now on; a daemon left without clients is stopped.
     async fn leave_mps(&self, unit: &str) {
-        let mut daemons = self.0.mps.lock().await;
-        if let Some(daemon) = daemons.leave(unit) {
+        let Some(pipe_dir) = self.clients().daemon_of(unit) else {
+            return;
+        };
+        let _this_daemon = self.0.daemons.lock(&pipe_dir).await;
+        let last = self.clients().leave(unit);
+        if let Some(daemon) = last {
             match self.mps_command(&daemon, MpsDaemon::STOP).await {
                 Ok(()) => tracing::info!("MPS daemon of GPU {} stopped after {unit}", daemon.uuid),
                 Err(why) => tracing::warn!("MPS daemon of GPU {} did not stop: {why}", daemon.uuid),
@@ -364,7 +375,7 @@ impl Executor for LocalExecutor {
             // Its daemon, left running with it, is its again.
             if let Some((machine, client)) = EngineSpec::mps_of(&record.fingerprint) {
                 let daemon = self.mps_daemon(&machine, &client);
-                self.0.mps.lock().await.join(daemon, &record.unit);
+                self.clients().join(daemon, &record.unit);
             }
             let kind = Kind::Adopted {
                 pid: record.pid,

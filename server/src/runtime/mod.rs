@@ -467,8 +467,22 @@ impl Runtime {
 
     /// Waits for the changes submitted so far to be carried out.
     pub async fn settled(&self) {
+        self.settled_with(None).await;
+    }
+
+    /// Waits until every change submitted so far on `gpus` has been carried out (or cancelled); what
+    /// other GPUs wait for (an unrelated engine loading for minutes) is not waited for.
+    pub async fn settled_on(&self, gpus: &[placement::GpuRef]) {
+        let gpus = gpus
+            .iter()
+            .map(|g| format!("{}#{}", g.machine, g.index))
+            .collect();
+        self.settled_with(Some(gpus)).await;
+    }
+
+    async fn settled_with(&self, on: Option<std::collections::BTreeSet<String>>) {
         let (done, settled) = oneshot::channel();
-        if self.orders.send(Order::Settled(done)).is_ok() {
+        if self.orders.send(Order::Settled(on, done)).is_ok() {
             let _ = settled.await;
         }
     }

@@ -3,6 +3,8 @@
 
 use placement::sharing::MpsDaemon;
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::{Arc, Mutex, PoisonError};
+use tokio::sync::OwnedMutexGuard;
 
 /// The daemons that have clients, by pipe directory (one per GPU), each with its clients' units.
 #[derive(Default)]
@@ -18,6 +20,13 @@ impl MpsClients {
             .insert(unit.to_owned());
     }
 
+    /// The pipe directory of the daemon `unit` is a client of, if it is one.
+    pub(crate) fn daemon_of(&self, unit: &str) -> Option<String> {
+        self.0
+            .iter()
+            .find_map(|(dir, (_, clients))| clients.contains(unit).then(|| dir.clone()))
+    }
+
     /// `unit` is no client from now on: the daemon it leaves without clients, which is to stop, if any.
     pub(crate) fn leave(&mut self, unit: &str) -> Option<MpsDaemon> {
         let pipe_dir = self
@@ -29,6 +38,22 @@ impl MpsClients {
         } else {
             None
         }
+    }
+}
+
+/// One lock per daemon (by pipe directory), held across its control program's calls: a daemon's start,
+/// its clients' joins and its stop come one at a time, while other GPUs' daemons start meanwhile.
+#[derive(Default)]
+pub(crate) struct DaemonLocks(Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>);
+
+impl DaemonLocks {
+    /// Waits for the daemon of `pipe_dir` to be free, and holds it until the guard is dropped.
+    pub(crate) async fn lock(&self, pipe_dir: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+            locks.entry(pipe_dir.to_owned()).or_default().clone()
+        };
+        lock.lock_owned().await
     }
 }
 

@@ -179,3 +179,53 @@ async fn a_daemon_that_died_is_started_again_for_the_next_client_not_taken_on_tr
     assert_eq!(mps_calls(dir.path()), "start GPU-0c4b\nstart GPU-0c4b\n");
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_mps_daemons_of_two_gpus_start_side_by_side_not_one_after_the_other() {
+    let dir = tempfile::tempdir().unwrap();
+    // A control program whose daemon takes a second to start, writing down when each start begins and
+    // ends in one file for both GPUs.
+    let starts = dir.path().join("starts");
+    let control = dir.path().join("slow-mps-control");
+    std::fs::write(
+        &control,
+        format!(
+            "#!/bin/sh\nif [ \"$1\" = -d ]; then\n  echo \"begin $CUDA_VISIBLE_DEVICES\" >> '{starts}'\n  sleep 1\n  touch \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n  echo \"end $CUDA_VISIBLE_DEVICES\" >> '{starts}'\n  exit 0\nfi\n[ -e \"$CUDA_MPS_PIPE_DIRECTORY/control\" ] || exit 1\nread command\n[ \"$command\" = quit ] && rm \"$CUDA_MPS_PIPE_DIRECTORY/control\"\nexit 0\n",
+            starts = starts.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let runtime = Runtime::open(
+        database(dir.path()).await,
+        Settings {
+            mps_control: control,
+            ..mps_settings(dir.path())
+        },
+    )
+    .await
+    .unwrap();
+    let on = |unit: &str, index: u32, uuid: &str| {
+        let mut spec = mps_engine(dir.path(), unit, 2);
+        spec.gpus = vec![index];
+        spec.mps = Some(spec::MpsClient {
+            index,
+            uuid: uuid.to_owned(),
+            compute_percent: None,
+        });
+        spec
+    };
+    runtime.submit(Change::Apply(vec![
+        on("a", 0, "GPU-0c4b"),
+        on("b", 1, "GPU-1d5c"),
+    ]));
+    wait_until("both daemons have started", || {
+        std::fs::read_to_string(&starts).is_ok_and(|s| s.matches("end").count() == 2)
+    })
+    .await;
+    let seen = std::fs::read_to_string(&starts).unwrap();
+    let order: Vec<&str> = seen.lines().map(|l| l.split(' ').next().unwrap()).collect();
+    assert_eq!(order, ["begin", "begin", "end", "end"], "{seen}");
+    runtime.shutdown().await;
+}

@@ -156,3 +156,51 @@ async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory
         "the job's 1 GB of the 8 GB is taken"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_for_some_gpus_to_settle_does_not_wait_for_an_engine_still_loading_on_another() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    let script = dir.path().join("answer.py");
+    std::fs::write(
+        &script,
+        r#"import http.server, sys
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+"#,
+    )
+    .unwrap();
+    // On GPU 1, an engine that loads for as long as its start timeout (15 minutes); on GPU 0, one that
+    // answers at once.
+    let loading = command("loading", 1, "sleep 1000");
+    let quick = command(
+        "quick",
+        0,
+        &format!("python3 {} {{port}}", script.display()),
+    );
+    runtime.submit(Change::Apply(vec![loading, quick]));
+    let gpu0 = placement::GpuRef::new("here", 0);
+    tokio::time::timeout(PATIENCE, runtime.settled_on(&[gpu0]))
+        .await
+        .expect("GPU 0 settles while GPU 1 still loads");
+    assert_eq!(
+        runtime.engine("quick").map(|e| e.state),
+        Some(EngineState::Healthy)
+    );
+    assert_eq!(
+        runtime.engine("loading").map(|e| e.state),
+        Some(EngineState::Starting)
+    );
+    // The whole fleet has not settled.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(500), runtime.settled())
+            .await
+            .is_err()
+    );
+    runtime.shutdown().await;
+}
