@@ -12,11 +12,27 @@ use serde_json::{json, Value};
 use std::sync::{Arc, Mutex};
 use support::{wait_until, Server};
 
-/// What the stand-in holds: the jobs submitted, and the node's GPU memory in use by its one process.
+/// What the stand-in holds: the jobs submitted, and the node's GPU memory in use by its one process; and
+/// how it behaves: its node dead, new jobs held PENDING with Ray's reason, something answering `/health`
+/// at each new job's port (whether or not the job runs).
 #[derive(Clone, Default)]
 struct Cluster {
     jobs: Arc<Mutex<Vec<Value>>>,
     used_mib: Arc<Mutex<u64>>,
+    dead: Arc<Mutex<bool>>,
+    pending: Arc<Mutex<Option<String>>>,
+    answer_health: Arc<Mutex<bool>>,
+}
+
+/// Answers `GET /health` on 127.0.0.1:`port`, as whatever else may listen at a node's port.
+fn answer_health(port: u16) {
+    tokio::spawn(async move {
+        let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await else {
+            return;
+        };
+        let app = Router::new().route("/health", get(|| async { "ok" }));
+        let _ = axum::serve(listener, app).await;
+    });
 }
 
 /// The PID the node's agent reads on the GPU, and that the engine's job reports as its own.
@@ -31,9 +47,10 @@ fn stand_in_for(cluster: Cluster, machine: &'static str) -> Router {
     Router::new()
         .route(
             "/api/v0/nodes",
-            get(move || async move {
+            get(move |State(c): State<Cluster>| async move {
+                let state = if *c.dead.lock().unwrap() { "DEAD" } else { "ALIVE" };
                 Json(json!({"data": {"result": {"result": [{
-                    "node_id": "n1", "node_ip": "127.0.0.1", "state": "ALIVE",
+                    "node_id": "n1", "node_ip": "127.0.0.1", "state": state,
                     "labels": {"tessera.machine": machine, "tessera.gpu-model": "NVIDIA-H200"},
                     "resources_total": {"CPU": 16.0, "memory": 8e9, "tessera_gpu_0_GPU-aaaa": 143771.0}
                 }]}}}))
@@ -54,8 +71,20 @@ fn stand_in_for(cluster: Cluster, machine: &'static str) -> Router {
             "/api/jobs/",
             get(|State(c): State<Cluster>| async move { Json(Value::from(c.jobs.lock().unwrap().clone())) })
                 .post(|State(c): State<Cluster>, Json(mut job): Json<Value>| async move {
-                    job["status"] = json!("RUNNING");
-                    job["driver_node_id"] = json!("n1");
+                    match c.pending.lock().unwrap().clone() {
+                        Some(why) => {
+                            job["status"] = json!("PENDING");
+                            job["message"] = json!(why);
+                        }
+                        None => {
+                            job["status"] = json!("RUNNING");
+                            job["driver_node_id"] = json!("n1");
+                        }
+                    }
+                    if *c.answer_health.lock().unwrap() {
+                        let port = job["metadata"]["tessera_port"].as_str().and_then(|p| p.parse().ok());
+                        answer_health(port.unwrap_or_default());
+                    }
                     let id = job["submission_id"].clone();
                     c.jobs.lock().unwrap().push(job);
                     Json(json!({"submission_id": id}))
@@ -292,5 +321,78 @@ async fn the_cluster_s_machines_are_shown_unreachable_while_it_does_not_answer_a
         running(&cluster) == 1
     })
     .await;
+    server.stop().await;
+}
+
+/// The stand-in served at a fresh address, and the server over it, with `emb` deployed on majin:0.
+async fn over_stand_in(cluster: &Cluster, dir: &std::path::Path) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let ray = format!("http://{}", listener.local_addr().unwrap());
+    let app = stand_in(cluster.clone());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let server = Server::start_with(dir, 200, &["--ray", &ray]).await;
+    deploy_emb(&server, "majin:0").await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_job_ray_holds_pending_is_not_healthy_whatever_answers_at_its_port_and_says_ray_s_reason(
+) {
+    let cluster = Cluster::default();
+    *cluster.pending.lock().unwrap() = Some(
+        "Job supervisor actor could not be scheduled: no node has the resources and labels asked for"
+            .to_owned(),
+    );
+    *cluster.answer_health.lock().unwrap() = true;
+    let dir = tempfile::tempdir().unwrap();
+    let server = over_stand_in(&cluster, dir.path()).await;
+    wait_until("the engine says why it waits", || async {
+        server.engine_if_any("emb").await.is_some_and(|e| {
+            e["message"].as_str().is_some_and(|m| {
+                m.contains("is PENDING: Job supervisor actor could not be scheduled")
+            })
+        })
+    })
+    .await;
+    // Something answers its health check at its port all along: it is not it.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(server.engine("emb").await["state"], "starting");
+    // Ray runs the job: now its answer counts.
+    for job in cluster.jobs.lock().unwrap().iter_mut() {
+        job["status"] = json!("RUNNING");
+    }
+    wait_until("the engine is healthy", || async {
+        server.engine("emb").await["state"] == "healthy"
+    })
+    .await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_under_way_when_its_node_dies_submits_no_job_for_the_dead_node() {
+    let cluster = Cluster::default();
+    let dir = tempfile::tempdir().unwrap();
+    let server = over_stand_in(&cluster, dir.path()).await;
+    wait_until("emb runs as a job on majin", || async {
+        running(&cluster) == 1
+    })
+    .await;
+    // The node dies, and with it the engine's job: its restart comes after a 0.2 s backoff, before the
+    // server's next read of the cluster (every 3 s) shows the machine unreachable.
+    *cluster.dead.lock().unwrap() = true;
+    for job in cluster.jobs.lock().unwrap().iter_mut() {
+        job["status"] = json!("FAILED");
+        job["message"] = json!("the node died");
+    }
+    wait_until("the machine is shown unreachable", || async {
+        server.get("/api/machines/majin").await.1["unreachable_since"].is_string()
+    })
+    .await;
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    assert_eq!(
+        cluster.jobs.lock().unwrap().len(),
+        1,
+        "no job was submitted for the dead node"
+    );
     server.stop().await;
 }

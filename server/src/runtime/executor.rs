@@ -44,6 +44,13 @@ pub(crate) trait Running: Send + Sync {
     /// Where its HTTP server answers (`host`, port).
     fn address(&self) -> (String, u16);
 
+    /// Whether it runs as it should for its health check to count, and if not, why not (a job its cluster
+    /// still holds PENDING, with the cluster's own reason): something else answering at its address is
+    /// not it. A process of this machine that has not exited runs.
+    async fn serving(&self) -> Result<(), String> {
+        Ok(())
+    }
+
     /// Waits until it has exited by itself, and says how.
     async fn exited(&mut self) -> String;
 

@@ -78,6 +78,7 @@ pub(super) async fn supervise(
         // that loads in a moment (an on-demand model's request waits on it) is seen ready in a moment.
         let mut next_probe = tokio::time::Instant::now();
         let mut starting_wait = STARTING_PROBE;
+        let mut waiting_for: Option<String> = None;
         let why = loop {
             tokio::select! {
                 message = control.recv() => {
@@ -101,8 +102,17 @@ pub(super) async fn supervise(
                         wait
                     };
                     next_probe = tokio::time::Instant::now() + wait;
+                    // Until it first serves, what answers at its address counts only once it runs as it
+                    // should (a cluster's job RUNNING, not PENDING); why not is its message meanwhile.
+                    let serving = if healthy_once { Ok(()) } else { running.serving().await };
+                    if let Err(why) = &serving {
+                        if waiting_for.as_ref() != Some(why) {
+                            shared.set(&unit, EngineState::Starting, running.pid(), Some(port), Some(why.clone()));
+                            waiting_for = Some(why.clone());
+                        }
+                    }
                     // A loaded machine answers slowly: a probe may take longer than the interval.
-                    if healthy(&host, port, settings.health_interval.max(PROBE_TIMEOUT)).await {
+                    if serving.is_ok() && healthy(&host, port, settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
                             if !healthy_once {

@@ -71,6 +71,23 @@ impl Running for RayJob {
         (self.address.clone(), self.port)
     }
 
+    /// Its job is RUNNING: until then, whatever answers at its node's port is not it.
+    async fn serving(&self) -> Result<(), String> {
+        let job = self
+            .client()
+            .job(&self.id)
+            .await
+            .map_err(|e| e.to_string())?;
+        if job.status == "RUNNING" {
+            return Ok(());
+        }
+        let mut words = format!("its Ray job {} is {}", self.id, job.status);
+        if let Some(message) = job.message.as_deref().filter(|m| !m.is_empty()) {
+            words.push_str(&format!(": {}", message.lines().next().unwrap_or_default()));
+        }
+        Err(words)
+    }
+
     async fn exited(&mut self) -> String {
         let job = self.ended().await;
         self.over = true;

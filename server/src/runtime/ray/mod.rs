@@ -187,6 +187,49 @@ impl RayExecutor {
         }
     }
 
+    /// Refuses, for now, a start on a machine whose node is not alive, or whose GPUs are not those the
+    /// engine was placed on (a node replaced under the same label): Ray would keep its job PENDING until
+    /// such a node appears, and run it then, whatever Tessera wants by that time. So a machine that becomes
+    /// unreachable gets no new job at all, the start under way for it included.
+    async fn node_ready(&self, spec: &EngineSpec) -> Result<(), StartFailure> {
+        let Host::Cluster { uuids, .. } = &spec.host else {
+            return Ok(());
+        };
+        let nodes = self
+            .0
+            .client
+            .nodes()
+            .await
+            .map_err(|e| StartFailure::Unavailable(e.to_string()))?;
+        let machines = crate::inventory::ray::machines(&nodes);
+        let machine = &spec.machine;
+        let Some(node) = machines.iter().find(|m| &m.name == machine) else {
+            return Err(StartFailure::Unavailable(format!(
+                "{machine} is unreachable: no Ray node is labelled {machine} now"
+            )));
+        };
+        if !node.alive {
+            return Err(StartFailure::Unavailable(format!(
+                "{machine} is unreachable: its Ray node is dead"
+            )));
+        }
+        for index in &spec.gpus {
+            let now = node
+                .gpus
+                .iter()
+                .find(|g| g.index == *index)
+                .map(|g| &g.uuid);
+            if now != uuids.get(index) {
+                return Err(StartFailure::Unavailable(format!(
+                    "the Ray node labelled {machine} has {} as GPU {index}, not {}, which this engine was placed on: it starts once Tessera has taken up the node as it is now",
+                    now.map_or("no GPU", String::as_str),
+                    uuids.get(index).map_or("?", String::as_str)
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Ray's wait between a job's SIGTERM and its SIGKILL: the stop timeout in whole seconds.
     fn stop_grace(&self) -> Duration {
         Duration::from_secs_f64(self.0.settings.stop_timeout.as_secs_f64().ceil().max(1.0))
@@ -348,6 +391,8 @@ impl Executor for RayExecutor {
         if self.closing() {
             return Err(StartFailure::Closing);
         }
+        // Right before the submission: the wait for earlier jobs may have outlasted the node.
+        self.node_ready(spec).await?;
         if let Some((_, daemon)) = &mps {
             self.clients().join(daemon.clone(), &spec.unit);
         }
