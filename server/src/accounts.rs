@@ -6,7 +6,7 @@ use crate::error::ApiError;
 use crate::input::{NewToken, NewUser, MAX_PASSWORD_LEN};
 use app::auth::{Caller, Role};
 use app::views::{Account, ApiToken, NewApiToken, TokenLimits, TokenScope};
-use argon2::password_hash::rand_core::{OsRng, RngCore};
+use argon2::password_hash::rand_core::OsRng;
 use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
 use argon2::Argon2;
 use sha2::{Digest, Sha256};
@@ -45,16 +45,7 @@ pub fn verify_password(hash: &str, password: &str) -> bool {
     })
 }
 
-/// Bytes as lower-case hex. (Every API request digests its token: no allocation per byte.)
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        out.push(DIGITS[usize::from(b >> 4)] as char);
-        out.push(DIGITS[usize::from(b & 0xf)] as char);
-    }
-    out
-}
+pub(crate) use crate::random::{hex, random_hex};
 
 /// A token's SHA-256 digest, as the cache keeps it.
 type Digest32 = [u8; 32];
@@ -65,13 +56,6 @@ fn token_key(secret: &str) -> Digest32 {
 
 fn token_digest(secret: &str) -> String {
     hex(&token_key(secret))
-}
-
-/// `count` random bytes from the operating system, as hex.
-pub(crate) fn random_hex(count: usize) -> String {
-    let mut bytes = vec![0u8; count];
-    OsRng.fill_bytes(&mut bytes);
-    hex(&bytes)
 }
 
 fn new_secret() -> String {

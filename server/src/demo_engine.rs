@@ -6,6 +6,7 @@
 //! without a GPU; each answer says which engine gave it (`x-tessera-engine`). For the gateway's tests it can
 //! add headers of its own to its answers and die in the middle of a streamed one.
 
+use crate::runtime::spec::ENGINE_KEY_VAR;
 use axum::body::Body;
 use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
@@ -43,6 +44,9 @@ struct Engine {
     slow_ms: Arc<AtomicU64>,
     /// Headers added to each of its OpenAI answers (`TESSERA_DEMO_ANSWER_HEADERS`).
     answer_headers: Arc<HeaderMap>,
+    /// The key its OpenAI routes and its router take requests with, where it was given one (as vLLM's
+    /// `--api-key`).
+    key: Option<Arc<str>>,
 }
 
 /// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
@@ -65,6 +69,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         cuda_visible_devices: var("CUDA_VISIBLE_DEVICES"),
         env: std::env::vars()
             .filter(|(k, _)| k.starts_with("TESSERA_") || k.starts_with("CUDA_"))
+            .filter(|(k, _)| k != ENGINE_KEY_VAR)
             .collect(),
     };
     println!(
@@ -94,6 +99,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         failing: Arc::default(),
         slow_ms: Arc::default(),
         answer_headers: Arc::new(answer_headers(&var("TESSERA_DEMO_ANSWER_HEADERS"))?),
+        key: std::env::var(ENGINE_KEY_VAR).ok().map(Arc::from),
     };
     // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
     // lost is drained by Tessera before the signal.
@@ -127,7 +133,37 @@ fn app(engine: Engine) -> Router {
         .route("/v1/completions", post(completion))
         .route("/v1/embeddings", post(embeddings))
         .route("/route", post(route))
+        .layer(axum::middleware::from_fn_with_state(
+            engine.clone(),
+            with_key,
+        ))
         .with_state(engine)
+}
+
+/// Where the engine has a key, its OpenAI routes and its router answer only requests that carry it, as
+/// vLLM's do; its health and its report answer anyone.
+async fn with_key(
+    State(engine): State<Engine>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let guarded = request.uri().path().starts_with("/v1/") || request.uri().path() == "/route";
+    let Some(key) = engine.key.as_deref().filter(|_| guarded) else {
+        return next.run(request).await;
+    };
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if given == Some(key) {
+        return next.run(request).await;
+    }
+    (
+        StatusCode::UNAUTHORIZED,
+        Json(json!({"error": {"message": "this engine takes only requests with its key", "type": "invalid_request_error", "code": "invalid_api_key"}})),
+    )
+        .into_response()
 }
 
 /// The model the engine serves: the one a request names, or its own unit.
@@ -435,6 +471,7 @@ mod tests {
             failing: Arc::default(),
             slow_ms: Arc::default(),
             answer_headers: Arc::default(),
+            key: None,
         }
     }
 
@@ -451,6 +488,32 @@ mod tests {
             .await
             .unwrap()
             .status()
+    }
+
+    #[tokio::test]
+    async fn given_a_key_it_answers_openai_routes_only_with_it_and_its_health_to_anyone() {
+        let router = app(Engine {
+            key: Some(Arc::from("k3y")),
+            ..engine()
+        });
+        assert_eq!(status(&router, "GET", "/health").await, StatusCode::OK);
+        assert_eq!(
+            status(&router, "GET", "/v1/models").await,
+            StatusCode::UNAUTHORIZED
+        );
+        let with = |key: &str| {
+            Request::builder()
+                .uri("/v1/models")
+                .header(header::AUTHORIZATION, format!("Bearer {key}"))
+                .body(Body::empty())
+                .unwrap()
+        };
+        let status_with = |key: &'static str| {
+            let router = router.clone();
+            async move { router.oneshot(with(key)).await.unwrap().status() }
+        };
+        assert_eq!(status_with("k3y").await, StatusCode::OK);
+        assert_eq!(status_with("other").await, StatusCode::UNAUTHORIZED);
     }
 
     #[tokio::test]

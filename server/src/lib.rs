@@ -20,6 +20,7 @@ pub mod gateway;
 pub mod input;
 pub mod inventory;
 pub mod metrics;
+mod random;
 pub mod redact;
 pub mod runtime;
 pub mod security;

@@ -24,13 +24,32 @@ struct Cluster {
     answer_health: Arc<Mutex<bool>>,
 }
 
-/// Answers `GET /health` on 127.0.0.1:`port`, as whatever else may listen at a node's port.
-fn answer_health(port: u16) {
+/// Answers on 127.0.0.1:`port` as an engine given `key` would: `GET /health` to anyone, a chat only with
+/// the key.
+fn answer_health(port: u16, key: Option<String>) {
     tokio::spawn(async move {
         let Ok(listener) = tokio::net::TcpListener::bind(("127.0.0.1", port)).await else {
             return;
         };
-        let app = Router::new().route("/health", get(|| async { "ok" }));
+        let chat = move |headers: axum::http::HeaderMap| async move {
+            let given = headers
+                .get("authorization")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            if key.is_some() && given != key.map(|k| format!("Bearer {k}")) {
+                return (
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    Json(json!({"error": "no key"})),
+                );
+            }
+            (
+                axum::http::StatusCode::OK,
+                Json(json!({"choices": [{"message": {"content": "hi"}}]})),
+            )
+        };
+        let app = Router::new()
+            .route("/health", get(|| async { "ok" }))
+            .route("/v1/chat/completions", post(chat));
         let _ = axum::serve(listener, app).await;
     });
 }
@@ -83,7 +102,8 @@ fn stand_in_for(cluster: Cluster, machine: &'static str) -> Router {
                     }
                     if *c.answer_health.lock().unwrap() {
                         let port = job["metadata"]["tessera_port"].as_str().and_then(|p| p.parse().ok());
-                        answer_health(port.unwrap_or_default());
+                        let key = job["metadata"]["tessera_key"].as_str().map(str::to_owned);
+                        answer_health(port.unwrap_or_default(), key);
                     }
                     let id = job["submission_id"].clone();
                     c.jobs.lock().unwrap().push(job);
@@ -393,6 +413,41 @@ async fn a_restart_under_way_when_its_node_dies_submits_no_job_for_the_dead_node
         cluster.jobs.lock().unwrap().len(),
         1,
         "no job was submitted for the dead node"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_on_a_cluster_s_node_takes_only_requests_with_its_key_which_the_gateway_sends_and_no_one_is_shown(
+) {
+    let cluster = Cluster::default();
+    *cluster.answer_health.lock().unwrap() = true;
+    let dir = tempfile::tempdir().unwrap();
+    let server = over_stand_in(&cluster, dir.path()).await;
+    wait_until("the engine is healthy", || async {
+        server
+            .engine_if_any("emb")
+            .await
+            .is_some_and(|e| e["state"] == "healthy")
+    })
+    .await;
+    let key = cluster.jobs.lock().unwrap()[0]["metadata"]["tessera_key"]
+        .as_str()
+        .expect("the job carries the engine's key")
+        .to_owned();
+    assert_eq!(key.len(), 48);
+    let chat = json!({"model": "emb", "messages": [{"role": "user", "content": "hi"}]});
+    let (status, answer) = server
+        .send("POST", "/v1/chat/completions", chat.clone())
+        .await;
+    assert_eq!(status, 200, "through the gateway: {answer}");
+    let port = server.engine("emb").await["port"].as_u64().unwrap() as u16;
+    let (status, _) = support::request(port, "POST", "/v1/chat/completions", Some(chat)).await;
+    assert_eq!(status, 401, "straight to the node's port, without the key");
+    let (_, engines) = server.get_bytes("/api/engines").await;
+    assert!(
+        !String::from_utf8_lossy(&engines).contains(&key),
+        "the key is shown to no one, admins included"
     );
     server.stop().await;
 }

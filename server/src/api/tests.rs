@@ -395,6 +395,16 @@ async fn a_fresh_reading_of_a_machine_moves_what_it_offers_and_who_fits() {
     app.fleet.refresh_machine(majin.clone()).await.unwrap();
     let (_, machine) = app.get("/api/machines/majin").await;
     assert_eq!(machine["gpus"][0]["offered_gb"], 5.0);
+    // Over what it offers: b stops once that has lasted --evict-after-s.
+    let (_, b) = app.get("/api/workers/b").await;
+    assert_eq!(b["state"], "placed", "{b}");
+    let majin0 = placement::GpuRef::new("majin", 0);
+    assert!(
+        app.fleet
+            .overcommitted_for(&majin0, std::time::Duration::from_secs(30))
+            .await
+    );
+    app.fleet.refresh_machine(majin.clone()).await.unwrap();
     let (_, b) = app.get("/api/workers/b").await;
     assert_eq!(b["state"], "pending", "b no longer fits beside a: {b}");
     assert_eq!(

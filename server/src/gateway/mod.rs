@@ -325,17 +325,18 @@ async fn ask_router(
     models: &[&str],
 ) -> Option<String> {
     let runtime = state.fleet.runtime();
-    let (counted, (host, port)) = engines_of(state, router)
+    let (counted, (host, port), unit) = engines_of(state, router)
         .into_iter()
         .filter(|e| e.state == EngineState::Healthy)
-        .find_map(|e| Some((runtime.begin_request(&e.unit)?, address(&e)?)))?;
+        .find_map(|e| Some((runtime.begin_request(&e.unit)?, address(&e)?, e.unit)))?;
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let question = json!({"request": request, "models": models});
     let uri: Uri = format!("http://{host}:{port}/route").parse().ok()?;
-    let ask = hyper::Request::post(uri)
+    let mut ask = hyper::Request::post(uri)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(question.to_string())))
         .ok()?;
+    with_engine_key(state, &unit, ask.headers_mut());
     let answer = state.gateway.client.request(ask).await.ok()?;
     if !answer.status().is_success() {
         return None;
@@ -344,6 +345,15 @@ async fn ask_router(
     drop(counted);
     let answer: Value = serde_json::from_slice(&answer).ok()?;
     answer["model"].as_str().map(str::to_owned)
+}
+
+/// The engine's own key on a request to it, where it has one (an engine on a cluster's node). The
+/// caller's key never reaches an engine ([`passed_on`]).
+fn with_engine_key(state: &AppState, unit: &str, headers: &mut HeaderMap) {
+    let key = state.fleet.runtime().api_key(unit);
+    if let Some(value) = key.and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok()) {
+        headers.insert(header::AUTHORIZATION, value);
+    }
 }
 
 /// Sends the request to the next healthy engine of `model`, waiting up to `wait` for one to be ready.
@@ -382,6 +392,7 @@ async fn to_model(
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
     onward.headers_mut().remove(header::CONTENT_LENGTH);
+    with_engine_key(state, &unit, onward.headers_mut());
     meter.sending(state.fleet.runtime(), unit.clone());
     match state.gateway.client.request(onward).await {
         Ok(answer) => {

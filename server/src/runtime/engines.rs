@@ -56,6 +56,8 @@ pub(super) struct Status {
     pub(super) restarts: u32,
     pub(super) message: Option<String>,
     pub(super) launch: Option<Launch>,
+    /// The key it takes requests with, where it has one.
+    pub(super) api_key: Option<String>,
 }
 
 /// What the supervisors share with the runtime.
@@ -101,9 +103,16 @@ pub(super) fn view(unit: &Unit) -> EngineView {
         port: status.port,
         restarts: status.restarts,
         message: status.message.clone(),
+        // Its key is Tessera's alone: shown to no one, admins included.
         command: status.launch.as_ref().map(|l| {
             std::iter::once(l.program.clone())
                 .chain(l.args.iter().cloned())
+                .map(|arg| match &status.api_key {
+                    Some(key) if arg.contains(key.as_str()) => {
+                        arg.replace(key.as_str(), crate::redact::REDACTED)
+                    }
+                    _ => arg,
+                })
                 .collect()
         }),
         env: status
@@ -113,7 +122,7 @@ pub(super) fn view(unit: &Unit) -> EngineView {
                 l.env
                     .iter()
                     .filter(|(k, _)| {
-                        k.starts_with("TESSERA_")
+                        k.as_str() != super::spec::ENGINE_KEY_VAR && k.starts_with("TESSERA_")
                             || k.starts_with("CUDA_MPS_")
                             || k.as_str() == "CUDA_VISIBLE_DEVICES"
                     })
@@ -176,6 +185,7 @@ impl Shared {
                 )
             }),
             launch: None,
+            api_key: None,
         });
         let (control, commands) = if remote {
             (None, None)
@@ -336,6 +346,12 @@ impl Shared {
     pub(super) fn set_launch(&self, unit: &str, launch: &Launch) {
         if let Some(u) = self.lock().get(unit) {
             u.status.send_modify(|s| s.launch = Some(launch.clone()));
+        }
+    }
+
+    pub(super) fn set_api_key(&self, unit: &str, key: Option<String>) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| s.api_key = key);
         }
     }
 

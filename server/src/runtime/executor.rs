@@ -51,6 +51,11 @@ pub(crate) trait Running: Send + Sync {
         Ok(())
     }
 
+    /// The key it takes requests with, where it has one (an engine on a cluster's node).
+    fn api_key(&self) -> Option<String> {
+        None
+    }
+
     /// Waits until it has exited by itself, and says how.
     async fn exited(&mut self) -> String;
 

@@ -382,6 +382,17 @@ impl Runtime {
         self.shared.settings.backoff_max
     }
 
+    /// The key `unit`'s engine takes requests with, where it has one: the gateway sends it.
+    pub fn api_key(&self, unit: &str) -> Option<String> {
+        self.shared
+            .lock()
+            .get(unit)?
+            .status
+            .borrow()
+            .api_key
+            .clone()
+    }
+
     /// How many of the gateway's requests are in flight to `unit`'s engine.
     pub fn requests_in_flight(&self, unit: &str) -> usize {
         self.shared

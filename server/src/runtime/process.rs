@@ -333,6 +333,7 @@ mod tests {
                 format!("echo started; echo $TESSERA_ENGINE; sleep {seconds}"),
             ],
             env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
+            api_key: None,
         }
     }
 
@@ -441,6 +442,7 @@ mod tests {
                 "echo cargo=$CARGO_MANIFEST_DIR path=${PATH:+set} engine=$TESSERA_ENGINE".into(),
             ],
             env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
+            api_key: None,
         };
         let mut spawned = spawn(&launch, &log, "instance-env", &Mutex::new(false)).unwrap();
         spawned.child.wait().await.unwrap();

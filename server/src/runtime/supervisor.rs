@@ -71,6 +71,9 @@ pub(super) async fn supervise(
             },
         };
         let (host, port) = running.address();
+        // An adopted engine's key is known from where it runs (its job's record).
+        let key = running.api_key();
+        shared.set_api_key(&unit, key.clone());
         let started = Instant::now();
         let mut healthy_once = false;
         let mut failed_checks: u32 = 0;
@@ -112,7 +115,7 @@ pub(super) async fn supervise(
                         }
                     }
                     // A loaded machine answers slowly: a probe may take longer than the interval.
-                    if serving.is_ok() && healthy(&host, port, settings.health_interval.max(PROBE_TIMEOUT)).await {
+                    if serving.is_ok() && healthy(&host, port, key.as_deref(), settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
                             if !healthy_once {
@@ -234,12 +237,17 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     let port = executor.port(spec).await?;
     let free = shared.free_at_start(spec);
     shared.readiness.starting(&spec.unit, Instant::now());
+    // An engine on a cluster's node listens on the node's address: it takes only requests with its key,
+    // which only the gateway and the health probe send.
+    let key = matches!(spec.host, super::spec::Host::Cluster { .. })
+        .then(|| crate::random::random_hex(24));
     let mut launch = spec
-        .launch(port, free, &shared.settings.demo_engine)
+        .launch(port, free, &shared.settings.demo_engine, key.as_deref())
         .map_err(|e| StartFailure::Refused(e.to_string()))?;
     shared.set(&spec.unit, EngineState::Starting, None, Some(port), None);
     let running = executor.start(spec, &mut launch, port).await?;
     shared.set_launch(&spec.unit, &launch);
+    shared.set_api_key(&spec.unit, running.api_key());
     shared.set(
         &spec.unit,
         EngineState::Starting,
@@ -262,12 +270,14 @@ async fn wait_for_stop(control: &mut mpsc::Receiver<Control>) {
     let _ = control.recv().await;
 }
 
-/// `GET /health` on the engine answers 2xx within `within`.
-async fn healthy(host: &str, port: u16, within: Duration) -> bool {
-    timeout(within, probe(host, port)).await.unwrap_or(false)
+/// `GET /health` on the engine (with its key, where it has one) answers 2xx within `within`.
+async fn healthy(host: &str, port: u16, key: Option<&str>, within: Duration) -> bool {
+    timeout(within, probe(host, port, key))
+        .await
+        .unwrap_or(false)
 }
 
-async fn probe(host: &str, port: u16) -> bool {
+async fn probe(host: &str, port: u16, key: Option<&str>) -> bool {
     use http_body_util::Empty;
     use hyper_util::rt::TokioIo;
     let Ok(stream) = tokio::net::TcpStream::connect((host, port)).await else {
@@ -279,9 +289,12 @@ async fn probe(host: &str, port: u16) -> bool {
         return false;
     };
     tokio::spawn(connection);
-    let request = hyper::Request::get("/health")
-        .header(hyper::header::HOST, format!("{host}:{port}"))
-        .body(Empty::<axum::body::Bytes>::new());
+    let mut request =
+        hyper::Request::get("/health").header(hyper::header::HOST, format!("{host}:{port}"));
+    if let Some(key) = key {
+        request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
+    }
+    let request = request.body(Empty::<axum::body::Bytes>::new());
     match request {
         Ok(request) => sender
             .send_request(request)

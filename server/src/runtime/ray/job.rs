@@ -20,6 +20,8 @@ pub(super) struct RayJob {
     pub(super) mps: Option<(String, MpsDaemon)>,
     /// Its job was seen to end.
     pub(super) over: bool,
+    /// The key it takes requests with.
+    pub(super) api_key: Option<String>,
 }
 
 impl RayJob {
@@ -69,6 +71,10 @@ impl Running for RayJob {
 
     fn address(&self) -> (String, u16) {
         (self.address.clone(), self.port)
+    }
+
+    fn api_key(&self) -> Option<String> {
+        self.api_key.clone()
     }
 
     /// Its job is RUNNING: until then, whatever answers at its node's port is not it.

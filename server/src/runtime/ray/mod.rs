@@ -39,6 +39,9 @@ const META_ADDRESS: &str = "tessera_address";
 const META_PORT: &str = "tessera_port";
 /// On an engine's job: the machine it runs on.
 const META_MACHINE: &str = "tessera_machine";
+/// On an engine's job: the key it takes requests with, so that a restarted server calls it again. Whoever
+/// can read the cluster's jobs can run code on every node already.
+const META_KEY: &str = "tessera_key";
 /// On a job that tells a GPU's MPS daemon to quit (not an engine): the GPU's UUID.
 const META_MPS_QUIT: &str = "tessera_mps_quit";
 
@@ -118,6 +121,7 @@ impl RayExecutor {
             port,
             mps: None,
             over: false,
+            api_key: None,
         }
     }
 
@@ -299,7 +303,7 @@ impl RayExecutor {
                 .ok_or_else(|| format!("{} has no GPU {index} in the cluster", spec.machine))?;
             resources.insert(format!("{GPU_RESOURCE}{index}_{uuid}"), mib);
         }
-        let metadata = BTreeMap::from([
+        let mut metadata = BTreeMap::from([
             (META_INSTANCE.to_owned(), self.0.instance.clone()),
             (META_UNIT.to_owned(), spec.unit.clone()),
             (META_FINGERPRINT.to_owned(), spec.fingerprint()),
@@ -307,6 +311,9 @@ impl RayExecutor {
             (META_PORT.to_owned(), port.to_string()),
             (META_MACHINE.to_owned(), spec.machine.clone()),
         ]);
+        if let Some(key) = &launch.api_key {
+            metadata.insert(META_KEY.to_owned(), key.clone());
+        }
         Ok(JobRequest {
             submission_id: submission_id(&spec.unit),
             // `exec`: the engine itself takes the shell's place, and Ray's stop signals reach it.
@@ -420,6 +427,7 @@ impl Executor for RayExecutor {
         let address = spec.host.bind_address().to_owned();
         let mut job = self.running(&spec.unit, request.submission_id, address, port);
         job.mps = mps;
+        job.api_key = launch.api_key.clone();
         Ok(Box::new(job))
     }
 
@@ -446,6 +454,7 @@ impl Executor for RayExecutor {
                 .unwrap_or(0);
             let fingerprint = job.meta(META_FINGERPRINT).map(str::to_owned);
             let mut running = self.job(unit, id, address, port);
+            running.api_key = job.meta(META_KEY).map(str::to_owned);
             // Its daemon, left running with it, is its again.
             if let Some((machine, client)) = fingerprint.as_deref().and_then(EngineSpec::mps_of) {
                 let daemon = self.mps_daemon(&machine, &client);

@@ -213,6 +213,16 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
 }
 
 /// An engine on a cluster's node with real GPUs: `command` as its recipe.
+/// Ray's list of nodes with majin's alive, with the GPU [`on_real_node`] engines are placed on.
+fn majin_alive() -> serde_json::Value {
+    serde_json::json!({"data": {"result": {"result": [{
+        "node_id": "n1", "node_ip": "127.0.0.1", "state": "ALIVE",
+        "labels": {"tessera.machine": "majin", "tessera.gpu-model": "NVIDIA-H200"},
+        "resources_total": {"CPU": 16.0, "memory": 8e9,
+                            "tessera_gpu_0_GPU-a1b2c3d4-0000-4000-8000-000000000001": 143771.0}
+    }]}}})
+}
+
 fn on_real_node(unit: &str, command_line: &str) -> EngineSpec {
     EngineSpec {
         machine: "majin".to_owned(),
@@ -457,6 +467,7 @@ async fn an_engine_s_job_waits_for_its_earlier_job_on_the_same_machine_to_end_bu
     // A job waiting for a dead node, or one that ignores its stop, is not ended by a stop.
     let stand_in =
         axum::Router::new()
+            .route("/api/v0/nodes", get(|| async { axum::Json(majin_alive()) }))
             .route(
                 "/api/jobs/",
                 get(|State(jobs): State<Jobs>| async move {
