@@ -30,6 +30,17 @@ pub struct Config {
     /// Add the built-in demo fleet (majin, a WSL2 PC, a node with two 96 GB GPUs, an 8 × H200 node).
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,
+    /// With --demo: simulate the demo fleet's GPUs in this folder. Its demo engines really allocate their
+    /// memory there as they load (a profile in TESSERA_DEMO_PROFILE makes them load, slow down and fail
+    /// like real ones), an allocation past a GPU's total kills the engine as CUDA's out-of-memory error
+    /// does, and the readings come from what is held (the chaos soak runs on this).
+    #[arg(
+        long,
+        env = "TESSERA_SIMULATE_GPUS",
+        value_name = "DIR",
+        requires = "demo"
+    )]
+    pub simulate_gpus: Option<PathBuf>,
     /// Machines the server cannot see, described in a TOML file (see docs/src/server.md).
     #[arg(long, env = "TESSERA_INVENTORY", value_name = "PATH")]
     pub inventory: Option<PathBuf>,

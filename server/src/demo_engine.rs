@@ -6,6 +6,8 @@
 //! without a GPU; each answer says which engine gave it (`x-tessera-engine`). For the gateway's tests it can
 //! add headers of its own to its answers and die in the middle of a streamed one.
 
+mod profile;
+
 use crate::runtime::spec::ENGINE_KEY_VAR;
 use axum::body::Body;
 use axum::extract::State;
@@ -13,6 +15,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use profile::{Memory, Profile};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -47,6 +50,10 @@ struct Engine {
     /// The key its OpenAI routes and its router take requests with, where it was given one (as vLLM's
     /// `--api-key`).
     key: Option<Arc<str>>,
+    /// How it behaves like a real engine (`TESSERA_DEMO_PROFILE`).
+    profile: Arc<Profile>,
+    /// The requests it has begun to answer.
+    answered: Arc<AtomicU64>,
 }
 
 /// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
@@ -60,7 +67,8 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
     let port: u16 = var("TESSERA_PORT")
         .parse()
         .map_err(|_| "TESSERA_PORT must be set to the port to serve on".to_owned())?;
-    let loading = var("TESSERA_DEMO_START_MS").parse().unwrap_or(200);
+    let profile = Profile::from_env()?;
+    let memory = Memory::from_env();
     let report = Report {
         pid: std::process::id(),
         engine: var("TESSERA_ENGINE"),
@@ -87,7 +95,11 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
             std::process::exit(70);
         });
     }
-    tokio::time::sleep(Duration::from_millis(loading)).await;
+    if let Err(out_of_memory) = profile::load(&profile, memory.as_ref(), pick()).await {
+        // As a real engine dies of CUDA's out-of-memory error while it loads.
+        eprintln!("{out_of_memory}");
+        std::process::exit(1);
+    }
     // On a cluster's node, its address (`TESSERA_HOST`): the server checks its health from elsewhere.
     let host = std::env::var("TESSERA_HOST").unwrap_or_else(|_| "127.0.0.1".to_owned());
     let listener = tokio::net::TcpListener::bind((host.as_str(), port))
@@ -100,25 +112,40 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         slow_ms: Arc::default(),
         answer_headers: Arc::new(answer_headers(&var("TESSERA_DEMO_ANSWER_HEADERS"))?),
         key: std::env::var(ENGINE_KEY_VAR).ok().map(Arc::from),
+        profile: Arc::new(profile.clone()),
+        answered: Arc::default(),
     };
     // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
     // lost is drained by Tessera before the signal.
     tokio::select! {
         served = axum::serve(listener, app(engine)) => served.map_err(|e| e.to_string()),
-        () = terminated() => {
+        () = terminated(profile.ignore_sigterm) => {
             println!("SIGTERM: stopping");
+            // A real engine holds its memory a while yet, freeing its KV cache and its workers.
+            tokio::time::sleep(profile.scaled(profile.exit_delay_s)).await;
             Ok(())
         }
     }
 }
 
-async fn terminated() {
+/// SIGTERM, unless told to ignore it (then only SIGKILL ends it).
+async fn terminated(ignore: bool) {
     match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(mut s) => {
+        Ok(mut s) => loop {
             s.recv().await;
-        }
+            if !ignore {
+                return;
+            }
+            println!("SIGTERM: ignored, as told");
+        },
         Err(_) => std::future::pending().await,
     }
+}
+
+/// A number from 0 to 1, a different one in each engine: where in its range its load falls.
+fn pick() -> f64 {
+    use argon2::password_hash::rand_core::{OsRng, RngCore};
+    f64::from(OsRng.next_u32()) / f64::from(u32::MAX)
 }
 
 fn app(engine: Engine) -> Router {
@@ -289,8 +316,21 @@ async fn slow(State(engine): State<Engine>, Json(request): Json<Value>) -> Statu
     StatusCode::NO_CONTENT
 }
 
-/// Waits as long as the engine was told to (`POST /slow`).
+/// Before each answer: its profile's faults (a crash or a hang after so many answers), then its time to
+/// the first token, and as long more as it was told to (`POST /slow`).
 async fn slowed(engine: &Engine) {
+    let answered = engine.answered.fetch_add(1, Ordering::SeqCst);
+    let profile = &engine.profile;
+    if profile.crash_after == Some(answered) {
+        println!("crashing after {answered} answers, as told");
+        std::process::exit(70);
+    }
+    if profile.hang_after.is_some_and(|n| answered >= n) {
+        println!("hanging after {answered} answers, as told");
+        engine.failing.store(true, Ordering::Relaxed);
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep(profile.scaled(profile.first_token_s)).await;
     let ms = engine.slow_ms.load(Ordering::Relaxed);
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
@@ -472,6 +512,8 @@ mod tests {
             slow_ms: Arc::default(),
             answer_headers: Arc::default(),
             key: None,
+            profile: Arc::default(),
+            answered: Arc::default(),
         }
     }
 

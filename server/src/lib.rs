@@ -44,6 +44,9 @@ pub enum ServerError {
     /// The console's build settings could not be read.
     #[error("could not read the console's settings (build it with cargo leptos): {0}")]
     LeptosConfig(#[from] leptos::config::errors::LeptosConfigError),
+    /// The simulated GPUs' folder could not be made.
+    #[error("could not simulate the demo fleet's GPUs (--simulate-gpus): {0}")]
+    Simulation(inventory::simulated::SimError),
     /// The address is taken or not ours.
     #[error("could not listen on {addr}: {source}; pass another --listen address")]
     Bind {
@@ -240,10 +243,15 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let (inventory, local_gpus, hosts, silent) =
         gather_inventory(&config, ray.as_ref(), &pool).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
+    let simulated = match &config.simulate_gpus {
+        Some(dir) => Some(simulate(dir, &inventory).map_err(ServerError::Simulation)?),
+        None => None,
+    };
     let settings = runtime::Settings {
         gpus: local_gpus.clone(),
         ray: ray.clone(),
         data_dir: config.data_dir.clone(),
+        sim_dir: config.simulate_gpus.clone(),
         ..config
             .engines
             .settings(exe, config.data_dir.join("engines"))
@@ -305,8 +313,18 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         config.interference_threshold,
     );
     tokio::spawn(fleet.clone().keep_judging(INTERFERENCE_CHECK));
-    if config.demo {
-        tokio::spawn(fleet.clone().follow_demo_gpus(LOCAL_GPU_REFRESH));
+    match simulated {
+        Some(sim) => {
+            tokio::spawn(
+                fleet
+                    .clone()
+                    .follow_simulated_gpus(sim, SIMULATED_GPU_REFRESH),
+            );
+        }
+        None if config.demo => {
+            tokio::spawn(fleet.clone().follow_demo_gpus(LOCAL_GPU_REFRESH));
+        }
+        None => {}
     }
     tracing::info!("Tessera listening on http://{}", config.listen);
     let state = AppState::serving(
@@ -396,6 +414,30 @@ const CLUSTER_REFRESH: Duration = Duration::from_secs(3);
 
 /// How often this machine's GPUs are read again: what they offer moves as other programs come and go.
 const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);
+
+/// How often the simulated GPUs are read: often, as the soak that runs on them is compressed in time.
+const SIMULATED_GPU_REFRESH: Duration = Duration::from_secs(1);
+
+/// The demo fleet's GPUs of `inventory`, simulated in `dir`, each with what is held outside it.
+fn simulate(
+    dir: &std::path::Path,
+    inventory: &placement::Inventory,
+) -> Result<inventory::simulated::SimulatedGpus, inventory::simulated::SimError> {
+    let gpus: Vec<_> = inventory::demo::demo_fleet()
+        .iter()
+        .filter_map(|m| inventory.machine(&m.name))
+        .flat_map(|m| {
+            m.gpus.iter().map(|g| {
+                (
+                    placement::GpuRef::new(&m.name, g.index),
+                    g.total,
+                    g.held_outside,
+                )
+            })
+        })
+        .collect();
+    inventory::simulated::SimulatedGpus::create(dir, &gpus)
+}
 
 /// The machines from every source: this machine's GPUs (NVML), the inventory file, the Ray cluster and the
 /// demo fleet, with the NVML reader to follow this machine by, and the cluster's machines shown unreachable

@@ -3,9 +3,10 @@
 //! the gateway's requests kept them busy, and the memory their shares hold. Those are marked as the demo's.
 
 use super::Fleet;
+use crate::inventory::simulated::SimulatedGpus;
 use crate::inventory::GpuLive;
 use app::views::GpuPoint;
-use placement::Bytes;
+use placement::{Bytes, GpuRef};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,6 +81,50 @@ impl Fleet {
                 (machine.clone(), live)
             })
             .collect()
+    }
+
+    /// Reads the demo fleet's simulated GPUs every `every`, for as long as the server runs, as this
+    /// machine's are read through NVML: the memory each process holds (its engines' measured against
+    /// their shares), what other programs hold (which moves what the GPU offers, and can over-commit it),
+    /// and how busy the gateway's requests kept it.
+    pub async fn follow_simulated_gpus(self: Arc<Self>, sim: SimulatedGpus, every: Duration) {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let running = self.runtime.running().await;
+            let at = super::usage::now_ms();
+            for (mut machine, mut live) in self.demo_readings(every).await {
+                let ours = {
+                    let state = self.state.lock().await;
+                    super::engines::ours(&state.ledger, &machine.name, &running)
+                };
+                for (gpu, live) in machine.gpus.iter_mut().zip(live.iter_mut()) {
+                    let reading = match sim.read(&GpuRef::new(&machine.name, gpu.index)) {
+                        Ok(reading) => reading,
+                        Err(e) => {
+                            tracing::warn!("{e}");
+                            continue;
+                        }
+                    };
+                    gpu.held_outside = crate::inventory::held_outside(
+                        reading.used,
+                        &ours,
+                        gpu.index,
+                        &reading.processes,
+                    );
+                    live.used = reading.used;
+                    live.processes = reading.processes;
+                }
+                self.measure(&machine.name, &live, &running);
+                if let Err(e) = self.record_samples(&machine, &live, at).await {
+                    tracing::warn!("the simulated GPUs' figures could not be kept: {e}");
+                }
+                if let Err(e) = self.refresh_machine(machine).await {
+                    tracing::warn!("a reading of the simulated GPUs could not be taken up: {e}");
+                }
+            }
+        }
     }
 
     /// Keeps a reading of the demo fleet's GPUs every `every`, for as long as the server runs.

@@ -11,6 +11,7 @@ pub mod demo;
 pub mod file;
 pub mod nvml;
 pub mod ray;
+pub mod simulated;
 
 use placement::{Bytes, Machine};
 use serde::{Deserialize, Serialize};

@@ -47,6 +47,8 @@ pub struct Settings {
     /// How often a node's engine's job log is read again for its processes while the node's GPUs run
     /// a process that no engine's last report accounts for (one may have started since).
     pub processes_reread: Duration,
+    /// The demo fleet's simulated GPUs (`--simulate-gpus`), which its demo engines allocate from.
+    pub sim_dir: Option<PathBuf>,
     /// This machine's GPUs (NVML), where there are: a stopped engine's GPU memory is waited for there.
     pub gpus: Option<Arc<dyn LocalGpus>>,
     /// The Ray cluster whose machines' engines run as its jobs, where there is one.
@@ -103,6 +105,7 @@ impl Settings {
             drain_grace: Duration::from_secs(30),
             evict_after: Duration::from_secs(30),
             processes_reread: Duration::from_secs(30),
+            sim_dir: None,
             gpus: None,
             ray: None,
         }

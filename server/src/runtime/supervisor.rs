@@ -244,6 +244,19 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     let mut launch = spec
         .launch(port, free, &shared.settings.demo_engine, key.as_deref())
         .map_err(|e| StartFailure::Refused(e.to_string()))?;
+    // On the demo fleet's simulated GPUs, its demo engine allocates its memory for real.
+    if let (Some(dir), super::spec::Host::Simulated) = (&shared.settings.sim_dir, &spec.host) {
+        use crate::inventory::simulated::{SIM_DIR_VAR, SIM_GPUS_VAR};
+        let gpus: Vec<String> = spec
+            .gpus
+            .iter()
+            .map(|i| format!("{}:{i}", spec.machine))
+            .collect();
+        launch
+            .env
+            .insert(SIM_DIR_VAR.into(), dir.display().to_string());
+        launch.env.insert(SIM_GPUS_VAR.into(), gpus.join(","));
+    }
     shared.set(&spec.unit, EngineState::Starting, None, Some(port), None);
     let running = executor.start(spec, &mut launch, port).await?;
     shared.set_launch(&spec.unit, &launch);

@@ -87,18 +87,19 @@ impl Server {
             .args(args)
             .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
             .arg(data)
-            .args([
-                "--health-interval-ms",
-                "50",
-                "--stop-timeout-ms",
-                "3000",
-                "--restart-backoff-ms",
-                "200",
-                "--restart-backoff-max-ms",
-                "1000",
-                "--max-restarts",
-                "3",
-            ])
+            // Fast supervisor timings, each but those `args` set.
+            .args(
+                [
+                    ["--health-interval-ms", "50"],
+                    ["--stop-timeout-ms", "3000"],
+                    ["--restart-backoff-ms", "200"],
+                    ["--restart-backoff-max-ms", "1000"],
+                    ["--max-restarts", "3"],
+                ]
+                .into_iter()
+                .filter(|[flag, _]| !args.contains(flag))
+                .flatten(),
+            )
             .env("TESSERA_DEMO_START_MS", demo_start_ms.to_string())
             .envs(env.iter().copied())
             .env("RUST_LOG", "warn")

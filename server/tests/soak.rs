@@ -1,0 +1,667 @@
+//! The chaos soak: the demo fleet on simulated GPUs (`--simulate-gpus`), its demo engines loading, draining
+//! and failing like real ones (a profile, time-compressed), clients calling models through the gateway all
+//! along, an operator changing the fleet at random, and faults: an engine crash, a hang, an outside
+//! allocation spike on a GPU, `kill -9` of Tessera and a start on the same data. Counted throughout:
+//! overfills (allocations the simulated driver refused where Tessera's engines alone left no room), requests
+//! lost (a cut stream, a server error, a refusal without `Retry-After`), and at the end, the time until
+//! every model that should serve does, that what runs is what was committed, and that no process of
+//! Tessera's is an orphan or a duplicate.
+//!
+//! Seeded and bounded: `SOAK_SEED` (1), `SOAK_SECONDS` (40), `SOAK_SPEED` (20, the profile's time
+//! compression), `SOAK_REPORT` (a file for the figures as JSON). `scripts/soak` runs a long one. A seed
+//! that fails is replayed by its number, and becomes a case of its own below.
+
+mod support;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde_json::{json, Value};
+use server::inventory::simulated::SimulatedGpus;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use support::Server;
+use tokio::sync::RwLock;
+
+/// A small seeded generator (xorshift64*): the same seed replays the same choices.
+struct Rng(u64);
+
+impl Rng {
+    fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+/// What the soak counted.
+#[derive(Debug, Default, serde::Serialize)]
+struct Report {
+    seed: u64,
+    seconds: u64,
+    speed: f64,
+    actions: BTreeMap<String, u64>,
+    actions_refused: u64,
+    faults: BTreeMap<String, u64>,
+    requests: u64,
+    answered: u64,
+    /// 503 with `Retry-After` within the bound: the client was told when to ask again.
+    told_to_retry: u64,
+    /// The model was removed between the list and the call.
+    gone: u64,
+    /// Cut or failed on an engine the soak itself crashed or hung.
+    lost_on_faulted_engine: u64,
+    /// Failed while the soak had killed Tessera itself.
+    server_down: u64,
+    lost: u64,
+    lost_examples: Vec<String>,
+    overfills: u64,
+    refusals_outside: u64,
+    /// After each burst of changes and faults, the time until every model that should serve did.
+    converged_ms: Vec<u64>,
+    converged_p50_ms: u64,
+    converged_p99_ms: u64,
+    /// A burst after which what should serve did not within the bound.
+    not_converged: bool,
+    /// Each simulated GPU's memory in use at the end, GB: the engines really allocated it.
+    held_at_end_gb: BTreeMap<String, f64>,
+    /// What runs disagrees with what was committed at the end.
+    ledger_mismatches: Vec<String>,
+    orphans: Vec<u32>,
+    duplicates: Vec<String>,
+}
+
+/// The server under soak, replaced when the soak kills it.
+type Current = Arc<RwLock<Option<Server>>>;
+
+const MODELS: [&str; 5] = ["glm-5.3", "embedder", "vision", "speech", "semantic-router"];
+const GPUS: [&str; 5] = [
+    "atlas:0",
+    "atlas:1",
+    "h200-node:0",
+    "h200-node:1",
+    "h200-node:2",
+];
+
+fn seconds() -> u64 {
+    env_or("SOAK_SECONDS", 40)
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+async fn start(data: &Path, sim: &Path, speed: f64) -> Server {
+    let sim = sim.display().to_string();
+    // At speed 20: loads of 1 to 3 s, 50 ms to the first token, 0.5 s holding memory after SIGTERM.
+    let profile =
+        json!({"speed": speed, "load_s": [20, 60], "first_token_s": 1, "exit_delay_s": 10});
+    Server::start_with_env(
+        data,
+        0,
+        &[
+            "--demo",
+            "--simulate-gpus",
+            &sim,
+            "--evict-after-s",
+            "3",
+            "--drain-grace-s",
+            "3",
+            "--gateway-wait-s",
+            "10",
+            "--max-restarts",
+            "50",
+        ],
+        &[("TESSERA_DEMO_PROFILE", &profile.to_string())],
+    )
+    .await
+}
+
+/// The port and token of the server now, if it runs.
+async fn address(current: &Current) -> Option<(u16, String)> {
+    let server = current.read().await;
+    server.as_ref().map(|s| (s.port, s.token.clone()))
+}
+
+async fn call(current: &Current, method: &str, path: &str, body: Value) -> (u16, Value) {
+    let Some((port, token)) = address(current).await else {
+        return (0, Value::Null);
+    };
+    let (status, _, bytes) =
+        support::request_full(port, Some(&token), method, path, Some(body)).await;
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// One client's request to `model`, streamed or not: how it ended.
+enum Outcome {
+    Answered,
+    ToldToRetry,
+    Gone,
+    Failed(String),
+    Down,
+}
+
+async fn ask(current: &Current, model: &str, stream: bool) -> Outcome {
+    let Some((port, token)) = address(current).await else {
+        return Outcome::Down;
+    };
+    let Some(mut sender) = support::connect(port).await else {
+        return Outcome::Down;
+    };
+    let body = json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "how are you today"}]});
+    let request = hyper::Request::post("/v1/chat/completions")
+        .header(hyper::header::HOST, "127.0.0.1")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let Ok(answer) = sender.send_request(request).await else {
+        return Outcome::Down;
+    };
+    let status = answer.status().as_u16();
+    let retry_after = answer
+        .headers()
+        .get(hyper::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let body = match answer.into_body().collect().await {
+        Ok(body) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
+        Err(e) => return Outcome::Failed(format!("{model}: the answer was cut: {e}")),
+    };
+    match status {
+        200 if !stream && body.contains("\"choices\"") => Outcome::Answered,
+        200 if stream && body.trim_end().ends_with("data: [DONE]") => Outcome::Answered,
+        200 => Outcome::Failed(format!("{model}: an answer cut short: …{}", tail(&body))),
+        404 if body.contains("model_not_found") => Outcome::Gone,
+        503 if retry_after.is_some_and(|s| (1..=120).contains(&s)) => Outcome::ToldToRetry,
+        _ => Outcome::Failed(format!("{model}: {status} {}", tail(&body))),
+    }
+}
+
+fn tail(text: &str) -> String {
+    let cut = text.len().saturating_sub(160);
+    text[text.floor_char_boundary(cut)..].to_owned()
+}
+
+/// When the soak crashed or hung an engine of each model: a request on it then is counted apart.
+#[derive(Default)]
+struct Faulted(Mutex<Vec<(String, Instant)>>);
+
+impl Faulted {
+    fn note(&self, model: &str) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((model.to_owned(), Instant::now()));
+    }
+
+    /// Whether `model`'s engine was faulted while a request that began at `began` was under way, or
+    /// in the grace before (its restart).
+    fn during(&self, model: &str, began: Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(m, at)| m == model && *at + Duration::from_secs(5) >= began)
+    }
+}
+
+/// Clients calling the models served, until `done`.
+async fn client(
+    current: Current,
+    done: Arc<AtomicBool>,
+    faulted: Arc<Faulted>,
+    down: Arc<AtomicBool>,
+    report: Arc<Mutex<Report>>,
+    seed: u64,
+) {
+    let mut rng = Rng::new(seed);
+    while !done.load(Ordering::SeqCst) {
+        let (_, served) = call(&current, "GET", "/v1/models", Value::Null).await;
+        let models: Vec<String> = served["data"]
+            .as_array()
+            .map(|d| {
+                d.iter()
+                    .filter_map(|m| m["id"].as_str().map(str::to_owned))
+                    .filter(|m| m != "semantic-router")
+                    .collect()
+            })
+            .unwrap_or_default();
+        if models.is_empty() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        let model = rng.pick(&models).clone();
+        let began = Instant::now();
+        let outcome = ask(&current, &model, rng.below(2) == 0).await;
+        let mut r = report.lock().unwrap();
+        r.requests += 1;
+        match outcome {
+            Outcome::Answered => r.answered += 1,
+            Outcome::ToldToRetry => r.told_to_retry += 1,
+            Outcome::Gone => r.gone += 1,
+            Outcome::Down => r.server_down += 1,
+            Outcome::Failed(_) if down.load(Ordering::SeqCst) => r.server_down += 1,
+            Outcome::Failed(_) if faulted.during(&model, began) => r.lost_on_faulted_engine += 1,
+            Outcome::Failed(why) => {
+                r.lost += 1;
+                if r.lost_examples.len() < 10 {
+                    r.lost_examples.push(why);
+                }
+            }
+        }
+    }
+}
+
+/// The group holding `model`, with its revision and its members' shares, if it is deployed.
+async fn group_of(current: &Current, model: &str) -> Option<(String, i64, BTreeMap<String, f64>)> {
+    let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
+    groups.as_array()?.iter().find_map(|g| {
+        let members = g["members"].as_array()?;
+        members.iter().any(|m| m["name"] == model).then(|| {
+            (
+                g["name"].as_str().unwrap_or_default().to_owned(),
+                g["revision"].as_i64().unwrap_or_default(),
+                members
+                    .iter()
+                    .filter_map(|m| {
+                        Some((m["name"].as_str()?.to_owned(), m["share_percent"].as_f64()?))
+                    })
+                    .collect(),
+            )
+        })
+    })
+}
+
+/// The revision of the group on `gpu`, where there is one: a deploy there joins it.
+async fn revision_on(current: &Current, gpu: &str) -> Option<i64> {
+    let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
+    groups
+        .as_array()?
+        .iter()
+        .find(|g| {
+            g["gpus"]
+                .as_array()
+                .is_some_and(|gs| gs.iter().any(|x| x == gpu))
+        })
+        .and_then(|g| g["revision"].as_i64())
+}
+
+/// One of the operator's random changes; whether the server took it.
+async fn act(current: &Current, rng: &mut Rng) -> (&'static str, bool) {
+    let model = *rng.pick(&MODELS);
+    let deployed = group_of(current, model).await;
+    match (deployed, rng.below(4)) {
+        (None, 0) => {
+            let gpu = *rng.pick(&GPUS);
+            let revision = revision_on(current, gpu).await;
+            let body = json!({"model": model, "gpus": [gpu], "share": 10 + rng.below(30), "revision": revision,
+                              "demand": {"mode": "on_demand", "keep_alive": 10}});
+            (
+                "deploy on demand",
+                call(current, "POST", "/api/deployments", body).await.0 == 201,
+            )
+        }
+        (None, _) => {
+            let gpu = *rng.pick(&GPUS);
+            let revision = revision_on(current, gpu).await;
+            let body = json!({"model": model, "gpus": [gpu], "share": 10 + rng.below(40), "revision": revision});
+            (
+                "deploy",
+                call(current, "POST", "/api/deployments", body).await.0 == 201,
+            )
+        }
+        (Some((_, revision, _)), 0) => {
+            let path = format!("/api/deployments/{model}?revision={revision}");
+            (
+                "remove",
+                call(current, "DELETE", &path, Value::Null).await.0 == 204,
+            )
+        }
+        (Some(_), 1) => (
+            "repack",
+            call(current, "POST", "/api/repack", json!({})).await.0 == 202,
+        ),
+        (Some((group, revision, members)), _) => {
+            let shares: BTreeMap<String, u64> = members
+                .keys()
+                .map(|m| (m.clone(), 5 + rng.below(30)))
+                .collect();
+            let body = json!({"revision": revision, "shares": shares});
+            let path = format!("/api/groups/{group}/plan");
+            (
+                "plan change",
+                call(current, "PUT", &path, body).await.0 == 200,
+            )
+        }
+    }
+}
+
+/// One fault, on a serving engine or on the fleet.
+async fn fault(
+    current: &Current,
+    rng: &mut Rng,
+    faulted: &Faulted,
+    sim: &SimulatedGpus,
+    spikes: &mut Vec<tokio::process::Child>,
+) -> Option<&'static str> {
+    let (_, engines) = call(current, "GET", "/api/engines", Value::Null).await;
+    let serving: Vec<Value> = engines
+        .as_array()
+        .map(|e| {
+            e.iter()
+                .filter(|e| e["state"] == "healthy")
+                .cloned()
+                .collect()
+        })
+        .unwrap_or_default();
+    match rng.below(3) {
+        0 | 1 if !serving.is_empty() => {
+            let engine = rng.pick(&serving);
+            let port = engine["port"].as_u64()? as u16;
+            let model = engine["model"].as_str().or(engine["worker"].as_str())?;
+            faulted.note(model);
+            let (what, path) = if rng.below(2) == 0 {
+                ("engine crash", "/crash")
+            } else {
+                ("engine hang", "/fail-health")
+            };
+            support::request(port, "POST", path, None).await;
+            Some(what)
+        }
+        _ => {
+            // Another program takes a third of a GPU for 2 s, whether or not it is full.
+            let gpu: placement::GpuRef = rng.pick(&GPUS).parse().ok()?;
+            let reading = sim.read(&gpu).ok()?;
+            let spike = tokio::process::Command::new("sleep")
+                .arg("2")
+                .kill_on_drop(true)
+                .spawn()
+                .ok()?;
+            let pid = spike.id()?;
+            let third = placement::Bytes(reading.total.get() / 3);
+            sim.allocate(&gpu, pid, third, true).ok()?;
+            spikes.push(spike);
+            Some("outside allocation spike")
+        }
+    }
+}
+
+/// Whether every model deployed serves (an on-demand one not loaded counts), and what disagrees.
+async fn settled(current: &Current) -> (bool, Vec<String>) {
+    let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
+    let (_, engines) = call(current, "GET", "/api/engines", Value::Null).await;
+    let (Some(groups), Some(engines)) = (groups.as_array(), engines.as_array()) else {
+        return (false, vec!["the server does not answer".into()]);
+    };
+    let mut wrong = Vec::new();
+    let mut wanted = BTreeSet::new();
+    for group in groups {
+        for member in group["members"].as_array().into_iter().flatten() {
+            let name = member["name"].as_str().unwrap_or_default();
+            let on_demand = &member["on_demand"];
+            if on_demand.is_object() && on_demand["state"] == "not_loaded" {
+                continue;
+            }
+            wanted.insert(name.to_owned());
+            let serving = engines
+                .iter()
+                .any(|e| e["model"] == name && e["state"] == "healthy");
+            if !serving {
+                wrong.push(format!("{name} is deployed but has no healthy engine"));
+            }
+        }
+    }
+    for engine in engines {
+        let model = engine["model"].as_str().unwrap_or_default();
+        if !wanted.contains(model) {
+            wrong.push(format!(
+                "{} runs, and no committed plan wants it",
+                engine["unit"]
+            ));
+        }
+    }
+    (wrong.is_empty(), wrong)
+}
+
+async fn soak(seed: u64) -> Report {
+    let seconds = seconds();
+    let speed: f64 = env_or("SOAK_SPEED", 20.0);
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sim_dir): (PathBuf, PathBuf) = (dir.path().join("data"), dir.path().join("sim"));
+    std::fs::create_dir_all(&data).unwrap();
+    let current: Current = Arc::new(RwLock::new(Some(start(&data, &sim_dir, speed).await)));
+    let sim = SimulatedGpus::open(&sim_dir);
+    let report = Arc::new(Mutex::new(Report {
+        seed,
+        seconds,
+        speed,
+        ..Report::default()
+    }));
+    for (model, gpu, share) in [("glm-5.3", "atlas:0", 40), ("vision", "h200-node:0", 25)] {
+        let body = json!({"model": model, "gpus": [gpu], "share": share});
+        assert_eq!(
+            call(&current, "POST", "/api/deployments", body).await.0,
+            201
+        );
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let down = Arc::new(AtomicBool::new(false));
+    let faulted = Arc::new(Faulted::default());
+    let clients: Vec<_> = (0..3)
+        .map(|i| {
+            tokio::spawn(client(
+                current.clone(),
+                done.clone(),
+                faulted.clone(),
+                down.clone(),
+                report.clone(),
+                seed * 31 + i,
+            ))
+        })
+        .collect();
+    let mut rng = Rng::new(seed);
+    let mut spikes = Vec::new();
+    let began = Instant::now();
+    let mut wrong = Vec::new();
+    // Bursts of changes and a fault, each followed by a wait until what should serve does.
+    while began.elapsed() < Duration::from_secs(seconds) {
+        let burst = Instant::now();
+        while burst.elapsed() < Duration::from_secs(4) {
+            tokio::time::sleep(Duration::from_millis(200 + rng.below(500))).await;
+            let (action, taken) = act(&current, &mut rng).await;
+            let mut r = report.lock().unwrap();
+            *r.actions.entry(action.to_owned()).or_default() += 1;
+            r.actions_refused += u64::from(!taken);
+        }
+        let what = if rng.below(5) == 0 {
+            // Tessera dies without a word to its engines, and starts again on the same data.
+            down.store(true, Ordering::SeqCst);
+            let killed = current.write().await.take().unwrap();
+            killed.kill_9().await;
+            let restarted = start(&data, &sim_dir, speed).await;
+            *current.write().await = Some(restarted);
+            down.store(false, Ordering::SeqCst);
+            Some("kill -9 of Tessera")
+        } else {
+            fault(&current, &mut rng, &faulted, &sim, &mut spikes).await
+        };
+        if let Some(what) = what {
+            *report
+                .lock()
+                .unwrap()
+                .faults
+                .entry(what.to_owned())
+                .or_default() += 1;
+        }
+        // The last change of the burst is made: every model that should serve does so within a bound.
+        let last_change = Instant::now();
+        let bound = Duration::from_secs(60);
+        loop {
+            let (ok, why) = settled(&current).await;
+            if ok {
+                let took = last_change.elapsed().as_millis() as u64;
+                report.lock().unwrap().converged_ms.push(took);
+                break;
+            }
+            if last_change.elapsed() > bound {
+                wrong = why;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        if !wrong.is_empty() {
+            break;
+        }
+    }
+    done.store(true, Ordering::SeqCst);
+    for c in clients {
+        c.await.unwrap();
+    }
+    let mut report = Arc::into_inner(report).unwrap().into_inner().unwrap();
+    report.not_converged = !wrong.is_empty();
+    report.ledger_mismatches = wrong;
+    let mut times = report.converged_ms.clone();
+    times.sort_unstable();
+    let at = |q: f64| {
+        times
+            .get(((times.len() as f64 - 1.0) * q).round() as usize)
+            .copied()
+    };
+    report.converged_p50_ms = at(0.5).unwrap_or_default();
+    report.converged_p99_ms = at(0.99).unwrap_or_default();
+    for gpu in GPUS {
+        if let Ok(reading) = sim.read(&gpu.parse().unwrap()) {
+            report
+                .held_at_end_gb
+                .insert(gpu.to_owned(), reading.used.as_gb_f64());
+        }
+    }
+    let refusals = sim.refusals();
+    report.overfills = refusals.iter().filter(|r| r.overfill()).count() as u64;
+    report.refusals_outside = refusals.len() as u64 - report.overfills;
+    // No orphan, no duplicate: Tessera's processes are exactly its engines', one per engine.
+    let (_, engines) = call(&current, "GET", "/api/engines", Value::Null).await;
+    let engines = engines.as_array().cloned().unwrap_or_default();
+    if let Some(any) = engines.iter().find(|e| e["pid"].is_u64()) {
+        let reported = support::report(any).await;
+        if let Some(instance) = reported["env"]["TESSERA_INSTANCE"].as_str() {
+            let pids: BTreeSet<u32> = engines
+                .iter()
+                .filter_map(|e| e["pid"].as_u64().map(|p| p as u32))
+                .collect();
+            report.orphans = support::processes_of(instance)
+                .into_iter()
+                .filter(|p| !pids.contains(p))
+                .collect();
+        }
+    }
+    let mut units = BTreeSet::new();
+    report.duplicates = engines
+        .iter()
+        .filter_map(|e| e["unit"].as_str())
+        .filter(|u| !units.insert(u.to_owned()))
+        .map(str::to_owned)
+        .collect();
+    current.write().await.take().unwrap().stop().await;
+    if let Ok(path) = std::env::var("SOAK_REPORT") {
+        std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).unwrap();
+    }
+    println!("{}", serde_json::to_string_pretty(&report).unwrap());
+    report
+}
+
+fn assert_held(report: &Report) {
+    assert_eq!(report.overfills, 0, "the simulated driver refused memory Tessera's placement or restart order left no room for: {report:#?}");
+    assert_eq!(report.lost, 0, "requests lost: {report:#?}");
+    assert!(
+        !report.not_converged && !report.converged_ms.is_empty(),
+        "what should serve did not within a minute of the last change: {report:#?}"
+    );
+    assert!(report.orphans.is_empty(), "orphan processes: {report:#?}");
+    assert!(
+        report.duplicates.is_empty(),
+        "duplicate engines: {report:#?}"
+    );
+    assert!(report.answered > 0, "no request was answered: {report:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_bounded_chaos_soak_overfills_no_gpu_loses_no_request_converges_and_leaves_no_orphan() {
+    let report = soak(env_or("SOAK_SEED", 1)).await;
+    assert_held(&report);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_whose_gpu_another_program_filled_while_it_loaded_dies_of_cuda_s_out_of_memory_error_and_no_overfill_is_counted(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
+    std::fs::create_dir_all(&data).unwrap();
+    // Loads of 1 to 3 s: long enough for another program to fill the GPU under it.
+    let server = start(&data, &sim_dir, 20.0).await;
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let sim = SimulatedGpus::open(&sim_dir);
+    let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
+    let mut notebook = tokio::process::Command::new("sleep")
+        .arg("30")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let total = sim.read(&gpu).unwrap().total;
+    sim.allocate(
+        &gpu,
+        notebook.id().unwrap(),
+        placement::Bytes(total.get() * 95 / 100),
+        true,
+    )
+    .unwrap();
+    support::wait_until("the engine dies of it", || async {
+        let engine = server.engine_if_any("glm-5.3").await;
+        let Some(id) = engine.and_then(|e| e["id"].as_str().map(str::to_owned)) else {
+            return false;
+        };
+        let (_, logs) = server.get(&format!("/api/engines/{id}/logs")).await;
+        logs.to_string()
+            .contains("CUDA out of memory. Tried to allocate")
+    })
+    .await;
+    let refusals = sim.refusals();
+    assert!(!refusals.is_empty());
+    assert!(refusals.iter().all(|r| !r.overfill()), "{refusals:?}");
+    // The notebook ends: the engine's next start loads.
+    notebook.kill().await.unwrap();
+    notebook.wait().await.unwrap();
+    support::wait_until("the engine serves", || async {
+        server.engine("glm-5.3").await["state"] == "healthy"
+    })
+    .await;
+    server.stop().await;
+}
