@@ -265,8 +265,27 @@ async fn the_gateways_own_answers_are_in_openais_error_shape() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_change_under_a_steady_stream_of_requests_loses_none() {
+    share_change_under_requests(None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_share_change_under_a_steady_stream_of_requests_loses_none_with_engines_that_take_seconds_to_load_and_to_exit(
+) {
+    // Time-compressed 20 times: loads of 1 to 3 s, memory held 0.5 s after SIGTERM.
+    let profile = json!({"speed": 20, "load_s": [20, 60], "exit_delay_s": 10});
+    share_change_under_requests(Some(profile)).await;
+}
+
+/// Three clients ask glm-5.3 all along while a plan change restarts it and its neighbour; every answer
+/// comes whole. The demo engines behave as `profile` says, where given.
+async fn share_change_under_requests(profile: Option<Value>) {
     let dir = tempfile::tempdir().unwrap();
-    let server = Arc::new(Server::start(dir.path(), 100).await);
+    let profile = profile.map(|p| p.to_string());
+    let env: Vec<(&str, &str)> = profile
+        .iter()
+        .map(|p| ("TESSERA_DEMO_PROFILE", p.as_str()))
+        .collect();
+    let server = Arc::new(Server::start_with_env(dir.path(), 100, &["--demo"], &env).await);
     let slow = json!({"TESSERA_DEMO_TOKEN_MS": "60"});
     let first = deploy(
         &server,
