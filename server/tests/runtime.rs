@@ -650,3 +650,37 @@ async fn a_shutdown_does_not_wait_for_an_engine_that_never_becomes_healthy() {
     server.stop().await;
     assert!(!alive(pid as u32), "the engine stopped with the server");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_loading_engine_says_how_far_it_has_got_as_its_own_log_prints_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // A two-second load in four checkpoint shards, printed as vLLM prints them.
+    let profile = json!({"load_s": [2, 2], "shards": 4}).to_string();
+    let server = Server::start_with_env(
+        dir.path(),
+        0,
+        &["--demo"],
+        &[("TESSERA_DEMO_PROFILE", &profile)],
+    )
+    .await;
+    let events = server.follow_events().await;
+    deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["majin:0"], "share": 10}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    let said: Vec<String> = events
+        .all()
+        .iter()
+        .filter(|e| e["kind"] == "engine" && e["state"] == "starting")
+        .filter_map(|e| e["message"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        said.iter().any(|m| m.starts_with("loading its weights: ")
+            && m.ends_with(" of 4 checkpoint shards (50%)")
+            || m == "loading its weights: 3 of 4 checkpoint shards (75%)"),
+        "{said:?}"
+    );
+    server.stop().await;
+}

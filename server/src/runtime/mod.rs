@@ -14,6 +14,7 @@ pub mod mig;
 pub mod model_file;
 mod mps;
 pub(crate) mod process;
+mod progress;
 mod ray;
 mod readiness;
 mod settings;

@@ -126,6 +126,15 @@ pub(super) async fn supervise(
                             shared.set(&unit, EngineState::Healthy, running.pid(), Some(port), None);
                         }
                     } else if !healthy_once {
+                        // How far it has got, from its own log, where that is a file here.
+                        if serving.is_ok() && matches!(spec.host, super::spec::Host::Local | super::spec::Host::Simulated) {
+                            if let Some(progress) = load_progress(&shared, &spec).await {
+                                if waiting_for.as_ref() != Some(&progress) {
+                                    shared.set(&unit, EngineState::Starting, running.pid(), Some(port), Some(progress.clone()));
+                                    waiting_for = Some(progress);
+                                }
+                            }
+                        }
                         if started.elapsed() > settings.start_timeout {
                             let stuck = running.stop().await;
                             break with_stuck(format!("was not healthy within {:?} of its start", settings.start_timeout), stuck);
@@ -269,6 +278,12 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         None,
     );
     Ok(running)
+}
+
+/// How far `spec`'s engine has got with its load, from the last lines of its log.
+async fn load_progress(shared: &Shared, spec: &EngineSpec) -> Option<String> {
+    let lines = shared.executor(spec)?.logs(&spec.unit, 20).await.ok()?;
+    super::progress::load_progress(&lines)
 }
 
 /// `why` an engine went down, with what of it is stuck.
