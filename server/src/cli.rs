@@ -1,6 +1,10 @@
 //! The commands that manage accounts and the database without the console, for scripts and CI: they work
 //! on the same database as the server (which may be running, but for a restore).
 
+pub mod doctor;
+
+pub use doctor::doctor;
+
 use crate::accounts;
 use crate::config::{Config, TokenCommand, UserCommand};
 use crate::input::{NewToken, NewUser};

@@ -145,6 +145,10 @@ pub enum Command {
         /// A backup made by `tessera backup`.
         file: PathBuf,
     },
+    /// Checks this machine for what Tessera needs (the NVIDIA driver and its GPUs, MPS, the engines'
+    /// programs, disk, ports, the Ray head, the database) and says what to fix, one line each; exits 1
+    /// where anything fails. Changes nothing.
+    Doctor,
     /// Prints the `ray start` line that makes this machine one of Tessera's in a Ray cluster: its name,
     /// its GPUs' model as labels, and each GPU (read with NVML) as a resource worth its memory.
     RayNode {

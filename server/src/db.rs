@@ -27,6 +27,9 @@ pub mod backup;
 /// one is never edited: `migrations/SHA256SUMS` holds each file's checksum, which a test compares.
 pub static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
+/// The database's file in the data folder.
+pub const FILE: &str = "tessera.db";
+
 /// Opens the database named by `database_url`, or `tessera.db` in `data_dir`, and applies the migrations.
 pub async fn connect(database_url: Option<&str>, data_dir: &Path) -> Result<SqlitePool, OpenError> {
     if database_url.is_none() {
@@ -59,7 +62,7 @@ pub fn options(
 ) -> Result<SqliteConnectOptions, OpenError> {
     let options = match database_url {
         Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
-        None => SqliteConnectOptions::new().filename(data_dir.join("tessera.db")),
+        None => SqliteConnectOptions::new().filename(data_dir.join(FILE)),
     };
     Ok(options
         .journal_mode(SqliteJournalMode::Wal)

@@ -34,6 +34,9 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Restore { file }) => server::cli::restore(&config, &file)
             .await
             .map_err(|e| format!("tessera restore: {e}")),
+        Some(Command::Doctor) => server::cli::doctor(&config)
+            .await
+            .map_err(|e| format!("tessera doctor: {e}")),
         Some(Command::RayNode { head, name }) => {
             server::cli::ray_node(head, name).map_err(|e| format!("tessera ray-node: {e}"))
         }

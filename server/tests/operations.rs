@@ -175,3 +175,37 @@ async fn a_backup_of_the_running_server_holds_its_workers_and_is_restored_once_i
     assert_eq!(restored.len(), 5 + kept, "{restored:?}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tessera_doctor_passes_a_running_server_s_own_port_and_fails_one_another_program_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    let data = dir.path().display().to_string();
+    let listen = format!("127.0.0.1:{}", server.port);
+    let checked = tessera(&["--data-dir", &data, "--listen", &listen, "doctor"], &[]);
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(checked.status.success(), "{lines}{}", said(&checked));
+    assert!(
+        lines.contains(&format!(
+            "ok    --listen: {listen} is in use, by the Tessera that holds this data folder"
+        )),
+        "{lines}"
+    );
+    assert!(lines.contains("ok    database: intact, schema "), "{lines}");
+    server.stop().await;
+    // Stopped, its port is free; a port another program holds fails the check.
+    let other = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let held = other.local_addr().unwrap().to_string();
+    let checked = tessera(&["--data-dir", &data, "--listen", &held, "doctor"], &[]);
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert_eq!(checked.status.code(), Some(1), "{lines}");
+    assert!(
+        lines.contains(&format!("FAIL  --listen: {held} cannot be listened on")),
+        "{lines}"
+    );
+    assert!(
+        said(&checked).contains("tessera doctor: 1 check(s) failed"),
+        "{}",
+        said(&checked)
+    );
+}

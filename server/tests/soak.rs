@@ -273,22 +273,32 @@ async fn client(
     }
 }
 
-/// The group holding `model`, with its revision and its members' shares, if it is deployed.
-async fn group_of(current: &Current, model: &str) -> Option<(String, i64, BTreeMap<String, f64>)> {
+/// A group as the soak changes it.
+struct Group {
+    name: String,
+    revision: i64,
+    members: Vec<String>,
+    gpus: Vec<String>,
+}
+
+/// The group holding `model`, if it is deployed.
+async fn group_of(current: &Current, model: &str) -> Option<Group> {
     let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
     groups.as_array()?.iter().find_map(|g| {
-        let members = g["members"].as_array()?;
-        members.iter().any(|m| m["name"] == model).then(|| {
-            (
-                g["name"].as_str().unwrap_or_default().to_owned(),
-                g["revision"].as_i64().unwrap_or_default(),
-                members
-                    .iter()
-                    .filter_map(|m| {
-                        Some((m["name"].as_str()?.to_owned(), m["share_percent"].as_f64()?))
-                    })
-                    .collect(),
-            )
+        let names = |key: &str, field: Option<&str>| -> Vec<String> {
+            g[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| field.map_or(v, |f| &v[f]).as_str().map(str::to_owned))
+                .collect()
+        };
+        let members = names("members", Some("name"));
+        members.iter().any(|m| m == model).then(|| Group {
+            name: g["name"].as_str().unwrap_or_default().to_owned(),
+            revision: g["revision"].as_i64().unwrap_or_default(),
+            gpus: names("gpus", None),
+            members,
         })
     })
 }
@@ -311,47 +321,70 @@ async fn revision_on(current: &Current, gpu: &str) -> Option<i64> {
 async fn act(current: &Current, rng: &mut Rng) -> (&'static str, bool) {
     let model = *rng.pick(&MODELS);
     let deployed = group_of(current, model).await;
-    match (deployed, rng.below(4)) {
-        (None, 0) => {
-            let gpu = *rng.pick(&GPUS);
-            let revision = revision_on(current, gpu).await;
-            let body = json!({"model": model, "gpus": [gpu], "share": 10 + rng.below(30), "revision": revision,
+    let taken = |status: u16| (200..300).contains(&status);
+    let Some(group) = deployed else {
+        let gpu = *rng.pick(&GPUS);
+        let revision = revision_on(current, gpu).await;
+        let share = 10 + rng.below(35);
+        return if rng.below(4) == 0 {
+            let body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision,
                               "demand": {"mode": "on_demand", "keep_alive": 10}});
-            (
-                "deploy on demand",
-                call(current, "POST", "/api/deployments", body).await.0 == 201,
-            )
-        }
-        (None, _) => {
-            let gpu = *rng.pick(&GPUS);
-            let revision = revision_on(current, gpu).await;
-            let body = json!({"model": model, "gpus": [gpu], "share": 10 + rng.below(40), "revision": revision});
-            (
-                "deploy",
-                call(current, "POST", "/api/deployments", body).await.0 == 201,
-            )
-        }
-        (Some((_, revision, _)), 0) => {
+            let status = call(current, "POST", "/api/deployments", body).await.0;
+            ("deploy on demand", taken(status))
+        } else {
+            let body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision});
+            let status = call(current, "POST", "/api/deployments", body).await.0;
+            ("deploy", taken(status))
+        };
+    };
+    let revision = group.revision;
+    match rng.below(7) {
+        0 => {
             let path = format!("/api/deployments/{model}?revision={revision}");
+            let status = call(current, "DELETE", &path, Value::Null).await.0;
+            ("remove", taken(status))
+        }
+        1 => {
+            let status = call(current, "POST", "/api/repack", json!({})).await.0;
+            ("repack", taken(status))
+        }
+        2 => {
+            // Its answers' pace changes: it restarts alone.
+            let pace = (10 + rng.below(40)).to_string();
+            let body = json!({"revision": revision, "env": {"TESSERA_DEMO_TOKEN_MS": pace}});
+            let path = format!("/api/deployments/{model}/serving");
             (
-                "remove",
-                call(current, "DELETE", &path, Value::Null).await.0 == 204,
+                "serving change",
+                taken(call(current, "PUT", &path, body).await.0),
             )
         }
-        (Some(_), 1) => (
-            "repack",
-            call(current, "POST", "/api/repack", json!({})).await.0 == 202,
-        ),
-        (Some((group, revision, members)), _) => {
-            let shares: BTreeMap<String, u64> = members
-                .keys()
-                .map(|m| (m.clone(), 5 + rng.below(30)))
+        3 => {
+            // Its GPU switches between time-slicing and MPS: every sharer restarts.
+            let Some((machine, index)) = group.gpus.first().and_then(|g| g.split_once(':')) else {
+                return ("sharing switch", false);
+            };
+            let body = if rng.below(2) == 0 {
+                json!({"mode": "mps", "compute_percent": 50})
+            } else {
+                json!({"mode": "time-slicing"})
+            };
+            let path = format!("/api/machines/{machine}/gpus/{index}/sharing");
+            (
+                "sharing switch",
+                taken(call(current, "PUT", &path, body).await.0),
+            )
+        }
+        _ => {
+            let shares: BTreeMap<&String, u64> = group
+                .members
+                .iter()
+                .map(|m| (m, 5 + rng.below(30)))
                 .collect();
             let body = json!({"revision": revision, "shares": shares});
-            let path = format!("/api/groups/{group}/plan");
+            let path = format!("/api/groups/{}/plan", group.name);
             (
                 "plan change",
-                call(current, "PUT", &path, body).await.0 == 200,
+                taken(call(current, "PUT", &path, body).await.0),
             )
         }
     }

@@ -85,6 +85,60 @@ impl NvmlGpus {
     }
 }
 
+/// What the driver says of itself and of each GPU, for `tessera doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverFacts {
+    /// The driver's version.
+    pub version: String,
+    /// Each GPU.
+    pub gpus: Vec<GpuFacts>,
+}
+
+/// One GPU as the driver describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuFacts {
+    /// NVML's index.
+    pub index: u32,
+    /// Its name.
+    pub name: String,
+    /// MIG mode now and after the next reset, where the GPU has MIG.
+    pub mig: Option<(bool, bool)>,
+    /// Whether persistence mode is on, where the driver says.
+    pub persistence: Option<bool>,
+}
+
+/// The driver's version and each GPU's name, MIG mode and persistence mode; why not, where NVML cannot
+/// say.
+pub fn driver_facts() -> Result<DriverFacts, String> {
+    let nvml = NvmlGpus::init().map_err(|e| e.to_string())?.nvml;
+    let version = nvml
+        .sys_driver_version()
+        .map_err(|e| format!("NVML could not report the driver's version: {e}"))?;
+    let count = nvml
+        .device_count()
+        .map_err(|e| format!("NVML could not count the GPUs: {e}"))?;
+    let gpus = (0..count)
+        .map(|index| match nvml.device_by_index(index) {
+            Ok(device) => GpuFacts {
+                index,
+                name: device.name().unwrap_or_else(|e| format!("unnamed ({e})")),
+                mig: device
+                    .mig_mode()
+                    .ok()
+                    .map(|m| (m.current == MIG_ENABLED, m.pending == MIG_ENABLED)),
+                persistence: device.is_in_persistent_mode().ok(),
+            },
+            Err(e) => GpuFacts {
+                index,
+                name: format!("not readable: {e}"),
+                mig: None,
+                persistence: None,
+            },
+        })
+        .collect();
+    Ok(DriverFacts { version, gpus })
+}
+
 /// Whether `device`'s MIG mode is on (a GPU without MIG says it is not supported).
 fn mig_on(device: &Device<'_>) -> bool {
     device

@@ -192,6 +192,19 @@ impl RayClient {
         })
     }
 
+    /// The Ray version the head runs.
+    pub async fn version(&self) -> Result<String, RayError> {
+        let path = "/api/version";
+        let answer = self.call(Method::GET, path, None).await?;
+        answer["ray_version"]
+            .as_str()
+            .map(str::to_owned)
+            .ok_or_else(|| RayError::Body {
+                path: path.to_owned(),
+                why: "no ray_version".to_owned(),
+            })
+    }
+
     /// Every node the cluster knows, alive or dead (the state API).
     pub async fn nodes(&self) -> Result<Vec<Node>, RayError> {
         let path = "/api/v0/nodes?limit=10000&detail=true";
