@@ -450,21 +450,73 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
     }
 }
 
-/// The address a request came from, when the server knows it.
+/// The address at the other end of a connection, plain or over TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Remote(pub SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for Remote
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Remote {
+        Remote(*stream.remote_addr())
+    }
+}
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, crate::tls::TlsListener>>
+    for Remote
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, crate::tls::TlsListener>) -> Remote {
+        Remote(*stream.remote_addr())
+    }
+}
+
+/// The address a request came from, when the server knows it: the connection's, or where that is a
+/// trusted proxy, the client its X-Forwarded-For names.
 pub struct Peer(pub String);
 
-impl<S: Send + Sync> FromRequestParts<S> for Peer {
+impl FromRequestParts<AppState> for Peer {
     type Rejection = std::convert::Infallible;
 
-    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Peer, Self::Rejection> {
+    async fn from_request_parts(
+        parts: &mut Parts,
+        state: &AppState,
+    ) -> Result<Peer, Self::Rejection> {
+        let Some(ConnectInfo(Remote(remote))) = parts.extensions.get::<ConnectInfo<Remote>>()
+        else {
+            return Ok(Peer("unknown".to_owned()));
+        };
+        let forwarded = parts
+            .headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok());
         Ok(Peer(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ConnectInfo(addr)| addr.ip().to_string())
-                .unwrap_or_else(|| "unknown".to_owned()),
+            client(remote.ip(), forwarded, &state.trusted_proxies).to_string(),
         ))
     }
+}
+
+/// Who sent a request that reached us from `remote`: `remote` itself, unless it is a trusted proxy;
+/// then the last address of X-Forwarded-For (`forwarded`, each header's list in order) that is not one.
+/// A client may write anything at the list's start, so it is read from the end, past the proxies only.
+fn client<'a>(
+    remote: std::net::IpAddr,
+    forwarded: impl Iterator<Item = &'a str>,
+    trusted: &[std::net::IpAddr],
+) -> std::net::IpAddr {
+    if !trusted.contains(&remote) {
+        return remote;
+    }
+    let hops: Vec<std::net::IpAddr> = forwarded
+        .flat_map(|list| list.split(','))
+        .filter_map(|hop| hop.trim().parse().ok())
+        .collect();
+    hops.into_iter()
+        .rev()
+        .find(|hop| !trusted.contains(hop))
+        .unwrap_or(remote)
 }
 
 /// The sign-in form.

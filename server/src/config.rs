@@ -99,9 +99,35 @@ pub struct Config {
         value_parser = clap::value_parser!(u64).range(1..=3600)
     )]
     pub latency_window_s: u64,
-    /// The console is reached over https (directly or behind a proxy): session cookies are then Secure.
+    /// The console is reached over https (directly or behind a proxy): session cookies are then Secure,
+    /// and answers say so (HSTS).
     #[arg(long, env = "TESSERA_HTTPS")]
     pub https: bool,
+    /// Serve https with this certificate chain (PEM); with --tls-key. Implies --https.
+    #[arg(
+        long,
+        env = "TESSERA_TLS_CERT",
+        value_name = "PEM",
+        requires = "tls_key"
+    )]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM).
+    #[arg(
+        long,
+        env = "TESSERA_TLS_KEY",
+        value_name = "PEM",
+        requires = "tls_cert"
+    )]
+    pub tls_key: Option<PathBuf>,
+    /// A reverse proxy (its address) whose X-Forwarded-For names the client: the sign-in throttle counts
+    /// that client, not the proxy. Repeat it for each proxy.
+    #[arg(
+        long,
+        env = "TESSERA_TRUSTED_PROXY",
+        value_name = "IP",
+        value_delimiter = ','
+    )]
+    pub trusted_proxy: Vec<std::net::IpAddr>,
     /// How engines are supervised.
     #[command(flatten)]
     pub engines: EngineFlags,

@@ -24,6 +24,7 @@ mod random;
 pub mod redact;
 pub mod runtime;
 pub mod security;
+pub mod tls;
 pub mod units;
 
 use app::{shell, App};
@@ -35,6 +36,7 @@ use config::Config;
 use fleet::Fleet;
 use leptos::config::LeptosOptions;
 use leptos_axum::{generate_route_list, AxumRouteListing, LeptosRoutes};
+use std::future::{Future, IntoFuture};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
@@ -44,6 +46,9 @@ pub enum ServerError {
     /// The console's build settings could not be read.
     #[error("could not read the console's settings (build it with cargo leptos): {0}")]
     LeptosConfig(#[from] leptos::config::errors::LeptosConfigError),
+    /// https cannot be served with the certificate and key given.
+    #[error("could not serve https (--tls-cert, --tls-key): {0}")]
+    Tls(#[from] tls::TlsError),
     /// The simulated GPUs' folder could not be made.
     #[error("could not simulate the demo fleet's GPUs (--simulate-gpus): {0}")]
     Simulation(inventory::simulated::SimError),
@@ -107,8 +112,10 @@ pub struct Shared {
     pub throttle: Arc<auth::throttle::Throttle>,
     /// API tokens seen lately.
     pub tokens: Arc<accounts::TokenCache>,
-    /// Served over https: session cookies are Secure.
+    /// Served over https: session cookies are Secure, and answers carry HSTS.
     pub https: bool,
+    /// Reverse proxies whose X-Forwarded-For names the client.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// The OpenAI-compatible gateway's connections and rotations.
     pub gateway: Arc<gateway::Gateway>,
 }
@@ -135,17 +142,26 @@ impl AppState {
         fleet: Arc<Fleet>,
         pool: sqlx::SqlitePool,
     ) -> AppState {
-        AppState::serving(leptos_options, fleet, pool, false, Duration::from_secs(30))
+        AppState::serving(
+            leptos_options,
+            fleet,
+            pool,
+            false,
+            Duration::from_secs(30),
+            Vec::new(),
+        )
     }
 
     /// The state over `fleet`; `https` when the console is reached over https; the gateway's requests
-    /// wait up to `gateway_wait` for a model's engine to be ready.
+    /// wait up to `gateway_wait` for a model's engine to be ready; `trusted_proxies` name the client in
+    /// X-Forwarded-For.
     pub fn serving(
         leptos_options: LeptosOptions,
         fleet: Arc<Fleet>,
         pool: sqlx::SqlitePool,
         https: bool,
         gateway_wait: Duration,
+        trusted_proxies: Vec<std::net::IpAddr>,
     ) -> AppState {
         AppState(Arc::new(Shared {
             leptos_options,
@@ -155,6 +171,7 @@ impl AppState {
             throttle: Arc::default(),
             tokens: Arc::default(),
             https,
+            trusted_proxies,
             gateway: Arc::new(gateway::Gateway::new(gateway_wait)),
         }))
     }
@@ -199,7 +216,7 @@ pub fn router(state: AppState) -> Router {
         .layer(
             tower::ServiceBuilder::new()
                 .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
-                .layer(security::HeadersLayer)
+                .layer(security::HeadersLayer::new(state.https))
                 .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
                 .layer(auth::SessionsUnlessToken::new(sessions))
                 .layer(auth::GuardLayer::new(state.clone())),
@@ -214,7 +231,7 @@ fn gateway_routes(state: &AppState) -> Router<AppState> {
     gateway::routes().layer(
         tower::ServiceBuilder::new()
             .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
-            .layer(security::HeadersLayer),
+            .layer(security::HeadersLayer::new(state.https)),
     )
 }
 
@@ -326,13 +343,19 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         }
         None => {}
     }
-    tracing::info!("Tessera listening on http://{}", config.listen);
+    let tls = match (&config.tls_cert, &config.tls_key) {
+        (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!("Tessera listening on {scheme}://{}", config.listen);
     let state = AppState::serving(
         leptos_options,
         fleet.clone(),
         pool,
-        config.https,
+        config.https || tls.is_some(),
         Duration::from_secs(config.gateway_wait_s),
+        config.trusted_proxy.clone(),
     );
     let (stop_begun, mut stopping) = tokio::sync::watch::channel(false);
     if let Some(addr) = config.gateway_listen {
@@ -352,23 +375,39 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             }
         });
     }
-    let serving = axum::serve(
-        listener,
-        router(state).into_make_service_with_connect_info::<std::net::SocketAddr>(),
-    )
-    .with_graceful_shutdown({
+    let signal = {
         let runtime = runtime.clone();
         async move {
             shutdown_signal().await;
             runtime.close_streams();
             stop_begun.send_replace(true);
         }
-    });
+    };
+    let app = router(state).into_make_service_with_connect_info::<auth::Remote>();
+    let serving: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
+        Some(acceptor) => {
+            let listener =
+                tls::TlsListener::new(listener, acceptor).map_err(|source| ServerError::Bind {
+                    addr: config.listen,
+                    source,
+                })?;
+            Box::pin(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(signal)
+                    .into_future(),
+            )
+        }
+        None => Box::pin(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(signal)
+                .into_future(),
+        ),
+    };
     // The requests in flight when a stop begins get `REQUEST_GRACE` to finish; a stuck one does not hold
     // the stop. (Only the requests that take the guard's whole way have a timer of their own: on a
     // script's read it woke the other worker thread every time, an eighth of its rate, BENCHMARKS.md.)
     tokio::select! {
-        served = async { serving.await } => served.map_err(ServerError::Serve)?,
+        served = serving => served.map_err(ServerError::Serve)?,
         () = async {
             let _ = stopping.wait_for(|begun| *begun).await;
             tokio::time::sleep(REQUEST_GRACE).await;

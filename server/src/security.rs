@@ -1,5 +1,6 @@
 //! What every answer carries to keep a browser from being turned against the console: a Content Security
-//! Policy, no framing, no content sniffing, and a bound on request bodies.
+//! Policy, no framing, no content sniffing, HSTS where the console is served over https, and a bound on
+//! request bodies.
 
 use app::security::{page_policy, PageNonce};
 use axum::extract::Request;
@@ -30,13 +31,26 @@ fn may_be_page(request: &Request) -> bool {
 /// answer's policy that allows nothing. A layer of its own rather than a middleware function, which would
 /// box the rest of the stack and its own future on every request.
 #[derive(Debug, Clone, Copy, Default)]
-pub struct HeadersLayer;
+pub struct HeadersLayer {
+    /// Served over https: browsers are told to come back over https only (HSTS).
+    https: bool,
+}
+
+impl HeadersLayer {
+    /// The headers of a console served over https (`https`) or plain http.
+    pub fn new(https: bool) -> HeadersLayer {
+        HeadersLayer { https }
+    }
+}
 
 impl<S> tower::Layer<S> for HeadersLayer {
     type Service = Headers<S>;
 
     fn layer(&self, inner: S) -> Headers<S> {
-        Headers { inner }
+        Headers {
+            inner,
+            https: self.https,
+        }
     }
 }
 
@@ -44,7 +58,11 @@ impl<S> tower::Layer<S> for HeadersLayer {
 #[derive(Debug, Clone)]
 pub struct Headers<S> {
     inner: S,
+    https: bool,
 }
+
+/// A year of https only, as browsers keep it (no subdomains: they may be other servers').
+const HSTS: &str = "max-age=31536000";
 
 impl<S> tower::Service<Request> for Headers<S>
 where
@@ -67,6 +85,7 @@ where
         WithHeaders {
             inner: self.inner.call(request),
             nonce,
+            https: self.https,
         }
     }
 }
@@ -77,6 +96,7 @@ pin_project_lite::pin_project! {
         #[pin]
         inner: F,
         nonce: Option<PageNonce>,
+        https: bool,
     }
 }
 
@@ -106,6 +126,12 @@ where
             header::REFERRER_POLICY,
             HeaderValue::from_static("same-origin"),
         );
+        if *this.https {
+            headers.insert(
+                header::STRICT_TRANSPORT_SECURITY,
+                HeaderValue::from_static(HSTS),
+            );
+        }
         Poll::Ready(Ok(response))
     }
 }

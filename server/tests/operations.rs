@@ -209,3 +209,102 @@ async fn tessera_doctor_passes_a_running_server_s_own_port_and_fails_one_another
         said(&checked)
     );
 }
+
+/// `curl` with the test's own certificate authority: (its exit status, the headers and body it printed).
+fn curl(cert: &Path, url: &str) -> (bool, String) {
+    let out = std::process::Command::new("curl")
+        .args(["-sS", "-D", "-", "--max-time", "5", "--cacert"])
+        .arg(cert)
+        .arg(url)
+        .output()
+        .expect("curl runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_with_a_certificate_the_console_answers_over_https_only_with_hsts_and_secure_cookies(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let at = |name: &str| dir.path().join(name);
+    // A self-signed certificate for localhost, made now.
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args([
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(at("key.pem"))
+        .arg("-out")
+        .arg(at("cert.pem"))
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let data = at("data");
+    let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
+        .arg(&data)
+        .arg("--tls-cert")
+        .arg(at("cert.pem"))
+        .arg("--tls-key")
+        .arg(at("key.pem"))
+        .env("RUST_LOG", "warn")
+        .env("LEPTOS_OUTPUT_NAME", "tessera")
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let health = format!("https://localhost:{port}/api/health");
+    support::wait_until("the server answers over https", || async {
+        curl(&at("cert.pem"), &health).0
+    })
+    .await;
+    let (_, answer) = curl(&at("cert.pem"), &health);
+    assert!(
+        answer.starts_with("HTTP/2 200") || answer.starts_with("HTTP/1.1 200"),
+        "{answer}"
+    );
+    assert!(
+        answer
+            .to_ascii_lowercase()
+            .contains("strict-transport-security: max-age=31536000"),
+        "{answer}"
+    );
+    // The first visit's session cookie is for https alone.
+    let (_, setup) = curl(&at("cert.pem"), &format!("https://localhost:{port}/setup"));
+    let cookie = setup
+        .lines()
+        .find(|l| l.to_ascii_lowercase().starts_with("set-cookie:"))
+        .unwrap_or_else(|| panic!("no cookie: {setup}"));
+    assert!(cookie.contains("Secure"), "{cookie}");
+    // Plain http gets no answer.
+    let (plain, _) = curl(
+        &at("cert.pem"),
+        &format!("http://127.0.0.1:{port}/api/health"),
+    );
+    assert!(!plain);
+    server.kill().await.unwrap();
+}

@@ -235,6 +235,7 @@ async fn requests_waiting_for_one_on_demand_model_share_one_load_attempt() {
         app.pool.clone(),
         false,
         Duration::from_secs(1),
+        Vec::new(),
     );
     let waiters =
         (0..20).map(|_| on_demand::ready_engine(&state, "speech", Duration::from_secs(1)));

@@ -44,3 +44,27 @@ async fn a_body_past_the_limit_is_refused_with_413() {
         "the request body is larger than the 256 KiB a request may send"
     );
 }
+
+#[test]
+fn behind_a_trusted_proxy_the_client_is_the_last_forwarded_address_that_is_not_a_proxy_and_otherwise_the_connection_s(
+) {
+    use std::net::IpAddr;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let proxies = [ip("10.0.0.2"), ip("10.0.0.3")];
+    // A client may write anything first; the proxies append what they saw.
+    let forwarded = ["6.6.6.6, 203.0.113.7", "10.0.0.3"];
+    assert_eq!(
+        super::super::client(ip("10.0.0.2"), forwarded.into_iter(), &proxies),
+        ip("203.0.113.7")
+    );
+    // Not through a trusted proxy: what it says of itself is not believed.
+    assert_eq!(
+        super::super::client(ip("198.51.100.9"), forwarded.into_iter(), &proxies),
+        ip("198.51.100.9")
+    );
+    // A proxy that forwards nothing is the client.
+    assert_eq!(
+        super::super::client(ip("10.0.0.2"), std::iter::empty(), &proxies),
+        ip("10.0.0.2")
+    );
+}
