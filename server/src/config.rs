@@ -34,12 +34,7 @@ pub struct Config {
     /// memory there as they load (a profile in TESSERA_DEMO_PROFILE makes them load, slow down and fail
     /// like real ones), an allocation past a GPU's total kills the engine as CUDA's out-of-memory error
     /// does, and the readings come from what is held (the chaos soak runs on this).
-    #[arg(
-        long,
-        env = "TESSERA_SIMULATE_GPUS",
-        value_name = "DIR",
-        requires = "demo"
-    )]
+    #[arg(long, env = "TESSERA_SIMULATE_GPUS", value_name = "DIR")]
     pub simulate_gpus: Option<PathBuf>,
     /// Machines the server cannot see, described in a TOML file (see docs/src/server.md).
     #[arg(long, env = "TESSERA_INVENTORY", value_name = "PATH")]
@@ -104,20 +99,10 @@ pub struct Config {
     #[arg(long, env = "TESSERA_HTTPS")]
     pub https: bool,
     /// Serve https with this certificate chain (PEM); with --tls-key. Implies --https.
-    #[arg(
-        long,
-        env = "TESSERA_TLS_CERT",
-        value_name = "PEM",
-        requires = "tls_key"
-    )]
+    #[arg(long, env = "TESSERA_TLS_CERT", value_name = "PEM")]
     pub tls_cert: Option<PathBuf>,
     /// The private key of --tls-cert (PEM).
-    #[arg(
-        long,
-        env = "TESSERA_TLS_KEY",
-        value_name = "PEM",
-        requires = "tls_cert"
-    )]
+    #[arg(long, env = "TESSERA_TLS_KEY", value_name = "PEM")]
     pub tls_key: Option<PathBuf>,
     /// A reverse proxy (its address) whose X-Forwarded-For names the client: the sign-in throttle counts
     /// that client, not the proxy. Repeat it for each proxy.

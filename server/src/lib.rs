@@ -49,6 +49,9 @@ pub enum ServerError {
     /// https cannot be served with the certificate and key given.
     #[error("could not serve https (--tls-cert, --tls-key): {0}")]
     Tls(#[from] tls::TlsError),
+    /// Only the demo fleet's GPUs are simulated.
+    #[error("--simulate-gpus simulates the demo fleet's GPUs: add --demo")]
+    SimulationWithoutDemo,
     /// The simulated GPUs' folder could not be made.
     #[error("could not simulate the demo fleet's GPUs (--simulate-gpus): {0}")]
     Simulation(inventory::simulated::SimError),
@@ -261,6 +264,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         gather_inventory(&config, ray.as_ref(), &pool).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let simulated = match &config.simulate_gpus {
+        Some(_) if !config.demo => return Err(ServerError::SimulationWithoutDemo),
         Some(dir) => Some(simulate(dir, &inventory).map_err(ServerError::Simulation)?),
         None => None,
     };
@@ -345,7 +349,8 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     }
     let tls = match (&config.tls_cert, &config.tls_key) {
         (Some(cert), Some(key)) => Some(tls::acceptor(cert, key)?),
-        _ => None,
+        (None, None) => None,
+        _ => return Err(ServerError::Tls(tls::TlsError::Half)),
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     tracing::info!("Tessera listening on {scheme}://{}", config.listen);

@@ -32,6 +32,9 @@ pub enum TlsError {
         /// What went wrong.
         why: String,
     },
+    /// One of the two was given without the other.
+    #[error("give both --tls-cert and --tls-key, or neither")]
+    Half,
     /// rustls refused the pair (a key that is not the certificate's, say).
     #[error("the certificate and key cannot be served: {0}")]
     Config(#[from] tokio_rustls::rustls::Error),
