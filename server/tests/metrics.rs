@@ -107,3 +107,52 @@ fn the_interference_alert_rule_passes_promtools_check_and_fires_only_after_a_min
     promtool(&["check", "rules", "tessera-alerts.yml"]);
     promtool(&["test", "rules", "tessera-alerts.test.yml"]);
 }
+
+/// Every `.rs` file under `dir`, as one text.
+fn sources(dir: &std::path::Path) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            text.push_str(&sources(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            text.push_str(&std::fs::read_to_string(&path).unwrap());
+        }
+    }
+    text
+}
+
+#[test]
+fn every_metric_the_grafana_dashboard_draws_is_one_tessera_exports() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root.join("../deploy/grafana/tessera.json")).unwrap(),
+    )
+    .expect("deploy/grafana/tessera.json is JSON");
+    let exported = sources(&root.join("src"));
+    let mut drawn = std::collections::BTreeSet::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().into_iter().flatten() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("tessera_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_')
+                    .collect();
+                // A histogram's series are its name with a suffix.
+                let family = ["_bucket", "_sum", "_count"]
+                    .iter()
+                    .find_map(|s| name.strip_suffix(s))
+                    .unwrap_or(&name)
+                    .to_owned();
+                drawn.insert(family);
+            }
+        }
+    }
+    assert!(drawn.len() >= 15, "{drawn:?}");
+    let unknown: Vec<&String> = drawn
+        .iter()
+        .filter(|name| !exported.contains(&format!("\"{name}\"")))
+        .collect();
+    assert!(unknown.is_empty(), "the dashboard draws metrics Tessera does not export: {unknown:?}");
+}
