@@ -58,13 +58,19 @@ impl Bytes {
 
     /// Shown as GB the way the seed writes it: at most one decimal, no trailing ".0" (`7`, `6.5`).
     pub fn gb_text(self) -> String {
+        tenths_text((u128::from(self.0) * 10 + u128::from(GB) / 2) / u128::from(GB))
+    }
+
+    /// [`Bytes::gb_text`] for an engine to size itself by: never over these bytes, but for the kilobyte a
+    /// share's rounding to whole bytes leaves (30 % of 96 GB reads 28.8, not 28.7); else rounded down.
+    pub fn gb_text_at_most(self) -> String {
         let tenths = (u128::from(self.0) * 10 + u128::from(GB) / 2) / u128::from(GB);
-        let (whole, tenth) = (tenths / 10, tenths % 10);
-        if tenth == 0 {
-            whole.to_string()
+        let nearest = tenths * u128::from(GB) / 10;
+        tenths_text(if nearest > u128::from(self.0) + 1024 {
+            u128::from(self.0) * 10 / u128::from(GB)
         } else {
-            format!("{whole}.{tenth}")
-        }
+            tenths
+        })
     }
 
     /// The GB figure as a float for JSON answers, never compared: to the nearest millionth of a GB (about
@@ -108,6 +114,16 @@ impl std::iter::Sum for Bytes {
 impl fmt::Display for Bytes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{} GB", self.gb_text())
+    }
+}
+
+/// `tenths` of a GB as the seed writes GB: `7`, `6.5`.
+fn tenths_text(tenths: u128) -> String {
+    let (whole, tenth) = (tenths / 10, tenths % 10);
+    if tenth == 0 {
+        whole.to_string()
+    } else {
+        format!("{whole}.{tenth}")
     }
 }
 
@@ -279,6 +295,20 @@ mod tests {
         assert_eq!(Bytes::from_gb(0.04).unwrap().gb_text(), "0");
         assert_eq!(Bytes::from_gb(179.96).unwrap().gb_text(), "180");
         assert_eq!(Bytes::gb(8).to_string(), "8 GB");
+    }
+
+    #[test]
+    fn an_engine_s_gb_figure_never_exceeds_its_share_but_for_a_share_s_rounding_to_bytes() {
+        assert_eq!(Bytes::from_gb(179.96).unwrap().gb_text_at_most(), "179.9");
+        assert_eq!(Bytes::from_gb(38.35).unwrap().gb_text_at_most(), "38.3");
+        assert_eq!(Bytes::from_gb(2.2).unwrap().gb_text_at_most(), "2.2");
+        assert_eq!(
+            Bytes::gb(96)
+                .share(BasisPoints::percent(30))
+                .gb_text_at_most(),
+            "28.8"
+        );
+        assert_eq!(Bytes::gb(7).gb_text_at_most(), "7");
     }
 
     #[test]

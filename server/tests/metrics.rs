@@ -154,5 +154,8 @@ fn every_metric_the_grafana_dashboard_draws_is_one_tessera_exports() {
         .iter()
         .filter(|name| !exported.contains(&format!("\"{name}\"")))
         .collect();
-    assert!(unknown.is_empty(), "the dashboard draws metrics Tessera does not export: {unknown:?}");
+    assert!(
+        unknown.is_empty(),
+        "the dashboard draws metrics Tessera does not export: {unknown:?}"
+    );
 }

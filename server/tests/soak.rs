@@ -71,6 +71,8 @@ struct Report {
     lost: u64,
     lost_examples: Vec<String>,
     overfills: u64,
+    /// Each overfill: the GPU, who asked, and what held it.
+    overfill_examples: Vec<String>,
     refusals_outside: u64,
     /// After each burst of changes and faults, the time until every model that should serve did.
     converged_ms: Vec<u64>,
@@ -592,6 +594,12 @@ async fn soak(seed: u64) -> Report {
     }
     let refusals = sim.refusals();
     report.overfills = refusals.iter().filter(|r| r.overfill()).count() as u64;
+    report.overfill_examples = refusals
+        .iter()
+        .filter(|r| r.overfill())
+        .take(10)
+        .map(|r| format!("{r:?}"))
+        .collect();
     report.refusals_outside = refusals.len() as u64 - report.overfills;
     // No orphan, no duplicate: Tessera's processes are exactly its engines', one per engine.
     let (_, engines) = call(&current, "GET", "/api/engines", Value::Null).await;

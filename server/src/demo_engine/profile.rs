@@ -99,7 +99,7 @@ pub struct Memory {
 }
 
 impl Memory {
-    /// From `TESSERA_SIM_DIR`, `TESSERA_SIM_GPUS` and its share (`TESSERA_GPU_MEMORY_GB`).
+    /// From `TESSERA_SIM_DIR`, `TESSERA_SIM_GPUS` and its share (`TESSERA_GPU_MEMORY_BYTES`, exact).
     pub fn from_env() -> Option<Memory> {
         let dir = std::env::var(SIM_DIR_VAR).ok()?;
         let gpus = std::env::var(SIM_GPUS_VAR)
@@ -107,11 +107,14 @@ impl Memory {
             .split(',')
             .filter_map(|g| g.parse().ok())
             .collect();
-        let gb: f64 = std::env::var("TESSERA_GPU_MEMORY_GB").ok()?.parse().ok()?;
+        let bytes: u64 = std::env::var("TESSERA_GPU_MEMORY_BYTES")
+            .ok()?
+            .parse()
+            .ok()?;
         Some(Memory {
             sim: SimulatedGpus::open(std::path::Path::new(&dir)),
             gpus,
-            share: Bytes::from_gb(gb).ok()?,
+            share: Bytes(bytes),
         })
     }
 

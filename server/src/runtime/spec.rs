@@ -347,7 +347,7 @@ impl EngineSpec {
                         word.replace("{port}", &port_text)
                             .replace("{model}", &r.model_path)
                             .replace("{name}", served)
-                            .replace("{gpu_memory_gb}", &self.memory().gb_text())
+                            .replace("{gpu_memory_gb}", &self.memory().gb_text_at_most())
                             .replace("{gpu_memory_fraction}", &fraction)
                             .replace("{api_key}", api_key.unwrap_or_default())
                     })
@@ -366,7 +366,15 @@ impl EngineSpec {
     /// The recipe's environment with Tessera's variables, which win over it.
     fn env(&self, port: u16, api_key: Option<&str>) -> BTreeMap<String, String> {
         let mut env = self.recipe.env.clone();
-        env.insert("TESSERA_GPU_MEMORY_GB".into(), self.memory().gb_text());
+        // Never more than the share: an engine sizes itself by it.
+        env.insert(
+            "TESSERA_GPU_MEMORY_GB".into(),
+            self.memory().gb_text_at_most(),
+        );
+        env.insert(
+            "TESSERA_GPU_MEMORY_BYTES".into(),
+            self.memory().get().to_string(),
+        );
         env.insert("CUDA_VISIBLE_DEVICES".into(), self.cuda_visible_devices());
         // The indices are NVML's, which count in PCI bus order; CUDA counts fastest first unless told.
         env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
