@@ -311,10 +311,10 @@ mod tests {
             .unwrap();
         let me = std::process::id();
         sim.allocate(&gpu, me, Bytes::gb(5), false).unwrap();
-        let refused = sim.allocate(&gpu, me, Bytes::gb(3), false).unwrap_err();
+        let refused = sim.allocate(&gpu, me, Bytes::gb(4), false).unwrap_err();
         assert_eq!(
             refused.to_string(),
-            "CUDA out of memory. Tried to allocate 3 GB. GPU 0 of majin has a total capacity of 8 GB of which 2 GB is free."
+            "CUDA out of memory. Tried to allocate 4 GB. GPU 0 of majin has a total capacity of 8 GB of which 2 GB is free."
         );
         let refusals = sim.refusals();
         assert_eq!(refusals.len(), 1);
