@@ -309,7 +309,7 @@ async fn a_server_killed_in_the_middle_of_a_restart_comes_back_to_exactly_the_co
     wait_until("glm-5.3 stopped and is starting again", || async {
         let seen = events.all();
         engine_events(&seen, "glm-5.3", "stopped").count() == 1
-            && engine_events(&seen, "glm-5.3", "starting").count() == 1
+            && engine_events(&seen, "glm-5.3", "starting").count() >= 1
     })
     .await;
     server.kill_9().await;
@@ -368,11 +368,13 @@ async fn an_engine_failing_its_health_check_is_unhealthy_then_restarted() {
     })
     .await;
     let seen = events.all();
-    let states: Vec<&str> = seen
+    let mut states: Vec<&str> = seen
         .iter()
         .filter(|e| e["kind"] == "engine")
         .map(|e| e["state"].as_str().unwrap())
         .collect();
+    // A loading engine says how far it has got in events of the same state.
+    states.dedup();
     assert_eq!(states, ["unhealthy", "restarting", "starting", "healthy"]);
     assert_eq!(seen[0]["message"], "3 health checks in a row failed");
     assert!(
@@ -430,12 +432,13 @@ async fn a_request_admitted_to_an_engine_that_then_turns_unhealthy_is_drained_be
             .is_some_and(|e| e["state"] == "healthy" && e["pid"] != engine["pid"])
     })
     .await;
-    let states: Vec<String> = events
+    let mut states: Vec<String> = events
         .all()
         .iter()
         .filter(|e| e["kind"] == "engine")
         .map(|e| e["state"].as_str().unwrap().to_owned())
         .collect();
+    states.dedup();
     assert_eq!(
         states,
         ["unhealthy", "draining", "restarting", "starting", "healthy"]
