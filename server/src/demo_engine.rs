@@ -15,7 +15,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use profile::{Memory, Profile};
+use profile::{Answering, Memory, Profile};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -54,6 +54,16 @@ struct Engine {
     profile: Arc<Profile>,
     /// The requests it has begun to answer.
     answered: Arc<AtomicU64>,
+    /// Its simulated GPUs, where it runs on some: its answers count there, and slow beside busy neighbours.
+    memory: Option<Arc<Memory>>,
+}
+
+/// A request being answered: how much slower than alone its neighbours make it, and (on simulated GPUs)
+/// its count there, which lasts until the whole answer has gone.
+struct Busy {
+    slower: f64,
+    neighbours: u32,
+    _counted: Option<Answering>,
 }
 
 /// Serves on `TESSERA_HOST` (127.0.0.1 unless set), port `TESSERA_PORT`, until SIGTERM. `TESSERA_DEMO_START_MS` (default 200) is how long it "loads"
@@ -68,7 +78,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         .parse()
         .map_err(|_| "TESSERA_PORT must be set to the port to serve on".to_owned())?;
     let profile = Profile::from_env()?;
-    let memory = Memory::from_env();
+    let memory = Memory::from_env().map(Arc::new);
     let report = Report {
         pid: std::process::id(),
         engine: var("TESSERA_ENGINE"),
@@ -95,7 +105,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
             std::process::exit(70);
         });
     }
-    if let Err(out_of_memory) = profile::load(&profile, memory.as_ref(), pick()).await {
+    if let Err(out_of_memory) = profile::load(&profile, memory.as_deref(), pick()).await {
         // As a real engine dies of CUDA's out-of-memory error while it loads.
         eprintln!("{out_of_memory}");
         std::process::exit(1);
@@ -114,6 +124,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         key: std::env::var(ENGINE_KEY_VAR).ok().map(Arc::from),
         profile: Arc::new(profile.clone()),
         answered: Arc::default(),
+        memory,
     };
     // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
     // lost is drained by Tessera before the signal.
@@ -223,6 +234,15 @@ fn answer_headers(asked: &str) -> Result<HeaderMap, String> {
         .collect()
 }
 
+/// Says how many requests its GPUs' other engines were answering as it began (`x-tessera-demo-neighbours`):
+/// what slowed it, on simulated GPUs.
+fn beside(mut answer: Response, neighbours: u32) -> Response {
+    answer
+        .headers_mut()
+        .insert("x-tessera-demo-neighbours", HeaderValue::from(neighbours));
+    answer
+}
+
 /// Says which engine answered, with the headers it was told to add.
 fn signed(engine: &Engine, mut answer: Response) -> Response {
     if let Ok(value) = HeaderValue::from_str(&engine.report.engine) {
@@ -272,15 +292,16 @@ fn word_pause() -> Duration {
     Duration::from_millis(ms)
 }
 
-/// `data: …` events, one per chunk, a pause before each, then `data: [DONE]`; or, told to die after N
-/// (`TESSERA_DEMO_DIE_AFTER_CHUNKS`), N of them and an exit.
-fn event_stream(chunks: Vec<Value>) -> Response {
-    let pause = word_pause();
+/// `data: …` events, one per chunk, a pause before each (longer as `busy` is slowed), then `data: [DONE]`;
+/// or, told to die after N (`TESSERA_DEMO_DIE_AFTER_CHUNKS`), N of them and an exit. The request counts as
+/// answered until the last event has gone.
+fn event_stream(chunks: Vec<Value>, busy: Busy) -> Response {
+    let pause = word_pause().mul_f64(busy.slower);
     let die_after: Option<usize> = std::env::var("TESSERA_DEMO_DIE_AFTER_CHUNKS")
         .ok()
         .and_then(|v| v.parse().ok());
     let chunks = chunks.into_iter().enumerate();
-    let events = futures::stream::unfold(chunks, move |mut rest| async move {
+    let events = futures::stream::unfold((chunks, busy), move |(mut rest, busy)| async move {
         let event = match rest.next() {
             Some((sent, _)) if Some(sent) == die_after => {
                 // The events before have gone out meanwhile: the client holds part of an answer.
@@ -294,7 +315,7 @@ fn event_stream(chunks: Vec<Value>) -> Response {
             }
             None => return None,
         };
-        Some((Ok::<_, std::convert::Infallible>(event), rest))
+        Some((Ok::<_, std::convert::Infallible>(event), (rest, busy)))
     });
     let done = futures::stream::once(async { Ok("data: [DONE]\n\n".to_owned()) });
     let mut answer = Body::from_stream(futures::StreamExt::chain(events, done)).into_response();
@@ -317,8 +338,9 @@ async fn slow(State(engine): State<Engine>, Json(request): Json<Value>) -> Statu
 }
 
 /// Before each answer: its profile's faults (a crash or a hang after so many answers), then its time to
-/// the first token, and as long more as it was told to (`POST /slow`).
-async fn slowed(engine: &Engine) {
+/// the first token (slower for each request its GPUs' other engines are answering), and as long more as it
+/// was told to (`POST /slow`).
+async fn slowed(engine: &Engine) -> Busy {
     let answered = engine.answered.fetch_add(1, Ordering::SeqCst);
     let profile = &engine.profile;
     if profile.crash_after == Some(answered) {
@@ -330,16 +352,25 @@ async fn slowed(engine: &Engine) {
         engine.failing.store(true, Ordering::Relaxed);
         std::future::pending::<()>().await;
     }
-    tokio::time::sleep(profile.scaled(profile.first_token_s)).await;
+    let counted = engine.memory.as_ref().map(|m| m.answering());
+    let neighbours = counted.as_ref().map_or(0, |c| c.neighbours);
+    let slower = 1.0 + profile.neighbour_slowdown.max(0.0) * f64::from(neighbours);
+    tokio::time::sleep(profile.scaled(profile.first_token_s).mul_f64(slower)).await;
     let ms = engine.slow_ms.load(Ordering::Relaxed);
     if ms > 0 {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    Busy {
+        slower,
+        neighbours,
+        _counted: counted,
     }
 }
 
 /// `POST /v1/chat/completions`: an answer to the last message, streamed word by word when asked.
 async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
-    slowed(&engine).await;
+    let busy = slowed(&engine).await;
+    let neighbours = busy.neighbours;
     let model = model_of(&engine, &request);
     let prompt = request["messages"]
         .as_array()
@@ -362,7 +393,7 @@ async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Respo
                 "choices": [], "usage": usage(&prompt, &words)}),
             );
         }
-        event_stream(chunks)
+        event_stream(chunks, busy)
     } else {
         Json(json!({
             "id": "chatcmpl-demo", "object": "chat.completion", "model": model,
@@ -371,12 +402,13 @@ async fn chat(State(engine): State<Engine>, Json(request): Json<Value>) -> Respo
         }))
         .into_response()
     };
-    signed(&engine, answer)
+    beside(signed(&engine, answer), neighbours)
 }
 
 /// `POST /v1/completions`: the prompt, answered.
 async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) -> Response {
-    slowed(&engine).await;
+    let busy = slowed(&engine).await;
+    let neighbours = busy.neighbours;
     let model = model_of(&engine, &request);
     let prompt = request["prompt"].as_str().unwrap_or_default().to_owned();
     let words = words(&engine, &prompt);
@@ -394,7 +426,7 @@ async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) ->
                 "choices": [], "usage": usage(&prompt, &words)}),
             );
         }
-        event_stream(chunks)
+        event_stream(chunks, busy)
     } else {
         Json(json!({
             "id": "cmpl-demo", "object": "text_completion", "model": model,
@@ -403,7 +435,7 @@ async fn completion(State(engine): State<Engine>, Json(request): Json<Value>) ->
         }))
         .into_response()
     };
-    signed(&engine, answer)
+    beside(signed(&engine, answer), neighbours)
 }
 
 /// `POST /route`, the router's contract (docs/src/gateway.md): of `models`, the first whose name the request's last
@@ -514,6 +546,7 @@ mod tests {
             key: None,
             profile: Arc::default(),
             answered: Arc::default(),
+            memory: None,
         }
     }
 

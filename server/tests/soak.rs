@@ -706,3 +706,60 @@ async fn an_engine_whose_gpu_another_program_filled_while_it_loaded_dies_of_cuda
     .await;
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_on_a_simulated_gpu_answers_slower_while_its_neighbours_there_are_answering() {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
+    std::fs::create_dir_all(&data).unwrap();
+    let server = start(&data, &sim_dir, 20.0).await;
+    let (_, first) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+        )
+        .await;
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "embedder", "gpus": ["atlas:0"], "share": 10, "revision": first["revision"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    server.wait_healthy(2).await;
+    let chat =
+        |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
+    let beside = |headers: &hyper::HeaderMap| {
+        headers["x-tessera-demo-neighbours"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    let (status, headers, _) = server
+        .send_full("POST", "/v1/chat/completions", chat("embedder"))
+        .await;
+    assert_eq!((status, beside(&headers)), (200, "0".to_owned()));
+    // glm-5.3 answers for 2 s: the embedder, on the same GPU, answers beside it.
+    let glm = server.engine("glm-5.3").await;
+    let port = glm["port"].as_u64().unwrap() as u16;
+    support::request(port, "POST", "/slow", Some(json!({"ms": 2000}))).await;
+    let server = Arc::new(server);
+    let busy = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            server
+                .send("POST", "/v1/chat/completions", chat("glm-5.3"))
+                .await
+                .0
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, headers, _) = server
+        .send_full("POST", "/v1/chat/completions", chat("embedder"))
+        .await;
+    assert_eq!((status, beside(&headers)), (200, "1".to_owned()));
+    assert_eq!(busy.await.unwrap(), 200);
+    Arc::into_inner(server).unwrap().stop().await;
+}

@@ -32,6 +32,9 @@ pub struct Profile {
     pub exit_delay_s: f64,
     /// It ignores SIGTERM (the supervisor's SIGKILL ends it).
     pub ignore_sigterm: bool,
+    /// How much slower each answer is for each request its GPU's other engines are answering: 0.5 makes
+    /// an answer half as slow again beside one busy neighbour (on simulated GPUs).
+    pub neighbour_slowdown: f64,
     /// It crashes when this many requests have been answered.
     pub crash_after: Option<u64>,
     /// It hangs (no answer, its health check unanswered) when this many requests have been answered.
@@ -47,6 +50,7 @@ impl Default for Profile {
             shards: 4,
             first_token_s: 0.0,
             exit_delay_s: 0.0,
+            neighbour_slowdown: 0.5,
             ignore_sigterm: false,
             crash_after: None,
             hang_after: None,
@@ -127,6 +131,38 @@ impl Memory {
                 .map_err(|e| format!("torch.OutOfMemoryError: {e}"))?;
         }
         Ok(())
+    }
+}
+
+/// A request being answered on the engine's simulated GPUs: its neighbours see it until it is dropped.
+pub struct Answering {
+    memory: std::sync::Arc<Memory>,
+    /// The requests the GPUs' other engines were answering as it began.
+    pub neighbours: u32,
+}
+
+impl Memory {
+    /// A request begins: counted on each of its GPUs until the guard is dropped.
+    pub fn answering(self: &std::sync::Arc<Self>) -> Answering {
+        let pid = std::process::id();
+        let neighbours = self
+            .gpus
+            .iter()
+            .filter_map(|gpu| self.sim.answering(gpu, pid, true).ok())
+            .max()
+            .unwrap_or(0);
+        Answering {
+            memory: self.clone(),
+            neighbours,
+        }
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        for gpu in &self.memory.gpus {
+            let _ = self.memory.sim.answering(gpu, std::process::id(), false);
+        }
     }
 }
 

@@ -27,6 +27,9 @@ struct Gpu {
     total: u64,
     /// What each process holds, by PID.
     holds: BTreeMap<u32, Hold>,
+    /// The requests each process is answering now, by PID: its neighbours slow down while it works.
+    #[serde(default)]
+    answering: BTreeMap<u32, u32>,
 }
 
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
@@ -171,6 +174,7 @@ impl SimulatedGpus {
         state
             .holds
             .retain(|pid, _| *pid == NO_PROCESS || alive(*pid));
+        state.answering.retain(|pid, n| *n > 0 && alive(*pid));
         let answer = f(&mut state)?;
         let text = serde_json::to_vec(&state).expect("a GPU's state is JSON");
         let next = path.with_extension("next");
@@ -225,6 +229,25 @@ impl SimulatedGpus {
                     .total
                     .saturating_sub(refusal.engines + refusal.outside + refusal.held),
             ),
+        })
+    }
+
+    /// `pid` begins answering a request on `gpu` (or ends one, where `begins` is false); says how many
+    /// requests the GPU's other processes are answering now.
+    pub fn answering(&self, gpu: &GpuRef, pid: u32, begins: bool) -> Result<u32, SimError> {
+        self.with(gpu, false, |state| {
+            let mine = state.answering.entry(pid).or_default();
+            *mine = if begins {
+                *mine + 1
+            } else {
+                mine.saturating_sub(1)
+            };
+            Ok(state
+                .answering
+                .iter()
+                .filter(|(p, _)| **p != pid)
+                .map(|(_, n)| n)
+                .sum())
         })
     }
 
