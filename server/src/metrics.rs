@@ -161,7 +161,11 @@ where
                 .observe(took.as_secs_f64());
             let status = response.status();
             let uri = this.uri.as_ref().map(Uri::path).unwrap_or_default();
-            if status.is_server_error() {
+            if status == axum::http::StatusCode::SERVICE_UNAVAILABLE {
+                // Not ready yet, and told when to ask again (a model loading, an engine restarting):
+                // expected while engines come and go, not a fault of the server's.
+                tracing::warn!(%method, uri, %status, ?took, "answered 503: nothing ready to serve it yet");
+            } else if status.is_server_error() {
                 tracing::error!(%method, uri, %status, ?took, "answered with a server error");
             } else {
                 tracing::debug!(%method, uri, %status, ?took, "answered");
