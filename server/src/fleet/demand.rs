@@ -8,6 +8,7 @@ use super::committed::Committed;
 use super::ledger::Ledger;
 use super::{Fleet, State};
 use crate::error::ApiError;
+use crate::runtime::EngineView;
 use placement::{eviction_order, expired, GpuRef, Hold, Loaded};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -275,33 +276,23 @@ impl Fleet {
 
     /// Why every engine of `model` failed, when each has (and it has one).
     fn failed(&self, model: &str) -> Option<String> {
-        let engines: Vec<_> = self
-            .runtime
-            .engines()
-            .into_iter()
-            .filter(|e| e.model.as_deref() == Some(model))
-            .collect();
-        let failed = !engines.is_empty()
-            && engines
-                .iter()
-                .all(|e| e.state == crate::runtime::EngineState::Failed);
-        failed.then(|| {
-            engines
-                .iter()
-                .find_map(|e| e.message.clone())
-                .unwrap_or_else(|| "its engine failed".to_owned())
-        })
+        failed_among(&self.runtime.engines(), model)
     }
 
     /// Whether `model`, loaded for a request that asked at `asked`, is still being loaded for it: no
-    /// engine of it failed, and none has served for a whole `keep_alive` with no request come for it.
-    fn still_loading(&self, model: &str, asked: Instant, keep_alive: Duration) -> bool {
-        if self.failed(model).is_some() {
+    /// engine of it (among `engines`) failed, and none has served for a whole `keep_alive` with no request
+    /// come for it.
+    fn still_loading(
+        &self,
+        engines: &[EngineView],
+        model: &str,
+        asked: Instant,
+        keep_alive: Duration,
+    ) -> bool {
+        if failed_among(engines, model).is_some() {
             return false;
         }
-        !self
-            .runtime
-            .engines()
+        !engines
             .iter()
             .filter(|e| e.model.as_deref() == Some(model))
             .filter_map(|e| self.runtime.last_load(&e.unit))
@@ -326,7 +317,8 @@ impl Fleet {
                     // A fresh load keeps its place until it has answered once (or failed): a request
                     // that gave up waiting for it leaves it loading, not idle.
                     let loading = self.activity.loading_since(m).is_some_and(|asked| {
-                        self.still_loading(m, asked, Duration::from_millis(keep_alive.millis()))
+                        let keep_alive = Duration::from_millis(keep_alive.millis());
+                        self.still_loading(&engines, m, asked, keep_alive)
                     });
                     Some(Loaded {
                         name: m.clone(),
@@ -453,8 +445,9 @@ impl Fleet {
                     Some((m.to_owned(), Unloaded::Idle(l.keep_alive.secs())))
                 })
                 .collect();
+            let engines = fleet.runtime.engines();
             for l in &loaded {
-                if let Some(why) = fleet.failed(&l.name) {
+                if let Some(why) = failed_among(&engines, &l.name) {
                     if !unload.iter().any(|(m, _)| *m == l.name) {
                         unload.push((l.name.clone(), Unloaded::Failed(why)));
                     }
@@ -538,6 +531,23 @@ impl Fleet {
             }
         }
     }
+}
+
+/// Why every engine of `model` among `engines` failed, when each has (and it has one).
+fn failed_among(engines: &[EngineView], model: &str) -> Option<String> {
+    let of: Vec<&EngineView> = engines
+        .iter()
+        .filter(|e| e.model.as_deref() == Some(model))
+        .collect();
+    let failed = !of.is_empty()
+        && of
+            .iter()
+            .all(|e| e.state == crate::runtime::EngineState::Failed);
+    failed.then(|| {
+        of.iter()
+            .find_map(|e| e.message.clone())
+            .unwrap_or_else(|| "its engine failed".to_owned())
+    })
 }
 
 /// Why an on-demand model is unloaded.

@@ -304,15 +304,9 @@ fn io(gpu: &GpuRef, source: std::io::Error) -> SimError {
     }
 }
 
-/// Whether `pid` runs (a zombie, exited and not yet waited for, holds no GPU memory).
+/// Whether `pid` runs: a zombie, exited and not yet waited for, holds no GPU memory.
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit_once(')')?.1.trim_start().chars().next()?;
-            Some(state != 'Z' && state != 'X')
-        })
-        .unwrap_or(false)
+    crate::runtime::process::start_ticks(pid).is_some()
 }
 
 fn now_ms() -> u64 {
