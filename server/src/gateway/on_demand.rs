@@ -41,11 +41,7 @@ pub(super) async fn ready_engine(
         // flight, the load is tried again until one of them ends.
         if on_demand == Some(false) {
             if let Some((why, left)) = activity.refused(model, state.fleet.runtime().cool_off()) {
-                return Err(unavailable(
-                    "model_failed",
-                    format!("{model} failed to load and was unloaded: {why}; the next request after {} s loads it again", seconds(left)),
-                    left,
-                ));
+                return Err(failed_to_load(model, &why, left));
             }
             if turn.is_none() {
                 turn = activity.load_turn(model).try_lock_owned().ok();
@@ -101,14 +97,11 @@ pub(super) async fn ready_engine(
 async fn failed_load(state: &AppState, model: &str) -> Result<(), Response> {
     match state.fleet.unload_failed(model).await {
         Ok(None) => Ok(()),
-        Ok(Some(why)) => {
-            let left = state.fleet.runtime().cool_off();
-            Err(unavailable(
-                "model_failed",
-                format!("{model} failed to load and was unloaded: {why}; the next request after {} s loads it again", seconds(left)),
-                left,
-            ))
-        }
+        Ok(Some(why)) => Err(failed_to_load(
+            model,
+            &why,
+            state.fleet.runtime().cool_off(),
+        )),
         Err(e) => {
             tracing::error!("{model}, whose engine failed, could not be unloaded: {e}");
             Err(unavailable(
@@ -118,6 +111,16 @@ async fn failed_load(state: &AppState, model: &str) -> Result<(), Response> {
             ))
         }
     }
+}
+
+/// The 503 for `model`, unloaded because its engine failed to load (`why`), for `left` more of its
+/// cool-off.
+fn failed_to_load(model: &str, why: &str, left: Duration) -> Response {
+    let message = format!(
+        "{model} failed to load and was unloaded: {why}; the next request after {} s loads it again",
+        seconds(left)
+    );
+    unavailable("model_failed", message, left)
 }
 
 /// When a client should ask again for `model`: when the first of its engines is expected to serve, from

@@ -71,7 +71,7 @@ pub(super) async fn supervise(
             },
         };
         let (host, port) = running.address();
-        // An adopted engine's key is known from where it runs (its job's record).
+        // Its key, as it was started with it (an adopted one's, from where it runs: its job's record).
         let key = running.api_key();
         shared.set_api_key(&unit, key.clone());
         let started = Instant::now();
@@ -109,10 +109,7 @@ pub(super) async fn supervise(
                     // should (a cluster's job RUNNING, not PENDING); why not is its message meanwhile.
                     let serving = if healthy_once { Ok(()) } else { running.serving().await };
                     if let Err(why) = &serving {
-                        if waiting_for.as_ref() != Some(why) {
-                            shared.set(&unit, EngineState::Starting, running.pid(), Some(port), Some(why.clone()));
-                            waiting_for = Some(why.clone());
-                        }
+                        say_starting(&shared, &unit, running.pid(), port, why, &mut waiting_for);
                     }
                     // A loaded machine answers slowly: a probe may take longer than the interval.
                     if serving.is_ok() && healthy(&host, port, key.as_deref(), settings.health_interval.max(PROBE_TIMEOUT)).await {
@@ -129,10 +126,7 @@ pub(super) async fn supervise(
                         // How far it has got, from its own log, where that is a file here.
                         if serving.is_ok() && matches!(spec.host, super::spec::Host::Local | super::spec::Host::Simulated) {
                             if let Some(progress) = load_progress(&shared, &spec).await {
-                                if waiting_for.as_ref() != Some(&progress) {
-                                    shared.set(&unit, EngineState::Starting, running.pid(), Some(port), Some(progress.clone()));
-                                    waiting_for = Some(progress);
-                                }
+                                say_starting(&shared, &unit, running.pid(), port, &progress, &mut waiting_for);
                             }
                         }
                         if started.elapsed() > settings.start_timeout {
@@ -269,7 +263,6 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     shared.set(&spec.unit, EngineState::Starting, None, Some(port), None);
     let running = executor.start(spec, &mut launch, port).await?;
     shared.set_launch(&spec.unit, &launch);
-    shared.set_api_key(&spec.unit, running.api_key());
     shared.set(
         &spec.unit,
         EngineState::Starting,
@@ -278,6 +271,28 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         None,
     );
     Ok(running)
+}
+
+/// A starting engine's message is `said` now (why it waits, or how far its load has got), where it says
+/// something else: each change is one state event.
+fn say_starting(
+    shared: &Shared,
+    unit: &str,
+    pid: Option<u32>,
+    port: u16,
+    said: &str,
+    last: &mut Option<String>,
+) {
+    if last.as_deref() != Some(said) {
+        shared.set(
+            unit,
+            EngineState::Starting,
+            pid,
+            Some(port),
+            Some(said.to_owned()),
+        );
+        *last = Some(said.to_owned());
+    }
 }
 
 /// How far `spec`'s engine has got with its load, from the last lines of its log.
