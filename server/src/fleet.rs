@@ -89,11 +89,14 @@ struct State {
 }
 
 impl State {
-    /// Whether the over-commit policy may stop work on `gpu` at `now_ms`: over-committed for `grace`.
+    /// Whether the over-commit policy may stop work on `gpu` at `now_ms`: over-committed for `grace`
+    /// (at once, where there is none).
     fn eviction_due(&self, gpu: &GpuRef, now_ms: u64, grace: Duration) -> bool {
-        self.over_since
-            .get(gpu)
-            .is_some_and(|since| now_ms.saturating_sub(*since) >= grace.as_millis() as u64)
+        grace.is_zero()
+            || self
+                .over_since
+                .get(gpu)
+                .is_some_and(|since| now_ms.saturating_sub(*since) >= grace.as_millis() as u64)
     }
 }
 
@@ -327,7 +330,7 @@ impl Fleet {
         let before = state.committed.clone();
         let now = usage::now_ms();
         let grace = self.runtime.evict_after();
-        let due = |gpu: &GpuRef| grace.is_zero() || state.eviction_due(gpu, now, grace);
+        let due = |gpu: &GpuRef| state.eviction_due(gpu, now, grace);
         let (committed, ledger) = Fleet::settle(tx, inventory, Some(&before), &due).await?;
         state.over_since = overcommitted_since(&ledger, &state.over_since, now);
         self.install(state, committed, ledger);
