@@ -343,19 +343,6 @@ pub fn estimate_query(
     })
 }
 
-/// The share that holds an estimate of `needed` on a GPU of `gpu_total`, rounded up to a whole percent;
-/// `None` when one GPU cannot hold it.
-pub fn suggested_share(needed: Bytes, gpu_total: Bytes) -> Option<BasisPoints> {
-    if gpu_total == Bytes::ZERO {
-        return None;
-    }
-    let percent = (u128::from(needed.get()) * 100).div_ceil(u128::from(gpu_total.get()));
-    u32::try_from(percent)
-        .ok()
-        .filter(|&p| p <= 100)
-        .map(|p| BasisPoints::percent(p.max(1)))
-}
-
 /// The warning, in a line of its own, when `share` of a GPU of `gpu_total` is below the estimated `needed`.
 pub fn below_estimate(share: BasisPoints, gpu_total: Bytes, needed: Bytes) -> Option<String> {
     let held = gpu_total.share(share);
@@ -577,23 +564,6 @@ mod tests {
             "--max-model-len 8192 --served-model-name 'glm 5'"
         );
         assert!(parse_args("--name 'open").is_err());
-    }
-
-    #[test]
-    fn the_suggested_share_rounds_the_estimate_up_to_a_whole_percent() {
-        let gpu = Bytes::gb(80);
-        assert_eq!(
-            suggested_share(Bytes::gb(8), gpu),
-            Some(BasisPoints::percent(10))
-        );
-        let share = suggested_share(Bytes(Bytes::gb(8).get() + 1), gpu).unwrap();
-        assert_eq!(share, BasisPoints::percent(11));
-        assert!(gpu.share(share) >= Bytes::gb(8));
-        assert_eq!(
-            suggested_share(Bytes(1), gpu),
-            Some(BasisPoints::percent(1))
-        );
-        assert_eq!(suggested_share(Bytes::gb(81), gpu), None);
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! - [`mig`]: a GPU cut into MIG instances from its menu, and the layout that fits the models meant for it.
 //! - [`names`]: names people type (environment variables), checked alike in the browser and the server.
 //! - [`estimate`]: a model's memory from its GGUF header: weights, KV cache, compute buffers, each shown.
+//! - [`rightsize`]: a model's measured peak against its share, and the smaller share that would hold it.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -28,6 +29,7 @@ pub mod reason;
 pub mod repack;
 pub mod request;
 pub mod restart;
+pub mod rightsize;
 pub mod schedule;
 pub mod sharing;
 pub mod units;

@@ -25,6 +25,7 @@ mod engines;
 pub mod interference;
 mod machines;
 mod mig;
+pub mod peaks;
 pub mod readings;
 pub mod repack;
 mod sharing;

@@ -10,6 +10,7 @@ use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
 use leptos_router::hooks::use_query_map;
+use placement::rightsize::Fit;
 
 /// Every deployed model.
 #[server(prefix = "/rpc", endpoint = "list_models", client = crate::csrf::CsrfClient)]
@@ -193,6 +194,7 @@ fn ModelLine(
     let healthy = move || state().0 == EngineState::Healthy;
     let sharing = format!("/models/{name}/sharing");
     let serving = format!("/models/{name}/serving");
+    let right_size = sharing.clone();
     let remove_name = name.clone();
     view! {
         <tr data-testid="model-row" data-model=name.clone()>
@@ -202,6 +204,23 @@ fn ModelLine(
                 {move || row.with(ModelRow::share_text)}
                 {move || row.with(|r| r.share_enforced).then(|| view! {
                     <span class="why" data-testid="share-enforced">"enforced by MPS"</span>
+                })}
+                {move || row.with(|r| r.peak).map(|peak| {
+                    let fit = peak.fit();
+                    let bad = matches!(fit, Fit::Close | Fit::Past);
+                    let offer = match fit {
+                        Fit::Smaller { share } if !system => Some(share),
+                        _ => None,
+                    };
+                    let sharing = right_size.clone();
+                    view! {
+                        <span class="why" class:bad=bad data-testid="peak">{peak.line()}</span>
+                        {offer.map(|share| view! {
+                            <A href=format!("{sharing}?share={}", share.percent_text()) attr:data-testid="right-size">
+                                {format!("Right-size to {} %", share.percent_text())}
+                            </A>
+                        })}
+                    }
                 })}
             </td>
             <td>{move || row.with(|r| r.nodes.join(", "))}</td>

@@ -10,7 +10,7 @@ use crate::views::{ChangeOutcome, GroupPlan, SharingForm};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
-use leptos_router::hooks::{use_navigate, use_params_map};
+use leptos_router::hooks::{use_navigate, use_params_map, use_query_map};
 use placement::{transition, BasisPoints, Demand, Verdict};
 
 /// The form of `model`'s group, as committed now.
@@ -41,12 +41,15 @@ pub fn SharingPage() -> impl IntoView {
     let params = use_params_map();
     let model = move || params.read().get("name").unwrap_or_default();
     let form = Resource::new(model, load_sharing_form);
+    // The Models tab's right-size offer opens the form with that share proposed for this model.
+    let query = use_query_map();
+    let proposed = move || query.with_untracked(|q| q.get("share"));
     view! {
         <div class="page">
             <p class="crumbs"><A href="/">"Models"</A> " / " {model} " / GPU sharing"</p>
             <Suspense fallback=|| view! { <p>"Loading the plan…"</p> }>
                 {move || form.get().map(|answer| match answer {
-                    Ok(form) => view! { <SharingEditor form /> }.into_any(),
+                    Ok(form) => view! { <SharingEditor form proposed=proposed() /> }.into_any(),
                     Err(e) => view! { <h1>"GPU sharing"</h1><p class="error" role="alert">{e.to_string()}</p> }.into_any(),
                 })}
             </Suspense>
@@ -64,15 +67,35 @@ pub fn restarts(group: &GroupPlan, rows: &[ShareRow]) -> Vec<String> {
         .collect()
 }
 
+/// The rows the form opens on: today's shares, with `proposed` (a percentage, as typed) in `model`'s row
+/// when it is given and the row may be edited, so that the change is there to be judged and confirmed.
+pub fn opening_rows(form: &SharingForm, proposed: Option<&str>) -> Vec<ShareRow> {
+    form.group
+        .members
+        .iter()
+        .map(|member| {
+            let mut row = ShareRow::from_member(member);
+            if let Some(text) = proposed.filter(|_| row.name == form.model && !row.locked) {
+                text.clone_into(&mut row.text);
+            }
+            row
+        })
+        .collect()
+}
+
 #[component]
-fn SharingEditor(form: SharingForm) -> impl IntoView {
+fn SharingEditor(
+    form: SharingForm,
+    /// A share proposed for the model, as a percentage.
+    proposed: Option<String>,
+) -> impl IntoView {
     let opened: Vec<ShareRow> = form
         .group
         .members
         .iter()
         .map(ShareRow::from_member)
         .collect();
-    let rows = RwSignal::new(opened.clone());
+    let rows = RwSignal::new(opening_rows(&form, proposed.as_deref()));
     let gpus = form.gpus.clone();
     let verdict: Memo<Verdict> = Memo::new(move |_| rows.with(|r| share_form::verdict(r, &gpus)));
     let changed = Memo::new(move |_| rows.with(|r| *r != opened));
@@ -226,5 +249,42 @@ mod tests {
         // Pinned again, it starts.
         now[2].on_demand = false;
         assert_eq!(restarts(&group(&["vision"]), &now), ["vision"]);
+    }
+
+    fn form() -> SharingForm {
+        let router = PlanMember {
+            locked: true,
+            ..PlanMember::new("router", BasisPoints::percent(5))
+        };
+        SharingForm {
+            model: "voice".into(),
+            group: GroupPlan {
+                name: "g".into(),
+                revision: 3,
+                gpus: Vec::new(),
+                members: vec![
+                    router,
+                    PlanMember::new("voice", BasisPoints::percent(12)),
+                    PlanMember::new("embed", BasisPoints::percent(20)),
+                ],
+                unloaded: Vec::new(),
+            },
+            gpus: Vec::new(),
+        }
+    }
+
+    fn texts(rows: &[ShareRow]) -> Vec<&str> {
+        rows.iter().map(|r| r.text.as_str()).collect()
+    }
+
+    #[test]
+    fn a_proposed_share_opens_in_the_models_own_row_and_nowhere_else() {
+        assert_eq!(texts(&opening_rows(&form(), None)), ["5", "12", "20"]);
+        assert_eq!(texts(&opening_rows(&form(), Some("7"))), ["5", "7", "20"]);
+        let router = SharingForm {
+            model: "router".into(),
+            ..form()
+        };
+        assert_eq!(texts(&opening_rows(&router, Some("1"))), ["5", "12", "20"]);
     }
 }

@@ -108,6 +108,9 @@ pub struct ModelRow {
     /// Why it is flagged as using more GPU memory than its share, if it is (a promise broken).
     #[serde(default)]
     pub over_share: Option<String>,
+    /// The most its engines were measured to hold of the share they hold now, on its fullest GPU.
+    #[serde(default)]
+    pub peak: Option<placement::rightsize::Peak>,
 }
 
 /// Whether an on-demand model is loaded.
@@ -235,6 +238,7 @@ mod tests {
             on_demand: None,
             slowed: None,
             over_share: None,
+            peak: None,
             share_enforced: false,
         }
     }

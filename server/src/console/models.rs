@@ -48,6 +48,13 @@ impl ConsoleService {
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
                     over_share: self.fleet.over_share(&share.member),
+                    peak: self
+                        .fleet
+                        .peaks(&group.name, &share.member)
+                        .await?
+                        .into_iter()
+                        .next()
+                        .map(|p| p.peak),
                     // Not on made-up GPUs, where no daemon runs: the demo engines stand in.
                     share_enforced: !group.gpus.is_empty()
                         && group.gpus.iter().all(|gpu| {
@@ -74,6 +81,7 @@ impl ConsoleService {
                 on_demand: None,
                 slowed: worker.model.as_deref().and_then(|m| self.fleet.slowed(m)),
                 over_share: None,
+                peak: None,
                 share_enforced: false,
             });
         }

@@ -605,9 +605,19 @@ pub(crate) async fn forget_usage_before(
         .await?
         .rows_affected();
         let calls = super::calls::forget_before(&mut tx, before_ms, BATCH).await?;
+        // A peak not read since is of a share no engine holds any more.
+        let peaks = sqlx::query(
+            "DELETE FROM share_peaks WHERE rowid IN \
+             (SELECT rowid FROM share_peaks WHERE last_ms < ? ORDER BY last_ms LIMIT ?)",
+        )
+        .bind(before_ms as i64)
+        .bind(BATCH)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
         tx.commit().await?;
-        forgotten += holdings + runs + calls;
-        if holdings + runs + calls == 0 {
+        forgotten += holdings + runs + calls + peaks;
+        if holdings + runs + calls + peaks == 0 {
             return Ok(forgotten);
         }
         tokio::time::sleep(pause).await;

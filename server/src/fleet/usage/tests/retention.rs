@@ -237,7 +237,8 @@ async fn a_roll_up_killed_half_way_loses_and_double_counts_nothing() {
 }
 
 #[tokio::test]
-async fn usage_older_than_its_retention_is_deleted_and_what_is_open_or_recent_is_kept() {
+async fn usage_and_peaks_older_than_their_retention_are_deleted_and_what_is_open_or_recent_is_kept()
+{
     let app = TestApp::new(MAJIN).await;
     // An old span and its readings; a recent span and its readings; the whole GPU held since long ago.
     held(&app, "old", "majin", 0, 2, 8, (T, T + HOUR_MS)).await;
@@ -250,6 +251,14 @@ async fn usage_older_than_its_retention_is_deleted_and_what_is_open_or_recent_is
         .execute(&app.pool)
         .await
         .unwrap();
+    for (holder, last) in [("old", T + HOUR_MS), ("listen", recent + HOUR_MS)] {
+        sqlx::query("INSERT INTO share_peaks (holder, model, machine, gpu_index, share_bytes, gpu_total_bytes, peak_bytes, first_ms, last_ms) VALUES (?1, ?1, 'majin', 0, 2, 8, 1, ?2, ?2)")
+            .bind(holder)
+            .bind(last as i64)
+            .execute(&app.pool)
+            .await
+            .unwrap();
+    }
     let recent_report = report(&app, recent, recent + HOUR_MS, "worker").await;
 
     // 400 days after T + 3 h.
@@ -263,9 +272,14 @@ async fn usage_older_than_its_retention_is_deleted_and_what_is_open_or_recent_is
     .unwrap();
     assert_eq!(
         tidied.usage_deleted,
-        1 + 2,
-        "the old span and its two hours of runs"
+        1 + 2 + 1,
+        "the old span, its two hours of runs and its peak"
     );
+    let peaks: Vec<String> = sqlx::query_scalar("SELECT holder FROM share_peaks")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(peaks, ["listen"]);
     let left: Vec<String> = sqlx::query_scalar("SELECT name FROM holdings ORDER BY id")
         .fetch_all(&app.pool)
         .await

@@ -1,0 +1,280 @@
+//! The most each shared engine was measured to hold, kept per share it had (issue 32), and read back as
+//! the Models tab's "peak 4.1 GB of its 10 GB share over 3 days" with the smaller share that would do.
+//!
+//! Taken from the same per-process readings that catch a broken promise ([`Fleet::measure`]): NVML's on
+//! this machine, the simulated driver's in the demo. A Ray node's readings name no processes, so engines
+//! on a cluster's nodes have no peak.
+
+use super::Fleet;
+use crate::catalog::Engine;
+use crate::error::ApiError;
+use crate::units::Holder;
+use placement::rightsize::Peak;
+use placement::{Bytes, GpuRef, Hold};
+use serde::Serialize;
+
+/// A peak on one GPU, as kept.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct GpuPeak {
+    /// The machine.
+    pub machine: String,
+    /// The GPU's index there.
+    pub gpu: u32,
+    /// What was measured, against which share.
+    #[serde(flatten)]
+    pub peak: Peak,
+}
+
+impl Fleet {
+    /// Keeps the engines' measurements on `machine` taken at `at_ms` as peaks of the shares they hold now.
+    /// A whole GPU is no share, and a holder the ledger no longer knows has nothing to measure against.
+    pub(crate) async fn keep_peaks(&self, machine: &str, at_ms: u64) -> Result<(), ApiError> {
+        let measured: Vec<(u32, String, Bytes)> = self
+            .measured
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter(|((m, _, _), _)| m == machine)
+            .map(|((_, gpu, holder), bytes)| (*gpu, holder.clone(), *bytes))
+            .collect();
+        if measured.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<(u32, String, Bytes, Bytes, Bytes)> = {
+            let state = self.state.lock().await;
+            let ledger = &state.ledger;
+            let Some(inventory) = ledger.inventory().machine(machine) else {
+                return Ok(());
+            };
+            measured
+                .into_iter()
+                .filter_map(|(gpu, holder, used)| {
+                    let total = inventory.gpus.iter().find(|g| g.index == gpu)?.total;
+                    let Hold::Shared(sharers) =
+                        ledger.scheduler().hold(&GpuRef::new(machine, gpu))?
+                    else {
+                        return None;
+                    };
+                    let share = *sharers.get(&holder)?;
+                    (share > Bytes::ZERO).then_some((gpu, holder, share, total, used))
+                })
+                .collect()
+        };
+        let mut tx = crate::db::write(&self.pool).await?;
+        for (gpu, holder, share, total, used) in rows {
+            sqlx::query(
+                "INSERT INTO share_peaks (holder, model, machine, gpu_index, share_bytes, gpu_total_bytes, peak_bytes, first_ms, last_ms) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8) \
+                 ON CONFLICT (holder, machine, gpu_index, share_bytes) DO UPDATE SET \
+                 peak_bytes = MAX(peak_bytes, excluded.peak_bytes), last_ms = MAX(last_ms, excluded.last_ms), \
+                 gpu_total_bytes = excluded.gpu_total_bytes",
+            )
+            .bind(&holder)
+            .bind(Holder::parse(&holder).name())
+            .bind(machine)
+            .bind(i64::from(gpu))
+            .bind(share.get() as i64)
+            .bind(total.get() as i64)
+            .bind(used.get() as i64)
+            .bind(at_ms as i64)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// `model`'s peaks in `group` on the shares it holds now, one per GPU, the fullest first: what its
+    /// engines were measured to take of each.
+    pub async fn peaks(&self, group: &str, model: &str) -> Result<Vec<GpuPeak>, ApiError> {
+        let committed = self.committed();
+        let fills_share = committed
+            .model(model)
+            .is_some_and(|m| matches!(m.engine, Engine::Vllm | Engine::Sglang));
+        let Some(gpus) = committed
+            .groups
+            .iter()
+            .find(|g| g.name == group)
+            .map(|g| g.gpus.clone())
+        else {
+            return Ok(Vec::new());
+        };
+        let now: Vec<(String, String, u32, Bytes)> = {
+            let state = self.state.lock().await;
+            gpus.iter()
+                .filter_map(|gpu| {
+                    let holder = crate::units::member(group, model, &gpu.machine);
+                    let Hold::Shared(sharers) = state.ledger.scheduler().hold(gpu)? else {
+                        return None;
+                    };
+                    let share = *sharers.get(&holder)?;
+                    Some((holder, gpu.machine.clone(), gpu.index, share))
+                })
+                .collect()
+        };
+        if now.is_empty() {
+            return Ok(Vec::new());
+        }
+        type Row = (String, String, i64, i64, i64, i64, i64, i64);
+        let rows: Vec<Row> = sqlx::query_as(
+            "SELECT holder, machine, gpu_index, share_bytes, gpu_total_bytes, peak_bytes, first_ms, last_ms \
+             FROM share_peaks WHERE model = ?",
+        )
+        .bind(model)
+        .fetch_all(&self.pool)
+        .await?;
+        let count = |v: i64| Bytes(u64::try_from(v).unwrap_or(0));
+        let mut peaks: Vec<GpuPeak> = rows
+            .into_iter()
+            .filter(|(holder, machine, gpu, share, ..)| {
+                now.iter().any(|(h, m, g, s)| {
+                    h == holder && m == machine && i64::from(*g) == *gpu && s.get() as i64 == *share
+                })
+            })
+            .map(
+                |(_, machine, gpu, share, total, peak, first, last)| GpuPeak {
+                    machine,
+                    gpu: u32::try_from(gpu).unwrap_or(0),
+                    peak: Peak {
+                        peak: count(peak),
+                        share: count(share),
+                        gpu_total: count(total),
+                        observed_ms: u64::try_from(last - first).unwrap_or(0),
+                        fills_share,
+                    },
+                },
+            )
+            .collect();
+        peaks.sort_by(|a, b| {
+            fullness(&b.peak)
+                .cmp(&fullness(&a.peak))
+                .then_with(|| (&a.machine, a.gpu).cmp(&(&b.machine, b.gpu)))
+        });
+        Ok(peaks)
+    }
+}
+
+/// How full a share got, for putting the fullest first.
+fn fullness(peak: &Peak) -> u128 {
+    u128::from(peak.peak.get()) * 1_000_000 / u128::from(peak.share.get().max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::inventory::GpuLive;
+    use axum::http::StatusCode;
+    use placement::rightsize::Fit;
+    use placement::{BasisPoints, Bytes};
+    use serde_json::json;
+
+    const DAY: u64 = 86_400_000;
+    const SPEECH: &str = "group:speech/speech@atlas";
+
+    fn holding(pid: u32, gb: f64) -> GpuLive {
+        GpuLive {
+            index: 0,
+            utilisation_percent: 10,
+            power_mw: None,
+            temperature_c: None,
+            energy_mj: None,
+            used: Bytes::gb(20),
+            processes: vec![(pid, Bytes::from_gb(gb).unwrap())],
+            problem: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_models_peak_is_kept_per_share_and_a_smaller_share_that_holds_it_is_offered_on_the_models_tab(
+    ) {
+        let app = crate::testing::majin_and_atlas_with_catalog().await;
+        let (status, body) = app
+            .deploy(json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let running = vec![(SPEECH.to_owned(), vec![777])];
+        let read = |gb: f64, at_ms: u64| {
+            let app = &app;
+            let running = &running;
+            async move {
+                app.fleet.measure("atlas", &[holding(777, gb)], running);
+                app.fleet.keep_peaks("atlas", at_ms).await.unwrap();
+            }
+        };
+        // Three days on 10 % of a 96 GB GPU (9.6 GB), never past 4.1 GB.
+        for (gb, at) in [(3.0, 0), (4.1, DAY), (3.5, 3 * DAY)] {
+            read(gb, 1_000 + at).await;
+        }
+        let peaks = app.fleet.peaks("speech", "speech").await.unwrap();
+        assert_eq!(peaks.len(), 1);
+        let peak = peaks[0].peak;
+        assert_eq!(
+            (peak.peak, peak.share, peak.observed_ms),
+            (
+                Bytes::from_gb(4.1).unwrap(),
+                Bytes::gb(96).share(BasisPoints::percent(10)),
+                3 * DAY
+            )
+        );
+        // 4.1 GB and a fifth is 4.92 GB: 6 % of 96 GB (5.76 GB) holds it.
+        assert_eq!(
+            peak.fit(),
+            Fit::Smaller {
+                share: BasisPoints::percent(6)
+            }
+        );
+        let models = app.get("/").await.1.as_str().unwrap().to_owned();
+        assert!(
+            models.contains(
+                "peak 4.1 GB of its 9.6 GB share over 3 days: 6 % (5.8 GB) would hold it with 20 % to spare"
+            ),
+            "{models}"
+        );
+        assert!(
+            models.contains("href=\"/models/speech/sharing?share=6\""),
+            "{models}"
+        );
+
+        // Taken: the new share has no peak until its engine is read again, and the old one is not its.
+        let (status, change) = app
+            .put_plan("speech", json!({"revision": 1, "shares": {"speech": 6}}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "{change}");
+        assert!(app
+            .fleet
+            .peaks("speech", "speech")
+            .await
+            .unwrap()
+            .is_empty());
+        read(5.6, 4 * DAY).await;
+        let peak = app.fleet.peaks("speech", "speech").await.unwrap()[0].peak;
+        assert_eq!(
+            (peak.share, peak.observed_ms),
+            (Bytes::gb(96).share(BasisPoints::percent(6)), 0)
+        );
+        assert_eq!(peak.fit(), Fit::Close, "5.6 of 5.76 GB is within 5 % of it");
+    }
+
+    #[tokio::test]
+    async fn a_model_whose_engine_fills_its_share_is_offered_no_smaller_one() {
+        let app = crate::testing::majin_and_atlas_with_catalog().await;
+        let vllm = app
+            .fleet
+            .models()
+            .into_iter()
+            .find(|m| m.engine == crate::catalog::Engine::Vllm && !m.system)
+            .expect("a vLLM model in the demo catalog");
+        let (status, body) = app
+            .deploy(json!({"model": vllm.name, "gpus": ["atlas:0"], "share": 20}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let group = body["group"].as_str().unwrap().to_owned();
+        let unit = crate::units::member(&group, &vllm.name, "atlas");
+        let running = vec![(unit, vec![900])];
+        for at in [0, 3 * DAY] {
+            app.fleet.measure("atlas", &[holding(900, 5.0)], &running);
+            app.fleet.keep_peaks("atlas", at).await.unwrap();
+        }
+        let peak = app.fleet.peaks(&group, &vllm.name).await.unwrap()[0].peak;
+        assert_eq!(peak.fit(), Fit::FillsShare);
+    }
+}
