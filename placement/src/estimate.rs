@@ -11,10 +11,12 @@
 //! - [`weights`]: the tensor table summed.
 //! - [`model`]: what the header says that memory depends on.
 //! - [`memory`]: the estimate itself.
+//! - [`fit`]: llama.cpp's context (and layers on the GPU) chosen to fit a share.
 //! - `writer` (tests and feature `testing`): a tiny GGUF writer.
 //!
 //! How close it comes to what llama.cpp allocates is measured by `scripts/bench-estimate` (BENCHMARKS.md).
 
+pub mod fit;
 pub mod ggml_type;
 pub mod gguf;
 pub mod memory;
@@ -26,6 +28,7 @@ pub mod writer;
 #[cfg(test)]
 mod tests;
 
+pub use fit::{fit_share, Fitted, Unfit};
 pub use ggml_type::GgmlType;
 pub use gguf::{GgufError, GgufHeader, TensorInfo, Value};
 pub use memory::{

@@ -93,9 +93,9 @@ impl Peak {
     /// The Models tab's line: `peak 4.1 GB of its 10 GB share over 3 days`, and what that says.
     pub fn line(&self) -> String {
         let head = format!(
-            "peak {} GB of its {} GB share over {}",
-            self.peak.gb_text(),
-            self.share.gb_text(),
+            "peak {} of its {} share over {}",
+            self.peak.size_text(),
+            self.share.size_text(),
             span_text(self.observed_ms)
         );
         match self.fit() {
@@ -110,9 +110,9 @@ impl Peak {
                 100 - CLOSE.get() / 100
             ),
             Fit::Smaller { share } => format!(
-                "{head}: {} % ({} GB) would hold it with {} % to spare",
+                "{head}: {} % ({}) would hold it with {} % to spare",
                 share.percent_text(),
-                self.gpu_total.share(share).gb_text(),
+                self.gpu_total.share(share).size_text(),
                 MARGIN.percent_text()
             ),
             Fit::Fits => head,

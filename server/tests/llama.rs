@@ -16,6 +16,11 @@ const LLAMA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/llama");
 
 /// Writes the tiny model into `dir`, and says where.
 fn tiny_model(dir: &Path) -> String {
+    tiny_model_of_context(dir, 256)
+}
+
+/// Writes the tiny model, trained for `context` tokens, into `dir`, and says where.
+fn tiny_model_of_context(dir: &Path, context: u32) -> String {
     assert!(
         Path::new(PYTHON).exists(),
         "no {PYTHON}: run ./scripts/test, or `TESSERA_SETUP=test source scripts/setup`, to install xllamacpp and gguf"
@@ -24,6 +29,7 @@ fn tiny_model(dir: &Path) -> String {
     let status = std::process::Command::new(PYTHON)
         .arg(format!("{LLAMA}/tiny_model.py"))
         .arg(&model)
+        .arg(context.to_string())
         .status()
         .unwrap();
     assert!(status.success(), "the tiny model is written");
@@ -250,5 +256,130 @@ async fn a_llama_cpp_server_run_as_a_command_can_be_told_the_models_name_and_its
         assert_eq!(chunk["model"], "tiny", "{streamed}");
     }
     assert!(!streamed.contains(&weights), "{streamed}");
+    server.stop().await;
+}
+
+/// A machine with an 8 GB GPU that is this one.
+const SMALL: &str = r#"
+[[machine]]
+name = "small"
+cpu_cores = 8
+memory_gb = 32
+[[machine.gpu]]
+index = 0
+model = "NVIDIA L4"
+memory_gb = 8
+"#;
+
+/// What llama.cpp's log says it allocated, in bytes: its model, KV cache, compute and output buffers.
+fn allocated(log: &[String]) -> u64 {
+    let parts = [
+        "model buffer size",
+        "KV buffer size",
+        "compute buffer size",
+        "output buffer size",
+    ];
+    log.iter()
+        .filter(|line| parts.iter().any(|p| line.contains(p)))
+        .filter_map(|line| {
+            let mib = line.split('=').nth(1)?.trim().strip_suffix("MiB")?.trim();
+            mib.parse::<f64>().ok()
+        })
+        .map(|mib| (mib * f64::from(1u32 << 20)) as u64)
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_and_llama_cpp_allocates_no_more_than_the_share(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // Trained for 131,072 tokens: its own context would take about 200 MB, four times its share.
+    let weights = tiny_model_of_context(dir.path(), 131_072);
+    // llama-server is llama.cpp's own server, xllamacpp here, found on the PATH as the recipe runs it.
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).unwrap();
+    let llama_server = bin.join("llama-server");
+    std::fs::write(
+        &llama_server,
+        format!("#!/bin/sh\nexec {PYTHON} {LLAMA}/serve.py \"$@\"\n"),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &llama_server,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let inventory = dir.path().join("small.toml");
+    std::fs::write(&inventory, SMALL).unwrap();
+    let sources = [
+        "--inventory",
+        inventory.to_str().unwrap(),
+        "--here",
+        "small",
+    ];
+    let server = Server::start_with_env(dir.path(), 100, &sources, &[("PATH", &path)]).await;
+    let (status, added) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "tiny", "engine": "llamacpp", "default_share_percent": 1, "model_path": weights}),
+        )
+        .await;
+    assert_eq!(status, 201, "{added}");
+    let (status, deployed) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "tiny", "gpus": ["small:0"], "share": 0.6}),
+        )
+        .await;
+    assert_eq!(status, 201, "{deployed}");
+    let engine = server.wait_healthy(1).await.remove(0);
+    let share = 8u64 * (1 << 30) * 60 / 10_000;
+
+    let command: Vec<&str> = engine["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let at = command
+        .iter()
+        .position(|a| *a == "-c")
+        .expect("-c is passed");
+    let context: u32 = command[at + 1].parse().unwrap();
+    assert!(context < 131_072 && context % 256 == 0, "{context}");
+    assert_eq!(command[at + 2..at + 4], ["-np", "1"]);
+    let sizing = engine["sizing"].as_str().unwrap();
+    assert!(
+        sizing.starts_with(&format!(
+            "context {context} × 1 slot, the longest that fits its 50 MB share"
+        )),
+        "{sizing}"
+    );
+
+    // llama.cpp took the context it was given, and what it allocated for it fits the share.
+    let id = engine["id"].as_str().unwrap();
+    let (_, logs) = server
+        .get(&format!("/api/engines/{id}/logs?lines=1000"))
+        .await;
+    let log: Vec<String> = serde_json::from_value(logs["lines"].clone()).unwrap();
+    let taken = allocated(&log);
+    assert!(taken > 0, "llama.cpp's buffer lines: {log:?}");
+    assert!(
+        taken <= share,
+        "llama.cpp allocated {taken} bytes of a {share}-byte share"
+    );
+    assert!(
+        taken * 100 >= share * 90,
+        "the longest context that fits leaves little of the share unused: {taken} of {share}"
+    );
+    let (status, answer) = chat(&server, false).await;
+    assert_eq!(status, 200, "{answer}");
     server.stop().await;
 }

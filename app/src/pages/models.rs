@@ -230,6 +230,9 @@ fn ModelLine(
             <td data-testid="state">
                 <span class=move || format!("state {}", state().0.css_class())>{move || state().0.label()}</span>
                 {move || state().1.map(|m| view! { <span class="why">{m}</span> })}
+                {move || row.with(ModelRow::sizing).into_iter().map(|line| view! {
+                    <span class="why" data-testid="sizing">{line}</span>
+                }).collect_view()}
                 {move || row.with(|r| r.on_demand.as_ref().map(OnDemand::line)).map(|line| view! {
                     <span class="why" data-testid="on-demand">{line}</span>
                 })}

@@ -74,6 +74,9 @@ pub struct EngineLine {
     pub status: EngineState,
     /// Why it is not as wanted.
     pub message: Option<String>,
+    /// How Tessera sized it to its share (llama.cpp's context), and why.
+    #[serde(default)]
+    pub sizing: Option<String>,
 }
 
 /// A row of the Models tab: a deployed model.
@@ -189,6 +192,29 @@ impl ModelRow {
         format!("{healthy}/{} healthy", self.engines.len())
     }
 
+    /// What Tessera chose to fit each engine to its share (llama.cpp's context), once per choice, with the
+    /// machine where the engines chose differently.
+    pub fn sizing(&self) -> Vec<String> {
+        let mut lines: Vec<(&str, &str)> = self
+            .engines
+            .iter()
+            .filter_map(|e| Some((e.machine.as_str(), e.sizing.as_deref()?)))
+            .collect();
+        lines.sort_by_key(|&(machine, note)| (note, machine));
+        lines.dedup_by_key(|&mut (_, note)| note);
+        let one = lines.len() == 1;
+        lines
+            .into_iter()
+            .map(|(machine, note)| {
+                if one {
+                    format!("Sized: {note}")
+                } else {
+                    format!("Sized on {machine}: {note}")
+                }
+            })
+            .collect()
+    }
+
     /// The state of its worst engine (`Serving` when every engine is healthy), with why.
     pub fn state(&self) -> (EngineState, Option<String>) {
         let idle = self
@@ -231,6 +257,7 @@ mod tests {
                     machine: "atlas".into(),
                     status: *s,
                     message: None,
+                    sizing: None,
                 })
                 .collect(),
             system: false,
@@ -241,6 +268,29 @@ mod tests {
             peak: None,
             share_enforced: false,
         }
+    }
+
+    #[test]
+    fn what_tessera_chose_to_fit_a_share_is_said_once_and_per_machine_only_where_machines_differ() {
+        let mut r = row(&[
+            EngineState::Healthy,
+            EngineState::Healthy,
+            EngineState::Healthy,
+        ]);
+        assert!(r.sizing().is_empty());
+        for (e, machine) in r.engines.iter_mut().zip(["atlas", "majin", "vega"]) {
+            e.machine = machine.into();
+            e.sizing = Some("context 8192 × 1 slot".into());
+        }
+        assert_eq!(r.sizing(), ["Sized: context 8192 × 1 slot"]);
+        r.engines[2].sizing = Some("context 4096 × 1 slot".into());
+        assert_eq!(
+            r.sizing(),
+            [
+                "Sized on vega: context 4096 × 1 slot",
+                "Sized on atlas: context 8192 × 1 slot"
+            ]
+        );
     }
 
     #[test]

@@ -71,6 +71,7 @@ fn engine_line(e: &EngineView) -> EngineLine {
         machine: e.machine.clone(),
         status: e.state,
         message: e.message.clone(),
+        sizing: e.sizing.clone(),
     }
 }
 

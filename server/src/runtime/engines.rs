@@ -103,6 +103,7 @@ pub(super) fn view(unit: &Unit) -> EngineView {
         port: status.port,
         restarts: status.restarts,
         message: status.message.clone(),
+        sizing: status.launch.as_ref().and_then(|l| l.sizing.clone()),
         // Its key is Tessera's alone: shown to no one, admins included.
         command: status.launch.as_ref().map(|l| {
             std::iter::once(l.program.clone())

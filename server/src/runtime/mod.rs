@@ -18,6 +18,7 @@ mod progress;
 mod ray;
 mod readiness;
 mod settings;
+pub mod sizing;
 pub mod spec;
 mod supervisor;
 
@@ -144,6 +145,9 @@ pub struct EngineView {
     /// Why it is not as wanted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// How Tessera sized it to its share (llama.cpp's context), and why.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sizing: Option<String>,
     /// The command line it was started with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,

@@ -2,7 +2,7 @@
 //! In the runtime because it reads where engines run (a file on a Ray node would be read by a job there),
 //! kept apart from the processes so that the fleet can ask for an estimate without starting anything.
 
-use placement::estimate::{estimate_gguf, Estimate, GgufError, Settings};
+use placement::estimate::{estimate, Estimate, GgufError, GgufHeader, ModelInfo, Settings};
 use placement::Bytes;
 use std::fs::File;
 use std::io::{self, Read};
@@ -60,7 +60,15 @@ pub enum NoEstimate {
 /// Estimates a GGUF model at `path` on this machine under `settings`, reading its header only, off the
 /// async executor.
 pub async fn estimate_local(path: String, settings: Settings) -> Result<Estimate, NoEstimate> {
-    tokio::task::spawn_blocking(move || estimate_file(Path::new(&path), &settings))
+    info_local(path)
+        .await
+        .map(|info| estimate(&info, &settings))
+}
+
+/// What the header of a GGUF model at `path` on this machine says memory depends on, read off the async
+/// executor.
+pub async fn info_local(path: String) -> Result<ModelInfo, NoEstimate> {
+    tokio::task::spawn_blocking(move || read_info(Path::new(&path)))
         .await
         .unwrap_or_else(|e| {
             Err(NoEstimate::Unreadable {
@@ -70,8 +78,14 @@ pub async fn estimate_local(path: String, settings: Settings) -> Result<Estimate
         })
 }
 
-/// The blocking part of [`estimate_local`].
+/// [`estimate_local`], blocking.
+#[cfg(test)]
 fn estimate_file(path: &Path, settings: &Settings) -> Result<Estimate, NoEstimate> {
+    read_info(path).map(|info| estimate(&info, settings))
+}
+
+/// The blocking part of [`info_local`]: the header read in growing steps until it is whole.
+fn read_info(path: &Path) -> Result<ModelInfo, NoEstimate> {
     let unreadable = |error: io::Error| NoEstimate::Unreadable {
         path: path.to_owned(),
         error: error.to_string(),
@@ -102,8 +116,8 @@ fn estimate_file(path: &Path, settings: &Settings) -> Result<Estimate, NoEstimat
                 .read_to_end(&mut prefix)
                 .map_err(unreadable)?;
         }
-        match estimate_gguf(&prefix, Some(Bytes(file_len)), settings) {
-            Ok(estimate) => return Ok(estimate),
+        match GgufHeader::parse(&prefix) {
+            Ok(header) => return Ok(ModelInfo::from_header(&header, Some(Bytes(file_len)))),
             Err(GgufError::Truncated { needed }) => {
                 let have = prefix.len() as u64;
                 if have >= file_len || needed > file_len {

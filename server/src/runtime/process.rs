@@ -334,6 +334,7 @@ mod tests {
             ],
             env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
             api_key: None,
+            sizing: None,
         }
     }
 
@@ -443,6 +444,7 @@ mod tests {
             ],
             env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
             api_key: None,
+            sizing: None,
         };
         let mut spawned = spawn(&launch, &log, "instance-env", &Mutex::new(false)).unwrap();
         spawned.child.wait().await.unwrap();

@@ -1,6 +1,7 @@
 //! What an engine is started as: its recipe (vLLM, SGLang, llama.cpp or any command), turned into a program,
 //! arguments and environment for the share it holds. Pure: the supervisor does the starting.
 
+use super::sizing::Sizing;
 use crate::catalog::Engine;
 use crate::units::Holder;
 use placement::Bytes;
@@ -144,6 +145,9 @@ pub struct Launch {
     /// listens on the node's address); never written anywhere, never shown.
     #[serde(skip)]
     pub api_key: Option<String>,
+    /// How Tessera sized it to its share, where it chose something (llama.cpp's context), and why.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizing: Option<String>,
 }
 
 impl EngineSpec {
@@ -214,40 +218,44 @@ impl EngineSpec {
     /// The recipe's command line on `port`. `free_at_start` is the memory free on its GPUs as it starts
     /// (what SGLang sizes itself by).
     pub fn command_line(&self, port: u16, free_at_start: Bytes) -> Result<Launch, SpecError> {
-        self.keyed_command_line(port, free_at_start, None)
+        self.keyed_command_line(port, free_at_start, None, &Sizing::default())
     }
 
-    /// [`EngineSpec::command_line`], the engine to take only requests that carry `api_key`, where given.
+    /// [`EngineSpec::command_line`], the engine to take only requests that carry `api_key`, where given,
+    /// and sized as `sizing` says.
     fn keyed_command_line(
         &self,
         port: u16,
         free_at_start: Bytes,
         api_key: Option<&str>,
+        sizing: &Sizing,
     ) -> Result<Launch, SpecError> {
-        let (program, args) = self.argv(port, free_at_start, api_key)?;
+        let (program, args) = self.argv(port, free_at_start, api_key, &sizing.args)?;
         Ok(Launch {
             program,
             args,
             env: self.env(port, api_key),
             api_key: api_key.map(str::to_owned),
+            sizing: sizing.note.clone(),
         })
     }
 
     /// What the supervisor starts: the recipe on this machine, or the demo engine standing in for it on a
     /// simulated one (which runs even where the recipe has no command yet); taking only requests that
-    /// carry `api_key`, where given.
+    /// carry `api_key`, where given, and sized as `sizing` says.
     pub fn launch(
         &self,
         port: u16,
         free_at_start: Bytes,
         demo_engine: &Path,
         api_key: Option<&str>,
+        sizing: &Sizing,
     ) -> Result<Launch, SpecError> {
         if !self.host.made_up() {
-            return self.keyed_command_line(port, free_at_start, api_key);
+            return self.keyed_command_line(port, free_at_start, api_key, sizing);
         }
         let mut args = vec!["demo-engine".to_owned(), "--".to_owned()];
-        if let Ok((program, real)) = self.argv(port, free_at_start, api_key) {
+        if let Ok((program, real)) = self.argv(port, free_at_start, api_key, &sizing.args) {
             args.push(program);
             args.extend(real);
         }
@@ -256,14 +264,17 @@ impl EngineSpec {
             args,
             env: self.env(port, api_key),
             api_key: api_key.map(str::to_owned),
+            sizing: sizing.note.clone(),
         })
     }
 
+    /// The program and its arguments: Tessera's, then `sized` (what fits the share), then the recipe's.
     fn argv(
         &self,
         port: u16,
         free_at_start: Bytes,
         api_key: Option<&str>,
+        sized: &[String],
     ) -> Result<(String, Vec<String>), SpecError> {
         let r = &self.recipe;
         let fraction = |of: Bytes| self.share.map(|share| fraction(share, of));
@@ -355,6 +366,7 @@ impl EngineSpec {
                 (program, args)
             }
         };
+        args.extend(sized.iter().cloned());
         args.extend(r.args.iter().cloned());
         // After the recipe's own: the last value of a flag wins, and the gateway sends this one.
         if let (Some(key), Engine::Vllm | Engine::Sglang | Engine::LlamaCpp) = (api_key, r.engine) {

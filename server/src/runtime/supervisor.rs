@@ -244,8 +244,15 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     // which only the gateway and the health probe send.
     let key = matches!(spec.host, super::spec::Host::Cluster { .. })
         .then(|| crate::random::random_hex(24));
+    let sizing = super::sizing::size(spec).await;
     let mut launch = spec
-        .launch(port, free, &shared.settings.demo_engine, key.as_deref())
+        .launch(
+            port,
+            free,
+            &shared.settings.demo_engine,
+            key.as_deref(),
+            &sizing,
+        )
         .map_err(|e| StartFailure::Refused(e.to_string()))?;
     // On the demo fleet's simulated GPUs, its demo engine allocates its memory for real.
     if let (Some(dir), super::spec::Host::Simulated) = (&shared.settings.sim_dir, &spec.host) {

@@ -1,4 +1,7 @@
-"""Writes a tiny random-weight llama model (2 layers, 64 wide, a byte-level vocabulary) as GGUF."""
+"""Writes a tiny random-weight llama model (2 layers, 64 wide, a byte-level vocabulary) as GGUF.
+
+    python tiny_model.py PATH [CONTEXT_LENGTH]    (256 by default)
+"""
 import sys
 import numpy as np
 import gguf
@@ -7,7 +10,7 @@ path = sys.argv[1]
 n_vocab, n_embd, n_ff, n_layer, n_head = 260, 64, 128, 2, 4
 w = gguf.GGUFWriter(path, "llama")
 w.add_name("tessera-tiny")
-w.add_context_length(256)
+w.add_context_length(int(sys.argv[2]) if len(sys.argv) > 2 else 256)
 w.add_embedding_length(n_embd)
 w.add_feed_forward_length(n_ff)
 w.add_block_count(n_layer)

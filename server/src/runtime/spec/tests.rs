@@ -1,4 +1,5 @@
 use super::*;
+use crate::runtime::sizing::Sizing;
 
 fn spec(engine: Engine, share_gb: Option<u64>, gpus: &[u32]) -> EngineSpec {
     EngineSpec {
@@ -33,7 +34,13 @@ fn an_engine_given_a_key_takes_it_last_so_no_recipe_flag_overrides_it_and_in_its
         s.recipe.command = Some("serve --port {port} --key {api_key}".into());
         s.recipe.args.extend(["--api-key".into(), "mine".into()]);
         let launch = s
-            .launch(8001, Bytes::gb(80), Path::new("/bin/tessera"), Some("k3y"))
+            .launch(
+                8001,
+                Bytes::gb(80),
+                Path::new("/bin/tessera"),
+                Some("k3y"),
+                &Sizing::default(),
+            )
             .unwrap();
         assert_eq!(launch.api_key.as_deref(), Some("k3y"));
         assert_eq!(launch.env[ENGINE_KEY_VAR], "k3y");
@@ -184,7 +191,13 @@ fn a_simulated_engine_runs_the_demo_engine_with_the_real_command_line() {
     let mut s = spec(Engine::Vllm, Some(32), &[0]);
     s.host = Host::Simulated;
     let launch = s
-        .launch(8001, Bytes::gb(80), Path::new("/bin/tessera"), None)
+        .launch(
+            8001,
+            Bytes::gb(80),
+            Path::new("/bin/tessera"),
+            None,
+            &Sizing::default(),
+        )
         .unwrap();
     assert_eq!(launch.program, "/bin/tessera");
     assert_eq!(&launch.args[..4], ["demo-engine", "--", "vllm", "serve"]);
@@ -192,7 +205,13 @@ fn a_simulated_engine_runs_the_demo_engine_with_the_real_command_line() {
     // Without a command of its own, a simulated worker still runs: the demo engine stands in for nothing.
     s.recipe.engine = Engine::Command;
     let launch = s
-        .launch(1, Bytes::ZERO, Path::new("/bin/tessera"), None)
+        .launch(
+            1,
+            Bytes::ZERO,
+            Path::new("/bin/tessera"),
+            None,
+            &Sizing::default(),
+        )
         .unwrap();
     assert_eq!(launch.args, ["demo-engine", "--"]);
 }

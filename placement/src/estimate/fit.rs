@@ -1,0 +1,313 @@
+//! llama.cpp sized to a share. It has no memory-fraction flag: what it takes follows from the context it
+//! is started with (`-c`), its slots and cache type, and how many layers it puts on the GPU (`-ngl`). So
+//! Tessera chooses the context that fits the share, by the estimate, and where even a short context with
+//! every layer does not fit, how many layers go on the GPU.
+
+use super::memory::{estimate, Estimate, Settings, CONTEXT_PAD, DEFAULT_CONTEXT};
+use super::model::ModelInfo;
+use super::Gap;
+use crate::units::Bytes;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+/// The shortest context per slot Tessera starts an engine with: less serves no real prompt.
+pub const MIN_CONTEXT: u32 = 2 * CONTEXT_PAD;
+
+/// The context per slot an engine with layers left off the GPU gets: it is slow already, and every
+/// layer on the GPU is worth more than a longer context.
+pub const OFFLOAD_CONTEXT: u32 = DEFAULT_CONTEXT;
+
+/// What Tessera starts llama.cpp with so that it fits its share.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fitted {
+    /// Each slot's context in tokens.
+    pub context: u32,
+    /// Slots (`-np`).
+    pub slots: u32,
+    /// llama.cpp's `-c`: every slot's context together.
+    pub ctx_size: u32,
+    /// Layers on the GPU (`-ngl`), where not all of them fit; `None` puts every layer there.
+    pub gpu_layers: Option<u32>,
+    /// The model's layers.
+    pub layers: u32,
+    /// What the estimate says it takes on the GPU like this.
+    pub needed: Bytes,
+    /// What it would take with this context and every layer on the GPU.
+    pub whole: Bytes,
+    /// The share.
+    pub share: Bytes,
+    /// The model's own context, which llama.cpp would take without `-c`.
+    pub own_context: u32,
+    /// What the model's own context would take with every layer on the GPU.
+    pub own_needed: Bytes,
+}
+
+/// Why no size fits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unfit {
+    /// The estimate has a gap, so no context can be chosen by it.
+    #[error("the estimate is incomplete ({0}), so no context is chosen for it")]
+    Incomplete(String),
+    /// Not one layer fits with the shortest context.
+    #[error(
+        "not one of its layers fits its {} share with a context of {MIN_CONTEXT} tokens",
+        .share.size_text()
+    )]
+    NoRoom {
+        /// The share.
+        share: Bytes,
+    },
+}
+
+/// The longest context per slot, a multiple of llama.cpp's padding up to the model's own, that fits
+/// `share` under `base` (its slots, cache type and batches); where none from [`MIN_CONTEXT`] does, the
+/// most layers that fit with [`OFFLOAD_CONTEXT`].
+pub fn fit_share(model: &ModelInfo, share: Bytes, base: &Settings) -> Result<Fitted, Unfit> {
+    let own_context = model.context_length.unwrap_or(DEFAULT_CONTEXT).max(1);
+    let at = |context: u32| {
+        estimate(
+            model,
+            &Settings {
+                context: Some(context),
+                ..*base
+            },
+        )
+    };
+    let own = at(own_context);
+    if let Some(gap) = own.gaps.iter().find(|g| blocks_fit(g)) {
+        return Err(Unfit::Incomplete(gap.to_string()));
+    }
+    let fitted = |e: &Estimate, gpu_layers: Option<u32>, needed: Bytes| Fitted {
+        context: e.assumed.context,
+        slots: e.assumed.slots,
+        ctx_size: e.assumed.ctx_size,
+        gpu_layers,
+        layers: e.weights.per_layer.len() as u32,
+        needed,
+        whole: e.total(),
+        share,
+        own_context,
+        own_needed: own.total(),
+    };
+    if own.total() <= share {
+        return Ok(fitted(&own, None, own.total()));
+    }
+    // The estimate grows with the context (a property test holds it to that): the longest that fits is
+    // found by halving, over whole paddings.
+    let shortest = MIN_CONTEXT.min(own_context);
+    let first = at(shortest);
+    if first.total() <= share {
+        let (mut fits, mut over) = (shortest / CONTEXT_PAD, own_context / CONTEXT_PAD + 1);
+        let mut best = first;
+        while over - fits > 1 {
+            let mid = fits + (over - fits) / 2;
+            let e = at(mid * CONTEXT_PAD);
+            if e.total() <= share {
+                (fits, best) = (mid, e);
+            } else {
+                over = mid;
+            }
+        }
+        return Ok(fitted(&best, None, best.total()));
+    }
+    let e = at(OFFLOAD_CONTEXT.min(own_context));
+    let layers = e.weights.per_layer.len() as u32;
+    (1..layers)
+        .rev()
+        .map(|n| (n, on_gpu(&e, n)))
+        .find(|&(_, needed)| needed <= share)
+        .map(|(n, needed)| fitted(&e, Some(n), needed))
+        .ok_or(Unfit::NoRoom { share })
+}
+
+/// What `estimate` takes on the GPU with its last `n` layers there, as llama.cpp offloads them: those
+/// layers' weights and KV cache, and (counted whole, an upper bound) the compute and output buffers.
+/// The embeddings and the output head stay on the CPU until every layer is on the GPU.
+fn on_gpu(estimate: &Estimate, n: u32) -> Bytes {
+    let layers = &estimate.weights.per_layer;
+    let weights: Bytes = layers[layers.len().saturating_sub(n as usize)..]
+        .iter()
+        .copied()
+        .sum();
+    let kv = estimate.kv_cache.map_or(Bytes::ZERO, |kv| {
+        Bytes(kv.bytes.get() / layers.len().max(1) as u64 * u64::from(n))
+    });
+    weights
+        + kv
+        + estimate.compute.map_or(Bytes::ZERO, |c| c.bytes)
+        + estimate.output.unwrap_or(Bytes::ZERO)
+}
+
+impl fmt::Display for Fitted {
+    /// What was chosen and why, for the Models tab.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let slots = if self.slots == 1 {
+            "1 slot".to_owned()
+        } else {
+            format!("{} slots", self.slots)
+        };
+        match self.gpu_layers {
+            Some(n) => write!(
+                f,
+                "{n} of {} layers on the GPU, context {} × {slots}: every layer would take {} of its {} share",
+                self.layers,
+                self.context,
+                self.whole.size_text(),
+                self.share.size_text()
+            ),
+            None if self.context == self.own_context => write!(
+                f,
+                "context {} (the model's own) × {slots}: {} of its {} share",
+                self.context,
+                self.needed.size_text(),
+                self.share.size_text()
+            ),
+            None => write!(
+                f,
+                "context {} × {slots}, the longest that fits its {} share ({}); the model's own {} would take {}",
+                self.context,
+                self.share.size_text(),
+                self.needed.size_text(),
+                self.own_context,
+                self.own_needed.size_text()
+            ),
+        }
+    }
+}
+
+/// Whether a gap keeps the estimate from sizing an engine: every gap but the output buffer's (a few MB)
+/// leaves out a part that could be most of it.
+fn blocks_fit(gap: &Gap) -> bool {
+    !matches!(gap, Gap::NoVocabulary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::gguf::GgufHeader;
+    use crate::estimate::writer::{llama, V};
+    use proptest::prelude::*;
+
+    /// 8 layers, 1024 wide, f16, a context of 32,768: 2 GB of weights... in miniature.
+    fn model(context: u32) -> ModelInfo {
+        let g = llama(8, 1024, 2816, 16, 4, 32_000, 1).kv("llama.context_length", V::U32(context));
+        ModelInfo::from_header(&GgufHeader::parse(&g.header()).unwrap(), None)
+    }
+
+    fn total(m: &ModelInfo, context: u32) -> Bytes {
+        estimate(
+            m,
+            &Settings {
+                context: Some(context),
+                ..Settings::default()
+            },
+        )
+        .total()
+    }
+
+    #[test]
+    fn a_share_that_holds_the_models_own_context_gets_it() {
+        let m = model(4096);
+        let share = Bytes::gb(4);
+        let fit = fit_share(&m, share, &Settings::default()).unwrap();
+        assert_eq!(
+            (fit.context, fit.slots, fit.ctx_size, fit.gpu_layers),
+            (4096, 1, 4096, None)
+        );
+        assert_eq!(fit.needed, total(&m, 4096));
+        assert!(
+            fit.to_string()
+                .starts_with("context 4096 (the model's own) × 1 slot: "),
+            "{fit}"
+        );
+    }
+
+    #[test]
+    fn a_share_too_small_for_the_models_own_context_gets_the_longest_that_fits() {
+        let m = model(131_072);
+        let share = total(&m, 20_000);
+        let fit = fit_share(&m, share, &Settings::default()).unwrap();
+        assert!(fit.needed <= share);
+        assert_eq!(fit.context % CONTEXT_PAD, 0);
+        assert!(total(&m, fit.context + CONTEXT_PAD) > share, "the longest");
+        // 20,000 tokens take a padded 20,224 cells, so that is what fits.
+        assert_eq!(fit.context, 20_224);
+        assert!(
+            fit.to_string().contains(", the longest that fits its"),
+            "{fit}"
+        );
+    }
+
+    #[test]
+    fn slots_share_the_share_and_their_context_is_each_ones() {
+        let m = model(131_072);
+        let share = total(&m, 20_000);
+        let base = Settings {
+            slots: 4,
+            ..Settings::default()
+        };
+        let fit = fit_share(&m, share, &base).unwrap();
+        assert_eq!((fit.slots, fit.ctx_size), (4, fit.context * 4));
+        assert!(fit.context < 20_000 / 3, "{}", fit.context);
+    }
+
+    #[test]
+    fn a_share_that_cannot_hold_every_layer_gets_the_most_layers_that_fit() {
+        let m = model(4096);
+        let weights = m.weights.bytes;
+        let fit = fit_share(&m, Bytes(weights.get() / 2), &Settings::default()).unwrap();
+        let n = fit.gpu_layers.unwrap();
+        assert!((1..8).contains(&n), "{n}");
+        assert!(fit.needed <= fit.share);
+        let e = estimate(
+            &m,
+            &Settings {
+                context: Some(4096),
+                ..Settings::default()
+            },
+        );
+        assert!(on_gpu(&e, n + 1) > fit.share, "the most");
+        assert!(
+            fit.to_string().starts_with(&format!(
+                "{n} of 8 layers on the GPU, context 4096 × 1 slot"
+            )),
+            "{fit}"
+        );
+        assert_eq!(
+            fit_share(&m, Bytes::gb(0), &Settings::default()),
+            Err(Unfit::NoRoom { share: Bytes::ZERO })
+        );
+    }
+
+    #[test]
+    fn a_model_with_a_gap_in_its_estimate_is_not_sized() {
+        // No block count: no KV cache or compute buffers to size a context by.
+        let g = crate::estimate::writer::Gguf::new("llama")
+            .kv("llama.embedding_length", V::U32(64))
+            .tensor("token_embd.weight", &[64, 300], 1);
+        let m = ModelInfo::from_header(&GgufHeader::parse(&g.header()).unwrap(), None);
+        let err = fit_share(&m, Bytes::gb(4), &Settings::default()).unwrap_err();
+        assert!(matches!(err, Unfit::Incomplete(_)), "{err:?}");
+        assert!(
+            err.to_string()
+                .contains("metadata key llama.block_count is missing"),
+            "{err}"
+        );
+    }
+
+    proptest! {
+        /// Against the estimate itself: what is chosen fits, and a padding more would not (or it is the
+        /// model's own).
+        #[test]
+        fn the_chosen_context_fits_and_is_the_longest_that_does(share_mb in 200u64..3_000) {
+            let m = model(65_536);
+            let share = Bytes(share_mb << 20);
+            if let Ok(fit) = fit_share(&m, share, &Settings::default()) {
+                prop_assert!(fit.needed <= share);
+                if fit.gpu_layers.is_none() && fit.context < 65_536 {
+                    prop_assert!(total(&m, fit.context + CONTEXT_PAD) > share);
+                }
+            }
+        }
+    }
+}
