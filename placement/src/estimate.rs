@@ -7,6 +7,7 @@
 //! state, a missing key) is named in [`Estimate::gaps`] and the rest is still estimated; nothing is made up.
 //!
 //! - [`gguf`]: the header: metadata and tensor table.
+//! - [`hf`]: a Hugging Face folder (config.json, safetensors headers) under vLLM or SGLang.
 //! - [`ggml_type`]: each tensor type's block and its bytes.
 //! - [`weights`]: the tensor table summed.
 //! - [`model`]: what the header says that memory depends on.
@@ -19,6 +20,7 @@
 pub mod fit;
 pub mod ggml_type;
 pub mod gguf;
+pub mod hf;
 pub mod memory;
 pub mod model;
 pub mod weights;
@@ -208,6 +210,8 @@ pub enum Caveat {
     LatentAttention,
     /// No context length in the file.
     NoContextLength,
+    /// vLLM's and SGLang's own overheads, which are constants, not read from the model.
+    EngineOverheads,
 }
 
 impl fmt::Display for Caveat {
@@ -225,6 +229,14 @@ impl fmt::Display for Caveat {
             Caveat::LatentAttention => f.write_str(
                 "multi-head latent attention: the KV cache holds the compressed keys alone, which is \
                  not measured against llama.cpp",
+            ),
+            Caveat::EngineOverheads => write!(
+                f,
+                "the compute part is vLLM's profiled activation peak for its batched tokens, plus CUDA \
+                 graphs ({}) and memory outside PyTorch ({}): constants from vLLM's own logs on an H100, \
+                 not measured here; SGLang is taken to be the same",
+                hf::CUDA_GRAPHS.size_text(),
+                hf::NON_TORCH.size_text()
             ),
             Caveat::NoContextLength => write!(
                 f,

@@ -223,8 +223,47 @@ mod tests {
             body["error"]
                 .as_str()
                 .unwrap()
-                .ends_with("safetensors folders are not estimated yet"),
+                .ends_with("give the model a downloaded folder as its model_path for an estimate"),
             "{body}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_vllm_models_folder_is_estimated_for_its_max_model_len_from_the_recipe_or_the_query()
+    {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("config.json"),
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+                "num_attention_heads": 4, "num_key_value_heads": 2, "num_hidden_layers": 2,
+                "max_position_embeddings": 32768, "vocab_size": 300, "torch_dtype": "bfloat16"}"#,
+        )
+        .unwrap();
+        let header = json!({"model.layers.0.mlp.up_proj.weight": {"dtype": "BF16", "shape": [64, 128], "data_offsets": [0, 16384]}});
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut shard = (json.len() as u64).to_le_bytes().to_vec();
+        shard.extend(json);
+        std::fs::write(dir.path().join("model.safetensors"), shard).unwrap();
+        let app = TestApp::new(MAJIN).await;
+        let body = json!({"name": "small", "engine": "vllm", "default_share_percent": 5,
+                          "model_path": dir.path(), "args": ["--max-model-len", "4096"]});
+        let (status, body) = app
+            .call(Method::POST, "/api/models", Some(&body.to_string()))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        // 2 × 2 heads × 16 × 2 bytes × 2 layers = 256 bytes a token.
+        let (status, body) = app.get("/api/models/small/estimate").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["parts"]["weights"]["bytes"], 16384);
+        assert_eq!(body["parts"]["kv_cache"]["bytes"], 256 * 4096);
+        assert_eq!(body["assumed"]["context"], 4096);
+        assert!(
+            body["caveats"][0].as_str().unwrap().contains("CUDA graphs"),
+            "{body}"
+        );
+        let (_, body) = app
+            .get("/api/models/small/estimate?context=1000&slots=3")
+            .await;
+        assert_eq!(body["parts"]["kv_cache"]["bytes"], 256 * 1008 * 3);
     }
 }

@@ -6,8 +6,9 @@ use super::Fleet;
 use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
 use crate::input::NewModel;
-use crate::runtime::model_file::{estimate_local, NoEstimate};
+use crate::runtime::model_file::{estimate_folder_local, estimate_local, NoEstimate};
 use crate::runtime::spec::Host;
+use placement::estimate::hf::HfSettings;
 use placement::estimate::{Estimate, Settings};
 use std::sync::Arc;
 
@@ -109,9 +110,6 @@ impl Fleet {
             .cloned()
             .ok_or_else(|| ApiError::NotFound(format!("no model {name} in the catalog")))?;
         let unreadable = |reason: NoEstimate| ApiError::Unprocessable(reason.to_string());
-        if matches!(model.engine, Engine::Vllm | Engine::Sglang) {
-            return Err(unreadable(NoEstimate::Safetensors(model.model_path)));
-        }
         if let Some(machine) = machine {
             if let Host::Cluster { .. } = self.hosts().host(machine) {
                 return Err(unreadable(NoEstimate::OnNode {
@@ -120,8 +118,29 @@ impl Fleet {
                 }));
             }
         }
+        if matches!(model.engine, Engine::Vllm | Engine::Sglang) {
+            return estimate_folder_local(model.model_path, hf_settings(&model.args, &settings))
+                .await
+                .map_err(unreadable);
+        }
         estimate_local(model.model_path, settings)
             .await
             .map_err(unreadable)
+    }
+}
+
+/// vLLM's (or SGLang's) serving choices for an estimate: the context and slots asked for, else the
+/// recipe's `--max-model-len` (SGLang's `--context-length`); its `--max-num-batched-tokens`.
+fn hf_settings(args: &[String], asked: &Settings) -> HfSettings {
+    let number = |flags: &[&str]| {
+        crate::runtime::sizing::flag_value(args, flags).and_then(|v| v.parse::<u32>().ok())
+    };
+    let defaults = HfSettings::default();
+    HfSettings {
+        max_model_len: asked
+            .context
+            .or_else(|| number(&["--max-model-len", "--context-length"])),
+        sequences: asked.slots,
+        batched_tokens: number(&["--max-num-batched-tokens"]).unwrap_or(defaults.batched_tokens),
     }
 }

@@ -4,19 +4,10 @@
 //! and why. A recipe that sets `-c` itself is left as it is.
 
 use super::model_file::info_local;
-use super::spec::{EngineSpec, Host};
+use super::spec::{EngineSpec, Host, Sizing};
 use crate::catalog::Engine;
 use placement::estimate::{cache_type, fit_share, ModelInfo, Settings};
 use placement::Bytes;
-
-/// What is added to an engine's command line to fit its share, and the line that says so.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Sizing {
-    /// Arguments placed after Tessera's own and before the recipe's.
-    pub args: Vec<String>,
-    /// What was chosen and why, or why nothing was; `None` for engines Tessera does not size.
-    pub note: Option<String>,
-}
 
 /// The sizing of `spec`'s engine: a llama.cpp engine on this machine on a share, its header read here.
 pub async fn size(spec: &EngineSpec) -> Sizing {
@@ -109,7 +100,7 @@ fn settings_of(args: &[String]) -> (Settings, bool) {
 }
 
 /// The last value given to any of `flags`, as `flag value` or `flag=value`: the last wins, as in llama.cpp.
-fn flag_value(args: &[String], flags: &[&str]) -> Option<String> {
+pub fn flag_value(args: &[String], flags: &[&str]) -> Option<String> {
     let mut found = None;
     let mut words = args.iter();
     while let Some(word) = words.next() {
@@ -149,7 +140,7 @@ mod tests {
         let c: u32 = sizing.args[1].parse().unwrap();
         assert_eq!(&sizing.args[..1], ["-c"]);
         assert_eq!(&sizing.args[2..], ["-np", "1"]);
-        assert!(c > 0 && c < 131_072 && c % 256 == 0, "{c}");
+        assert!(c > 0 && c < 131_072 && c.is_multiple_of(256), "{c}");
         assert!(sizing.note.unwrap().contains(&format!(
             "context {c} × 1 slot, the longest that fits its 1 GB share"
         )),);

@@ -1,7 +1,6 @@
 //! What an engine is started as: its recipe (vLLM, SGLang, llama.cpp or any command), turned into a program,
 //! arguments and environment for the share it holds. Pure: the supervisor does the starting.
 
-use super::sizing::Sizing;
 use crate::catalog::Engine;
 use crate::units::Holder;
 use placement::Bytes;
@@ -131,6 +130,16 @@ pub enum SpecError {
 /// The variable that gives an engine its key (the demo engine and a `command` engine's own server read it;
 /// vLLM, SGLang and llama.cpp get `--api-key`).
 pub const ENGINE_KEY_VAR: &str = "TESSERA_ENGINE_KEY";
+
+/// What is added to an engine's command line to fit its share (`runtime::sizing`), and the line that
+/// says so.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Sizing {
+    /// Arguments placed after Tessera's own and before the recipe's.
+    pub args: Vec<String>,
+    /// What was chosen and why, or why nothing was; `None` for engines Tessera does not size.
+    pub note: Option<String>,
+}
 
 /// A command line ready to start.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,5 +1,4 @@
 use super::*;
-use crate::runtime::sizing::Sizing;
 
 fn spec(engine: Engine, share_gb: Option<u64>, gpus: &[u32]) -> EngineSpec {
     EngineSpec {
