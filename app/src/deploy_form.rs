@@ -5,8 +5,8 @@
 use crate::share_form::ShareRow;
 use crate::views::{CatalogEntry, DeployOptions, EstimateQuery, GroupPlan, NodeOption};
 use placement::{
-    choose_group, pick_new_group_gpus, running, transition, BasisPoints, Bytes, Candidate, Demand,
-    GpuRef, GroupChoice, GroupGpu, PlanMember,
+    choose_group, pick_new_group_gpus, running, transition, BasisPoints, Candidate, Demand, GpuRef,
+    GroupChoice, GroupGpu, PlanMember,
 };
 
 /// Step one of the wizard as filled in.
@@ -343,18 +343,6 @@ pub fn estimate_query(
     })
 }
 
-/// The warning, in a line of its own, when `share` of a GPU of `gpu_total` is below the estimated `needed`.
-pub fn below_estimate(share: BasisPoints, gpu_total: Bytes, needed: Bytes) -> Option<String> {
-    let held = gpu_total.share(share);
-    (held < needed).then(|| {
-        format!(
-            "The share ({} GB) is below the estimated {} GB this model needs with these settings.",
-            held.gb_text(),
-            needed.gb_text()
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -564,19 +552,6 @@ mod tests {
             "--max-model-len 8192 --served-model-name 'glm 5'"
         );
         assert!(parse_args("--name 'open").is_err());
-    }
-
-    #[test]
-    fn a_share_below_the_estimate_is_a_warning_in_the_words_of_the_form() {
-        let gpu = Bytes::gb(80);
-        assert_eq!(
-            below_estimate(BasisPoints::percent(5), gpu, Bytes::gb(6)).as_deref(),
-            Some("The share (4 GB) is below the estimated 6 GB this model needs with these settings.")
-        );
-        assert_eq!(
-            below_estimate(BasisPoints::percent(10), gpu, Bytes::gb(6)),
-            None
-        );
     }
 
     #[test]

@@ -31,6 +31,18 @@ pub fn share_for(needed: Bytes, gpu_total: Bytes) -> Option<BasisPoints> {
         .map(|p| BasisPoints::percent(p.max(1)))
 }
 
+/// The warning, in a line of its own, when `share` of a GPU of `gpu_total` is below the estimated `needed`.
+pub fn below_estimate(share: BasisPoints, gpu_total: Bytes, needed: Bytes) -> Option<String> {
+    let held = gpu_total.share(share);
+    (held < needed).then(|| {
+        format!(
+            "The share ({} GB) is below the estimated {} GB this model needs with these settings.",
+            held.gb_text(),
+            needed.gb_text()
+        )
+    })
+}
+
 /// How a model's engines filled their share, measured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Peak {
@@ -160,6 +172,19 @@ mod tests {
         assert_eq!(share_for(Bytes(1), gpu), Some(BasisPoints::percent(1)));
         assert_eq!(share_for(Bytes::gb(81), gpu), None);
         assert_eq!(share_for(Bytes::gb(1), Bytes::ZERO), None);
+    }
+
+    #[test]
+    fn a_share_below_the_estimate_is_a_warning_in_the_words_of_the_form() {
+        let gpu = Bytes::gb(80);
+        assert_eq!(
+            below_estimate(BasisPoints::percent(5), gpu, Bytes::gb(6)).as_deref(),
+            Some("The share (4 GB) is below the estimated 6 GB this model needs with these settings.")
+        );
+        assert_eq!(
+            below_estimate(BasisPoints::percent(10), gpu, Bytes::gb(6)),
+            None
+        );
     }
 
     #[test]

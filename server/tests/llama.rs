@@ -353,7 +353,10 @@ async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_a
         .position(|a| *a == "-c")
         .expect("-c is passed");
     let context: u32 = command[at + 1].parse().unwrap();
-    assert!(context < 131_072 && context.is_multiple_of(256), "{context}");
+    assert!(
+        context < 131_072 && context.is_multiple_of(256),
+        "{context}"
+    );
     assert_eq!(command[at + 2..at + 4], ["-np", "1"]);
     let sizing = engine["sizing"].as_str().unwrap();
     assert!(

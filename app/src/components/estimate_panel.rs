@@ -2,14 +2,14 @@
 //! that fills the share from it, and a warning of its own when the share is below it. Its own room because
 //! it reads the server (the model's file is there) while the share panel beside it judges in the browser.
 
-use crate::deploy_form::{below_estimate, estimate_query};
+use crate::deploy_form::estimate_query;
 use crate::error::AppError;
 use crate::share_form::ShareRow;
 use crate::views::{EstimateAnswer, EstimateQuery};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use placement::estimate::{Estimate, CACHE_TYPES};
-use placement::rightsize::share_for as suggested_share;
+use placement::rightsize::{below_estimate, share_for as suggested_share};
 use placement::Bytes;
 
 /// A catalog model's memory estimate from its file's header, or why it has none.

@@ -1,8 +1,10 @@
-//! The GPU sharing form of a running model: its group's Shared GPU memory panel, opened on today's shares.
+//! The GPU sharing form of a running model: its group's Shared GPU memory panel, opened on today's shares,
+//! and the model's memory estimate beside it.
 //! Save becomes available after a change and while the plan is not refused; a confirmation names each
 //! model that restarts; Save again commits the plan on the server, which judges it again first.
 
 use crate::components::confirm::Confirm;
+use crate::components::estimate_panel::EstimatePanel;
 use crate::components::share_panel::SharedGpuMemoryPanel;
 use crate::error::AppError;
 use crate::share_form::{self, ShareRow};
@@ -127,6 +129,7 @@ fn SharingEditor(
         _ => None,
     };
     let gpu_total = form.gpus.first().map(|g| g.total).unwrap_or_default();
+    let machine = form.gpus.first().map(|g| g.gpu.machine.clone());
     let on_gpus = form
         .gpus
         .iter()
@@ -143,6 +146,7 @@ fn SharingEditor(
                 {format!("{} runs in {}, on {on_gpus}.", form.model, form.group.name)}
             </p>
             <SharedGpuMemoryPanel rows verdict gpu_total />
+            <EstimatePanel model=form.model.clone() machine=machine gpu_total rows />
             {move || error().map(|e| view! { <p class="error" role="alert" data-testid="save-error">{e}</p> })}
             {move || match confirming.get() {
                 None => view! {

@@ -9,6 +9,8 @@ use crate::input::PlanCommand;
 use crate::AppState;
 use axum::extract::{Path, State};
 use axum::Json;
+use placement::estimate::Settings;
+use placement::rightsize::below_estimate;
 use placement::{judge, Demand, GpuRef, PlanMember, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -116,6 +118,28 @@ pub struct VerdictView {
     /// With on-demand members: `On-demand models take turns in the 30% the pinned ones leave.`
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turns: Option<String>,
+    /// Each catalog member's memory estimate against its share (`POST /api/plans/validate`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub estimates: Vec<MemberEstimate>,
+}
+
+/// A member's memory estimate (llama.cpp's defaults: its own context, one slot) against its share.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberEstimate {
+    /// The member.
+    pub member: String,
+    /// What the estimate says it needs, in bytes; absent where it has no estimate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needed_bytes: Option<u64>,
+    /// The same in GB.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub needed_gb: Option<f64>,
+    /// The warning when its share is below the estimate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    /// Why it has no estimate.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub no_estimate: Option<String>,
 }
 
 /// One reason a plan is refused.
@@ -152,6 +176,7 @@ impl From<&Verdict> for VerdictView {
                 })
                 .collect(),
             turns: verdict.turns_message(),
+            estimates: Vec::new(),
         }
     }
 }
@@ -179,5 +204,37 @@ pub(super) async fn validate_plan(
                 .await?,
         );
     }
-    Ok(Json(VerdictView::from(&judge(&members, &gpus))))
+    let mut view = VerdictView::from(&judge(&members, &gpus));
+    if let Some(first) = plan.gpus.first() {
+        let gpu = parse_gpu_ref(first)?;
+        let total = gpus.first().map(|g| g.total).unwrap_or_default();
+        for m in &members {
+            let Some(share) = m.share else { continue };
+            let line = match state
+                .fleet
+                .estimate_model(&m.name, Some(&gpu.machine), Settings::default())
+                .await
+            {
+                Ok(e) => MemberEstimate {
+                    member: m.name.clone(),
+                    needed_bytes: Some(e.total().get()),
+                    needed_gb: Some(e.total().as_gb_f64()),
+                    warning: below_estimate(share, total, e.total()),
+                    no_estimate: None,
+                },
+                // A member that is no catalog model (a name typed for a plan not yet deployed).
+                Err(ApiError::NotFound(_)) => continue,
+                Err(ApiError::Unprocessable(why)) => MemberEstimate {
+                    member: m.name.clone(),
+                    needed_bytes: None,
+                    needed_gb: None,
+                    warning: None,
+                    no_estimate: Some(why),
+                },
+                Err(e) => return Err(e),
+            };
+            view.estimates.push(line);
+        }
+    }
+    Ok(Json(view))
 }

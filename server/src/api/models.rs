@@ -229,6 +229,30 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_plans_verdict_carries_each_catalog_members_estimate_and_warns_where_its_share_is_below_it(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let (app, _) = with_tiny_model(dir.path()).await;
+        let (_, estimate) = app.get("/api/models/tiny/estimate").await;
+        let needed = estimate["total"]["bytes"].as_u64().unwrap();
+        // 0.01 % of majin's 8 GB GPU is about 0.8 MB, less than the tiny model needs; 10 % is plenty.
+        for (share, warned) in [(0.01, true), (10.0, false)] {
+            let plan = json!({"members": [{"name": "tiny", "share": share}, {"name": "not-in-catalog", "share": 5}],
+                              "gpus": ["majin:0"]});
+            let (status, verdict) = app
+                .call(Method::POST, "/api/plans/validate", Some(&plan.to_string()))
+                .await;
+            assert_eq!(status, StatusCode::OK, "{verdict}");
+            assert_eq!(verdict["verdict"], "fits");
+            let estimates = verdict["estimates"].as_array().unwrap();
+            assert_eq!(estimates.len(), 1, "only catalog models: {verdict}");
+            assert_eq!(estimates[0]["member"], "tiny");
+            assert_eq!(estimates[0]["needed_bytes"], needed);
+            assert_eq!(estimates[0]["warning"].is_string(), warned, "{verdict}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_vllm_models_folder_is_estimated_for_its_max_model_len_from_the_recipe_or_the_query()
     {
         let dir = tempfile::tempdir().unwrap();
