@@ -90,6 +90,8 @@ pub trait Console: Send + Sync {
 
     /// What a repack is planned from: the fleet as committed now.
     fn repack_input(&self) -> Answer<'_, placement::RepackInput>;
+    /// The members whose measured peak allows a smaller share, with that share.
+    fn right_sized(&self) -> Answer<'_, Vec<crate::views::RightSized>>;
     /// Shares GPU `index` of `machine` as `mode` says (`time-slicing`, `mps` with each engine's compute
     /// share, or `mig` cut into `instances`' profiles); its sharers restart.
     fn set_sharing(

@@ -13,7 +13,7 @@ use crate::inventory::{GpuRef, Inventory};
 use crate::request::GpuDemand;
 use crate::schedule::{Assignment, Hold, Scheduler};
 use crate::sharing::{Sharing, MPS_MAX_CLIENTS};
-use crate::units::Bytes;
+use crate::units::{BasisPoints, Bytes};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -253,6 +253,29 @@ impl RepackInput {
     /// The repack plan for `goal` with the console's budget.
     pub fn plan(&self, goal: Goal) -> Result<RepackPlan, RepackError> {
         plan_repack(&self.scheduler(), &self.movable, goal, BUDGET)
+    }
+
+    /// The same fleet with `shares` held instead of what the holders named there hold now, each a share
+    /// of its GPU's memory: what a repack would find once right-sized shares are taken.
+    pub fn with_shares(&self, shares: &[(String, BasisPoints)]) -> RepackInput {
+        let mut input = self.clone();
+        for (holder, assignment) in &mut input.holds {
+            let Some((_, share)) = shares.iter().find(|(h, _)| h == holder) else {
+                continue;
+            };
+            let total = input
+                .inventory
+                .machine(&assignment.machine)
+                .and_then(|m| {
+                    let first = assignment.gpus.first()?;
+                    m.gpus.iter().find(|g| g.index == *first)
+                })
+                .map(|g| g.total);
+            if let (Some(total), Some(_)) = (total, assignment.shared) {
+                assignment.shared = Some(total.share(*share));
+            }
+        }
+        input
     }
 }
 

@@ -10,11 +10,11 @@ use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::RepackRun;
+use crate::views::{RepackRun, RightSized};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use placement::repack::Goal;
-use placement::{GpuLoad, GpuRef, Move, RepackInput, RepackPlan, RepackStep};
+use placement::{BasisPoints, GpuLoad, GpuRef, Move, RepackInput, RepackPlan, RepackStep};
 
 /// The fleet as committed, for the plan to be worked out from.
 #[server(prefix = "/rpc", endpoint = "load_repack_input", client = crate::csrf::CsrfClient)]
@@ -22,6 +22,14 @@ pub async fn load_repack_input() -> Result<RepackInput, AppError> {
     crate::auth::require(Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.repack_input()).await
+}
+
+/// The members whose measured peak allows a smaller share, with that share.
+#[server(prefix = "/rpc", endpoint = "load_right_sized", client = crate::csrf::CsrfClient)]
+pub async fn load_right_sized() -> Result<Vec<RightSized>, AppError> {
+    crate::auth::require(Role::Viewer)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.right_sized()).await
 }
 
 /// The repack being carried out, or the last one.
@@ -114,6 +122,43 @@ fn summary(plan: &RepackPlan) -> String {
     line
 }
 
+/// What right-sized shares would free, beside what the repack frees with the shares as they are.
+fn right_sized_line(
+    input: &RepackInput,
+    goal: Goal,
+    now: &RepackPlan,
+    shares: &[RightSized],
+) -> String {
+    if shares.is_empty() {
+        return "No model has yet run a day well below its share, so there is nothing to right-size.".to_owned();
+    }
+    let changes: Vec<(String, BasisPoints)> = shares
+        .iter()
+        .flat_map(|r| r.units.iter().map(move |u| (u.clone(), r.to)))
+        .collect();
+    let named = shares
+        .iter()
+        .map(|r| {
+            format!(
+                "{} {} % → {} %",
+                r.member,
+                r.from.percent_text(),
+                r.to.percent_text()
+            )
+        })
+        .collect::<Vec<_>>()
+        .join(", ");
+    let freed = match input.with_shares(&changes).plan(goal) {
+        Ok(plan) => plan.freed.len(),
+        Err(e) => return format!("With right-sized shares ({named}): {e}"),
+    };
+    let more = freed.saturating_sub(now.freed.len());
+    format!(
+        "With right-sized shares ({named}) the repack would free {}, {more} more than with the shares as they are. Right-size each from the Models tab first; this plan uses the shares as they are.",
+        plural(freed, "GPU", "GPUs")
+    )
+}
+
 /// `/repack`.
 #[component]
 pub fn RepackPage() -> impl IntoView {
@@ -137,6 +182,17 @@ pub fn RepackPage() -> impl IntoView {
         |_| load_repack_run(),
     );
     let free = RwSignal::new(String::new());
+    let right_sizing = RwSignal::new(false);
+    let right_sized = Resource::new(
+        move || (live.track(), right_sizing.get()),
+        |(_, on)| async move {
+            if on {
+                load_right_sized().await.map(Some)
+            } else {
+                Ok(None)
+            }
+        },
+    );
     let confirming = RwSignal::new(false);
     let operator = move || signed_in().is_some_and(|c| c.role.allows(Role::Operator));
     // While a repack runs, its progress is read again every second.
@@ -179,6 +235,11 @@ pub fn RepackPage() -> impl IntoView {
                 <label for="repack-free">"GPUs to free"</label>
                 <input id="repack-free" type="text" inputmode="numeric" placeholder="as many as it can" autocomplete="off"
                     prop:value=move || free.get() on:input=move |ev| free.set(event_target_value(&ev)) />
+                <label>
+                    <input type="checkbox" data-testid="right-sized" prop:checked=move || right_sizing.get()
+                        on:change=move |ev| right_sizing.set(event_target_checked(&ev)) />
+                    " Count right-sized shares"
+                </label>
             </div>
             <Transition fallback=|| view! { <p>"Working out the plan…"</p> }>
                 {move || input.get().map(|answer| match answer {
@@ -195,7 +256,17 @@ pub fn RepackPage() -> impl IntoView {
                                 let moves = plan.moves.clone();
                                 let restarts = restarts_of(&moves);
                                 let can_start = !moves.is_empty();
+                                let goal = free.map_or(Goal::Most, Goal::Free);
+                                let counted = {
+                                    let (input, plan) = (input.clone(), plan.clone());
+                                    move || right_sized.get().and_then(|answer| match answer {
+                                        Ok(Some(shares)) => Some(right_sized_line(&input, goal, &plan, &shares)),
+                                        Ok(None) => None,
+                                        Err(e) => Some(e.to_string()),
+                                    })
+                                };
                                 view! {
+                                    {move || counted().map(|line| view! { <p class="notice" role="status" data-testid="right-sized-line">{line}</p> })}
                                     <PlanView plan />
                                     {move || (operator() && can_start).then(|| view! {
                                         <div class="actions">
@@ -333,6 +404,29 @@ fn RunPanel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two 24 GB GPUs, chat and embed holding 14 GB each: no repack frees one.
+    const TWO_HALF_FULL: &str = r#"{"inventory":{"machines":[{"name":"gpu-node-1","cpu_cores":64,"memory":549755813888,"all_gpus_visible":false,"gpus":[{"index":0,"uuid":"GPU-0","model":"NVIDIA L4","vendor":"nvidia","total":25769803776,"held_outside":0,"healthy":true},{"index":1,"uuid":"GPU-1","model":"NVIDIA L4","vendor":"nvidia","total":25769803776,"held_outside":0,"healthy":true}]}]},"holds":[["chat",{"machine":"gpu-node-1","gpus":[0],"shared":15032385536,"cpu_cores":0,"memory":0}],["embed",{"machine":"gpu-node-1","gpus":[1],"shared":15032385536,"cpu_cores":0,"memory":0}]],"movable":[{"name":"chat","workers":["chat"],"demand":{"count":1,"mode":{"Shared":0},"vendor":null,"models":[],"healthy_only":true,"ids":[],"policy":"Any"},"same_size":false},{"name":"embed","workers":["embed"],"demand":{"count":1,"mode":{"Shared":0},"vendor":null,"models":[],"healthy_only":true,"ids":[],"policy":"Any"},"same_size":false}],"sharing":[]}"#;
+
+    #[test]
+    fn counting_right_sized_shares_says_how_many_more_gpus_they_would_free() {
+        let input: RepackInput = serde_json::from_str(TWO_HALF_FULL).unwrap();
+        let now = input.plan(Goal::Most).unwrap();
+        assert!(now.freed.is_empty());
+        let chat = RightSized {
+            group: "g".into(),
+            member: "chat".into(),
+            from: BasisPoints::from_percent(58.33).unwrap(),
+            to: BasisPoints::percent(25),
+            units: vec!["chat".into()],
+        };
+        assert_eq!(
+            right_sized_line(&input, Goal::Most, &now, &[chat]),
+            "With right-sized shares (chat 58.33 % → 25 %) the repack would free 1 GPU, 1 more than with the shares as they are. Right-size each from the Models tab first; this plan uses the shares as they are."
+        );
+        assert!(right_sized_line(&input, Goal::Most, &now, &[])
+            .starts_with("No model has yet run a day"));
+    }
 
     #[test]
     fn the_field_reads_a_number_of_gpus_or_nothing_and_says_what_to_type_otherwise() {

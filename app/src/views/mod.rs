@@ -27,4 +27,4 @@ pub use machines::{
 };
 pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
 pub use playground::Playground;
-pub use repack::{RepackProgress, RepackRun};
+pub use repack::{RepackProgress, RepackRun, RightSized};

@@ -26,3 +26,19 @@ pub struct RepackProgress {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
 }
+
+/// A member's share as its measured peak would have it (`placement::rightsize`), for the repack preview
+/// to count what right-sized shares would free.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RightSized {
+    /// The group.
+    pub group: String,
+    /// The member (its model).
+    pub member: String,
+    /// Its share now.
+    pub from: placement::BasisPoints,
+    /// The share its peak allows, with the margin.
+    pub to: placement::BasisPoints,
+    /// The holders it is held under, one per machine.
+    pub units: Vec<String>,
+}

@@ -462,3 +462,26 @@ fn a_repack_step_speaks_snake_case_beside_the_deprecated_key() {
         steps
     );
 }
+
+#[test]
+fn right_sized_shares_let_a_repack_free_a_gpu_the_shares_as_they_are_do_not() {
+    let on = |gpu: u32, gb: u64| Assignment {
+        machine: "gpu-node-1".into(),
+        gpus: vec![gpu],
+        shared: Some(Bytes::gb(gb)),
+        cpu_cores: 0,
+        memory: Bytes::ZERO,
+    };
+    let input = RepackInput {
+        inventory: Inventory::new(vec![machine("gpu-node-1", &[24, 24])]).unwrap(),
+        holds: vec![("chat".into(), on(0, 14)), ("embed".into(), on(1, 14))],
+        movable: ["chat", "embed"].map(movable).to_vec(),
+        sharing: Vec::new(),
+    };
+    assert!(input.plan(Goal::Most).unwrap().freed.is_empty());
+    // chat right-sized to 25 % of its 24 GB GPU: 6 GB beside embed's 14.
+    let right_sized = input.with_shares(&[("chat".into(), BasisPoints::percent(25))]);
+    assert_eq!(right_sized.holds[0].1.shared, Some(Bytes::gb(6)));
+    assert_eq!(right_sized.holds[1].1.shared, Some(Bytes::gb(14)));
+    assert_eq!(right_sized.plan(Goal::Most).unwrap().freed.len(), 1);
+}

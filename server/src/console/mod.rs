@@ -195,6 +195,10 @@ impl Console for ConsoleService {
         Box::pin(async move { Ok(self.fleet.repack_input().await) })
     }
 
+    fn right_sized(&self) -> Answer<'_, Vec<app::views::RightSized>> {
+        Box::pin(async move { self.fleet.right_sized().await.map_err(app_error) })
+    }
+
     fn start_repack(
         &self,
         actor: Caller,

@@ -9,7 +9,8 @@ use super::Fleet;
 use crate::catalog::Engine;
 use crate::error::ApiError;
 use crate::units::Holder;
-use placement::rightsize::Peak;
+use app::views::RightSized;
+use placement::rightsize::{Fit, Peak};
 use placement::{Bytes, GpuRef, Hold};
 use serde::Serialize;
 
@@ -154,6 +155,42 @@ impl Fleet {
     }
 }
 
+impl Fleet {
+    /// Every member whose measured peak allows a smaller share (`Fit::Smaller` on its fullest GPU), with
+    /// that share: what the repack preview counts when asked for right-sized shares. System members'
+    /// shares are not the operator's to change, and are left out.
+    pub async fn right_sized(&self) -> Result<Vec<RightSized>, ApiError> {
+        let committed = self.committed();
+        let system = self.system_models();
+        let mut out = Vec::new();
+        for group in &committed.groups {
+            for member in &group.members {
+                if system.contains(&member.member) {
+                    continue;
+                }
+                let peaks = self.peaks(&group.name, &member.member).await?;
+                let Some(Fit::Smaller { share }) = peaks.first().map(|p| p.peak.fit()) else {
+                    continue;
+                };
+                let mut units: Vec<String> = group
+                    .gpus
+                    .iter()
+                    .map(|gpu| crate::units::member(&group.name, &member.member, &gpu.machine))
+                    .collect();
+                units.dedup();
+                out.push(RightSized {
+                    group: group.name.clone(),
+                    member: member.member.clone(),
+                    from: member.share,
+                    to: share,
+                    units,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
 /// How full a share got, for putting the fullest first.
 fn fullness(peak: &Peak) -> u128 {
     u128::from(peak.peak.get()) * 1_000_000 / u128::from(peak.share.get().max(1))
@@ -232,6 +269,19 @@ mod tests {
         assert!(
             models.contains("href=\"/models/speech/sharing?share=6\""),
             "{models}"
+        );
+        let right_sized = app.fleet.right_sized().await.unwrap();
+        assert_eq!(
+            right_sized
+                .iter()
+                .map(|r| (r.from, r.to, r.units.clone()))
+                .collect::<Vec<_>>(),
+            [(
+                BasisPoints::percent(10),
+                BasisPoints::percent(6),
+                vec![SPEECH.to_owned()]
+            )],
+            "what the repack preview counts"
         );
 
         // Taken: the new share has no peak until its engine is read again, and the old one is not its.
