@@ -58,6 +58,26 @@ test("the form opens on today's shares, Save waits for a change, and the confirm
   await expect(models.row("vision").getByTestId("health")).toHaveText("1/1 healthy");
 });
 
+test("a right-sized share offered on the Models tab opens the form with it proposed, judged and confirmed like any change, beside the model's memory estimate", async ({ page }) => {
+  // What the Models tab's "Right-size to 20 %" opens.
+  await open(page, "/models/vision/sharing?share=20");
+  await expect(page.locator('[data-hydrated="true"]').first()).toBeVisible();
+  const panel = new SharePanel(page);
+  await expect(panel.share("vision")).toHaveValue("20");
+  await expect(panel.share("glm-5.3")).toHaveValue("40");
+  await expect(panel.verdict).toHaveText(FITS("70%"));
+  // The estimate reads the model's file on the server; the demo's is not there, and it says so.
+  await expect(page.getByRole("heading", { name: "Memory estimate" })).toBeVisible();
+  await expect(page.getByTestId("no-estimate")).toContainText("No estimate:");
+  const save = page.getByRole("button", { name: "Save" });
+  await expect(save).toBeEnabled();
+  await save.click();
+  await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts vision.");
+  await page.getByTestId("confirm").getByRole("button", { name: "Save" }).click();
+  await expect(page.getByTestId("notice")).toHaveText("Saved. vision restarts with its new settings.");
+  await expect(new ModelsTab(page).row("vision").getByTestId("share")).toHaveText("20%");
+});
+
 test("a plan changed by someone else first is refused, and the form says to read it again", async ({ page, request }) => {
   await open(page, "/models/vision/sharing");
   const panel = new SharePanel(page);
