@@ -158,6 +158,13 @@ const ERAS: &[(i64, &str)] = &[
         INSERT INTO cluster_machines (name, machine) VALUES ('vega', '{"name":"vega","node_id":"n1","address":"10.0.0.7","gpus":[{"index":0,"uuid":"GPU-v0","memory":85899345920,"resource":"tessera_gpu_vega_0","profile":null}],"demo":false,"alive":true,"model":"NVIDIA H100 80GB HBM3","cpu_cores":32,"memory":274877906944}');
         "#,
     ),
+    (
+        16,
+        r#"
+        INSERT INTO share_peaks (holder, model, machine, gpu_index, share_bytes, gpu_total_bytes, peak_bytes, first_ms, last_ms) VALUES
+          ('group:embed/reranker@atlas', 'reranker', 'atlas', 0, 1610612736, 103079215104, 858993459, 1764547210000, 1764806410000);
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.
