@@ -15,6 +15,24 @@ pub const TESSERA: &str = "tessera";
 /// The most entries one read answers.
 pub const MAX_ENTRIES: i64 = 1000;
 
+tokio::task_local! {
+    /// The address of the client whose request is being served: each entry its changes write names it.
+    static CLIENT: String;
+}
+
+/// Runs `work` as serving the client at `address`, where there is one: the entries it writes name it.
+pub async fn for_client<F: std::future::Future>(address: Option<String>, work: F) -> F::Output {
+    match address {
+        Some(address) => CLIENT.scope(address, work).await,
+        None => work.await,
+    }
+}
+
+/// The client whose request is being served, where one is.
+pub fn client() -> Option<String> {
+    CLIENT.try_with(Clone::clone).ok()
+}
+
 /// An entry about to be written.
 #[derive(Debug, Clone)]
 pub struct Entry {
@@ -69,7 +87,7 @@ impl Entry {
 /// Writes `entry` inside the change's own transaction.
 pub async fn record(tx: &mut SqliteConnection, entry: Entry) -> Result<(), sqlx::Error> {
     sqlx::query(
-        "INSERT INTO audit (actor, action, target, before, after, revision, restarts) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO audit (actor, action, target, before, after, revision, restarts, client) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(&entry.actor)
     .bind(&entry.action)
@@ -78,6 +96,7 @@ pub async fn record(tx: &mut SqliteConnection, entry: Entry) -> Result<(), sqlx:
     .bind(entry.after.as_ref().map(Value::to_string))
     .bind(entry.revision)
     .bind(serde_json::Value::from(entry.restarts).to_string())
+    .bind(client())
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -104,6 +123,8 @@ pub struct AuditEntry {
     pub revision: Option<i64>,
     /// The models that restarted.
     pub restarts: Vec<String>,
+    /// The address of the client whose request made it; none for what the server did by itself.
+    pub client: Option<String>,
 }
 
 /// Which entries to read: each field narrows it; newest first.
@@ -138,9 +159,10 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
         Option<String>,
         Option<i64>,
         String,
+        Option<String>,
     );
     let rows: Vec<Row> = sqlx::query_as(
-        "SELECT id, at, actor, action, target, before, after, revision, restarts FROM audit \
+        "SELECT id, at, actor, action, target, before, after, revision, restarts, client FROM audit \
          WHERE (?1 IS NULL OR actor = ?1) \
            AND (?2 IS NULL OR action = ?2 OR action LIKE ?2 || '.%') \
            AND (?3 IS NULL OR target = ?3) \
@@ -163,7 +185,7 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
     };
     rows.into_iter()
         .map(
-            |(id, at, actor, action, target, before, after, revision, restarts)| {
+            |(id, at, actor, action, target, before, after, revision, restarts, client)| {
                 Ok(AuditEntry {
                     id,
                     at,
@@ -174,6 +196,7 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
                     after: json(after)?,
                     revision,
                     restarts: serde_json::from_str(&restarts).map_err(ApiError::internal)?,
+                    client,
                 })
             },
         )

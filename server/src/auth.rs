@@ -244,13 +244,32 @@ where
     fn call(&mut self, mut request: Request) -> Self::Future {
         if let Some(caller) = script_let_through(&self.state, &request) {
             request.extensions_mut().insert(caller);
-            return futures::future::Either::Left(self.inner.call(request));
+            if matches!(*request.method(), Method::GET | Method::HEAD) {
+                return futures::future::Either::Left(self.inner.call(request));
+            }
+            // A change: the audit entries it writes name its client.
+            let address = client_of(
+                request.extensions(),
+                request.headers(),
+                &self.state.trusted_proxies,
+            )
+            .map(|ip| ip.to_string());
+            let change = self.inner.call(request);
+            return futures::future::Either::Right(Box::pin(crate::audit::for_client(
+                address, change,
+            )));
         }
         // The inner service was made ready for this call; a fresh clone stays for the next.
         let fresh = self.inner.clone();
         let ready = std::mem::replace(&mut self.inner, fresh);
         let state = self.state.clone();
-        let answer = async move {
+        let address = client_of(
+            request.extensions(),
+            request.headers(),
+            &state.trusted_proxies,
+        )
+        .map(|ip| ip.to_string());
+        let answer = crate::audit::for_client(address, async move {
             // Every request has a session but a script's (see [`SessionsUnlessToken`]).
             let session = request.extensions().get::<Session>().cloned();
             match check(&state, session.as_ref(), &mut request).await {
@@ -261,7 +280,7 @@ where
                 Ok(Some(elsewhere)) => Ok(elsewhere),
                 Err(e) => Ok(e.into_response()),
             }
-        };
+        });
         // A bound on what takes the whole way (pages, server functions, changes), so that a stuck one
         // answers 408 and a stop does not wait on it. A script's read let through above answers from
         // memory and goes without: the timer woke another worker thread on every request.
@@ -483,19 +502,26 @@ impl FromRequestParts<AppState> for Peer {
         parts: &mut Parts,
         state: &AppState,
     ) -> Result<Peer, Self::Rejection> {
-        let Some(ConnectInfo(Remote(remote))) = parts.extensions.get::<ConnectInfo<Remote>>()
-        else {
-            return Ok(Peer("unknown".to_owned()));
-        };
-        let forwarded = parts
-            .headers
-            .get_all("x-forwarded-for")
-            .iter()
-            .filter_map(|v| v.to_str().ok());
         Ok(Peer(
-            client(remote.ip(), forwarded, &state.trusted_proxies).to_string(),
+            client_of(&parts.extensions, &parts.headers, &state.trusted_proxies)
+                .map_or_else(|| "unknown".to_owned(), |ip| ip.to_string()),
         ))
     }
+}
+
+/// The client of a request with these `extensions` and `headers`: see [`client`]. None where the
+/// connection's address is not known (a test calling the router directly).
+fn client_of(
+    extensions: &axum::http::Extensions,
+    headers: &axum::http::HeaderMap,
+    trusted: &[std::net::IpAddr],
+) -> Option<std::net::IpAddr> {
+    let ConnectInfo(Remote(remote)) = extensions.get::<ConnectInfo<Remote>>()?;
+    let forwarded = headers
+        .get_all("x-forwarded-for")
+        .iter()
+        .filter_map(|v| v.to_str().ok());
+    Some(client(remote.ip(), forwarded, trusted))
 }
 
 /// Who sent a request that reached us from `remote`: `remote` itself, unless it is a trusted proxy;

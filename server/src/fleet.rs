@@ -263,7 +263,9 @@ impl Fleet {
         Fut: Future<Output = Result<T, ApiError>> + Send + 'static,
         T: Send + 'static,
     {
-        tokio::spawn(work(self.clone()))
+        // The request's client goes with the write into its task, for the audit entries it writes.
+        let client = crate::audit::client();
+        tokio::spawn(crate::audit::for_client(client, work(self.clone())))
             .await
             .map_err(ApiError::internal)?
     }

@@ -308,3 +308,53 @@ async fn served_with_a_certificate_the_console_answers_over_https_only_with_hsts
     assert!(!plain);
     server.kill().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_change_in_the_audit_log_names_the_client_it_came_from_behind_a_trusted_proxy_too() {
+    use http_body_util::{BodyExt, Full};
+    let dir = tempfile::tempdir().unwrap();
+    let server =
+        Server::start_with(dir.path(), 100, &["--demo", "--trusted-proxy", "127.0.0.1"]).await;
+    // Straight from this machine: 127.0.0.1 is a proxy, but one that forwarded for no one.
+    add_worker(&server, "direct").await;
+    // Through the proxy, for a client at 203.0.113.7 (the address a client claims first is not believed).
+    let mut sender = support::connect(server.port).await.unwrap();
+    let body = json!({"name": "proxied", "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 500}}});
+    let request = hyper::Request::builder()
+        .method("POST")
+        .uri("/api/workers")
+        .header(hyper::header::HOST, "127.0.0.1")
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(
+            hyper::header::AUTHORIZATION,
+            format!("Bearer {}", server.token),
+        )
+        .header("x-forwarded-for", "198.51.100.1, 203.0.113.7")
+        .body(Full::new(hyper::body::Bytes::from(body.to_string())))
+        .unwrap();
+    let response = sender.send_request(request).await.unwrap();
+    let status = response.status();
+    let answer = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(status, 201, "{answer:?}");
+    let (status, log) = server.get("/api/audit?action=worker").await;
+    assert_eq!(status, 200, "{log}");
+    let clients: Vec<(String, String)> = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["target"].as_str().unwrap().to_owned(),
+                e["client"].as_str().unwrap_or("none").to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        clients,
+        [
+            ("proxied".to_owned(), "203.0.113.7".to_owned()),
+            ("direct".to_owned(), "127.0.0.1".to_owned())
+        ]
+    );
+    server.stop().await;
+}

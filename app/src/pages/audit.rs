@@ -68,6 +68,7 @@ fn AuditTable(lines: Vec<AuditLine>) -> impl IntoView {
                 <tr>
                     <th scope="col">"When"</th>
                     <th scope="col">"Who"</th>
+                    <th scope="col">"From"</th>
                     <th scope="col">"What"</th>
                     <th scope="col">"To what"</th>
                     <th scope="col">"Revision"</th>
@@ -80,6 +81,7 @@ fn AuditTable(lines: Vec<AuditLine>) -> impl IntoView {
                     <tr data-testid="audit-row">
                         <td>{l.at}</td>
                         <td data-testid="audit-actor">{l.actor}</td>
+                        <td data-testid="audit-client">{l.client.unwrap_or_else(|| "—".to_owned())}</td>
                         <td data-testid="audit-action">{l.action}</td>
                         <th scope="row" data-testid="audit-target">{l.target}</th>
                         <td>{l.revision.map(|r| r.to_string()).unwrap_or_default()}</td>

@@ -23,6 +23,9 @@ pub struct AuditLine {
     pub revision: Option<i64>,
     /// Who restarted.
     pub restarts: Vec<String>,
+    /// The address the change came from.
+    #[serde(default)]
+    pub client: Option<String>,
 }
 
 /// What the Audit page narrows the log to; empty fields leave it wide.

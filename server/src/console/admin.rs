@@ -82,6 +82,7 @@ impl ConsoleService {
                 after: e.after.map(|v| v.to_string()),
                 revision: e.revision,
                 restarts: e.restarts,
+                client: e.client,
             })
             .collect())
     }

@@ -165,6 +165,12 @@ const ERAS: &[(i64, &str)] = &[
           ('group:embed/reranker@atlas', 'reranker', 'atlas', 0, 1610612736, 103079215104, 858993459, 1764547210000, 1764806410000);
         "#,
     ),
+    (
+        17,
+        r#"
+        INSERT INTO audit (actor, action, target, after, restarts, client) VALUES ('admin', 'plan.change', 'embed', '{}', '[]', '10.0.0.9');
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.
