@@ -24,6 +24,7 @@ mod random;
 pub mod redact;
 pub mod runtime;
 pub mod security;
+pub mod site;
 pub mod tls;
 pub mod units;
 
@@ -213,7 +214,7 @@ pub fn router(state: AppState) -> Router {
             move || leptos::prelude::provide_context(services.clone()),
             move || shell(options.clone()),
         )
-        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .fallback(site_or_error)
         // One layer of layers: the router boxes each route once for it, where a layer apiece boxed the
         // route again at every step (and a request cloned every box on its way in).
         .layer(
@@ -226,6 +227,19 @@ pub fn router(state: AppState) -> Router {
         )
         .merge(gateway_routes(&state))
         .with_state(state)
+}
+
+/// A file of the site (from inside the binary where it was built in, else from the site folder), or the
+/// console's own not-found page.
+async fn site_or_error(
+    uri: axum::http::Uri,
+    state: axum::extract::State<AppState>,
+    request: axum::extract::Request,
+) -> axum::response::Response {
+    if let Some(answer) = site::serve(&uri, request.headers()) {
+        return answer;
+    }
+    leptos_axum::file_and_error_handler::<AppState, _>(shell)(uri, state, request).await
 }
 
 /// The gateway's routes with their layers. The gateway checks its own keys and answers in OpenAI's shape;
