@@ -24,7 +24,8 @@ pub struct Config {
     #[arg(long, env = "LEPTOS_SITE_ADDR", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
     /// A second address that serves the gateway (/v1) alone, for clients that should reach the models
-    /// but not the console; the gateway is on --listen's address too.
+    /// but not the console; the gateway is on --listen's address too. https with --tls-cert's certificate
+    /// where one is given.
     #[arg(long, env = "TESSERA_GATEWAY_LISTEN", value_name = "ADDR")]
     pub gateway_listen: Option<SocketAddr>,
     /// Add the built-in demo fleet (majin, a WSL2 PC, a node with two 96 GB GPUs, an 8 × H200 node).

@@ -381,13 +381,30 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|source| ServerError::Bind { addr, source })?;
-        tracing::info!("the gateway alone listening on http://{addr}/v1");
+        tracing::info!("the gateway alone listening on {scheme}://{addr}/v1");
         let mut stop = stopping.clone();
-        let serving = axum::serve(listener, gateway_router(state.clone())).with_graceful_shutdown(
-            async move {
-                let _ = stop.wait_for(|begun| *begun).await;
-            },
-        );
+        let stopped = async move {
+            let _ = stop.wait_for(|begun| *begun).await;
+        };
+        let gateway = gateway_router(state.clone());
+        // With the console's certificate where it serves https: a key sent to /v1 never crosses in plain.
+        let serving: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
+            match &tls {
+                Some(acceptor) => {
+                    let listener = tls::TlsListener::new(listener, acceptor.clone())
+                        .map_err(|source| ServerError::Bind { addr, source })?;
+                    Box::pin(
+                        axum::serve(listener, gateway)
+                            .with_graceful_shutdown(stopped)
+                            .into_future(),
+                    )
+                }
+                None => Box::pin(
+                    axum::serve(listener, gateway)
+                        .with_graceful_shutdown(stopped)
+                        .into_future(),
+                ),
+            };
         tokio::spawn(async move {
             if let Err(e) = serving.await {
                 tracing::error!("the gateway's own address stopped serving: {e}");

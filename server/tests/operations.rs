@@ -225,7 +225,7 @@ fn curl(cert: &Path, url: &str) -> (bool, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn served_with_a_certificate_the_console_answers_over_https_only_with_hsts_and_secure_cookies(
+async fn served_with_a_certificate_the_console_and_the_gateway_answer_over_https_only_with_hsts_and_secure_cookies(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| dir.path().join(name);
@@ -264,10 +264,16 @@ async fn served_with_a_certificate_the_console_answers_over_https_only_with_hsts
         .local_addr()
         .unwrap()
         .port();
+    let gateway = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let data = at("data");
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(&data)
+        .args(["--gateway-listen", &format!("127.0.0.1:{gateway}")])
         .arg("--tls-cert")
         .arg(at("cert.pem"))
         .arg("--tls-key")
@@ -304,6 +310,22 @@ async fn served_with_a_certificate_the_console_answers_over_https_only_with_hsts
     let (plain, _) = curl(
         &at("cert.pem"),
         &format!("http://127.0.0.1:{port}/api/health"),
+    );
+    assert!(!plain);
+    // The gateway's own address serves https with the same certificate, and nothing in plain.
+    let models = format!("https://localhost:{gateway}/v1/models");
+    support::wait_until("the gateway answers over https", || async {
+        curl(&at("cert.pem"), &models).0
+    })
+    .await;
+    let (_, answer) = curl(&at("cert.pem"), &models);
+    assert!(
+        answer.starts_with("HTTP/1.1 401"),
+        "no key, over https: {answer}"
+    );
+    let (plain, _) = curl(
+        &at("cert.pem"),
+        &format!("http://127.0.0.1:{gateway}/v1/models"),
     );
     assert!(!plain);
     server.kill().await.unwrap();
