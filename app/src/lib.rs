@@ -84,7 +84,8 @@ pub fn App() -> impl IntoView {
             <main id="main" data-hydrated=move || hydrated.get().to_string()>
                 // Async: each page is sent once its data is read, so it reads in full before any wasm runs.
                 <Routes fallback=|| view! { <h1>"Page not found"</h1> }>
-                    <Route path=path!("") view={Lazy::<routes::Models>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("") view={Lazy::<routes::OverviewRoute>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("models") view={Lazy::<routes::Models>::new()} ssr=SsrMode::Async />
                     <Route path=path!("nodes") view={Lazy::<routes::Nodes>::new()} ssr=SsrMode::Async />
                     <Route path=path!("repack") view={Lazy::<routes::Repack>::new()} ssr=SsrMode::Async />
                     <Route path=path!("deploy") view={Lazy::<routes::Deploy>::new()} ssr=SsrMode::Async />

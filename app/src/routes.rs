@@ -10,6 +10,7 @@ use crate::pages::deploy::DeployPage;
 use crate::pages::machine::MachinePage;
 use crate::pages::models::ModelsPage;
 use crate::pages::nodes::NodesPage;
+use crate::pages::overview::OverviewPage;
 use crate::pages::playground::PlaygroundPage;
 use crate::pages::repack::RepackPage;
 use crate::pages::serving::ServingPage;
@@ -51,6 +52,8 @@ macro_rules! lazy_page {
     };
 }
 
+lazy_page!(/// The Overview, the landing page.
+    OverviewRoute => OverviewPage);
 lazy_page!(/// Cluster → Models.
     Models => ModelsPage);
 lazy_page!(/// Cluster → Nodes.

@@ -19,6 +19,8 @@ pub type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, AppError>> + Send
 
 /// The fleet as the console reads and changes it.
 pub trait Console: Send + Sync {
+    /// The Overview page: the fleet at a glance, and its open alarms.
+    fn overview(&self) -> Answer<'_, crate::views::Overview>;
     /// The Models tab: every deployed model.
     fn models(&self) -> Answer<'_, Vec<ModelRow>>;
     /// The plan changes being carried out, and those with a failed step.

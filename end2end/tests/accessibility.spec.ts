@@ -21,7 +21,8 @@ test("every page passes axe-core", async ({ page, request }) => {
     data: { name: "listen", requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: 2.2 } } },
   });
   for (const [path, name] of [
-    ["/", "models"],
+    ["/", "overview"],
+    ["/models", "models"],
     ["/nodes", "nodes"],
     ["/repack", "repack"],
     ["/machines/majin", "machine"],

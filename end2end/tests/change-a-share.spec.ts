@@ -9,7 +9,7 @@ test.beforeEach(async ({ request }) => {
 });
 
 test("the form opens on today's shares, Save waits for a change, and the confirmation names who restarts", async ({ page, request }) => {
-  await open(page, "/");
+  await open(page, "/models");
   const models = new ModelsTab(page);
   await models.menu("vision", "GPU sharing");
   await expect(page).toHaveURL(/\/models\/vision\/sharing$/);
@@ -97,7 +97,7 @@ test("a plan changed by someone else first is refused, and the form says to read
 test("the serving configuration opens on the placement the model has, and a change restarts that model alone", async ({ page, request }) => {
   // majin's only GPU is shared out: no free GPU is left there, and vision's placement still shows.
   await deploy(request, { model: "speech", gpus: ["majin:0"], share: 50 });
-  await open(page, "/");
+  await open(page, "/models");
   const models = new ModelsTab(page);
   await models.menu("speech", "Serving configuration");
   await expect(page).toHaveURL(/\/models\/speech\/serving$/);

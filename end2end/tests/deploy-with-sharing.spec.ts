@@ -38,7 +38,7 @@ test("a model joins the running group, another member gives up room, and the mod
   await page.screenshot({ path: test.info().outputPath("deploy-confirmation.png"), fullPage: true });
   await wizard.confirm.getByRole("button", { name: "Deploy" }).click();
 
-  await expect(page).toHaveURL(/\/\?deployed=vision$/);
+  await expect(page).toHaveURL(/\/models\?deployed=vision$/);
   await expect(page.getByTestId("notice")).toHaveText("vision is being deployed.");
   const models = new ModelsTab(page);
   await expect(models.row("vision").getByTestId("group")).toHaveText("text-router");
@@ -94,7 +94,7 @@ test("with sharing off, the model takes whole GPUs", async ({ page, request }) =
 test("a removed model stops and leaves the others as they were", async ({ page, request }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await deploy(request, { model: "speech", gpus: ["atlas:0"], share: 10, revision: 1 });
-  await page.goto("/");
+  await page.goto("/models");
   const models = new ModelsTab(page);
   await expect(models.row("speech")).toBeVisible();
   await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
@@ -127,7 +127,7 @@ test("a model deployed on demand from the wizard runs no engine until its first 
   await wizard.panel.type("vision", "30");
   await wizard.deploy.click();
 
-  await expect(page).toHaveURL(/\/\?deployed=vision$/);
+  await expect(page).toHaveURL(/\/models\?deployed=vision$/);
   const row = new ModelsTab(page).row("vision");
   await expect(row.getByTestId("on-demand")).toHaveText("On demand, unloaded after 300 s idle: not loaded.");
   await expect(row.getByTestId("state")).toContainText("not loaded: the next request loads it");

@@ -35,7 +35,7 @@ test("a model slowed by a busy neighbour is flagged on the Models tab and its ma
   await expect
     .poll(async () => (await (await request.get("/api/audit?target=glm-5.3")).json()).map((e: any) => e.action))
     .toContain("model.interference");
-  await open(page, "/");
+  await open(page, "/models");
   await expect(new ModelsTab(page).row("glm-5.3").getByTestId("slowed")).toHaveText(slowed);
   await open(page, "/machines/atlas");
   await expect(page.getByTestId("gpu-slowed")).toHaveText([new RegExp(`^glm-5\\.3: ${slowed.source.slice(1)}`)]);

@@ -6,7 +6,7 @@ import { open, ModelsTab } from "./fixtures/console";
 test.use({ engineStartMs: 4000 });
 
 test("a model becomes healthy on the Models tab without a reload", async ({ page, request }) => {
-  await open(page, "/");
+  await open(page, "/models");
   let navigations = 0;
   page.on("framenavigated", () => navigations++);
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
@@ -21,7 +21,7 @@ test("a model becomes healthy on the Models tab without a reload", async ({ page
 test("a restart's progress shows step by step, and goes when it is done", async ({ page, request }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await deploy(request, { model: "vision", gpus: ["atlas:0"], share: 25, revision: 1 });
-  await open(page, "/");
+  await open(page, "/models");
   await expect(new ModelsTab(page).row("vision").getByTestId("health")).toHaveText("1/1 healthy", { timeout: 20_000 });
   const changed = await request.put("/api/groups/text-router/plan", {
     data: { revision: 2, shares: { "glm-5.3": 30, vision: 35 } },

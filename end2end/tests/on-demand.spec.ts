@@ -39,7 +39,7 @@ test("a member put on demand takes turns, unloads after its keep-alive, and load
   });
   expect(answer.status(), await answer.text()).toBe(200);
   // The page refreshes on the engine's events; the cold start is known once the request has its engine.
-  await open(page, "/");
+  await open(page, "/models");
   await expect(row.getByTestId("on-demand")).toContainText(/: loaded; last used .*; last cold start \d+\.\d s\./);
   await expect(row.getByTestId("health")).toHaveText("1/1 healthy");
 });

@@ -9,8 +9,10 @@ test("the pages are rendered on the server, data included", async ({ browser, re
   // The sign-in form is plain HTML: it works without any script too.
   await signIn(page);
 
-  await page.goto("/");
+  await page.goto("/models");
   await expect(page.locator('tr[data-model="glm-5.3"]').getByTestId("group")).toHaveText("text-router");
+  await page.goto("/");
+  await expect(page.getByTestId("models-line")).toContainText("1 model: ");
   await page.goto("/nodes");
   await expect(page.locator('tr[data-node="atlas"]').getByTestId("node-models")).toHaveText("glm-5.3 40%");
   await page.goto("/machines/atlas");

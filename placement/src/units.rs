@@ -61,11 +61,11 @@ impl Bytes {
         tenths_text((u128::from(self.0) * 10 + u128::from(GB) / 2) / u128::from(GB))
     }
 
-    /// A size as a person reads it: in GB as [`Bytes::gb_text`] writes it, or in MB (rounded up) below one
-    /// GB, where a small model's figures would all read "0 GB": `10 MB`, `6.5 GB`.
+    /// A size as a person reads it: in GB as [`Bytes::gb_text`] writes it, or in MB (rounded up) between
+    /// nothing and one GB, where a small model's figures would all read "0 GB": `10 MB`, `6.5 GB`, `0 GB`.
     pub fn size_text(self) -> String {
         const MB: u64 = GB >> 10;
-        if self.0 < GB {
+        if self.0 > 0 && self.0 < GB {
             format!("{} MB", self.0.div_ceil(MB))
         } else {
             format!("{} GB", self.gb_text())
@@ -302,6 +302,7 @@ mod tests {
     fn a_size_under_a_gb_is_shown_in_mb_rounded_up_and_a_larger_one_in_gb() {
         assert_eq!(Bytes(10_315_040).size_text(), "10 MB");
         assert_eq!(Bytes(1).size_text(), "1 MB");
+        assert_eq!(Bytes::ZERO.size_text(), "0 GB");
         assert_eq!(Bytes::gb(1).size_text(), "1 GB");
         assert_eq!(Bytes::from_gb(6.5).unwrap().size_text(), "6.5 GB");
     }

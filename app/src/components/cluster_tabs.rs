@@ -1,4 +1,5 @@
-//! The console's navigation: the top bar's sections, and the Cluster section's tabs (Models, Nodes, Repack).
+//! The console's navigation: the top bar's sections (the Overview first), and the Cluster section's tabs
+//! (Models, Nodes, Repack).
 
 use crate::auth::Role;
 use crate::components::account_menu::signed_in;
@@ -8,10 +9,9 @@ use leptos_router::hooks::use_location;
 
 /// Whether `path` is a page of the Cluster section: the tabs and the pages they lead to.
 fn in_cluster(path: &str) -> bool {
-    path == "/"
-        || ["/nodes", "/repack", "/deploy", "/models/", "/machines/"]
-            .iter()
-            .any(|p| path.starts_with(p))
+    ["/models", "/nodes", "/repack", "/deploy", "/machines/"]
+        .iter()
+        .any(|p| path.starts_with(p))
 }
 
 /// The top bar's sections; the current one is marked for assistive technology and the eye. Admins also
@@ -24,7 +24,8 @@ pub fn TopNav() -> impl IntoView {
     let admin = move || signed_in().is_some_and(|c| c.role == Role::Admin);
     view! {
         <nav aria-label="Console">
-            <a href="/" aria-current=cluster>"Cluster"</a>
+            <a href="/" aria-current=at("/")>"Overview"</a>
+            <a href="/models" aria-current=cluster>"Cluster"</a>
             <a href="/playground" aria-current=at("/playground")>"Playground"</a>
             <a href="/usage" aria-current=at("/usage")>"Usage"</a>
             <a href="/audit" aria-current=at("/audit")>"Audit"</a>
@@ -40,7 +41,7 @@ pub fn TopNav() -> impl IntoView {
 pub fn ClusterTabs() -> impl IntoView {
     view! {
         <nav class="tabs" aria-label="Cluster">
-            <A href="/" exact=true>"Models"</A>
+            <A href="/models" exact=true>"Models"</A>
             <A href="/nodes">"Nodes"</A>
             <A href="/repack">"Repack"</A>
         </nav>
@@ -54,7 +55,7 @@ mod tests {
     #[test]
     fn the_cluster_section_covers_its_tabs_and_what_they_lead_to() {
         for path in [
-            "/",
+            "/models",
             "/nodes",
             "/repack",
             "/deploy",
@@ -64,5 +65,6 @@ mod tests {
             assert!(in_cluster(path), "{path}");
         }
         assert!(!in_cluster("/usage"));
+        assert!(!in_cluster("/"), "the Overview is a section of its own");
     }
 }

@@ -46,7 +46,7 @@ pub fn DeployPage() -> impl IntoView {
     let options = Resource::new(|| (), |_| load_deploy_options());
     view! {
         <div class="page">
-            <p class="crumbs"><A href="/">"Models"</A> " / Deploy a model"</p>
+            <p class="crumbs"><A href="/models">"Models"</A> " / Deploy a model"</p>
             <h1>"Deploy a model"</h1>
             <Suspense fallback=|| view! { <p>"Loading the catalog…"</p> }>
                 {move || options.get().map(|answer| match answer {
@@ -135,7 +135,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
     Effect::new(move |_| {
         if let Some(Ok(_)) = deploy.value().get() {
             let name = model.get_untracked();
-            navigate(&format!("/?deployed={name}"), Default::default());
+            navigate(&format!("/models?deployed={name}"), Default::default());
         }
     });
 

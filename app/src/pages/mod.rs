@@ -6,6 +6,7 @@ pub mod deploy;
 pub mod machine;
 pub mod models;
 pub mod nodes;
+pub mod overview;
 pub mod playground;
 pub mod repack;
 pub mod serving;

@@ -40,7 +40,7 @@ pub fn ServingPage() -> impl IntoView {
     let form = Resource::new(model, load_serving_form);
     view! {
         <div class="page">
-            <p class="crumbs"><A href="/">"Models"</A> " / " {model} " / Serving configuration"</p>
+            <p class="crumbs"><A href="/models">"Models"</A> " / " {model} " / Serving configuration"</p>
             <Suspense fallback=|| view! { <p>"Loading the configuration…"</p> }>
                 {move || form.get().map(|answer| match answer {
                     Ok(form) => view! { <ServingEditor form /> }.into_any(),
@@ -68,7 +68,7 @@ fn ServingEditor(form: ServingForm) -> impl IntoView {
     Effect::new(move |_| {
         if let Some(Ok(outcome)) = save.value().get() {
             navigate(
-                &format!("/?restarts={}", outcome.restarts.join(",")),
+                &format!("/models?restarts={}", outcome.restarts.join(",")),
                 Default::default(),
             );
         }
@@ -151,7 +151,7 @@ fn ServingEditor(form: ServingForm) -> impl IntoView {
                 view! {
                     <div class="actions">
                         <button type="button" class="primary" disabled=move || !changed() on:click=move |_| confirming.set(true)>"Save"</button>
-                        <A href="/" attr:class="button secondary">"Cancel"</A>
+                        <A href="/models" attr:class="button secondary">"Cancel"</A>
                     </div>
                 }.into_any()
             }}

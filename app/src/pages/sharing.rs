@@ -48,7 +48,7 @@ pub fn SharingPage() -> impl IntoView {
     let proposed = move || query.with_untracked(|q| q.get("share"));
     view! {
         <div class="page">
-            <p class="crumbs"><A href="/">"Models"</A> " / " {model} " / GPU sharing"</p>
+            <p class="crumbs"><A href="/models">"Models"</A> " / " {model} " / GPU sharing"</p>
             <Suspense fallback=|| view! { <p>"Loading the plan…"</p> }>
                 {move || form.get().map(|answer| match answer {
                     Ok(form) => view! { <SharingEditor form proposed=proposed() /> }.into_any(),
@@ -119,7 +119,7 @@ fn SharingEditor(
     Effect::new(move |_| {
         if let Some(Ok(outcome)) = save.value().get() {
             navigate(
-                &format!("/?restarts={}", outcome.restarts.join(",")),
+                &format!("/models?restarts={}", outcome.restarts.join(",")),
                 Default::default(),
             );
         }
@@ -152,7 +152,7 @@ fn SharingEditor(
                 None => view! {
                     <div class="actions">
                         <button type="button" class="primary" disabled=move || !save_available() on:click=ask.clone()>"Save"</button>
-                        <A href="/" attr:class="button secondary">"Cancel"</A>
+                        <A href="/models" attr:class="button secondary">"Cancel"</A>
                     </div>
                 }.into_any(),
                 Some(names) => {

@@ -11,6 +11,7 @@ mod deploy;
 mod groups;
 mod machines;
 mod models;
+mod overview;
 mod playground;
 mod repack;
 
@@ -26,5 +27,6 @@ pub use machines::{
     SharingChange, WorkerLine,
 };
 pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
+pub use overview::{Alarm, AlarmKind, Overview};
 pub use playground::Playground;
 pub use repack::{RepackProgress, RepackRun, RightSized};

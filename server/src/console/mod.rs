@@ -9,6 +9,7 @@ mod admin;
 mod deploy;
 mod machines;
 mod models;
+mod overview;
 
 use crate::accounts;
 use crate::error::ApiError;
@@ -81,6 +82,10 @@ fn whole_deployments(workers: &[WorkerView]) -> impl Iterator<Item = &WorkerView
 }
 
 impl Console for ConsoleService {
+    fn overview(&self) -> Answer<'_, app::views::Overview> {
+        Box::pin(async move { self.overview_page().await.map_err(app_error) })
+    }
+
     fn models(&self) -> Answer<'_, Vec<ModelRow>> {
         Box::pin(async move { self.model_rows().await.map_err(app_error) })
     }

@@ -127,7 +127,7 @@ async fn the_models_tab_says_which_shares_the_driver_enforces_and_which_are_prom
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let html = page(&app, "/").await;
+    let html = page(&app, "/models").await;
     let row = |model: &str| {
         let start = html.find(&format!("data-model=\"{model}\"")).unwrap();
         let end = html[start..].find("</tr>").unwrap();
@@ -140,7 +140,7 @@ async fn the_models_tab_says_which_shares_the_driver_enforces_and_which_are_prom
 #[tokio::test]
 async fn the_models_tab_lists_each_deployed_model_with_its_group() {
     let app = app().await;
-    let html = page(&app, "/").await;
+    let html = page(&app, "/models").await;
     assert!(html.contains("No model runs yet"), "{html}");
     deploy(
         &app,
@@ -152,7 +152,7 @@ async fn the_models_tab_lists_each_deployed_model_with_its_group() {
         json!({"model": "speech", "gpus": ["majin:0"], "shared": false}),
     )
     .await;
-    let html = page(&app, "/").await;
+    let html = page(&app, "/models").await;
     for text in [
         "glm-5.3",
         "text-router",
@@ -305,4 +305,59 @@ async fn the_wizards_estimate_says_why_a_model_has_none() {
     let query = json!({"query": {"model": "nothing", "machine": null, "context": null, "slots": 1, "cache_type": "f16"}});
     let (status, _) = call_rpc(&app, "estimate_model", query).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_leads_to_where_it_is_dealt_with(
+) {
+    let app = app().await;
+    deploy(
+        &app,
+        json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}),
+    )
+    .await;
+    // speech's engine measured at 11 GB of its 9.6 GB share: a promise broken.
+    let mut reading = crate::inventory::GpuLive {
+        index: 0,
+        utilisation_percent: 10,
+        power_mw: None,
+        temperature_c: None,
+        energy_mj: None,
+        used: placement::Bytes::gb(11),
+        processes: vec![(777, placement::Bytes::gb(11))],
+        problem: None,
+    };
+    let running = vec![("group:speech/speech@atlas".to_owned(), vec![777])];
+    app.fleet.measure("atlas", &[reading.clone()], &running);
+    let (status, o) = call_rpc(&app, "load_overview", json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{o}");
+    // majin (8 GB) and atlas (two of 96 GB).
+    assert_eq!(
+        (o["machines"].as_u64(), o["gpus"].as_u64()),
+        (Some(2), Some(3))
+    );
+    assert_eq!(o["free_gpus"], 2);
+    let gb = |v: &Value| v.as_u64().unwrap() as f64 / f64::from(1u32 << 30);
+    assert!((gb(&o["shared"]) - 9.6).abs() < 0.01, "{o}");
+    assert!(
+        (gb(&o["stranded"]) - 86.4).abs() < 0.01,
+        "the rest of atlas:0: {o}"
+    );
+    assert_eq!(o["models"], 1);
+    let alarms = o["alarms"].as_array().unwrap();
+    assert_eq!(alarms.len(), 1, "{o}");
+    assert_eq!(alarms[0]["kind"], "over_share");
+    assert_eq!(alarms[0]["href"], "/machines/atlas");
+    assert!(alarms[0]["line"]
+        .as_str()
+        .unwrap()
+        .starts_with("speech uses 11 GB on GPU 0 of atlas"));
+
+    // Back within its share, the alarm goes.
+    reading.processes = vec![(777, placement::Bytes::gb(9))];
+    app.fleet.measure("atlas", &[reading], &running);
+    let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
+    assert_eq!(o["alarms"], json!([]));
+    let page = page(&app, "/").await;
+    assert!(page.contains("No alarms."), "the page itself");
 }

@@ -268,7 +268,7 @@ impl Fleet {
         Some(OnDemand {
             keep_alive_s: group.demand.get(model)?.secs(),
             state,
-            last_used: usage.last_used_ms.and_then(rfc3339),
+            last_used: usage.last_used_ms.and_then(super::usage::rfc3339),
             cold_start_ms: usage.cold_start.map(|c| c.load.as_millis() as u64),
             cold_wait_ms: usage.cold_start.map(|c| c.waited.as_millis() as u64),
         })
@@ -567,14 +567,6 @@ impl Unloaded {
             Unloaded::Failed(why) => format!("its engine failed to load: {why}"),
         }
     }
-}
-
-/// `ms` since the epoch as RFC 3339, UTC.
-fn rfc3339(ms: u64) -> Option<String> {
-    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
-        .ok()?
-        .format(&time::format_description::well_known::Rfc3339)
-        .ok()
 }
 
 #[cfg(test)]

@@ -259,7 +259,7 @@ mod tests {
                 share: BasisPoints::percent(6)
             }
         );
-        let models = app.get("/").await.1.as_str().unwrap().to_owned();
+        let models = app.get("/models").await.1.as_str().unwrap().to_owned();
         assert!(
             models.contains(
                 "peak 4.1 GB of its 9.6 GB share over 3 days: 6 % (5.8 GB) would hold it with 20 % to spare"

@@ -25,6 +25,14 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| d.as_millis() as u64)
 }
 
+/// `ms` since the epoch as RFC 3339, UTC.
+pub fn rfc3339(ms: u64) -> Option<String> {
+    time::OffsetDateTime::from_unix_timestamp_nanos(i128::from(ms) * 1_000_000)
+        .ok()?
+        .format(&time::format_description::well_known::Rfc3339)
+        .ok()
+}
+
 /// One holder's memory on one GPU, now.
 #[derive(Debug, PartialEq)]
 struct Held {

@@ -116,7 +116,7 @@ async fn an_engine_measured_past_its_share_is_flagged_on_its_machine_page_the_mo
     assert!(machine_page.contains("1.3 GB past its 4.2 GB share"));
     assert!(machine_page
         .contains("Time-sliced: each share is a promise the engine keeps by sizing itself."));
-    let models = html(app.get("/").await.1);
+    let models = html(app.get("/models").await.1);
     assert!(
         models.contains("speech uses 11 GB on GPU 0 of atlas, 1.4 GB past its 9.6 GB share"),
         "the Models tab names it"

@@ -1,0 +1,23 @@
+// The Overview, the console's landing page: the fleet's GPUs and memory, its models, the gateway's hour, and
+// every open alarm as a link to where it is dealt with.
+import { deploy, expect, test } from "./fixtures/tessera";
+import { open } from "./fixtures/console";
+
+test("the overview sums the fleet, counts the models, and leads from a fragment of free memory to the repack", async ({ page, request }) => {
+  await open(page, "/");
+  await expect(page.getByRole("heading", { name: "Overview" })).toBeVisible();
+  // The demo fleet: majin, studio (2 GPUs), atlas (2) and the 8-GPU h200-node, nothing deployed.
+  await expect(page.getByTestId("machines")).toHaveText("4");
+  await expect(page.getByTestId("gpus")).toHaveText("13");
+  await expect(page.getByTestId("no-alarms")).toHaveText("No alarms.");
+  await expect(page.getByTestId("models-line")).toHaveText("0 models: 0 serving, 0 loading, 0 not loaded, 0 failing");
+
+  // A model on 40 % of atlas:0: that GPU is partly taken, and its free room is a fragment.
+  await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+  await expect(page.getByTestId("models-line")).toContainText("1 model: ");
+  await expect(page.getByTestId("shared")).toHaveText(/^38\.4 GB \(\d+%\)$/);
+  await expect(page.getByTestId("stranded")).toContainText("57.6 GB of the free memory lies in fragments");
+  await page.getByTestId("stranded").getByRole("link", { name: "Repack" }).click();
+  await expect(page).toHaveURL(/\/repack$/);
+
+});
