@@ -52,8 +52,31 @@ pub async fn me(Actor(caller): Actor) -> Json<Caller> {
 }
 
 /// `GET /api/users`.
-pub async fn list_users(State(state): State<AppState>) -> Result<Json<Vec<Account>>, ApiError> {
-    Ok(Json(accounts::users(&state.pool).await?))
+/// A page of a list with no filters of its own: users, tokens.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlainListQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+}
+
+impl PlainListQuery {
+    fn page(self) -> super::page::PageQuery {
+        super::page::PageQuery {
+            limit: self.limit,
+            cursor: self.cursor,
+        }
+    }
+}
+
+pub async fn list_users(
+    State(state): State<AppState>,
+    uri: axum::http::Uri,
+    q: Result<axum::extract::Query<PlainListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    let asked = super::page::query(q)?.page();
+    let users = accounts::users(&state.pool).await?;
+    super::page::page(users, |u| u.name.clone(), &asked, &uri)
 }
 
 /// `POST /api/users`.
@@ -79,8 +102,14 @@ pub async fn delete_user(
 }
 
 /// `GET /api/tokens`.
-pub async fn list_tokens(State(state): State<AppState>) -> Result<Json<Vec<ApiToken>>, ApiError> {
-    Ok(Json(accounts::tokens(&state.pool).await?))
+pub async fn list_tokens(
+    State(state): State<AppState>,
+    uri: axum::http::Uri,
+    q: Result<axum::extract::Query<PlainListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<axum::response::Response, ApiError> {
+    let asked = super::page::query(q)?.page();
+    let tokens = accounts::tokens(&state.pool).await?;
+    super::page::page(tokens, |t| t.id.to_string(), &asked, &uri)
 }
 
 /// `POST /api/tokens`: the secret is in this answer and nowhere else.

@@ -1,13 +1,16 @@
 //! The engines the runtime runs: each one's view, its last lines of output and a restart, plus the stream of
 //! engine states and plan-change steps. Secrets in command lines and logs are redacted here for non-admins.
 
+use super::page;
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::authority::{redact_args, redact_line, Sight};
 use crate::runtime::EngineView;
 use crate::AppState;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
@@ -19,20 +22,51 @@ fn shown_engine(mut engine: EngineView, sight: Sight) -> EngineView {
     engine
 }
 
+/// `GET /api/engines`' query: a page, and the engines on one machine, of one model or group, in one state.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EnginesQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+    machine: Option<String>,
+    model: Option<String>,
+    group: Option<String>,
+    state: Option<String>,
+}
+
 pub(super) async fn list_engines(
     State(state): State<AppState>,
     Actor(actor): Actor,
-) -> Json<Vec<EngineView>> {
+    uri: Uri,
+    q: Result<Query<EnginesQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = page::query(q)?;
     let sight = Sight::of(&actor);
-    Json(
-        state
-            .fleet
-            .runtime()
-            .engines()
-            .into_iter()
-            .map(|e| shown_engine(e, sight))
-            .collect(),
-    )
+    let engines: Vec<EngineView> = state
+        .fleet
+        .runtime()
+        .engines()
+        .into_iter()
+        .filter(|e| {
+            let engine_state = serde_json::to_value(e.state).ok();
+            page::matches(q.machine.as_deref(), Some(&e.machine))
+                && page::matches(
+                    q.model.as_deref(),
+                    e.model.as_deref().or(e.worker.as_deref()),
+                )
+                && page::matches(q.group.as_deref(), e.group.as_deref())
+                && page::matches(
+                    q.state.as_deref(),
+                    engine_state.as_ref().and_then(serde_json::Value::as_str),
+                )
+        })
+        .map(|e| shown_engine(e, sight))
+        .collect();
+    let asked = page::PageQuery {
+        limit: q.limit,
+        cursor: q.cursor,
+    };
+    page::page(engines, |e| e.unit.clone(), &asked, &uri)
 }
 
 pub(super) async fn get_engine(

@@ -1,13 +1,16 @@
 //! Sharing groups and their plans: read a group, change its members' shares, and judge a plan before it is
 //! sent (the verdict scripts read, also beside a refused change).
 
-use super::{percent, percents, ApiJson};
+use super::{page, percent, percents, ApiJson};
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::groups::{GroupView, PlanChange};
 use crate::input::PlanCommand;
 use crate::AppState;
-use axum::extract::{Path, State};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::Uri;
+use axum::response::Response;
 use axum::Json;
 use placement::estimate::Settings;
 use placement::rightsize::below_estimate;
@@ -15,10 +18,42 @@ use placement::{judge, Demand, GpuRef, PlanMember, Verdict};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// `GET /api/groups`' query: a page, and the groups on one machine or with one model among their members.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GroupsQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+    machine: Option<String>,
+    model: Option<String>,
+}
+
 pub(super) async fn list_groups(
     State(state): State<AppState>,
-) -> Result<Json<Vec<GroupView>>, ApiError> {
-    Ok(Json(state.fleet.groups()))
+    uri: Uri,
+    q: Result<Query<GroupsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = page::query(q)?;
+    let groups: Vec<GroupView> = state
+        .fleet
+        .groups()
+        .into_iter()
+        .filter(|g| {
+            q.machine.as_deref().is_none_or(|machine| {
+                g.gpus
+                    .iter()
+                    .any(|gpu| gpu.rsplit_once(':').is_some_and(|(m, _)| m == machine))
+            }) && q
+                .model
+                .as_deref()
+                .is_none_or(|model| g.members.iter().any(|m| m.name == model))
+        })
+        .collect();
+    let asked = page::PageQuery {
+        limit: q.limit,
+        cursor: q.cursor,
+    };
+    page::page(groups, |g| g.name.clone(), &asked, &uri)
 }
 
 pub(super) async fn get_group(

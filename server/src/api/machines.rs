@@ -1,22 +1,66 @@
 //! Machines and their GPUs: what each offers and holds, the workers on it, and how a GPU is shared
 //! (time-slicing, MPS or MIG instances).
 
-use super::ApiJson;
+use super::{page, ApiJson};
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
 use crate::fleet::MachineView;
 use crate::input::SharingCommand;
 use crate::AppState;
-use axum::extract::{Path, State};
-use axum::http::header;
-use axum::response::IntoResponse;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::Json;
 use placement::GpuRef;
 use serde::Deserialize;
 
-pub(super) async fn list_machines(State(state): State<AppState>) -> Json<Vec<MachineView>> {
-    Json(state.fleet.machines())
+/// `GET /api/machines`' query: a page, the machines whose name holds `q`, those reachable or not, and
+/// those with a GPU of one model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct MachinesQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+    q: Option<String>,
+    state: Option<String>,
+    gpu_model: Option<String>,
+}
+
+pub(super) async fn list_machines(
+    State(state): State<AppState>,
+    uri: Uri,
+    q: Result<Query<MachinesQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = page::query(q)?;
+    let wanted = match q.state.as_deref() {
+        None => None,
+        Some("reachable") => Some(true),
+        Some("unreachable") => Some(false),
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "state is reachable or unreachable, not {other:?}"
+            )))
+        }
+    };
+    let machines: Vec<MachineView> = state
+        .fleet
+        .machines()
+        .into_iter()
+        .filter(|m| {
+            q.q.as_deref().is_none_or(|part| m.name.contains(part))
+                && wanted.is_none_or(|reachable| m.unreachable_since.is_none() == reachable)
+                && q.gpu_model
+                    .as_deref()
+                    .is_none_or(|model| m.gpus.iter().any(|g| g.model == model))
+        })
+        .collect();
+    let asked = page::PageQuery {
+        limit: q.limit,
+        cursor: q.cursor,
+    };
+    page::page(machines, |m| m.name.clone(), &asked, &uri)
 }
 
 pub(super) async fn get_machine(

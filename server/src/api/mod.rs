@@ -21,6 +21,7 @@ mod engines;
 mod groups;
 mod machines;
 mod models;
+mod page;
 mod repack;
 mod usage;
 mod workers;

@@ -1,24 +1,53 @@
 //! The model catalog: the models one can deploy, adding one, and a model's memory estimate.
 
-use super::ApiJson;
+use super::{page, ApiJson};
 use crate::auth::Actor;
 use crate::catalog::CatalogModel;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
+use crate::fleet::groups::engine_name;
 use crate::input::NewModel;
 use crate::AppState;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
 use axum::Json;
 use placement::estimate::{Assumed, Estimate, Settings};
 use placement::Bytes;
 use serde::{Deserialize, Serialize};
 
+/// `GET /api/models`' query: a page, and the models of one engine or one recipe's group.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct ModelsQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+    engine: Option<String>,
+    group: Option<String>,
+}
+
 pub(super) async fn list_models(
     State(state): State<AppState>,
     Actor(actor): Actor,
-) -> Result<Json<Vec<CatalogModel>>, ApiError> {
-    Ok(Json(state.fleet.models_shown(Sight::of(&actor))))
+    uri: Uri,
+    q: Result<Query<ModelsQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = page::query(q)?;
+    let models: Vec<CatalogModel> = state
+        .fleet
+        .models_shown(Sight::of(&actor))
+        .into_iter()
+        .filter(|m| {
+            page::matches(q.engine.as_deref(), Some(engine_name(m.engine)))
+                && page::matches(q.group.as_deref(), m.group.as_deref())
+        })
+        .collect();
+    let asked = page::PageQuery {
+        limit: q.limit,
+        cursor: q.cursor,
+    };
+    page::page(models, |m| m.name.clone(), &asked, &uri)
 }
 
 pub(super) async fn add_model(

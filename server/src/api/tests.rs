@@ -553,3 +553,103 @@ async fn the_openapi_document_is_served_to_anyone() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(doc["info"]["title"], "Tessera");
 }
+
+/// A list's page through the router: its body, and its `Link` next and `X-Total-Count`.
+async fn list_page(
+    app: &TestApp,
+    uri: &str,
+) -> (StatusCode, Value, Option<String>, Option<String>) {
+    let request = axum::http::Request::builder()
+        .uri(uri)
+        .header(
+            axum::http::header::AUTHORIZATION,
+            format!("Bearer {}", app.token),
+        )
+        .body(axum::body::Body::empty())
+        .unwrap();
+    let response = app.send(request).await;
+    let status = response.status();
+    let header = |name: &str| {
+        response
+            .headers()
+            .get(name)
+            .map(|v| v.to_str().unwrap().to_owned())
+    };
+    let (link, total) = (header("link"), header("x-total-count"));
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    (
+        status,
+        serde_json::from_slice(&body).unwrap_or(Value::Null),
+        link,
+        total,
+    )
+}
+
+#[tokio::test]
+async fn every_list_is_read_in_pages_by_following_next_and_narrowed_by_its_filters() {
+    let app = TestApp::new(&majin_and_node()).await;
+    // 23 workers: 20 of 0.1 GB placed, 3 too large to place, so pending.
+    for i in 0..20 {
+        let (status, _) = app
+            .post_worker(&shared_worker(&format!("w{i:02}"), 0.1))
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    for i in 0..3 {
+        let (status, _) = app
+            .post_worker(&shared_worker(&format!("big{i}"), 5000.0))
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let mut seen = Vec::new();
+    let mut next = Some("/api/workers?state=placed&limit=7".to_owned());
+    let mut pages = 0;
+    while let Some(uri) = next {
+        let (status, body, link, total) = list_page(&app, &uri).await;
+        assert_eq!(status, StatusCode::OK, "{uri}: {body}");
+        assert_eq!(total.as_deref(), Some("20"), "every placed worker counts");
+        seen.extend(
+            body.as_array()
+                .unwrap()
+                .iter()
+                .map(|w| w["name"].as_str().unwrap().to_owned()),
+        );
+        next = link.map(|l| {
+            assert!(l.contains("state=placed"), "the filter is kept: {l}");
+            l.trim_start_matches('<')
+                .split('>')
+                .next()
+                .unwrap()
+                .to_owned()
+        });
+        pages += 1;
+    }
+    assert_eq!(pages, 3);
+    let expected: Vec<String> = (0..20).map(|i| format!("w{i:02}")).collect();
+    assert_eq!(seen, expected, "each once, oldest first");
+
+    let (_, pending, link, _) = list_page(&app, "/api/workers?state=pending").await;
+    assert_eq!(pending.as_array().unwrap().len(), 3);
+    assert_eq!(link, None);
+    let (_, on_node, _, _) = list_page(&app, "/api/machines?q=nod&state=reachable").await;
+    assert_eq!(on_node.as_array().unwrap().len(), 1);
+
+    for (uri, says) in [
+        ("/api/workers?colour=red", "unknown field `colour`"),
+        (
+            "/api/engines?limit=0",
+            "limit must be a whole number from 1 to 1000",
+        ),
+        ("/api/groups?cursor=x", "cursor is not one this API gave"),
+        (
+            "/api/machines?state=down",
+            "state is reachable or unreachable",
+        ),
+    ] {
+        let (status, body, _, _) = list_page(&app, uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}");
+        assert!(error(&body).contains(says), "{uri}: {body}");
+    }
+}

@@ -1,14 +1,16 @@
 //! Workers (seed 000): create, list, read and delete, each shown as the caller's role may see it.
 
-use super::ApiJson;
+use super::{page, ApiJson};
 use crate::auth::Actor;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
 use crate::fleet::WorkerView;
 use crate::input::NewWorker;
 use crate::AppState;
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
-use axum::http::StatusCode;
+use axum::http::{StatusCode, Uri};
+use axum::response::Response;
 use axum::Json;
 use placement::RequestedResources;
 use serde::Deserialize;
@@ -49,19 +51,41 @@ pub(super) async fn create_worker(
     ))
 }
 
+/// `GET /api/workers`' query: a page, and the workers on one machine, in one state, of one model.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct WorkersQuery {
+    limit: Option<String>,
+    cursor: Option<String>,
+    machine: Option<String>,
+    state: Option<String>,
+    model: Option<String>,
+}
+
 pub(super) async fn list_workers(
     State(state): State<AppState>,
     Actor(actor): Actor,
-) -> Json<Vec<WorkerView>> {
+    uri: Uri,
+    q: Result<Query<WorkersQuery>, QueryRejection>,
+) -> Result<Response, ApiError> {
+    let q = page::query(q)?;
     let sight = Sight::of(&actor);
-    Json(
-        state
-            .fleet
-            .workers()
-            .into_iter()
-            .map(|w| state.fleet.shown(w, sight))
-            .collect(),
-    )
+    let workers: Vec<WorkerView> = state
+        .fleet
+        .workers()
+        .into_iter()
+        .filter(|w| {
+            page::matches(q.machine.as_deref(), w.machine.as_deref())
+                && page::matches(q.state.as_deref(), Some(&w.state))
+                && page::matches(q.model.as_deref(), w.model.as_deref())
+        })
+        .map(|w| state.fleet.shown(w, sight))
+        .collect();
+    let asked = page::PageQuery {
+        limit: q.limit,
+        cursor: q.cursor,
+    };
+    page::page(workers, |w| w.name.clone(), &asked, &uri)
 }
 
 pub(super) async fn get_worker(
