@@ -30,7 +30,14 @@ async fn health_answers_ok() {
 
 #[tokio::test]
 async fn every_page_is_rendered_on_the_server_and_loads_its_wasm_bundle() {
-    for uri in ["/", "/nodes", "/deploy", "/machines/majin", "/usage"] {
+    for uri in [
+        "/",
+        "/models",
+        "/nodes",
+        "/deploy",
+        "/machines/majin",
+        "/usage",
+    ] {
         let (status, body) = send(Request::get(uri).body(Body::empty()).unwrap()).await;
         assert_eq!(status, StatusCode::OK, "{uri}");
         assert!(body.contains("/pkg/tessera.js"), "{uri}: {body}");
@@ -43,12 +50,13 @@ async fn server_functions_live_under_their_own_prefix_beside_the_rest_api() {
     let (status, body) = send(
         Request::post("/rpc/list_nodes")
             .header("content-type", "application/x-www-form-urlencoded")
-            .body(Body::empty())
+            .body(Body::from("search=&page=1"))
             .unwrap(),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    let nodes: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let page: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let nodes = &page["rows"];
     assert_eq!(nodes[0]["name"], "majin");
     assert_eq!(
         nodes[0]["free"],

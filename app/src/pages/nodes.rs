@@ -1,41 +1,131 @@
 //! The Nodes tab: each node's sharing group, its models with their shares, and its GPU memory
-//! (`2 of 2 shareable · 180 GB free (94%)`).
+//! (`2 of 2 shareable · 180 GB free (94%)`), searched by node, group or model and shown 50 to a page, so
+//! that it stays quick with 1,250 machines.
 
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::NodeRow;
+use crate::views::{NodeRow, NodesPage};
 use leptos::prelude::*;
 use leptos_router::components::A;
+use leptos_router::hooks::{use_navigate, use_query_map};
+use leptos_router::NavigateOptions;
 
-/// Every node.
+/// One page of the nodes whose name, group or model holds `search`.
 #[server(prefix = "/rpc", endpoint = "list_nodes", client = crate::csrf::CsrfClient)]
-pub async fn list_nodes() -> Result<Vec<NodeRow>, AppError> {
+pub async fn list_nodes(search: String, page: usize) -> Result<NodesPage, AppError> {
     crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.nodes()).await
+    let rows = crate::services::answer(console.nodes()).await?;
+    Ok(NodesPage::of(rows, &search, page))
 }
 
-/// The tab.
+/// The tab. The search and the page are in the address (`?q=whisper&page=2`), so that a link or a reload
+/// shows the same rows.
 #[component]
 pub fn NodesPage() -> impl IntoView {
     let live = use_live();
-    let nodes = Resource::new(move || live.track(), |_| list_nodes());
+    let query = use_query_map();
+    let navigate = use_navigate();
+    let search = move || query.with(|q| q.get("q").unwrap_or_default());
+    let page = move || {
+        query.with(|q| {
+            q.get("page")
+                .and_then(|p| p.parse::<usize>().ok())
+                .unwrap_or(1)
+        })
+    };
+    let nodes = Resource::new(
+        move || (live.track(), search(), page()),
+        |(_, search, page)| list_nodes(search, page),
+    );
+    let go = move |search: String, page: usize| {
+        let mut address = String::from("/nodes");
+        let mut parts = Vec::new();
+        if !search.is_empty() {
+            parts.push(format!("q={}", js_encode(&search)));
+        }
+        if page > 1 {
+            parts.push(format!("page={page}"));
+        }
+        if !parts.is_empty() {
+            address.push('?');
+            address.push_str(&parts.join("&"));
+        }
+        navigate(
+            &address,
+            NavigateOptions {
+                replace: true,
+                ..Default::default()
+            },
+        );
+    };
+    let typed = {
+        let go = go.clone();
+        move |ev| go(event_target_value(&ev), 1)
+    };
     view! {
         <div class="page">
             <h1>"Cluster"</h1>
             <ClusterTabs />
-            <h2>"Nodes"</h2>
+            <div class="toolbar">
+                <h2>"Nodes"</h2>
+                <label for="nodes-search" class="visually-hidden">"Search nodes"</label>
+                <input id="nodes-search" type="search" placeholder="Node, group or model" autocomplete="off"
+                    data-testid="nodes-search" prop:value=search on:input=typed />
+            </div>
             <Transition fallback=|| view! { <p>"Loading the nodes…"</p> }>
                 {move || nodes.get().map(|answer| match answer {
-                    Ok(rows) if rows.is_empty() => view! {
+                    Ok(p) if p.all == 0 => view! {
                         <p class="empty">"No nodes: start the server on a machine with NVIDIA GPUs, with --inventory, or with --demo."</p>
                     }.into_any(),
-                    Ok(rows) => view! { <NodesTable rows /> }.into_any(),
+                    Ok(p) if p.matching == 0 => view! {
+                        <p class="empty" data-testid="no-match">{format!("No node, group or model holds {:?}.", search())}</p>
+                    }.into_any(),
+                    Ok(p) => {
+                        let go = go.clone();
+                        view! { <NodesTable rows=p.rows.clone() /> <Pages p go /> }.into_any()
+                    }
                     Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
                 })}
             </Transition>
         </div>
+    }
+}
+
+/// What `text` becomes in an address's query.
+fn js_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Where this page is among those that match, and the way to the others.
+#[component]
+fn Pages<F>(p: NodesPage, go: F) -> impl IntoView
+where
+    F: Fn(String, usize) + Clone + Send + Sync + 'static,
+{
+    let search = use_query_map().with_untracked(|q| q.get("q").unwrap_or_default());
+    let (page, pages) = (p.page, p.pages);
+    let back = {
+        let (go, search) = (go.clone(), search.clone());
+        move |_: leptos::ev::MouseEvent| go(search.clone(), page - 1)
+    };
+    let forward = move |_: leptos::ev::MouseEvent| go(search.clone(), page + 1);
+    view! {
+        <nav class="pages" aria-label="Pages of nodes">
+            <span data-testid="nodes-page">
+                {format!("Page {page} of {pages} · {} of {} nodes", p.matching, p.all)}
+            </span>
+            <button type="button" class="secondary" disabled={page <= 1} on:click=back>"Previous"</button>
+            <button type="button" class="secondary" disabled={page >= pages} on:click=forward>"Next"</button>
+        </nav>
     }
 }
 

@@ -33,7 +33,64 @@ pub struct NodeRow {
     pub free: Bytes,
 }
 
+/// Rows of the Nodes tab a page shows.
+pub const NODES_PER_PAGE: usize = 50;
+
+/// One page of the Nodes tab: its rows, and where it is among the pages of those that match.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NodesPage {
+    /// The rows of this page.
+    pub rows: Vec<NodeRow>,
+    /// Rows that match the search, on all pages.
+    pub matching: usize,
+    /// Every node.
+    pub all: usize,
+    /// This page, from 1.
+    pub page: usize,
+    /// Pages of rows that match.
+    pub pages: usize,
+}
+
+impl NodesPage {
+    /// Page `page` (from 1; past the last is the last) of `rows` whose node, group or model holds
+    /// `search` (any case).
+    pub fn of(rows: Vec<NodeRow>, search: &str, page: usize) -> NodesPage {
+        let all = rows.len();
+        let needle = search.trim().to_lowercase();
+        let matching: Vec<NodeRow> = rows
+            .into_iter()
+            .filter(|row| needle.is_empty() || row.holds(&needle))
+            .collect();
+        let pages = matching.len().div_ceil(NODES_PER_PAGE).max(1);
+        let page = page.clamp(1, pages);
+        NodesPage {
+            matching: matching.len(),
+            all,
+            page,
+            pages,
+            rows: matching
+                .into_iter()
+                .skip((page - 1) * NODES_PER_PAGE)
+                .take(NODES_PER_PAGE)
+                .collect(),
+        }
+    }
+}
+
 impl NodeRow {
+    /// Whether its name, a group or a model holds `needle` (lower case).
+    fn holds(&self, needle: &str) -> bool {
+        self.name.to_lowercase().contains(needle)
+            || self
+                .groups
+                .iter()
+                .any(|g| g.to_lowercase().contains(needle))
+            || self
+                .models
+                .iter()
+                .any(|m| m.name.to_lowercase().contains(needle))
+    }
+
     /// `2 of 2 shareable · 180 GB free (94%)`: the percentage is of all the node's GPU memory.
     pub fn summary(&self) -> String {
         let percent = if self.total == Bytes::ZERO {
@@ -384,6 +441,56 @@ impl SharingChange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn node(name: &str, model: &str) -> NodeRow {
+        NodeRow {
+            name: name.into(),
+            groups: vec![format!("{model}-group")],
+            models: vec![NodeModel {
+                name: model.into(),
+                share: None,
+            }],
+            gpus: 8,
+            shareable: 8,
+            total: Bytes::gb(640),
+            free: Bytes::gb(640),
+        }
+    }
+
+    #[test]
+    fn the_nodes_tab_finds_a_node_by_its_name_group_or_model_and_pages_the_rest() {
+        let rows: Vec<NodeRow> = (0..1250)
+            .map(|i| {
+                node(
+                    &format!("gpu-{i:04}"),
+                    if i == 777 { "Whisper" } else { "embed" },
+                )
+            })
+            .collect();
+        let first = NodesPage::of(rows.clone(), "", 1);
+        assert_eq!(
+            (first.rows.len(), first.matching, first.pages),
+            (50, 1250, 25)
+        );
+        let last = NodesPage::of(rows.clone(), "", 99);
+        assert_eq!(
+            (last.page, last.rows[0].name.as_str()),
+            (25, "gpu-1200"),
+            "past the last is the last"
+        );
+        let by_model = NodesPage::of(rows.clone(), "whisper", 1);
+        assert_eq!(
+            (by_model.matching, by_model.rows[0].name.as_str()),
+            (1, "gpu-0777")
+        );
+        let by_name = NodesPage::of(rows.clone(), " GPU-12 ", 1);
+        assert_eq!(by_name.matching, 50, "gpu-1200 to gpu-1249");
+        let none = NodesPage::of(rows, "nothing", 3);
+        assert_eq!(
+            (none.matching, none.page, none.pages, none.all),
+            (0, 1, 1, 1250)
+        );
+    }
 
     /// A healthy, free, time-sliced GPU of `model` with `total` memory and nothing said about it.
     fn gpu_detail(model: &str, total: Bytes) -> GpuDetail {

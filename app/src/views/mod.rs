@@ -23,8 +23,8 @@ pub use deploy::{
 };
 pub use groups::{ChangeOutcome, GroupPlan, PlanProgress, SharingForm, StepLine, StepState};
 pub use machines::{
-    GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, PendingLine, Sharer,
-    SharingChange, WorkerLine,
+    GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodesPage,
+    PendingLine, Sharer, SharingChange, WorkerLine,
 };
 pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
 pub use overview::{Alarm, AlarmKind, Overview};
