@@ -242,7 +242,7 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     )?;
     let over = gauge(
         "tessera_worker_over_share",
-        "1 while a sharer's engine holds more GPU memory than its share: a promise broken on a time-sliced GPU.",
+        "1 for each sharer whose engine holds more GPU memory than its share (a promise broken on a time-sliced GPU); a sharer within its share has no series.",
         &["worker", "group", "gpu", "UUID", "Hostname"],
     )?;
     for machine in fleet.machines() {
@@ -282,8 +282,9 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
                     gpu.uuid.as_str(),
                     machine.name.as_str(),
                 ];
-                over.with_label_values(&labels)
-                    .set(i64::from(sharer.over_share.is_some()));
+                if sharer.over_share.is_some() {
+                    over.with_label_values(&labels).set(1);
+                }
                 if let Some(bytes) = sharer.measured_bytes {
                     used.with_label_values(&labels).set(bytes as i64);
                 }
@@ -301,22 +302,22 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
             }
         }
     }
+    // Counted by state, not a series per worker: a fleet of 40,000 workers is two series here.
     let workers = gauge(
-        "tessera_worker_state",
-        "1 for the state each worker is in: placed or pending.",
-        &["worker", "state"],
+        "tessera_workers",
+        "Workers in each state: placed or pending.",
+        &["state"],
     )?;
+    for s in ["placed", "pending"] {
+        workers.with_label_values(&[s]).set(0);
+    }
     for worker in fleet.workers() {
-        for s in ["placed", "pending"] {
-            workers
-                .with_label_values(&[worker.name.as_str(), s])
-                .set(i64::from(worker.state == s));
-        }
+        workers.with_label_values(&[worker.state.as_str()]).inc();
     }
     let engine_labels = ["engine", "worker", "group", "Hostname"];
     let engine_state = gauge(
         "tessera_engine_state",
-        "1 for the state each engine is in: starting, healthy, unhealthy, restarting, stopped or failed.",
+        "1, labelled with the state each engine is in: starting, healthy, unhealthy, draining, restarting, stopped or failed (one series per engine, its current state).",
         &["engine", "worker", "group", "Hostname", "state"],
     )?;
     let healthy = gauge(
@@ -332,6 +333,10 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
         &engine_labels,
     )?;
     registry.register(Box::new(restarts.clone()))?;
+    let engines = gauge("tessera_engines", "Engines in each state.", &["state"])?;
+    for (_, text) in STATES {
+        engines.with_label_values(&[text]).set(0);
+    }
     for engine in fleet.runtime().engines() {
         let name = engine
             .worker
@@ -340,12 +345,11 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
             .unwrap_or_default();
         let group = engine.group.as_deref().unwrap_or_default();
         let labels = [engine.id.as_str(), name, group, engine.machine.as_str()];
-        for (s, text) in STATES {
+        if let Some((_, text)) = STATES.iter().find(|(s, _)| *s == engine.state) {
             let mut with_state = labels.to_vec();
             with_state.push(text);
-            engine_state
-                .with_label_values(&with_state)
-                .set(i64::from(engine.state == s));
+            engine_state.with_label_values(&with_state).set(1);
+            engines.with_label_values(&[text]).inc();
         }
         healthy
             .with_label_values(&labels)

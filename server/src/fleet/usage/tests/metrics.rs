@@ -97,8 +97,13 @@ async fn the_metrics_say_what_the_api_says() {
     assert_eq!(gpus, 3);
     assert_eq!(metrics["tessera_worker_share_bytes"].len(), 2);
     assert_eq!(
-        metrics["tessera_worker_state"][&labels(&[("worker", "listen"), ("state", "placed")])],
-        1.0
+        metrics["tessera_workers"][&labels(&[("state", "placed")])],
+        2.0,
+        "workers counted by state, no series of their own"
+    );
+    assert_eq!(
+        metrics["tessera_workers"][&labels(&[("state", "pending")])],
+        0.0
     );
     assert_eq!(
         metrics["tessera_http_requests_total"][&labels(&[
@@ -112,7 +117,8 @@ async fn the_metrics_say_what_the_api_says() {
 }
 
 #[tokio::test]
-async fn each_engine_has_one_state_set_and_its_restarts_counted() {
+async fn each_engine_has_one_series_for_its_current_state_engines_are_counted_by_state_and_restarts_counted(
+) {
     let app = TestApp::new(MAJIN).await;
     let (status, _) = app.post_worker(&shared_worker("listen", 2.2)).await;
     assert_eq!(status, StatusCode::CREATED);
@@ -126,7 +132,19 @@ async fn each_engine_has_one_state_set_and_its_restarts_counted() {
         .collect();
     // majin is not this machine: the engine is listed as stopped.
     assert_eq!(states, [("stopped", 1.0)]);
-    assert_eq!(metrics["tessera_engine_state"].len(), 7, "one per state");
+    assert_eq!(
+        metrics["tessera_engine_state"].len(),
+        1,
+        "one series, its current state"
+    );
+    assert_eq!(
+        metrics["tessera_engines"][&labels(&[("state", "stopped")])],
+        1.0
+    );
+    assert_eq!(
+        metrics["tessera_engines"][&labels(&[("state", "healthy")])],
+        0.0
+    );
     let engine = labels(&[
         ("engine", "listen"),
         ("worker", "listen"),
