@@ -51,7 +51,12 @@ test("an H200's page shows the MIG layout its sharers would take, and what must 
     });
     expect(r.status(), await r.text()).toBe(201);
   }
+  // Eight GPUs are tiles at a glance; a tile opens its GPU's detail.
   await open(page, "/machines/h200-node");
+  await expect(page.getByTestId("gpu-tile")).toHaveCount(8);
+  await expect(page.locator('[data-testid="gpu-tile"][data-index="0"]').getByTestId("gpu-tile-taken")).toHaveText("53 GB of 141 GB taken");
+  await page.locator('[data-testid="gpu-tile"][data-index="0"]').getByRole("link").click();
+  await expect(page).toHaveURL(/\/machines\/h200-node\?gpu=0#gpu-0$/);
   const gpu = page.locator('[data-testid="gpu"][data-index="0"]');
   await gpu.getByText("Under MIG: each model in an instance of its own").click();
   await expect(gpu.getByTestId("mig-instance")).toHaveText([
@@ -127,6 +132,7 @@ test("an operator cuts an idle H200 into MIG instances from its page: each is a 
   await expect(page.getByTestId("gpu").nth(5)).toHaveAttribute("data-index", "5000");
   await expect(page.getByTestId("gpu").nth(8)).toHaveAttribute("data-index", "5");
   const instance = page.locator('[data-testid="gpu"][data-index="5001"]');
+  await page.locator('[data-testid="gpu-tile"][data-index="5001"]').getByRole("link").click();
   await expect(instance.getByRole("heading")).toHaveText("MIG instance 1 of GPU 4 · NVIDIA H200 MIG 1g.18gb");
   await expect(instance.getByTestId("gpu-total")).toHaveText("16 GB");
   await expect(instance.getByTestId("gpu-mig")).toHaveText("A MIG instance, with memory and compute walls of its own: one engine holds it whole.");

@@ -12,7 +12,7 @@ use crate::views::{GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, SharingC
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
-use leptos_router::hooks::use_params_map;
+use leptos_router::hooks::{use_params_map, use_query_map};
 use placement::sharing::{GpuSharing, Sharing};
 use placement::{Bytes, MigRole};
 
@@ -300,6 +300,10 @@ fn SharingPanel(
 #[component]
 fn Machine(machine: MachineDetail) -> impl IntoView {
     let gpus = machine.gpus_in_order();
+    let count = gpus.len();
+    // `?gpu=3` (a tile's link) opens that GPU's detail.
+    let query = use_query_map();
+    let opened = move || query.with(|q| q.get("gpu").and_then(|g| g.parse::<u32>().ok()));
     let facts = format!(
         "{} of {} CPU cores and {} of {} memory held by workers{}",
         machine.cpu_cores_used,
@@ -322,7 +326,18 @@ fn Machine(machine: MachineDetail) -> impl IntoView {
         })}
         <section aria-labelledby="gpus">
             <h2 id="gpus">"GPUs"</h2>
-            {gpus.into_iter().map(|gpu| view! { <GpuCard gpu /> }).collect_view()}
+            <GpuGrid gpus=gpus.clone() />
+            {gpus.into_iter().map(|gpu| {
+                let id = format!("gpu-{}", gpu.index);
+                let index = gpu.index;
+                let open = move || shown_open(count, opened(), index);
+                view! {
+                    <details class="gpu-detail" id=id open=open>
+                        <summary>{format!("{}: figures, sharers and the last hour", gpu.title())}</summary>
+                        <GpuCard gpu />
+                    </details>
+                }
+            }).collect_view()}
         </section>
         <section class="panel" aria-labelledby="workers">
             <h2 id="workers">"Workers"</h2>
@@ -366,6 +381,43 @@ fn Machine(machine: MachineDetail) -> impl IntoView {
                 </ul>
             </section>
         })}
+    }
+}
+
+/// A machine with this many GPUs or fewer shows each one's detail open: a page of them is still short.
+const OPEN_UP_TO: usize = 2;
+
+/// Whether GPU `index`'s detail opens: on a machine of few GPUs, or where a tile asked for it.
+fn shown_open(count: usize, opened: Option<u32>, index: u32) -> bool {
+    count <= OPEN_UP_TO || opened == Some(index)
+}
+
+/// Every GPU of the machine at a glance, a tile each (its memory bar, what is taken of what it offers, and
+/// what is wrong with it), each a link that opens its detail: eight GPUs fit a screen.
+#[component]
+fn GpuGrid(gpus: Vec<GpuDetail>) -> impl IntoView {
+    view! {
+        <ul class="gpu-grid" data-testid="gpu-grid">
+            {gpus.into_iter().map(|gpu| {
+                let href = format!("?gpu={0}#gpu-{0}", gpu.index);
+                let taken = match &gpu.usage {
+                    GpuUse::Free => format!("free · offers {}", gpu.offered()),
+                    GpuUse::Whole(by) => format!("whole: {by}"),
+                    GpuUse::Shared => format!("{} of {} taken", gpu.taken(), gpu.offered()),
+                };
+                let sharers = gpu.summary.clone();
+                let trouble = gpu.problem.is_some() || !gpu.healthy || !gpu.over_share.is_empty();
+                view! {
+                    <li class="gpu-tile" class:bad=trouble data-testid="gpu-tile" data-index=gpu.index>
+                        <a href=href>{gpu.title()}</a>
+                        <MemoryBar gpu=gpu.clone() />
+                        <span data-testid="gpu-tile-taken">{taken}</span>
+                        {sharers.map(|s| view! { <span class="muted">{s}</span> })}
+                        {trouble.then(|| view! { <span class="tag bad">"needs a look"</span> })}
+                    </li>
+                }
+            }).collect_view()}
+        </ul>
     }
 }
 
