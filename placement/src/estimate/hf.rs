@@ -257,15 +257,7 @@ pub fn estimate_hf(config: &HfConfig, tensors: &[HfTensor], settings: &HfSetting
     let cells = u64::from(context).div_ceil(BLOCK_TOKENS) * BLOCK_TOKENS;
     let value = config.dtype.type_size();
     let kv_cache = if config.encoder {
-        KvCache {
-            bytes: Bytes::ZERO,
-            cells: 0,
-            streams: 0,
-            layers: 0,
-            swa_layers: 0,
-            swa_cells: 0,
-            swa_bytes: Bytes::ZERO,
-        }
+        KvCache::NONE
     } else {
         let per_token_layer = match config.latent {
             Some((rank, rope)) => {

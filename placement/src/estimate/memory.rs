@@ -161,6 +161,19 @@ pub struct KvCache {
     pub swa_bytes: Bytes,
 }
 
+impl KvCache {
+    /// No cache at all: an encoder's, which computes each input whole.
+    pub const NONE: KvCache = KvCache {
+        bytes: Bytes::ZERO,
+        cells: 0,
+        streams: 0,
+        layers: 0,
+        swa_layers: 0,
+        swa_cells: 0,
+        swa_bytes: Bytes::ZERO,
+    };
+}
+
 /// The compute buffer: the activations of the largest graph, which llama.cpp reserves up front.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compute {
@@ -273,15 +286,7 @@ pub fn estimate(model: &ModelInfo, settings: &Settings) -> Estimate {
     };
 
     let kv_cache = if cacheless {
-        Some(KvCache {
-            bytes: Bytes::ZERO,
-            cells: 0,
-            streams: 0,
-            layers: 0,
-            swa_layers: 0,
-            swa_cells: 0,
-            swa_bytes: Bytes::ZERO,
-        })
+        Some(KvCache::NONE)
     } else {
         kv_cache(shape, settings, cells, streams, ubatch, &mut gaps)
     };
