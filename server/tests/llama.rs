@@ -251,7 +251,9 @@ async fn a_llama_cpp_server_run_as_a_command_can_be_told_the_models_name_and_its
         .split("data: ")
         .filter_map(|event| serde_json::from_str(event.trim()).ok())
         .collect();
-    assert!(chunks.len() >= 2, "{streamed}");
+    // Sampled from random weights, the answer may be bytes that make no whole character: llama.cpp then
+    // sends no content chunk, and the last chunk alone is there to be renamed.
+    assert!(!chunks.is_empty(), "{streamed}");
     for chunk in &chunks {
         assert_eq!(chunk["model"], "tiny", "{streamed}");
     }
