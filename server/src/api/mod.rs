@@ -105,6 +105,7 @@ pub fn table() -> Vec<ApiRoute> {
             M::GET,
             get(models::estimate_model),
         ),
+        route("/api/models/{name}/peaks", M::GET, get(models::model_peaks)),
         route("/api/groups", M::GET, get(groups::list_groups)),
         route("/api/groups/{name}", M::GET, get(groups::get_group)),
         route("/api/groups/{name}/plan", M::PUT, put(groups::change_plan)),

@@ -14,6 +14,7 @@ use axum::http::{StatusCode, Uri};
 use axum::response::Response;
 use axum::Json;
 use placement::estimate::{Assumed, Estimate, Settings};
+use placement::rightsize::Fit;
 use placement::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -60,6 +61,67 @@ pub(super) async fn add_model(
     Ok((
         StatusCode::CREATED,
         Json(state.fleet.add_model(model, &actor.name).await?),
+    ))
+}
+
+/// One GPU's peak as the REST API answers it: the figures, and what the rule makes of them.
+#[derive(Debug, Serialize)]
+pub(super) struct PeakAnswer {
+    /// The machine.
+    machine: String,
+    /// The GPU's index there.
+    gpu: u32,
+    /// The most its engine was measured to hold there.
+    peak_bytes: u64,
+    /// The share it held.
+    share_bytes: u64,
+    /// The GPU's memory.
+    gpu_total_bytes: u64,
+    /// How long it has run on this share, measured: its first reading to its last.
+    observed_ms: u64,
+    /// `smaller`, `close`, `past`, `fills_share` or `fits`.
+    verdict: &'static str,
+    /// Where `smaller`: the share, percent, that holds the peak with a fifth to spare.
+    smaller_share_percent: Option<f64>,
+    /// The Models tab's line.
+    line: String,
+}
+
+/// `GET /api/models/{name}/peaks`: the most the model's engines were measured to hold of the share they
+/// hold now, per GPU, the fullest first; empty until a reading measured one, and for a model on whole GPUs.
+pub(super) async fn model_peaks(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Vec<PeakAnswer>>, ApiError> {
+    let peaks = state.fleet.model_peaks(&name).await?;
+    Ok(Json(
+        peaks
+            .into_iter()
+            .map(|p| {
+                let fit = p.peak.fit();
+                let verdict = match fit {
+                    Fit::Smaller { .. } => "smaller",
+                    Fit::Close => "close",
+                    Fit::Past => "past",
+                    Fit::FillsShare => "fills_share",
+                    Fit::Fits => "fits",
+                };
+                PeakAnswer {
+                    line: p.peak.line(),
+                    machine: p.machine,
+                    gpu: p.gpu,
+                    peak_bytes: p.peak.peak.get(),
+                    share_bytes: p.peak.share.get(),
+                    gpu_total_bytes: p.peak.gpu_total.get(),
+                    observed_ms: p.peak.observed_ms,
+                    verdict,
+                    smaller_share_percent: match fit {
+                        Fit::Smaller { share } => Some(share.as_percent_f64()),
+                        _ => None,
+                    },
+                }
+            })
+            .collect(),
     ))
 }
 

@@ -156,6 +156,20 @@ impl Fleet {
 }
 
 impl Fleet {
+    /// `model`'s peaks in the group it is a member of, the fullest GPU first; none where it is in no group.
+    pub async fn model_peaks(&self, model: &str) -> Result<Vec<GpuPeak>, ApiError> {
+        if self.committed().model(model).is_none() {
+            return Err(ApiError::NotFound(format!(
+                "no model {model} in the catalog"
+            )));
+        }
+        let group = self.committed().group_of(model).map(|g| g.name.clone());
+        match group {
+            Some(group) => self.peaks(&group, model).await,
+            None => Ok(Vec::new()),
+        }
+    }
+
     /// Every member whose measured peak allows a smaller share (`Fit::Smaller` on its fullest GPU), with
     /// that share: what the repack preview counts when asked for right-sized shares. System members'
     /// shares are not the operator's to change, and are left out.
@@ -283,6 +297,21 @@ mod tests {
             )],
             "what the repack preview counts"
         );
+
+        let (status, rest) = app.get("/api/models/speech/peaks").await;
+        assert_eq!(status, StatusCode::OK, "{rest}");
+        assert_eq!(
+            (
+                &rest[0]["machine"],
+                &rest[0]["gpu"],
+                &rest[0]["verdict"],
+                &rest[0]["smaller_share_percent"]
+            ),
+            (&json!("atlas"), &json!(0), &json!("smaller"), &json!(6.0))
+        );
+        assert_eq!(rest[0]["peak_bytes"], Bytes::from_gb(4.1).unwrap().get());
+        let (status, _) = app.get("/api/models/nothing/peaks").await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
 
         // Taken: the new share has no peak until its engine is read again, and the old one is not its.
         let (status, change) = app
