@@ -257,6 +257,35 @@ pub fn gateway_router(state: AppState) -> Router {
     gateway_routes(&state).with_state(state)
 }
 
+/// `app` served on `listener` (at `addr`), over TLS where `tls` is given, until `stop`: the one way both of
+/// the server's addresses (the console's and the gateway's own) are served, each connection's address kept
+/// for the guard and the audit log.
+fn serve_on(
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+    app: Router,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>, ServerError> {
+    let app = app.into_make_service_with_connect_info::<auth::Remote>();
+    Ok(match tls {
+        Some(acceptor) => {
+            let listener = tls::TlsListener::new(listener, acceptor.clone())
+                .map_err(|source| ServerError::Bind { addr, source })?;
+            Box::pin(
+                axum::serve(listener, app)
+                    .with_graceful_shutdown(stop)
+                    .into_future(),
+            )
+        }
+        None => Box::pin(
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stop)
+                .into_future(),
+        ),
+    })
+}
+
 /// `GET /api/health`: answers as soon as the server serves, for scripts and start-up checks.
 pub(crate) async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
@@ -386,25 +415,14 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         let stopped = async move {
             let _ = stop.wait_for(|begun| *begun).await;
         };
-        let gateway = gateway_router(state.clone());
         // With the console's certificate where it serves https: a key sent to /v1 never crosses in plain.
-        let serving: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> =
-            match &tls {
-                Some(acceptor) => {
-                    let listener = tls::TlsListener::new(listener, acceptor.clone())
-                        .map_err(|source| ServerError::Bind { addr, source })?;
-                    Box::pin(
-                        axum::serve(listener, gateway)
-                            .with_graceful_shutdown(stopped)
-                            .into_future(),
-                    )
-                }
-                None => Box::pin(
-                    axum::serve(listener, gateway)
-                        .with_graceful_shutdown(stopped)
-                        .into_future(),
-                ),
-            };
+        let serving = serve_on(
+            listener,
+            addr,
+            tls.as_ref(),
+            gateway_router(state.clone()),
+            stopped,
+        )?;
         tokio::spawn(async move {
             if let Err(e) = serving.await {
                 tracing::error!("the gateway's own address stopped serving: {e}");
@@ -419,26 +437,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             stop_begun.send_replace(true);
         }
     };
-    let app = router(state).into_make_service_with_connect_info::<auth::Remote>();
-    let serving: std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>> = match tls {
-        Some(acceptor) => {
-            let listener =
-                tls::TlsListener::new(listener, acceptor).map_err(|source| ServerError::Bind {
-                    addr: config.listen,
-                    source,
-                })?;
-            Box::pin(
-                axum::serve(listener, app)
-                    .with_graceful_shutdown(signal)
-                    .into_future(),
-            )
-        }
-        None => Box::pin(
-            axum::serve(listener, app)
-                .with_graceful_shutdown(signal)
-                .into_future(),
-        ),
-    };
+    let serving = serve_on(listener, config.listen, tls.as_ref(), router(state), signal)?;
     // The requests in flight when a stop begins get `REQUEST_GRACE` to finish; a stuck one does not hold
     // the stop. (Only the requests that take the guard's whole way have a timer of their own: on a
     // script's read it woke the other worker thread every time, an eighth of its rate, BENCHMARKS.md.)
