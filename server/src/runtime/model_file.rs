@@ -82,14 +82,32 @@ pub async fn estimate_local(path: String, settings: Settings) -> Result<Estimate
 /// What the header of a GGUF model at `path` on this machine says memory depends on, read off the async
 /// executor.
 pub async fn info_local(path: String) -> Result<ModelInfo, NoEstimate> {
-    tokio::task::spawn_blocking(move || read_info(Path::new(&path)))
-        .await
-        .unwrap_or_else(|e| {
-            Err(NoEstimate::Unreadable {
-                path: PathBuf::new(),
-                error: format!("the reading task failed: {e}"),
-            })
+    off_executor(move || read_info(Path::new(&path))).await
+}
+
+/// Runs a blocking read of model files off the async executor.
+async fn off_executor<T: Send + 'static>(
+    read: impl FnOnce() -> Result<T, NoEstimate> + Send + 'static,
+) -> Result<T, NoEstimate> {
+    tokio::task::spawn_blocking(read).await.unwrap_or_else(|e| {
+        Err(NoEstimate::Unreadable {
+            path: PathBuf::new(),
+            error: format!("the reading task failed: {e}"),
         })
+    })
+}
+
+/// The metadata of `path`; where it names nothing, `hub` says what a Hub name is to the engine asking, or
+/// that nothing is there.
+fn metadata(path: &Path, hub: fn(String) -> NoEstimate) -> Result<std::fs::Metadata, NoEstimate> {
+    std::fs::metadata(path).map_err(|e| match e.kind() {
+        io::ErrorKind::NotFound if looks_like_hub_name(path) => hub(path.display().to_string()),
+        io::ErrorKind::NotFound => NoEstimate::NoFile(path.to_owned()),
+        _ => NoEstimate::Unreadable {
+            path: path.to_owned(),
+            error: e.to_string(),
+        },
+    })
 }
 
 /// [`estimate_local`], blocking.
@@ -104,17 +122,7 @@ fn read_info(path: &Path) -> Result<ModelInfo, NoEstimate> {
         path: path.to_owned(),
         error: error.to_string(),
     };
-    let meta = match std::fs::metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(if looks_like_hub_name(path) {
-                NoEstimate::NotAFile(path.display().to_string())
-            } else {
-                NoEstimate::NoFile(path.to_owned())
-            });
-        }
-        Err(e) => return Err(unreadable(e)),
-    };
+    let meta = metadata(path, NoEstimate::NotAFile)?;
     if meta.is_dir() {
         return Err(NoEstimate::NotAFile(path.display().to_string()));
     }
@@ -161,14 +169,7 @@ pub async fn estimate_folder_local(
     path: String,
     settings: HfSettings,
 ) -> Result<Estimate, NoEstimate> {
-    tokio::task::spawn_blocking(move || estimate_folder(Path::new(&path), &settings))
-        .await
-        .unwrap_or_else(|e| {
-            Err(NoEstimate::Unreadable {
-                path: PathBuf::new(),
-                error: format!("the reading task failed: {e}"),
-            })
-        })
+    off_executor(move || estimate_folder(Path::new(&path), &settings)).await
 }
 
 /// The most of `config.json` read: a config is a few KB.
@@ -184,21 +185,10 @@ fn estimate_folder(path: &Path, settings: &HfSettings) -> Result<Estimate, NoEst
         path: path.to_owned(),
         why,
     };
-    match std::fs::metadata(path) {
-        Ok(meta) if meta.is_dir() => {}
-        Ok(_) => {
-            return Err(not_folder(
-                "it is a file; vLLM and SGLang are estimated from a folder with config.json and .safetensors files".into(),
-            ))
-        }
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            return Err(if looks_like_hub_name(path) {
-                NoEstimate::HubName(path.display().to_string())
-            } else {
-                NoEstimate::NoFile(path.to_owned())
-            });
-        }
-        Err(e) => return Err(unreadable(path, e)),
+    if !metadata(path, NoEstimate::HubName)?.is_dir() {
+        return Err(not_folder(
+            "it is a file; vLLM and SGLang are estimated from a folder with config.json and .safetensors files".into(),
+        ));
     }
     let config_path = path.join("config.json");
     let mut config = Vec::new();
