@@ -87,7 +87,7 @@ impl Console for ConsoleService {
     }
 
     fn models(&self) -> Answer<'_, Vec<ModelRow>> {
-        Box::pin(async move { self.model_rows().await.map_err(app_error) })
+        Box::pin(async move { self.models_tab().await.map_err(app_error) })
     }
 
     fn changes(&self) -> Answer<'_, Vec<PlanProgress>> {

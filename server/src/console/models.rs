@@ -22,7 +22,26 @@ fn group_machines(group: &Group) -> Vec<String> {
 }
 
 impl ConsoleService {
-    pub(super) async fn model_rows(&self) -> Result<Vec<ModelRow>, ApiError> {
+    /// The Models tab's rows: [`ConsoleService::model_rows`] with each group member's fullest measured
+    /// peak, which the tab alone shows and which is read from the database.
+    pub(super) async fn models_tab(&self) -> Result<Vec<ModelRow>, ApiError> {
+        let mut rows = self.model_rows();
+        for row in &mut rows {
+            if let Some(group) = &row.group {
+                row.peak = self
+                    .fleet
+                    .peaks(group, &row.name)
+                    .await?
+                    .into_iter()
+                    .next()
+                    .map(|p| p.peak);
+            }
+        }
+        Ok(rows)
+    }
+
+    /// Every deployed model with its engines and flags, as of the last write and reading.
+    pub(super) fn model_rows(&self) -> Vec<ModelRow> {
         let system = self.fleet.system_models();
         let engines = self.fleet.runtime().engines();
         let mut rows = Vec::new();
@@ -48,13 +67,7 @@ impl ConsoleService {
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
                     over_share: self.fleet.over_share(&share.member),
-                    peak: self
-                        .fleet
-                        .peaks(&group.name, &share.member)
-                        .await?
-                        .into_iter()
-                        .next()
-                        .map(|p| p.peak),
+                    peak: None,
                     // Not on made-up GPUs, where no daemon runs: the demo engines stand in.
                     share_enforced: !group.gpus.is_empty()
                         && group.gpus.iter().all(|gpu| {
@@ -86,7 +99,7 @@ impl ConsoleService {
             });
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(rows)
+        rows
     }
 
     pub(super) async fn progress(&self) -> Result<Vec<PlanProgress>, ApiError> {

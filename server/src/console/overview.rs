@@ -153,7 +153,7 @@ fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
 impl ConsoleService {
     pub(super) async fn overview_page(&self) -> Result<Overview, ApiError> {
         let machines = self.fleet.machines();
-        let rows = self.model_rows().await?;
+        let rows = self.model_rows();
         let f = figures(&machines);
         let (serving, loading, idle, failing) = model_states(&rows);
         let now = crate::fleet::usage::now_ms();

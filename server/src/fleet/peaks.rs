@@ -12,17 +12,15 @@ use crate::units::Holder;
 use app::views::RightSized;
 use placement::rightsize::{Fit, Peak};
 use placement::{Bytes, GpuRef, Hold};
-use serde::Serialize;
 
 /// A peak on one GPU, as kept.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GpuPeak {
     /// The machine.
     pub machine: String,
     /// The GPU's index there.
     pub gpu: u32,
     /// What was measured, against which share.
-    #[serde(flatten)]
     pub peak: Peak,
 }
 
