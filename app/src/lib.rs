@@ -12,7 +12,7 @@ pub mod csrf;
 pub mod deploy_form;
 pub mod error;
 pub mod pages;
-mod routes;
+pub mod routes;
 pub mod security;
 #[cfg(feature = "ssr")]
 pub mod services;

@@ -20,6 +20,19 @@ use crate::pages::usage::UsagePage;
 use leptos::prelude::*;
 use leptos_router::{lazy_route, LazyRoute};
 
+/// `text` as a value in an address's query: what a path may keep as it is, the rest written `%XX`. The
+/// server writes its sign-in redirects with it, the pages their own addresses.
+pub fn query_value(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
+                (b as char).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
 /// Whether the page on show has hydrated: its code may arrive after the shell's, so the shell alone
 /// cannot say.
 #[derive(Debug, Clone, Copy)]

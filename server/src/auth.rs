@@ -414,7 +414,7 @@ async fn check(
                         .path_and_query()
                         .map(|p| p.as_str().to_owned())
                         .unwrap_or_default();
-                    format!("/login?next={}", percent_encode(&here))
+                    format!("/login?next={}", app::routes::query_value(&here))
                 };
                 return Ok(Some(Redirect::to(&to).into_response()));
             }
@@ -427,18 +427,6 @@ async fn check(
         request.extensions_mut().insert(CsrfToken(token));
     }
     Ok(None)
-}
-
-/// The characters a path may keep in a query value; the rest are written `%XX`.
-fn percent_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Where to go after signing in: a plain path of this console, never another site. Only visible ASCII
@@ -579,7 +567,7 @@ pub async fn sign_in(
     let back = |error: &str| {
         Redirect::to(&format!(
             "/login?error={error}&next={}",
-            percent_encode(safe_next(&form.next))
+            app::routes::query_value(safe_next(&form.next))
         ))
     };
     if !form_csrf_matches(&session, &form.csrf).await? {
@@ -593,7 +581,7 @@ pub async fn sign_in(
                 "/login?error=throttled&wait={}&next={}",
                 // Whole seconds, rounded up: never a wait of 0.
                 wait.as_millis().div_ceil(1000).max(1),
-                percent_encode(safe_next(&form.next))
+                app::routes::query_value(safe_next(&form.next))
             )));
         }
     };
@@ -665,7 +653,7 @@ pub async fn set_up(
         Err(ApiError::Unprocessable(why)) => {
             return Ok(Redirect::to(&format!(
                 "/setup?error={}",
-                percent_encode(&why)
+                app::routes::query_value(&why)
             )))
         }
         Err(e) => return Err(e),

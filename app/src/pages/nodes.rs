@@ -43,7 +43,7 @@ pub fn NodesPage() -> impl IntoView {
         let mut address = String::from("/nodes");
         let mut parts = Vec::new();
         if !search.is_empty() {
-            parts.push(format!("q={}", js_encode(&search)));
+            parts.push(format!("q={}", crate::routes::query_value(&search)));
         }
         if page > 1 {
             parts.push(format!("page={page}"));
@@ -91,18 +91,6 @@ pub fn NodesPage() -> impl IntoView {
             </Transition>
         </div>
     }
-}
-
-/// What `text` becomes in an address's query.
-fn js_encode(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
 }
 
 /// Where this page is among those that match, and the way to the others.
