@@ -196,6 +196,18 @@ async fn an_engine_on_a_cluster_s_node_measured_past_its_share_by_the_node_s_own
         sharer().await["over_share"].is_null()
     })
     .await;
+    // The node's readings are kept as its peak too: the most it held, past its share.
+    let (status, peaks) = server.get("/api/models/emb/peaks").await;
+    assert_eq!(status, 200, "{peaks}");
+    assert_eq!(
+        (
+            &peaks[0]["machine"],
+            &peaks[0]["peak_bytes"],
+            &peaks[0]["verdict"]
+        ),
+        (&json!("majin"), &json!(40_960u64 << 20), &json!("past")),
+        "{peaks}"
+    );
     server.stop().await;
 }
 

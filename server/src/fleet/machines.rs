@@ -298,14 +298,10 @@ impl Fleet {
                 Ok(Ok(reading)) => {
                     self.measure(&reading.machine.name, &reading.live, &running);
                     let at = super::usage::now_ms();
-                    let kept = match self
+                    match self
                         .record_samples(&reading.machine, &reading.live, at)
                         .await
                     {
-                        Ok(()) => self.keep_peaks(&reading.machine.name, at).await,
-                        Err(e) => Err(e),
-                    };
-                    match kept {
                         Ok(()) => self.refresh(reading.machine, Some(generation)).await,
                         Err(e) => Err(e),
                     }

@@ -1,9 +1,10 @@
 //! The most each shared engine was measured to hold, kept per share it had (issue 32), and read back as
 //! the Models tab's "peak 4.1 GB of its 10 GB share over 3 days" with the smaller share that would do.
 //!
-//! Taken from the same per-process readings that catch a broken promise ([`Fleet::measure`]): NVML's on
-//! this machine, the simulated driver's in the demo. A Ray node's readings name no processes, so engines
-//! on a cluster's nodes have no peak.
+//! Taken from the same per-process readings that catch a broken promise ([`Fleet::measure`]), in the
+//! transaction that keeps each reading ([`Fleet::record_samples`]): NVML's on this machine, the simulated
+//! driver's in the demo, and a cluster's node's own, its engines' processes named by the reporter beside
+//! each job.
 
 use super::Fleet;
 use crate::catalog::Engine;
@@ -25,9 +26,10 @@ pub struct GpuPeak {
 }
 
 impl Fleet {
-    /// Keeps the engines' measurements on `machine` taken at `at_ms` as peaks of the shares they hold now.
-    /// A whole GPU is no share, and a holder the ledger no longer knows has nothing to measure against.
-    pub(crate) async fn keep_peaks(&self, machine: &str, at_ms: u64) -> Result<(), ApiError> {
+    /// The engines' last measurements on `machine` against the shares they hold now, to be kept as peaks
+    /// ([`write_peaks`]). A whole GPU is no share, and a holder the ledger no longer knows has nothing to
+    /// measure against. Taken under the write lock, and before any transaction: writes take that lock first.
+    pub(super) async fn measured_shares(&self, machine: &str) -> Vec<MeasuredShare> {
         let measured: Vec<(u32, String, Bytes)> = self
             .measured
             .read()
@@ -37,50 +39,31 @@ impl Fleet {
             .map(|((_, gpu, holder), bytes)| (*gpu, holder.clone(), *bytes))
             .collect();
         if measured.is_empty() {
-            return Ok(());
+            return Vec::new();
         }
-        let rows: Vec<(u32, String, Bytes, Bytes, Bytes)> = {
-            let state = self.state.lock().await;
-            let ledger = &state.ledger;
-            let Some(inventory) = ledger.inventory().machine(machine) else {
-                return Ok(());
-            };
-            measured
-                .into_iter()
-                .filter_map(|(gpu, holder, used)| {
-                    let total = inventory.gpus.iter().find(|g| g.index == gpu)?.total;
-                    let Hold::Shared(sharers) =
-                        ledger.scheduler().hold(&GpuRef::new(machine, gpu))?
-                    else {
-                        return None;
-                    };
-                    let share = *sharers.get(&holder)?;
-                    (share > Bytes::ZERO).then_some((gpu, holder, share, total, used))
-                })
-                .collect()
+        let state = self.state.lock().await;
+        let ledger = &state.ledger;
+        let Some(inventory) = ledger.inventory().machine(machine) else {
+            return Vec::new();
         };
-        let mut tx = crate::db::write(&self.pool).await?;
-        for (gpu, holder, share, total, used) in rows {
-            sqlx::query(
-                "INSERT INTO share_peaks (holder, model, machine, gpu_index, share_bytes, gpu_total_bytes, peak_bytes, first_ms, last_ms) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8) \
-                 ON CONFLICT (holder, machine, gpu_index, share_bytes) DO UPDATE SET \
-                 peak_bytes = MAX(peak_bytes, excluded.peak_bytes), last_ms = MAX(last_ms, excluded.last_ms), \
-                 gpu_total_bytes = excluded.gpu_total_bytes",
-            )
-            .bind(&holder)
-            .bind(Holder::parse(&holder).name())
-            .bind(machine)
-            .bind(i64::from(gpu))
-            .bind(share.get() as i64)
-            .bind(total.get() as i64)
-            .bind(used.get() as i64)
-            .bind(at_ms as i64)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(())
+        measured
+            .into_iter()
+            .filter_map(|(gpu, holder, used)| {
+                let total = inventory.gpus.iter().find(|g| g.index == gpu)?.total;
+                let Hold::Shared(sharers) = ledger.scheduler().hold(&GpuRef::new(machine, gpu))?
+                else {
+                    return None;
+                };
+                let share = *sharers.get(&holder)?;
+                (share > Bytes::ZERO).then_some(MeasuredShare {
+                    gpu,
+                    holder,
+                    share,
+                    total,
+                    used,
+                })
+            })
+            .collect()
     }
 
     /// `model`'s peaks in `group` on the shares it holds now, one per GPU, the fullest first: what its
@@ -203,6 +186,44 @@ impl Fleet {
     }
 }
 
+/// One engine's measurement on a GPU against the share it holds there.
+pub(super) struct MeasuredShare {
+    gpu: u32,
+    holder: String,
+    share: Bytes,
+    total: Bytes,
+    used: Bytes,
+}
+
+/// Keeps `measured` on `machine` at `at_ms` as peaks, in the reading's own transaction.
+pub(super) async fn write_peaks(
+    tx: &mut sqlx::SqliteConnection,
+    machine: &str,
+    measured: Vec<MeasuredShare>,
+    at_ms: u64,
+) -> Result<(), ApiError> {
+    for m in measured {
+        sqlx::query(
+            "INSERT INTO share_peaks (holder, model, machine, gpu_index, share_bytes, gpu_total_bytes, peak_bytes, first_ms, last_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?8) \
+             ON CONFLICT (holder, machine, gpu_index, share_bytes) DO UPDATE SET \
+             peak_bytes = MAX(peak_bytes, excluded.peak_bytes), last_ms = MAX(last_ms, excluded.last_ms), \
+             gpu_total_bytes = excluded.gpu_total_bytes",
+        )
+        .bind(&m.holder)
+        .bind(Holder::parse(&m.holder).name())
+        .bind(machine)
+        .bind(i64::from(m.gpu))
+        .bind(m.share.get() as i64)
+        .bind(m.total.get() as i64)
+        .bind(m.used.get() as i64)
+        .bind(at_ms as i64)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(())
+}
+
 /// How full a share got, for putting the fullest first.
 fn fullness(peak: &Peak) -> u128 {
     u128::from(peak.peak.get()) * 1_000_000 / u128::from(peak.share.get().max(1))
@@ -245,8 +266,19 @@ mod tests {
             let app = &app;
             let running = &running;
             async move {
-                app.fleet.measure("atlas", &[holding(777, gb)], running);
-                app.fleet.keep_peaks("atlas", at_ms).await.unwrap();
+                let reading = [holding(777, gb)];
+                app.fleet.measure("atlas", &reading, running);
+                let atlas = app
+                    .fleet
+                    .committed_inventory()
+                    .await
+                    .machine("atlas")
+                    .cloned()
+                    .unwrap();
+                app.fleet
+                    .record_samples(&atlas, &reading, at_ms)
+                    .await
+                    .unwrap();
             }
         };
         // Three days on 10 % of a 96 GB GPU (9.6 GB), never past 4.1 GB.
@@ -348,8 +380,19 @@ mod tests {
         let unit = crate::units::member(&group, &vllm.name, "atlas");
         let running = vec![(unit, vec![900])];
         for at in [0, 3 * DAY] {
-            app.fleet.measure("atlas", &[holding(900, 5.0)], &running);
-            app.fleet.keep_peaks("atlas", at).await.unwrap();
+            let reading = [holding(900, 5.0)];
+            app.fleet.measure("atlas", &reading, &running);
+            let atlas = app
+                .fleet
+                .committed_inventory()
+                .await
+                .machine("atlas")
+                .cloned()
+                .unwrap();
+            app.fleet
+                .record_samples(&atlas, &reading, at)
+                .await
+                .unwrap();
         }
         let peak = app.fleet.peaks(&group, &vllm.name).await.unwrap()[0].peak;
         assert_eq!(peak.fit(), Fit::FillsShare);

@@ -120,9 +120,6 @@ impl Fleet {
                 if let Err(e) = self.record_samples(&machine, &live, at).await {
                     tracing::warn!("the simulated GPUs' figures could not be kept: {e}");
                 }
-                if let Err(e) = self.keep_peaks(&machine.name, at).await {
-                    tracing::warn!("the simulated GPUs' engines' peaks could not be kept: {e}");
-                }
                 if let Err(e) = self.refresh_machine(machine).await {
                     tracing::warn!("a reading of the simulated GPUs could not be taken up: {e}");
                 }

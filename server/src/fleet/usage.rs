@@ -153,15 +153,18 @@ pub(crate) async fn record_holdings(
 }
 
 impl Fleet {
-    /// Keeps one reading of `machine`'s GPUs: for splitting their use and energy among sharers, and for the
-    /// machine page's charts.
+    /// Keeps one reading of `machine`'s GPUs: for splitting their use and energy among sharers, for the
+    /// machine page's charts, and as its engines' peaks against their shares (what [`Fleet::measure`]
+    /// took from this reading), in one transaction.
     pub async fn record_samples(
         &self,
         machine: &placement::Machine,
         live: &[GpuLive],
         at_ms: u64,
     ) -> Result<(), ApiError> {
+        let measured = self.measured_shares(&machine.name).await;
         let mut tx = crate::db::write(&self.pool).await?;
+        super::peaks::write_peaks(&mut tx, &machine.name, measured, at_ms).await?;
         for gpu in live {
             let outside = machine
                 .gpus
