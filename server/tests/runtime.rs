@@ -655,7 +655,8 @@ async fn a_shutdown_does_not_wait_for_an_engine_that_never_becomes_healthy() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_loading_engine_says_how_far_it_has_got_as_its_own_log_prints_it() {
+async fn a_loading_engine_says_how_far_it_has_got_as_its_own_log_prints_it_in_its_events_and_on_its_machine_page(
+) {
     let dir = tempfile::tempdir().unwrap();
     // A two-second load in four checkpoint shards, printed as vLLM prints them.
     let profile = json!({"load_s": [2, 2], "shards": 4}).to_string();
@@ -672,6 +673,20 @@ async fn a_loading_engine_says_how_far_it_has_got_as_its_own_log_prints_it() {
         json!({"model": "speech", "gpus": ["majin:0"], "share": 10}),
     )
     .await;
+    // Its machine's page, while it loads: its row says how far it has got.
+    let mut page = String::new();
+    for _ in 0..40 {
+        let (_, html) = server.get_bytes("/machines/majin").await;
+        page = String::from_utf8_lossy(&html).into_owned();
+        if page.contains("checkpoint shards (") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(
+        page.contains("data-testid=\"worker-message\"") && page.contains("loading its weights: "),
+        "{page}"
+    );
     server.wait_healthy(1).await;
     let said: Vec<String> = events
         .all()

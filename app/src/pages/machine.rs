@@ -360,7 +360,10 @@ fn Machine(machine: MachineDetail) -> impl IntoView {
                                     <th scope="row">{w.name.clone()}</th>
                                     <td>{w.group.clone().unwrap_or_else(|| "—".to_owned())}</td>
                                     <td data-testid="worker-gpus">{w.gpus_text()}</td>
-                                    <td>{w.status.map(|s| s.label()).unwrap_or("—")}</td>
+                                    <td data-testid="worker-state">
+                                        {w.status.map(|s| s.label()).unwrap_or("—")}
+                                        {w.message.clone().map(|m| view! { <span class="muted" data-testid="worker-message">{format!(" — {m}")}</span> })}
+                                    </td>
                                 </tr>
                             }).collect_view()}
                         </tbody>

@@ -343,6 +343,10 @@ pub struct WorkerLine {
     pub shared: Option<Bytes>,
     /// Its engine's state.
     pub status: Option<EngineState>,
+    /// Its engine's word on that state where it is not serving: a loading engine's progress, as its own
+    /// log prints it, or why it failed.
+    #[serde(default)]
+    pub message: Option<String>,
 }
 
 impl WorkerLine {
@@ -538,6 +542,7 @@ mod tests {
             gpus: vec![0],
             shared: Some(Bytes(2_362_232_013)),
             status: None,
+            message: None,
         };
         assert_eq!(line.gpus_text(), "1 · shared 2.2 GB");
     }

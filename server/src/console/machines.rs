@@ -6,6 +6,7 @@ use crate::error::ApiError;
 use crate::fleet::groups::Group;
 use crate::fleet::{GpuView, MachineView};
 use crate::input::SharingCommand;
+use crate::runtime::{EngineState, EngineView};
 use app::auth::Caller;
 use app::error::AppError;
 use app::views::{
@@ -52,6 +53,15 @@ pub(super) fn node_options(machines: &[MachineView]) -> Vec<NodeOption> {
                 .collect(),
         })
         .collect()
+}
+
+/// An engine's state, and its message where it is not serving (a loading engine's progress, a failure).
+fn engine_of(engine: Option<&EngineView>) -> (Option<EngineState>, Option<String>) {
+    match engine {
+        Some(e) if e.state == EngineState::Healthy => (Some(e.state), None),
+        Some(e) => (Some(e.state), e.message.clone()),
+        None => (None, None),
+    }
 }
 
 /// Whether a pending reason is about `machine`: `GPU 0 of majin: …`, `majin has …`, `majin: …`.
@@ -138,15 +148,20 @@ impl ConsoleService {
         let mut lines: Vec<WorkerLine> = workers
             .iter()
             .filter(|w| w.machine.as_deref() == Some(name))
-            .map(|w| WorkerLine {
-                name: w.model.clone().unwrap_or_else(|| w.name.clone()),
-                group: None,
-                gpus: w.gpus.clone(),
-                shared: w.gpu_shared_gb.and(sharer_bytes(&w.name)),
-                status: engines
-                    .iter()
-                    .find(|e| e.worker.as_deref() == Some(&w.name))
-                    .map(|e| e.state),
+            .map(|w| {
+                let (status, message) = engine_of(
+                    engines
+                        .iter()
+                        .find(|e| e.worker.as_deref() == Some(&w.name)),
+                );
+                WorkerLine {
+                    name: w.model.clone().unwrap_or_else(|| w.name.clone()),
+                    group: None,
+                    gpus: w.gpus.clone(),
+                    shared: w.gpu_shared_gb.and(sharer_bytes(&w.name)),
+                    status,
+                    message,
+                }
             })
             .collect();
         for group in &self.fleet.committed().groups {
@@ -166,19 +181,18 @@ impl ConsoleService {
                 .map(|g| Bytes(g.total_bytes))
                 .unwrap_or_default();
             for share in &group.members {
+                let (status, message) = engine_of(engines.iter().find(|e| {
+                    e.group.as_deref() == Some(&group.name)
+                        && e.model.as_deref() == Some(&share.member)
+                        && e.machine == name
+                }));
                 lines.push(WorkerLine {
                     name: share.member.clone(),
                     group: Some(group.name.clone()),
                     gpus: gpus.clone(),
                     shared: Some(total.share(share.share)),
-                    status: engines
-                        .iter()
-                        .find(|e| {
-                            e.group.as_deref() == Some(&group.name)
-                                && e.model.as_deref() == Some(&share.member)
-                                && e.machine == name
-                        })
-                        .map(|e| e.state),
+                    status,
+                    message,
                 });
             }
         }

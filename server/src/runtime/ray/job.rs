@@ -97,6 +97,12 @@ impl Running for RayJob {
     async fn exited(&mut self) -> String {
         let job = self.ended().await;
         self.over = true;
+        if job.driver_exit_code == Some(super::PORT_TAKEN) {
+            return format!(
+                "port {} was taken on its node: it starts again on another",
+                self.port
+            );
+        }
         ending(&job)
     }
 

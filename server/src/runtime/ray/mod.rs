@@ -314,16 +314,19 @@ impl RayExecutor {
         if let Some(key) = &launch.api_key {
             metadata.insert(META_KEY.to_owned(), key.clone());
         }
+        let check = port_check(spec.host.bind_address(), port)?;
         Ok(JobRequest {
             submission_id: submission_id(&spec.unit),
             // `exec`: the engine itself takes the shell's place, and Ray's stop signals reach it.
             entrypoint: match daemon {
                 Some(daemon) => format!(
-                    "{PIDS_REPORTER}\n{}",
+                    "{check}\n{PIDS_REPORTER}\n{}",
                     self.mps_entrypoint(daemon, &spec.unit, &command)?
                 ),
-                None if spec.host.runs_daemons() => format!("{PIDS_REPORTER}\nexec {command}"),
-                None => format!("exec {command}"),
+                None if spec.host.runs_daemons() => {
+                    format!("{check}\n{PIDS_REPORTER}\nexec {command}")
+                }
+                None => format!("{check}\nexec {command}"),
             },
             runtime_env: RuntimeEnv { env_vars },
             metadata,
@@ -334,6 +337,29 @@ impl RayExecutor {
             )]),
         })
     }
+}
+
+/// How a job ends whose port is taken on its node: a status no engine exits with.
+pub(super) const PORT_TAKEN: i64 = 75;
+
+/// The first lines of an engine's job: the port Tessera chose is only free on Tessera's own host, so the
+/// job binds it on its node first (as the engine will, address reuse included), and ends at once where it
+/// is taken, saying so, rather than start an engine that cannot listen beside whatever answers there: the
+/// next try takes another port. Python is there wherever Ray runs; without `python3` on the path the
+/// check is left to the engine.
+fn port_check(bind: &str, port: u16) -> Result<String, String> {
+    let bind = shlex::try_quote(bind)
+        .map_err(|e| format!("the address {bind} cannot be given to a shell: {e}"))?;
+    Ok(format!(
+        r#"if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import socket, sys
+host, port = sys.argv[1], int(sys.argv[2])
+s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((host, port))' {bind} {port} 2>/dev/null; then
+  echo "tessera: port {port} is taken on this node: the engine starts again on another" >&2
+  exit {PORT_TAKEN}
+fi"#
+    ))
 }
 
 /// A job id of Tessera's for `unit`: unique (Ray keeps ended jobs), and readable in Ray's own dashboard.

@@ -208,7 +208,10 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
     let mut launch = demo.command_line(8000, Bytes::gb(8)).unwrap();
     let (request, daemon) = node.submission(&demo, &mut launch, 8000).unwrap();
     assert_eq!(daemon, None);
-    assert!(request.entrypoint.starts_with("exec "), "{request:?}");
+    assert!(
+        request.entrypoint.lines().any(|l| l.starts_with("exec ")),
+        "{request:?}"
+    );
     assert!(!launch.env.contains_key("CUDA_MPS_PIPE_DIRECTORY"));
 }
 
@@ -562,4 +565,49 @@ async fn an_engine_s_job_waits_for_its_earlier_job_on_the_same_machine_to_end_bu
         "the stop timeout was given to it"
     );
     assert_eq!(submitted(), 1, "nothing more was submitted");
+}
+
+#[test]
+fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_and_runs_its_engine_where_it_is_free(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let node = ray::RayExecutor::new(
+        crate::inventory::ray::RayClient::new("http://127.0.0.1:9", None).unwrap(),
+        settings(dir.path()),
+        instance(dir.path()),
+        Arc::new(Mutex::new(false)),
+    );
+    let spec = EngineSpec {
+        machine: "majin".to_owned(),
+        host: Host::Cluster {
+            address: "127.0.0.1".to_owned(),
+            uuids: BTreeMap::from([(0, "GPU-a1b2c3d4-0000-4000-8000-000000000001".to_owned())]),
+            demo: false,
+        },
+        ..command("emb", 0, "echo the engine runs on {port}")
+    };
+    // Something else listens on the port on the node (here, this host).
+    let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let mut launch = spec.command_line(port, Bytes::gb(8)).unwrap();
+    let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", &request.entrypoint])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code().map(i64::from), Some(ray::PORT_TAKEN));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("port {port} is taken on this node")),
+        "{said}"
+    );
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("the engine runs"));
+
+    // Once it is free, the engine runs.
+    drop(taken);
+    let (stdout, _, ok) = run_on_node(&request);
+    assert!(
+        ok && stdout.contains(&format!("the engine runs on {port}")),
+        "{stdout}"
+    );
 }
