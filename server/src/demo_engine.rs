@@ -15,7 +15,7 @@ use axum::http::{header, HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use profile::{Answering, Memory, Profile};
+use profile::{Answering, KvSizing, Memory, Profile};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -74,6 +74,9 @@ struct Busy {
 /// an engine that crashes while it answers.
 pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
     let var = |name: &str| std::env::var(name).unwrap_or_default();
+    if let Ok(bytes) = var(profile::HELPER_VAR).parse() {
+        return profile::help(bytes).await;
+    }
     let port: u16 = var("TESSERA_PORT")
         .parse()
         .map_err(|_| "TESSERA_PORT must be set to the port to serve on".to_owned())?;
@@ -105,7 +108,8 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
             std::process::exit(70);
         });
     }
-    if let Err(out_of_memory) = profile::load(&profile, memory.as_deref(), pick()).await {
+    let sizing = KvSizing::of(&report.stands_in_for);
+    if let Err(out_of_memory) = profile::load(&profile, memory.as_deref(), pick(), sizing).await {
         // As a real engine dies of CUDA's out-of-memory error while it loads.
         eprintln!("{out_of_memory}");
         std::process::exit(1);

@@ -1,7 +1,7 @@
 //! How a demo engine behaves like a real one (`TESSERA_DEMO_PROFILE`, a JSON object): a load that takes
 //! seconds to minutes, its memory growing as it loads (the weights shard by shard, then the KV cache block
 //! vLLM sizes from its share), slower answers, an exit that lingers after SIGTERM, and faults on request:
-//! a crash or a hang after so many requests, SIGTERM ignored. One time-compression factor (`speed`) makes
+//! a crash or a hang after so many requests, SIGTERM ignored, a helper process that outlives it. One time-compression factor (`speed`) makes
 //! a 3-minute load take 3 s in CI; the same profile at speed 1 takes real time. On a simulated GPU
 //! (`TESSERA_SIM_DIR`) the memory is really allocated, and an allocation past the GPU's total kills the
 //! engine as CUDA's out-of-memory error kills a real one.
@@ -9,6 +9,7 @@
 use crate::inventory::simulated::{SimulatedGpus, SIM_DIR_VAR, SIM_GPUS_VAR};
 use placement::{Bytes, GpuRef};
 use serde::Deserialize;
+use std::os::unix::process::CommandExt;
 use std::time::Duration;
 
 /// The variable that gives a demo engine its profile.
@@ -39,6 +40,10 @@ pub struct Profile {
     pub crash_after: Option<u64>,
     /// It hangs (no answer, its health check unanswered) when this many requests have been answered.
     pub hang_after: Option<u64>,
+    /// The part of its share (0 to `weights`) that a helper process of its own holds: in a session of its
+    /// own, deaf to SIGTERM, it outlives the engine (as a compile worker or a leaked worker process does)
+    /// until Tessera's clean-up after the stop ends it.
+    pub helper: f64,
 }
 
 impl Default for Profile {
@@ -54,6 +59,7 @@ impl Default for Profile {
             ignore_sigterm: false,
             crash_after: None,
             hang_after: None,
+            helper: 0.0,
         }
     }
 }
@@ -74,10 +80,13 @@ impl Profile {
         };
         let profile: Profile = serde_json::from_str(&text)
             .map_err(|e| format!("{PROFILE_VAR} is not a profile: {e}"))?;
-        if profile.speed.is_nan() || profile.speed <= 0.0 || !(0.0..=1.0).contains(&profile.weights)
+        if profile.speed.is_nan()
+            || profile.speed <= 0.0
+            || !(0.0..=1.0).contains(&profile.weights)
+            || !(0.0..=profile.weights).contains(&profile.helper)
         {
             return Err(format!(
-                "{PROFILE_VAR}: speed must be above 0 and weights from 0 to 1"
+                "{PROFILE_VAR}: speed must be above 0, weights from 0 to 1 and helper from 0 to weights"
             ));
         }
         Ok(profile)
@@ -124,14 +133,83 @@ impl Memory {
 
     /// Takes `part` (0 to 1) of its share more on each of its GPUs; CUDA's error where one refuses.
     pub fn take(&self, part: f64) -> Result<(), String> {
-        let bytes = Bytes((self.share.get() as f64 * part) as u64);
+        let bytes = self.part(part);
         for gpu in &self.gpus {
-            self.sim
-                .allocate(gpu, std::process::id(), bytes, false)
-                .map_err(|e| format!("torch.OutOfMemoryError: {e}"))?;
+            self.take_on(gpu, bytes)?;
         }
         Ok(())
     }
+
+    fn part(&self, part: f64) -> Bytes {
+        Bytes((self.share.get() as f64 * part) as u64)
+    }
+
+    fn take_on(&self, gpu: &GpuRef, bytes: Bytes) -> Result<(), String> {
+        self.sim
+            .allocate(gpu, std::process::id(), bytes, false)
+            .map_err(|e| format!("torch.OutOfMemoryError: {e}"))
+    }
+
+    /// Each of its GPUs' total and what is free on it now, as `torch.cuda.mem_get_info` says.
+    fn free(&self) -> Result<Vec<(Bytes, Bytes)>, String> {
+        self.gpus
+            .iter()
+            .map(|gpu| {
+                let now = self.sim.read(gpu).map_err(|e| e.to_string())?;
+                Ok((now.total, now.total.saturating_sub(now.used)))
+            })
+            .collect()
+    }
+
+    /// What `pids` hold on `gpu` now.
+    fn held_by(&self, gpu: &GpuRef, pids: &[u32]) -> Bytes {
+        self.sim.read(gpu).map_or(Bytes(0), |now| {
+            now.processes
+                .iter()
+                .filter(|(pid, _)| pids.contains(pid))
+                .map(|(_, b)| *b)
+                .sum()
+        })
+    }
+}
+
+/// How the engine it stands in for sizes its KV cache, read from that engine's command line.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum KvSizing {
+    /// vLLM's `--gpu-memory-utilization U`: U of each GPU's total is its own, less what it holds once its
+    /// weights are in; it refuses to start where less than that is free.
+    Utilization(f64),
+    /// SGLang's `--mem-fraction-static F`: F of the memory free at its start holds its weights and its KV
+    /// cache, whatever its neighbours do meanwhile (its pool is what is free after the weights, less the
+    /// rest of what was free at its start).
+    FreeFraction(f64),
+    /// Anything else: the rest of its share.
+    Share,
+}
+
+impl KvSizing {
+    /// As the command line `command` sizes it.
+    pub fn of(command: &[String]) -> KvSizing {
+        let value = |flag: &str| {
+            command
+                .iter()
+                .position(|a| a == flag)
+                .and_then(|i| command.get(i + 1)?.parse::<f64>().ok())
+        };
+        if let Some(u) = value("--gpu-memory-utilization") {
+            KvSizing::Utilization(u)
+        } else if let Some(f) = value("--mem-fraction-static") {
+            KvSizing::FreeFraction(f)
+        } else {
+            KvSizing::Share
+        }
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+fn gib(bytes: Bytes) -> f64 {
+    bytes.get() as f64 / GIB
 }
 
 /// A request being answered on the engine's simulated GPUs: its neighbours see it until it is dropped.
@@ -167,16 +245,39 @@ impl Drop for Answering {
 }
 
 /// Loads as `profile` says: the weights shard by shard, printing vLLM's progress line after each, then
-/// the KV cache; on a simulated GPU each part is really allocated.
-pub async fn load(profile: &Profile, memory: Option<&Memory>, pick: f64) -> Result<(), String> {
+/// the KV cache, sized as the engine it stands in for sizes it (`sizing`); on a simulated GPU each part
+/// is really allocated, and refused as the real engine refuses it. A helper process, where the profile
+/// has one, holds its part from the first shard on.
+pub async fn load(
+    profile: &Profile,
+    memory: Option<&Memory>,
+    pick: f64,
+    sizing: KvSizing,
+) -> Result<(), String> {
     let took = profile.load(pick);
     let shards = profile.shards.max(1);
+    let at_start = memory.map(Memory::free).transpose()?;
+    if let (Some(at_start), KvSizing::Utilization(u)) = (&at_start, sizing) {
+        for (total, free) in at_start {
+            let wanted = Bytes((total.get() as f64 * u) as u64);
+            if *free < wanted {
+                return Err(format!(
+                    "ValueError: Free memory on device ({:.2}/{:.2} GiB) on startup is less than desired GPU memory utilization ({u}, {:.2} GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.",
+                    gib(*free), gib(*total), gib(wanted)
+                ));
+            }
+        }
+    }
+    let mut helper = None;
     // The weights take most of a load; the KV cache's profiling run the last tenth.
     let per_shard = took.mul_f64(0.9) / shards;
     for shard in 1..=shards {
         tokio::time::sleep(per_shard).await;
         if let Some(memory) = memory {
-            memory.take(profile.weights / f64::from(shards))?;
+            if shard == 1 && profile.helper > 0.0 {
+                helper = Some(spawn_helper(memory.part(profile.helper))?);
+            }
+            memory.take((profile.weights - profile.helper) / f64::from(shards))?;
         }
         println!(
             "Loading safetensors checkpoint shards: {:>3}% Completed | {shard}/{shards}",
@@ -184,14 +285,76 @@ pub async fn load(profile: &Profile, memory: Option<&Memory>, pick: f64) -> Resu
         );
     }
     tokio::time::sleep(took.mul_f64(0.1)).await;
-    if let Some(memory) = memory {
-        memory.take(1.0 - profile.weights)?;
-        println!(
-            "KV cache: {:.2} GiB allocated",
-            memory.share.get() as f64 * (1.0 - profile.weights) / f64::from(1u32 << 30)
-        );
+    let (Some(memory), Some(at_start)) = (memory, at_start) else {
+        return Ok(());
+    };
+    let ours: Vec<u32> = std::iter::once(std::process::id()).chain(helper).collect();
+    let now = memory.free()?;
+    let mut kv_cache = Bytes(0);
+    for ((gpu, (total, free_at_start)), (_, free)) in memory.gpus.iter().zip(at_start).zip(now) {
+        let bytes = match sizing {
+            KvSizing::Share => memory.part(1.0 - profile.weights),
+            KvSizing::Utilization(u) => {
+                Bytes((total.get() as f64 * u) as u64).saturating_sub(memory.held_by(gpu, &ours))
+            }
+            KvSizing::FreeFraction(f) => {
+                let rest = Bytes((free_at_start.get() as f64 * (1.0 - f)) as u64);
+                if free <= rest {
+                    return Err("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.".to_owned());
+                }
+                free.saturating_sub(rest)
+            }
+        };
+        memory.take_on(gpu, bytes)?;
+        kv_cache = kv_cache.max(bytes);
     }
+    println!("KV cache: {:.2} GiB allocated", gib(kv_cache));
     Ok(())
+}
+
+/// The variable that makes a demo engine a helper of another, holding this many bytes of its GPUs.
+pub const HELPER_VAR: &str = "TESSERA_DEMO_HELPER_BYTES";
+
+/// Starts a helper holding `bytes` of each of the engine's GPUs, in a session of its own: its PID.
+fn spawn_helper(bytes: Bytes) -> Result<u32, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("no helper: {e}"))?;
+    let child = std::process::Command::new(exe)
+        .arg("demo-engine")
+        .env(HELPER_VAR, bytes.get().to_string())
+        .process_group(0)
+        .stdin(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("no helper: {e}"))?;
+    // Its allocation, made before the engine goes on: the engine's own then counts it as held.
+    let memory = Memory::from_env().ok_or("no helper: no simulated GPUs")?;
+    for _ in 0..200 {
+        if memory
+            .gpus
+            .iter()
+            .all(|g| memory.held_by(g, &[child.id()]).get() > 0)
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    println!(
+        "a helper process, PID {}, holds {bytes} of each GPU",
+        child.id()
+    );
+    Ok(child.id())
+}
+
+/// A helper: holds `bytes` of each of its engine's GPUs, deaf to SIGTERM, until SIGKILL ends it.
+pub async fn help(bytes: u64) -> Result<(), String> {
+    let memory = Memory::from_env().ok_or("a helper needs simulated GPUs")?;
+    for gpu in &memory.gpus {
+        memory.take_on(gpu, Bytes(bytes))?;
+    }
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| e.to_string())?;
+    loop {
+        term.recv().await;
+    }
 }
 
 #[cfg(test)]
@@ -206,5 +369,94 @@ mod tests {
         assert_eq!(profile.load(0.5), Duration::from_secs(3));
         assert_eq!(profile.load(1.0), Duration::from_secs(4));
         assert!(serde_json::from_str::<Profile>(r#"{"sped": 2}"#).is_err());
+    }
+
+    const GB: u64 = 1_000_000_000;
+
+    /// Simulated GPU `sim:0` of 80 GB, with `others` held by another process, and an engine's memory there
+    /// with a share of `share` GB.
+    fn gpu(dir: &std::path::Path, others: u64, share: u64) -> Memory {
+        let gpu: GpuRef = "sim:0".parse().unwrap();
+        let sim = SimulatedGpus::create(dir, &[(gpu.clone(), Bytes(80 * GB), Bytes(0))]).unwrap();
+        // A live process other than this one: the test's parent.
+        sim.allocate(
+            &gpu,
+            std::os::unix::process::parent_id(),
+            Bytes(others * GB),
+            false,
+        )
+        .unwrap();
+        Memory {
+            sim,
+            gpus: vec![gpu],
+            share: Bytes(share * GB),
+        }
+    }
+
+    fn held(memory: &Memory) -> u64 {
+        memory.held_by(&memory.gpus[0], &[std::process::id()]).get()
+    }
+
+    #[test]
+    fn the_kv_cache_is_sized_from_the_command_line_as_vllm_and_sglang_size_theirs() {
+        let command =
+            |words: &str| -> Vec<String> { words.split(' ').map(str::to_owned).collect() };
+        assert_eq!(
+            KvSizing::of(&command("vllm serve m --gpu-memory-utilization 0.25")),
+            KvSizing::Utilization(0.25)
+        );
+        assert_eq!(
+            KvSizing::of(&command(
+                "python3 -m sglang.launch_server --mem-fraction-static 0.5"
+            )),
+            KvSizing::FreeFraction(0.5)
+        );
+        assert_eq!(KvSizing::of(&command("llama-server -m m")), KvSizing::Share);
+    }
+
+    #[tokio::test]
+    async fn sglang_takes_its_fraction_of_what_was_free_at_its_start_and_vllm_refuses_to_start_without_its_part_free(
+    ) {
+        let profile = Profile {
+            load_s: [0.0, 0.0],
+            weights: 0.5,
+            ..Profile::default()
+        };
+        // SGLang, given 20 GB as a fraction of the 40 GB free: its weights and its pool are 20 GB.
+        let dir = tempfile::tempdir().unwrap();
+        let memory = gpu(dir.path(), 40, 20);
+        load(&profile, Some(&memory), 0.0, KvSizing::FreeFraction(0.5))
+            .await
+            .unwrap();
+        assert_eq!(held(&memory), 20 * GB);
+
+        // The same fraction where more was free at its start than Tessera reckoned (a neighbour not yet
+        // loaded): it takes more than its share.
+        let dir = tempfile::tempdir().unwrap();
+        let memory = gpu(dir.path(), 20, 20);
+        load(&profile, Some(&memory), 0.0, KvSizing::FreeFraction(0.5))
+            .await
+            .unwrap();
+        assert_eq!(held(&memory), 30 * GB);
+
+        // vLLM, told to use a quarter of the GPU where less is free, refuses as vLLM does.
+        let dir = tempfile::tempdir().unwrap();
+        let memory = gpu(dir.path(), 70, 20);
+        let refused = load(&profile, Some(&memory), 0.0, KvSizing::Utilization(0.25))
+            .await
+            .unwrap_err();
+        assert!(
+            refused.starts_with("ValueError: Free memory on device (9.31/74.51 GiB)"),
+            "{refused}"
+        );
+        assert_eq!(held(&memory), 0);
+
+        // Where it is free, its weights and KV cache come to its part of the GPU.
+        let dir = tempfile::tempdir().unwrap();
+        let memory = gpu(dir.path(), 40, 20);
+        load(&profile, Some(&memory), 0.0, KvSizing::Utilization(0.25))
+            .await
+            .unwrap();
+        assert_eq!(held(&memory), 20 * GB);
     }
 }

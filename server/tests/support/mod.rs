@@ -381,6 +381,12 @@ pub fn processes_of(instance: &str) -> Vec<u32> {
         .collect()
 }
 
+/// The parent of process `pid`, while it runs.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
+}
+
 /// Whether the process `pid` runs (a zombie is gone in all but name).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
