@@ -31,10 +31,12 @@ pub struct Config {
     /// Add the built-in demo fleet (majin, a WSL2 PC, a node with two 96 GB GPUs, an 8 × H200 node).
     #[arg(long, env = "TESSERA_DEMO")]
     pub demo: bool,
-    /// With --demo: simulate the demo fleet's GPUs in this folder. Its demo engines really allocate their
-    /// memory there as they load (a profile in TESSERA_DEMO_PROFILE makes them load, slow down and fail
-    /// like real ones), an allocation past a GPU's total kills the engine as CUDA's out-of-memory error
-    /// does, and the readings come from what is held (the chaos soak runs on this).
+    /// With --demo: simulate the demo fleet's GPUs in this folder; with --ray, those of the cluster's nodes
+    /// whose GPUs are made up (`tessera.demo=true`), which must see the folder at the same path (nodes run
+    /// on this host, as in the tests). Its demo engines really allocate their memory there as they load (a
+    /// profile in TESSERA_DEMO_PROFILE makes them load, slow down and fail like real ones), an allocation
+    /// past a GPU's total kills the engine as CUDA's out-of-memory error does, and the readings come from
+    /// what is held (the chaos soak runs on this).
     #[arg(long, env = "TESSERA_SIMULATE_GPUS", value_name = "DIR")]
     pub simulate_gpus: Option<PathBuf>,
     /// Machines the server cannot see, described in a TOML file (see docs/src/server.md).

@@ -50,8 +50,8 @@ pub enum ServerError {
     /// https cannot be served with the certificate and key given.
     #[error("could not serve https (--tls-cert, --tls-key): {0}")]
     Tls(#[from] tls::TlsError),
-    /// Only the demo fleet's GPUs are simulated.
-    #[error("--simulate-gpus simulates the demo fleet's GPUs: add --demo")]
+    /// Only the demo fleet's GPUs and a cluster's made-up ones are simulated.
+    #[error("--simulate-gpus simulates the demo fleet's GPUs or a Ray cluster's made-up ones: add --demo or --ray")]
     SimulationWithoutDemo,
     /// The simulated GPUs' folder could not be made.
     #[error("could not simulate the demo fleet's GPUs (--simulate-gpus): {0}")]
@@ -307,8 +307,10 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         gather_inventory(&config, ray.as_ref(), &pool).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let simulated = match &config.simulate_gpus {
-        Some(_) if !config.demo => return Err(ServerError::SimulationWithoutDemo),
-        Some(dir) => Some(simulate(dir, &inventory).map_err(ServerError::Simulation)?),
+        Some(_) if !config.demo && ray.is_none() => {
+            return Err(ServerError::SimulationWithoutDemo)
+        }
+        Some(dir) => Some(simulate(dir, &inventory, &hosts).map_err(ServerError::Simulation)?),
         None => None,
     };
     let settings = runtime::Settings {
@@ -351,7 +353,11 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         tokio::spawn(fleet.clone().follow_local_gpus(gpus, LOCAL_GPU_REFRESH));
     }
     if let Some(client) = ray {
-        tokio::spawn(fleet.clone().follow_cluster(client, CLUSTER_REFRESH));
+        let sim = config
+            .simulate_gpus
+            .as_deref()
+            .map(inventory::simulated::SimulatedGpus::open);
+        tokio::spawn(fleet.clone().follow_cluster(client, CLUSTER_REFRESH, sim));
     }
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
@@ -492,10 +498,12 @@ const LOCAL_GPU_REFRESH: Duration = Duration::from_secs(5);
 /// How often the simulated GPUs are read: often, as the soak that runs on them is compressed in time.
 const SIMULATED_GPU_REFRESH: Duration = Duration::from_secs(1);
 
-/// The demo fleet's GPUs of `inventory`, simulated in `dir`, each with what is held outside it.
+/// The demo fleet's GPUs of `inventory`, simulated in `dir`, each with what is held outside it, and those
+/// of the cluster's nodes whose GPUs are made up.
 fn simulate(
     dir: &std::path::Path,
     inventory: &placement::Inventory,
+    hosts: &runtime::Hosts,
 ) -> Result<inventory::simulated::SimulatedGpus, inventory::simulated::SimError> {
     let gpus: Vec<_> = inventory::demo::demo_fleet()
         .iter()
@@ -510,7 +518,13 @@ fn simulate(
             })
         })
         .collect();
-    inventory::simulated::SimulatedGpus::create(dir, &gpus)
+    let sim = inventory::simulated::SimulatedGpus::create(dir, &gpus)?;
+    for node in hosts.cluster.values().filter(|m| m.demo) {
+        for gpu in &node.gpus {
+            sim.ensure(&placement::GpuRef::new(&node.name, gpu.index), gpu.memory)?;
+        }
+    }
+    Ok(sim)
 }
 
 /// The machines from every source: this machine's GPUs (NVML), the inventory file, the Ray cluster and the

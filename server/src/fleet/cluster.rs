@@ -5,6 +5,7 @@
 use super::engines;
 use super::Fleet;
 use crate::inventory::ray::{ClusterMachine, RayClient};
+use crate::inventory::simulated::SimulatedGpus;
 use crate::inventory::GpuLive;
 use std::collections::BTreeSet;
 use std::sync::{Arc, PoisonError};
@@ -17,7 +18,15 @@ impl Fleet {
     /// start. A machine the cluster lists for the first time (it did not answer when the server started,
     /// or the node joined since) is taken up as it is read. While the cluster itself does not answer, the
     /// last reading stands.
-    pub async fn follow_cluster(self: Arc<Self>, client: RayClient, every: std::time::Duration) {
+    ///
+    /// With `sim`, the nodes whose GPUs are made up are read from their simulated GPUs, which their demo
+    /// engines allocate from, as a node with NVML is read from its agent.
+    pub async fn follow_cluster(
+        self: Arc<Self>,
+        client: RayClient,
+        every: std::time::Duration,
+        sim: Option<SimulatedGpus>,
+    ) {
         let mut last_error = None;
         let mut kept: Option<Vec<ClusterMachine>> = None;
         let mut ignored = BTreeSet::new();
@@ -46,7 +55,9 @@ impl Fleet {
             let known = self.hosts().cluster.clone();
             for (name, known) in &known {
                 let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
-                    Some(now) if now.alive => (self.read_node(&client, now).await, true),
+                    Some(now) if now.alive => {
+                        (self.read_node(&client, now, sim.as_ref()).await, true)
+                    }
                     _ => {
                         // What its engines were measured to hold there is past.
                         self.measure(name, &[], &[]);
@@ -109,9 +120,17 @@ impl Fleet {
         &self,
         client: &crate::inventory::ray::RayClient,
         node: &crate::inventory::ray::ClusterMachine,
+        sim: Option<&SimulatedGpus>,
     ) -> placement::Machine {
         let mut machine = node.machine();
-        let readings = match client.node_gpus(&node.node_id).await {
+        let read = match sim.filter(|_| node.demo) {
+            Some(sim) => simulated(sim, node),
+            None => client
+                .node_gpus(&node.node_id)
+                .await
+                .map_err(|e| e.to_string()),
+        };
+        let readings = match read {
             Ok(readings) => readings,
             Err(e) => {
                 tracing::debug!("the GPUs of {} could not be read: {e}", node.name);
@@ -181,6 +200,29 @@ impl Fleet {
             unreachable.insert(name.to_owned(), since);
         }
     }
+}
+
+/// A node's made-up GPUs as their simulation reads them: what each process holds (the node's own PIDs, as
+/// its agent would report them), and as busy as a GPU is while any of them is answering a request.
+fn simulated(
+    sim: &SimulatedGpus,
+    node: &ClusterMachine,
+) -> Result<Vec<crate::inventory::ray::GpuReading>, String> {
+    let unreadable = |e: crate::inventory::simulated::SimError| e.to_string();
+    node.gpus
+        .iter()
+        .map(|gpu| {
+            let at = placement::GpuRef::new(&node.name, gpu.index);
+            sim.ensure(&at, gpu.memory).map_err(unreadable)?;
+            let now = sim.read(&at).map_err(unreadable)?;
+            Ok(crate::inventory::ray::GpuReading {
+                uuid: gpu.uuid.clone(),
+                used: now.used,
+                utilisation_percent: Some(if now.answering > 0 { 100 } else { 0 }),
+                processes: now.processes,
+            })
+        })
+        .collect()
 }
 
 /// Keeps `machines` as the cluster's, in place of those kept before.

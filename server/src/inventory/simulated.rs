@@ -106,6 +106,8 @@ pub struct Reading {
     pub used: Bytes,
     /// What each live process holds (PID 0: held by no process).
     pub processes: Vec<(u32, Bytes)>,
+    /// The requests its processes are answering now.
+    pub answering: u32,
 }
 
 /// The simulated GPUs in one folder.
@@ -182,6 +184,21 @@ impl SimulatedGpus {
         std::fs::rename(&next, &path).map_err(|source| io(gpu, source))?;
         drop(lock);
         Ok(answer)
+    }
+
+    /// Simulates `gpu` with `total`, where it is not yet (a cluster's node met for the first time); one
+    /// simulated already keeps what it holds.
+    pub fn ensure(&self, gpu: &GpuRef, total: Bytes) -> Result<(), SimError> {
+        if self.path(gpu).exists() {
+            return Ok(());
+        }
+        std::fs::create_dir_all(&self.dir).map_err(|source| io(gpu, source))?;
+        self.with(gpu, true, |state| {
+            if state.total == 0 {
+                state.total = total.get();
+            }
+            Ok(())
+        })
     }
 
     /// `pid` takes `bytes` more of `gpu`; refused (and written down) past the GPU's total.
@@ -272,6 +289,7 @@ impl SimulatedGpus {
                 total: Bytes(state.total),
                 used: processes.iter().map(|(_, b)| *b).sum(),
                 processes,
+                answering: state.answering.values().sum(),
             })
         })
     }

@@ -254,8 +254,9 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
             &sizing,
         )
         .map_err(|e| StartFailure::Refused(e.to_string()))?;
-    // On the demo fleet's simulated GPUs, its demo engine allocates its memory for real.
-    if let (Some(dir), super::spec::Host::Simulated) = (&shared.settings.sim_dir, &spec.host) {
+    // On simulated GPUs (the demo fleet's, a cluster node's made-up ones), its demo engine allocates its
+    // memory for real.
+    if let (Some(dir), true) = (&shared.settings.sim_dir, spec.host.made_up()) {
         use crate::inventory::simulated::{SIM_DIR_VAR, SIM_GPUS_VAR};
         let gpus: Vec<String> = spec
             .gpus

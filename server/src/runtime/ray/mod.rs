@@ -234,6 +234,12 @@ impl RayExecutor {
         Ok(())
     }
 
+    /// Whether `spec`'s job says which processes it runs as: where its node's GPUs can be read per
+    /// process (real ones, or made-up ones simulated, which its demo engine allocates from).
+    fn reports_processes(&self, spec: &EngineSpec) -> bool {
+        spec.host.runs_daemons() || (spec.host.made_up() && self.0.settings.sim_dir.is_some())
+    }
+
     /// Ray's wait between a job's SIGTERM and its SIGKILL: the stop timeout in whole seconds.
     fn stop_grace(&self) -> Duration {
         Duration::from_secs_f64(self.0.settings.stop_timeout.as_secs_f64().ceil().max(1.0))
@@ -323,7 +329,7 @@ impl RayExecutor {
                     "{check}\n{PIDS_REPORTER}\n{}",
                     self.mps_entrypoint(daemon, &spec.unit, &command)?
                 ),
-                None if spec.host.runs_daemons() => {
+                None if self.reports_processes(spec) => {
                     format!("{check}\n{PIDS_REPORTER}\nexec {command}")
                 }
                 None => format!("{check}\nexec {command}"),
