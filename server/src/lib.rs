@@ -307,9 +307,7 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         gather_inventory(&config, ray.as_ref(), &pool).await?;
     let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let simulated = match &config.simulate_gpus {
-        Some(_) if !config.demo && ray.is_none() => {
-            return Err(ServerError::SimulationWithoutDemo)
-        }
+        Some(_) if !config.demo && ray.is_none() => return Err(ServerError::SimulationWithoutDemo),
         Some(dir) => Some(simulate(dir, &inventory, &hosts).map_err(ServerError::Simulation)?),
         None => None,
     };

@@ -13,8 +13,6 @@
 
 mod support;
 
-use http_body_util::{BodyExt, Full};
-use hyper::body::Bytes;
 use serde_json::{json, Value};
 use server::inventory::simulated::SimulatedGpus;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,32 +20,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use support::chaos::{ask, call, Current, Outcome, Rng};
 use support::Server;
 use tokio::sync::RwLock;
-
-/// A small seeded generator (xorshift64*): the same seed replays the same choices.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
-
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
-        &items[self.below(items.len() as u64) as usize]
-    }
-}
 
 /// What the soak counted.
 #[derive(Debug, Default, serde::Serialize)]
@@ -87,9 +62,6 @@ struct Report {
     orphans: Vec<u32>,
     duplicates: Vec<String>,
 }
-
-/// The server under soak, replaced when the soak kills it.
-type Current = Arc<RwLock<Option<Server>>>;
 
 const MODELS: [&str; 5] = ["glm-5.3", "embedder", "vision", "speech", "semantic-router"];
 const GPUS: [&str; 5] = [
@@ -135,74 +107,6 @@ async fn start(data: &Path, sim: &Path, speed: f64) -> Server {
         &[("TESSERA_DEMO_PROFILE", &profile.to_string())],
     )
     .await
-}
-
-/// The port and token of the server now, if it runs.
-async fn address(current: &Current) -> Option<(u16, String)> {
-    let server = current.read().await;
-    server.as_ref().map(|s| (s.port, s.token.clone()))
-}
-
-async fn call(current: &Current, method: &str, path: &str, body: Value) -> (u16, Value) {
-    let Some((port, token)) = address(current).await else {
-        return (0, Value::Null);
-    };
-    let (status, _, bytes) =
-        support::request_full(port, Some(&token), method, path, Some(body)).await;
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
-}
-
-/// One client's request to `model`, streamed or not: how it ended.
-enum Outcome {
-    Answered,
-    ToldToRetry,
-    Gone,
-    Failed(String),
-    Down,
-}
-
-async fn ask(current: &Current, model: &str, stream: bool) -> Outcome {
-    let Some((port, token)) = address(current).await else {
-        return Outcome::Down;
-    };
-    let Some(mut sender) = support::connect(port).await else {
-        return Outcome::Down;
-    };
-    let body = json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "how are you today"}]});
-    let request = hyper::Request::post("/v1/chat/completions")
-        .header(hyper::header::HOST, "127.0.0.1")
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let Ok(answer) = sender.send_request(request).await else {
-        return Outcome::Down;
-    };
-    let status = answer.status().as_u16();
-    let retry_after = answer
-        .headers()
-        .get(hyper::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-    let body = match answer.into_body().collect().await {
-        Ok(body) => String::from_utf8_lossy(&body.to_bytes()).into_owned(),
-        Err(e) => return Outcome::Failed(format!("{model}: the answer was cut: {e}")),
-    };
-    match status {
-        200 if !stream && body.contains("\"choices\"") => Outcome::Answered,
-        200 if stream && body.trim_end().ends_with("data: [DONE]") => Outcome::Answered,
-        200 => Outcome::Failed(format!("{model}: an answer cut short: …{}", tail(&body))),
-        404 if body.contains("model_not_found") => Outcome::Gone,
-        503 if retry_after.is_some_and(|s| (1..=120).contains(&s)) => Outcome::ToldToRetry,
-        _ => Outcome::Failed(format!("{model}: {status} {}", tail(&body))),
-    }
-}
-
-fn tail(text: &str) -> String {
-    let cut = text.len().saturating_sub(160);
-    text[text.floor_char_boundary(cut)..].to_owned()
 }
 
 /// When the soak crashed or hung an engine of each model: a request on it then is counted apart.
