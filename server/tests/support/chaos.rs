@@ -6,6 +6,7 @@ use super::Server;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use tokio::sync::RwLock;
 
@@ -102,4 +103,163 @@ pub async fn ask(current: &Current, model: &str, stream: bool) -> Outcome {
 pub fn tail(text: &str) -> String {
     let cut = text.len().saturating_sub(160);
     text[text.floor_char_boundary(cut)..].to_owned()
+}
+
+/// A group as the soak changes it.
+pub struct Group {
+    name: String,
+    revision: i64,
+    members: Vec<String>,
+    gpus: Vec<String>,
+}
+
+/// The group holding `model`, if it is deployed.
+pub async fn group_of(current: &Current, model: &str) -> Option<Group> {
+    let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
+    groups.as_array()?.iter().find_map(|g| {
+        let names = |key: &str, field: Option<&str>| -> Vec<String> {
+            g[key]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|v| field.map_or(v, |f| &v[f]).as_str().map(str::to_owned))
+                .collect()
+        };
+        let members = names("members", Some("name"));
+        members.iter().any(|m| m == model).then(|| Group {
+            name: g["name"].as_str().unwrap_or_default().to_owned(),
+            revision: g["revision"].as_i64().unwrap_or_default(),
+            gpus: names("gpus", None),
+            members,
+        })
+    })
+}
+
+/// The revision of the group on `gpu`, where there is one: a deploy there joins it.
+pub async fn revision_on(current: &Current, gpu: &str) -> Option<i64> {
+    let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
+    groups
+        .as_array()?
+        .iter()
+        .find(|g| {
+            g["gpus"]
+                .as_array()
+                .is_some_and(|gs| gs.iter().any(|x| x == gpu))
+        })
+        .and_then(|g| g["revision"].as_i64())
+}
+
+/// One of the operator's random changes to `models` on `gpus`; whether the server took it.
+pub async fn act(
+    current: &Current,
+    rng: &mut Rng,
+    models: &[&str],
+    gpus: &[&str],
+) -> (&'static str, bool) {
+    let model = *rng.pick(models);
+    let deployed = group_of(current, model).await;
+    let taken = |status: u16| (200..300).contains(&status);
+    let Some(group) = deployed else {
+        let gpu = *rng.pick(gpus);
+        let revision = revision_on(current, gpu).await;
+        let share = 10 + rng.below(35);
+        return if rng.below(4) == 0 {
+            let body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision,
+                              "demand": {"mode": "on_demand", "keep_alive": 10}});
+            let status = call(current, "POST", "/api/deployments", body).await.0;
+            ("deploy on demand", taken(status))
+        } else {
+            let body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision});
+            let status = call(current, "POST", "/api/deployments", body).await.0;
+            ("deploy", taken(status))
+        };
+    };
+    let revision = group.revision;
+    match rng.below(7) {
+        0 => {
+            let path = format!("/api/deployments/{model}?revision={revision}");
+            let status = call(current, "DELETE", &path, Value::Null).await.0;
+            ("remove", taken(status))
+        }
+        1 => {
+            let status = call(current, "POST", "/api/repack", json!({})).await.0;
+            ("repack", taken(status))
+        }
+        2 => {
+            // Its answers' pace changes: it restarts alone.
+            let pace = (10 + rng.below(40)).to_string();
+            let body = json!({"revision": revision, "env": {"TESSERA_DEMO_TOKEN_MS": pace}});
+            let path = format!("/api/deployments/{model}/serving");
+            (
+                "serving change",
+                taken(call(current, "PUT", &path, body).await.0),
+            )
+        }
+        3 => {
+            // Its GPU switches between time-slicing and MPS: every sharer restarts.
+            let Some((machine, index)) = group.gpus.first().and_then(|g| g.split_once(':')) else {
+                return ("sharing switch", false);
+            };
+            let body = if rng.below(2) == 0 {
+                json!({"mode": "mps", "compute_percent": 50})
+            } else {
+                json!({"mode": "time-slicing"})
+            };
+            let path = format!("/api/machines/{machine}/gpus/{index}/sharing");
+            (
+                "sharing switch",
+                taken(call(current, "PUT", &path, body).await.0),
+            )
+        }
+        _ => {
+            let shares: BTreeMap<&String, u64> = group
+                .members
+                .iter()
+                .map(|m| (m, 5 + rng.below(30)))
+                .collect();
+            let body = json!({"revision": revision, "shares": shares});
+            let path = format!("/api/groups/{}/plan", group.name);
+            (
+                "plan change",
+                taken(call(current, "PUT", &path, body).await.0),
+            )
+        }
+    }
+}
+
+/// Whether every model deployed serves (an on-demand one not loaded counts), and what disagrees.
+pub async fn settled(current: &Current) -> (bool, Vec<String>) {
+    let (_, groups) = call(current, "GET", "/api/groups", Value::Null).await;
+    let (_, engines) = call(current, "GET", "/api/engines", Value::Null).await;
+    let (Some(groups), Some(engines)) = (groups.as_array(), engines.as_array()) else {
+        return (false, vec!["the server does not answer".into()]);
+    };
+    let mut wrong = Vec::new();
+    let mut wanted = BTreeSet::new();
+    for group in groups {
+        for member in group["members"].as_array().into_iter().flatten() {
+            let name = member["name"].as_str().unwrap_or_default();
+            let on_demand = &member["on_demand"];
+            if on_demand.is_object() && on_demand["state"] == "not_loaded" {
+                continue;
+            }
+            wanted.insert(name.to_owned());
+            let serving = engines
+                .iter()
+                .any(|e| e["model"] == name && e["state"] == "healthy");
+            if !serving {
+                wrong.push(format!("{name} is deployed but has no healthy engine"));
+            }
+        }
+    }
+    for engine in engines {
+        let model = engine["model"].as_str().unwrap_or_default();
+        if !wanted.contains(model) {
+            wrong.push(format!(
+                "{} runs, and no committed plan wants it",
+                engine["unit"]
+            ));
+        }
+    }
+    (wrong.is_empty(), wrong)
 }
