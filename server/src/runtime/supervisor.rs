@@ -321,7 +321,10 @@ async fn wait_for_stop(control: &mut mpsc::Receiver<Control>) {
     let _ = control.recv().await;
 }
 
-/// `GET /health` on the engine (with its key, where it has one) answers 2xx within `within`.
+/// `GET /health` on the engine (with its key, where it has one) answers 2xx within `within`; and where
+/// it has a key, whatever answers there takes it: an engine given another key (an earlier run of it, still
+/// on its node's port) refuses `GET /v1/models` with 401 or 403, and is not this one. (An engine that
+/// lists its models to anyone, as llama.cpp does, or serves no such route, cannot be told apart this way.)
 async fn healthy(host: &str, port: u16, key: Option<&str>, within: Duration) -> bool {
     timeout(within, probe(host, port, key))
         .await
@@ -329,30 +332,35 @@ async fn healthy(host: &str, port: u16, key: Option<&str>, within: Duration) -> 
 }
 
 async fn probe(host: &str, port: u16, key: Option<&str>) -> bool {
+    if !status(host, port, key, "/health")
+        .await
+        .is_some_and(|s| s.is_success())
+    {
+        return false;
+    }
+    key.is_none()
+        || !matches!(
+            status(host, port, key, "/v1/models").await,
+            Some(hyper::StatusCode::UNAUTHORIZED | hyper::StatusCode::FORBIDDEN)
+        )
+}
+
+/// The status `GET path` on the engine gets, with its key where it has one; none without an answer.
+async fn status(host: &str, port: u16, key: Option<&str>, path: &str) -> Option<hyper::StatusCode> {
     use http_body_util::Empty;
     use hyper_util::rt::TokioIo;
-    let Ok(stream) = tokio::net::TcpStream::connect((host, port)).await else {
-        return false;
-    };
-    let Ok((mut sender, connection)) =
-        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    else {
-        return false;
-    };
+    let stream = tokio::net::TcpStream::connect((host, port)).await.ok()?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .ok()?;
     tokio::spawn(connection);
     let mut request =
-        hyper::Request::get("/health").header(hyper::header::HOST, format!("{host}:{port}"));
+        hyper::Request::get(path).header(hyper::header::HOST, format!("{host}:{port}"));
     if let Some(key) = key {
         request = request.header(hyper::header::AUTHORIZATION, format!("Bearer {key}"));
     }
-    let request = request.body(Empty::<axum::body::Bytes>::new());
-    match request {
-        Ok(request) => sender
-            .send_request(request)
-            .await
-            .is_ok_and(|r| r.status().is_success()),
-        Err(_) => false,
-    }
+    let request = request.body(Empty::<axum::body::Bytes>::new()).ok()?;
+    Some(sender.send_request(request).await.ok()?.status())
 }
 
 /// The least time a health check is given to answer.
@@ -360,3 +368,42 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The first wait between health probes of a starting engine; it doubles up to the health interval.
 const STARTING_PROBE: Duration = Duration::from_millis(50);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+    use axum::routing::get;
+
+    /// An engine on a port of its own that answers its health check and lists its models with `models`.
+    async fn engine(models: StatusCode) -> u16 {
+        let app = axum::Router::new()
+            .route("/health", get(|| async { StatusCode::OK }))
+            .route("/v1/models", get(move || async move { models }));
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        port
+    }
+
+    #[tokio::test]
+    async fn an_engine_given_a_key_is_healthy_only_where_what_answers_on_its_port_takes_that_key() {
+        let within = Duration::from_secs(5);
+        // Another engine (an earlier run, given another key) answers on the port: not this one.
+        let other = engine(StatusCode::UNAUTHORIZED).await;
+        assert!(!healthy("127.0.0.1", other, Some("k"), within).await);
+        // Without a key there is nothing to tell them apart by.
+        assert!(healthy("127.0.0.1", other, None, within).await);
+        // This engine takes its key; one that lists its models to anyone, or has no such route, is
+        // taken at its health check's word.
+        for models in [StatusCode::OK, StatusCode::NOT_FOUND] {
+            let port = engine(models).await;
+            assert!(
+                healthy("127.0.0.1", port, Some("k"), within).await,
+                "{models}"
+            );
+        }
+    }
+}
