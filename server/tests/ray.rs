@@ -948,10 +948,11 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
             let until = Instant::now() + quiet;
             while Instant::now() < until {
                 let (_, taken) = chaos::act(&current, &mut rng, &models, &gpus).await;
-                let mut r = report.lock().unwrap();
-                r.actions += 1;
-                r.actions_taken += u64::from(taken);
-                drop(r);
+                {
+                    let mut r = report.lock().unwrap();
+                    r.actions += 1;
+                    r.actions_taken += u64::from(taken);
+                }
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
             rng
@@ -1037,7 +1038,9 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
         client.await.unwrap();
     }
     let refusals = server::inventory::simulated::SimulatedGpus::open(&sim_dir).refusals();
-    let mut r = report.lock().unwrap();
+    let jobs = running_jobs().await;
+    let (_, engines) = chaos::call(&current, "GET", "/api/engines", Value::Null).await;
+    let mut r = std::mem::take(&mut *report.lock().unwrap());
     r.overfills = refusals.iter().filter(|x| x.overfill()).count() as u64;
     r.overfill_examples = refusals
         .iter()
@@ -1045,8 +1048,6 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
         .take(10)
         .map(|x| format!("{x:?}"))
         .collect();
-    let jobs = running_jobs().await;
-    let (_, engines) = chaos::call(&current, "GET", "/api/engines", Value::Null).await;
     let units: Vec<&str> = engines
         .as_array()
         .into_iter()
@@ -1068,9 +1069,9 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
             r.duplicate_jobs.push(unit.to_owned());
         }
     }
-    println!("{}", serde_json::to_string_pretty(&*r).unwrap());
+    println!("{}", serde_json::to_string_pretty(&r).unwrap());
     if let Ok(path) = std::env::var("SOAK_REPORT") {
-        std::fs::write(path, serde_json::to_string_pretty(&*r).unwrap()).unwrap();
+        std::fs::write(path, serde_json::to_string_pretty(&r).unwrap()).unwrap();
     }
     assert_eq!(r.overfills, 0, "the simulated driver refused memory Tessera's placement or restart order left no room for: {r:#?}");
     assert_eq!(r.lost, 0, "requests lost: {r:#?}");
@@ -1083,7 +1084,6 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
         "{r:#?}"
     );
     assert!(r.answered > 0, "no request was answered: {r:#?}");
-    drop(r);
     current.write().await.take().unwrap().stop().await;
     clear_jobs().await;
 }
