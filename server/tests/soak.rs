@@ -585,3 +585,59 @@ async fn an_sglang_engine_started_beside_a_neighbour_still_loading_takes_its_sha
     }
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_engine_beside_a_neighbour_that_holds_less_than_its_share_takes_its_share_and_no_more(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
+    std::fs::create_dir_all(&data).unwrap();
+    let server = start(&data, &sim_dir, 20.0).await;
+    // speech (llama.cpp, sized to its share) holds half of its 40 %: what the ledger reckons free on the
+    // GPU is less than what is.
+    let holds_half = json!({"speed": 20, "load_s": [20, 20], "holds": 0.6, "weights": 0.5});
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "speech", "gpus": ["atlas:1"], "share": 40,
+                   "env": {"TESSERA_DEMO_PROFILE": holds_half.to_string()}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    server.wait_healthy(1).await;
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "vision", "gpus": ["atlas:1"], "share": 40, "revision": body["revision"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    support::wait_until("both serve", || async {
+        let engines = server.engines().await;
+        engines.len() == 2 && engines.iter().all(|e| e["state"] == "healthy")
+    })
+    .await;
+    let sim = SimulatedGpus::open(&sim_dir);
+    let now = sim.read(&"atlas:1".parse().unwrap()).unwrap();
+    let vision = server.engine("vision").await;
+    let pid = vision["pid"].as_u64().unwrap() as u32;
+    let held: u64 = now
+        .processes
+        .iter()
+        .filter(|(p, _)| *p == pid || support::parent_of(*p) == Some(pid))
+        .map(|(_, b)| b.get())
+        .sum();
+    let share: u64 = vision["env"]["TESSERA_GPU_MEMORY_BYTES"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    // SGLang's fraction is of the memory free at its start as the GPU reads, not as the ledger reckons.
+    assert!(
+        held <= share && held * 100 >= share * 99,
+        "vision holds {held} of its {share}: {vision}"
+    );
+    server.stop().await;
+}

@@ -44,6 +44,9 @@ pub struct Profile {
     /// own, deaf to SIGTERM, it outlives the engine (as a compile worker or a leaked worker process does)
     /// until Tessera's clean-up after the stop ends it.
     pub helper: f64,
+    /// The part of its share (from `weights` to 1) it holds once loaded where it sizes itself by neither
+    /// vLLM's nor SGLang's rule: llama.cpp sized to its share holds 90 to 100 % of it.
+    pub holds: f64,
 }
 
 impl Default for Profile {
@@ -60,6 +63,7 @@ impl Default for Profile {
             crash_after: None,
             hang_after: None,
             helper: 0.0,
+            holds: 1.0,
         }
     }
 }
@@ -84,9 +88,10 @@ impl Profile {
             || profile.speed <= 0.0
             || !(0.0..=1.0).contains(&profile.weights)
             || !(0.0..=profile.weights).contains(&profile.helper)
+            || !(profile.weights..=1.0).contains(&profile.holds)
         {
             return Err(format!(
-                "{PROFILE_VAR}: speed must be above 0, weights from 0 to 1 and helper from 0 to weights"
+                "{PROFILE_VAR}: speed must be above 0, weights from 0 to 1, helper from 0 to weights and holds from weights to 1"
             ));
         }
         Ok(profile)
@@ -293,7 +298,7 @@ pub async fn load(
     let mut kv_cache = Bytes(0);
     for ((gpu, (total, free_at_start)), (_, free)) in memory.gpus.iter().zip(at_start).zip(now) {
         let bytes = match sizing {
-            KvSizing::Share => memory.part(1.0 - profile.weights),
+            KvSizing::Share => memory.part(profile.holds - profile.weights),
             KvSizing::Utilization(u) => {
                 Bytes((total.get() as f64 * u) as u64).saturating_sub(memory.held_by(gpu, &ours))
             }

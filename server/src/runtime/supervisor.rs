@@ -6,6 +6,7 @@ use super::engines::{Begin, Control, Status};
 use super::executor::{Running, StartFailure};
 use super::spec::EngineSpec;
 use super::{EngineState, Shared};
+use placement::Bytes;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -238,7 +239,10 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         StartFailure::Refused(format!("nothing can start engines on {}", spec.machine))
     })?;
     let port = executor.port(spec).await?;
-    let free = shared.free_at_start(spec);
+    let free = match measured_free(&shared.settings, spec).await {
+        Some(free) => free,
+        None => shared.free_at_start(spec),
+    };
     shared.readiness.starting(&spec.unit, Instant::now());
     // An engine on a cluster's node listens on the node's address: it takes only requests with its key,
     // which only the gateway and the health probe send.
@@ -279,6 +283,50 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         None,
     );
     Ok(running)
+}
+
+/// What is free on `spec`'s GPUs now (the least of them) as they read, for an SGLang engine on GPUs that
+/// can be read (this machine's, or simulated ones): SGLang takes its fraction of that, and a neighbour
+/// that holds less than its share (llama.cpp sized to it) leaves more free than the ledger reckons, which
+/// a fraction of the ledger's figure would let SGLang take.
+async fn measured_free(settings: &super::Settings, spec: &EngineSpec) -> Option<Bytes> {
+    use super::process::off_executor;
+    use super::spec::Host;
+    use crate::inventory::simulated::SimulatedGpus;
+    if spec.recipe.engine != crate::catalog::Engine::Sglang {
+        return None;
+    }
+    let (machine, gpus) = (spec.machine.clone(), spec.gpus.clone());
+    let free: Vec<Bytes> = match &spec.host {
+        Host::Simulated => {
+            let sim = SimulatedGpus::open(settings.sim_dir.as_ref()?);
+            off_executor(move || {
+                gpus.iter()
+                    .map(|i| {
+                        let now = sim.read(&placement::GpuRef::new(&machine, *i)).ok()?;
+                        Some(now.total.saturating_sub(now.used))
+                    })
+                    .collect::<Option<Vec<Bytes>>>()
+            })
+            .await?
+        }
+        Host::Local => {
+            let reader = settings.gpus.clone()?;
+            off_executor(move || {
+                let now = reader.read(&crate::inventory::Ours::default()).ok()?;
+                gpus.iter()
+                    .map(|i| {
+                        let gpu = now.machine.gpus.iter().position(|g| g.index == *i)?;
+                        let used = now.live.get(gpu)?.used;
+                        Some(now.machine.gpus[gpu].total.saturating_sub(used))
+                    })
+                    .collect::<Option<Vec<Bytes>>>()
+            })
+            .await?
+        }
+        _ => return None,
+    };
+    free.into_iter().min()
 }
 
 /// A starting engine's message is `said` now (why it waits, or how far its load has got), where it says
