@@ -807,24 +807,7 @@ async fn converge(current: &chaos::Current, bound: Duration) -> Result<u64, Vec<
 async fn soak_server(data: &std::path::Path, sim: &std::path::Path) -> Server {
     // At speed 20: loads of 1 to 2 s, 50 ms to the first token, 0.5 s holding memory after SIGTERM.
     let profile = json!({"speed": 20, "load_s": [20, 40], "first_token_s": 1, "exit_delay_s": 10});
-    Server::start_with_env(
-        data,
-        0,
-        &[
-            "--ray",
-            RAY,
-            "--simulate-gpus",
-            &sim.display().to_string(),
-            "--drain-grace-s",
-            "3",
-            "--gateway-wait-s",
-            "10",
-            "--max-restarts",
-            "50",
-        ],
-        &[("TESSERA_DEMO_PROFILE", &profile.to_string())],
-    )
-    .await
+    chaos::start(data, &["--ray", RAY], sim, &profile).await
 }
 
 /// The chaos soak on the cluster (the demo fleet's is tests/soak.rs): its made-up GPUs simulated, so that

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::chaos::{act, ask, call, settled, Current, Outcome, Rng};
+use support::chaos::{self, act, ask, call, settled, Current, Outcome, Rng};
 use support::Server;
 use tokio::sync::RwLock;
 
@@ -84,29 +84,10 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 async fn start(data: &Path, sim: &Path, speed: f64) -> Server {
-    let sim = sim.display().to_string();
     // At speed 20: loads of 1 to 3 s, 50 ms to the first token, 0.5 s holding memory after SIGTERM, and a
     // tenth of each share held by a helper process that outlives its engine until Tessera ends it.
     let profile = json!({"speed": speed, "load_s": [20, 60], "first_token_s": 1, "exit_delay_s": 10, "helper": 0.1});
-    Server::start_with_env(
-        data,
-        0,
-        &[
-            "--demo",
-            "--simulate-gpus",
-            &sim,
-            "--evict-after-s",
-            "3",
-            "--drain-grace-s",
-            "3",
-            "--gateway-wait-s",
-            "10",
-            "--max-restarts",
-            "50",
-        ],
-        &[("TESSERA_DEMO_PROFILE", &profile.to_string())],
-    )
-    .await
+    chaos::start(data, &["--demo", "--evict-after-s", "3"], sim, &profile).await
 }
 
 /// When the soak crashed or hung an engine of each model: a request on it then is counted apart.
@@ -399,6 +380,40 @@ fn assert_held(report: &Report) {
     assert!(report.answered > 0, "no request was answered: {report:#?}");
 }
 
+/// The demo fleet on simulated GPUs of a folder of its own (gone with the `TempDir`), its engines loading
+/// in 1 to 3 s: the server and the GPUs.
+async fn simulated() -> (tempfile::TempDir, Server, SimulatedGpus) {
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
+    std::fs::create_dir_all(&data).unwrap();
+    let server = start(&data, &sim_dir, 20.0).await;
+    (dir, server, SimulatedGpus::open(&sim_dir))
+}
+
+/// Deploys as `body` says; the answer.
+async fn deploy(server: &Server, body: Value) -> Value {
+    let (status, answer) = server.send("POST", "/api/deployments", body).await;
+    assert_eq!(status, 201, "{answer}");
+    answer
+}
+
+/// What `engine` holds on a GPU that reads `now` (its helper's part included), and its share.
+fn held_and_share(now: &server::inventory::simulated::Reading, engine: &Value) -> (u64, u64) {
+    let pid = engine["pid"].as_u64().unwrap() as u32;
+    let held = now
+        .processes
+        .iter()
+        .filter(|(p, _)| *p == pid || support::parent_of(*p) == Some(pid))
+        .map(|(_, b)| b.get())
+        .sum();
+    let share = engine["env"]["TESSERA_GPU_MEMORY_BYTES"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (held, share)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bounded_chaos_soak_overfills_no_gpu_loses_no_request_converges_and_leaves_no_orphan() {
     let report = soak(env_or("SOAK_SEED", 1)).await;
@@ -408,20 +423,13 @@ async fn a_bounded_chaos_soak_overfills_no_gpu_loses_no_request_converges_and_le
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_whose_gpu_another_program_filled_while_it_loaded_dies_of_cuda_s_out_of_memory_error_and_no_overfill_is_counted(
 ) {
-    let dir = tempfile::tempdir().unwrap();
-    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
-    std::fs::create_dir_all(&data).unwrap();
     // Loads of 1 to 3 s: long enough for another program to fill the GPU under it.
-    let server = start(&data, &sim_dir, 20.0).await;
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let sim = SimulatedGpus::open(&sim_dir);
+    let (_dir, server, sim) = simulated().await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
+    )
+    .await;
     let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
     let mut notebook = tokio::process::Command::new("sleep")
         .arg("30")
@@ -470,25 +478,17 @@ async fn an_engine_whose_gpu_another_program_filled_while_it_loaded_dies_of_cuda
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_engine_on_a_simulated_gpu_answers_slower_while_its_neighbours_there_are_answering() {
-    let dir = tempfile::tempdir().unwrap();
-    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
-    std::fs::create_dir_all(&data).unwrap();
-    let server = start(&data, &sim_dir, 20.0).await;
-    let (_, first) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
-        )
-        .await;
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "embedder", "gpus": ["atlas:0"], "share": 10, "revision": first["revision"]}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let (_dir, server, _) = simulated().await;
+    let first = deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}),
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "embedder", "gpus": ["atlas:0"], "share": 10, "revision": first["revision"]}),
+    )
+    .await;
     server.wait_healthy(2).await;
     let chat =
         |model: &str| json!({"model": model, "messages": [{"role": "user", "content": "hi"}]});
@@ -527,35 +527,23 @@ async fn an_engine_on_a_simulated_gpu_answers_slower_while_its_neighbours_there_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sglang_engine_started_beside_a_neighbour_still_loading_takes_its_share_and_no_more() {
-    let dir = tempfile::tempdir().unwrap();
-    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
-    std::fs::create_dir_all(&data).unwrap();
     // Loads of 1 to 3 s: vision (SGLang) starts while glm-5.3 (vLLM) is still taking its memory.
-    let server = start(&data, &sim_dir, 20.0).await;
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
-    let sim = SimulatedGpus::open(&sim_dir);
+    let (_dir, server, sim) = simulated().await;
+    let first = deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
+    )
+    .await;
     let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
     support::wait_until("glm-5.3 loads", || async {
         sim.read(&gpu).unwrap().used.get() > 0
     })
     .await;
-    let (_, groups) = server.get("/api/groups").await;
-    let revision = groups[0]["revision"].as_i64().unwrap();
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "vision", "gpus": ["atlas:1"], "share": 55, "revision": revision}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 55, "revision": first["revision"]}),
+    )
+    .await;
     support::wait_until("both serve", || async {
         let engines = server.engines().await;
         engines.len() == 2 && engines.iter().all(|e| e["state"] == "healthy")
@@ -565,19 +553,7 @@ async fn an_sglang_engine_started_beside_a_neighbour_still_loading_takes_its_sha
     assert!(refusals.is_empty(), "{refusals:?}");
     let now = sim.read(&gpu).unwrap();
     for engine in server.engines().await {
-        let pid = engine["pid"].as_u64().unwrap() as u32;
-        // The engine and its helper.
-        let held: u64 = now
-            .processes
-            .iter()
-            .filter(|(p, _)| *p == pid || support::parent_of(*p) == Some(pid))
-            .map(|(_, b)| b.get())
-            .sum();
-        let share: u64 = engine["env"]["TESSERA_GPU_MEMORY_BYTES"]
-            .as_str()
-            .unwrap()
-            .parse()
-            .unwrap();
+        let (held, share) = held_and_share(&now, &engine);
         assert!(
             held <= share,
             "{engine} holds {held} of its {share}: {now:?}"
@@ -589,51 +565,30 @@ async fn an_sglang_engine_started_beside_a_neighbour_still_loading_takes_its_sha
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sglang_engine_beside_a_neighbour_that_holds_less_than_its_share_takes_its_share_and_no_more(
 ) {
-    let dir = tempfile::tempdir().unwrap();
-    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
-    std::fs::create_dir_all(&data).unwrap();
-    let server = start(&data, &sim_dir, 20.0).await;
-    // speech (llama.cpp, sized to its share) holds half of its 40 %: what the ledger reckons free on the
+    let (_dir, server, sim) = simulated().await;
+    // speech (llama.cpp, sized to its share) holds 60 % of its 40 %: what the ledger reckons free on the
     // GPU is less than what is.
-    let holds_half = json!({"speed": 20, "load_s": [20, 20], "holds": 0.6, "weights": 0.5});
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "speech", "gpus": ["atlas:1"], "share": 40,
-                   "env": {"TESSERA_DEMO_PROFILE": holds_half.to_string()}}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    let holds_less = json!({"speed": 20, "load_s": [20, 20], "holds": 0.6, "weights": 0.5});
+    let first = deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["atlas:1"], "share": 40,
+               "env": {"TESSERA_DEMO_PROFILE": holds_less.to_string()}}),
+    )
+    .await;
     server.wait_healthy(1).await;
-    let (status, body) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "vision", "gpus": ["atlas:1"], "share": 40, "revision": body["revision"]}),
-        )
-        .await;
-    assert_eq!(status, 201, "{body}");
+    deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 40, "revision": first["revision"]}),
+    )
+    .await;
     support::wait_until("both serve", || async {
         let engines = server.engines().await;
         engines.len() == 2 && engines.iter().all(|e| e["state"] == "healthy")
     })
     .await;
-    let sim = SimulatedGpus::open(&sim_dir);
     let now = sim.read(&"atlas:1".parse().unwrap()).unwrap();
     let vision = server.engine("vision").await;
-    let pid = vision["pid"].as_u64().unwrap() as u32;
-    let held: u64 = now
-        .processes
-        .iter()
-        .filter(|(p, _)| *p == pid || support::parent_of(*p) == Some(pid))
-        .map(|(_, b)| b.get())
-        .sum();
-    let share: u64 = vision["env"]["TESSERA_GPU_MEMORY_BYTES"]
-        .as_str()
-        .unwrap()
-        .parse()
-        .unwrap();
+    let (held, share) = held_and_share(&now, &vision);
     // SGLang's fraction is of the memory free at its start as the GPU reads, not as the ledger reckons.
     assert!(
         held <= share && held * 100 >= share * 99,

@@ -7,8 +7,34 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::RwLock;
+
+/// Tessera on `data` with the fleet `fleet` gives (`--demo`, or `--ray` and its address) and more of its
+/// own flags, its GPUs simulated in `sim`, its demo engines behaving as `profile` says, and the timings
+/// the soaks compress: drains of 3 s, a gateway that waits 10 s, and room for many restarts.
+pub async fn start(data: &Path, fleet: &[&str], sim: &Path, profile: &Value) -> Server {
+    let sim = sim.display().to_string();
+    let mut args = fleet.to_vec();
+    args.extend([
+        "--simulate-gpus",
+        &sim,
+        "--drain-grace-s",
+        "3",
+        "--gateway-wait-s",
+        "10",
+        "--max-restarts",
+        "50",
+    ]);
+    Server::start_with_env(
+        data,
+        0,
+        &args,
+        &[("TESSERA_DEMO_PROFILE", &profile.to_string())],
+    )
+    .await
+}
 
 /// A small seeded generator (xorshift64*): the same seed replays the same choices.
 pub struct Rng(u64);

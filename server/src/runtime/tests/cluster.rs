@@ -16,6 +16,17 @@ fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
     program
 }
 
+/// An executor whose cluster never answers, for what is made and run without it: a job's request and its
+/// entrypoint on a node.
+fn offline_node(dir: &Path) -> ray::RayExecutor {
+    ray::RayExecutor::new(
+        crate::inventory::ray::RayClient::new("http://127.0.0.1:9", None).unwrap(),
+        settings(dir),
+        instance(dir),
+        Arc::new(Mutex::new(false)),
+    )
+}
+
 /// An engine of `spec` as its job's entrypoint would run on its node: the entrypoint run by `sh`, with
 /// the job's variables; what it printed, and whether it succeeded.
 fn run_on_node(request: &crate::inventory::ray::JobRequest) -> (String, String, bool) {
@@ -244,12 +255,7 @@ fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_
     use std::io::BufRead;
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
-    let node = ray::RayExecutor::new(
-        crate::inventory::ray::RayClient::new("http://127.0.0.1:9", None).unwrap(),
-        settings(dir.path()),
-        instance(dir.path()),
-        Arc::new(Mutex::new(false)),
-    );
+    let node = offline_node(dir.path());
     // An engine that starts a helper process after a while, as vLLM starts its EngineCore.
     let spec = on_real_node("emb", "sh -c 'sleep 3; sleep 1000 & wait'");
     let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
@@ -571,12 +577,7 @@ async fn an_engine_s_job_waits_for_its_earlier_job_on_the_same_machine_to_end_bu
 fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_and_runs_its_engine_where_it_is_free(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let node = ray::RayExecutor::new(
-        crate::inventory::ray::RayClient::new("http://127.0.0.1:9", None).unwrap(),
-        settings(dir.path()),
-        instance(dir.path()),
-        Arc::new(Mutex::new(false)),
-    );
+    let node = offline_node(dir.path());
     let spec = EngineSpec {
         machine: "majin".to_owned(),
         host: Host::Cluster {
