@@ -67,8 +67,12 @@ test("a right-sized share offered on the Models tab opens the form with it propo
   await expect(panel.share("glm-5.3")).toHaveValue("40");
   await expect(panel.verdict).toHaveText(FITS("70%"));
   // The estimate reads the model's file on the server; the demo's is not there, and it says so.
-  await expect(page.getByRole("heading", { name: "Memory estimate" })).toBeVisible();
-  await expect(page.getByTestId("no-estimate")).toContainText("No estimate:");
+  // One panel per member of its group, the opened model's first.
+  const panels = page.getByTestId("estimate-panel");
+  await expect(panels.first()).toHaveAttribute("data-model", "vision");
+  await expect(page.locator('[data-testid="estimate-panel"][data-model="glm-5.3"]')).toBeVisible();
+  await expect(page.getByRole("heading", { name: "Memory estimate: vision" })).toBeVisible();
+  await expect(panels.first().getByTestId("no-estimate")).toContainText("No estimate:");
   const save = page.getByRole("button", { name: "Save" });
   await expect(save).toBeEnabled();
   await save.click();

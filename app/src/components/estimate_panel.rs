@@ -47,6 +47,14 @@ fn assumed_line(e: &Estimate) -> String {
     )
 }
 
+/// What the ids of `model`'s panel end in: a page may hold one panel per member of a group.
+fn id_part(model: &str) -> String {
+    model
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
 /// The estimate of `model` on a GPU of `gpu_total`, beside its row of the share panel.
 #[component]
 pub fn EstimatePanel(
@@ -59,6 +67,7 @@ pub fn EstimatePanel(
     /// The share panel's rows: Suggest fills the model's, the warning reads it.
     rows: RwSignal<Vec<ShareRow>>,
 ) -> impl IntoView {
+    let model_name = model.clone();
     let context = RwSignal::new(String::new());
     let slots = RwSignal::new("1".to_owned());
     let cache = RwSignal::new("f16".to_owned());
@@ -106,6 +115,15 @@ pub fn EstimatePanel(
         }
     };
 
+    let key = id_part(&model_name);
+    let (heading, context_id, slots_id, cache_id) = (
+        format!("memory-estimate-{key}"),
+        format!("estimate-context-{key}"),
+        format!("estimate-slots-{key}"),
+        format!("estimate-cache-{key}"),
+    );
+    let title = format!("Memory estimate: {model_name}");
+    let labelled_by = heading.clone();
     let shown = move |answer: EstimateAnswer| match answer {
         EstimateAnswer::NotEstimated(reason) => view! {
             <p class="muted" data-testid="no-estimate">{format!("No estimate: {reason}.")}</p>
@@ -144,17 +162,17 @@ pub fn EstimatePanel(
     };
 
     view! {
-        <section class="panel" aria-labelledby="memory-estimate">
-            <h2 id="memory-estimate">"Memory estimate"</h2>
+        <section class="panel" aria-labelledby=labelled_by data-testid="estimate-panel" data-model=model_name>
+            <h2 id=heading>{title}</h2>
             <div class="estimate-inputs">
-                <label for="estimate-context">"Context per slot"</label>
-                <input id="estimate-context" type="text" inputmode="numeric" size="8" placeholder="the model's own"
+                <label for=context_id.clone()>"Context per slot"</label>
+                <input id=context_id type="text" inputmode="numeric" size="8" placeholder="the model's own"
                     prop:value=move || context.get() on:input=move |ev| context.set(event_target_value(&ev)) />
-                <label for="estimate-slots">"Parallel slots"</label>
-                <input id="estimate-slots" type="text" inputmode="numeric" size="4"
+                <label for=slots_id.clone()>"Parallel slots"</label>
+                <input id=slots_id type="text" inputmode="numeric" size="4"
                     prop:value=move || slots.get() on:input=move |ev| slots.set(event_target_value(&ev)) />
-                <label for="estimate-cache">"Cache type"</label>
-                <select id="estimate-cache" on:change=move |ev| cache.set(event_target_value(&ev))>
+                <label for=cache_id.clone()>"Cache type"</label>
+                <select id=cache_id on:change=move |ev| cache.set(event_target_value(&ev))>
                     {CACHE_TYPES.iter().map(|t| {
                         let name = t.name();
                         view! { <option value=name selected=move || cache.get() == name>{name}</option> }

@@ -1,5 +1,5 @@
 //! The GPU sharing form of a running model: its group's Shared GPU memory panel, opened on today's shares,
-//! and the model's memory estimate beside it.
+//! and each member's memory estimate beside it, the opened model's first.
 //! Save becomes available after a change and while the plan is not refused; a confirmation names each
 //! model that restarts; Save again commits the plan on the server, which judges it again first.
 
@@ -130,6 +130,15 @@ fn SharingEditor(
     };
     let gpu_total = form.gpus.first().map(|g| g.total).unwrap_or_default();
     let machine = form.gpus.first().map(|g| g.gpu.machine.clone());
+    let estimated: Vec<String> = std::iter::once(form.model.clone())
+        .chain(
+            form.group
+                .members
+                .iter()
+                .map(|m| m.name.clone())
+                .filter(|name| *name != form.model),
+        )
+        .collect();
     let on_gpus = form
         .gpus
         .iter()
@@ -146,7 +155,11 @@ fn SharingEditor(
                 {format!("{} runs in {}, on {on_gpus}.", form.model, form.group.name)}
             </p>
             <SharedGpuMemoryPanel rows verdict gpu_total />
-            <EstimatePanel model=form.model.clone() machine=machine gpu_total rows />
+            // Each member's estimate, the opened model's first.
+            {estimated.into_iter().map(|model| {
+                let machine = machine.clone();
+                view! { <EstimatePanel model machine gpu_total rows /> }
+            }).collect_view()}
             {move || error().map(|e| view! { <p class="error" role="alert" data-testid="save-error">{e}</p> })}
             {move || match confirming.get() {
                 None => view! {
