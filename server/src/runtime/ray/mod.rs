@@ -345,7 +345,7 @@ impl RayExecutor {
     }
 }
 
-/// How a job ends whose port is taken on its node: a status no engine exits with.
+/// How a job ends whose port is taken on its node: EX_TEMPFAIL, "try again", before any engine ran.
 pub(super) const PORT_TAKEN: i64 = 75;
 
 /// The first lines of an engine's job: the port Tessera chose is only free on Tessera's own host, so the
