@@ -253,6 +253,30 @@ mod tests {
         }
     }
 
+    /// `pid` holds `gb` on atlas's GPU 0 at `at_ms`, as one reading sees it: measured against the
+    /// engines `running` and kept, as the followers do.
+    async fn read_atlas(
+        app: &crate::testing::TestApp,
+        running: &[(String, Vec<u32>)],
+        pid: u32,
+        gb: f64,
+        at_ms: u64,
+    ) {
+        let reading = [holding(pid, gb)];
+        app.fleet.measure("atlas", &reading, running);
+        let atlas = app
+            .fleet
+            .committed_inventory()
+            .await
+            .machine("atlas")
+            .cloned()
+            .unwrap();
+        app.fleet
+            .record_samples(&atlas, &reading, at_ms)
+            .await
+            .unwrap();
+    }
+
     #[tokio::test]
     async fn a_models_peak_is_kept_per_share_and_a_smaller_share_that_holds_it_is_offered_on_the_models_tab(
     ) {
@@ -262,25 +286,7 @@ mod tests {
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         let running = vec![(SPEECH.to_owned(), vec![777])];
-        let read = |gb: f64, at_ms: u64| {
-            let app = &app;
-            let running = &running;
-            async move {
-                let reading = [holding(777, gb)];
-                app.fleet.measure("atlas", &reading, running);
-                let atlas = app
-                    .fleet
-                    .committed_inventory()
-                    .await
-                    .machine("atlas")
-                    .cloned()
-                    .unwrap();
-                app.fleet
-                    .record_samples(&atlas, &reading, at_ms)
-                    .await
-                    .unwrap();
-            }
-        };
+        let read = |gb: f64, at_ms: u64| read_atlas(&app, &running, 777, gb, at_ms);
         // Three days on 10 % of a 96 GB GPU (9.6 GB), never past 4.1 GB.
         for (gb, at) in [(3.0, 0), (4.1, DAY), (3.5, 3 * DAY)] {
             read(gb, 1_000 + at).await;
@@ -380,19 +386,7 @@ mod tests {
         let unit = crate::units::member(&group, &vllm.name, "atlas");
         let running = vec![(unit, vec![900])];
         for at in [0, 3 * DAY] {
-            let reading = [holding(900, 5.0)];
-            app.fleet.measure("atlas", &reading, &running);
-            let atlas = app
-                .fleet
-                .committed_inventory()
-                .await
-                .machine("atlas")
-                .cloned()
-                .unwrap();
-            app.fleet
-                .record_samples(&atlas, &reading, at)
-                .await
-                .unwrap();
+            read_atlas(&app, &running, 900, 5.0, at).await;
         }
         let peak = app.fleet.peaks(&group, &vllm.name).await.unwrap()[0].peak;
         assert_eq!(peak.fit(), Fit::FillsShare);
