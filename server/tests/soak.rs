@@ -544,11 +544,7 @@ async fn an_sglang_engine_started_beside_a_neighbour_still_loading_takes_its_sha
         json!({"model": "vision", "gpus": ["atlas:1"], "share": 55, "revision": first["revision"]}),
     )
     .await;
-    support::wait_until("both serve", || async {
-        let engines = server.engines().await;
-        engines.len() == 2 && engines.iter().all(|e| e["state"] == "healthy")
-    })
-    .await;
+    server.wait_healthy(2).await;
     let refusals = sim.refusals();
     assert!(refusals.is_empty(), "{refusals:?}");
     let now = sim.read(&gpu).unwrap();
@@ -581,11 +577,7 @@ async fn an_sglang_engine_beside_a_neighbour_that_holds_less_than_its_share_take
         json!({"model": "vision", "gpus": ["atlas:1"], "share": 40, "revision": first["revision"]}),
     )
     .await;
-    support::wait_until("both serve", || async {
-        let engines = server.engines().await;
-        engines.len() == 2 && engines.iter().all(|e| e["state"] == "healthy")
-    })
-    .await;
+    server.wait_healthy(2).await;
     let now = sim.read(&"atlas:1".parse().unwrap()).unwrap();
     let vision = server.engine("vision").await;
     let (held, share) = held_and_share(&now, &vision);
