@@ -280,7 +280,7 @@ pub async fn load(
         tokio::time::sleep(per_shard).await;
         if let Some(memory) = memory {
             if shard == 1 && profile.helper > 0.0 {
-                helper = Some(spawn_helper(memory.part(profile.helper))?);
+                helper = Some(spawn_helper(memory.part(profile.helper)).await?);
             }
             memory.take((profile.weights - profile.helper) / f64::from(shards))?;
         }
@@ -321,7 +321,7 @@ pub async fn load(
 pub const HELPER_VAR: &str = "TESSERA_DEMO_HELPER_BYTES";
 
 /// Starts a helper holding `bytes` of each of the engine's GPUs, in a session of its own: its PID.
-fn spawn_helper(bytes: Bytes) -> Result<u32, String> {
+async fn spawn_helper(bytes: Bytes) -> Result<u32, String> {
     let exe = std::env::current_exe().map_err(|e| format!("no helper: {e}"))?;
     let child = std::process::Command::new(exe)
         .arg("demo-engine")
@@ -340,7 +340,7 @@ fn spawn_helper(bytes: Bytes) -> Result<u32, String> {
         {
             break;
         }
-        std::thread::sleep(Duration::from_millis(10));
+        tokio::time::sleep(Duration::from_millis(10)).await;
     }
     println!(
         "a helper process, PID {}, holds {bytes} of each GPU",
