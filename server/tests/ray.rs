@@ -624,6 +624,98 @@ async fn an_engine_s_job_on_a_node_with_real_gpus_reports_its_processes_in_its_l
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn a_model_s_file_on_a_node_is_read_there_by_a_job_for_its_estimate_and_its_llama_cpp_engine_s_context(
+) {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    // The nodes run on this host: the file is where each node would find its own copy.
+    let model = dir.path().join("tiny.gguf");
+    let mut bytes = placement::estimate::writer::llama(2, 64, 128, 4, 2, 300, 0).header();
+    bytes.resize(bytes.len() + 200_000, 0xAB);
+    std::fs::write(&model, &bytes).unwrap();
+    let server = start(dir.path()).await;
+    for (name, path) in [
+        ("tiny", model.display().to_string()),
+        ("gone", dir.path().join("gone.gguf").display().to_string()),
+    ] {
+        let (status, body) = server
+            .send(
+                "POST",
+                "/api/models",
+                json!({"name": name, "engine": "llamacpp", "default_share_percent": 25, "model_path": path}),
+            )
+            .await;
+        assert_eq!(status, 201, "{body}");
+    }
+    let (status, here) = server.get("/api/models/tiny/estimate").await;
+    assert_eq!(status, 200, "{here}");
+    let (status, there) = server.get("/api/models/tiny/estimate?machine=nimbus").await;
+    assert_eq!(status, 200, "{there}");
+    assert_eq!(there, here);
+    let (status, gone) = server.get("/api/models/gone/estimate?machine=nimbus").await;
+    assert_eq!(status, 422, "{gone}");
+    assert!(
+        gone["error"]
+            .as_str()
+            .unwrap()
+            .ends_with("gone.gguf does not exist on the Ray node nimbus"),
+        "{gone}"
+    );
+
+    // Its engine on nimbus is started with the context its share holds, by the header read there. (No
+    // llama-server runs on the test nodes: the job that would run it fails, and the command line stays.)
+    let (status, body) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "tiny", "gpus": ["nimbus:0"], "share": 25}),
+        )
+        .await;
+    assert_eq!(status, 201, "{body}");
+    let sized = Mutex::new(None);
+    wait_until("the engine is sized", || async {
+        let (_, engines) = server.get("/api/engines").await;
+        let engine = engines
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["sizing"].is_string())
+            .cloned();
+        let found = engine.is_some();
+        *sized.lock().unwrap() = engine;
+        found
+    })
+    .await;
+    let engine = sized.into_inner().unwrap().unwrap();
+    let sizing = engine["sizing"].as_str().unwrap();
+    assert!(
+        sizing.starts_with("context 4096 (the model's own)"),
+        "{engine}"
+    );
+    let command: Vec<&str> = engine["command"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(command.join(" ").contains(" -c 4096 -np 1"), "{command:?}");
+    // The reading jobs were deleted once read.
+    let jobs = ray("GET", "/api/jobs/").await;
+    assert!(
+        !jobs
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|j| j["metadata"]["tessera_files"].is_string()),
+        "{jobs}"
+    );
+    server.stop().await;
+    clear_jobs().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
 async fn a_node_s_gpu_under_mps_gets_its_daemon_before_its_first_client_and_a_job_that_stops_it_after_its_last(
 ) {
     let _one = CLUSTER.lock().await;

@@ -328,7 +328,8 @@ async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_
         problem: None,
     };
     let running = vec![("group:speech/speech@atlas".to_owned(), vec![777])];
-    app.fleet.measure("atlas", &[reading.clone()], &running);
+    app.fleet
+        .measure("atlas", &[reading.clone()], &running, &[]);
     let (status, o) = call_rpc(&app, "load_overview", json!({})).await;
     assert_eq!(status, StatusCode::OK, "{o}");
     // majin (8 GB) and atlas (two of 96 GB).
@@ -355,7 +356,7 @@ async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_
 
     // Back within its share, the alarm goes.
     reading.processes = vec![(777, placement::Bytes::gb(9))];
-    app.fleet.measure("atlas", &[reading], &running);
+    app.fleet.measure("atlas", &[reading], &running, &[]);
     let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
     assert_eq!(o["alarms"], json!([]));
     let page = page(&app, "/").await;

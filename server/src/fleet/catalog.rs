@@ -6,8 +6,7 @@ use super::Fleet;
 use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
 use crate::input::NewModel;
-use crate::runtime::model_file::{estimate_folder_local, estimate_local, NoEstimate};
-use crate::runtime::spec::Host;
+use crate::runtime::model_file::{estimate_folder, estimate_gguf, NoEstimate, ThisMachine};
 use placement::estimate::hf::HfSettings;
 use placement::estimate::{Estimate, Settings};
 use std::sync::Arc;
@@ -110,20 +109,19 @@ impl Fleet {
             .cloned()
             .ok_or_else(|| ApiError::NotFound(format!("no model {name} in the catalog")))?;
         let unreadable = |reason: NoEstimate| ApiError::Unprocessable(reason.to_string());
-        if let Some(machine) = machine {
-            if let Host::Cluster { .. } = self.hosts().host(machine) {
-                return Err(unreadable(NoEstimate::OnNode {
-                    path: model.model_path,
-                    machine: machine.to_owned(),
-                }));
-            }
-        }
+        let files = match machine {
+            Some(machine) => self
+                .runtime
+                .model_files(&self.hosts().host(machine), machine),
+            None => Box::new(ThisMachine),
+        };
         if matches!(model.engine, Engine::Vllm | Engine::Sglang) {
-            return estimate_folder_local(model.model_path, hf_settings(&model.args, &settings))
+            let settings = hf_settings(&model.args, &settings);
+            return estimate_folder(&*files, &model.model_path, &settings)
                 .await
                 .map_err(unreadable);
         }
-        estimate_local(model.model_path, settings)
+        estimate_gguf(&*files, &model.model_path, &settings)
             .await
             .map_err(unreadable)
     }

@@ -60,7 +60,7 @@ impl Fleet {
                     }
                     _ => {
                         // What its engines were measured to hold there is past.
-                        self.measure(name, &[], &[]);
+                        self.measure(name, &[], &[], &[]);
                         (
                             placement::Machine {
                                 gpus: Vec::new(),
@@ -135,7 +135,7 @@ impl Fleet {
             Err(e) => {
                 tracing::debug!("the GPUs of {} could not be read: {e}", node.name);
                 // No figures: nothing is judged until the next reading.
-                self.measure(&node.name, &[], &[]);
+                self.measure(&node.name, &[], &[], &[]);
                 return machine;
             }
         };
@@ -174,7 +174,8 @@ impl Fleet {
             true => Vec::new(),
             false => self.runtime.node_processes(&node.name, &seen).await,
         };
-        self.measure(&node.name, &live, &running);
+        let reported = self.runtime.reported_on(&node.name);
+        self.measure(&node.name, &live, &running, &reported);
         if !live.is_empty() {
             let at = super::usage::now_ms();
             if let Err(e) = self.record_samples(&machine, &live, at).await {

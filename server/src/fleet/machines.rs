@@ -80,10 +80,18 @@ impl Fleet {
     }
 
     /// Keeps what each of Tessera's engines on `machine` (`running`: each engine's unit and PIDs) was
-    /// measured to hold on each GPU at this reading: what the driver reports for its processes. Where the
-    /// driver gives no per-process figure (WSL2), nothing is kept, and nothing is judged. Keeps too why
-    /// each GPU the reading found unhealthy is so.
-    pub(crate) fn measure(&self, machine: &str, live: &[GpuLive], running: &[(String, Vec<u32>)]) {
+    /// measured to hold on each GPU at this reading: what the driver reports for its processes; where it
+    /// ties nothing to an engine's processes on a GPU of the reading (its memory held by an MPS server, its
+    /// processes in a container of their own), what the engine `reported` it allocated there, if it did.
+    /// Where the driver gives no per-process figure (WSL2) and the engine no report, nothing is kept, and
+    /// nothing is judged. Keeps too why each GPU the reading found unhealthy is so.
+    pub(crate) fn measure(
+        &self,
+        machine: &str,
+        live: &[GpuLive],
+        running: &[(String, Vec<u32>)],
+        reported: &[(String, Vec<(u32, placement::Bytes)>)],
+    ) {
         {
             let mut problems = self
                 .problems
@@ -111,6 +119,13 @@ impl Fleet {
                     .sum();
                 if used > placement::Bytes::ZERO {
                     measured.insert((machine.to_owned(), gpu.index, unit.clone()), used);
+                }
+            }
+            for (unit, per_gpu) in reported {
+                let key = (machine.to_owned(), gpu.index, unit.clone());
+                let said = per_gpu.iter().find(|(index, _)| *index == gpu.index);
+                if let (Some(&(_, bytes)), false) = (said, measured.contains_key(&key)) {
+                    measured.insert(key, bytes);
                 }
             }
         }
@@ -296,7 +311,8 @@ impl Fleet {
                     .await;
             let outcome = match reading {
                 Ok(Ok(reading)) => {
-                    self.measure(&reading.machine.name, &reading.live, &running);
+                    let reported = self.runtime.reported_on(&reading.machine.name);
+                    self.measure(&reading.machine.name, &reading.live, &running, &reported);
                     let at = super::usage::now_ms();
                     match self
                         .record_samples(&reading.machine, &reading.live, at)

@@ -263,7 +263,7 @@ mod tests {
         at_ms: u64,
     ) {
         let reading = [holding(pid, gb)];
-        app.fleet.measure("atlas", &reading, running);
+        app.fleet.measure("atlas", &reading, running, &[]);
         let atlas = app
             .fleet
             .committed_inventory()
@@ -390,5 +390,41 @@ mod tests {
         }
         let peak = app.fleet.peaks(&group, &vllm.name).await.unwrap()[0].peak;
         assert_eq!(peak.fit(), Fit::FillsShare);
+    }
+
+    #[tokio::test]
+    async fn an_engine_whose_processes_the_reading_ties_no_memory_to_is_measured_by_its_own_report()
+    {
+        let app = crate::testing::majin_and_atlas_with_catalog().await;
+        let (status, body) = app
+            .deploy(json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let running = vec![(SPEECH.to_owned(), vec![777])];
+        let said = |gb: f64| vec![(SPEECH.to_owned(), vec![(0, Bytes::from_gb(gb).unwrap())])];
+        let atlas = app
+            .fleet
+            .committed_inventory()
+            .await
+            .machine("atlas")
+            .cloned()
+            .unwrap();
+        // Under MPS the driver shows the memory on the daemon's server (4242), not on the engine (777).
+        let reading = [holding(4242, 5.0)];
+        app.fleet.measure("atlas", &reading, &running, &said(3.2));
+        app.fleet
+            .record_samples(&atlas, &reading, 1_000)
+            .await
+            .unwrap();
+        let peak = app.fleet.peaks("speech", "speech").await.unwrap()[0].peak;
+        assert_eq!(peak.peak, Bytes::from_gb(3.2).unwrap());
+        // Where the reading ties memory to its processes, that is what it holds, whatever it said.
+        let reading = [holding(777, 2.5)];
+        app.fleet.measure("atlas", &reading, &running, &said(3.2));
+        let measured = app.fleet.measured_shares("atlas").await;
+        assert_eq!(
+            measured.iter().map(|m| m.used).collect::<Vec<_>>(),
+            [Bytes::from_gb(2.5).unwrap()]
+        );
     }
 }

@@ -116,7 +116,8 @@ impl Fleet {
                     live.used = reading.used;
                     live.processes = reading.processes;
                 }
-                self.measure(&machine.name, &live, &running);
+                let reported = self.runtime.reported_on(&machine.name);
+                self.measure(&machine.name, &live, &running, &reported);
                 if let Err(e) = self.record_samples(&machine, &live, at).await {
                     tracing::warn!("the simulated GPUs' figures could not be kept: {e}");
                 }

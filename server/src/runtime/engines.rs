@@ -4,6 +4,7 @@
 
 use super::executor::{Executor, Running};
 use super::local::LocalExecutor;
+use super::model_file::{Files, ThisMachine};
 use super::ray::RayExecutor;
 use super::spec::{EngineSpec, Host, Launch};
 use super::{engine_id, now, EngineState, EngineView, Event, Progress, Settings, StepStatus};
@@ -58,6 +59,8 @@ pub(super) struct Status {
     pub(super) launch: Option<Launch>,
     /// The key it takes requests with, where it has one.
     pub(super) api_key: Option<String>,
+    /// What its own log said it allocated on each of its GPUs, in their order, once it served.
+    pub(super) reported: Vec<Bytes>,
 }
 
 /// What the supervisors share with the runtime.
@@ -104,6 +107,8 @@ pub(super) fn view(unit: &Unit) -> EngineView {
         restarts: status.restarts,
         message: status.message.clone(),
         sizing: status.launch.as_ref().and_then(|l| l.sizing.clone()),
+        reported_bytes: (!status.reported.is_empty())
+            .then(|| status.reported.iter().map(|b| b.get()).sum()),
         // Its key is Tessera's alone: shown to no one, admins included.
         command: status.launch.as_ref().map(|l| {
             std::iter::once(l.program.clone())
@@ -168,6 +173,15 @@ impl Shared {
         }
     }
 
+    /// Where the model files of `machine` (of `host`) are read: on its Ray node by jobs there, else on this
+    /// machine (the demo fleet's machines are made up; its files are here).
+    pub(super) fn files(&self, host: &Host, machine: &str) -> Box<dyn Files> {
+        match (host, &self.cluster) {
+            (Host::Cluster { .. }, Some(cluster)) => Box::new(cluster.files(machine)),
+            _ => Box::new(ThisMachine),
+        }
+    }
+
     /// Registers `spec`, with where its supervisor (started by [`super::supervisor::launch`]) is told what
     /// to do; a remote engine is only shown, and has none. `None` once the server is shutting down: nothing
     /// new is registered then, so the shutdown stops every engine there is.
@@ -187,6 +201,7 @@ impl Shared {
             }),
             launch: None,
             api_key: None,
+            reported: Vec::new(),
         });
         let (control, commands) = if remote {
             (None, None)
@@ -344,9 +359,19 @@ impl Shared {
         }
     }
 
+    /// Its launch as it starts now: what an earlier run reported of its memory goes with the one before.
     pub(super) fn set_launch(&self, unit: &str, launch: &Launch) {
         if let Some(u) = self.lock().get(unit) {
-            u.status.send_modify(|s| s.launch = Some(launch.clone()));
+            u.status.send_modify(|s| {
+                s.launch = Some(launch.clone());
+                s.reported.clear();
+            });
+        }
+    }
+
+    pub(super) fn set_reported(&self, unit: &str, reported: Vec<Bytes>) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| s.reported = reported);
         }
     }
 

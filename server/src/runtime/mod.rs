@@ -148,6 +148,9 @@ pub struct EngineView {
     /// How Tessera sized it to its share (llama.cpp's context), and why.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sizing: Option<String>,
+    /// What its own log said it allocated on its GPUs (llama.cpp's buffers), in bytes, once it served.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reported_bytes: Option<u64>,
     /// The command line it was started with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
@@ -284,6 +287,11 @@ impl Runtime {
             program: self.shared.settings.nvidia_smi.clone(),
             timeout: mig::CALL_TIMEOUT,
         }
+    }
+
+    /// Where the model files of `machine` (of `host`) are read: on its Ray node by a job there, else here.
+    pub fn model_files(&self, host: &spec::Host, machine: &str) -> Box<dyn model_file::Files> {
+        self.shared.files(host, machine)
     }
 
     /// This machine's GPUs, where NVML reads them.
@@ -425,6 +433,27 @@ impl Runtime {
             .filter_map(|e| Some((e.unit, e.pid?)))
             .collect();
         self.shared.local.processes(engines).await
+    }
+
+    /// What the engines on `machine` said they allocated on each of their GPUs, by unit and GPU index: their
+    /// own reports, where they gave one.
+    pub fn reported_on(&self, machine: &str) -> Vec<(String, Vec<(u32, placement::Bytes)>)> {
+        let units = self
+            .shared
+            .units
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        units
+            .iter()
+            .filter(|(_, u)| u.spec.machine == machine)
+            .filter_map(|(unit, u)| {
+                let reported = u.status.borrow().reported.clone();
+                (!reported.is_empty()).then(|| {
+                    let per_gpu = u.spec.gpus.iter().copied().zip(reported).collect();
+                    (unit.clone(), per_gpu)
+                })
+            })
+            .collect()
     }
 
     /// The engines on the cluster's `machine` with the processes each runs as on its node, as its job

@@ -1,37 +1,26 @@
 //! llama.cpp sized to its share as it starts (issue 32). It has no memory-fraction flag, so Tessera reads the
-//! model's GGUF header and passes the context (`-c`), the slots (`-np`) and, where not every layer fits,
+//! model's GGUF header where the engine runs (on this machine, or on its Ray node through a job) and passes the context (`-c`), the slots (`-np`) and, where not every layer fits,
 //! the layers on the GPU (`-ngl`) that the estimate says fit the share; the Models tab says what it chose
 //! and why. A recipe that sets `-c` itself is left as it is.
 
-use super::model_file::info_local;
-use super::spec::{EngineSpec, Host, Sizing};
+use super::model_file::{gguf_info, Files};
+use super::spec::{EngineSpec, Sizing};
 use crate::catalog::Engine;
 use placement::estimate::{cache_type, fit_share, ModelInfo, Settings};
 use placement::Bytes;
 
-/// The sizing of `spec`'s engine: a llama.cpp engine on this machine on a share, its header read here.
-pub async fn size(spec: &EngineSpec) -> Sizing {
+/// The sizing of `spec`'s engine: a llama.cpp engine on a share, its header read by `files`, where it
+/// runs.
+pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Sizing {
     let Some(share) = spec
         .share
         .filter(|_| spec.recipe.engine == Engine::LlamaCpp)
     else {
         return Sizing::default();
     };
-    match &spec.host {
-        Host::Local => {}
-        Host::Cluster { demo: false, .. } => {
-            return Sizing {
-                args: Vec::new(),
-                note: Some(
-                    "its context is llama.cpp's own: the model file is on the Ray node, and the server reads files on this machine only"
-                        .to_owned(),
-                ),
-            };
-        }
-        // The demo engine stands in where the GPUs are made up; nothing there would read the file.
-        Host::Simulated | Host::Remote | Host::Cluster { demo: true, .. } => {
-            return Sizing::default()
-        }
+    // The demo engine stands in where the GPUs are made up; nothing there would read the file.
+    if !spec.host.runs_daemons() {
+        return Sizing::default();
     }
     if let Some(given) = flag_value(&spec.recipe.args, &["-c", "--ctx-size"]) {
         return Sizing {
@@ -39,7 +28,7 @@ pub async fn size(spec: &EngineSpec) -> Sizing {
             note: Some(format!("context {given}, as its recipe sets it (-c)")),
         };
     }
-    match info_local(spec.recipe.model_path.clone()).await {
+    match gguf_info(files, &spec.recipe.model_path).await {
         Ok(info) => sizing_for(&info, share, &spec.recipe.args),
         Err(why) => Sizing {
             args: Vec::new(),

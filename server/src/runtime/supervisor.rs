@@ -118,6 +118,10 @@ pub(super) async fn supervise(
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
                             if !healthy_once {
                                 shared.readiness.ready(&unit, Instant::now());
+                                // What it allocated, where its log says: printed as it loaded.
+                                if let Some(reported) = reported_memory(&shared, &spec).await {
+                                    shared.set_reported(&unit, reported);
+                                }
                             }
                             healthy_once = true;
                             failures = 0;
@@ -248,7 +252,7 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     // which only the gateway and the health probe send.
     let key = matches!(spec.host, super::spec::Host::Cluster { .. })
         .then(|| crate::random::random_hex(24));
-    let sizing = super::sizing::size(spec).await;
+    let sizing = super::sizing::size(spec, &*shared.files(&spec.host, &spec.machine)).await;
     let mut launch = spec
         .launch(
             port,
@@ -356,6 +360,20 @@ async fn load_progress(shared: &Shared, spec: &EngineSpec) -> Option<String> {
     let lines = shared.executor(spec)?.logs(&spec.unit, 20).await.ok()?;
     super::progress::load_progress(&lines)
 }
+
+/// What `spec`'s engine said it allocated on each of its GPUs, from its log since it started.
+async fn reported_memory(shared: &Shared, spec: &EngineSpec) -> Option<Vec<placement::Bytes>> {
+    let lines = shared
+        .executor(spec)?
+        .logs(&spec.unit, REPORT_LINES)
+        .await
+        .ok()?;
+    Some(super::progress::reported_memory(&lines)).filter(|r| !r.is_empty())
+}
+
+/// How many of an engine's last lines are read for its report once it serves: llama.cpp prints a few
+/// hundred as it loads.
+const REPORT_LINES: usize = 1000;
 
 /// `why` an engine went down, with what of it is stuck.
 fn with_stuck(why: String, stuck: Option<String>) -> String {

@@ -91,8 +91,8 @@ async fn an_engine_measured_past_its_share_is_flagged_on_its_machine_page_the_mo
         majin0.processes = vec![(4242, Bytes::from_gb(voice_gb).unwrap())];
         let mut atlas0 = live(0, 10);
         atlas0.processes = vec![(777, Bytes::from_gb(speech_gb).unwrap())];
-        app.fleet.measure("majin", &[majin0], &running);
-        app.fleet.measure("atlas", &[atlas0], &running);
+        app.fleet.measure("majin", &[majin0], &running, &[]);
+        app.fleet.measure("atlas", &[atlas0], &running, &[]);
     };
     let html = |page: serde_json::Value| page.as_str().unwrap().to_owned();
     let over = |metrics: &str, worker: &str, flag: &str| {
@@ -145,7 +145,7 @@ async fn why_a_reading_found_a_gpu_unhealthy_is_on_its_machine_page_until_a_read
         problem: Some("NVML could not report its memory (GPU is lost)".into()),
         ..live(1, 0)
     };
-    app.fleet.measure("node", &[live(0, 5), lost], &[]);
+    app.fleet.measure("node", &[live(0, 5), lost], &[], &[]);
     let (_, node) = app.get("/api/machines/node").await;
     assert_eq!(node["gpus"][0].get("problem"), None);
     assert_eq!(
@@ -158,7 +158,8 @@ async fn why_a_reading_found_a_gpu_unhealthy_is_on_its_machine_page_until_a_read
         None,
         "another machine's GPU 1 is not it"
     );
-    app.fleet.measure("node", &[live(0, 5), live(1, 0)], &[]);
+    app.fleet
+        .measure("node", &[live(0, 5), live(1, 0)], &[], &[]);
     let (_, node) = app.get("/api/machines/node").await;
     assert_eq!(node["gpus"][1].get("problem"), None);
 }

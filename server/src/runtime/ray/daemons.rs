@@ -3,8 +3,9 @@
 //! a client of it; after the GPU's last client, a job of its own pinned to the node tells the daemon to
 //! quit. Here: the shell those jobs run, and which engine is whose client.
 
+use super::files::META_FILES;
 use super::job::ending;
-use super::{submission_id, RayExecutor, META_INSTANCE, META_MPS_QUIT};
+use super::{quote, submission_id, RayExecutor, META_INSTANCE, META_MPS_QUIT};
 use crate::inventory::ray::{Job, JobRequest, RuntimeEnv, MACHINE_LABEL};
 use crate::runtime::mps::MpsClients;
 use crate::runtime::spec::MpsClient;
@@ -161,7 +162,7 @@ echo quit | {control} >&2
         let request = self.quit_request(machine, daemon)?;
         let client = &self.0.client;
         if let Ok(jobs) = client.jobs().await {
-            self.sweep_quits(&jobs).await;
+            self.sweep_errands(&jobs).await;
         }
         let id = &request.submission_id;
         let submitted = client.submit(&request).await;
@@ -193,14 +194,15 @@ echo quit | {control} >&2
         outcome
     }
 
-    /// Deletes this installation's quit jobs that have ended, which a stop left in Ray's list.
-    pub(super) async fn sweep_quits(&self, jobs: &[Job]) {
+    /// Deletes this installation's errands that have ended (quit jobs, and the jobs that read model files),
+    /// which a stop left in Ray's list.
+    pub(super) async fn sweep_errands(&self, jobs: &[Job]) {
         for job in jobs {
             let ours = job.meta(META_INSTANCE) == Some(&self.0.instance);
             if let (true, true, Some(_), Some(id)) = (
                 ours,
                 job.terminal(),
-                job.meta(META_MPS_QUIT),
+                job.meta(META_MPS_QUIT).or(job.meta(META_FILES)),
                 &job.submission_id,
             ) {
                 if let Err(e) = self.0.client.delete(id).await {
@@ -242,13 +244,6 @@ echo quit | {control} >&2
             ),
         }
     }
-}
-
-/// `word` quoted for a shell.
-fn quote(word: &str) -> Result<String, String> {
-    shlex::try_quote(word)
-        .map(|w| w.into_owned())
-        .map_err(|e| format!("{word} cannot be given to a shell: {e}"))
 }
 
 /// The file a daemon's clients lock shared while they start and run, and its quit locks alone.

@@ -8,6 +8,7 @@
 //! processes in its log.
 
 mod daemons;
+mod files;
 mod job;
 mod processes;
 
@@ -368,6 +369,13 @@ fi"#
     ))
 }
 
+/// `word` quoted for a shell.
+pub(super) fn quote(word: &str) -> Result<String, String> {
+    shlex::try_quote(word)
+        .map(|w| w.into_owned())
+        .map_err(|e| format!("{word} cannot be given to a shell: {e}"))
+}
+
 /// A job id of Tessera's for `unit`: unique (Ray keeps ended jobs), and readable in Ray's own dashboard.
 fn submission_id(unit: &str) -> String {
     let name: String = unit
@@ -465,7 +473,7 @@ impl Executor for RayExecutor {
 
     async fn leftovers(&self, of: &Units) -> io::Result<Vec<Leftover>> {
         let jobs = self.0.client.jobs().await.map_err(io::Error::other)?;
-        self.sweep_quits(&jobs).await;
+        self.sweep_errands(&jobs).await;
         let mut leftovers = Vec::new();
         for job in jobs
             .into_iter()
