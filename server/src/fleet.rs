@@ -9,6 +9,7 @@
 //! now fits, records who holds what for usage, and commits; only then are the new state, the read views
 //! and the runtime's orders installed, none of which can fail.
 
+mod changes;
 mod committed;
 pub mod deployments;
 pub mod groups;
@@ -93,12 +94,21 @@ impl State {
     /// Whether the over-commit policy may stop work on `gpu` at `now_ms`: over-committed for `grace`
     /// (at once, where there is none).
     fn eviction_due(&self, gpu: &GpuRef, now_ms: u64, grace: Duration) -> bool {
-        grace.is_zero()
-            || self
-                .over_since
-                .get(gpu)
-                .is_some_and(|since| now_ms.saturating_sub(*since) >= grace.as_millis() as u64)
+        eviction_due(&self.over_since, gpu, now_ms, grace)
     }
+}
+
+/// [`State::eviction_due`], on what it keeps of each GPU over-committed.
+fn eviction_due(
+    over_since: &BTreeMap<GpuRef, u64>,
+    gpu: &GpuRef,
+    now_ms: u64,
+    grace: Duration,
+) -> bool {
+    grace.is_zero()
+        || over_since
+            .get(gpu)
+            .is_some_and(|since| now_ms.saturating_sub(*since) >= grace.as_millis() as u64)
 }
 
 /// The GPUs `ledger` finds over-committed, each since when it has been (from `before`, else `now_ms`).
@@ -121,14 +131,14 @@ fn overcommitted_since(
 /// The read side, as of the last committed write.
 struct Views {
     /// Every worker, oldest first.
-    workers: Vec<WorkerView>,
+    workers: Vec<Arc<WorkerView>>,
     /// The workers placed on each machine of the inventory, as the JSON answer: the API's most read
     /// route is served as it was serialized at the last write.
     by_machine: BTreeMap<String, axum::body::Bytes>,
     /// The same with secrets redacted, for everyone but admins.
     by_machine_redacted: BTreeMap<String, axum::body::Bytes>,
     /// Each machine with its GPUs and who holds them.
-    machines: Vec<MachineView>,
+    machines: Vec<Arc<MachineView>>,
     /// The committed state itself, for the reads that need more than the views above.
     committed: Arc<Committed>,
     /// Committed holders that hold nothing now (their GPU left the inventory), and why.
@@ -270,9 +280,10 @@ impl Fleet {
             .map_err(ApiError::internal)?
     }
 
-    /// Ends a write: reads the committed state back inside `tx`, builds the ledger from it on `inventory`,
-    /// lets the over-commit policy make room, places pending work that fits now, records who holds what,
-    /// and commits. Nothing in memory changes here: the caller installs what this returns.
+    /// Ends a write whole: reads the committed state back inside `tx`, builds the ledger from it on
+    /// `inventory`, lets the over-commit policy make room, places pending work that fits now, records who
+    /// holds what for usage, and commits. Nothing in memory changes here: the caller installs what this
+    /// returns. What a write that changed workers alone needs is less ([`Fleet::settle_workers`]).
     async fn settle(
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Inventory,
@@ -297,22 +308,16 @@ impl Fleet {
             }
         }
         for evicted in ledger.relieve(&committed, eviction_due) {
-            workers::unplace(&mut tx, &mut committed, &evicted.worker, &evicted.reason).await?;
-            crate::audit::record(
-                &mut tx,
-                crate::audit::Entry::new(crate::audit::TESSERA, "worker.evict", &evicted.worker)
-                    .after(serde_json::json!({ "reason": evicted.reason })),
-            )
-            .await?;
+            evict(&mut tx, &mut committed, &evicted).await?;
         }
         workers::place_pending(&mut ledger, &mut committed, &mut tx).await?;
         usage::record_holdings(&mut tx, &ledger, usage::now_ms()).await?;
+        changes::forget(&mut tx).await?;
         tx.commit().await?;
         Ok((committed, ledger))
     }
 
-    /// Makes the settled state the fleet's: swaps it in, publishes the read views, and tells the runtime
-    /// (a group's plan change first, in its order; then every engine as committed). Cannot fail: the
+    /// Makes the settled state the fleet's: swaps it in and publishes the read views. Cannot fail: the
     /// write is committed already.
     fn install(&self, state: &mut State, committed: Committed, ledger: Ledger) {
         state.committed = Arc::new(committed);
@@ -321,25 +326,70 @@ impl Fleet {
         *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
     }
 
-    /// [`Fleet::settle`], [`Fleet::install`], then the runtime's orders: `plan` first, then every engine as
-    /// committed.
+    /// Settles a write (whole, or by the rows it changed where it changed workers and groups alone on the
+    /// same inventory: `inventory` is a new one, or none), installs what it settled, then gives the
+    /// runtime its orders: `plan` first, then every engine as committed (those it changed, where it was
+    /// settled by its rows).
     async fn finish(
         &self,
         state: &mut State,
-        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
-        inventory: Inventory,
+        mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        inventory: Option<Inventory>,
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
-        let before = state.committed.clone();
         let now = usage::now_ms();
         let grace = self.runtime.evict_after();
-        let due = |gpu: &GpuRef| state.eviction_due(gpu, now, grace);
-        let (committed, ledger) = Fleet::settle(tx, inventory, Some(&before), &due).await?;
-        state.over_since = overcommitted_since(&ledger, &state.over_since, now);
-        self.install(state, committed, ledger);
+        let over_since = state.over_since.clone();
+        let due = |gpu: &GpuRef| eviction_due(&over_since, gpu, now, grace);
+        let changes = changes::Changes::take(&mut tx).await?;
+        let hosts = self.hosts();
+        let orders = match inventory {
+            None if changes.by_rows() => {
+                let settled = match Fleet::settle_rows(&mut tx, state, &changes, &due).await {
+                    Ok(settled) => tx.commit().await.map(|()| settled).map_err(ApiError::from),
+                    Err(e) => Err(e),
+                };
+                let (committed, touched) = match settled {
+                    Ok(settled) => settled,
+                    Err(e) => {
+                        // The ledger was mended part-way: it is the state before the write's again.
+                        let inventory = state.ledger.inventory().clone();
+                        state.ledger = Ledger::build(inventory, &state.committed);
+                        return Err(e);
+                    }
+                };
+                let committed = Arc::new(committed);
+                let views = self.views().patched(&committed, &state.ledger, &touched);
+                state.committed = committed;
+                *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
+                let mut desired = engines::worker_engines(
+                    &state.committed,
+                    &state.ledger,
+                    &hosts,
+                    &touched.units,
+                );
+                for group in &touched.groups {
+                    desired.extend(engines::group_engines(
+                        &state.committed,
+                        &state.ledger,
+                        &hosts,
+                        group,
+                    ));
+                }
+                let units = touched.units.into_iter().collect();
+                Change::Update { units, desired }
+            }
+            inventory => {
+                let inventory = inventory.unwrap_or_else(|| state.ledger.inventory().clone());
+                let before = state.committed.clone();
+                let (committed, ledger) = Fleet::settle(tx, inventory, Some(&before), &due).await?;
+                self.install(state, committed, ledger);
+                Change::Apply(engines::desired(&state.committed, &state.ledger, &hosts))
+            }
+        };
+        state.over_since = overcommitted_since(&state.ledger, &state.over_since, now);
         if let Some((group, revision, steps)) = plan {
-            let members =
-                engines::group_engines(&state.committed, &state.ledger, &self.hosts(), &group);
+            let members = engines::group_engines(&state.committed, &state.ledger, &hosts, &group);
             self.runtime.submit(Change::Plan {
                 group,
                 revision,
@@ -347,11 +397,7 @@ impl Fleet {
                 members,
             });
         }
-        self.runtime.submit(Change::Apply(engines::desired(
-            &state.committed,
-            &state.ledger,
-            &self.hosts(),
-        )));
+        self.runtime.submit(orders);
         Ok(())
     }
 
@@ -391,8 +437,32 @@ impl Fleet {
         engines::desired(&state.committed, &state.ledger, &self.hosts())
     }
 
-    /// Checks the ledger against one rebuilt from what the database holds now: the same holds, the same
-    /// committed holders left unplaced. For the tests; it reads the database.
+    /// Checks that the runtime, once it has carried out every change, runs exactly the engines the
+    /// committed state wants, each as it wants it: what the runtime was told write by write (each write's
+    /// own engines, where only workers changed) adds up to the whole. For the tests.
+    #[cfg(test)]
+    pub(crate) async fn check_engines(&self) -> Result<(), String> {
+        let state = self.state.lock().await;
+        let desired: BTreeMap<String, String> =
+            engines::desired(&state.committed, &state.ledger, &self.hosts())
+                .into_iter()
+                .map(|spec| (spec.unit.clone(), spec.fingerprint()))
+                .collect();
+        self.runtime.settled().await;
+        let registered = self.runtime.registered();
+        if registered == desired {
+            Ok(())
+        } else {
+            Err(format!(
+                "the runtime runs {registered:?}, where the committed state wants {desired:?}"
+            ))
+        }
+    }
+
+    /// Checks what the fleet keeps, write after write, against the whole rebuild from what the database
+    /// holds now (issue 29's oracle): the committed state, the ledger (the same holds, the same committed
+    /// holders left unplaced), every read view, and the open usage spans; and that no change is left
+    /// noted. For the tests; it reads the database.
     #[cfg(test)]
     pub(crate) async fn check_ledger(&self) -> Result<(), String> {
         let state = self.state.lock().await;
@@ -401,11 +471,75 @@ impl Fleet {
             .await
             .map_err(|e| e.to_string())?;
         if stored != *state.committed {
-            return Err("the committed state in memory differs from the database's".to_owned());
+            return Err(format!(
+                "the committed state in memory differs from the database's: {:?} against {:?}",
+                state.committed, stored
+            ));
         }
         let rebuilt = Ledger::build(state.ledger.inventory().clone(), &stored);
-        state.ledger.same_as(&rebuilt)
+        state.ledger.same_as(&rebuilt)?;
+        let kept = self.views();
+        let whole = Views::of(&Arc::new(stored), &rebuilt);
+        if kept.workers != whole.workers {
+            return Err(format!(
+                "the workers' views differ: {:?} against {:?}",
+                kept.workers, whole.workers
+            ));
+        }
+        if kept.by_machine != whole.by_machine
+            || kept.by_machine_redacted != whole.by_machine_redacted
+        {
+            let differ: Vec<String> = whole
+                .by_machine
+                .iter()
+                .filter(|(m, json)| kept.by_machine.get(*m) != Some(json))
+                .map(|(m, json)| {
+                    format!(
+                        "{m}: {:?} against {}",
+                        kept.by_machine.get(m).map(|b| String::from_utf8_lossy(b)),
+                        String::from_utf8_lossy(json)
+                    )
+                })
+                .collect();
+            return Err(format!(
+                "a machine's workers as the API answers them differ: {differ:?}"
+            ));
+        }
+        if kept.machines != whole.machines {
+            return Err(format!(
+                "the machines' views differ: {:?} against {:?}",
+                kept.machines, whole.machines
+            ));
+        }
+        if kept.unplaced != whole.unplaced {
+            return Err("the unplaced differ".to_owned());
+        }
+        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM changes")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| e.to_string())?;
+        if left != 0 {
+            return Err(format!("{left} changes were left noted"));
+        }
+        usage::check_open_spans(&mut conn, &rebuilt).await
     }
+}
+
+/// Stops `evicted` (the over-commit policy's choice): it waits again, in `tx` and in `committed`, and the
+/// audit log says why.
+async fn evict(
+    tx: &mut sqlx::SqliteConnection,
+    committed: &mut Committed,
+    evicted: &ledger::Eviction,
+) -> Result<(), ApiError> {
+    workers::unplace(&mut *tx, committed, &evicted.worker, &evicted.reason).await?;
+    crate::audit::record(
+        &mut *tx,
+        crate::audit::Entry::new(crate::audit::TESSERA, "worker.evict", &evicted.worker)
+            .after(serde_json::json!({ "reason": evicted.reason })),
+    )
+    .await?;
+    Ok(())
 }
 
 /// `inventory` with this machine as `local` reads it now, counting `ours` as Tessera's own engines.

@@ -10,12 +10,14 @@ use crate::error::ApiError;
 use placement::sharing::{GpuSharing, Sharing};
 use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, Share};
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Everything committed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Committed {
-    /// Every worker (seed 000's, and models on whole GPUs), oldest first.
-    pub(crate) workers: Vec<Worker>,
+    /// Every worker (seed 000's, and models on whole GPUs), oldest first. Each behind an `Arc`, so that a
+    /// write copies pointers, not workers, when it makes the state after it from the one before.
+    pub(crate) workers: Vec<Arc<Worker>>,
     /// Every sharing group, by name.
     pub(crate) groups: Vec<Group>,
     /// The model catalog, by name.
@@ -29,6 +31,8 @@ pub(crate) struct Committed {
 /// A worker as committed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Worker {
+    /// Its arrival order.
+    pub seq: i64,
     /// Its name.
     pub name: String,
     /// What it asked for, as accepted.
@@ -55,7 +59,7 @@ impl Committed {
         let workers = db::workers(&mut *conn)
             .await?
             .into_iter()
-            .map(Worker::from_row)
+            .map(|row| Worker::from_row(row).map(Arc::new))
             .collect::<Result<_, _>>()?;
         let (sharing, mig) = load_sharing(&mut *conn).await?;
         Ok(Committed {
@@ -74,7 +78,26 @@ impl Committed {
 
     /// A worker by name.
     pub(crate) fn worker(&self, name: &str) -> Option<&Worker> {
-        self.workers.iter().find(|w| w.name == name)
+        self.workers
+            .iter()
+            .find(|w| w.name == name)
+            .map(Arc::as_ref)
+    }
+
+    /// Applies what the database holds now of worker `name` (`row`; none where it was deleted): replaced in
+    /// place, or put in its arrival order.
+    pub(crate) fn apply_worker(
+        &mut self,
+        name: &str,
+        row: Option<WorkerRow>,
+    ) -> Result<(), ApiError> {
+        self.workers.retain(|w| w.name != name);
+        if let Some(row) = row {
+            let worker = Worker::from_row(row)?;
+            let at = self.workers.partition_point(|w| w.seq < worker.seq);
+            self.workers.insert(at, Arc::new(worker));
+        }
+        Ok(())
     }
 
     /// The group `model` is a member of.
@@ -95,11 +118,22 @@ impl Committed {
         self.groups.iter().find(|g| g.name == name)
     }
 
+    /// Applies what the database holds now of group `name` (none where it was removed): replaced in
+    /// place, or put in name order.
+    pub(crate) fn apply_group(&mut self, name: &str, group: Option<Group>) {
+        self.groups.retain(|g| g.name != name);
+        if let Some(group) = group {
+            let at = self.groups.partition_point(|g| g.name < group.name);
+            self.groups.insert(at, group);
+        }
+    }
+
     /// The worker that runs `model` on whole GPUs.
     pub(crate) fn whole_deployment(&self, model: &str) -> Option<&Worker> {
         self.workers
             .iter()
             .find(|w| w.model.as_deref() == Some(model))
+            .map(Arc::as_ref)
     }
 
     /// The catalog model `name`, refused when it runs already: a model runs in one group, or on whole
@@ -144,6 +178,7 @@ impl Committed {
 impl Worker {
     fn from_row(row: WorkerRow) -> Result<Worker, ApiError> {
         Ok(Worker {
+            seq: row.seq,
             request: serde_json::from_str(&row.request).map_err(ApiError::internal)?,
             env: serde_json::from_str(&row.env).map_err(ApiError::internal)?,
             assignment: row
@@ -168,16 +203,50 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
         sqlx::query_as("SELECT name, gpus, revision FROM groups ORDER BY name")
             .fetch_all(&mut *conn)
             .await?;
-    type Member = (String, String, i64, String, String, bool, i64, bool);
     let members: Vec<Member> = sqlx::query_as(
         "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded FROM group_members ORDER BY group_name, position",
     )
     .fetch_all(&mut *conn)
     .await?;
+    groups_of(groups, &members)
+}
+
+/// Group `name` as the database holds it now; none where there is no such group.
+pub(crate) async fn load_group(
+    conn: &mut sqlx::SqliteConnection,
+    name: &str,
+) -> Result<Option<Group>, ApiError> {
+    let groups: Vec<(String, String, i64)> =
+        sqlx::query_as("SELECT name, gpus, revision FROM groups WHERE name = ?")
+            .bind(name)
+            .fetch_all(&mut *conn)
+            .await?;
+    let members: Vec<Member> = sqlx::query_as(
+        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded FROM group_members WHERE group_name = ? ORDER BY position",
+    )
+    .bind(name)
+    .fetch_all(&mut *conn)
+    .await?;
+    Ok(groups_of(groups, &members)?.pop())
+}
+
+/// A row of `group_members`: group, model, share, args, env, on demand, keep-alive, loaded.
+type Member = (String, String, i64, String, String, bool, i64, bool);
+
+/// The groups of rows `groups`, each with its `members` (in their order).
+fn groups_of(
+    groups: Vec<(String, String, i64)>,
+    members: &[Member],
+) -> Result<Vec<Group>, ApiError> {
+    // By group, once: 2,000 groups each searching every member would be millions of comparisons.
+    let mut by_group: BTreeMap<&str, Vec<&Member>> = BTreeMap::new();
+    for member in members {
+        by_group.entry(member.0.as_str()).or_default().push(member);
+    }
     groups
         .into_iter()
         .map(|(name, gpus, revision)| {
-            let mine = members.iter().filter(|(g, ..)| *g == name);
+            let mine = by_group.get(name.as_str()).into_iter().flatten().copied();
             Ok(Group {
                 gpus: serde_json::from_str(&gpus).map_err(ApiError::internal)?,
                 revision,

@@ -408,8 +408,7 @@ impl Fleet {
                 ),
             )
             .await?;
-            let inventory = state.ledger.inventory().clone();
-            fleet.finish(&mut state, tx, inventory, None).await?;
+            fleet.finish(&mut state, tx, None, None).await?;
             fleet.activity.with(&model, |u| {
                 u.loading = Some(asked);
                 u.failed = None;
@@ -505,8 +504,7 @@ impl Fleet {
             )
             .await?;
         }
-        let inventory = state.ledger.inventory().clone();
-        self.finish(state, tx, inventory, None).await?;
+        self.finish(state, tx, None, None).await?;
         for (model, why) in &models {
             if let Unloaded::Failed(why) = why {
                 self.activity.failed(model, why.clone());

@@ -378,8 +378,7 @@ impl Fleet {
             )
             .await?;
             // Its engines now run as something else, so the runtime restarts exactly them.
-            let inventory = state.ledger.inventory().clone();
-            fleet.finish(&mut state, tx, inventory, None).await?;
+            fleet.finish(&mut state, tx, None, None).await?;
             Ok(ServingChange {
                 restarts: vec![model.clone()],
                 model,

@@ -19,22 +19,47 @@ pub(super) fn desired(committed: &Committed, ledger: &Ledger, hosts: &Hosts) -> 
         .iter()
         .flat_map(|g| group_engines(committed, ledger, hosts, &g.name))
         .collect();
-    for worker in &committed.workers {
-        let Some(assignment) = ledger.scheduler().workers().get(&worker.name) else {
-            continue;
-        };
-        if let Some(recipe) = worker_recipe(worker, &committed.models) {
-            specs.push(spec(
-                committed,
-                ledger,
-                hosts,
-                &worker.name,
-                assignment,
-                recipe,
-            ));
-        }
-    }
+    specs.extend(
+        committed
+            .workers
+            .iter()
+            .filter_map(|w| worker_engine(committed, ledger, hosts, w)),
+    );
     specs
+}
+
+/// The engines of the workers `names` among those [`desired`] has: a write that changed them alone tells
+/// the runtime of these.
+pub(super) fn worker_engines<'a>(
+    committed: &Committed,
+    ledger: &Ledger,
+    hosts: &Hosts,
+    names: impl IntoIterator<Item = &'a String>,
+) -> Vec<EngineSpec> {
+    names
+        .into_iter()
+        .filter_map(|name| committed.worker(name))
+        .filter_map(|w| worker_engine(committed, ledger, hosts, w))
+        .collect()
+}
+
+/// The engine of `worker`, where it holds what it was placed on and runs something.
+fn worker_engine(
+    committed: &Committed,
+    ledger: &Ledger,
+    hosts: &Hosts,
+    worker: &Worker,
+) -> Option<EngineSpec> {
+    let assignment = ledger.scheduler().workers().get(&worker.name)?;
+    let recipe = worker_recipe(worker, &committed.models)?;
+    Some(spec(
+        committed,
+        ledger,
+        hosts,
+        &worker.name,
+        assignment,
+        recipe,
+    ))
 }
 
 /// The engines of one group's members, in plan order, one per machine the member holds its share on.

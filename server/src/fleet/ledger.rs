@@ -37,6 +37,34 @@ fn turns(group: &Group) -> Option<BasisPoints> {
     (left > 0).then_some(BasisPoints(left))
 }
 
+/// Who holds for `group`, with what share, on which GPUs: each member that runs on each of the group's
+/// machines (`units::member`), and the room its on-demand members take turns in.
+fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
+    let mut by_machine: BTreeMap<&str, Vec<GpuRef>> = BTreeMap::new();
+    for gpu in &group.gpus {
+        by_machine
+            .entry(gpu.machine.as_str())
+            .or_default()
+            .push(gpu.clone());
+    }
+    let held = group
+        .running()
+        .into_iter()
+        .map(|s| (s.member, s.share))
+        .chain(turns(group).map(|share| (TURNS.to_owned(), share)));
+    let mut holds = Vec::new();
+    for (member, share) in held {
+        for (machine, gpus) in &by_machine {
+            holds.push((
+                units::member(&group.name, &member, machine),
+                share,
+                gpus.clone(),
+            ));
+        }
+    }
+    holds
+}
+
 /// The scheduler holding everything committed, and what could not be held.
 pub(crate) struct Ledger {
     scheduler: Scheduler,
@@ -61,47 +89,91 @@ impl Ledger {
         for (gpu, sharing) in &committed.sharing {
             scheduler.set_sharing(gpu, sharing.mode);
         }
-        let mut unplaced = BTreeMap::new();
+        let unplaced = BTreeMap::new();
+        let mut ledger = Ledger {
+            scheduler,
+            unplaced,
+        };
         for group in &committed.groups {
-            let mut by_machine: BTreeMap<&str, Vec<GpuRef>> = BTreeMap::new();
-            for gpu in &group.gpus {
-                by_machine
-                    .entry(gpu.machine.as_str())
-                    .or_default()
-                    .push(gpu.clone());
-            }
-            let held = group
-                .running()
-                .into_iter()
-                .map(|s| (s.member, s.share))
-                .chain(turns(group).map(|share| (TURNS.to_owned(), share)));
-            for (member, share) in held {
-                for (machine, gpus) in &by_machine {
-                    let who = units::member(&group.name, &member, machine);
-                    let held = member_assignments(scheduler.inventory(), gpus, share)
-                        .map_err(|e| e.to_string())
-                        .and_then(|assignments| {
-                            assignments.into_iter().try_for_each(|a| {
-                                scheduler.hold_committed(&who, a).map_err(|e| e.to_string())
-                            })
-                        });
-                    if let Err(why) = held {
-                        unplaced.insert(who, why);
-                    }
-                }
-            }
+            ledger.hold_group(group);
         }
         for row in &committed.workers {
             if let Some(assignment) = &row.assignment {
-                if let Err(e) = scheduler.hold_committed(&row.name, assignment.clone()) {
-                    unplaced.insert(row.name.clone(), e.to_string());
+                ledger.hold_committed(&row.name, assignment.clone());
+            }
+        }
+        ledger
+    }
+
+    /// Holds every member of `group` that runs (pinned, or on demand and loaded) on each machine of the
+    /// group, and the room its on-demand members take turns in; keeps aside, with why, what cannot be.
+    /// Says who holds for it.
+    pub(crate) fn hold_group(&mut self, group: &Group) -> Vec<String> {
+        let holds = group_holds(group);
+        let holders = holds.iter().map(|(who, _, _)| who.clone()).collect();
+        for (who, share, gpus) in holds {
+            let held = member_assignments(self.scheduler.inventory(), &gpus, share)
+                .map_err(|e| e.to_string())
+                .and_then(|assignments| {
+                    assignments.into_iter().try_for_each(|a| {
+                        self.scheduler
+                            .hold_committed(&who, a)
+                            .map_err(|e| e.to_string())
+                    })
+                });
+            if let Err(why) = held {
+                self.unplaced.insert(who, why);
+            }
+        }
+        holders
+    }
+
+    /// Lets every holder of `group` go ([`Ledger::hold_group`]'s); says who they were.
+    pub(crate) fn forget_group(&mut self, group: &Group) -> Vec<String> {
+        group_holds(group)
+            .into_iter()
+            .map(|(who, _, _)| {
+                self.forget(&who);
+                who
+            })
+            .collect()
+    }
+
+    /// Holds what was committed for `holder`, or keeps it aside with why it cannot be held.
+    pub(crate) fn hold_committed(&mut self, holder: &str, assignment: Assignment) {
+        if let Err(e) = self.scheduler.hold_committed(holder, assignment) {
+            self.unplaced.insert(holder.to_owned(), e.to_string());
+        }
+    }
+
+    /// Lets `holder` go: what it held is free, and it is kept aside no more.
+    pub(crate) fn forget(&mut self, holder: &str) {
+        self.scheduler.release(holder);
+        self.unplaced.remove(holder);
+    }
+
+    /// Holds again, oldest first, each committed worker kept aside that can be held now (the room another
+    /// let go); says which.
+    pub(crate) fn hold_aside(&mut self, committed: &Committed) -> Vec<String> {
+        if self.unplaced.is_empty() {
+            return Vec::new();
+        }
+        let mut held = Vec::new();
+        for worker in &committed.workers {
+            if let (Some(assignment), true) =
+                (&worker.assignment, self.unplaced.contains_key(&worker.name))
+            {
+                if self
+                    .scheduler
+                    .hold_committed(&worker.name, assignment.clone())
+                    .is_ok()
+                {
+                    self.unplaced.remove(&worker.name);
+                    held.push(worker.name.clone());
                 }
             }
         }
-        Ledger {
-            scheduler,
-            unplaced,
-        }
+        held
     }
 
     /// The over-commit policy: while a GPU's sharers take more than it offers, and have for long enough

@@ -2,10 +2,11 @@
 //! readings of this machine's GPUs; the read views published after every write.
 
 use super::authority::Sight;
+use super::changes::machine_workers;
 use super::committed::Committed;
 use super::engines;
 use super::ledger::Ledger;
-use super::workers::{redact_worker, view, WorkerView};
+use super::workers::{view, WorkerView};
 use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::GpuLive;
@@ -20,8 +21,12 @@ use std::sync::Arc;
 impl Views {
     /// Every read view of `committed` as `ledger` holds it.
     pub(super) fn of(committed: &Arc<Committed>, ledger: &Ledger) -> Views {
-        let workers: Vec<WorkerView> = committed.workers.iter().map(|w| view(w, ledger)).collect();
-        let mut by_machine: BTreeMap<String, Vec<&WorkerView>> = ledger
+        let workers: Vec<Arc<WorkerView>> = committed
+            .workers
+            .iter()
+            .map(|w| Arc::new(view(w, ledger)))
+            .collect();
+        let mut by_machine: BTreeMap<String, Vec<&Arc<WorkerView>>> = ledger
             .inventory()
             .machines()
             .iter()
@@ -32,30 +37,21 @@ impl Views {
                 list.push(worker);
             }
         }
-        // Serializing plain data into a Vec cannot fail.
-        let by_machine_redacted = by_machine
-            .iter()
-            .map(|(m, list)| {
-                let shown: Vec<WorkerView> = list
-                    .iter()
-                    .map(|w| redact_worker(committed, (*w).clone()))
-                    .collect();
-                (
-                    m.clone(),
-                    serde_json::to_vec(&shown).unwrap_or_default().into(),
-                )
-            })
-            .collect();
+        let mut by_machine_redacted = BTreeMap::new();
         let by_machine = by_machine
             .into_iter()
-            .map(|(m, list)| (m, serde_json::to_vec(&list).unwrap_or_default().into()))
+            .map(|(m, list)| {
+                let (json, redacted) = machine_workers(committed, &list);
+                by_machine_redacted.insert(m.clone(), redacted);
+                (m, json)
+            })
             .collect();
         let overcommitted = ledger.scheduler().overcommitted();
         let machines = ledger
             .inventory()
             .machines()
             .iter()
-            .map(|m| machine_view(committed, ledger, &overcommitted, m))
+            .map(|m| Arc::new(machine_view(committed, ledger, &overcommitted, m)))
             .collect();
         Views {
             workers,
@@ -71,7 +67,12 @@ impl Views {
 impl Fleet {
     /// Each machine with its GPUs, what they offer and who holds them.
     pub fn machines(&self) -> Vec<MachineView> {
-        let mut machines = self.views().machines.clone();
+        let mut machines: Vec<MachineView> = self
+            .views()
+            .machines
+            .iter()
+            .map(|m| MachineView::clone(m))
+            .collect();
         for machine in &mut machines {
             machine.unreachable_since = self.unreachable_since(&machine.name);
             self.with_measured(machine);
@@ -182,7 +183,7 @@ impl Fleet {
             .machines
             .iter()
             .find(|m| m.name == name)
-            .cloned()
+            .map(|m| MachineView::clone(m))
             .ok_or_else(|| no_machine(name))?;
         machine.unreachable_since = self.unreachable_since(name);
         self.with_measured(&mut machine);
@@ -280,7 +281,7 @@ impl Fleet {
                 .with_machine(machine)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let tx = crate::db::write(&fleet.pool).await?;
-            fleet.finish(&mut state, tx, inventory, None).await
+            fleet.finish(&mut state, tx, Some(inventory), None).await
         })
         .await
     }
@@ -445,7 +446,7 @@ pub struct SharerView {
     pub over_share: Option<String>,
 }
 
-fn machine_view(
+pub(super) fn machine_view(
     committed: &Committed,
     ledger: &Ledger,
     overcommitted: &[Overcommit],

@@ -75,7 +75,7 @@ impl Fleet {
                     .map_err(ApiError::internal)?;
                 let mut tx = crate::db::write(&self.pool).await?;
                 let change = record(&mut tx, &gpu, sharing, layout.as_ref(), before, cut_before, actor).await?;
-                self.finish(state, tx, inventory, None).await?;
+                self.finish(state, tx, Some(inventory), None).await?;
                 Ok(Written::Done(change))
             }
             Host::Local if self.runtime.local_gpus().is_some() => {
@@ -87,7 +87,7 @@ impl Fleet {
                 let marked = self.marked(machine.clone());
                 let inventory = inventory.with_machine(marked).map_err(ApiError::internal)?;
                 let tx = crate::db::write(&self.pool).await?;
-                if let Err(e) = self.finish(state, tx, inventory, None).await {
+                if let Err(e) = self.finish(state, tx, Some(inventory), None).await {
                     self.unmark(&gpu);
                     return Err(e);
                 }
@@ -183,7 +183,7 @@ impl Fleet {
                 )))
             }
         };
-        self.finish(&mut state, tx, inventory, None).await?;
+        self.finish(&mut state, tx, Some(inventory), None).await?;
         outcome
     }
 

@@ -404,8 +404,7 @@ impl Fleet {
             )
             .await?;
         }
-        let inventory = state.ledger.inventory().clone();
-        self.finish(&mut state, tx, inventory, None).await
+        self.finish(&mut state, tx, None, None).await
     }
 }
 

@@ -160,8 +160,7 @@ impl Fleet {
                 .restarts(restarts.clone()),
         )
         .await?;
-        let inventory = state.ledger.inventory().clone();
-        self.finish(&mut state, tx, inventory, None).await?;
+        self.finish(&mut state, tx, None, None).await?;
         Ok(Written::Done(SharingChange {
             gpu: gpu.id(),
             sharing,

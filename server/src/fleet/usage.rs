@@ -15,7 +15,7 @@ use placement::usage::{
 };
 use placement::{Bytes, GpuRef, Hold, Scheduler};
 use sqlx::{SqliteConnection, SqlitePool};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// Milliseconds since the epoch.
@@ -62,39 +62,75 @@ fn held_now(scheduler: &Scheduler) -> Vec<Held> {
     let mut out = Vec::new();
     for machine in scheduler.inventory().machines() {
         for gpu in &machine.gpus {
-            // A MIG instance is a part of its GPU: an hour of one is its memory's part of a GPU-hour.
-            let total = match &gpu.mig {
-                Some(placement::MigRole::Instance { parent, .. }) => machine
-                    .gpus
-                    .iter()
-                    .find(|g| g.index == *parent)
-                    .map_or(gpu.total, |g| g.total),
-                _ => gpu.total,
-            };
-            let mut push = |holder: &str, held: Bytes| {
-                out.push(Held {
-                    holder: holder.to_owned(),
-                    machine: machine.name.clone(),
-                    gpu: gpu.index,
-                    held,
-                    total,
-                });
-            };
-            match scheduler.hold(&GpuRef::new(&machine.name, gpu.index)) {
-                Some(Hold::Whole(worker)) => push(worker, gpu.total),
-                Some(Hold::Shared(sharers)) => {
-                    for (holder, bytes) in sharers {
-                        if !units::Holder::parse(holder).is_turns() {
-                            push(holder, *bytes);
-                        }
-                    }
-                }
-                _ => {}
-            }
+            held_on(scheduler, machine, gpu, &mut out);
         }
     }
     out
 }
+
+/// What `holders` hold now, each on each of its GPUs, as [`held_now`] says it.
+fn held_by(scheduler: &Scheduler, holders: &BTreeSet<String>) -> Vec<Held> {
+    let mut out = Vec::new();
+    for holder in holders {
+        let Some(assignment) = scheduler.workers().get(holder) else {
+            continue;
+        };
+        let Some(machine) = scheduler.inventory().machine(&assignment.machine) else {
+            continue;
+        };
+        for gpu in machine
+            .gpus
+            .iter()
+            .filter(|g| assignment.gpus.contains(&g.index))
+        {
+            let mut on = Vec::new();
+            held_on(scheduler, machine, gpu, &mut on);
+            out.extend(on.into_iter().filter(|h| h.holder == *holder));
+        }
+    }
+    out
+}
+
+/// What is held on `gpu` of `machine`, pushed onto `out`.
+fn held_on(
+    scheduler: &Scheduler,
+    machine: &placement::Machine,
+    gpu: &placement::Gpu,
+    out: &mut Vec<Held>,
+) {
+    // A MIG instance is a part of its GPU: an hour of one is its memory's part of a GPU-hour.
+    let total = match &gpu.mig {
+        Some(placement::MigRole::Instance { parent, .. }) => machine
+            .gpus
+            .iter()
+            .find(|g| g.index == *parent)
+            .map_or(gpu.total, |g| g.total),
+        _ => gpu.total,
+    };
+    let mut push = |holder: &str, held: Bytes| {
+        out.push(Held {
+            holder: holder.to_owned(),
+            machine: machine.name.clone(),
+            gpu: gpu.index,
+            held,
+            total,
+        });
+    };
+    match scheduler.hold(&GpuRef::new(&machine.name, gpu.index)) {
+        Some(Hold::Whole(worker)) => push(worker, gpu.total),
+        Some(Hold::Shared(sharers)) => {
+            for (holder, bytes) in sharers {
+                if !units::Holder::parse(holder).is_turns() {
+                    push(holder, *bytes);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+/// An open span: its id, holder, machine, GPU index and bytes held.
+type OpenSpan = (i64, String, String, i64, i64);
 
 /// Brings the open spans in line with what is held now: a span whose holder let go, or now holds another
 /// amount, ends at `now_ms`, and a new holding opens one. Called inside every write's own transaction.
@@ -103,12 +139,77 @@ pub(crate) async fn record_holdings(
     ledger: &super::ledger::Ledger,
     now_ms: u64,
 ) -> Result<(), ApiError> {
-    let open: Vec<(i64, String, String, i64, i64)> = sqlx::query_as(
+    let open: Vec<OpenSpan> = sqlx::query_as(
         "SELECT id, holder, machine, gpu_index, held_bytes FROM holdings WHERE end_ms IS NULL",
     )
     .fetch_all(&mut *tx)
     .await?;
-    let now = held_now(ledger.scheduler());
+    reconcile_spans(tx, &open, &held_now(ledger.scheduler()), now_ms).await
+}
+
+/// [`record_holdings`] for `holders` alone, where a write changed what they hold and nothing else: their
+/// open spans read by holder, not every one.
+pub(crate) async fn record_holdings_of(
+    tx: &mut sqlx::SqliteConnection,
+    ledger: &super::ledger::Ledger,
+    holders: &BTreeSet<String>,
+    now_ms: u64,
+) -> Result<(), ApiError> {
+    let mut open: Vec<OpenSpan> = Vec::new();
+    for holder in holders {
+        open.extend(
+            sqlx::query_as::<_, OpenSpan>(
+                "SELECT id, holder, machine, gpu_index, held_bytes FROM holdings WHERE holder = ? AND end_ms IS NULL",
+            )
+            .bind(holder)
+            .fetch_all(&mut *tx)
+            .await?,
+        );
+    }
+    reconcile_spans(tx, &open, &held_by(ledger.scheduler(), holders), now_ms).await
+}
+
+/// Whether the open usage spans are exactly what `ledger` holds now, one each. For the tests.
+#[cfg(test)]
+pub(crate) async fn check_open_spans(
+    tx: &mut sqlx::SqliteConnection,
+    ledger: &super::ledger::Ledger,
+) -> Result<(), String> {
+    let open: Vec<OpenSpan> = sqlx::query_as(
+        "SELECT id, holder, machine, gpu_index, held_bytes FROM holdings WHERE end_ms IS NULL",
+    )
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(|e| e.to_string())?;
+    let mut open: Vec<(String, String, i64, i64)> = open
+        .into_iter()
+        .map(|(_, holder, machine, gpu, held)| (holder, machine, gpu, held))
+        .collect();
+    let mut now: Vec<(String, String, i64, i64)> = held_now(ledger.scheduler())
+        .iter()
+        .map(|h| {
+            let (holder, machine, gpu, held) = h.key();
+            (holder.to_owned(), machine.to_owned(), gpu, held)
+        })
+        .collect();
+    open.sort();
+    now.sort();
+    if open == now {
+        Ok(())
+    } else {
+        Err(format!(
+            "the open usage spans {open:?} are not what is held: {now:?}"
+        ))
+    }
+}
+
+/// Ends each of the `open` spans that is not held `now`, and opens one for each holding that has none.
+async fn reconcile_spans(
+    tx: &mut sqlx::SqliteConnection,
+    open: &[OpenSpan],
+    now: &[Held],
+    now_ms: u64,
+) -> Result<(), ApiError> {
     // Matched by key, not searched pairwise: 40,000 holders each way would be 1.6 billion comparisons.
     let open_keys: std::collections::HashSet<(&str, &str, i64, i64)> = open
         .iter()

@@ -152,8 +152,7 @@ impl Fleet {
                 .restarts(run.iter().map(|r| r.model.clone()).collect()),
         )
         .await?;
-        let inventory = state.ledger.inventory().clone();
-        self.finish(&mut state, tx, inventory, None).await?;
+        self.finish(&mut state, tx, None, None).await?;
         state
             .committed
             .worker(new.name())
@@ -167,14 +166,18 @@ impl Fleet {
             .workers
             .iter()
             .find(|w| w.name == name)
-            .cloned()
-            .map(|w| self.with_unreachable(w))
+            .map(|w| self.with_unreachable(WorkerView::clone(w)))
             .ok_or_else(|| no_worker(name))
     }
 
     /// Every worker, oldest first.
     pub fn workers(&self) -> Vec<WorkerView> {
-        let workers = self.views().workers.clone();
+        let workers: Vec<WorkerView> = self
+            .views()
+            .workers
+            .iter()
+            .map(|w| WorkerView::clone(w))
+            .collect();
         if self.nothing_unreachable() {
             return workers;
         }
@@ -271,18 +274,18 @@ impl Fleet {
                 .revision(worker.revision),
         )
         .await?;
-        let inventory = state.ledger.inventory().clone();
-        self.finish(state, tx, inventory, None).await
+        self.finish(state, tx, None, None).await
     }
 }
 
 /// Places every pending worker that fits now, oldest first, and refreshes the reasons of the rest: in the
-/// transaction, in `committed` and in the ledger alike.
+/// transaction, in `committed` and in the ledger alike. Says which it changed: placed, or with new reasons.
 pub(super) async fn place_pending(
     ledger: &mut Ledger,
     committed: &mut Committed,
     tx: &mut sqlx::SqliteConnection,
-) -> Result<(), ApiError> {
+) -> Result<Vec<String>, ApiError> {
+    let mut changed = Vec::new();
     for worker in committed
         .workers
         .iter_mut()
@@ -300,6 +303,8 @@ pub(super) async fn place_pending(
                 ledger
                     .hold(&worker.name, assignment.clone())
                     .map_err(ApiError::internal)?;
+                changed.push(worker.name.clone());
+                let worker = Arc::make_mut(worker);
                 worker.assignment = Some(assignment);
                 worker.pending_reasons.clear();
                 worker.revision += 1;
@@ -313,12 +318,13 @@ pub(super) async fn place_pending(
                         .bind(&worker.name)
                         .execute(&mut *tx)
                         .await?;
-                    worker.pending_reasons = reasons;
+                    changed.push(worker.name.clone());
+                    Arc::make_mut(worker).pending_reasons = reasons;
                 }
             }
         }
     }
-    Ok(())
+    Ok(changed)
 }
 
 /// Makes a placed worker wait again (the over-commit policy stopped it), in the transaction and in
@@ -336,6 +342,7 @@ pub(super) async fn unplace(
         .execute(&mut *tx)
         .await?;
     if let Some(worker) = committed.workers.iter_mut().find(|w| w.name == name) {
+        let worker = Arc::make_mut(worker);
         worker.assignment = None;
         worker.pending_reasons = reasons;
         worker.revision += 1;

@@ -9,7 +9,7 @@ use super::spec::EngineSpec;
 use super::{Change, EngineState, Progress, Shared, StepProgress, StepStatus};
 use crate::units::Holder;
 use placement::Step;
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
 use tokio::sync::{mpsc, oneshot, watch};
 
@@ -107,6 +107,7 @@ impl Conductor {
                 self.apply(desired);
             }
             Change::Apply(desired) => self.apply(desired),
+            Change::Update { units, desired } => self.update(&units, desired),
             Change::Restart(unit) => {
                 let Some(spec) = self.shared.lock().get(&unit).map(|u| u.spec.clone()) else {
                     return;
@@ -246,6 +247,54 @@ impl Conductor {
                 let within = |spec: &EngineSpec| !gpus_of(spec).is_disjoint(&within);
                 apply_to(&shared, &desired, within, &mut cancel).await;
             });
+        }
+    }
+
+    /// Carries out a [`super::Change::Update`], as [`Conductor::apply`] does for `units` alone: what of them
+    /// runs and is no longer wanted stops at once, and each wanted one not running as wanted (or with a
+    /// job under way for it) gets a job of its own on the GPUs it is wanted on and those it runs or is
+    /// about to start on, which stops it where it runs otherwise, then starts it. Every other engine is
+    /// left as it is, so that a write costs the engines it changed.
+    fn update(&mut self, units: &[String], desired: Vec<EngineSpec>) {
+        let wanted: HashMap<String, String> = desired
+            .iter()
+            .map(|d| (d.unit.clone(), d.fingerprint()))
+            .collect();
+        let scope: HashSet<&str> = units.iter().map(String::as_str).collect();
+        self.cancel(|s| {
+            scope.contains(s.unit.as_str()) && wanted.get(s.unit.as_str()) != Some(&s.fingerprint())
+        });
+        let (gone, running): (Vec<_>, Vec<_>) = self
+            .shared
+            .registered_of(scope.iter().copied())
+            .into_iter()
+            .partition(|(_, spec)| !wanted.contains_key(spec.unit.as_str()));
+        self.stop_now(gone);
+        for spec in desired {
+            let now = running.iter().find(|(_, s)| s.unit == spec.unit);
+            let queued: Vec<BTreeSet<Gpu>> = self
+                .jobs
+                .iter()
+                .flat_map(|j| &j.starts)
+                .filter(|s| s.unit == spec.unit)
+                .map(gpus_of)
+                .collect();
+            let as_wanted = now.is_some_and(|(_, s)| Some(&s.fingerprint()) == wanted.get(&s.unit));
+            if as_wanted && queued.is_empty() {
+                continue;
+            }
+            let mut gpus = gpus_of(&spec);
+            gpus.extend(now.iter().flat_map(|(_, s)| gpus_of(s)));
+            gpus.extend(queued.into_iter().flatten());
+            let unit = spec.unit.clone();
+            let desired = [spec];
+            self.queue(
+                gpus,
+                desired.to_vec(),
+                move |shared, mut cancel| async move {
+                    apply_to(&shared, &desired, |s| s.unit == unit, &mut cancel).await;
+                },
+            );
         }
     }
 

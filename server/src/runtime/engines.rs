@@ -63,6 +63,16 @@ pub(super) struct Status {
     pub(super) reported: Vec<Bytes>,
 }
 
+/// `unit`'s registration as `name`, and its spec.
+fn registration(name: &str, unit: &Unit) -> (Registration, EngineSpec) {
+    let registration = Registration {
+        unit: name.to_owned(),
+        status: unit.status.clone(),
+        control: unit.control.clone(),
+    };
+    (registration, unit.spec.clone())
+}
+
 /// What the supervisors share with the runtime.
 pub(crate) struct Shared {
     pub(super) settings: Settings,
@@ -249,14 +259,20 @@ impl Shared {
         self.lock()
             .iter()
             .filter(|(_, unit)| pick(&unit.spec))
-            .map(|(name, unit)| {
-                let registration = Registration {
-                    unit: name.clone(),
-                    status: unit.status.clone(),
-                    control: unit.control.clone(),
-                };
-                (registration, unit.spec.clone())
-            })
+            .map(|(name, unit)| registration(name, unit))
+            .collect()
+    }
+
+    /// Those of `units` registered now, each looked up: a few among many cost what they are.
+    pub(super) fn registered_of<'a>(
+        &self,
+        units: impl IntoIterator<Item = &'a str>,
+    ) -> Vec<(Registration, EngineSpec)> {
+        let registered = self.lock();
+        units
+            .into_iter()
+            .filter_map(|name| registered.get_key_value(name))
+            .map(|(name, unit)| registration(name, unit))
             .collect()
     }
 

@@ -194,6 +194,14 @@ pub enum Change {
     /// Make what runs match `desired`: stop what should not run (or runs as something else), then start
     /// what is missing.
     Apply(Vec<EngineSpec>),
+    /// [`Change::Apply`] for `units` alone, what a write changed, each wanted as in `desired` (those
+    /// missing there not at all): every other engine is as it was.
+    Update {
+        /// The engines looked at.
+        units: Vec<String>,
+        /// Those of them that should run, and how.
+        desired: Vec<EngineSpec>,
+    },
     /// A committed plan change: `steps` in order; then members that left stop and any member not yet
     /// running starts. Nothing outside the group (and the router moving in) is touched.
     Plan {
@@ -433,6 +441,16 @@ impl Runtime {
             .filter_map(|e| Some((e.unit, e.pid?)))
             .collect();
         self.shared.local.processes(engines).await
+    }
+
+    /// Every engine registered now, by unit, with what it was started as (its spec's fingerprint).
+    #[cfg(test)]
+    pub(crate) fn registered(&self) -> BTreeMap<String, String> {
+        self.shared
+            .lock()
+            .iter()
+            .map(|(unit, u)| (unit.clone(), u.spec.fingerprint()))
+            .collect()
     }
 
     /// What the engines on `machine` said they allocated on each of their GPUs, by unit and GPU index: their

@@ -171,6 +171,13 @@ const ERAS: &[(i64, &str)] = &[
         INSERT INTO audit (actor, action, target, after, restarts, client) VALUES ('admin', 'plan.change', 'embed', '{}', '[]', '10.0.0.9');
         "#,
     ),
+    (
+        18,
+        r#"
+        -- A change made outside the server: its triggers note it, and the next start takes it up.
+        UPDATE workers SET env = '{"FROM":"outside"}' WHERE name = 'notebook-1';
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.
@@ -248,11 +255,22 @@ async fn a_database_of_every_earlier_schema_opens_with_every_plan_worker_account
         assert_eq!(listen.command.as_deref(), Some("python3 -m listen"), "{at}");
         assert_eq!(listen.env["LANG"], "C.UTF-8", "{at}");
         assert_eq!(listen.revision, 2, "{at}");
-        assert_eq!(
-            committed.worker("notebook-1").unwrap().assignment,
-            None,
-            "{at}"
-        );
+        let notebook = committed.worker("notebook-1").unwrap();
+        assert_eq!(notebook.assignment, None, "{at}");
+        if version >= 18 {
+            assert_eq!(
+                notebook.env["FROM"], "outside",
+                "{at}: a change made outside"
+            );
+            let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM changes")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+            assert_eq!(
+                left, 0,
+                "{at}: the changes noted were taken up at the start"
+            );
+        }
         if version >= 5 {
             let vision = committed.worker("vision").unwrap();
             assert_eq!(vision.model.as_deref(), Some("vision"), "{at}");

@@ -253,11 +253,10 @@ impl Fleet {
                 .restarts(change.restarts.iter().map(|r| r.member.clone()).collect()),
         )
         .await?;
-        let inventory = state.ledger.inventory().clone();
         self.finish(
             state,
             tx,
-            inventory,
+            None,
             Some((group.name.clone(), revision, change.steps.clone())),
         )
         .await?;

@@ -282,7 +282,10 @@ async fn check(app: &TestApp, step: &Step, before: &Holds) {
         }
     }
     // Every engine that should run is held, and nothing else runs.
-    app.fleet.runtime().settled().await;
+    app.fleet
+        .check_engines()
+        .await
+        .unwrap_or_else(|e| panic!("after {step:?}: {e}"));
     let engines: BTreeSet<String> = app
         .fleet
         .runtime()

@@ -1,0 +1,237 @@
+//! What a write changed (issue 29). The database's triggers note each committed row a write inserts,
+//! updates or deletes in `changes` (migration 0018); the write takes them in its own transaction. Where
+//! only workers and sharing groups changed, on the inventory the ledger holds, just those rows are read
+//! back and applied to the state before the write: the ledger mended in place, the usage spans, the read
+//! views and the engines of what was touched alone, so that a write costs what it changes and not the
+//! fleet. Anything else (the catalog, a GPU's sharing, a new reading) is settled whole, as
+//! [`Fleet::settle`] does. The whole rebuild stays the oracle: the model test checks after every step
+//! that the state kept this way is the one rebuilt, and that the runtime runs what it wants.
+
+use super::committed::{load_group, Committed};
+use super::groups::Group;
+use super::ledger::Ledger;
+use super::machines::machine_view;
+use super::workers::{self, redact_worker, view, WorkerView};
+use super::{usage, Fleet, State, Views};
+use crate::error::ApiError;
+use placement::GpuRef;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+/// The rows a write changed, as its triggers noted them.
+#[derive(Debug, Default)]
+pub(super) struct Changes {
+    /// The workers, by name.
+    pub(super) workers: BTreeSet<String>,
+    /// The sharing groups (their plans, members and serving), by name.
+    pub(super) groups: BTreeSet<String>,
+    /// Whether anything else changed: the catalog, a GPU's sharing.
+    other: bool,
+}
+
+impl Changes {
+    /// What the write in `tx` changed so far, taken: the table is empty after.
+    pub(super) async fn take(tx: &mut sqlx::SqliteConnection) -> Result<Changes, ApiError> {
+        let rows: Vec<(String, String)> = sqlx::query_as("SELECT kind, key FROM changes")
+            .fetch_all(&mut *tx)
+            .await?;
+        forget(tx).await?;
+        let mut changes = Changes::default();
+        for (kind, key) in rows {
+            match kind.as_str() {
+                "worker" => {
+                    changes.workers.insert(key);
+                }
+                "group" => {
+                    changes.groups.insert(key);
+                }
+                _ => changes.other = true,
+            }
+        }
+        Ok(changes)
+    }
+
+    /// Whether the write changed workers and groups alone, which are settled by their rows.
+    pub(super) fn by_rows(&self) -> bool {
+        !self.other
+    }
+}
+
+/// Empties `changes` in `tx`, before it commits: what the settling itself changed (pending work placed,
+/// workers stopped by the over-commit policy) is applied as it is done.
+pub(super) async fn forget(tx: &mut sqlx::SqliteConnection) -> Result<(), ApiError> {
+    sqlx::query("DELETE FROM changes").execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// What a write touched: the holders whose holds may have changed, the machines they held on before it
+/// and hold on after, and the engines it may have changed.
+#[derive(Debug, Default)]
+pub(super) struct Touched {
+    /// The workers by name, and the groups' members by holder (`units::member`).
+    holders: BTreeSet<String>,
+    machines: BTreeSet<String>,
+    /// The engines looked at: the workers', and every member's of the groups changed on each of their
+    /// machines, before the write and after it.
+    pub(super) units: BTreeSet<String>,
+    /// The groups changed, as they stand after the write.
+    pub(super) groups: BTreeSet<String>,
+}
+
+impl Touched {
+    /// Worker `name`, on the machine `committed` places it on, if any (held there or not: its view is
+    /// that machine's either way).
+    fn note(&mut self, committed: &Committed, name: &str) {
+        self.holders.insert(name.to_owned());
+        self.units.insert(name.to_owned());
+        if let Some(assignment) = committed.worker(name).and_then(|w| w.assignment.as_ref()) {
+            self.machines.insert(assignment.machine.clone());
+        }
+    }
+
+    /// Group `group`'s machines and the units of its members on each.
+    fn note_group(&mut self, group: &Group) {
+        let mut machines: Vec<&str> = group.gpus.iter().map(|g| g.machine.as_str()).collect();
+        machines.dedup();
+        for machine in machines {
+            self.machines.insert(machine.to_owned());
+            for member in &group.members {
+                self.units
+                    .insert(crate::units::member(&group.name, &member.member, machine));
+            }
+        }
+    }
+}
+
+impl Fleet {
+    /// Settles a write that changed the rows of workers and groups alone (`changes`), on the ledger's own
+    /// inventory: each read back and applied to a copy of the committed state and, in place, to the
+    /// ledger; then, as [`Fleet::settle`] does, the over-commit policy, pending work placed where it fits
+    /// now, and usage spans (of the holders touched alone). On an error the ledger is left mended
+    /// part-way: the caller builds it again from the state before the write.
+    pub(super) async fn settle_rows(
+        tx: &mut sqlx::SqliteConnection,
+        state: &mut State,
+        changes: &Changes,
+        due: &(dyn Fn(&GpuRef) -> bool + Sync),
+    ) -> Result<(Committed, Touched), ApiError> {
+        let was = state.ledger.sharing_refusals(&state.committed);
+        let mut committed = Committed::clone(&state.committed);
+        let ledger = &mut state.ledger;
+        let mut touched = Touched::default();
+        for name in &changes.groups {
+            if let Some(old) = committed.group(name) {
+                touched.note_group(old);
+                touched.holders.extend(ledger.forget_group(old));
+            }
+            let group = load_group(&mut *tx, name).await?;
+            committed.apply_group(name, group);
+            if let Some(new) = committed.group(name) {
+                touched.note_group(new);
+                touched.holders.extend(ledger.hold_group(new));
+                touched.groups.insert(name.clone());
+            }
+        }
+        for name in &changes.workers {
+            touched.note(&committed, name);
+            let row = crate::db::worker(&mut *tx, name).await?;
+            committed.apply_worker(name, row)?;
+            ledger.forget(name);
+            if let Some(assignment) = committed.worker(name).and_then(|w| w.assignment.clone()) {
+                ledger.hold_committed(name, assignment);
+            }
+            touched.note(&committed, name);
+        }
+        for held in ledger.hold_aside(&committed) {
+            touched.note(&committed, &held);
+        }
+        let refusals = ledger.sharing_refusals(&committed);
+        if let Some(new) = refusals.iter().find(|r| !was.contains(r)) {
+            return Err(ApiError::Conflict(new.to_string()));
+        }
+        for evicted in ledger.relieve(&committed, due) {
+            touched.note(&committed, &evicted.worker);
+            super::evict(tx, &mut committed, &evicted).await?;
+        }
+        for changed in workers::place_pending(ledger, &mut committed, tx).await? {
+            touched.note(&committed, &changed);
+        }
+        usage::record_holdings_of(tx, ledger, &touched.holders, usage::now_ms()).await?;
+        forget(tx).await?;
+        Ok((committed, touched))
+    }
+}
+
+impl Views {
+    /// These views after a write that `touched` what it did: the views of the workers and machines it
+    /// touched made again from `committed` and `ledger`, every other one kept.
+    pub(super) fn patched(
+        &self,
+        committed: &Arc<Committed>,
+        ledger: &Ledger,
+        touched: &Touched,
+    ) -> Views {
+        // Both lists run in arrival order: the views kept are met in order, past the touched ones.
+        let mut before = self.workers.iter();
+        let workers: Vec<Arc<WorkerView>> = committed
+            .workers
+            .iter()
+            .map(|w| {
+                if touched.holders.contains(&w.name) {
+                    return Arc::new(view(w, ledger));
+                }
+                for kept in before.by_ref() {
+                    if kept.name == w.name {
+                        return kept.clone();
+                    }
+                }
+                Arc::new(view(w, ledger))
+            })
+            .collect();
+        let mut by_machine = self.by_machine.clone();
+        let mut by_machine_redacted = self.by_machine_redacted.clone();
+        let mut machines = self.machines.clone();
+        let overcommitted = ledger.scheduler().overcommitted();
+        for name in &touched.machines {
+            let Some(machine) = ledger.inventory().machine(name) else {
+                continue;
+            };
+            let here: Vec<&Arc<WorkerView>> = workers
+                .iter()
+                .filter(|w| w.machine.as_deref() == Some(name.as_str()))
+                .collect();
+            let (json, redacted) = machine_workers(committed, &here);
+            by_machine.insert(name.clone(), json);
+            by_machine_redacted.insert(name.clone(), redacted);
+            let fresh = Arc::new(machine_view(committed, ledger, &overcommitted, machine));
+            // The machines are the inventory's, which such a write leaves as it is.
+            if let Some(slot) = machines.iter_mut().find(|m| m.name == *name) {
+                *slot = fresh;
+            }
+        }
+        Views {
+            workers,
+            by_machine,
+            by_machine_redacted,
+            machines,
+            committed: committed.clone(),
+            unplaced: ledger.all_unplaced().clone(),
+        }
+    }
+}
+
+/// The workers on a machine as the API's answer: as they are, and with secrets redacted. Serializing
+/// plain data into a Vec cannot fail.
+pub(super) fn machine_workers(
+    committed: &Committed,
+    workers: &[&Arc<WorkerView>],
+) -> (axum::body::Bytes, axum::body::Bytes) {
+    let shown: Vec<WorkerView> = workers
+        .iter()
+        .map(|w| redact_worker(committed, WorkerView::clone(w)))
+        .collect();
+    (
+        serde_json::to_vec(workers).unwrap_or_default().into(),
+        serde_json::to_vec(&shown).unwrap_or_default().into(),
+    )
+}
