@@ -10,8 +10,8 @@
 use super::committed::{load_group, Committed};
 use super::groups::Group;
 use super::ledger::Ledger;
-use super::machines::machine_view;
-use super::workers::{self, redact_worker, view, WorkerView};
+use super::machines::{machine_view, machine_workers};
+use super::workers::{self, view, WorkerView};
 use super::{usage, Fleet, State, Views};
 use crate::error::ApiError;
 use placement::GpuRef;
@@ -218,20 +218,4 @@ impl Views {
             unplaced: ledger.all_unplaced().clone(),
         }
     }
-}
-
-/// The workers on a machine as the API's answer: as they are, and with secrets redacted. Serializing
-/// plain data into a Vec cannot fail.
-pub(super) fn machine_workers(
-    committed: &Committed,
-    workers: &[&Arc<WorkerView>],
-) -> (axum::body::Bytes, axum::body::Bytes) {
-    let shown: Vec<WorkerView> = workers
-        .iter()
-        .map(|w| redact_worker(committed, WorkerView::clone(w)))
-        .collect();
-    (
-        serde_json::to_vec(workers).unwrap_or_default().into(),
-        serde_json::to_vec(&shown).unwrap_or_default().into(),
-    )
 }

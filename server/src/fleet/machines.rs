@@ -2,11 +2,10 @@
 //! readings of this machine's GPUs; the read views published after every write.
 
 use super::authority::Sight;
-use super::changes::machine_workers;
 use super::committed::Committed;
 use super::engines;
 use super::ledger::Ledger;
-use super::workers::{view, WorkerView};
+use super::workers::{redact_worker, view, WorkerView};
 use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::GpuLive;
@@ -524,4 +523,20 @@ pub(super) fn machine_view(
             .collect(),
         unreachable_since: None,
     }
+}
+
+/// The workers on a machine as the API's answer: as they are, and with secrets redacted. Serializing
+/// plain data into a Vec cannot fail.
+pub(super) fn machine_workers(
+    committed: &Committed,
+    workers: &[&Arc<WorkerView>],
+) -> (axum::body::Bytes, axum::body::Bytes) {
+    let shown: Vec<WorkerView> = workers
+        .iter()
+        .map(|w| redact_worker(committed, WorkerView::clone(w)))
+        .collect();
+    (
+        serde_json::to_vec(workers).unwrap_or_default().into(),
+        serde_json::to_vec(&shown).unwrap_or_default().into(),
+    )
 }
