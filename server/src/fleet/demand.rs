@@ -9,7 +9,7 @@ use super::ledger::Ledger;
 use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::runtime::EngineView;
-use placement::{eviction_order, expired, GpuRef, Hold, Loaded};
+use placement::{eviction_order, expired, Bytes, GpuRef, Hold, Loaded};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -216,15 +216,44 @@ fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
 }
 
 /// Whether `after` holds no GPU of `gpus` over what it offers, unless no more than `before` did already.
-fn fits(before: &Ledger, after: &Ledger, gpus: &[GpuRef]) -> bool {
+/// Whether `trial` (the committed state `before` with its groups on `gpus` changed) fits on `gpus` as
+/// `ledger` (which holds `before`) would hold it: on each, no more than it offers, or no more than it
+/// takes already. Only the groups on those GPUs differ, so only theirs are held again, on those GPUs.
+fn fits(ledger: &Ledger, before: &Committed, trial: &Committed, gpus: &[GpuRef]) -> bool {
+    let takes = |committed: &Committed| {
+        let mut takes: BTreeMap<GpuRef, Bytes> = BTreeMap::new();
+        for group in committed
+            .groups
+            .iter()
+            .filter(|g| g.gpus.iter().any(|gpu| gpus.contains(gpu)))
+        {
+            for (gpu, taken) in ledger.group_takes(group, gpus) {
+                let sum = takes.entry(gpu).or_default();
+                *sum += taken;
+            }
+        }
+        takes
+    };
+    let (was, will) = (takes(before), takes(trial));
     gpus.iter().all(|gpu| {
-        let taken = |l: &Ledger| l.scheduler().hold(gpu).map(Hold::taken).unwrap_or_default();
-        let offered = after
+        let taken = ledger
+            .scheduler()
+            .hold(gpu)
+            .map(Hold::taken)
+            .unwrap_or_default();
+        // Saturating: a member the ledger keeps aside holds nothing there.
+        let after = Bytes(
+            taken
+                .get()
+                .saturating_sub(was.get(gpu).copied().unwrap_or_default().get())
+                .saturating_add(will.get(gpu).copied().unwrap_or_default().get()),
+        );
+        let offered = ledger
             .inventory()
             .gpu(gpu)
             .map(|g| g.offered())
             .unwrap_or_default();
-        taken(after) <= offered || taken(after) <= taken(before)
+        after <= offered || after <= taken
     })
 }
 
@@ -301,6 +330,16 @@ impl Fleet {
 
     /// The loaded on-demand models on any of `gpus`, as eviction sees them.
     fn loaded_on(&self, committed: &Committed, gpus: &[GpuRef]) -> Vec<Loaded> {
+        let on_gpus = |g: &&super::groups::Group| g.gpus.iter().any(|gpu| gpus.contains(gpu));
+        // Every engine's view is read only where a loaded model there needs them.
+        if !committed
+            .groups
+            .iter()
+            .filter(on_gpus)
+            .any(|g| !g.loaded.is_empty())
+        {
+            return Vec::new();
+        }
         let engines = self.runtime.engines();
         committed
             .groups
@@ -350,8 +389,7 @@ impl Fleet {
             for m in &order[..k] {
                 set_loaded(&mut trial, m, false);
             }
-            let after = Ledger::build(state.ledger.inventory().clone(), &trial);
-            fits(&state.ledger, &after, gpus)
+            fits(&state.ledger, &state.committed, &trial, gpus)
                 .then(|| order[..k].iter().map(|m| (*m).to_owned()).collect())
         })
     }

@@ -11,7 +11,7 @@ use super::groups::Group;
 use crate::units::{self, Holder, TURNS};
 use placement::sharing::{Sharing, SharingError};
 use placement::{
-    group::member_assignments, Assignment, BasisPoints, GpuRef, Hold, Inventory, Scheduler,
+    group::member_assignments, Assignment, BasisPoints, Bytes, GpuRef, Hold, Inventory, Scheduler,
 };
 use std::collections::BTreeMap;
 
@@ -126,6 +126,24 @@ impl Ledger {
             }
         }
         holders
+    }
+
+    /// What `group`'s holders ([`Ledger::hold_group`]'s) would take of each of `gpus`, added up: what a
+    /// change of plans on those GPUs alone moves, found without building a ledger.
+    pub(crate) fn group_takes(&self, group: &Group, gpus: &[GpuRef]) -> BTreeMap<GpuRef, Bytes> {
+        let mut takes: BTreeMap<GpuRef, Bytes> = BTreeMap::new();
+        for (_, share, on) in group_holds(group) {
+            for assignment in member_assignments(self.inventory(), &on, share).unwrap_or_default() {
+                for index in &assignment.gpus {
+                    let gpu = GpuRef::new(&assignment.machine, *index);
+                    if gpus.contains(&gpu) {
+                        let taken = takes.entry(gpu).or_default();
+                        *taken += assignment.shared.unwrap_or_default();
+                    }
+                }
+            }
+        }
+        takes
     }
 
     /// Lets every holder of `group` go ([`Ledger::hold_group`]'s); says who they were.
