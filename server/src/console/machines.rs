@@ -86,6 +86,7 @@ impl ConsoleService {
                 let here: Vec<&Group> = groups
                     .iter()
                     .filter(|g| g.gpus.iter().any(|gpu| gpu.machine == machine.name))
+                    .map(|g| g.as_ref())
                     .collect();
                 let mut models: Vec<NodeModel> = here
                     .iter()

@@ -14,7 +14,7 @@ use std::sync::Arc;
 impl Fleet {
     /// The model catalog, as of the last write.
     pub fn models(&self) -> Vec<CatalogModel> {
-        self.committed().models.clone()
+        self.committed().models.to_vec()
     }
 
     /// The catalog as one who sees it with `sight` is shown it.

@@ -18,10 +18,10 @@ pub(crate) struct Committed {
     /// Every worker (seed 000's, and models on whole GPUs), oldest first. Each behind an `Arc`, so that a
     /// write copies pointers, not workers, when it makes the state after it from the one before.
     pub(crate) workers: Vec<Arc<Worker>>,
-    /// Every sharing group, by name.
-    pub(crate) groups: Vec<Group>,
-    /// The model catalog, by name.
-    pub(crate) models: Vec<CatalogModel>,
+    /// Every sharing group, by name; each behind an `Arc`, as the workers are.
+    pub(crate) groups: Vec<Arc<Group>>,
+    /// The model catalog, by name: shared by the states before and after a write that leaves it.
+    pub(crate) models: Arc<Vec<CatalogModel>>,
     /// How each GPU is shared where it is not time-sliced.
     pub(crate) sharing: BTreeMap<GpuRef, GpuSharing>,
     /// The profiles each GPU cut into MIG instances was cut into, in order of placement.
@@ -64,8 +64,12 @@ impl Committed {
         let (sharing, mig) = load_sharing(&mut *conn).await?;
         Ok(Committed {
             workers,
-            groups: load_groups(&mut *conn).await?,
-            models: load_models(&mut *conn).await?,
+            groups: load_groups(&mut *conn)
+                .await?
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
+            models: Arc::new(load_models(&mut *conn).await?),
             sharing,
             mig,
         })
@@ -105,6 +109,7 @@ impl Committed {
         self.groups
             .iter()
             .find(|g| g.members.iter().any(|s| s.member == model))
+            .map(Arc::as_ref)
     }
 
     /// The group of `model`, when it is a member loaded on demand.
@@ -115,7 +120,7 @@ impl Committed {
 
     /// A group by name.
     pub(crate) fn group(&self, name: &str) -> Option<&Group> {
-        self.groups.iter().find(|g| g.name == name)
+        self.groups.iter().find(|g| g.name == name).map(Arc::as_ref)
     }
 
     /// Applies what the database holds now of group `name` (none where it was removed): replaced in
@@ -124,7 +129,7 @@ impl Committed {
         self.groups.retain(|g| g.name != name);
         if let Some(group) = group {
             let at = self.groups.partition_point(|g| g.name < group.name);
-            self.groups.insert(at, group);
+            self.groups.insert(at, Arc::new(group));
         }
     }
 

@@ -207,6 +207,7 @@ fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
         .iter_mut()
         .find(|g| g.demand.contains_key(model))
     {
+        let group = Arc::make_mut(group);
         if loaded {
             group.loaded.insert(model.to_owned());
         } else {
@@ -330,7 +331,7 @@ impl Fleet {
 
     /// The loaded on-demand models on any of `gpus`, as eviction sees them.
     fn loaded_on(&self, committed: &Committed, gpus: &[GpuRef]) -> Vec<Loaded> {
-        let on_gpus = |g: &&super::groups::Group| g.gpus.iter().any(|gpu| gpus.contains(gpu));
+        let on_gpus = |g: &&Arc<super::groups::Group>| g.gpus.iter().any(|gpu| gpus.contains(gpu));
         // Every engine's view is read only where a loaded model there needs them.
         if !committed
             .groups

@@ -159,7 +159,7 @@ impl Fleet {
                         g.members
                             .iter()
                             .find(|s| system.contains(&s.member))
-                            .map(|s| (g.clone(), s.clone()))
+                            .map(|s| (Group::clone(g), s.clone()))
                     });
                     let plan = router
                         .iter()

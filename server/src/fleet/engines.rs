@@ -305,7 +305,7 @@ mod tests {
         let committed = Committed {
             workers: Vec::new(),
             groups: Vec::new(),
-            models: Vec::new(),
+            models: Default::default(),
             sharing: BTreeMap::new(),
             mig: BTreeMap::new(),
         };

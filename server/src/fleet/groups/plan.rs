@@ -129,7 +129,7 @@ impl Fleet {
         planned.demand = demand.clone();
         let mut trial = (*state.committed).clone();
         trial.groups.retain(|g| g.name != group.name);
-        trial.groups.push(planned.clone());
+        trial.groups.push(Arc::new(planned.clone()));
         let unloaded = self
             .make_room(state, &trial, &group.gpus, &[])
             .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
