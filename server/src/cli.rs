@@ -105,6 +105,74 @@ pub async fn restore(config: &Config, from: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// The variable `tessera check` takes an admin's API token from.
+pub const TOKEN_VAR: &str = "TESSERA_TOKEN";
+
+/// `tessera check`: asks the running server (on `--listen`, plain HTTP) to hold what it keeps in memory
+/// against the whole rebuild from its database, and prints what differs; an error where anything does. The
+/// token is an admin's, from $TESSERA_TOKEN.
+pub async fn check(config: &Config) -> Result<(), String> {
+    use http_body_util::BodyExt;
+    if config.tls_cert.is_some() {
+        return Err(format!(
+            "the server listens with TLS, which this command does not speak: ask GET https://{}/api/check with an admin's token (curl --cacert …)",
+            config.listen
+        ));
+    }
+    let token = std::env::var(TOKEN_VAR).map_err(|_| {
+        format!("give an admin's API token in ${TOKEN_VAR} (tessera token add NAME --user ADMIN)")
+    })?;
+    let unreachable = |e: String| format!("the server on {} does not answer: {e}", config.listen);
+    let stream = tokio::net::TcpStream::connect(config.listen)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| unreachable(e.to_string()))?;
+    tokio::spawn(connection);
+    let request = hyper::Request::get("/api/check")
+        .header(hyper::header::HOST, config.listen.to_string())
+        .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
+        .body(http_body_util::Empty::<axum::body::Bytes>::new())
+        .map_err(|e| e.to_string())?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| unreachable(e.to_string()))?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| unreachable(e.to_string()))?
+        .to_bytes();
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
+    if !status.is_success() {
+        return Err(format!(
+            "the server answered {status}: {}",
+            answer["error"].as_str().unwrap_or("no reason given")
+        ));
+    }
+    let differences: Vec<&str> = answer["differences"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.as_str())
+        .collect();
+    if differences.is_empty() {
+        println!("what the server keeps in memory is what its database rebuilds: nothing differs");
+        return Ok(());
+    }
+    for difference in &differences {
+        println!("{difference}");
+    }
+    Err(format!(
+        "{} differences between what the server keeps and its database",
+        differences.len()
+    ))
+}
+
 /// `tessera ray-node`: prints the `ray start` line for this machine, from its GPUs as NVML reads them.
 pub fn ray_node(head: Option<String>, name: Option<String>) -> Result<(), String> {
     use crate::inventory::LocalGpus;

@@ -159,6 +159,10 @@ pub enum Command {
         /// A backup made by `tessera backup`.
         file: PathBuf,
     },
+    /// Asks the running server to hold what it keeps in memory against the whole rebuild from its database
+    /// (the committed state, who holds which GPU, the read views, the open usage spans) and prints what
+    /// differs; exits 1 where anything does. An admin's API token in $TESSERA_TOKEN.
+    Check,
     /// Checks this machine for what Tessera needs (the NVIDIA driver and its GPUs, MPS, the engines'
     /// programs, disk, ports, the Ray head, the database) and says what to fix, one line each; exits 1
     /// where anything fails. Changes nothing.

@@ -10,6 +10,7 @@
 //! and the runtime's orders installed, none of which can fail.
 
 mod changes;
+mod check;
 mod committed;
 pub mod deployments;
 pub mod groups;
@@ -459,69 +460,15 @@ impl Fleet {
         }
     }
 
-    /// Checks what the fleet keeps, write after write, against the whole rebuild from what the database
-    /// holds now (issue 29's oracle): the committed state, the ledger (the same holds, the same committed
-    /// holders left unplaced), every read view, and the open usage spans; and that no change is left
-    /// noted. For the tests; it reads the database.
+    /// [`Fleet::check`], as the tests ask it: an error naming what differs.
     #[cfg(test)]
     pub(crate) async fn check_ledger(&self) -> Result<(), String> {
-        let state = self.state.lock().await;
-        let mut conn = self.pool.acquire().await.map_err(|e| e.to_string())?;
-        let stored = Committed::load(&mut conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        if stored != *state.committed {
-            return Err(format!(
-                "the committed state in memory differs from the database's: {:?} against {:?}",
-                state.committed, stored
-            ));
+        let differ = self.check().await.map_err(|e| e.to_string())?;
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            Err(differ.join("; "))
         }
-        let rebuilt = Ledger::build(state.ledger.inventory().clone(), &stored);
-        state.ledger.same_as(&rebuilt)?;
-        let kept = self.views();
-        let whole = Views::of(&Arc::new(stored), &rebuilt);
-        if kept.workers != whole.workers {
-            return Err(format!(
-                "the workers' views differ: {:?} against {:?}",
-                kept.workers, whole.workers
-            ));
-        }
-        if kept.by_machine != whole.by_machine
-            || kept.by_machine_redacted != whole.by_machine_redacted
-        {
-            let differ: Vec<String> = whole
-                .by_machine
-                .iter()
-                .filter(|(m, json)| kept.by_machine.get(*m) != Some(json))
-                .map(|(m, json)| {
-                    format!(
-                        "{m}: {:?} against {}",
-                        kept.by_machine.get(m).map(|b| String::from_utf8_lossy(b)),
-                        String::from_utf8_lossy(json)
-                    )
-                })
-                .collect();
-            return Err(format!(
-                "a machine's workers as the API answers them differ: {differ:?}"
-            ));
-        }
-        if kept.machines != whole.machines {
-            return Err(format!(
-                "the machines' views differ: {:?} against {:?}",
-                kept.machines, whole.machines
-            ));
-        }
-        if kept.unplaced != whole.unplaced {
-            return Err("the unplaced differ".to_owned());
-        }
-        let left: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM changes")
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| e.to_string())?;
-        if left != 0 {
-            return Err(format!("{left} changes were left noted"));
-        }
-        usage::check_open_spans(&mut conn, &rebuilt).await
     }
 }
 

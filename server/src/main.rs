@@ -34,6 +34,9 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Restore { file }) => server::cli::restore(&config, &file)
             .await
             .map_err(|e| format!("tessera restore: {e}")),
+        Some(Command::Check) => server::cli::check(&config)
+            .await
+            .map_err(|e| format!("tessera check: {e}")),
         Some(Command::Doctor) => server::cli::doctor(&config)
             .await
             .map_err(|e| format!("tessera doctor: {e}")),

@@ -210,6 +210,62 @@ async fn tessera_doctor_passes_a_running_server_s_own_port_and_fails_one_another
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tessera_check_finds_a_running_server_as_its_database_rebuilds_it_and_names_a_worker_changed_behind_its_back(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    add_worker(&server, "w1").await;
+    add_worker(&server, "w2").await;
+    let data = dir.path().display().to_string();
+    let listen = format!("127.0.0.1:{}", server.port);
+    let check = |token: Option<&str>| {
+        let env: Vec<(&str, &Path)> = token
+            .map(|t| ("TESSERA_TOKEN", Path::new(t)))
+            .into_iter()
+            .collect();
+        tessera(&["--data-dir", &data, "--listen", &listen, "check"], &env)
+    };
+    let without = check(None);
+    assert_eq!(without.status.code(), Some(1));
+    assert!(
+        said(&without).contains("give an admin's API token in $TESSERA_TOKEN"),
+        "{}",
+        said(&without)
+    );
+    let checked = check(Some(&server.token));
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(checked.status.success(), "{lines}{}", said(&checked));
+    assert!(lines.contains("nothing differs"), "{lines}");
+
+    // A row changed by something other than the server: what it keeps is no longer its database's.
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{data}/tessera.db"))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE workers SET env = '{\"FROM\":\"outside\"}' WHERE name = 'w1'")
+        .execute(&db)
+        .await
+        .unwrap();
+    db.close().await;
+    let checked = check(Some(&server.token));
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert_eq!(checked.status.code(), Some(1), "{lines}");
+    assert!(
+        lines.contains("kept otherwise than the database has it: worker w1 (the first kept as"),
+        "{lines}"
+    );
+    assert!(
+        lines.contains("1 changed rows are noted and not taken up"),
+        "{lines}"
+    );
+    assert!(
+        said(&checked).contains("tessera check: "),
+        "{}",
+        said(&checked)
+    );
+    server.stop().await;
+}
+
 /// `curl` with the test's own certificate authority: (its exit status, the headers and body it printed).
 fn curl(cert: &Path, url: &str) -> (bool, String) {
     let out = std::process::Command::new("curl")

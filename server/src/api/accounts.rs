@@ -158,3 +158,15 @@ pub async fn audit(
     })?;
     Ok(Json(audit::entries(&state.pool, &filter).await?))
 }
+
+/// `GET /api/check` (admins; `tessera check`): what the fleet keeps in memory held against the whole
+/// rebuild from the database, with what differs. Writes wait while it reads.
+pub(super) async fn check(
+    State(state): State<AppState>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let differences = state.fleet.check().await?;
+    Ok(Json(serde_json::json!({
+        "consistent": differences.is_empty(),
+        "differences": differences,
+    })))
+}

@@ -77,6 +77,7 @@ pub fn table() -> Vec<ApiRoute> {
             delete(accounts::revoke_token),
         ),
         route("/api/audit", M::GET, get(accounts::audit)),
+        route("/api/check", M::GET, get(accounts::check)),
         route("/api/workers", M::POST, post(workers::create_worker)),
         route("/api/workers", M::GET, get(workers::list_workers)),
         route("/api/workers/{name}", M::GET, get(workers::get_worker)),

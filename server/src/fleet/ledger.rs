@@ -308,23 +308,4 @@ impl Ledger {
     pub(crate) fn all_unplaced(&self) -> &BTreeMap<String, String> {
         &self.unplaced
     }
-
-    /// Whether `other` holds exactly what this one does; else what differs, in words.
-    #[cfg(test)]
-    pub(crate) fn same_as(&self, other: &Ledger) -> Result<(), String> {
-        if self.scheduler.workers() != other.scheduler.workers() {
-            return Err(format!(
-                "the holds differ: {:?} against {:?}",
-                self.scheduler.workers(),
-                other.scheduler.workers()
-            ));
-        }
-        if self.unplaced != other.unplaced {
-            return Err(format!(
-                "the unplaced differ: {:?} against {:?}",
-                self.unplaced, other.unplaced
-            ));
-        }
-        Ok(())
-    }
 }

@@ -169,38 +169,51 @@ pub(crate) async fn record_holdings_of(
     reconcile_spans(tx, &open, &held_by(ledger.scheduler(), holders), now_ms).await
 }
 
-/// Whether the open usage spans are exactly what `ledger` holds now, one each. For the tests.
-#[cfg(test)]
-pub(crate) async fn check_open_spans(
+/// Where the open usage spans are not what `ledger` holds now, one each: a sentence for the spans open
+/// for what is not held, and one for what is held with no span open.
+pub(crate) async fn open_span_differences(
     tx: &mut sqlx::SqliteConnection,
     ledger: &super::ledger::Ledger,
-) -> Result<(), String> {
+) -> Result<Vec<String>, ApiError> {
     let open: Vec<OpenSpan> = sqlx::query_as(
         "SELECT id, holder, machine, gpu_index, held_bytes FROM holdings WHERE end_ms IS NULL",
     )
     .fetch_all(&mut *tx)
-    .await
-    .map_err(|e| e.to_string())?;
-    let mut open: Vec<(String, String, i64, i64)> = open
-        .into_iter()
-        .map(|(_, holder, machine, gpu, held)| (holder, machine, gpu, held))
-        .collect();
-    let mut now: Vec<(String, String, i64, i64)> = held_now(ledger.scheduler())
+    .await?;
+    let open: BTreeSet<(&str, &str, i64, i64)> = open
         .iter()
-        .map(|h| {
-            let (holder, machine, gpu, held) = h.key();
-            (holder.to_owned(), machine.to_owned(), gpu, held)
-        })
+        .map(|(_, holder, machine, gpu, held)| (holder.as_str(), machine.as_str(), *gpu, *held))
         .collect();
-    open.sort();
-    now.sort();
-    if open == now {
-        Ok(())
-    } else {
-        Err(format!(
-            "the open usage spans {open:?} are not what is held: {now:?}"
-        ))
+    let now = held_now(ledger.scheduler());
+    let held: BTreeSet<(&str, &str, i64, i64)> = now.iter().map(Held::key).collect();
+    let said = |spans: Vec<&(&str, &str, i64, i64)>| -> String {
+        spans
+            .iter()
+            .take(5)
+            .map(|(holder, machine, gpu, bytes)| {
+                format!("{holder} ({bytes} bytes of GPU {gpu} of {machine})")
+            })
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let mut differ = Vec::new();
+    let stale: Vec<&(&str, &str, i64, i64)> = open.difference(&held).collect();
+    if !stale.is_empty() {
+        differ.push(format!(
+            "{} usage spans are open for what is not held: {}",
+            stale.len(),
+            said(stale)
+        ));
     }
+    let missing: Vec<&(&str, &str, i64, i64)> = held.difference(&open).collect();
+    if !missing.is_empty() {
+        differ.push(format!(
+            "{} holdings have no usage span open: {}",
+            missing.len(),
+            said(missing)
+        ));
+    }
+    Ok(differ)
 }
 
 /// Ends each of the `open` spans that is not held `now`, and opens one for each holding that has none.
