@@ -130,14 +130,17 @@ fn overcommitted_since(
 }
 
 /// The read side, as of the last committed write.
+/// Persistent maps, so that the views after a write share all but what it touched with those before.
 struct Views {
-    /// Every worker, oldest first.
-    workers: Vec<Arc<WorkerView>>,
+    /// Every worker by arrival order (oldest first).
+    workers: imbl::OrdMap<i64, Arc<WorkerView>>,
+    /// The workers placed on each machine, by arrival order.
+    on_machine: imbl::OrdMap<String, imbl::OrdSet<i64>>,
     /// The workers placed on each machine of the inventory, as the JSON answer: the API's most read
     /// route is served as it was serialized at the last write.
-    by_machine: BTreeMap<String, axum::body::Bytes>,
+    by_machine: imbl::OrdMap<String, axum::body::Bytes>,
     /// The same with secrets redacted, for everyone but admins.
-    by_machine_redacted: BTreeMap<String, axum::body::Bytes>,
+    by_machine_redacted: imbl::OrdMap<String, axum::body::Bytes>,
     /// Each machine with its GPUs and who holds them.
     machines: Vec<Arc<MachineView>>,
     /// The committed state itself, for the reads that need more than the views above.

@@ -1,17 +1,17 @@
 //! What a write changed (issue 29). The database's triggers note each committed row a write inserts,
 //! updates or deletes in `changes` (migration 0018); the write takes them in its own transaction. Where
-//! only workers and sharing groups changed, on the inventory the ledger holds, just those rows are read
-//! back and applied to the state before the write: the ledger mended in place, the usage spans, the read
-//! views and the engines of what was touched alone, so that a write costs what it changes and not the
-//! fleet. Anything else (the catalog, a GPU's sharing, a new reading) is settled whole, as
+//! only workers, sharing groups and catalog models changed, on the inventory the ledger holds, just those
+//! rows are read back and applied to the state before the write: the ledger mended in place, the usage
+//! spans, the read views and the engines of what was touched alone, so that a write costs what it changes
+//! and not the fleet. Anything else (a GPU's sharing, a new reading) is settled whole, as
 //! [`Fleet::settle`] does. The whole rebuild stays the oracle: the model test checks after every step
 //! that the state kept this way is the one rebuilt, and that the runtime runs what it wants.
 
-use super::committed::{load_group, Committed};
+use super::committed::{load_group, load_model, Committed};
 use super::groups::Group;
 use super::ledger::Ledger;
-use super::machines::{machine_view, machine_workers};
-use super::workers::{self, view, WorkerView};
+use super::machines::machine_view;
+use super::workers::{self, view};
 use super::{usage, Fleet, State, Views};
 use crate::error::ApiError;
 use placement::GpuRef;
@@ -25,7 +25,9 @@ pub(super) struct Changes {
     pub(super) workers: BTreeSet<String>,
     /// The sharing groups (their plans, members and serving), by name.
     pub(super) groups: BTreeSet<String>,
-    /// Whether anything else changed: the catalog, a GPU's sharing.
+    /// The catalog's models, by name.
+    pub(super) models: BTreeSet<String>,
+    /// Whether anything else changed: a GPU's sharing.
     other: bool,
 }
 
@@ -45,13 +47,16 @@ impl Changes {
                 "group" => {
                     changes.groups.insert(key);
                 }
+                "model" => {
+                    changes.models.insert(key);
+                }
                 _ => changes.other = true,
             }
         }
         Ok(changes)
     }
 
-    /// Whether the write changed workers and groups alone, which are settled by their rows.
+    /// Whether the write changed workers, groups and catalog models alone, which are settled by their rows.
     pub(super) fn by_rows(&self) -> bool {
         !self.other
     }
@@ -132,6 +137,18 @@ impl Fleet {
                 touched.groups.insert(name.clone());
             }
         }
+        for name in &changes.models {
+            let model = load_model(&mut *tx, name).await?;
+            committed.apply_model(name, model);
+            // What runs it runs it as the catalog says now: its deployment on whole GPUs, or its group.
+            if let Some(worker) = committed.whole_deployment(name).map(|w| w.name.clone()) {
+                touched.note(&committed, &worker);
+            }
+            if let Some(group) = committed.group_of(name) {
+                touched.note_group(group);
+                touched.groups.insert(group.name.clone());
+            }
+        }
         for name in &changes.workers {
             touched.note(&committed, name);
             let row = crate::db::worker(&mut *tx, name).await?;
@@ -164,58 +181,55 @@ impl Fleet {
 
 impl Views {
     /// These views after a write that `touched` what it did: the views of the workers and machines it
-    /// touched made again from `committed` and `ledger`, every other one kept.
+    /// touched made again from `committed` and `ledger`, every other one kept (shared, not copied).
     pub(super) fn patched(
         &self,
         committed: &Arc<Committed>,
         ledger: &Ledger,
         touched: &Touched,
     ) -> Views {
-        // Both lists run in arrival order: the views kept are met in order, past the touched ones.
-        let mut before = self.workers.iter();
-        let workers: Vec<Arc<WorkerView>> = committed
-            .workers
-            .iter()
-            .map(|w| {
-                if touched.holders.contains(&w.name) {
-                    return Arc::new(view(w, ledger));
-                }
-                for kept in before.by_ref() {
-                    if kept.name == w.name {
-                        return kept.clone();
+        let mut views = Views {
+            workers: self.workers.clone(),
+            on_machine: self.on_machine.clone(),
+            by_machine: self.by_machine.clone(),
+            by_machine_redacted: self.by_machine_redacted.clone(),
+            machines: self.machines.clone(),
+            committed: committed.clone(),
+            unplaced: ledger.all_unplaced().clone(),
+        };
+        for name in &touched.holders {
+            if let Some(seq) = self.committed.workers.seq_of(name) {
+                if let Some(machine) = self.workers.get(&seq).and_then(|w| w.machine.clone()) {
+                    if let Some(list) = views.on_machine.get_mut(&machine) {
+                        list.remove(&seq);
                     }
                 }
-                Arc::new(view(w, ledger))
-            })
-            .collect();
-        let mut by_machine = self.by_machine.clone();
-        let mut by_machine_redacted = self.by_machine_redacted.clone();
-        let mut machines = self.machines.clone();
+                views.workers.remove(&seq);
+            }
+            if let Some(worker) = committed.workers.get(name) {
+                let view = Arc::new(view(worker, ledger));
+                if let Some(list) = view
+                    .machine
+                    .as_ref()
+                    .and_then(|m| views.on_machine.get_mut(m))
+                {
+                    list.insert(worker.seq);
+                }
+                views.workers.insert(worker.seq, view);
+            }
+        }
         let overcommitted = ledger.scheduler().overcommitted();
         for name in &touched.machines {
             let Some(machine) = ledger.inventory().machine(name) else {
                 continue;
             };
-            let here: Vec<&Arc<WorkerView>> = workers
-                .iter()
-                .filter(|w| w.machine.as_deref() == Some(name.as_str()))
-                .collect();
-            let (json, redacted) = machine_workers(committed, &here);
-            by_machine.insert(name.clone(), json);
-            by_machine_redacted.insert(name.clone(), redacted);
+            views.serialize_machine(name);
             let fresh = Arc::new(machine_view(committed, ledger, &overcommitted, machine));
             // The machines are the inventory's, which such a write leaves as it is.
-            if let Some(slot) = machines.iter_mut().find(|m| m.name == *name) {
+            if let Some(slot) = views.machines.iter_mut().find(|m| m.name == *name) {
                 *slot = fresh;
             }
         }
-        Views {
-            workers,
-            by_machine,
-            by_machine_redacted,
-            machines,
-            committed: committed.clone(),
-            unplaced: ledger.all_unplaced().clone(),
-        }
+        views
     }
 }

@@ -26,8 +26,8 @@ impl Fleet {
         let mut differ = Vec::new();
         differ.extend(compare(
             "worker",
-            by(&kept.workers, |w| &w.name),
-            by(&stored.workers, |w| &w.name),
+            by(kept.workers.iter(), |w| &w.name),
+            by(stored.workers.iter(), |w| &w.name),
         ));
         differ.extend(compare(
             "group",
@@ -71,8 +71,8 @@ impl Fleet {
         let whole = Views::of(&Arc::new(stored), &rebuilt);
         differ.extend(compare(
             "worker's view",
-            by(&views.workers, |w| &w.name),
-            by(&whole.workers, |w| &w.name),
+            by(views.workers.values(), |w| &w.name),
+            by(whole.workers.values(), |w| &w.name),
         ));
         differ.extend(compare(
             "machine's view",
@@ -103,8 +103,11 @@ impl Fleet {
 }
 
 /// `items` by the name `name` gives each.
-fn by<'a, T>(items: &'a [T], name: impl Fn(&'a T) -> &'a String) -> BTreeMap<String, &'a T> {
-    items.iter().map(|i| (name(i).clone(), i)).collect()
+fn by<'a, T: 'a>(
+    items: impl IntoIterator<Item = &'a T>,
+    name: impl Fn(&'a T) -> &'a String,
+) -> BTreeMap<String, &'a T> {
+    items.into_iter().map(|i| (name(i).clone(), i)).collect()
 }
 
 /// What differs between `kept` and `stored`, items of `kind` by name: those kept alone, stored alone, and

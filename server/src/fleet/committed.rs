@@ -15,9 +15,8 @@ use std::sync::Arc;
 /// Everything committed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Committed {
-    /// Every worker (seed 000's, and models on whole GPUs), oldest first. Each behind an `Arc`, so that a
-    /// write copies pointers, not workers, when it makes the state after it from the one before.
-    pub(crate) workers: Vec<Arc<Worker>>,
+    /// Every worker (seed 000's, and models on whole GPUs), oldest first.
+    pub(crate) workers: Workers,
     /// Every sharing group, by name; each behind an `Arc`, as the workers are.
     pub(crate) groups: Vec<Arc<Group>>,
     /// The model catalog, by name: shared by the states before and after a write that leaves it.
@@ -56,11 +55,10 @@ pub(crate) struct Worker {
 impl Committed {
     /// Reads the whole committed state.
     pub(crate) async fn load(conn: &mut sqlx::SqliteConnection) -> Result<Committed, ApiError> {
-        let workers = db::workers(&mut *conn)
-            .await?
-            .into_iter()
-            .map(|row| Worker::from_row(row).map(Arc::new))
-            .collect::<Result<_, _>>()?;
+        let mut workers = Workers::default();
+        for row in db::workers(&mut *conn).await? {
+            workers.put(Worker::from_row(row)?);
+        }
         let (sharing, mig) = load_sharing(&mut *conn).await?;
         Ok(Committed {
             workers,
@@ -82,26 +80,30 @@ impl Committed {
 
     /// A worker by name.
     pub(crate) fn worker(&self, name: &str) -> Option<&Worker> {
-        self.workers
-            .iter()
-            .find(|w| w.name == name)
-            .map(Arc::as_ref)
+        self.workers.get(name)
     }
 
-    /// Applies what the database holds now of worker `name` (`row`; none where it was deleted): replaced in
-    /// place, or put in its arrival order.
+    /// Applies what the database holds now of worker `name` (`row`; none where it was deleted).
     pub(crate) fn apply_worker(
         &mut self,
         name: &str,
         row: Option<WorkerRow>,
     ) -> Result<(), ApiError> {
-        self.workers.retain(|w| w.name != name);
+        self.workers.remove(name);
         if let Some(row) = row {
-            let worker = Worker::from_row(row)?;
-            let at = self.workers.partition_point(|w| w.seq < worker.seq);
-            self.workers.insert(at, Arc::new(worker));
+            self.workers.put(Worker::from_row(row)?);
         }
         Ok(())
+    }
+
+    /// Applies what the database holds now of catalog model `name` (none where it was removed).
+    pub(crate) fn apply_model(&mut self, name: &str, model: Option<CatalogModel>) {
+        let models = Arc::make_mut(&mut self.models);
+        models.retain(|m| m.name != name);
+        if let Some(model) = model {
+            let at = models.partition_point(|m| m.name < model.name);
+            models.insert(at, model);
+        }
     }
 
     /// The group `model` is a member of.
@@ -177,6 +179,74 @@ impl Committed {
             .filter(|m| m.system)
             .map(|m| m.name.clone())
             .collect()
+    }
+}
+
+/// The workers, in arrival order, found by name, the pending ones apart: persistent maps, so that the
+/// state after a write shares all but what the write changed with the state before it (a copy costs
+/// nothing; a change, the log of the fleet's size).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Workers {
+    by_seq: imbl::OrdMap<i64, Arc<Worker>>,
+    seq_of: imbl::OrdMap<String, i64>,
+    pending: imbl::OrdSet<i64>,
+}
+
+impl Workers {
+    /// Every worker, oldest first.
+    pub(crate) fn iter(&self) -> impl DoubleEndedIterator<Item = &Arc<Worker>> {
+        self.by_seq.values()
+    }
+
+    /// The workers that wait (none placed), oldest first.
+    pub(crate) fn pending(&self) -> impl Iterator<Item = &Arc<Worker>> {
+        self.pending.iter().filter_map(|seq| self.by_seq.get(seq))
+    }
+
+    /// A worker by name.
+    pub(crate) fn get(&self, name: &str) -> Option<&Worker> {
+        let seq = self.seq_of.get(name)?;
+        self.by_seq.get(seq).map(Arc::as_ref)
+    }
+
+    /// The arrival order of the worker `name`.
+    pub(crate) fn seq_of(&self, name: &str) -> Option<i64> {
+        self.seq_of.get(name).copied()
+    }
+
+    /// Puts `worker` in (in its arrival order), in the place of one of its name.
+    pub(crate) fn put(&mut self, worker: Worker) {
+        self.remove(&worker.name);
+        self.seq_of.insert(worker.name.clone(), worker.seq);
+        if worker.assignment.is_none() {
+            self.pending.insert(worker.seq);
+        }
+        self.by_seq.insert(worker.seq, Arc::new(worker));
+    }
+
+    /// Takes the worker `name` out.
+    pub(crate) fn remove(&mut self, name: &str) {
+        if let Some(seq) = self.seq_of.remove(name) {
+            self.by_seq.remove(&seq);
+            self.pending.remove(&seq);
+        }
+    }
+
+    /// Changes the worker `name` with `change`, if there is one.
+    pub(crate) fn change(&mut self, name: &str, change: impl FnOnce(&mut Worker)) {
+        if let Some(worker) = self.get(name) {
+            let mut worker = worker.clone();
+            change(&mut worker);
+            self.put(worker);
+        }
+    }
+}
+
+impl<'a> IntoIterator for &'a Workers {
+    type Item = &'a Arc<Worker>;
+    type IntoIter = imbl::ordmap::Values<'a, i64, Arc<Worker>, imbl::shared_ptr::DefaultSharedPtr>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.by_seq.values()
     }
 }
 
@@ -356,39 +426,57 @@ async fn load_sharing(
 }
 
 async fn load_models(conn: &mut sqlx::SqliteConnection) -> Result<Vec<CatalogModel>, ApiError> {
-    type Row = (
-        String,
-        String,
-        i64,
-        Option<String>,
-        String,
-        bool,
-        Option<String>,
-        String,
-        String,
-        String,
-    );
-    let rows: Vec<Row> =
-        sqlx::query_as("SELECT name, engine, default_share, group_name, model_path, system, command, args, env, secret_env FROM models ORDER BY name")
-            .fetch_all(&mut *conn)
-            .await?;
-    rows.into_iter()
-        .map(
-            |(name, engine, share, group, model_path, system, command, args, env, secret_env)| {
-                Ok(CatalogModel {
-                    engine: serde_json::from_value(serde_json::Value::String(engine))
-                        .map_err(ApiError::internal)?,
-                    name,
-                    default_share: BasisPoints(share as u32),
-                    group,
-                    model_path,
-                    system,
-                    command,
-                    args: serde_json::from_str(&args).map_err(ApiError::internal)?,
-                    env: serde_json::from_str(&env).map_err(ApiError::internal)?,
-                    secret_env: serde_json::from_str(&secret_env).map_err(ApiError::internal)?,
-                })
-            },
-        )
-        .collect()
+    let rows: Vec<ModelRow> = sqlx::query_as(
+        "SELECT name, engine, default_share, group_name, model_path, system, command, args, env, secret_env FROM models ORDER BY name",
+    )
+        .fetch_all(&mut *conn)
+        .await?;
+    rows.into_iter().map(model_of).collect()
+}
+
+/// Catalog model `name` as the database holds it now; none where there is no such model.
+pub(crate) async fn load_model(
+    conn: &mut sqlx::SqliteConnection,
+    name: &str,
+) -> Result<Option<CatalogModel>, ApiError> {
+    let row: Option<ModelRow> = sqlx::query_as(
+        "SELECT name, engine, default_share, group_name, model_path, system, command, args, env, secret_env FROM models WHERE name = ?",
+    )
+        .bind(name)
+        .fetch_optional(&mut *conn)
+        .await?;
+    row.map(model_of).transpose()
+}
+
+/// A row of `models`: name, engine, default share, group, model path, system, command, args, env, secret
+/// variables.
+type ModelRow = (
+    String,
+    String,
+    i64,
+    Option<String>,
+    String,
+    bool,
+    Option<String>,
+    String,
+    String,
+    String,
+);
+
+fn model_of(
+    (name, engine, share, group, model_path, system, command, args, env, secret_env): ModelRow,
+) -> Result<CatalogModel, ApiError> {
+    Ok(CatalogModel {
+        engine: serde_json::from_value(serde_json::Value::String(engine))
+            .map_err(ApiError::internal)?,
+        name,
+        default_share: BasisPoints(share as u32),
+        group,
+        model_path,
+        system,
+        command,
+        args: serde_json::from_str(&args).map_err(ApiError::internal)?,
+        env: serde_json::from_str(&env).map_err(ApiError::internal)?,
+        secret_env: serde_json::from_str(&secret_env).map_err(ApiError::internal)?,
+    })
 }

@@ -303,7 +303,7 @@ mod tests {
         }])
         .unwrap();
         let committed = Committed {
-            workers: Vec::new(),
+            workers: Default::default(),
             groups: Vec::new(),
             models: Default::default(),
             sharing: BTreeMap::new(),

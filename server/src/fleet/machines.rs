@@ -20,46 +20,57 @@ use std::sync::Arc;
 impl Views {
     /// Every read view of `committed` as `ledger` holds it.
     pub(super) fn of(committed: &Arc<Committed>, ledger: &Ledger) -> Views {
-        let workers: Vec<Arc<WorkerView>> = committed
+        let workers: imbl::OrdMap<i64, Arc<WorkerView>> = committed
             .workers
             .iter()
-            .map(|w| Arc::new(view(w, ledger)))
+            .map(|w| (w.seq, Arc::new(view(w, ledger))))
             .collect();
-        let mut by_machine: BTreeMap<String, Vec<&Arc<WorkerView>>> = ledger
+        let mut on_machine: imbl::OrdMap<String, imbl::OrdSet<i64>> = ledger
             .inventory()
             .machines()
             .iter()
-            .map(|m| (m.name.clone(), Vec::new()))
+            .map(|m| (m.name.clone(), imbl::OrdSet::new()))
             .collect();
-        for worker in &workers {
-            if let Some(list) = worker.machine.as_ref().and_then(|m| by_machine.get_mut(m)) {
-                list.push(worker);
+        for (seq, worker) in &workers {
+            if let Some(list) = worker.machine.as_ref().and_then(|m| on_machine.get_mut(m)) {
+                list.insert(*seq);
             }
         }
-        let mut by_machine_redacted = BTreeMap::new();
-        let by_machine = by_machine
-            .into_iter()
-            .map(|(m, list)| {
-                let (json, redacted) = machine_workers(committed, &list);
-                by_machine_redacted.insert(m.clone(), redacted);
-                (m, json)
-            })
-            .collect();
+        let mut views = Views {
+            workers,
+            on_machine,
+            by_machine: imbl::OrdMap::new(),
+            by_machine_redacted: imbl::OrdMap::new(),
+            machines: Vec::new(),
+            committed: committed.clone(),
+            unplaced: ledger.all_unplaced().clone(),
+        };
+        for machine in ledger.inventory().machines() {
+            views.serialize_machine(&machine.name);
+        }
         let overcommitted = ledger.scheduler().overcommitted();
-        let machines = ledger
+        views.machines = ledger
             .inventory()
             .machines()
             .iter()
             .map(|m| Arc::new(machine_view(committed, ledger, &overcommitted, m)))
             .collect();
-        Views {
-            workers,
-            by_machine,
-            by_machine_redacted,
-            machines,
-            committed: committed.clone(),
-            unplaced: ledger.all_unplaced().clone(),
-        }
+        views
+    }
+
+    /// Serializes the workers on `machine` again, as the API answers them.
+    pub(super) fn serialize_machine(&mut self, machine: &str) {
+        let here: Vec<&Arc<WorkerView>> = self
+            .on_machine
+            .get(machine)
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| self.workers.get(seq))
+            .collect();
+        let (json, redacted) = machine_workers(&self.committed, &here);
+        self.by_machine.insert(machine.to_owned(), json);
+        self.by_machine_redacted
+            .insert(machine.to_owned(), redacted);
     }
 }
 

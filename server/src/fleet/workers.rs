@@ -162,10 +162,12 @@ impl Fleet {
 
     /// One worker.
     pub fn worker(&self, name: &str) -> Result<WorkerView, ApiError> {
-        self.views()
+        let views = self.views();
+        views
+            .committed
             .workers
-            .iter()
-            .find(|w| w.name == name)
+            .seq_of(name)
+            .and_then(|seq| views.workers.get(&seq))
             .map(|w| self.with_unreachable(WorkerView::clone(w)))
             .ok_or_else(|| no_worker(name))
     }
@@ -175,7 +177,7 @@ impl Fleet {
         let workers: Vec<WorkerView> = self
             .views()
             .workers
-            .iter()
+            .values()
             .map(|w| WorkerView::clone(w))
             .collect();
         if self.nothing_unreachable() {
@@ -286,11 +288,8 @@ pub(super) async fn place_pending(
     tx: &mut sqlx::SqliteConnection,
 ) -> Result<Vec<String>, ApiError> {
     let mut changed = Vec::new();
-    for worker in committed
-        .workers
-        .iter_mut()
-        .filter(|w| w.assignment.is_none())
-    {
+    let pending: Vec<Arc<Worker>> = committed.workers.pending().cloned().collect();
+    for worker in pending {
         let request = WorkerRequest::from_wire(&worker.request)
             .map_err(|e| ApiError::internal(format!("stored request of {}: {e}", worker.name)))?;
         match ledger.scheduler().decide(&request) {
@@ -304,10 +303,11 @@ pub(super) async fn place_pending(
                     .hold(&worker.name, assignment.clone())
                     .map_err(ApiError::internal)?;
                 changed.push(worker.name.clone());
-                let worker = Arc::make_mut(worker);
-                worker.assignment = Some(assignment);
-                worker.pending_reasons.clear();
-                worker.revision += 1;
+                committed.workers.change(&worker.name, |w| {
+                    w.assignment = Some(assignment);
+                    w.pending_reasons.clear();
+                    w.revision += 1;
+                });
             }
             Decision::Wait(reasons) => {
                 let reasons: Vec<String> = reasons.iter().map(ToString::to_string).collect();
@@ -319,7 +319,9 @@ pub(super) async fn place_pending(
                         .execute(&mut *tx)
                         .await?;
                     changed.push(worker.name.clone());
-                    Arc::make_mut(worker).pending_reasons = reasons;
+                    committed
+                        .workers
+                        .change(&worker.name, |w| w.pending_reasons = reasons);
                 }
             }
         }
@@ -341,12 +343,11 @@ pub(super) async fn unplace(
         .bind(name)
         .execute(&mut *tx)
         .await?;
-    if let Some(worker) = committed.workers.iter_mut().find(|w| w.name == name) {
-        let worker = Arc::make_mut(worker);
+    committed.workers.change(name, |worker| {
         worker.assignment = None;
         worker.pending_reasons = reasons;
         worker.revision += 1;
-    }
+    });
     Ok(())
 }
 

@@ -1,6 +1,6 @@
 //! A model-based test of the fleet: random sequences of worker creates and deletes, deploys (shared and
-//! whole), plan changes, removals, readings that grow, shrink and drop GPUs, restarts on the same data,
-//! and writes whose request is dropped after their first poll. After every step the fleet is checked
+//! whole), plan changes, serving changes, removals, catalog additions, readings that grow, shrink and
+//! drop GPUs, restarts on the same data, and writes whose request is dropped after their first poll. After every step the fleet is checked
 //! against what must always hold:
 //! - the ledger is the one rebuilt from the database, and memory holds what the database says;
 //! - no GPU took new work beyond what it offers (only what was held before may be over, after a reading);
@@ -50,6 +50,15 @@ enum Step {
     Remove {
         model: usize,
     },
+    /// A deployed model's serving configuration changed (its engine restarts alone).
+    ChangeServing {
+        model: usize,
+        threads: u8,
+    },
+    /// A model added to the catalog (refused where it is there already).
+    AddModel {
+        n: u8,
+    },
     /// majin read again with this many GB held outside Tessera.
     ReadMajin {
         held_gb: u8,
@@ -72,6 +81,8 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0..MODELS.len(), 0..GPUS.len()).prop_map(|(model, gpu)| Step::DeployWhole { model, gpu }),
         2 => (1u8..=100).prop_map(|percent| Step::ChangePlan { percent }),
         2 => (0..MODELS.len()).prop_map(|model| Step::Remove { model }),
+        1 => (0..MODELS.len(), 1u8..8).prop_map(|(model, threads)| Step::ChangeServing { model, threads }),
+        1 => (0u8..4).prop_map(|n| Step::AddModel { n }),
         2 => (0u8..8).prop_map(|held_gb| Step::ReadMajin { held_gb }),
         1 => Just(Step::OvercommitLasts),
         1 => any::<bool>().prop_map(|without_atlas_1| Step::Restart { without_atlas_1 }),
@@ -206,6 +217,25 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
                 let (status, answer) = app.call(Method::DELETE, &uri, None).await;
                 assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
             }
+        }
+        Step::ChangeServing { model, threads } => {
+            if let Some(revision) = deployed_revision(&app, MODELS[*model]).await {
+                let uri = format!("/api/deployments/{}/serving", MODELS[*model]);
+                let body =
+                    json!({"revision": revision, "env": {"OMP_NUM_THREADS": threads.to_string()}});
+                let (status, answer) = app.call(Method::PUT, &uri, Some(&body.to_string())).await;
+                assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+            }
+        }
+        Step::AddModel { n } => {
+            let body = json!({"name": format!("extra-{n}"), "engine": "vllm", "default_share_percent": 10, "model_path": "org/extra"});
+            let (status, answer) = app
+                .call(Method::POST, "/api/models", Some(&body.to_string()))
+                .await;
+            assert!(
+                status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+                "{status} {answer}"
+            );
         }
         Step::ReadMajin { held_gb } => {
             app.fleet
