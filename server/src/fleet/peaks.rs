@@ -262,8 +262,20 @@ mod tests {
         gb: f64,
         at_ms: u64,
     ) {
+        read_atlas_with(app, running, &[], pid, gb, at_ms).await;
+    }
+
+    /// [`read_atlas`], with what the engines `reported` they allocated.
+    async fn read_atlas_with(
+        app: &crate::testing::TestApp,
+        running: &[(String, Vec<u32>)],
+        reported: &[(String, Vec<(u32, Bytes)>)],
+        pid: u32,
+        gb: f64,
+        at_ms: u64,
+    ) {
         let reading = [holding(pid, gb)];
-        app.fleet.measure("atlas", &reading, running, &[]);
+        app.fleet.measure("atlas", &reading, running, reported);
         let atlas = app
             .fleet
             .committed_inventory()
@@ -402,20 +414,8 @@ mod tests {
         assert_eq!(status, StatusCode::CREATED, "{body}");
         let running = vec![(SPEECH.to_owned(), vec![777])];
         let said = |gb: f64| vec![(SPEECH.to_owned(), vec![(0, Bytes::from_gb(gb).unwrap())])];
-        let atlas = app
-            .fleet
-            .committed_inventory()
-            .await
-            .machine("atlas")
-            .cloned()
-            .unwrap();
         // Under MPS the driver shows the memory on the daemon's server (4242), not on the engine (777).
-        let reading = [holding(4242, 5.0)];
-        app.fleet.measure("atlas", &reading, &running, &said(3.2));
-        app.fleet
-            .record_samples(&atlas, &reading, 1_000)
-            .await
-            .unwrap();
+        read_atlas_with(&app, &running, &said(3.2), 4242, 5.0, 1_000).await;
         let peak = app.fleet.peaks("speech", "speech").await.unwrap()[0].peak;
         assert_eq!(peak.peak, Bytes::from_gb(3.2).unwrap());
         // Where the reading ties memory to its processes, that is what it holds, whatever it said.
