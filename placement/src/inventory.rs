@@ -248,6 +248,23 @@ pub struct Machine {
     pub gpus: Vec<Gpu>,
 }
 
+impl Machine {
+    /// Whether `other` is this machine read again: the same GPUs (indices, UUIDs, models, vendors, totals,
+    /// MIG roles) and the same capacity, with at most what other programs hold on each GPU, and whether
+    /// each is healthy, changed.
+    pub fn same_but_readings(&self, other: &Machine) -> bool {
+        let unread = |m: &Machine| {
+            let mut m = m.clone();
+            for gpu in &mut m.gpus {
+                gpu.held_outside = Bytes::ZERO;
+                gpu.healthy = true;
+            }
+            m
+        };
+        unread(self) == unread(other)
+    }
+}
+
 /// Every machine Tessera knows, sorted by name (the tie-break order of placement).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Inventory {
@@ -340,6 +357,15 @@ impl Inventory {
             .collect();
         machines.push(machine);
         Inventory::new(machines)
+    }
+
+    /// Takes the readings of `machine` (what other programs hold on each GPU, whether each is healthy)
+    /// into machine `m`, which is [`Machine::same_but_readings`] it.
+    pub(crate) fn set_readings(&mut self, m: usize, machine: &Machine) {
+        for (gpu, read) in self.machines[m].gpus.iter_mut().zip(&machine.gpus) {
+            gpu.held_outside = read.held_outside;
+            gpu.healthy = read.healthy;
+        }
     }
 
     /// The machine with this name.

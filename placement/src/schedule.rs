@@ -333,6 +333,28 @@ impl Scheduler {
             .collect()
     }
 
+    /// Takes a new reading of `machine` where only what other programs hold on its GPUs, and whether each
+    /// is healthy, changed ([`Machine::same_but_readings`]): each of its GPUs' room is indexed again, and
+    /// everything held stays held, as [`Scheduler::hold_committed`] keeps it past what a GPU offers. Says
+    /// whether it was such a reading; any other change of a machine needs a scheduler built anew.
+    pub fn read_again(&mut self, machine: &Machine) -> bool {
+        let Some(m) = self.machine_index(&machine.name) else {
+            return false;
+        };
+        if !self.inventory.machines()[m].same_but_readings(machine) {
+            return false;
+        }
+        let ids = self.machines[m].gpus.clone();
+        for id in ids.clone() {
+            self.unindex(id);
+        }
+        self.inventory.set_readings(m, machine);
+        for id in ids {
+            self.index(id);
+        }
+        true
+    }
+
     /// Frees what `worker` holds. A shared GPU is whole again once its last sharer ends.
     pub fn release(&mut self, worker: &str) -> Option<Assignment> {
         let assignment = self.workers.remove(worker)?;

@@ -337,8 +337,20 @@ impl Fleet {
     async fn finish(
         &self,
         state: &mut State,
+        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        inventory: Option<Inventory>,
+        plan: PlanOrder,
+    ) -> Result<(), ApiError> {
+        self.finish_with(state, tx, inventory, None, plan).await
+    }
+
+    /// [`Fleet::finish`], where the ledger has taken a new reading of machine `read` in place.
+    async fn finish_with(
+        &self,
+        state: &mut State,
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Option<Inventory>,
+        read: Option<&str>,
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
         let now = usage::now_ms();
@@ -349,7 +361,7 @@ impl Fleet {
         let hosts = self.hosts();
         let orders = match inventory {
             None if changes.by_rows() => {
-                let settled = match Fleet::settle_rows(&mut tx, state, &changes, &due).await {
+                let settled = match Fleet::settle_rows(&mut tx, state, &changes, read, &due).await {
                     Ok(settled) => tx.commit().await.map(|()| settled).map_err(ApiError::from),
                     Err(e) => Err(e),
                 };

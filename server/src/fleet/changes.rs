@@ -109,8 +109,8 @@ impl Touched {
 }
 
 impl Fleet {
-    /// Settles a write that changed the rows of workers and groups alone (`changes`), on the ledger's own
-    /// inventory: each read back and applied to a copy of the committed state and, in place, to the
+    /// Settles a write that changed the rows of workers, groups and catalog models alone (`changes`), on
+    /// the ledger's own inventory (`read`: a machine whose new reading it has taken in place): each read back and applied to a copy of the committed state and, in place, to the
     /// ledger; then, as [`Fleet::settle`] does, the over-commit policy, pending work placed where it fits
     /// now, and usage spans (of the holders touched alone). On an error the ledger is left mended
     /// part-way: the caller builds it again from the state before the write.
@@ -118,12 +118,15 @@ impl Fleet {
         tx: &mut sqlx::SqliteConnection,
         state: &mut State,
         changes: &Changes,
+        read: Option<&str>,
         due: &(dyn Fn(&GpuRef) -> bool + Sync),
     ) -> Result<(Committed, Touched), ApiError> {
         let was = state.ledger.sharing_refusals(&state.committed);
         let mut committed = Committed::clone(&state.committed);
         let ledger = &mut state.ledger;
         let mut touched = Touched::default();
+        // A machine read again (its GPUs' new readings taken into the ledger already) shows what they offer.
+        touched.machines.extend(read.map(str::to_owned));
         for name in &changes.groups {
             if let Some(old) = committed.group(name) {
                 touched.note_group(old);

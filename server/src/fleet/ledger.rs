@@ -164,6 +164,12 @@ impl Ledger {
         }
     }
 
+    /// Takes a new reading of `machine` in place, where only what its GPUs offer changed
+    /// ([`placement::Machine::same_but_readings`]); says whether it was such a reading.
+    pub(crate) fn read_again(&mut self, machine: &placement::Machine) -> bool {
+        self.scheduler.read_again(machine)
+    }
+
     /// Lets `holder` go: what it held is free, and it is kept aside no more.
     pub(crate) fn forget(&mut self, holder: &str) {
         self.scheduler.release(holder);

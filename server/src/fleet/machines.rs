@@ -287,6 +287,22 @@ impl Fleet {
             if inventory.machine(&machine.name) == Some(&machine) && !eviction_due {
                 return Ok(());
             }
+            // Only what its GPUs offer changed (what other programs hold, their health): taken into the
+            // ledger in place, and settled by what it touched. Anything else builds it anew.
+            let before = inventory.machine(&machine.name).cloned();
+            if let Some(before) = before.filter(|b| b.same_but_readings(&machine)) {
+                let tx = crate::db::write(&fleet.pool).await?;
+                state.ledger.read_again(&machine);
+                let name = machine.name.clone();
+                let settled = fleet
+                    .finish_with(&mut state, tx, None, Some(&name), None)
+                    .await;
+                if settled.is_err() {
+                    // The state before the reading stands: so does its reading.
+                    state.ledger.read_again(&before);
+                }
+                return settled;
+            }
             let inventory = inventory
                 .with_machine(machine)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;

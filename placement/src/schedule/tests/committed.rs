@@ -188,3 +188,23 @@ fn releasing_the_newest_sharer_clears_the_over_commit() {
     let a = placed(s.place("notebook", &shared(2.8)));
     assert_eq!((a.machine.as_str(), a.gpus.as_slice()), ("majin", &[0][..]));
 }
+
+#[test]
+fn a_new_reading_taken_in_place_decides_as_a_scheduler_built_anew_on_it() {
+    let mut s = overcommitted_majin();
+    let mut read = s.inventory().machine("majin").unwrap().clone();
+    read.gpus[0].held_outside = Bytes::ZERO;
+    assert!(s.read_again(&read));
+    let mut anew = fleet(vec![read.clone(), machine("spare", &[8])]);
+    for (who, assignment) in s.workers().clone() {
+        anew.hold_committed(&who, assignment).unwrap();
+    }
+    assert_eq!(s.inventory(), anew.inventory());
+    assert!(s.overcommitted().is_empty());
+    for gb in [0.5, 1.4, 1.6, 7.0, 9.0] {
+        assert_eq!(s.decide(&shared(gb)), anew.decide(&shared(gb)), "{gb} GB");
+    }
+    // A GPU that is another one now (its total changed) is no reading: the scheduler is built anew.
+    read.gpus[0].total = Bytes::gb(16);
+    assert!(!s.read_again(&read));
+}
