@@ -1,13 +1,14 @@
 //! The fleet: the one owner of committed state (workers, the catalog, sharing groups and their plans) and of
 //! the ledger, who holds which GPU.
 //!
-//! The ledger is a pure function of the inventory and the committed state ([`ledger::Ledger::build`]): it is
-//! built whole on the side and swapped in, never mended in place. Every write goes one way ([`Fleet::write`]):
-//! in a task of its own, so that a client that goes away cannot stop it half-way, it takes the lock,
-//! decides with `placement`, writes its rows, then [`Fleet::settle`] reads the committed state back inside
-//! the same transaction, builds the ledger from it, applies the over-commit policy, places pending work that
-//! now fits, records who holds what for usage, and commits; only then are the new state, the read views
-//! and the runtime's orders installed, none of which can fail.
+//! The ledger is what the inventory and the committed state give ([`ledger::Ledger::build`], the oracle that
+//! [`Fleet::check`] holds it against). Every write goes one way ([`Fleet::write`]): in a task of its own, so
+//! that a client that goes away cannot stop it half-way, it takes the lock, decides with `placement`,
+//! writes its rows, then settles: by the rows it changed where it changed workers, groups and catalog
+//! models alone ([`Fleet::settle_rows`], the ledger mended in place), else whole ([`Fleet::settle`], the
+//! committed state read back and the ledger built from it); either way the over-commit policy, pending
+//! work that now fits, who holds what for usage, and the commit; only then are the new state, the read
+//! views and the runtime's orders installed, none of which can fail.
 
 mod changes;
 mod check;
@@ -330,8 +331,8 @@ impl Fleet {
         *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
     }
 
-    /// Settles a write (whole, or by the rows it changed where it changed workers and groups alone on the
-    /// same inventory: `inventory` is a new one, or none), installs what it settled, then gives the
+    /// Settles a write (whole, or by the rows it changed where it changed workers, groups and catalog models
+    /// alone on the same inventory: `inventory` is a new one, or none), installs what it settled, then gives the
     /// runtime its orders: `plan` first, then every engine as committed (those it changed, where it was
     /// settled by its rows).
     async fn finish(
