@@ -163,16 +163,21 @@ fn miss(answer: &Answer) -> Option<Miss> {
     if answer.file {
         return Some(Miss::File);
     }
-    answer.unreadable.as_ref().map(|why| Miss::Unreadable {
-        path: String::new(),
-        error: why.clone(),
-    })
+    answer.unreadable.clone().map(unread)
 }
 
-fn decode(text: &str) -> Result<Vec<u8>, String> {
+/// A miss for what the reader could not give, its path said later ([`placed`]).
+fn unread(error: String) -> Miss {
+    Miss::Unreadable {
+        path: String::new(),
+        error,
+    }
+}
+
+fn decode(text: &str) -> Result<Vec<u8>, Miss> {
     base64::engine::general_purpose::STANDARD
         .decode(text)
-        .map_err(|e| format!("its answer is not base64: {e}"))
+        .map_err(|e| unread(format!("its answer is not base64: {e}")))
 }
 
 /// A prefix as the reader answered it.
@@ -180,16 +185,12 @@ fn prefix_of(answer: Answer) -> Result<Prefix, Miss> {
     if let Some(miss) = miss(&answer) {
         return Err(miss);
     }
-    let bad = |error: String| Miss::Unreadable {
-        path: String::new(),
-        error,
-    };
     let (Some(len), Some(bytes)) = (answer.len, answer.bytes) else {
-        return Err(bad("its answer has no bytes".to_owned()));
+        return Err(unread("its answer has no bytes".to_owned()));
     };
     Ok(Prefix {
         len,
-        bytes: decode(&bytes).map_err(bad)?,
+        bytes: decode(&bytes)?,
     })
 }
 
@@ -198,22 +199,13 @@ fn folder_of(answer: Answer) -> Result<FolderHeaders, Miss> {
     if let Some(miss) = miss(&answer) {
         return Err(miss);
     }
-    let bad = |error: String| Miss::Unreadable {
-        path: String::new(),
-        error,
-    };
     Ok(FolderHeaders {
-        config: answer
-            .config
-            .as_deref()
-            .map(decode)
-            .transpose()
-            .map_err(bad)?,
+        config: answer.config.as_deref().map(decode).transpose()?,
         shards: answer
             .shards
             .unwrap_or_default()
             .into_iter()
-            .map(|(name, header)| Ok((name, decode(&header).map_err(bad)?)))
+            .map(|(name, header)| Ok((name, decode(&header)?)))
             .collect::<Result<_, Miss>>()?,
     })
 }
