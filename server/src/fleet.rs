@@ -358,7 +358,7 @@ impl Fleet {
         let grace = self.runtime.evict_after();
         let over_since = state.over_since.clone();
         let due = |gpu: &GpuRef| eviction_due(&over_since, gpu, now, grace);
-        let changes = changes::Changes::take(&mut tx).await?;
+        let changes = changes::Changes::read(&mut tx).await?;
         let hosts = self.hosts();
         let orders = match inventory {
             None if changes.by_rows() => {

@@ -32,12 +32,12 @@ pub(super) struct Changes {
 }
 
 impl Changes {
-    /// What the write in `tx` changed so far, taken: the table is empty after.
-    pub(super) async fn take(tx: &mut sqlx::SqliteConnection) -> Result<Changes, ApiError> {
+    /// What the write in `tx` changed so far. Either way of settling it empties the table before the
+    /// commit ([`forget`]), what the settling changed itself included.
+    pub(super) async fn read(tx: &mut sqlx::SqliteConnection) -> Result<Changes, ApiError> {
         let rows: Vec<(String, String)> = sqlx::query_as("SELECT kind, key FROM changes")
             .fetch_all(&mut *tx)
             .await?;
-        forget(tx).await?;
         let mut changes = Changes::default();
         for (kind, key) in rows {
             match kind.as_str() {
@@ -110,10 +110,11 @@ impl Touched {
 
 impl Fleet {
     /// Settles a write that changed the rows of workers, groups and catalog models alone (`changes`), on
-    /// the ledger's own inventory (`read`: a machine whose new reading it has taken in place): each read back and applied to a copy of the committed state and, in place, to the
-    /// ledger; then, as [`Fleet::settle`] does, the over-commit policy, pending work placed where it fits
-    /// now, and usage spans (of the holders touched alone). On an error the ledger is left mended
-    /// part-way: the caller builds it again from the state before the write.
+    /// the ledger's own inventory (`read`: a machine whose new reading it has taken in place): each row
+    /// read back and applied to a copy of the committed state and, in place, to the ledger; then, as
+    /// [`Fleet::settle`] does, the over-commit policy, pending work placed where it fits now, and usage
+    /// spans (of the holders touched alone). On an error the ledger is left mended part-way: the caller
+    /// builds it again from the state before the write.
     pub(super) async fn settle_rows(
         tx: &mut sqlx::SqliteConnection,
         state: &mut State,
