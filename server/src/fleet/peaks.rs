@@ -253,6 +253,16 @@ mod tests {
         }
     }
 
+    /// The demo catalog's fleet with speech deployed on 10 % of atlas's GPU 0.
+    async fn speech_on_atlas() -> crate::testing::TestApp {
+        let app = crate::testing::majin_and_atlas_with_catalog().await;
+        let (status, body) = app
+            .deploy(json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        app
+    }
+
     /// `pid` holds `gb` on atlas's GPU 0 at `at_ms`, as one reading sees it: measured against the
     /// engines `running` and kept, as the followers do.
     async fn read_atlas(
@@ -292,11 +302,7 @@ mod tests {
     #[tokio::test]
     async fn a_models_peak_is_kept_per_share_and_a_smaller_share_that_holds_it_is_offered_on_the_models_tab(
     ) {
-        let app = crate::testing::majin_and_atlas_with_catalog().await;
-        let (status, body) = app
-            .deploy(json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let app = speech_on_atlas().await;
         let running = vec![(SPEECH.to_owned(), vec![777])];
         let read = |gb: f64, at_ms: u64| read_atlas(&app, &running, 777, gb, at_ms);
         // Three days on 10 % of a 96 GB GPU (9.6 GB), never past 4.1 GB.
@@ -407,11 +413,7 @@ mod tests {
     #[tokio::test]
     async fn an_engine_whose_processes_the_reading_ties_no_memory_to_is_measured_by_its_own_report()
     {
-        let app = crate::testing::majin_and_atlas_with_catalog().await;
-        let (status, body) = app
-            .deploy(json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{body}");
+        let app = speech_on_atlas().await;
         let running = vec![(SPEECH.to_owned(), vec![777])];
         let said = |gb: f64| vec![(SPEECH.to_owned(), vec![(0, Bytes::from_gb(gb).unwrap())])];
         // Under MPS the driver shows the memory on the daemon's server (4242), not on the engine (777).
