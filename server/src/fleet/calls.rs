@@ -4,10 +4,10 @@
 //! counters since the server started for `/metrics`.
 
 use placement::usage::{RequestRow, HOUR_MS};
-use prometheus::{IntCounterVec, Opts, Registry};
+use prometheus::{IntCounter, IntCounterVec, Opts, Registry};
 use sqlx::SqlitePool;
-use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard};
 
 /// One request's figures, or the sum of some.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -61,8 +61,8 @@ impl Key {
 
 /// The gateway's figures: those not yet written, and the counters since start.
 pub struct Calls {
-    /// By hour (ms since the epoch), model and key (its label).
-    pending: Mutex<BTreeMap<(u64, String, String), Counts>>,
+    /// By model, then key (its label).
+    callers: Mutex<HashMap<String, HashMap<String, Caller>>>,
     registry: Registry,
     requests: IntCounterVec,
     failed: IntCounterVec,
@@ -82,7 +82,7 @@ impl Default for Calls {
             counter
         };
         Calls {
-            pending: Mutex::default(),
+            callers: Mutex::default(),
             requests: counter(
                 "tessera_gateway_requests_total",
                 "Requests through the gateway, by model and API token (its first characters).",
@@ -104,25 +104,61 @@ impl Default for Calls {
     }
 }
 
+/// One model's requests with one key: its counters since start, found once (a request adds to them
+/// without looking its labels up), and what is not yet written, by hour (ms since the epoch).
+struct Caller {
+    requests: IntCounter,
+    failed: IntCounter,
+    prompt_tokens: IntCounter,
+    completion_tokens: IntCounter,
+    pending: BTreeMap<u64, Counts>,
+}
+
 impl Calls {
     /// Counts a request for `model` with `key` that ended at `at_ms`.
     pub fn record(&self, model: &str, key: &Key, counts: Counts, at_ms: u64) {
-        let labels = [model, key.short.as_str()];
-        self.requests
-            .with_label_values(&labels)
-            .inc_by(counts.requests);
-        self.failed.with_label_values(&labels).inc_by(counts.failed);
-        self.prompt_tokens
-            .with_label_values(&labels)
-            .inc_by(counts.prompt_tokens);
-        self.completion_tokens
-            .with_label_values(&labels)
-            .inc_by(counts.completion_tokens);
-        let hour = at_ms - at_ms % HOUR_MS;
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        *pending
-            .entry((hour, model.to_owned(), key.label.clone()))
-            .or_default() += counts;
+        let mut callers = self.callers();
+        let caller = self.caller(&mut callers, model, key);
+        caller.requests.inc_by(counts.requests);
+        caller.failed.inc_by(counts.failed);
+        caller.prompt_tokens.inc_by(counts.prompt_tokens);
+        caller.completion_tokens.inc_by(counts.completion_tokens);
+        *caller.pending.entry(at_ms - at_ms % HOUR_MS).or_default() += counts;
+    }
+
+    fn callers(&self) -> MutexGuard<'_, HashMap<String, HashMap<String, Caller>>> {
+        self.callers.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `model`'s figures with `key`: made (its names copied, its counters looked up) at its first request
+    /// alone.
+    fn caller<'a>(
+        &self,
+        callers: &'a mut HashMap<String, HashMap<String, Caller>>,
+        model: &str,
+        key: &Key,
+    ) -> &'a mut Caller {
+        if !callers
+            .get(model)
+            .is_some_and(|m| m.contains_key(&key.label))
+        {
+            let labels = [model, key.short.as_str()];
+            let caller = Caller {
+                requests: self.requests.with_label_values(&labels),
+                failed: self.failed.with_label_values(&labels),
+                prompt_tokens: self.prompt_tokens.with_label_values(&labels),
+                completion_tokens: self.completion_tokens.with_label_values(&labels),
+                pending: BTreeMap::new(),
+            };
+            callers
+                .entry(model.to_owned())
+                .or_default()
+                .insert(key.label.clone(), caller);
+        }
+        callers
+            .get_mut(model)
+            .and_then(|m| m.get_mut(&key.label))
+            .expect("made above")
     }
 
     /// The counters, for `/metrics`.
@@ -133,7 +169,17 @@ impl Calls {
     /// Writes what was counted since the last write, in one transaction; what fails to be written is
     /// kept for the next.
     pub async fn write(&self, pool: &SqlitePool) -> Result<(), sqlx::Error> {
-        let taken = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        let taken: Vec<((u64, String, String), Counts)> = self
+            .callers()
+            .iter_mut()
+            .flat_map(|(model, keys)| {
+                keys.iter_mut().flat_map(move |(key, caller)| {
+                    std::mem::take(&mut caller.pending)
+                        .into_iter()
+                        .map(move |(hour, counts)| ((hour, model.clone(), key.clone()), counts))
+                })
+            })
+            .collect();
         if taken.is_empty() {
             return Ok(());
         }
@@ -163,9 +209,12 @@ impl Calls {
         }
         .await;
         if written.is_err() {
-            let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-            for (key, counts) in taken {
-                *pending.entry(key).or_default() += counts;
+            let mut callers = self.callers();
+            for ((hour, model, key), counts) in taken {
+                // Callers are never forgotten: each is there still.
+                if let Some(caller) = callers.get_mut(&model).and_then(|m| m.get_mut(&key)) {
+                    *caller.pending.entry(hour).or_default() += counts;
+                }
             }
         }
         written

@@ -286,7 +286,7 @@ impl Fleet {
         use app::views::{LoadState, OnDemand};
         let committed = self.committed();
         let group = committed.on_demand_group(model)?;
-        let ready = self.runtime.engines().iter().any(|e| {
+        let ready = self.runtime.engines_of(model).iter().any(|e| {
             e.model.as_deref() == Some(model) && e.state == crate::runtime::EngineState::Healthy
         });
         let state = match (group.loaded.contains(model), ready) {
@@ -306,7 +306,7 @@ impl Fleet {
 
     /// Why every engine of `model` failed, when each has (and it has one).
     fn failed(&self, model: &str) -> Option<String> {
-        failed_among(&self.runtime.engines(), model)
+        failed_among(&self.runtime.engines_of(model), model)
     }
 
     /// Whether `model`, loaded for a request that asked at `asked`, is still being loaded for it: no
@@ -331,17 +331,6 @@ impl Fleet {
 
     /// The loaded on-demand models on any of `gpus`, as eviction sees them.
     fn loaded_on(&self, committed: &Committed, gpus: &[GpuRef]) -> Vec<Loaded> {
-        let on_gpus = |g: &&Arc<super::groups::Group>| g.gpus.iter().any(|gpu| gpus.contains(gpu));
-        // Every engine's view is read only where a loaded model there needs them.
-        if !committed
-            .groups
-            .iter()
-            .filter(on_gpus)
-            .any(|g| !g.loaded.is_empty())
-        {
-            return Vec::new();
-        }
-        let engines = self.runtime.engines();
         committed
             .groups
             .iter()
@@ -349,6 +338,7 @@ impl Fleet {
             .flat_map(|g| {
                 g.loaded.iter().filter_map(|m| {
                     let keep_alive = *g.demand.get(m)?;
+                    let engines = self.runtime.engines_of(m);
                     let in_flight: usize = engines
                         .iter()
                         .filter(|e| e.model.as_deref() == Some(m))
@@ -483,9 +473,8 @@ impl Fleet {
                     Some((m.to_owned(), Unloaded::Idle(l.keep_alive.secs())))
                 })
                 .collect();
-            let engines = fleet.runtime.engines();
             for l in &loaded {
-                if let Some(why) = failed_among(&engines, &l.name) {
+                if let Some(why) = failed_among(&fleet.runtime.engines_of(&l.name), &l.name) {
                     if !unload.iter().any(|(m, _)| *m == l.name) {
                         unload.push((l.name.clone(), Unloaded::Failed(why)));
                     }

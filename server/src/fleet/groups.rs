@@ -9,7 +9,7 @@ pub use plan::PlanChange;
 pub(crate) use plan::{check_revision, Note};
 pub(super) use plan::{plan_with, router_stays_pinned};
 
-use super::Fleet;
+use super::{Fleet, Views};
 use crate::catalog::Engine;
 use crate::error::ApiError;
 use crate::input::ServingSettings;
@@ -161,53 +161,54 @@ impl Fleet {
     /// Every group and its committed plan.
     pub fn groups(&self) -> Vec<GroupView> {
         let views = self.views();
-        let committed = &views.committed;
-        let system = committed.system_models();
-        let engines = self.runtime.engines();
-        committed
+        let system = views.committed.system_models();
+        views
+            .committed
             .groups
             .iter()
-            .map(|g| {
-                let mut view = group_view(g, &system);
-                for member in &mut view.members {
-                    member.engines = engines
-                        .iter()
-                        .filter(|e| {
-                            e.group.as_deref() == Some(&g.name)
-                                && e.model.as_ref() == Some(&member.name)
-                        })
-                        .map(|e| MemberEngine {
-                            machine: e.machine.clone(),
-                            state: e.state,
-                            message: e.message.clone(),
-                        })
-                        .collect();
-                    let prefix = crate::units::member_prefix(&g.name, &member.name);
-                    member.on_demand = self.on_demand_view(&member.name);
-                    member.not_held = views
-                        .unplaced
-                        .iter()
-                        .filter(|(who, _)| who.starts_with(&prefix))
-                        .map(|(who, why)| match crate::units::Holder::parse(who) {
-                            crate::units::Holder::Member { machine, .. } => {
-                                self.said_of_unreachable(why.clone(), &[machine])
-                            }
-                            crate::units::Holder::Worker(_) => why.clone(),
-                        })
-                        .collect();
-                }
-                view.progress = self.runtime.progress(&g.name);
-                view
-            })
+            .map(|g| self.view_of(&views, g, &system))
             .collect()
     }
 
     /// One group.
     pub fn group(&self, name: &str) -> Result<GroupView, ApiError> {
-        self.groups()
-            .into_iter()
-            .find(|g| g.name == name)
-            .ok_or_else(|| no_group(name))
+        let views = self.views();
+        let group = views.committed.group(name).ok_or_else(|| no_group(name))?;
+        let system = views.committed.system_models();
+        Ok(self.view_of(&views, group, &system))
+    }
+
+    /// `g` and its committed plan, with its members' engines now.
+    fn view_of(&self, views: &Views, g: &Group, system: &[String]) -> GroupView {
+        let mut view = group_view(g, system);
+        for member in &mut view.members {
+            member.engines = self
+                .runtime
+                .engines_of(&member.name)
+                .into_iter()
+                .filter(|e| e.group.as_deref() == Some(&g.name))
+                .map(|e| MemberEngine {
+                    machine: e.machine,
+                    state: e.state,
+                    message: e.message,
+                })
+                .collect();
+            let prefix = crate::units::member_prefix(&g.name, &member.name);
+            member.on_demand = self.on_demand_view(&member.name);
+            member.not_held = views
+                .unplaced
+                .iter()
+                .filter(|(who, _)| who.starts_with(&prefix))
+                .map(|(who, why)| match crate::units::Holder::parse(who) {
+                    crate::units::Holder::Member { machine, .. } => {
+                        self.said_of_unreachable(why.clone(), &[machine])
+                    }
+                    crate::units::Holder::Worker(_) => why.clone(),
+                })
+                .collect();
+        }
+        view.progress = self.runtime.progress(&g.name);
+        view
     }
 
     /// A GPU as a group's plan is judged against it: what shared work outside `group` takes there.

@@ -23,8 +23,7 @@ mod on_demand;
 use crate::auth::Actor;
 use crate::fleet::calls::Key;
 use crate::fleet::groups::{GroupView, MemberView};
-use crate::runtime::spec::Host;
-use crate::runtime::{EngineState, EngineView};
+use crate::runtime::Serving;
 use crate::AppState;
 use answer::Passing;
 use axum::body::Bytes;
@@ -77,13 +76,8 @@ impl Default for Gateway {
 impl Gateway {
     /// A gateway whose requests wait up to `wait` for a model's engine to be ready.
     pub fn new(wait: Duration) -> Gateway {
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(5)));
         Gateway {
-            client: Client::builder(TokioExecutor::new())
-                .pool_idle_timeout(Duration::from_secs(60))
-                .build(connector),
+            client: engine_client(),
             turns: Mutex::default(),
             wait,
         }
@@ -92,10 +86,25 @@ impl Gateway {
     /// `model`'s next turn: one rotation per model, so that one model's requests do not move another's.
     fn turn(&self, model: &str) -> usize {
         let mut turns = self.turns.lock().unwrap_or_else(PoisonError::into_inner);
-        let turn = turns.entry(model.to_owned()).or_default();
-        *turn = turn.wrapping_add(1);
-        *turn
+        // The name is copied once, at the model's first request.
+        if let Some(turn) = turns.get_mut(model) {
+            *turn = turn.wrapping_add(1);
+            return *turn;
+        }
+        turns.insert(model.to_owned(), 1);
+        1
     }
+}
+
+/// The client the gateway reaches engines with: pooled connections, no Nagle delay. Public for the gateway
+/// benchmark's reference, which passes requests on with this same client and nothing else.
+pub fn engine_client() -> Client<HttpConnector, Full<Bytes>> {
+    let mut connector = HttpConnector::new();
+    connector.set_nodelay(true);
+    connector.set_connect_timeout(Some(Duration::from_secs(5)));
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .build(connector)
 }
 
 /// The gateway's routes, under `/v1`.
@@ -154,8 +163,7 @@ fn model_named(headers: &HeaderMap, body: &Bytes) -> Option<String> {
     {
         return form_field(body, boundary.trim_matches('"'), "model");
     }
-    let value: Value = serde_json::from_slice(body).ok()?;
-    value.get("model")?.as_str().map(str::to_owned)
+    model_field::named(body)
 }
 
 /// A text field of a multipart form.
@@ -168,16 +176,6 @@ fn form_field(body: &[u8], boundary: &str, name: &str) -> Option<String> {
         head.contains(&wanted)
             .then(|| value.trim_end_matches("\r\n").to_owned())
     })
-}
-
-/// Where an engine answers.
-fn address(engine: &EngineView) -> Option<(String, u16)> {
-    let port = engine.port?;
-    let host = match &engine.host {
-        Host::Cluster { address, .. } => address.clone(),
-        Host::Local | Host::Simulated | Host::Remote => "127.0.0.1".to_owned(),
-    };
-    Some((host, port))
 }
 
 /// Every other `/v1/*` path: to the next healthy engine of the model the request names.
@@ -243,14 +241,19 @@ async fn carry(
     if let Some(refused) = keys::out_of_scope(models, &model) {
         return refused;
     }
-    if !engines_of(state, &model).is_empty() || state.fleet.on_demand(&model).is_some() {
-        return to_model(state, &model, key, wait, parts, body).await;
+    // The model's engines, looked up once: a request for a model that serves goes on to one of them.
+    let taken = drain::take(state, &model);
+    if taken.is_some()
+        || state.fleet.runtime().has_engines(&model)
+        || state.fleet.on_demand(&model).is_some()
+    {
+        return to_model(state, &model, key, wait, parts, body, taken).await;
     }
     // A group's name: its router picks the member that answers.
     if let Ok(group) = state.fleet.group(&model) {
         let (chosen, how) = route(state, &group, &body).await;
-        let mut answer =
-            to_model(state, &chosen, key, wait, parts, with_model(body, &chosen)).await;
+        let body = with_model(body, &chosen);
+        let mut answer = to_model(state, &chosen, key, wait, parts, body, None).await;
         for (name, value) in [
             ("x-tessera-routed-to", chosen.as_str()),
             ("x-tessera-routing", how),
@@ -267,17 +270,6 @@ async fn carry(
         "model_not_found",
         format!("no model named {model:?} is deployed; GET /v1/models lists those that are"),
     )
-}
-
-/// The engines of `model` (a group member's, or a worker's).
-fn engines_of(state: &AppState, model: &str) -> Vec<EngineView> {
-    state
-        .fleet
-        .runtime()
-        .engines()
-        .into_iter()
-        .filter(|e| e.model.as_deref() == Some(model) || e.worker.as_deref() == Some(model))
-        .collect()
 }
 
 /// The request's body with `model` in its JSON `model` field (a form is passed as it is).
@@ -324,39 +316,38 @@ async fn ask_router(
     body: &Bytes,
     models: &[&str],
 ) -> Option<String> {
-    let runtime = state.fleet.runtime();
-    let (counted, (host, port), unit) = engines_of(state, router)
-        .into_iter()
-        .filter(|e| e.state == EngineState::Healthy)
-        .find_map(|e| Some((runtime.begin_request(&e.unit)?, address(&e)?, e.unit)))?;
+    let drain::Taken { in_flight, engine } = drain::take(state, router)?;
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let question = json!({"request": request, "models": models});
-    let uri: Uri = format!("http://{host}:{port}/route").parse().ok()?;
+    let uri: Uri = format!("http://{}:{}/route", engine.host, engine.port)
+        .parse()
+        .ok()?;
     let mut ask = hyper::Request::post(uri)
         .header(header::CONTENT_TYPE, "application/json")
         .body(Full::new(Bytes::from(question.to_string())))
         .ok()?;
-    with_engine_key(state, &unit, ask.headers_mut());
+    with_engine_key(&engine, ask.headers_mut());
     let answer = state.gateway.client.request(ask).await.ok()?;
     if !answer.status().is_success() {
         return None;
     }
     let answer = answer.into_body().collect().await.ok()?.to_bytes();
-    drop(counted);
+    drop(in_flight);
     let answer: Value = serde_json::from_slice(&answer).ok()?;
     answer["model"].as_str().map(str::to_owned)
 }
 
 /// The engine's own key on a request to it, where it has one (an engine on a cluster's node). The
 /// caller's key never reaches an engine ([`passed_on`]).
-fn with_engine_key(state: &AppState, unit: &str, headers: &mut HeaderMap) {
-    let key = state.fleet.runtime().api_key(unit);
+fn with_engine_key(engine: &Serving, headers: &mut HeaderMap) {
+    let key = engine.api_key.as_ref();
     if let Some(value) = key.and_then(|k| HeaderValue::from_str(&format!("Bearer {k}")).ok()) {
         headers.insert(header::AUTHORIZATION, value);
     }
 }
 
-/// Sends the request to the next healthy engine of `model`, waiting up to `wait` for one to be ready.
+/// Sends the request to `taken`, where an engine of `model` was taken for it, else to the next healthy one,
+/// waiting up to `wait` for one to be ready.
 async fn to_model(
     state: &AppState,
     model: &str,
@@ -364,12 +355,15 @@ async fn to_model(
     wait: Duration,
     parts: axum::http::request::Parts,
     body: Bytes,
+    taken: Option<drain::Taken>,
 ) -> Response {
     let mut meter = Meter::new(state, model, key);
-    let (in_flight, host, port, unit) = match on_demand::ready_engine(state, model, wait).await {
-        Ok(taken) => taken,
-        Err(refused) => return refused,
-    };
+    let drain::Taken { in_flight, engine } =
+        match on_demand::ready_engine(state, model, wait, taken).await {
+            Ok(taken) => taken,
+            Err(refused) => return refused,
+        };
+    let (host, port) = (&engine.host, engine.port);
     let path = parts
         .uri
         .path_and_query()
@@ -392,8 +386,8 @@ async fn to_model(
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
     onward.headers_mut().remove(header::CONTENT_LENGTH);
-    with_engine_key(state, &unit, onward.headers_mut());
-    meter.sending(state.fleet.runtime(), unit.clone());
+    with_engine_key(&engine, onward.headers_mut());
+    meter.sending(state.fleet.runtime(), engine.unit.clone());
     match state.gateway.client.request(onward).await {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
@@ -424,7 +418,7 @@ async fn to_model(
             unavailable(
                 "engine_unreachable",
                 format!("an engine of {model} did not answer; try again shortly"),
-                on_demand::retry_after(state, model, Some(&unit)),
+                on_demand::retry_after(state, model, Some(&engine.unit)),
             )
         }
     }

@@ -181,6 +181,26 @@ impl Object {
     }
 }
 
+/// The top-level `model` string of a JSON request, read from its first bytes: the bytes before it are
+/// skipped as values, not parsed, and those after it are not read. `None` where the body is not a JSON
+/// object or has no string `model` there.
+pub(super) fn named(body: &[u8]) -> Option<String> {
+    let mut object = Object::Start;
+    for (at, &b) in body.iter().enumerate() {
+        let (next, act) = object.step(b);
+        if act == Act::Name {
+            // At the name's opening quote: serde reads the string, escapes and all, and stops at its end.
+            let mut name = serde_json::Deserializer::from_slice(&body[at..]);
+            return serde::Deserialize::deserialize(&mut name).ok();
+        }
+        if next == Object::Done {
+            return None;
+        }
+        object = next;
+    }
+    None
+}
+
 impl Rename {
     /// For an answer with `headers`, renaming its model to `name`: `None` where it is neither JSON nor an
     /// event stream (audio, text, a compressed body), which passes untouched.

@@ -4,7 +4,7 @@
 //! not with the routing.
 
 use super::drain::{self, Taken};
-use super::{engines_of, unavailable, RETRY_AFTER};
+use super::{unavailable, RETRY_AFTER};
 use crate::error::ApiError;
 use crate::AppState;
 use axum::response::Response;
@@ -15,12 +15,14 @@ use tokio::time::Instant;
 /// How often a request waiting for a model to be ready looks again.
 const READY_POLL: Duration = Duration::from_millis(100);
 
-/// The next healthy engine of `model`, waited for up to `wait` (and loaded for, where the model is on
-/// demand); else the 503 that says why not, and when to ask again.
+/// `taken`, where the request's engine was taken already, else the next healthy engine of `model`, waited
+/// for up to `wait` (and loaded for, where the model is on demand); else the 503 that says why not, and
+/// when to ask again.
 pub(super) async fn ready_engine(
     state: &AppState,
     model: &str,
     wait: Duration,
+    taken: Option<Taken>,
 ) -> Result<Taken, Response> {
     let asked = Instant::now();
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
@@ -29,11 +31,14 @@ pub(super) async fn ready_engine(
     // An on-demand model is busy while a request waits for it: no keep-alive or other load unloads it.
     let mut on_demand = state.fleet.on_demand(model);
     let waiting = on_demand.map(|_| activity.wait(model));
+    // An engine taken already serves a model that is not on demand, or one loaded: no load is tried for
+    // it (an engine of an unloaded model still draining is not).
+    let mut first = taken.filter(|_| on_demand != Some(false));
     // Requests waiting for one model share its load: only the one holding the model's turn tries it (a
     // fleet write), the others look for its engine.
     let mut turn: Option<OwnedMutexGuard<()>> = None;
     let taken = loop {
-        if on_demand == Some(true) {
+        if on_demand == Some(true) && first.is_none() {
             failed_load(state, model).await?;
         }
         // Not loaded (or unloaded by its keep-alive just as the request came): loaded for it, a fleet change
@@ -66,7 +71,7 @@ pub(super) async fn ready_engine(
                 }
             }
         }
-        if let Some(taken) = drain::take(state, model) {
+        if let Some(taken) = first.take().or_else(|| drain::take(state, model)) {
             break taken;
         }
         if Instant::now() >= deadline {
@@ -86,7 +91,7 @@ pub(super) async fn ready_engine(
         }
     };
     if on_demand.is_some() {
-        activity.answered(model, state.fleet.runtime().last_load(&taken.3));
+        activity.answered(model, state.fleet.runtime().last_load(&taken.engine.unit));
     }
     drop(waiting);
     Ok(taken)
@@ -128,7 +133,8 @@ fn failed_to_load(model: &str, why: &str, left: Duration) -> Response {
 /// gateway's default.
 pub(super) fn retry_after(state: &AppState, model: &str, unreached: Option<&str>) -> Duration {
     let runtime = state.fleet.runtime();
-    engines_of(state, model)
+    runtime
+        .engines_of(model)
         .iter()
         .filter_map(|e| {
             if Some(e.unit.as_str()) == unreached {

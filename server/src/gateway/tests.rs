@@ -121,6 +121,72 @@ fn renamed(content_type: &'static str, name: &str, body: &[u8], size: usize) -> 
 }
 
 #[test]
+fn the_model_a_json_request_names_is_read_from_its_first_bytes_and_what_follows_is_not_read() {
+    let named = |body: &[u8]| model_field::named(body);
+    // What follows the model, cut short or not JSON at all, is not read.
+    assert_eq!(
+        named(br#"{"model": "glm", "messages": [{"role"#).as_deref(),
+        Some("glm")
+    );
+    // Values before it are skipped, a `model` inside them included; escapes are read.
+    assert_eq!(
+        named(br#" {"a": {"model": "no"}, "b": ["model", "}"], "model" : "q\"w\u00e9"}"#)
+            .as_deref(),
+        Some("q\"w\u{e9}")
+    );
+    for none in [
+        &br#"{"model": null}"#[..],
+        br#"{"modelx": "a", "mode": "b"}"#,
+        br#"[{"model": "a"}]"#,
+        b"",
+        br#"{"model": "unterminated"#,
+    ] {
+        assert_eq!(named(none), None, "{}", String::from_utf8_lossy(none));
+    }
+}
+
+fn json_value() -> impl proptest::strategy::Strategy<Value = Value> {
+    use proptest::prelude::*;
+    let leaf = prop_oneof![
+        Just(Value::Null),
+        any::<bool>().prop_map(Value::Bool),
+        any::<i64>().prop_map(Value::from),
+        "[a-z\"\\\\{}\\[\\],: é]{0,12}".prop_map(Value::String),
+    ];
+    leaf.prop_recursive(3, 24, 4, |inner| {
+        prop_oneof![
+            proptest::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
+            proptest::collection::btree_map("[a-z\"]{0,6}", inner, 0..4)
+                .prop_map(|m| Value::Object(m.into_iter().collect())),
+        ]
+    })
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { failure_persistence: None, ..Default::default() })]
+    #[test]
+    fn the_model_read_from_a_request_s_first_bytes_is_the_one_serde_reads_from_the_whole(
+        before in proptest::collection::vec(("[a-z\"]{0,6}", json_value()), 0..4),
+        model in "[a-zA-Z0-9/\"\\\\é .:-]{0,16}",
+        after in proptest::collection::vec(("[a-z\"]{0,6}", json_value()), 0..4),
+        spaced in proptest::bool::ANY,
+    ) {
+        let field = |(k, v): &(String, Value)| (k != "model").then(|| format!("{}:{v}", Value::from(k.as_str())));
+        let fields: Vec<String> = before
+            .iter()
+            .filter_map(field)
+            .chain([format!("\"model\":{}", Value::from(model.as_str()))])
+            .chain(after.iter().filter_map(field))
+            .collect();
+        let sep = if spaced { " , " } else { "," };
+        let body = format!("{{{}}}", fields.join(sep));
+        let whole: Value = serde_json::from_str(&body).unwrap();
+        let named = model_field::named(body.as_bytes());
+        proptest::prop_assert_eq!(named.as_deref(), whole["model"].as_str());
+    }
+}
+
+#[test]
 fn the_model_of_a_json_answer_and_of_each_event_is_renamed_to_the_name_asked_for_wherever_the_frames_cut(
 ) {
     // llama.cpp's keys come in alphabetical order: the model after the choices, a key named in a string.
@@ -238,7 +304,7 @@ async fn requests_waiting_for_one_on_demand_model_share_one_load_attempt() {
         Vec::new(),
     );
     let waiters =
-        (0..20).map(|_| on_demand::ready_engine(&state, "speech", Duration::from_secs(1)));
+        (0..20).map(|_| on_demand::ready_engine(&state, "speech", Duration::from_secs(1), None));
     let answers = futures::future::join_all(waiters).await;
     assert!(answers.iter().all(Result::is_err));
     // One attempt per look (every 100 ms) for all twenty, not one each.

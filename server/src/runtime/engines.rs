@@ -10,7 +10,7 @@ use super::spec::{EngineSpec, Host, Launch};
 use super::{engine_id, now, EngineState, EngineView, Event, Progress, Settings, StepStatus};
 use crate::units::Holder;
 use placement::Bytes;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -63,6 +63,82 @@ pub(super) struct Status {
     pub(super) reported: Vec<Bytes>,
 }
 
+/// The engines the runtime knows of, by unit, with the units of each name (a worker's, or a member's model)
+/// and of each machine beside them: a request through the gateway finds its model's engines, and an
+/// engine's neighbours, without a walk through every engine of the fleet.
+#[derive(Default)]
+pub(super) struct Units {
+    all: BTreeMap<String, Unit>,
+    by_name: HashMap<String, BTreeSet<String>>,
+    on_machine: HashMap<String, BTreeSet<String>>,
+}
+
+impl std::ops::Deref for Units {
+    type Target = BTreeMap<String, Unit>;
+
+    fn deref(&self) -> &Self::Target {
+        &self.all
+    }
+}
+
+impl Units {
+    /// Registers `unit` under its name, in place of one registered under it before.
+    pub(super) fn insert(&mut self, unit: Unit) {
+        let name = unit.spec.unit.clone();
+        self.remove(&name);
+        let holder = Holder::parse(&name).name().to_owned();
+        self.by_name.entry(holder).or_default().insert(name.clone());
+        self.on_machine
+            .entry(unit.spec.machine.clone())
+            .or_default()
+            .insert(name.clone());
+        self.all.insert(name, unit);
+    }
+
+    /// Forgets the unit registered as `name`.
+    pub(super) fn remove(&mut self, name: &str) {
+        let Some(unit) = self.all.remove(name) else {
+            return;
+        };
+        let forget = |index: &mut HashMap<String, BTreeSet<String>>, key: &str| {
+            if let Some(units) = index.get_mut(key) {
+                units.remove(name);
+                if units.is_empty() {
+                    index.remove(key);
+                }
+            }
+        };
+        forget(&mut self.by_name, Holder::parse(name).name());
+        forget(&mut self.on_machine, &unit.spec.machine);
+    }
+
+    /// The engines of `name`: a worker's, or those of a member's model in any group and on any machine.
+    pub(super) fn named<'a>(&'a self, name: &str) -> impl Iterator<Item = (&'a str, &'a Unit)> {
+        self.of(&self.by_name, name)
+    }
+
+    /// The engines on `machine`.
+    pub(super) fn on_machine<'a>(
+        &'a self,
+        machine: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a Unit)> {
+        self.of(&self.on_machine, machine)
+    }
+
+    fn of<'a>(
+        &'a self,
+        index: &'a HashMap<String, BTreeSet<String>>,
+        key: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a Unit)> {
+        index
+            .get(key)
+            .into_iter()
+            .flatten()
+            .filter_map(|name| self.all.get_key_value(name))
+            .map(|(name, unit)| (name.as_str(), unit))
+    }
+}
+
 /// `unit`'s registration as `name`, and its spec.
 fn registration(name: &str, unit: &Unit) -> (Registration, EngineSpec) {
     let registration = Registration {
@@ -82,7 +158,7 @@ pub(crate) struct Shared {
     pub(super) cluster: Option<RayExecutor>,
     /// Set once a graceful shutdown begins: from then on no engine starts. Taken before `units`.
     pub(super) shutting_down: Arc<Mutex<bool>>,
-    pub(super) units: Mutex<BTreeMap<String, Unit>>,
+    pub(super) units: Mutex<Units>,
     pub(super) events: broadcast::Sender<Event>,
     pub(super) progress: Mutex<BTreeMap<String, Progress>>,
     /// The gateway's requests in flight, by unit.
@@ -150,7 +226,7 @@ pub(super) fn view(unit: &Unit) -> EngineView {
 }
 
 impl Shared {
-    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Unit>> {
+    pub(super) fn lock(&self) -> std::sync::MutexGuard<'_, Units> {
         self.units.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -228,14 +304,11 @@ impl Shared {
                 return None;
             }
             // Registered before its supervisor runs, so that the supervisor's first state is not lost.
-            self.lock().insert(
-                spec.unit.clone(),
-                Unit {
-                    spec: spec.clone(),
-                    status,
-                    control,
-                },
-            );
+            self.lock().insert(Unit {
+                spec: spec.clone(),
+                status,
+                control,
+            });
         }
         // An adopted engine runs already: it says so before this returns, not once its supervisor runs.
         if let Begin::Adopt(running) = begin {

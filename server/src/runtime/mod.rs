@@ -216,6 +216,18 @@ pub enum Change {
     },
 }
 
+/// An engine that serves now, as the gateway sends a request to it.
+#[derive(Debug, Clone)]
+pub struct Serving {
+    /// Its unit.
+    pub unit: String,
+    /// Where it answers.
+    pub host: String,
+    pub port: u16,
+    /// The key it takes requests with, where it has one.
+    pub api_key: Option<String>,
+}
+
 /// A request in flight to an engine, counted until it is dropped (with the last of its answer).
 pub struct InFlight(Arc<AtomicUsize>);
 
@@ -317,6 +329,39 @@ impl Runtime {
         units.values().map(view).collect()
     }
 
+    /// The engines of `name`: a worker's, or those of a member's model in any group and on any machine;
+    /// found by name, not among every engine.
+    pub fn engines_of(&self, name: &str) -> Vec<EngineView> {
+        self.shared
+            .lock()
+            .named(name)
+            .map(|(_, unit)| view(unit))
+            .collect()
+    }
+
+    /// Whether `name` has an engine, in any state.
+    pub fn has_engines(&self, name: &str) -> bool {
+        self.shared.lock().named(name).next().is_some()
+    }
+
+    /// The engines of `name` that serve now, each as a request is sent to it.
+    pub fn serving(&self, name: &str) -> Vec<Serving> {
+        self.shared
+            .lock()
+            .named(name)
+            .filter_map(|(unit, u)| {
+                let status = u.status.borrow();
+                (status.state == EngineState::Healthy).then_some(())?;
+                Some(Serving {
+                    unit: unit.to_owned(),
+                    host: u.spec.host.bind_address().to_owned(),
+                    port: status.port?,
+                    api_key: status.api_key.clone(),
+                })
+            })
+            .collect()
+    }
+
     /// One engine by its id or unit.
     pub fn engine(&self, id: &str) -> Option<EngineView> {
         self.engines()
@@ -348,11 +393,8 @@ impl Runtime {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         let mut busy: Vec<String> = units
-            .iter()
-            .filter(|(_, u)| {
-                u.spec.machine == me.spec.machine
-                    && u.spec.gpus.iter().any(|g| me.spec.gpus.contains(g))
-            })
+            .on_machine(&me.spec.machine)
+            .filter(|(_, u)| u.spec.gpus.iter().any(|g| me.spec.gpus.contains(g)))
             .filter(|(name, _)| {
                 in_flight
                     .get(*name)
@@ -401,17 +443,6 @@ impl Runtime {
     /// longest wait before a restart.
     pub fn cool_off(&self) -> std::time::Duration {
         self.shared.settings.backoff_max
-    }
-
-    /// The key `unit`'s engine takes requests with, where it has one: the gateway sends it.
-    pub fn api_key(&self, unit: &str) -> Option<String> {
-        self.shared
-            .lock()
-            .get(unit)?
-            .status
-            .borrow()
-            .api_key
-            .clone()
     }
 
     /// How many of the gateway's requests are in flight to `unit`'s engine.

@@ -42,3 +42,65 @@ fn times_are_written_in_rfc_3339() {
     );
     assert!(t.ends_with('Z'), "{t}");
 }
+
+/// A unit registered as `name` on `machine`, in no state worth reading.
+fn unit(name: &str, machine: &str) -> engines::Unit {
+    let mut spec = command(name, 0, "true");
+    spec.machine = machine.to_owned();
+    engines::Unit {
+        spec,
+        status: tokio::sync::watch::channel(engines::Status {
+            state: EngineState::Stopped,
+            since: String::new(),
+            pid: None,
+            port: None,
+            restarts: 0,
+            message: None,
+            launch: None,
+            api_key: None,
+            reported: Vec::new(),
+        })
+        .0,
+        control: None,
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { failure_persistence: None, ..Default::default() })]
+    /// Each step registers a unit (a worker, or a member of a group on a machine; a worker may come back
+    /// on another machine) or forgets one; after each, the index answers as a walk through every unit.
+    #[test]
+    fn a_name_s_engines_and_a_machine_s_are_those_a_walk_through_every_engine_finds(
+        steps in proptest::collection::vec((0..3u8, 0..3usize, 0..3usize, 0..3usize), 1..40),
+    ) {
+        let names = ["glm", "qwen", "whisper"];
+        let machines = ["atlas", "boreas", "ceto"];
+        let mut units = engines::Units::default();
+        for (kind, name, group, machine) in steps {
+            let (name, machine) = (names[name], machines[machine]);
+            let unit_name = match kind {
+                0 => name.to_owned(),
+                _ => crate::units::member(&format!("g{group}"), name, machine),
+            };
+            if kind == 2 {
+                units.remove(&unit_name);
+            } else {
+                units.insert(unit(&unit_name, machine));
+            }
+            for key in names.iter().chain(&machines) {
+                let found = |walked: Vec<&str>, indexed: Vec<&str>| {
+                    proptest::prop_assert_eq!(walked, indexed, "{}", key);
+                    Ok(())
+                };
+                found(
+                    units.keys().map(String::as_str).filter(|u| crate::units::Holder::parse(u).name() == *key).collect(),
+                    units.named(key).map(|(u, _)| u).collect(),
+                )?;
+                found(
+                    units.iter().filter(|(_, u)| u.spec.machine == *key).map(|(u, _)| u.as_str()).collect(),
+                    units.on_machine(key).map(|(u, _)| u).collect(),
+                )?;
+            }
+        }
+    }
+}
