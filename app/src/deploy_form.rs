@@ -85,6 +85,31 @@ pub fn selectable(node: &NodeOption, shared: bool) -> bool {
         .any(|g| g.healthy && if shared { !g.held_whole } else { g.is_free() })
 }
 
+/// How many nodes the wizard's list shows at once: a fleet of a thousand machines is searched, not
+/// scrolled.
+pub const NODES_SHOWN: usize = 50;
+
+/// The nodes the wizard's list shows, in the fleet's order: every chosen one (so that it can be unchosen
+/// wherever it is), and the first [`NODES_SHOWN`] whose name holds `query` (any case); with how many
+/// match in all.
+pub fn shown_nodes<'a>(
+    nodes: &'a [NodeOption],
+    query: &str,
+    chosen: &[String],
+) -> (Vec<&'a NodeOption>, usize) {
+    let query = query.trim().to_lowercase();
+    let mut matching = 0;
+    let shown = nodes
+        .iter()
+        .filter(|n| {
+            let matches = n.name.to_lowercase().contains(&query);
+            matching += usize::from(matches);
+            chosen.contains(&n.name) || matches && matching <= NODES_SHOWN
+        })
+        .collect();
+    (shown, matching)
+}
+
 fn node<'a>(options: &'a DeployOptions, name: &str) -> Result<&'a NodeOption, String> {
     options
         .nodes
@@ -370,6 +395,38 @@ mod tests {
             system,
             deployed: false,
         }
+    }
+
+    #[test]
+    fn the_node_list_shows_the_chosen_nodes_and_the_first_fifty_that_match_in_the_fleet_s_order() {
+        let nodes: Vec<NodeOption> = (0..1250)
+            .map(|m| NodeOption {
+                name: format!("gpu-{m:04}"),
+                gpus: vec![gpu(0, 80)],
+            })
+            .collect();
+        let names = |shown: Vec<&NodeOption>| -> Vec<String> {
+            shown.into_iter().map(|n| n.name.clone()).collect()
+        };
+        let (shown, matching) = shown_nodes(&nodes, "", &[]);
+        assert_eq!(matching, 1250);
+        assert_eq!(names(shown), names(nodes[..NODES_SHOWN].iter().collect()));
+
+        let chosen = vec!["gpu-1200".to_owned(), "gpu-0003".to_owned()];
+        let (shown, matching) = shown_nodes(&nodes, " GPU-07 ", &chosen);
+        assert_eq!(matching, 100);
+        let shown = names(shown);
+        assert_eq!(shown.len(), NODES_SHOWN + 2);
+        assert_eq!(shown[0], "gpu-0003");
+        assert_eq!(shown[1], "gpu-0700");
+        assert_eq!(shown[NODES_SHOWN], "gpu-0749");
+        assert_eq!(shown[NODES_SHOWN + 1], "gpu-1200");
+
+        let (shown, matching) = shown_nodes(&nodes, "nothing-like-it", &chosen);
+        assert_eq!(
+            (names(shown), matching),
+            (chosen.iter().rev().cloned().collect(), 0)
+        );
     }
 
     /// atlas (2 × 96 GB) runs text-router on GPU 0 with the router at 10 % and glm-5.3 at 40 %; h200-node

@@ -1,8 +1,9 @@
 // The console at the size of a real fleet (issue 29): 1,250 machines of 8 GPUs beside the demo fleet. The
-// Nodes tab is searched and paged, the Overview sums 10,000 GPUs, and both pass axe-core.
+// Nodes tab is searched and paged, the Overview sums 10,000 GPUs, the wizard's node list is searched, and
+// each passes axe-core.
 import AxeBuilder from "@axe-core/playwright";
 import { expect, test } from "./fixtures/tessera";
-import { open } from "./fixtures/console";
+import { open, Wizard } from "./fixtures/console";
 
 /** 1,250 machines named gpu-0000 to gpu-1249, each with eight 80 GB GPUs. */
 function fleet(): string {
@@ -45,4 +46,31 @@ test("with 1,250 machines the nodes tab finds one by name and pages the rest, an
   await open(page, "/");
   await expect(page.getByTestId("machines")).toHaveText("1254");
   await expect(page.getByTestId("gpus")).toHaveText("10013");
+});
+
+test("with 1,250 machines the wizard lists fifty nodes, finds one by name and keeps a chosen node in view", async ({ page }) => {
+  const wizard = new Wizard(page);
+  await wizard.open();
+  const shown = page.getByTestId("nodes-shown");
+  const listed = page.locator("fieldset.nodes li");
+  await expect(shown).toHaveText("The first 50 of 1254 nodes that match, of 1254: type more of a name to find another.");
+  await expect(listed).toHaveCount(50);
+  const violations = (await new AxeBuilder({ page }).analyze()).violations.filter(
+    (v) => v.impact === "serious" || v.impact === "critical",
+  );
+  expect(violations.map((v) => v.id)).toEqual([]);
+
+  const find = page.getByLabel("Find a node");
+  await find.fill("GPU-0777");
+  await expect(shown).toHaveText("1 of 1254 nodes.");
+  await page.locator("#node-gpu-0777").check();
+  // gpu-1200 to gpu-1249 match; the chosen node stays listed, checked, in its place in the fleet (first).
+  await find.fill("gpu-12");
+  await expect(shown).toHaveText("50 of 1254 nodes.");
+  await expect(listed).toHaveCount(51);
+  await expect(listed.first()).toContainText("gpu-0777");
+  await expect(page.locator("#node-gpu-0777")).toBeChecked();
+  await find.fill("nothing-like-it");
+  await expect(shown).toHaveText('No node\'s name holds "nothing-like-it".');
+  await expect(listed).toHaveCount(1);
 });

@@ -10,7 +10,8 @@ use crate::components::estimate_panel::EstimatePanel;
 use crate::components::serving_fields::ServingFields;
 use crate::components::share_panel::SharedGpuMemoryPanel;
 use crate::deploy_form::{
-    parse_args, parse_env, selectable, shared_deploy, whole_gpus, Placement, SharedDeploy,
+    parse_args, parse_env, selectable, shared_deploy, shown_nodes, whole_gpus, Placement,
+    SharedDeploy, NODES_SHOWN,
 };
 use crate::error::AppError;
 use crate::share_form::{self, ShareRow};
@@ -271,7 +272,19 @@ fn PlacementStep(
     sharing: RwSignal<bool>,
 ) -> impl IntoView {
     let catalog = options.with_value(|o| o.catalog.clone());
-    let all_nodes = options.with_value(|o| o.nodes.clone());
+    let many = options.with_value(|o| o.nodes.len() > NODES_SHOWN);
+    let query = RwSignal::new(String::new());
+    // The nodes listed, and how many match: a large fleet's list is searched.
+    let shown = Memo::new(move |_| {
+        let query = query.get();
+        nodes.with(|chosen| {
+            options.with_value(|o| {
+                let (shown, matching) = shown_nodes(&o.nodes, &query, chosen);
+                (shown.into_iter().cloned().collect::<Vec<_>>(), matching)
+            })
+        })
+    });
+    let total = options.with_value(|o| o.nodes.len());
     let widest = move || {
         options.with_value(|o| {
             o.nodes
@@ -299,8 +312,18 @@ fn PlacementStep(
             } else {
                 "Each chosen node needs as many free GPUs as the GPU width."
             }}</p>
+            {many.then(|| view! {
+                <label for="node-search">"Find a node"</label>
+                <input id="node-search" type="search" placeholder="Part of its name" autocomplete="off"
+                    prop:value=query on:input=move |ev| query.set(event_target_value(&ev)) />
+                <p class="muted" data-testid="nodes-shown">{move || shown.with(|(_, matching)| match *matching {
+                    0 => format!("No node's name holds {:?}.", query.get().trim()),
+                    m if m > NODES_SHOWN => format!("The first {NODES_SHOWN} of {m} nodes that match, of {total}: type more of a name to find another."),
+                    m => format!("{m} of {total} nodes."),
+                })}</p>
+            })}
             <ul class="choices">
-                {all_nodes.into_iter().map(|node| {
+                <For each=move || shown.get().0 key=|node| node.name.clone() let:node>{{
                     let id = format!("node-{}", node.name);
                     let name = node.name.clone();
                     let text = node_text(&node);
@@ -326,7 +349,7 @@ fn PlacementStep(
                             <label for=id>{label} <span class="muted">" · " {text}</span></label>
                         </li>
                     }
-                }).collect_view()}
+                }}</For>
             </ul>
         </fieldset>
         <label for="width">"GPU width"</label>

@@ -59,7 +59,11 @@ impl Latencies {
     /// A request of `model` that an engine answered (or failed).
     pub fn record(&self, model: &str, sample: Sample) {
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
-        let figures = models.entry(model.to_owned()).or_default();
+        // The name is copied at the model's first request alone.
+        if !models.contains_key(model) {
+            models.insert(model.to_owned(), Figures::default());
+        }
+        let figures = models.get_mut(model).expect("put there above");
         if !sample.failed && sample.busy_neighbours.is_empty() {
             if figures.alone_us.len() == ALONE_MAX {
                 figures.alone_us.pop_front();
