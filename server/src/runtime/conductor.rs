@@ -113,7 +113,7 @@ impl Conductor {
                     return;
                 };
                 self.cancel(|s| s.unit == unit);
-                let gpus = self.related(|u| u == unit);
+                let gpus = self.related(std::slice::from_ref(&unit), |u| u == unit);
                 self.queue(
                     gpus,
                     vec![spec.clone()],
@@ -140,13 +140,22 @@ impl Conductor {
                 let touched = |unit: &str| {
                     unit.starts_with(&prefix) || stopped.iter().any(|m| is_member(unit, None, m))
                 };
+                // Those of them registered now, found by the group's prefix and the members' names.
+                let touched_now: Vec<String> = {
+                    let units = self.shared.lock();
+                    units
+                        .with_prefix(&prefix)
+                        .chain(stopped.iter().flat_map(|m| units.members_named(m)))
+                        .map(|(unit, _)| unit.to_owned())
+                        .collect()
+                };
                 self.cancel(|s| {
                     touched(&s.unit)
                         && !members
                             .iter()
                             .any(|m| m.unit == s.unit && m.fingerprint() == s.fingerprint())
                 });
-                let mut gpus = self.related(touched);
+                let mut gpus = self.related(&touched_now, touched);
                 gpus.extend(members.iter().flat_map(gpus_of));
                 self.queue(
                     gpus,
@@ -325,15 +334,17 @@ impl Conductor {
         }
     }
 
-    /// The GPUs of the engines `pick` takes, as they run now or as a queued job would start them.
-    fn related(&self, pick: impl Fn(&str) -> bool) -> BTreeSet<Gpu> {
-        let running: Vec<BTreeSet<Gpu>> = self
-            .shared
-            .lock()
-            .values()
-            .filter(|u| pick(&u.spec.unit))
-            .map(|u| gpus_of(&u.spec))
-            .collect();
+    /// The GPUs of the engines `running` names (those of them registered now), and of those `pick` takes
+    /// as a queued job would start them: the units are looked up, not every engine walked.
+    fn related(&self, running: &[String], pick: impl Fn(&str) -> bool) -> BTreeSet<Gpu> {
+        let running: Vec<BTreeSet<Gpu>> = {
+            let units = self.shared.lock();
+            running
+                .iter()
+                .filter_map(|unit| units.get(unit))
+                .map(|u| gpus_of(&u.spec))
+                .collect()
+        };
         let queued = self
             .jobs
             .iter()
@@ -545,9 +556,9 @@ async fn carry_out(
             // Wherever it runs: the router moving in stops in the group it leaves.
             Step::Stop(member) => {
                 let units: Vec<String> = shared
-                    .unit_names()
-                    .into_iter()
-                    .filter(|u| is_member(u, None, member))
+                    .lock()
+                    .members_named(member)
+                    .map(|(unit, _)| unit.to_owned())
                     .collect();
                 shared.stop_units(&units).await;
                 Ok(())

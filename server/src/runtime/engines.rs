@@ -117,6 +117,29 @@ impl Units {
         self.of(&self.by_name, name)
     }
 
+    /// The engines of group members named `member`, in any group and on any machine.
+    pub(super) fn members_named<'a>(
+        &'a self,
+        member: &str,
+    ) -> impl Iterator<Item = (&'a str, &'a Unit)> {
+        self.named(member)
+            .filter(|(unit, _)| matches!(Holder::parse(unit), Holder::Member { .. }))
+    }
+
+    /// The engines whose unit name begins with `prefix` (a group's: [`crate::units::group_prefix`]).
+    pub(super) fn with_prefix<'a>(
+        &'a self,
+        prefix: &'a str,
+    ) -> impl Iterator<Item = (&'a str, &'a Unit)> {
+        self.all
+            .range::<str, _>((
+                std::ops::Bound::Included(prefix),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(move |(name, _)| name.starts_with(prefix))
+            .map(|(name, unit)| (name.as_str(), unit))
+    }
+
     /// The engines on `machine`.
     pub(super) fn on_machine<'a>(
         &'a self,
@@ -351,7 +374,7 @@ impl Shared {
 
     /// Stops the engines of `units` registered now, side by side, and forgets each once it has exited.
     pub(super) async fn stop_units(&self, units: &[String]) {
-        let registered = self.registered(|spec| units.contains(&spec.unit));
+        let registered = self.registered_of(units.iter().map(String::as_str));
         futures::future::join_all(registered.into_iter().map(|(r, _)| self.stop(r))).await;
     }
 
