@@ -5,7 +5,11 @@
 //! size, how often each method reaches the optimum and how many bins it uses past it.
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use placement::repack::{first_fit_decreasing, pack, triplets, Goal, Instance};
+use placement::inventory::{Gpu, Machine};
+use placement::repack::{
+    first_fit_decreasing, pack, plan_repack, triplets, Goal, Instance, Movable,
+};
+use placement::{Bytes, Inventory, Scheduler, WorkerRequest};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -52,8 +56,63 @@ fn timed(instance: &Instance, run: impl Fn(&Instance) -> usize) -> (usize, Durat
     (used, start.elapsed())
 }
 
+/// `plan_repack` on a fleet of `machines` × 8 GPUs of 80 GB: shared work of 1–12 GB placed by best fit,
+/// every third worker gone since. The whole of the server's and the console's repack, its moves' order
+/// included, timed once.
+fn fleet(machines: usize, workers: usize) -> (usize, Duration) {
+    let machines = (0..machines)
+        .map(|m| Machine {
+            name: format!("m{m:04}"),
+            cpu_cores: 128,
+            memory: Bytes::gb(1024),
+            all_gpus_visible: false,
+            gpus: (0..8)
+                .map(|index| Gpu {
+                    index,
+                    uuid: format!("GPU-{m}-{index}"),
+                    model: "NVIDIA H100 80GB HBM3".into(),
+                    vendor: "nvidia".into(),
+                    total: Bytes::gb(80),
+                    held_outside: Bytes::ZERO,
+                    healthy: true,
+                    mig: None,
+                })
+                .collect(),
+        })
+        .collect();
+    let mut scheduler = Scheduler::new(Inventory::new(machines).unwrap());
+    let mut movable = Vec::new();
+    let mut rng = 29u64;
+    for w in 0..workers {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let name = format!("w{w:05}");
+        let request = WorkerRequest::shared_gb(1.0 + (rng % 12) as f64);
+        scheduler.place(&name, &request).unwrap();
+        if w % 3 == 0 {
+            scheduler.release(&name);
+            continue;
+        }
+        movable.push(Movable {
+            name: name.clone(),
+            workers: vec![name],
+            demand: request.gpus.clone().unwrap(),
+            same_size: false,
+        });
+    }
+    let start = Instant::now();
+    black_box(plan_repack(&scheduler, &movable, Goal::Most, BUDGET).unwrap());
+    (movable.len(), start.elapsed())
+}
+
 fn repack(c: &mut Criterion) {
     quality();
+    println!("machines × 8 GPUs | units | plan_repack, once");
+    for (machines, workers) in [(125, 4_000), (1_250, 40_000)] {
+        let (units, took) = fleet(machines, workers);
+        println!("{machines} | {units} | {took:.2?}");
+    }
     let mut group = c.benchmark_group("repack");
     group.sample_size(20);
     for bins in SIZES {

@@ -310,15 +310,21 @@ pub fn plan_repack(
     let mut gpus = Vec::new();
     let mut instance = Instance::default();
     let mut fixed_names = Vec::new();
+    // What the moving units hold on each machine, summed in one pass (not a pass per machine).
+    let mut moving_use: BTreeMap<&str, (u32, Bytes)> = BTreeMap::new();
+    for (_, a) in units.iter().flat_map(|u| &u.held) {
+        let (cpu, memory) = moving_use
+            .entry(a.machine.as_str())
+            .or_insert((0, Bytes::ZERO));
+        *cpu += a.cpu_cores;
+        *memory += a.memory;
+    }
     for (m, machine) in inventory.machines().iter().enumerate() {
         let (cpu_used, memory_used) = scheduler.machine_use(&machine.name).unwrap_or_default();
-        let (cpu_moving, memory_moving) = units
-            .iter()
-            .filter(|u| u.gpu.machine == machine.name)
-            .flat_map(|u| &u.held)
-            .fold((0, Bytes::ZERO), |(c, b), (_, a)| {
-                (c + a.cpu_cores, b + a.memory)
-            });
+        let (cpu_moving, memory_moving) = moving_use
+            .get(machine.name.as_str())
+            .copied()
+            .unwrap_or((0, Bytes::ZERO));
         instance.machines.push(Room {
             cpu_cores: machine.cpu_cores.saturating_sub(cpu_used - cpu_moving),
             memory: machine
@@ -360,23 +366,38 @@ pub fn plan_repack(
             scheduler.sharing(gpu) != Sharing::Mps || fixed.len() + engines <= MPS_MAX_CLIENTS
         })
         .collect();
+    let bin_of: BTreeMap<&GpuRef, usize> = gpus.iter().enumerate().map(|(b, g)| (g, b)).collect();
+    // The units alike (the same request; for a group, the same GPU size) make one kind, whose bins are
+    // judged once: a fleet's units against a fleet's GPUs would be judged units × GPUs times.
+    let mut kinds: Vec<(&GpuDemand, Option<Option<Bytes>>)> = Vec::new();
     for unit in &units {
-        let origin = gpus
-            .iter()
-            .position(|g| *g == unit.gpu)
+        let origin = *bin_of
+            .get(&unit.gpu)
             .expect("a unit's GPU is shared, so it is a bin");
         let origin_total = inventory.gpu(&unit.gpu).map(|g| g.total);
-        let allowed = gpus
-            .iter()
-            .enumerate()
-            .map(|(b, gpu)| {
-                b == origin
-                    || (takes_newcomers[b]
-                        && scheduler.admits(gpu, &unit.movable.demand)
-                        && (!unit.movable.same_size
-                            || inventory.gpu(gpu).map(|g| g.total) == origin_total))
-            })
-            .collect();
+        let like = (
+            &unit.movable.demand,
+            unit.movable.same_size.then_some(origin_total),
+        );
+        let kind = match kinds.iter().position(|k| *k == like) {
+            Some(kind) => kind,
+            None => {
+                instance.kinds.push(
+                    gpus.iter()
+                        .enumerate()
+                        .map(|(b, gpu)| {
+                            takes_newcomers[b]
+                                && scheduler.admits(gpu, like.0)
+                                && like.1.is_none_or(|total| {
+                                    inventory.gpu(gpu).map(|g| g.total) == total
+                                })
+                        })
+                        .collect(),
+                );
+                kinds.push(like);
+                kinds.len() - 1
+            }
+        };
         instance.items.push(Item {
             size: unit.memory().get(),
             needs: Room {
@@ -385,7 +406,8 @@ pub fn plan_repack(
             },
             origin,
             restarts: unit.held.len(),
-            allowed,
+            kind,
+            home: Some(origin),
         });
     }
     let most = instance.used_now().saturating_sub(instance.lower_bound());
@@ -526,18 +548,16 @@ fn sequence(
 ) -> Result<Vec<RepackStep>, RepackError> {
     let mut fleet = scheduler.clone();
     let mut steps = Vec::new();
-    let unit_of = |name: &str| {
-        units
-            .iter()
-            .find(|u| u.movable.name == name)
-            .expect("a move is of a unit")
-    };
+    // Looked up, not searched: a fleet's repack moves tens of thousands of units.
+    let by_name: BTreeMap<&str, &Unit> =
+        units.iter().map(|u| (u.movable.name.as_str(), u)).collect();
+    let unit_of = |name: &str| *by_name.get(name).expect("a move is of a unit");
     let mut pending: Vec<(&Move, bool)> = moves.iter().map(|m| (m, false)).collect();
     while !pending.is_empty() {
         let mut progressed = false;
-        let mut k = 0;
-        while k < pending.len() {
-            let (mv, stopped) = pending[k];
+        // One pass in order: what starts leaves the list, what cannot yet stays in it, in its place.
+        let mut waiting = Vec::with_capacity(pending.len());
+        for (mv, stopped) in pending {
             let unit = unit_of(&mv.unit);
             if !stopped {
                 for (worker, _) in &unit.held {
@@ -555,7 +575,6 @@ fn sequence(
                     unit: mv.unit.clone(),
                     gpu: mv.to.clone(),
                 });
-                pending.remove(k);
                 progressed = true;
             } else {
                 if !stopped {
@@ -565,9 +584,10 @@ fn sequence(
                             .expect("it held this a moment ago");
                     }
                 }
-                k += 1;
+                waiting.push((mv, stopped));
             }
         }
+        pending = waiting;
         if progressed {
             continue;
         }

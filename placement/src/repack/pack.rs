@@ -41,8 +41,10 @@ pub struct Item {
     pub origin: usize,
     /// Workers that restart when it moves.
     pub restarts: usize,
-    /// The bins it may go to (its request's ids, models, vendor, health; a group's GPU size).
-    pub allowed: Vec<bool>,
+    /// Its kind, an index into [`Instance::kinds`]: the bins it may go to.
+    pub kind: usize,
+    /// The bin it may stay in whatever its kind allows (where it is now), when that bin is among these.
+    pub home: Option<usize>,
 }
 
 /// A fleet as the search sees it.
@@ -54,6 +56,9 @@ pub struct Instance {
     pub machines: Vec<Room>,
     /// Movable work.
     pub items: Vec<Item>,
+    /// The bins each kind of item may go to (its request's ids, models, vendor, health; a group's GPU
+    /// size): items alike share one, so that a fleet's items do not each carry a fleet's bins.
+    pub kinds: Vec<Vec<bool>>,
 }
 
 /// What the repack asks for.
@@ -149,13 +154,18 @@ impl Instance {
         fixed + extra
     }
 
+    /// Whether `item` may go to bin `b`.
+    pub fn allows(&self, item: &Item, b: usize) -> bool {
+        item.home == Some(b) || self.kinds[item.kind][b]
+    }
+
     /// Whether `bins` puts every item where it is allowed, and no bin or machine past its room.
     pub fn fits(&self, bins: &[usize]) -> bool {
         let mut room: Vec<u64> = self.bins.iter().map(|b| b.room).collect();
         let mut machines = self.machines.clone();
         for (item, &b) in self.items.iter().zip(bins) {
             let m = &mut machines[self.bins[b].machine];
-            if !item.allowed[b]
+            if !self.allows(item, b)
                 || item.size > room[b]
                 || item.needs.cpu_cores > m.cpu_cores
                 || item.needs.memory > m.memory
@@ -200,7 +210,7 @@ pub fn first_fit_decreasing(instance: &Instance) -> Option<Packing> {
         let item = &instance.items[i];
         let b = (0..room.len()).find(|&b| {
             let m = &machines[instance.bins[b].machine];
-            item.allowed[b]
+            instance.allows(item, b)
                 && item.size <= room[b]
                 && item.needs.cpu_cores <= m.cpu_cores
                 && item.needs.memory <= m.memory

@@ -89,20 +89,21 @@ fn small_instance() -> impl Strategy<Value = Instance> {
                 .into_iter()
                 .map(|(cpu_cores, memory)| Room { cpu_cores, memory })
                 .collect(),
+            // Each item of a kind of its own.
+            kinds: items.iter().map(|item| item.5.clone()).collect(),
             items: items
                 .into_iter()
-                .map(|(size, cpu, memory, origin, restarts, mut allowed)| {
-                    allowed[origin] = true;
-                    Item {
-                        size,
-                        needs: Room {
-                            cpu_cores: cpu,
-                            memory,
-                        },
-                        origin,
-                        restarts,
-                        allowed,
-                    }
+                .enumerate()
+                .map(|(kind, (size, cpu, memory, origin, restarts, _))| Item {
+                    size,
+                    needs: Room {
+                        cpu_cores: cpu,
+                        memory,
+                    },
+                    origin,
+                    restarts,
+                    kind,
+                    home: Some(origin),
                 })
                 .collect(),
         })

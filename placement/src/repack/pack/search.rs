@@ -61,9 +61,36 @@ const WINDOW: usize = 12;
 
 impl<'a> Search<'a> {
     pub(super) fn new(instance: &'a Instance, budget: u64) -> Search<'a> {
+        // Each item's bins as a vector shared by the items alike (its kind's, with its home where the kind
+        // lacks it): two items may go to the same bins exactly when they share one, and two bins take the
+        // same items exactly when these vectors agree there. A fleet's items never each hold a fleet's bins.
+        let mut allowed: BTreeMap<Vec<bool>, usize> = BTreeMap::new();
+        let mut id = |bins: Vec<bool>| {
+            let next = allowed.len();
+            *allowed.entry(bins).or_insert(next)
+        };
+        // A kind's vector counts once an item has it (a kind no item has would part bins for nothing).
+        let mut kind_bins: Vec<Option<usize>> = vec![None; instance.kinds.len()];
+        let item_bins: Vec<usize> = instance
+            .items
+            .iter()
+            .map(|item| match item.home {
+                Some(home) if !instance.kinds[item.kind][home] => {
+                    let mut bins = instance.kinds[item.kind].clone();
+                    bins[home] = true;
+                    id(bins)
+                }
+                _ => *kind_bins[item.kind]
+                    .get_or_insert_with(|| id(instance.kinds[item.kind].clone())),
+            })
+            .collect();
+        let mut columns = vec![Vec::new(); allowed.len()];
+        for (bins, id) in allowed {
+            columns[id] = bins;
+        }
         let bin_class = classes(instance.bins.len(), |b| {
             let bin = &instance.bins[b];
-            let column: Vec<bool> = instance.items.iter().map(|i| i.allowed[b]).collect();
+            let column: Vec<bool> = columns.iter().map(|bins| bins[b]).collect();
             (bin.room, bin.fixed, bin.machine, column)
         });
         let key = |i: usize| {
@@ -72,7 +99,7 @@ impl<'a> Search<'a> {
                 item.size,
                 item.needs.cpu_cores,
                 item.needs.memory,
-                item.allowed.clone(),
+                item_bins[i],
             )
         };
         let item_class = classes(instance.items.len(), key);
@@ -264,7 +291,7 @@ impl<'a> Search<'a> {
             .filter(|&b| {
                 let bin = &self.instance.bins[b];
                 !state.closed[b]
-                    && item.allowed[b]
+                    && self.instance.allows(item, b)
                     && item.size <= bin.room
                     && fits_machine(&state.machines[bin.machine], item.needs)
                     && (bin.fixed || state.used < state.target)

@@ -64,8 +64,10 @@ pub fn triplets(bins: usize, seed: u64) -> Instance {
                 },
                 origin,
                 restarts: 1,
-                allowed: vec![true; rooms.len()],
+                kind: 0,
+                home: Some(origin),
             })
             .collect(),
+        kinds: vec![vec![true; rooms.len()]],
     }
 }

@@ -121,7 +121,7 @@ impl Search<'_> {
             let item = &self.instance.items[i];
             if p == walk.anchor
                 || state.placed[i].is_some()
-                || !item.allowed[walk.b]
+                || !self.instance.allows(item, walk.b)
                 || last_class == Some(class[i])
                 || !fits_machine(&machine, item.needs)
             {
@@ -158,7 +158,7 @@ impl Search<'_> {
             let item = &self.instance.items[self.order[p]];
             state.placed[self.order[p]].is_none()
                 && !walk.chosen.contains(&p)
-                && item.allowed[walk.b]
+                && self.instance.allows(item, walk.b)
                 && fits_machine(&machine, item.needs)
         })
     }

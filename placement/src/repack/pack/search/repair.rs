@@ -77,13 +77,19 @@ impl Search<'_> {
                     .iter()
                     .map(|&i| {
                         let item = &instance.items[i];
+                        let at = |bin: usize| sub_bins.iter().position(|&b| b == bin);
                         Item {
                             // Restarts are not weighed while bins are counted: any bin of the part will do.
-                            origin: sub_bins.iter().position(|&b| b == item.origin).unwrap_or(0),
-                            allowed: sub_bins.iter().map(|&b| item.allowed[b]).collect(),
+                            origin: at(item.origin).unwrap_or(0),
+                            home: item.home.and_then(at),
                             ..item.clone()
                         }
                     })
+                    .collect(),
+                kinds: instance
+                    .kinds
+                    .iter()
+                    .map(|kind| sub_bins.iter().map(|&b| kind[b]).collect())
                     .collect(),
             };
             let search = Search::new(&sub, REPAIR_LIMIT);
