@@ -1,33 +1,17 @@
 //! Best fit at fleet scale: one decision among 10,000 GPUs, and 100,000 placements onto them.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion};
-use placement::{Bytes, Decision, Gpu, Inventory, Machine, Scheduler, WorkerRequest};
+mod support;
+
+use placement::{Bytes, Decision, Inventory, Scheduler, WorkerRequest};
 use std::hint::black_box;
 use std::time::Duration;
 
 /// 1,250 machines of 8 GPUs of 80 GB: 10,000 GPUs.
 fn fleet() -> Inventory {
-    let machines = (0..1250)
-        .map(|m| Machine {
-            name: format!("node-{m:04}"),
-            cpu_cores: 1024,
-            memory: Bytes::gb(4096),
-            all_gpus_visible: false,
-            gpus: (0..8)
-                .map(|index| Gpu {
-                    index,
-                    uuid: format!("GPU-{m}-{index}"),
-                    model: "NVIDIA H100 80GB HBM3".into(),
-                    vendor: "nvidia".into(),
-                    total: Bytes::gb(80),
-                    held_outside: Bytes::gb(u64::from(index % 3)),
-                    healthy: true,
-                    mig: None,
-                })
-                .collect(),
-        })
-        .collect();
-    Inventory::new(machines).expect("a consistent fleet")
+    support::h100s(1250, "node-", 1024, Bytes::gb(4096), |index| {
+        Bytes::gb(u64::from(index % 3))
+    })
 }
 
 /// Worker sizes from 0.5 to 7.5 GB, varied so the fleet fills unevenly.

@@ -4,12 +4,13 @@
 //! Before criterion times one instance of each size, the quality table is printed: for 20 instances of each
 //! size, how often each method reaches the optimum and how many bins it uses past it.
 
+mod support;
+
 use criterion::{criterion_group, criterion_main, Criterion};
-use placement::inventory::{Gpu, Machine};
 use placement::repack::{
     first_fit_decreasing, pack, plan_repack, triplets, Goal, Instance, Movable,
 };
-use placement::{Bytes, Inventory, Scheduler, WorkerRequest};
+use placement::{Bytes, Scheduler, WorkerRequest};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
@@ -60,27 +61,8 @@ fn timed(instance: &Instance, run: impl Fn(&Instance) -> usize) -> (usize, Durat
 /// every third worker gone since. The whole of the server's and the console's repack, its moves' order
 /// included, timed once.
 fn fleet(machines: usize, workers: usize) -> (usize, Duration) {
-    let machines = (0..machines)
-        .map(|m| Machine {
-            name: format!("m{m:04}"),
-            cpu_cores: 128,
-            memory: Bytes::gb(1024),
-            all_gpus_visible: false,
-            gpus: (0..8)
-                .map(|index| Gpu {
-                    index,
-                    uuid: format!("GPU-{m}-{index}"),
-                    model: "NVIDIA H100 80GB HBM3".into(),
-                    vendor: "nvidia".into(),
-                    total: Bytes::gb(80),
-                    held_outside: Bytes::ZERO,
-                    healthy: true,
-                    mig: None,
-                })
-                .collect(),
-        })
-        .collect();
-    let mut scheduler = Scheduler::new(Inventory::new(machines).unwrap());
+    let fleet = support::h100s(machines, "m", 128, Bytes::gb(1024), |_| Bytes::ZERO);
+    let mut scheduler = Scheduler::new(fleet);
     let mut movable = Vec::new();
     let mut rng = 29u64;
     for w in 0..workers {
