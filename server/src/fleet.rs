@@ -166,13 +166,19 @@ impl Fleet {
         runtime: Arc<Runtime>,
         hosts: Hosts,
     ) -> Result<Fleet, ApiError> {
-        // What was committed, read once for what comes before the write that settles it.
-        let stored = Committed::load(&mut *pool.acquire().await?).await?;
+        let recorded = match local {
+            Some(_) => runtime.recorded().await?,
+            None => Vec::new(),
+        };
+        // What was committed, read once (40,000 workers take a good part of the open to read) inside
+        // the write that settles it: nothing else writes before the fleet is open.
+        let mut tx = crate::db::write(&pool).await?;
+        let stored = Committed::load(&mut tx).await?;
         let mut inventory = inventory;
         if let Some(local) = local {
             let ledger = Ledger::build(inventory.clone(), &stored);
             let machine = hosts.local.as_deref().unwrap_or_default();
-            let ours = engines::ours(&ledger, machine, &runtime.recorded().await?);
+            let ours = engines::ours(&ledger, machine, &recorded);
             match read_local(&local, ours, &inventory).await {
                 Ok(read) => inventory = read,
                 // The first reading, before Tessera's engines were known, stands.
@@ -183,7 +189,7 @@ impl Fleet {
         // What stood over-committed before the server stopped is not known to have lasted: nothing is
         // stopped for it until it has, from now.
         let (committed, ledger) =
-            Fleet::settle(crate::db::write(&pool).await?, inventory, None, &|_| false).await?;
+            Fleet::settle_loaded(tx, stored, inventory, None, &|_| false).await?;
         let over_since = overcommitted_since(&ledger, &BTreeMap::new(), usage::now_ms());
         let state = State {
             committed: Arc::new(committed),
@@ -295,7 +301,18 @@ impl Fleet {
         before: Option<&Committed>,
         eviction_due: &(dyn Fn(&GpuRef) -> bool + Sync),
     ) -> Result<(Committed, Ledger), ApiError> {
-        let mut committed = Committed::load(&mut tx).await?;
+        let committed = Committed::load(&mut tx).await?;
+        Fleet::settle_loaded(tx, committed, inventory, before, eviction_due).await
+    }
+
+    /// [`Fleet::settle`], where `committed` was read inside `tx` already.
+    async fn settle_loaded(
+        mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        mut committed: Committed,
+        inventory: Inventory,
+        before: Option<&Committed>,
+        eviction_due: &(dyn Fn(&GpuRef) -> bool + Sync),
+    ) -> Result<(Committed, Ledger), ApiError> {
         let mut ledger = Ledger::build(inventory.clone(), &committed);
         let refusals = ledger.sharing_refusals(&committed);
         if !refusals.is_empty() {

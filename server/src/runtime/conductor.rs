@@ -4,7 +4,7 @@
 //! or stopped first.
 
 use super::adoption::reconcile;
-use super::engines::{Begin, Registration};
+use super::engines::{Begin, Registration, Unit, Units};
 use super::spec::EngineSpec;
 use super::{Change, EngineState, Progress, Shared, StepProgress, StepStatus};
 use crate::units::Holder;
@@ -22,8 +22,29 @@ pub(super) enum Order {
     Shutdown(oneshot::Sender<()>),
 }
 
-/// A GPU as changes are ordered by: `machine#index`, or `machine#unit` for an engine that holds none.
-type Gpu = String;
+/// A GPU as changes are ordered by: a machine's GPU, or an engine that holds none (a place of its own on
+/// its machine, so that its changes keep their order too).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct Gpu {
+    machine: String,
+    slot: Slot,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+enum Slot {
+    Index(u32),
+    Engine(String),
+}
+
+impl Gpu {
+    /// `machine`'s GPU `index`.
+    pub(super) fn of(machine: &str, index: u32) -> Gpu {
+        Gpu {
+            machine: machine.to_owned(),
+            slot: Slot::Index(index),
+        }
+    }
+}
 
 /// Set when a newer change makes a job moot, or the server shuts down.
 pub(super) type Cancel = watch::Receiver<bool>;
@@ -31,11 +52,14 @@ pub(super) type Cancel = watch::Receiver<bool>;
 /// The GPUs `spec` runs on.
 fn gpus_of(spec: &EngineSpec) -> BTreeSet<Gpu> {
     if spec.gpus.is_empty() {
-        return BTreeSet::from([format!("{}#{}", spec.machine, spec.unit)]);
+        return BTreeSet::from([Gpu {
+            machine: spec.machine.clone(),
+            slot: Slot::Engine(spec.unit.clone()),
+        }]);
     }
     spec.gpus
         .iter()
-        .map(|g| format!("{}#{g}", spec.machine))
+        .map(|&g| Gpu::of(&spec.machine, g))
         .collect()
 }
 
@@ -67,11 +91,15 @@ pub(super) async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedRece
             Order::Change(change) => conductor.dispatch(change).await,
             Order::Settled(on, done) => {
                 // A tail whose job has ended answers `has_changed` with an error.
-                let tails: Vec<_> = conductor
-                    .tails
-                    .iter()
-                    .filter(|(gpu, _)| on.as_ref().is_none_or(|on| on.contains(*gpu)))
-                    .map(|(_, tail)| tail)
+                let tails: Vec<_> = match &on {
+                    Some(on) => on
+                        .iter()
+                        .filter_map(|gpu| conductor.tails.get(gpu))
+                        .collect(),
+                    None => conductor.tails.values().collect(),
+                };
+                let tails: Vec<_> = tails
+                    .into_iter()
                     .filter(|tail| tail.has_changed().is_ok())
                     .cloned()
                     .collect();
@@ -250,11 +278,10 @@ impl Conductor {
             if !busy {
                 continue;
             }
-            let within = part.clone();
+            let within = Within::Gpus(part.clone());
             let desired = Arc::new(starts.clone());
             self.queue(part, starts, move |shared, mut cancel| async move {
-                let within = |spec: &EngineSpec| !gpus_of(spec).is_disjoint(&within);
-                apply_to(&shared, &desired, within, &mut cancel).await;
+                apply_to(&shared, &desired, &within, &mut cancel).await;
             });
         }
     }
@@ -295,13 +322,13 @@ impl Conductor {
             let mut gpus = gpus_of(&spec);
             gpus.extend(now.iter().flat_map(|(_, s)| gpus_of(s)));
             gpus.extend(queued.into_iter().flatten());
-            let unit = spec.unit.clone();
+            let within = Within::Unit(spec.unit.clone());
             let desired = [spec];
             self.queue(
                 gpus,
                 desired.to_vec(),
                 move |shared, mut cancel| async move {
-                    apply_to(&shared, &desired, |s| s.unit == unit, &mut cancel).await;
+                    apply_to(&shared, &desired, &within, &mut cancel).await;
                 },
             );
         }
@@ -490,31 +517,77 @@ pub(super) enum StartError {
 async fn apply_to(
     shared: &Arc<Shared>,
     desired: &[EngineSpec],
-    within: impl Fn(&EngineSpec) -> bool,
+    within: &Within,
     cancel: &mut Cancel,
 ) {
     let stale: Vec<String> = {
         let units = shared.lock();
-        units
-            .iter()
-            .filter(|(_, unit)| within(&unit.spec))
+        within
+            .registered(&units)
             .filter(|(name, unit)| {
                 desired
                     .iter()
-                    .find(|s| &&s.unit == name)
+                    .find(|s| &s.unit == name)
                     .is_none_or(|s| s.fingerprint() != unit.spec.fingerprint())
             })
-            .map(|(name, _)| name.clone())
+            .map(|(name, _)| name.to_owned())
             .collect()
     };
     shared.stop_units(&stale).await;
-    for spec in desired.iter().filter(|s| within(s)) {
+    for spec in desired.iter().filter(|s| within.holds(s)) {
         if !shared.has(&spec.unit) {
             // A start that fails says so in its state and events; the others still start.
             match shared.start_and_wait(spec.clone(), cancel).await {
                 Ok(()) | Err(StartError::Failed(_)) => {}
                 Err(StartError::Superseded | StartError::Closing) => return,
             }
+        }
+    }
+}
+
+/// What a job is about: the engines it may stop are those registered within it, found by look-up (a
+/// machine's engines, a unit, a group's), not by a walk through every engine of the fleet, which at a
+/// start is one walk for each of its GPUs.
+pub(super) enum Within {
+    /// Those on some of these GPUs.
+    Gpus(BTreeSet<Gpu>),
+    /// This unit.
+    Unit(String),
+    /// The units whose name begins with this group's prefix.
+    Group(String),
+}
+
+impl Within {
+    pub(super) fn holds(&self, spec: &EngineSpec) -> bool {
+        match self {
+            Within::Gpus(gpus) => !gpus_of(spec).is_disjoint(gpus),
+            Within::Unit(unit) => &spec.unit == unit,
+            Within::Group(prefix) => spec.unit.starts_with(prefix.as_str()),
+        }
+    }
+
+    /// The engines registered within.
+    pub(super) fn registered<'a>(
+        &'a self,
+        units: &'a Units,
+    ) -> Box<dyn Iterator<Item = (&'a str, &'a Unit)> + 'a> {
+        match self {
+            Within::Gpus(gpus) => {
+                let machines: BTreeSet<&str> = gpus.iter().map(|g| g.machine.as_str()).collect();
+                Box::new(
+                    machines
+                        .into_iter()
+                        .flat_map(|m| units.on_machine(m))
+                        .filter(|(_, unit)| self.holds(&unit.spec)),
+                )
+            }
+            Within::Unit(unit) => Box::new(
+                units
+                    .get_key_value(unit)
+                    .map(|(n, u)| (n.as_str(), u))
+                    .into_iter(),
+            ),
+            Within::Group(prefix) => Box::new(units.with_prefix(prefix)),
         }
     }
 }
@@ -592,14 +665,8 @@ async fn carry_out(
             Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
         }
     }
-    let prefix = crate::units::group_prefix(group);
-    apply_to(
-        shared,
-        members,
-        |spec| spec.unit.starts_with(&prefix),
-        cancel,
-    )
-    .await;
+    let within = Within::Group(crate::units::group_prefix(group));
+    apply_to(shared, members, &within, cancel).await;
 }
 
 /// Whether `unit` is `member` of `group` (of any group when `None`) on some machine.
@@ -697,7 +764,10 @@ mod tests {
 
     fn joins() -> impl Strategy<Value = Vec<BTreeSet<Gpu>>> {
         prop::collection::vec(
-            prop::collection::btree_set((0u8..40).prop_map(|g| format!("m#{g}")), 1..4),
+            prop::collection::btree_set(
+                (0u32..40).prop_map(|g| Gpu::of(&format!("m{}", g / 8), g % 8)),
+                1..4,
+            ),
             0..60,
         )
     }

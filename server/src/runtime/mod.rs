@@ -569,12 +569,12 @@ impl Runtime {
     pub async fn settled_on(&self, gpus: &[placement::GpuRef]) {
         let gpus = gpus
             .iter()
-            .map(|g| format!("{}#{}", g.machine, g.index))
+            .map(|g| conductor::Gpu::of(&g.machine, g.index))
             .collect();
         self.settled_with(Some(gpus)).await;
     }
 
-    async fn settled_with(&self, on: Option<std::collections::BTreeSet<String>>) {
+    async fn settled_with(&self, on: Option<std::collections::BTreeSet<conductor::Gpu>>) {
         let (done, settled) = oneshot::channel();
         if self.orders.send(Order::Settled(on, done)).is_ok() {
             let _ = settled.await;

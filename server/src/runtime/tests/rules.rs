@@ -1,7 +1,7 @@
 //! The runtime's pure rules: the backoff, which units are a group's member, how times are written.
 
 use super::*;
-use crate::runtime::conductor::is_member;
+use crate::runtime::conductor::{is_member, Gpu, Within};
 
 #[test]
 fn the_backoff_doubles_up_to_its_cap() {
@@ -101,6 +101,42 @@ proptest::proptest! {
                     units.on_machine(key).map(|(u, _)| u).collect(),
                 )?;
             }
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { failure_persistence: None, ..Default::default() })]
+    /// A job finds the engines it may have to stop by look-up: on some GPUs (through their machines), a
+    /// unit, a group's. Those found are the ones a walk through every engine finds.
+    #[test]
+    fn the_engines_a_job_may_stop_are_those_a_walk_through_every_engine_finds(
+        engines in proptest::collection::vec((0..4usize, 0..3usize, proptest::collection::vec(0..4u32, 0..3)), 0..30),
+        within_gpus in proptest::collection::btree_set((0..3usize, 0..4u32), 0..5),
+        pick in 0..4usize,
+    ) {
+        let machines = ["atlas", "boreas", "ceto"];
+        let mut units = engines::Units::default();
+        for (i, (group, machine, gpus)) in engines.iter().enumerate() {
+            let machine = machines[*machine];
+            let name = match group {
+                0 => format!("w{i}"),
+                g => crate::units::member(&format!("g{g}"), &format!("m{i}"), machine),
+            };
+            let mut unit = unit(&name, machine);
+            unit.spec.gpus = gpus.clone();
+            units.insert(unit);
+        }
+        let scopes = [
+            Within::Gpus(within_gpus.iter().map(|&(m, g)| Gpu::of(machines[m], g)).collect()),
+            Within::Unit(format!("w{pick}")),
+            Within::Group(crate::units::group_prefix(&format!("g{pick}"))),
+        ];
+        for within in &scopes {
+            let mut found: Vec<&str> = within.registered(&units).map(|(u, _)| u).collect();
+            found.sort();
+            let walked: Vec<&str> = units.iter().filter(|(_, u)| within.holds(&u.spec)).map(|(u, _)| u.as_str()).collect();
+            proptest::prop_assert_eq!(found, walked);
         }
     }
 }
