@@ -100,6 +100,9 @@ pub enum PendingReason {
     },
     /// No GPU in the fleet is of the vendor, model or ids asked for, or the fleet has none.
     NoGpuMatches,
+    /// More GPUs or machines cannot take the worker than are listed: [`crate::schedule::REASONS_LISTED`]
+    /// are, the nearest to fitting where that is known (one shared GPU: those with the most room).
+    More,
     /// The GPU runs MPS and its server has all the clients it takes.
     MpsFull {
         /// The GPU.
@@ -213,6 +216,7 @@ impl fmt::Display for PendingReason {
                 needs.gb_text()
             ),
             NoGpuMatches => write!(f, "no GPU matches the vendor, models and ids asked for"),
+            More => write!(f, "and more GPUs or machines that cannot take it"),
             MpsFull { gpu } => write!(
                 f,
                 "{gpu} runs MPS, whose server takes at most {} engines, and has that many",

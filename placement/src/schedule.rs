@@ -169,6 +169,10 @@ enum Fit {
 /// The best-fit order: least left over, then machine name, then GPU index (flat ids follow both).
 type FitKey = (u64, usize);
 
+/// The most reasons a waiting worker lists: at fleet size every GPU has one, and ten thousand lines say
+/// less than the few nearest to fitting.
+pub const REASONS_LISTED: usize = 8;
+
 /// The fleet's GPUs and who holds them; places workers by best fit.
 #[derive(Clone)]
 pub struct Scheduler {

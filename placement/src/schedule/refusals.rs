@@ -1,7 +1,7 @@
 //! Why a machine or a GPU says no to a worker: each refusal is a pending reason in seed 000's words, and a
 //! GPU that says yes says how much room it leaves, for best fit to weigh.
 
-use super::{Fit, Hold, Scheduler};
+use super::{Fit, Hold, Scheduler, REASONS_LISTED};
 use crate::inventory::MigRole;
 use crate::reason::PendingReason;
 use crate::request::{GpuDemand, GpuMode, WorkerRequest};
@@ -189,19 +189,91 @@ impl Scheduler {
         }
     }
 
+    /// Why `request` waits: at most [`REASONS_LISTED`] reasons, in the fleet's order, and
+    /// [`PendingReason::More`] after them where more GPUs or machines turn it away. A worker on one shared
+    /// GPU lists the GPUs with the most room (the nearest to fitting), found from the room index without a
+    /// walk through the fleet: every write asks again for every pending worker, and at 10,000 GPUs a
+    /// reason for each was 10,000 lines, made at each write.
     pub(super) fn reasons(
         &self,
         request: &WorkerRequest,
         demand: &GpuDemand,
     ) -> Vec<PendingReason> {
-        let reasons: Vec<_> = (0..self.machines.len())
-            .filter_map(|m| self.machine_choice(m, request, demand).err())
-            .flatten()
-            .collect();
+        let (mut reasons, more) = match demand.mode {
+            GpuMode::Shared(_) if demand.count == 1 => self.nearest_reasons(request, demand),
+            _ => {
+                let mut all = (0..self.machines.len())
+                    .flat_map(|m| {
+                        let at = self.machines[m].gpus.start;
+                        let reasons = self.machine_choice(m, request, demand).err();
+                        reasons.into_iter().flatten().map(move |r| (at, r))
+                    })
+                    .take(REASONS_LISTED + 1);
+                let listed: Vec<_> = all.by_ref().take(REASONS_LISTED).collect();
+                let more = all.next().is_some();
+                (listed, more)
+            }
+        };
         if reasons.is_empty() {
-            vec![PendingReason::NoGpuMatches]
-        } else {
-            reasons
+            return vec![PendingReason::NoGpuMatches];
         }
+        reasons.sort_by_key(|(at, _)| *at);
+        let mut reasons: Vec<PendingReason> = reasons.into_iter().map(|(_, r)| r).collect();
+        if more {
+            reasons.push(PendingReason::More);
+        }
+        reasons
+    }
+
+    /// The reasons of the GPUs with the most room for a worker on one shared GPU, each with its place in
+    /// the fleet (a machine's reason at its first GPU), and whether more GPUs or machines turn it away.
+    /// The GPUs without room in the index (held whole) and the machines that see every GPU are asked
+    /// last, where the index holds too few reasons.
+    fn nearest_reasons(
+        &self,
+        request: &WorkerRequest,
+        demand: &GpuDemand,
+    ) -> (Vec<(usize, PendingReason)>, bool) {
+        let mut listed = Vec::new();
+        let mut machines_said = std::collections::BTreeSet::new();
+        let indexed = self.by_room.iter().rev().map(|&(_, id)| id);
+        let unindexed = (0..self.gpus.len()).filter(|&id| {
+            matches!(self.gpus[id].hold, Hold::Whole(_))
+                && !self.machine(self.gpus[id].machine).all_gpus_visible
+        });
+        for id in indexed.chain(unindexed) {
+            let m = self.gpus[id].machine;
+            let reason = match self.machine_refusal(m, request.cpu_cores, request.memory) {
+                Some(reason) if machines_said.insert(m) => {
+                    Some((self.machines[m].gpus.start, reason))
+                }
+                Some(_) => None,
+                None => match self.fit(id, demand) {
+                    Fit::No(reason) => Some((id, reason)),
+                    Fit::Yes(_) | Fit::NotAsked => None,
+                },
+            };
+            if let Some(reason) = reason {
+                if listed.len() == REASONS_LISTED {
+                    return (listed, true);
+                }
+                listed.push(reason);
+            }
+        }
+        for &m in &self.all_visible {
+            let at = self.machines[m].gpus.start;
+            for reason in self
+                .machine_choice(m, request, demand)
+                .err()
+                .into_iter()
+                .flatten()
+            {
+                if listed.len() == REASONS_LISTED {
+                    return (listed, true);
+                }
+                listed.push((at, reason));
+            }
+        }
+        (listed, false)
     }
 }

@@ -318,6 +318,58 @@ async fn a_gpu_without_readable_memory_or_unhealthy_takes_no_group() {
 }
 
 #[tokio::test]
+async fn a_worker_that_fits_nowhere_in_a_large_fleet_lists_the_eight_gpus_with_the_most_room_and_says_there_are_more(
+) {
+    // Two machines of eight 16 GB GPUs, GPU i of each with i + 1 GB taken by a sharer.
+    let mut toml = String::new();
+    for machine in ["atlas", "boreas"] {
+        toml.push_str(&format!(
+            "[[machine]]\nname = \"{machine}\"\ncpu_cores = 64\nmemory_gb = 256\n"
+        ));
+        for index in 0..8 {
+            toml.push_str(&format!(
+                "[[machine.gpu]]\nindex = {index}\nuuid = \"GPU-{machine}-{index}\"\nmodel = \"L4\"\nmemory_gb = 16\n"
+            ));
+        }
+    }
+    let app = TestApp::new(&toml).await;
+    for machine in ["atlas", "boreas"] {
+        for index in 0..8 {
+            let body = json!({"name": format!("{machine}-{index}"), "requested_resources": {"gpu_requests": {
+                "count": 1, "shared": true, "memory_gb": index + 1, "ids": [format!("{machine}:{index}")]}}});
+            let (status, _) = app.post_worker(&body.to_string()).await;
+            assert_eq!(status, StatusCode::CREATED);
+        }
+    }
+    let (_, big) = app.post_worker(&shared_worker("big", 15.5)).await;
+    assert_eq!(big["state"], "pending");
+    // Those with 1 to 4 GB taken, in the fleet's order; the other eight are not listed.
+    let listed: Vec<String> = ["atlas", "boreas"]
+        .iter()
+        .flat_map(|m| {
+            (0..4).map(move |i| {
+                let taken = i + 1;
+                format!("GPU {i} of {m}: {taken} of 16 GB taken by shared work; it needs 15.5")
+            })
+        })
+        .chain(["and more GPUs or machines that cannot take it".to_owned()])
+        .collect();
+    assert_eq!(big["pending_reasons"], json!(listed), "{big}");
+    // Room freed where it fits: placed by the write that freed it.
+    let (status, _) = app
+        .call(Method::DELETE, "/api/workers/boreas-0", None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, big) = app.get("/api/workers/big").await;
+    assert_eq!(
+        (&big["state"], &big["machine"]),
+        (&json!("placed"), &json!("boreas")),
+        "{big}"
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
 async fn shrinking_a_group_places_pending_work_that_now_fits() {
     let app = majin_and_atlas_with_catalog().await;
     let (_, change) = app

@@ -28,6 +28,25 @@ fn fleet_strategy() -> impl Strategy<Value = Vec<Machine>> {
     })
 }
 
+/// Fleets with more GPUs than a waiting worker lists reasons for.
+fn larger_fleet_strategy() -> impl Strategy<Value = Vec<Machine>> {
+    let gpus = proptest::collection::vec((1u64..=16, 0u64..=2), 2..6);
+    proptest::collection::vec(gpus, 2..6).prop_map(|machines| {
+        machines
+            .into_iter()
+            .enumerate()
+            .map(|(i, gpus)| {
+                let sizes: Vec<u64> = gpus.iter().map(|g| g.0 * 4).collect();
+                let mut m = machine(&format!("m{i}"), &sizes);
+                for (g, (_, held)) in m.gpus.iter_mut().zip(gpus) {
+                    g.held_outside = Bytes::gb(held).min(g.total);
+                }
+                m
+            })
+            .collect()
+    })
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     Shared { tenths_gb: u64, cores: u32 },
@@ -235,8 +254,123 @@ fn check_room_index(s: &Scheduler) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// Every reason the fleet has for `request` to wait, machine by machine in its order: what was listed
+/// whole before the list was bounded.
+fn every_reason(s: &Scheduler, request: &WorkerRequest) -> Vec<PendingReason> {
+    let demand = request.gpus.as_ref().unwrap();
+    (0..s.machines.len())
+        .filter_map(|m| s.machine_choice(m, request, demand).err())
+        .flatten()
+        .collect()
+}
+
+/// The GPU a reason is about, where it is about one.
+fn gpu_of(reason: &PendingReason) -> Option<&GpuRef> {
+    use PendingReason::*;
+    match reason {
+        SharedFull { gpu, .. }
+        | OffersTooLittle { gpu, .. }
+        | HeldWhole { gpu, .. }
+        | Shared { gpu, .. }
+        | WrongVendor { gpu, .. }
+        | WrongModel { gpu, .. }
+        | Unhealthy { gpu }
+        | MpsFull { gpu }
+        | MpsOneGpu { gpu }
+        | CutIntoInstances { gpu }
+        | InstanceHeldWhole { gpu }
+        | InstanceAlone { gpu } => Some(gpu),
+        _ => None,
+    }
+}
+
+/// A waiting worker's reasons against every reason the fleet has: all of them where they are few enough;
+/// otherwise as many as are listed, each one of them, in the fleet's order, then `More`; for one shared
+/// GPU, no GPU left out has more room than a GPU listed.
+fn check_reasons(
+    s: &Scheduler,
+    request: &WorkerRequest,
+    listed: &[PendingReason],
+) -> Result<(), TestCaseError> {
+    let all = every_reason(s, request);
+    if all.is_empty() {
+        prop_assert_eq!(listed, &[PendingReason::NoGpuMatches][..]);
+        return Ok(());
+    }
+    if all.len() <= REASONS_LISTED {
+        prop_assert_eq!(listed, &all[..]);
+        return Ok(());
+    }
+    prop_assert_eq!(listed.len(), REASONS_LISTED + 1);
+    prop_assert_eq!(listed.last(), Some(&PendingReason::More));
+    let shown = &listed[..REASONS_LISTED];
+    let positions: Vec<usize> = shown
+        .iter()
+        .map(|r| {
+            all.iter()
+                .position(|a| a == r)
+                .expect("a listed reason is one of the fleet's")
+        })
+        .collect();
+    prop_assert!(
+        positions.windows(2).all(|w| w[0] < w[1]),
+        "not in the fleet's order: {:?}",
+        positions
+    );
+    let demand = request.gpus.as_ref().unwrap();
+    if demand.count == 1 && matches!(demand.mode, GpuMode::Shared(_)) {
+        let room = |r: &PendingReason| {
+            gpu_of(r)
+                .and_then(|g| s.flat_id(g))
+                .filter(|&id| s.by_room.contains(&(s.room(id), id)))
+                .map(|id| s.room(id))
+        };
+        let least_listed = shown.iter().filter_map(room).min();
+        for left_out in all.iter().filter(|r| !shown.contains(r)) {
+            if let (Some(left), Some(least)) = (room(left_out), least_listed) {
+                prop_assert!(
+                    left <= least,
+                    "{} left out with more room than a GPU listed",
+                    left_out
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn a_waiting_worker_lists_every_reason_when_few_and_otherwise_those_nearest_to_fitting_then_says_there_are_more(
+        machines in prop_oneof![fleet_strategy(), larger_fleet_strategy()],
+        ops in proptest::collection::vec(op_strategy(), 1..30),
+        asks in proptest::collection::vec(prop_oneof![
+            op_strategy(),
+            (100u64..=640).prop_map(|tenths_gb| Op::Shared { tenths_gb, cores: 0 }),
+        ], 1..6),
+    ) {
+        let mut s = Scheduler::new(Inventory::new(machines).unwrap());
+        for (n, op) in ops.iter().enumerate() {
+            match op {
+                Op::Release(i) => {
+                    let names: Vec<String> = s.workers().keys().cloned().collect();
+                    if !names.is_empty() {
+                        s.release(&names[i % names.len()]).unwrap();
+                    }
+                }
+                _ => {
+                    s.place(&format!("w{n}"), &to_request(op).unwrap()).unwrap();
+                }
+            }
+        }
+        for ask in asks.iter().filter_map(to_request) {
+            if let Decision::Wait(listed) = s.decide(&ask) {
+                check_reasons(&s, &ask, &listed)?;
+            }
+        }
+    }
 
     #[test]
     fn best_fit_placement_matches_a_brute_force_search_and_never_overfills(machines in fleet_strategy(), ops in proptest::collection::vec(op_strategy(), 1..40)) {
