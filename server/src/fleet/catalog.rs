@@ -14,7 +14,7 @@ use std::sync::Arc;
 impl Fleet {
     /// The model catalog, as of the last write.
     pub fn models(&self) -> Vec<CatalogModel> {
-        self.committed().models.to_vec()
+        self.committed().models.iter().cloned().collect()
     }
 
     /// The catalog as one who sees it with `sight` is shown it.

@@ -36,8 +36,8 @@ impl Fleet {
         ));
         differ.extend(compare(
             "catalog model",
-            by(kept.models.as_slice(), |m| &m.name),
-            by(stored.models.as_slice(), |m| &m.name),
+            by(kept.models.iter(), |m| &m.name),
+            by(stored.models.iter(), |m| &m.name),
         ));
         differ.extend(compare(
             "GPU's sharing",

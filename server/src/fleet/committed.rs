@@ -12,15 +12,18 @@ use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+mod by_name;
+pub(crate) use by_name::{Groups, Models};
+
 /// Everything committed.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct Committed {
     /// Every worker (seed 000's, and models on whole GPUs), oldest first.
     pub(crate) workers: Workers,
     /// Every sharing group, by name; each behind an `Arc`, as the workers are.
-    pub(crate) groups: Vec<Arc<Group>>,
-    /// The model catalog, by name: shared by the states before and after a write that leaves it.
-    pub(crate) models: Arc<Vec<CatalogModel>>,
+    pub(crate) groups: Groups,
+    /// The model catalog, by name.
+    pub(crate) models: Models,
     /// How each GPU is shared where it is not time-sliced.
     pub(crate) sharing: BTreeMap<GpuRef, GpuSharing>,
     /// The profiles each GPU cut into MIG instances was cut into, in order of placement.
@@ -67,7 +70,7 @@ impl Committed {
                 .into_iter()
                 .map(Arc::new)
                 .collect(),
-            models: Arc::new(load_models(&mut *conn).await?),
+            models: load_models(&mut *conn).await?.into_iter().collect(),
             sharing,
             mig,
         })
@@ -98,20 +101,15 @@ impl Committed {
 
     /// Applies what the database holds now of catalog model `name` (none where it was removed).
     pub(crate) fn apply_model(&mut self, name: &str, model: Option<CatalogModel>) {
-        let models = Arc::make_mut(&mut self.models);
-        models.retain(|m| m.name != name);
+        self.models.remove(name);
         if let Some(model) = model {
-            let at = models.partition_point(|m| m.name < model.name);
-            models.insert(at, model);
+            self.models.put(model);
         }
     }
 
     /// The group `model` is a member of.
     pub(crate) fn group_of(&self, model: &str) -> Option<&Group> {
-        self.groups
-            .iter()
-            .find(|g| g.members.iter().any(|s| s.member == model))
-            .map(Arc::as_ref)
+        self.groups.of_member(model)
     }
 
     /// The group of `model`, when it is a member loaded on demand.
@@ -122,25 +120,20 @@ impl Committed {
 
     /// A group by name.
     pub(crate) fn group(&self, name: &str) -> Option<&Group> {
-        self.groups.iter().find(|g| g.name == name).map(Arc::as_ref)
+        self.groups.get(name)
     }
 
-    /// Applies what the database holds now of group `name` (none where it was removed): replaced in
-    /// place, or put in name order.
+    /// Applies what the database holds now of group `name` (none where it was removed).
     pub(crate) fn apply_group(&mut self, name: &str, group: Option<Group>) {
-        self.groups.retain(|g| g.name != name);
+        self.groups.remove(name);
         if let Some(group) = group {
-            let at = self.groups.partition_point(|g| g.name < group.name);
-            self.groups.insert(at, Arc::new(group));
+            self.groups.put(Arc::new(group));
         }
     }
 
     /// The worker that runs `model` on whole GPUs.
     pub(crate) fn whole_deployment(&self, model: &str) -> Option<&Worker> {
-        self.workers
-            .iter()
-            .find(|w| w.model.as_deref() == Some(model))
-            .map(Arc::as_ref)
+        self.workers.running(model)
     }
 
     /// The catalog model `name`, refused when it runs already: a model runs in one group, or on whole
@@ -169,7 +162,7 @@ impl Committed {
 
     /// A catalog model by name.
     pub(crate) fn model(&self, name: &str) -> Option<&CatalogModel> {
-        self.models.iter().find(|m| m.name == name)
+        self.models.get(name)
     }
 
     /// The system members (the semantic router).
@@ -190,6 +183,8 @@ pub(crate) struct Workers {
     by_seq: imbl::OrdMap<i64, Arc<Worker>>,
     seq_of: imbl::OrdMap<String, i64>,
     pending: imbl::OrdSet<i64>,
+    /// (model, arrival order) of the workers that run a catalog model on whole GPUs.
+    by_model: imbl::OrdSet<(String, i64)>,
 }
 
 impl Workers {
@@ -209,6 +204,14 @@ impl Workers {
         self.by_seq.get(seq).map(Arc::as_ref)
     }
 
+    /// The oldest worker that runs `model` on whole GPUs.
+    pub(crate) fn running(&self, model: &str) -> Option<&Worker> {
+        let (runs, seq) = self.by_model.range((model.to_owned(), i64::MIN)..).next()?;
+        (runs == model)
+            .then(|| self.by_seq.get(seq).map(Arc::as_ref))
+            .flatten()
+    }
+
     /// The arrival order of the worker `name`.
     pub(crate) fn seq_of(&self, name: &str) -> Option<i64> {
         self.seq_of.get(name).copied()
@@ -221,13 +224,18 @@ impl Workers {
         if worker.assignment.is_none() {
             self.pending.insert(worker.seq);
         }
+        if let Some(model) = &worker.model {
+            self.by_model.insert((model.clone(), worker.seq));
+        }
         self.by_seq.insert(worker.seq, Arc::new(worker));
     }
 
     /// Takes the worker `name` out.
     pub(crate) fn remove(&mut self, name: &str) {
         if let Some(seq) = self.seq_of.remove(name) {
-            self.by_seq.remove(&seq);
+            if let Some(model) = self.by_seq.remove(&seq).and_then(|w| w.model.clone()) {
+                self.by_model.remove(&(model, seq));
+            }
             self.pending.remove(&seq);
         }
     }

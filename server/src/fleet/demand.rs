@@ -202,18 +202,16 @@ pub enum Load {
 
 /// `model` loaded or not in `committed`, wherever its group is.
 fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
-    if let Some(group) = committed
-        .groups
-        .iter_mut()
-        .find(|g| g.demand.contains_key(model))
-    {
-        let group = Arc::make_mut(group);
-        if loaded {
-            group.loaded.insert(model.to_owned());
-        } else {
-            group.loaded.remove(model);
-        }
+    let Some(group) = committed.on_demand_group(model) else {
+        return;
+    };
+    let mut group = group.clone();
+    if loaded {
+        group.loaded.insert(model.to_owned());
+    } else {
+        group.loaded.remove(model);
     }
+    committed.groups.put(Arc::new(group));
 }
 
 /// Whether `after` holds no GPU of `gpus` over what it offers, unless no more than `before` did already.

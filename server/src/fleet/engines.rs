@@ -1,7 +1,7 @@
 //! Which engines the committed state wants running, and with which spec: the desired state the runtime
 //! follows. Derived from the committed state and the ledger alone, so that it costs no database read.
 
-use super::committed::{Committed, Worker};
+use super::committed::{Committed, Models, Worker};
 use super::ledger::Ledger;
 use crate::catalog::{CatalogModel, Engine};
 use crate::inventory::Ours;
@@ -181,7 +181,7 @@ fn model_recipe(model: &CatalogModel) -> Recipe {
 }
 
 /// What a worker runs: its own command, or its catalog model's recipe with the deployment's additions.
-fn worker_recipe(worker: &Worker, catalog: &[CatalogModel]) -> Option<Recipe> {
+fn worker_recipe(worker: &Worker, catalog: &Models) -> Option<Recipe> {
     let Some(name) = &worker.model else {
         return Some(Recipe {
             engine: Engine::Command,
@@ -191,7 +191,7 @@ fn worker_recipe(worker: &Worker, catalog: &[CatalogModel]) -> Option<Recipe> {
             env: worker.env.clone(),
         });
     };
-    let Some(model) = catalog.iter().find(|m| &m.name == name) else {
+    let Some(model) = catalog.get(name) else {
         tracing::error!(
             "worker {} runs {name}, which is not in the catalog",
             worker.name
@@ -304,7 +304,7 @@ mod tests {
         .unwrap();
         let committed = Committed {
             workers: Default::default(),
-            groups: Vec::new(),
+            groups: Default::default(),
             models: Default::default(),
             sharing: BTreeMap::new(),
             mig: BTreeMap::new(),

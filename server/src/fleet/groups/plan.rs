@@ -128,8 +128,7 @@ impl Fleet {
             .collect();
         planned.demand = demand.clone();
         let mut trial = (*state.committed).clone();
-        trial.groups.retain(|g| g.name != group.name);
-        trial.groups.push(Arc::new(planned.clone()));
+        trial.groups.put(Arc::new(planned.clone()));
         let unloaded = self
             .make_room(state, &trial, &group.gpus, &[])
             .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
