@@ -1,19 +1,20 @@
 //! What a write changed (issue 29). The database's triggers note each committed row a write inserts,
 //! updates or deletes in `changes` (migration 0018); the write takes them in its own transaction. Where
-//! only workers, sharing groups and catalog models changed, on the inventory the ledger holds, just those
+//! only workers, sharing groups, catalog models and GPUs' sharing changed, on the inventory the ledger holds, just those
 //! rows are read back and applied to the state before the write: the ledger mended in place, the usage
 //! spans, the read views and the engines of what was touched alone, so that a write costs what it changes
-//! and not the fleet. Anything else (a GPU's sharing, a new reading) is settled whole, as
-//! [`Fleet::settle`] does. The whole rebuild stays the oracle: the model test checks after every step
+//! and not the fleet; a GPU's sharing likewise, the engines on it touched. Anything else (a new inventory)
+//! is settled whole, as [`Fleet::settle`] does. The whole rebuild stays the oracle: the model test checks after every step
 //! that the state kept this way is the one rebuilt, and that the runtime runs what it wants.
 
-use super::committed::{load_group, load_model, Committed};
+use super::committed::{load_group, load_model, load_sharing_of, Committed};
 use super::groups::Group;
 use super::ledger::Ledger;
 use super::machines::machine_view;
 use super::workers::{self, view};
 use super::{usage, Fleet, State, Views};
 use crate::error::ApiError;
+use crate::units::Holder;
 use placement::GpuRef;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -27,7 +28,9 @@ pub(super) struct Changes {
     pub(super) groups: BTreeSet<String>,
     /// The catalog's models, by name.
     pub(super) models: BTreeSet<String>,
-    /// Whether anything else changed: a GPU's sharing.
+    /// The GPUs whose sharing changed.
+    pub(super) sharing: BTreeSet<GpuRef>,
+    /// Whether anything else changed.
     other: bool,
 }
 
@@ -50,13 +53,23 @@ impl Changes {
                 "model" => {
                     changes.models.insert(key);
                 }
+                "sharing" => match key
+                    .rsplit_once(':')
+                    .and_then(|(m, i)| Some(GpuRef::new(m, i.parse().ok()?)))
+                {
+                    Some(gpu) => {
+                        changes.sharing.insert(gpu);
+                    }
+                    None => changes.other = true,
+                },
                 _ => changes.other = true,
             }
         }
         Ok(changes)
     }
 
-    /// Whether the write changed workers, groups and catalog models alone, which are settled by their rows.
+    /// Whether the write changed workers, groups, catalog models and GPUs' sharing alone, which are settled
+    /// by their rows.
     pub(super) fn by_rows(&self) -> bool {
         !self.other
     }
@@ -151,6 +164,24 @@ impl Fleet {
             if let Some(group) = committed.group_of(name) {
                 touched.note_group(group);
                 touched.groups.insert(group.name.clone());
+            }
+        }
+        for gpu in &changes.sharing {
+            let row = load_sharing_of(&mut *tx, gpu).await?;
+            committed.apply_sharing(gpu, row);
+            ledger.set_sharing(gpu, committed.sharing(gpu).mode);
+            // Its machine's page shows it; the engines on it run as it is shared (an MPS client or not).
+            touched.machines.insert(gpu.machine.clone());
+            for holder in ledger.holders_of(gpu) {
+                match Holder::parse(&holder) {
+                    Holder::Member { group, .. } => {
+                        if let Some(group) = committed.group(group) {
+                            touched.note_group(group);
+                            touched.groups.insert(group.name.clone());
+                        }
+                    }
+                    Holder::Worker(name) => touched.note(&committed, name),
+                }
             }
         }
         for name in &changes.workers {

@@ -99,6 +99,22 @@ impl Committed {
         Ok(())
     }
 
+    /// Applies how the database shares `gpu` now (`row`; none where it is time-sliced).
+    pub(crate) fn apply_sharing(
+        &mut self,
+        gpu: &GpuRef,
+        row: Option<(GpuSharing, Option<Vec<String>>)>,
+    ) {
+        self.sharing.remove(gpu);
+        self.mig.remove(gpu);
+        if let Some((sharing, profiles)) = row {
+            self.sharing.insert(gpu.clone(), sharing);
+            if let Some(profiles) = profiles {
+                self.mig.insert(gpu.clone(), profiles);
+            }
+        }
+    }
+
     /// Applies what the database holds now of catalog model `name` (none where it was removed).
     pub(crate) fn apply_model(&mut self, name: &str, model: Option<CatalogModel>) {
         self.models.remove(name);
@@ -416,21 +432,41 @@ async fn load_sharing(
     .await?;
     let mut sharing = BTreeMap::new();
     let mut mig = BTreeMap::new();
-    for (machine, index, mode, compute, instances) in rows {
-        let index = u32::try_from(index).map_err(ApiError::internal)?;
-        let gpu = GpuRef::new(machine, index);
-        sharing.insert(
-            gpu.clone(),
-            GpuSharing::parse(&mode, compute).map_err(ApiError::internal)?,
-        );
-        if let Some(instances) = instances {
-            mig.insert(
-                gpu,
-                serde_json::from_str(&instances).map_err(ApiError::internal)?,
-            );
+    for row in rows {
+        let (gpu, set, profiles) = sharing_of(row)?;
+        sharing.insert(gpu.clone(), set);
+        if let Some(profiles) = profiles {
+            mig.insert(gpu, profiles);
         }
     }
     Ok((sharing, mig))
+}
+
+/// How `gpu` is shared as the database holds it now (none: time-sliced), with the profiles of its MIG cut.
+pub(super) async fn load_sharing_of(
+    conn: &mut sqlx::SqliteConnection,
+    gpu: &GpuRef,
+) -> Result<Option<(GpuSharing, Option<Vec<String>>)>, ApiError> {
+    let row: Option<SharingRow> = sqlx::query_as(
+        "SELECT machine, gpu_index, mode, compute_percent, mig_instances FROM gpu_sharing WHERE machine = ? AND gpu_index = ?",
+    )
+    .bind(&gpu.machine)
+    .bind(i64::from(gpu.index))
+    .fetch_optional(&mut *conn)
+    .await?;
+    row.map(|row| sharing_of(row).map(|(_, set, profiles)| (set, profiles)))
+        .transpose()
+}
+
+fn sharing_of(
+    (machine, index, mode, compute, instances): SharingRow,
+) -> Result<(GpuRef, GpuSharing, Option<Vec<String>>), ApiError> {
+    let index = u32::try_from(index).map_err(ApiError::internal)?;
+    let sharing = GpuSharing::parse(&mode, compute).map_err(ApiError::internal)?;
+    let profiles = instances
+        .map(|i| serde_json::from_str(&i).map_err(ApiError::internal))
+        .transpose()?;
+    Ok((GpuRef::new(machine, index), sharing, profiles))
 }
 
 async fn load_models(conn: &mut sqlx::SqliteConnection) -> Result<Vec<CatalogModel>, ApiError> {

@@ -247,45 +247,59 @@ impl Ledger {
     /// [`placement::sharing::MPS_MAX_CLIENTS`] engines, each on that GPU alone, and only an NVIDIA GPU
     /// takes MPS. Checked at every write, whatever it changed (a plan, a deployment, a repack, the setting).
     pub(crate) fn sharing_refusals(&self, committed: &Committed) -> Vec<SharingError> {
-        let scheduler = &self.scheduler;
         committed
             .sharing
             .iter()
-            .filter_map(|(gpu, sharing)| {
-                let vendor = &scheduler.inventory().gpu(gpu)?.vendor;
-                let sharers: Vec<&String> = match scheduler.hold(gpu) {
-                    Some(Hold::Shared(sharers)) => sharers.keys().collect(),
-                    _ => Vec::new(),
-                };
-                if sharing.mode == Sharing::Mps {
-                    let engines: Vec<String> = sharers
-                        .iter()
-                        .filter(|who| {
-                            scheduler
-                                .workers()
-                                .get(who.as_str())
-                                .is_some_and(|a| a.gpus.len() > 1)
-                        })
-                        .map(|who| match Holder::parse(who) {
-                            h @ Holder::Member { group, .. } if h.is_turns() => {
-                                format!("the on-demand members of {group}")
-                            }
-                            h => h.name().to_owned(),
-                        })
-                        .collect();
-                    if !engines.is_empty() {
-                        return Some(SharingError::SeveralGpus {
-                            gpu: gpu.to_string(),
-                            engines,
-                        });
-                    }
-                }
-                sharing
-                    .mode
-                    .check(&gpu.to_string(), vendor, sharers.len())
-                    .err()
-            })
+            .filter_map(|(gpu, sharing)| self.sharing_refusal(gpu, sharing.mode))
             .collect()
+    }
+
+    /// How sharing `gpu` as `mode` would refuse what it holds now, if it would.
+    pub(crate) fn sharing_refusal(&self, gpu: &GpuRef, mode: Sharing) -> Option<SharingError> {
+        let scheduler = &self.scheduler;
+        let vendor = &scheduler.inventory().gpu(gpu)?.vendor;
+        let sharers: Vec<&String> = match scheduler.hold(gpu) {
+            Some(Hold::Shared(sharers)) => sharers.keys().collect(),
+            _ => Vec::new(),
+        };
+        if mode == Sharing::Mps {
+            let engines: Vec<String> = sharers
+                .iter()
+                .filter(|who| {
+                    scheduler
+                        .workers()
+                        .get(who.as_str())
+                        .is_some_and(|a| a.gpus.len() > 1)
+                })
+                .map(|who| match Holder::parse(who) {
+                    h @ Holder::Member { group, .. } if h.is_turns() => {
+                        format!("the on-demand members of {group}")
+                    }
+                    h => h.name().to_owned(),
+                })
+                .collect();
+            if !engines.is_empty() {
+                return Some(SharingError::SeveralGpus {
+                    gpu: gpu.to_string(),
+                    engines,
+                });
+            }
+        }
+        mode.check(&gpu.to_string(), vendor, sharers.len()).err()
+    }
+
+    /// Shares `gpu` as `mode` from now on (what it takes next; what it holds stays).
+    pub(crate) fn set_sharing(&mut self, gpu: &GpuRef, mode: Sharing) {
+        self.scheduler.set_sharing(gpu, mode);
+    }
+
+    /// Who holds `gpu`: a worker by name, a group member as its holder.
+    pub(crate) fn holders_of(&self, gpu: &GpuRef) -> Vec<String> {
+        match self.scheduler.hold(gpu) {
+            Some(Hold::Shared(sharers)) => sharers.keys().cloned().collect(),
+            Some(Hold::Whole(holder)) => vec![holder.clone()],
+            Some(Hold::Free) | None => Vec::new(),
+        }
     }
 
     /// The inventory it holds on.

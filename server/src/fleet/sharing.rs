@@ -4,6 +4,7 @@
 //!
 //! Cutting a GPU into MIG instances, or joining them back, changes the GPUs themselves ([`super::mig`]).
 
+use super::committed::Committed;
 use super::engines;
 use super::ledger::Ledger;
 use super::mig::Written;
@@ -11,6 +12,7 @@ use super::Fleet;
 use crate::error::ApiError;
 use crate::input::SharingCommand;
 use crate::runtime::spec::Host;
+use crate::runtime::Hosts;
 use crate::units::Holder;
 use app::views::SharingChange;
 use placement::mig::Layout;
@@ -106,47 +108,30 @@ impl Fleet {
                 .change_mig(&mut state, gpu, host, sharing, layout, actor)
                 .await;
         }
-        // What it restarts: the engines whose spec the setting changes, worked out on the state it leads to,
-        // which must hold what the GPU runs (an MPS GPU takes so many engines, each on it alone).
-        let mut next = (*state.committed).clone();
-        if sharing.mode == Sharing::TimeSlicing {
-            next.sharing.remove(&gpu);
-        } else {
-            next.sharing.insert(gpu.clone(), sharing);
-        }
-        let ledger = Ledger::build(state.ledger.inventory().clone(), &next);
-        // Only what this GPU's setting breaks: a GPU of another vendor is the request's fault, too many
-        // engines (or one on several GPUs) is what runs there.
-        let here = gpu.to_string();
-        let refusal = ledger
-            .sharing_refusals(&next)
-            .into_iter()
-            .find(|r| match r {
-                SharingError::TooManyClients { gpu, .. }
-                | SharingError::NotNvidia { gpu, .. }
-                | SharingError::SeveralGpus { gpu, .. } => *gpu == here,
-                _ => false,
-            });
-        match refusal {
+        // Only what this GPU's setting breaks, judged by what it holds now: a GPU of another vendor is the
+        // request's fault, too many engines (or one on several GPUs) is what runs there.
+        match state.ledger.sharing_refusal(&gpu, sharing.mode) {
             Some(refusal @ SharingError::NotNvidia { .. }) => {
                 return Err(ApiError::Unprocessable(refusal.to_string()))
             }
-            Some(refusal) => return Err(ApiError::Conflict(refusal.to_string())),
-            None => {}
+            Some(
+                refusal @ (SharingError::TooManyClients { .. } | SharingError::SeveralGpus { .. }),
+            ) => return Err(ApiError::Conflict(refusal.to_string())),
+            _ => {}
         }
-        let was: BTreeMap<String, String> =
-            engines::desired(&state.committed, &state.ledger, &self.hosts())
-                .into_iter()
-                .map(|spec| (spec.unit.clone(), spec.fingerprint()))
-                .collect();
+        // What it restarts: the engines on it whose spec the setting changes.
+        let mut next = (*state.committed).clone();
+        next.apply_sharing(
+            &gpu,
+            (sharing.mode != Sharing::TimeSlicing).then_some((sharing, None)),
+        );
+        let hosts = self.hosts();
+        let was = engines_on(&state.committed, &state.ledger, &hosts, &gpu);
         // By name, each once (a group's member runs on each of its machines), as the console lists sharers.
-        let restarts: Vec<String> = engines::desired(&next, &ledger, &self.hosts())
-            .iter()
-            .filter(|spec| {
-                was.get(&spec.unit)
-                    .is_some_and(|f| *f != spec.fingerprint())
-            })
-            .map(|spec| Holder::parse(&spec.unit).name().to_owned())
+        let restarts: Vec<String> = engines_on(&next, &state.ledger, &hosts, &gpu)
+            .into_iter()
+            .filter(|(unit, print)| was.get(unit).is_some_and(|f| f != print))
+            .map(|(unit, _)| Holder::parse(&unit).name().to_owned())
             .collect::<std::collections::BTreeSet<_>>()
             .into_iter()
             .collect();
@@ -171,3 +156,32 @@ impl Fleet {
 
 #[cfg(test)]
 mod tests;
+
+/// The engines `committed` runs on `gpu` (its workers', and every engine of the groups holding room on
+/// it), with what each is started as.
+fn engines_on(
+    committed: &Committed,
+    ledger: &Ledger,
+    hosts: &Hosts,
+    gpu: &GpuRef,
+) -> BTreeMap<String, String> {
+    let holders = ledger.holders_of(gpu);
+    let mut workers = Vec::new();
+    let mut groups = std::collections::BTreeSet::new();
+    for holder in &holders {
+        match Holder::parse(holder) {
+            Holder::Worker(name) => workers.push(name.to_owned()),
+            Holder::Member { group, .. } => {
+                groups.insert(group);
+            }
+        }
+    }
+    let mut specs = engines::worker_engines(committed, ledger, hosts, &workers);
+    for group in groups {
+        specs.extend(engines::group_engines(committed, ledger, hosts, group));
+    }
+    specs
+        .into_iter()
+        .map(|spec| (spec.unit.clone(), spec.fingerprint()))
+        .collect()
+}

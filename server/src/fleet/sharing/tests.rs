@@ -708,3 +708,5 @@ async fn an_engine_let_go_on_this_machine_but_still_stopping_keeps_its_gpu_from_
         "cut"
     );
 }
+
+mod by_rows;
