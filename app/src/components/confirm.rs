@@ -3,6 +3,9 @@
 use leptos::html;
 use leptos::prelude::*;
 
+/// The most restarts a confirmation names.
+const NAMED: usize = 20;
+
 /// A confirmation in place, focused when it opens so that the keyboard lands on it.
 #[component]
 pub fn Confirm(
@@ -31,11 +34,19 @@ pub fn Confirm(
             let _ = button.focus();
         }
     });
-    let names = restarts.join(", ");
-    let line = line.unwrap_or_else(|| match restarts.len() {
+    // A fleet's repack may restart thousands: the first are named, the rest counted.
+    let mut restarts = restarts;
+    let more = restarts.len().saturating_sub(NAMED);
+    let total = restarts.len();
+    restarts.truncate(NAMED);
+    let mut names = restarts.join(", ");
+    if more > 0 {
+        names.push_str(&format!(" and {more} more"));
+    }
+    let line = line.unwrap_or_else(|| match total {
         0 => "Nothing restarts.".to_owned(),
         1 => format!("This restarts {names}."),
-        _ => format!("This restarts {} models: {names}.", restarts.len()),
+        _ => format!("This restarts {total} models: {names}."),
     });
     view! {
         <div class="confirm" role="alertdialog" aria-labelledby="confirm-title" aria-describedby="confirm-line" data-testid="confirm">

@@ -1,7 +1,8 @@
 //! Repack (seed 001): moves of shared work that free whole GPUs, with the fewest restarts. The plan is
 //! worked out here in the browser, by the same `placement` code the server runs again before it commits,
-//! and shown whole before anything changes: each move, each restart, the GPUs freed, the fleet before and
-//! after, and the order of stops and starts. Carried out, it moves one unit at a time and can be stopped
+//! and shown before anything changes: each move and its restarts, the GPUs freed, the GPUs it changes
+//! before and after, and the order of stops and starts (fifty of each at first, and more on asking: a
+//! fleet's repack may move tens of thousands of units). Carried out, it moves one unit at a time and can be stopped
 //! between moves.
 
 use crate::auth::Role;
@@ -89,11 +90,24 @@ fn restarts_of(moves: &[Move]) -> Vec<String> {
         .collect()
 }
 
+/// How many moves, steps and GPUs the plan lists at first, and how many more each "Show more" adds: a
+/// fleet's repack may move tens of thousands of units.
+const LISTED: usize = 50;
+/// The most GPUs a line names before it counts the rest.
+const NAMED: usize = 8;
+
+/// The GPUs, the first [`NAMED`] by name and the rest counted.
 fn gpus_text(gpus: &[GpuRef]) -> String {
-    gpus.iter()
+    let mut text = gpus
+        .iter()
+        .take(NAMED)
         .map(ToString::to_string)
         .collect::<Vec<_>>()
-        .join(", ")
+        .join(", ");
+    if gpus.len() > NAMED {
+        text.push_str(&format!(" and {} more", gpus.len() - NAMED));
+    }
+    text
 }
 
 fn plural(n: usize, one: &str, many: &str) -> String {
@@ -307,43 +321,98 @@ fn PlanView(plan: RepackPlan) -> impl IntoView {
             plural(plan.most, "GPU", "GPUs")
         )
     });
+    let summary_line = summary(&plan);
+    // The fleet before and after, of the GPUs the plan changes: the others stay as they are.
+    let changed: std::collections::BTreeSet<&GpuRef> =
+        plan.moves.iter().flat_map(|m| [&m.from, &m.to]).collect();
+    let fleet: Vec<(GpuLoad, GpuLoad)> = plan
+        .before
+        .iter()
+        .zip(&plan.after)
+        .filter(|(b, _)| changed.contains(&b.gpu))
+        .map(|(b, a)| (b.clone(), a.clone()))
+        .collect();
+    let unchanged = plan.before.len() - fleet.len();
+    let moves = std::sync::Arc::new(plan.moves);
+    let steps = std::sync::Arc::new(plan.steps);
+    let fleet = std::sync::Arc::new(fleet);
+    let (moves_shown, steps_shown, fleet_shown) = (
+        RwSignal::new(LISTED),
+        RwSignal::new(LISTED),
+        RwSignal::new(LISTED),
+    );
     view! {
-        <p class="summary" data-testid="repack-summary">{summary(&plan)}</p>
+        <p class="summary" data-testid="repack-summary">{summary_line}</p>
         {most.map(|m| view! { <p class="muted" data-testid="repack-most">{m}</p> })}
-        {(!plan.moves.is_empty()).then(|| view! {
-            <table class="list" data-testid="repack-moves">
-                <caption>"Moves"</caption>
-                <thead><tr><th scope="col">"What"</th><th scope="col">"From"</th><th scope="col">"To"</th><th scope="col">"Memory"</th><th scope="col">"Restarts"</th></tr></thead>
-                <tbody>
-                    {plan.moves.iter().map(|m| view! {
-                        <tr data-testid="repack-move" data-unit=m.unit.clone()>
-                            <th scope="row">{m.unit.clone()}</th>
-                            <td>{m.from.to_string()}</td>
-                            <td data-testid="repack-to">{m.to.to_string()}</td>
-                            <td>{format!("{} GB", m.memory.gb_text())}</td>
-                            <td>{restarts_of(std::slice::from_ref(m)).join(", ")}</td>
-                        </tr>
-                    }).collect_view()}
-                </tbody>
-            </table>
-            <h2>"In this order"</h2>
-            <ol data-testid="repack-steps">
-                {plan.steps.iter().map(|s| view! { <li data-testid="repack-step">{step_text(s)}</li> }).collect_view()}
-            </ol>
+        {(!moves.is_empty()).then(|| {
+            let (listed, total) = (moves.clone(), moves.len());
+            let (ordered, steps_total) = (steps.clone(), steps.len());
+            let (gpus, gpus_total) = (fleet.clone(), fleet.len());
+            view! {
+                <table class="list" data-testid="repack-moves">
+                    <caption>"Moves"</caption>
+                    <thead><tr><th scope="col">"What"</th><th scope="col">"From"</th><th scope="col">"To"</th><th scope="col">"Memory"</th><th scope="col">"Restarts"</th></tr></thead>
+                    <tbody>
+                        {move || listed.iter().take(moves_shown.get()).map(|m| view! {
+                            <tr data-testid="repack-move" data-unit=m.unit.clone()>
+                                <th scope="row">{m.unit.clone()}</th>
+                                <td>{m.from.to_string()}</td>
+                                <td data-testid="repack-to">{m.to.to_string()}</td>
+                                <td>{format!("{} GB", m.memory.gb_text())}</td>
+                                <td>{restarts_of(std::slice::from_ref(m)).join(", ")}</td>
+                            </tr>
+                        }).collect_view()}
+                    </tbody>
+                </table>
+                <ShowMore total shown=moves_shown what="moves" testid="repack-moves-shown" />
+                <h2>"In this order"</h2>
+                <ol data-testid="repack-steps">
+                    {move || ordered.iter().take(steps_shown.get()).map(|s| view! { <li data-testid="repack-step">{step_text(s)}</li> }).collect_view()}
+                </ol>
+                <ShowMore total=steps_total shown=steps_shown what="steps" testid="repack-steps-shown" />
+                <table class="list" data-testid="repack-fleet">
+                    <caption>"The GPUs it changes, before and after"</caption>
+                    <thead><tr><th scope="col">"GPU"</th><th scope="col">"Now"</th><th scope="col">"After"</th></tr></thead>
+                    <tbody>
+                        {move || gpus.iter().take(fleet_shown.get()).map(|(b, a)| view! {
+                            <tr data-gpu=b.gpu.id()>
+                                <th scope="row">{b.gpu.to_string()}</th>
+                                <td data-testid="repack-before">{load_text(b)}</td>
+                                <td data-testid="repack-after">{load_text(a)}</td>
+                            </tr>
+                        }).collect_view()}
+                    </tbody>
+                </table>
+                <ShowMore total=gpus_total shown=fleet_shown what="GPUs it changes" testid="repack-fleet-shown" />
+                {(unchanged > 0).then(|| view! {
+                    <p class="muted" data-testid="repack-unchanged">{format!("The other {} stay as they are.", plural(unchanged, "GPU", "GPUs"))}</p>
+                })}
+            }
         })}
-        <table class="list" data-testid="repack-fleet">
-            <caption>"The fleet before and after"</caption>
-            <thead><tr><th scope="col">"GPU"</th><th scope="col">"Now"</th><th scope="col">"After"</th></tr></thead>
-            <tbody>
-                {plan.before.iter().zip(&plan.after).map(|(b, a)| view! {
-                    <tr data-gpu=b.gpu.id()>
-                        <th scope="row">{b.gpu.to_string()}</th>
-                        <td data-testid="repack-before">{load_text(b)}</td>
-                        <td data-testid="repack-after">{load_text(a)}</td>
-                    </tr>
-                }).collect_view()}
-            </tbody>
-        </table>
+    }
+}
+
+/// Under a list that shows the first `shown` of `total`: how many it shows, and a button for [`LISTED`]
+/// more.
+#[component]
+fn ShowMore(
+    total: usize,
+    shown: RwSignal<usize>,
+    what: &'static str,
+    testid: &'static str,
+) -> impl IntoView {
+    move || {
+        let now = shown.get();
+        (now < total).then(|| {
+            view! {
+                <p class="muted" data-testid=testid>
+                    {format!("The first {now} of {total} {what}. ")}
+                    <button type="button" on:click=move |_| shown.update(|s| *s += LISTED)>
+                        {format!("Show {} more", LISTED.min(total - now))}
+                    </button>
+                </p>
+            }
+        })
     }
 }
 
@@ -426,6 +495,16 @@ mod tests {
         );
         assert!(right_sized_line(&input, Goal::Most, &now, &[])
             .starts_with("No model has yet run a day"));
+    }
+
+    #[test]
+    fn a_line_names_eight_gpus_and_counts_the_rest() {
+        let gpus: Vec<GpuRef> = (0..10).map(|i| GpuRef::new("atlas", i)).collect();
+        assert_eq!(gpus_text(&gpus[..2]), "GPU 0 of atlas, GPU 1 of atlas");
+        assert_eq!(
+            gpus_text(&gpus),
+            "GPU 0 of atlas, GPU 1 of atlas, GPU 2 of atlas, GPU 3 of atlas, GPU 4 of atlas, GPU 5 of atlas, GPU 6 of atlas, GPU 7 of atlas and 2 more"
+        );
     }
 
     #[test]
