@@ -64,6 +64,57 @@ fn engine_events<'a>(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharing_switch_restarts_every_engine_on_its_gpu_each_stopped_before_any_starts_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(dir.path(), 100).await;
+    text_router(&server).await;
+    let before = server.wait_healthy(3).await;
+    let events = server.follow_events().await;
+
+    let (status, change) = server
+        .send(
+            "PUT",
+            "/api/machines/atlas/gpus/0/sharing",
+            json!({"mode": "mps", "compute_percent": 50}),
+        )
+        .await;
+    assert_eq!(status, 200, "{change}");
+    assert_eq!(
+        change["restarts"],
+        json!(["embedder", "glm-5.3", "semantic-router"])
+    );
+    let members = ["glm-5.3", "semantic-router", "embedder"];
+    wait_until("every member serves again as an MPS client", || async {
+        let seen = events.all();
+        members
+            .iter()
+            .all(|m| engine_events(&seen, m, "healthy").count() > 0)
+    })
+    .await;
+    let after = server.wait_healthy(3).await;
+    for member in members {
+        assert_ne!(pid(&before, member), pid(&after, member), "{member}");
+    }
+    // No share started beside one still running as it was: on a GPU whose sharing changed, every engine
+    // changes, and all of them stop before any starts again.
+    let seen = events.all();
+    let last_stop = members
+        .iter()
+        .flat_map(|m| engine_events(&seen, m, "stopped").map(at))
+        .max()
+        .expect("the members stopped");
+    let first_start = members
+        .iter()
+        .flat_map(|m| engine_events(&seen, m, "starting").map(at))
+        .min()
+        .expect("the members started again");
+    assert!(
+        last_stop <= first_start,
+        "a member started at {first_start} before the last stopped at {last_stop}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_share_change_restarts_only_that_member_with_its_new_share_shrinking_stops_first() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 100).await;

@@ -306,6 +306,9 @@ impl Conductor {
             .into_iter()
             .partition(|(_, spec)| !wanted.contains_key(spec.unit.as_str()));
         self.stop_now(gone);
+        // Each engine to start (again), with the GPUs it joins: those it is wanted on, runs on, or is
+        // about to start on.
+        let mut changed: Vec<(EngineSpec, BTreeSet<Gpu>)> = Vec::new();
         for spec in desired {
             let now = running.iter().find(|(_, s)| s.unit == spec.unit);
             let queued: Vec<BTreeSet<Gpu>> = self
@@ -322,15 +325,24 @@ impl Conductor {
             let mut gpus = gpus_of(&spec);
             gpus.extend(now.iter().flat_map(|(_, s)| gpus_of(s)));
             gpus.extend(queued.into_iter().flatten());
-            let within = Within::Unit(spec.unit.clone());
-            let desired = [spec];
-            self.queue(
-                gpus,
-                desired.to_vec(),
-                move |shared, mut cancel| async move {
-                    apply_to(&shared, &desired, &within, &mut cancel).await;
-                },
-            );
+            changed.push((spec, gpus));
+        }
+        // Those that share a GPU go in one job, as an apply's do: each of them that runs otherwise stops
+        // before any starts, so that a share that grows (or a GPU shared otherwise: every engine on it
+        // restarts) never starts beside one still to shrink.
+        let parts = Parts::of(changed.iter().map(|(_, gpus)| gpus.clone()).collect());
+        let mut starts: Vec<Vec<EngineSpec>> = vec![Vec::new(); parts.len()];
+        for (spec, gpus) in changed {
+            if let Some(part) = parts.part_of(&gpus) {
+                starts[part].push(spec);
+            }
+        }
+        for (part, starts) in parts.into_sets().into_iter().zip(starts) {
+            let within = Within::Units(starts.iter().map(|s| s.unit.clone()).collect());
+            let desired = Arc::new(starts.clone());
+            self.queue(part, starts, move |shared, mut cancel| async move {
+                apply_to(&shared, &desired, &within, &mut cancel).await;
+            });
         }
     }
 
@@ -551,8 +563,8 @@ async fn apply_to(
 pub(super) enum Within {
     /// Those on some of these GPUs.
     Gpus(BTreeSet<Gpu>),
-    /// This unit.
-    Unit(String),
+    /// These units.
+    Units(BTreeSet<String>),
     /// The units whose name begins with this group's prefix.
     Group(String),
 }
@@ -561,7 +573,7 @@ impl Within {
     pub(super) fn holds(&self, spec: &EngineSpec) -> bool {
         match self {
             Within::Gpus(gpus) => !gpus_of(spec).is_disjoint(gpus),
-            Within::Unit(unit) => &spec.unit == unit,
+            Within::Units(units) => units.contains(&spec.unit),
             Within::Group(prefix) => spec.unit.starts_with(prefix.as_str()),
         }
     }
@@ -581,11 +593,11 @@ impl Within {
                         .filter(|(_, unit)| self.holds(&unit.spec)),
                 )
             }
-            Within::Unit(unit) => Box::new(
-                units
-                    .get_key_value(unit)
-                    .map(|(n, u)| (n.as_str(), u))
-                    .into_iter(),
+            Within::Units(names) => Box::new(
+                names
+                    .iter()
+                    .filter_map(|name| units.get_key_value(name))
+                    .map(|(n, u)| (n.as_str(), u)),
             ),
             Within::Group(prefix) => Box::new(units.with_prefix(prefix)),
         }

@@ -129,7 +129,7 @@ proptest::proptest! {
         }
         let scopes = [
             Within::Gpus(within_gpus.iter().map(|&(m, g)| Gpu::of(machines[m], g)).collect()),
-            Within::Unit(format!("w{pick}")),
+            Within::Units([format!("w{pick}"), format!("w{}", pick + 1)].into()),
             Within::Group(crate::units::group_prefix(&format!("g{pick}"))),
         ];
         for within in &scopes {
