@@ -265,6 +265,36 @@ impl Scheduler {
             .is_some_and(|id| self.filter_refusal(id, demand).is_none())
     }
 
+    /// [`Scheduler::decide`] for a request that waited when it was last decided, where only the machines
+    /// `changed` names may have changed since (their holds, what they offer, how their GPUs are shared).
+    /// The others turned it away then and would now: unless one of `changed` can take it, it waits, and
+    /// only its reasons are made again (a few, found without a walk through the fleet). So a write asks
+    /// again for every waiting worker at the cost of what it changed, not of the fleet. Changes nothing.
+    pub fn decide_again(&self, request: &WorkerRequest, changed: &BTreeSet<String>) -> Decision {
+        let takes = |m: usize| match &request.gpus {
+            Some(demand) => self.machine_choice(m, request, demand).is_ok(),
+            None => self
+                .machine_refusal(m, request.cpu_cores, request.memory)
+                .is_none(),
+        };
+        let shared_one = request
+            .gpus
+            .as_ref()
+            .is_some_and(|d| d.count == 1 && matches!(d.mode, GpuMode::Shared(_)));
+        if shared_one
+            || changed
+                .iter()
+                .filter_map(|name| self.machine_index(name))
+                .any(takes)
+        {
+            return self.decide(request);
+        }
+        Decision::Wait(match &request.gpus {
+            Some(demand) => self.reasons(request, demand),
+            None => self.machine_reasons(request),
+        })
+    }
+
     /// Where `request` would go now, or why it waits. Changes nothing.
     pub fn decide(&self, request: &WorkerRequest) -> Decision {
         let Some(demand) = &request.gpus else {
@@ -454,12 +484,18 @@ impl Scheduler {
             }
         }
         let mode = assignment.shared.map_or(GpuMode::Whole, GpuMode::Shared);
-        let mut ids = Vec::with_capacity(assignment.gpus.len());
-        for &index in &assignment.gpus {
-            let gpu = GpuRef::new(&assignment.machine, index);
-            let id = self
-                .flat_id(&gpu)
-                .ok_or_else(|| ScheduleError::Unknown(gpu.to_string()))?;
+        // Every GPU is found before any is asked for room: a GPU gone from the inventory is the reason
+        // whatever else holds the others, and in whatever order the holders were held.
+        let ids = assignment
+            .gpus
+            .iter()
+            .map(|&index| {
+                let gpu = GpuRef::new(&assignment.machine, index);
+                self.flat_id(&gpu)
+                    .ok_or_else(|| ScheduleError::Unknown(gpu.to_string()))
+            })
+            .collect::<Result<Vec<usize>, _>>()?;
+        for &id in &ids {
             let refusal = match check {
                 Check::Fits => self.capacity_refusal(id, mode, assignment.gpus.len()),
                 Check::Holders => self.holder_refusal(id, mode),
@@ -467,8 +503,8 @@ impl Scheduler {
             if let Some(reason) = refusal {
                 return Err(ScheduleError::DoesNotFit(reason));
             }
-            ids.push(id);
         }
+        let mut ids = ids;
         // A GPU listed twice is held once: its memory is taken once, as release gives it back once.
         ids.sort_unstable();
         ids.dedup();
@@ -626,27 +662,26 @@ impl Scheduler {
 
     /// A worker without GPUs goes to the machine left with the least free memory, then by name.
     fn decide_without_gpus(&self, request: &WorkerRequest) -> Decision {
-        let mut reasons = Vec::new();
         let mut best: Option<(u64, usize)> = None;
         for m in 0..self.machines.len() {
-            match self.machine_refusal(m, request.cpu_cores, request.memory) {
-                Some(reason) => reasons.push(reason),
-                None => {
-                    let left = (self
-                        .machine(m)
-                        .memory
-                        .saturating_sub(self.machines[m].memory_used)
-                        - request.memory)
-                        .get();
-                    if best.is_none_or(|(l, _)| left < l) {
-                        best = Some((left, m));
-                    }
+            if self
+                .machine_refusal(m, request.cpu_cores, request.memory)
+                .is_none()
+            {
+                let left = (self
+                    .machine(m)
+                    .memory
+                    .saturating_sub(self.machines[m].memory_used)
+                    - request.memory)
+                    .get();
+                if best.is_none_or(|(l, _)| left < l) {
+                    best = Some((left, m));
                 }
             }
         }
         match best {
             Some((_, m)) => Decision::Place(self.assignment(m, Vec::new(), request)),
-            None => Decision::Wait(reasons),
+            None => Decision::Wait(self.machine_reasons(request)),
         }
     }
 }

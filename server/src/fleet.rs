@@ -332,7 +332,7 @@ impl Fleet {
         for evicted in ledger.relieve(&committed, eviction_due) {
             evict(&mut tx, &mut committed, &evicted).await?;
         }
-        workers::place_pending(&mut ledger, &mut committed, &mut tx).await?;
+        workers::place_pending(&mut ledger, &mut committed, &mut tx, None).await?;
         usage::record_holdings(&mut tx, &ledger, usage::now_ms()).await?;
         changes::forget(&mut tx).await?;
         tx.commit().await?;

@@ -225,6 +225,18 @@ impl Scheduler {
         reasons
     }
 
+    /// Why no machine takes `request`, which asks for no GPU: at most [`REASONS_LISTED`] machines' reasons,
+    /// in the fleet's order, then [`PendingReason::More`] where more machines turn it away.
+    pub(super) fn machine_reasons(&self, request: &WorkerRequest) -> Vec<PendingReason> {
+        let mut all = (0..self.machines.len())
+            .filter_map(|m| self.machine_refusal(m, request.cpu_cores, request.memory));
+        let mut reasons: Vec<PendingReason> = all.by_ref().take(REASONS_LISTED).collect();
+        if all.next().is_some() {
+            reasons.push(PendingReason::More);
+        }
+        reasons
+    }
+
     /// The reasons of the GPUs with the most room for a worker on one shared GPU, each with its place in
     /// the fleet (a machine's reason at its first GPU), and whether more GPUs or machines turn it away.
     /// The GPUs without room in the index (held whole) and the machines that see every GPU are asked

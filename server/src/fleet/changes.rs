@@ -205,7 +205,11 @@ impl Fleet {
             touched.note(&committed, &evicted.worker);
             super::evict(tx, &mut committed, &evicted).await?;
         }
-        for changed in workers::place_pending(ledger, &mut committed, tx).await? {
+        let since = workers::Since {
+            machines: &touched.machines,
+            workers: &touched.holders,
+        };
+        for changed in workers::place_pending(ledger, &mut committed, tx, Some(since)).await? {
             touched.note(&committed, &changed);
         }
         usage::record_holdings_of(tx, ledger, &touched.holders, usage::now_ms()).await?;

@@ -9,7 +9,7 @@ use crate::input::NewWorker;
 use app::auth::Caller;
 use placement::{Assignment, Decision, RequestedResources, WorkerRequest};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 /// A worker as the API shows it.
@@ -280,19 +280,36 @@ impl Fleet {
     }
 }
 
+/// What a write settled by its rows changed, for asking the waiting workers again: the machines whose
+/// holds, offers or sharing it changed, and the workers it changed (a worker stopped by the over-commit
+/// policy waits from now on, and is asked afresh).
+pub(super) struct Since<'a> {
+    pub(super) machines: &'a BTreeSet<String>,
+    pub(super) workers: &'a BTreeSet<String>,
+}
+
 /// Places every pending worker that fits now, oldest first, and refreshes the reasons of the rest: in the
 /// transaction, in `committed` and in the ledger alike. Says which it changed: placed, or with new reasons.
+/// After a write settled by its rows (`since`), a worker that waited before it is asked again of the
+/// machines the write changed alone ([`placement::Scheduler::decide_again`]).
 pub(super) async fn place_pending(
     ledger: &mut Ledger,
     committed: &mut Committed,
     tx: &mut sqlx::SqliteConnection,
+    since: Option<Since<'_>>,
 ) -> Result<Vec<String>, ApiError> {
     let mut changed = Vec::new();
     let pending: Vec<Arc<Worker>> = committed.workers.pending().cloned().collect();
     for worker in pending {
         let request = WorkerRequest::from_wire(&worker.request)
             .map_err(|e| ApiError::internal(format!("stored request of {}: {e}", worker.name)))?;
-        match ledger.scheduler().decide(&request) {
+        let decision = match &since {
+            Some(since) if !since.workers.contains(&worker.name) => {
+                ledger.scheduler().decide_again(&request, since.machines)
+            }
+            _ => ledger.scheduler().decide(&request),
+        };
+        match decision {
             Decision::Place(assignment) => {
                 sqlx::query("UPDATE workers SET state = 'placed', assignment = ?, pending_reasons = '[]', revision = revision + 1 WHERE name = ?")
                     .bind(json(&assignment)?)

@@ -339,8 +339,69 @@ fn check_reasons(
     Ok(())
 }
 
+/// Asks for any of the kinds a worker may wait as: shared, whole GPUs (one or two), or no GPU with much
+/// of a machine's memory.
+fn ask_strategy() -> impl Strategy<Value = WorkerRequest> {
+    prop_oneof![
+        op_strategy().prop_filter_map("a request", |op| to_request(&op)),
+        (1u64..=600).prop_map(|gb| {
+            WorkerRequest::from_wire(&RequestedResources {
+                cpu_cores: Some(1.0),
+                memory_bytes: Some((gb << 30) as f64),
+                gpu_requests: None,
+            })
+            .unwrap()
+        }),
+    ]
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A request that waits, asked again after some places and releases of the machines they touched,
+    /// is decided as a whole decision over the fleet decides it.
+    #[test]
+    fn a_waiting_worker_asked_again_of_the_machines_a_change_touched_is_decided_as_the_whole_fleet_decides(
+        machines in prop_oneof![fleet_strategy(), larger_fleet_strategy()],
+        before in proptest::collection::vec(op_strategy(), 1..30),
+        asks in proptest::collection::vec(ask_strategy(), 1..6),
+        after in proptest::collection::vec(op_strategy(), 1..8),
+    ) {
+        let mut s = Scheduler::new(Inventory::new(machines).unwrap());
+        let mut n = 0;
+        let mut apply = |s: &mut Scheduler, op: &Op, changed: &mut BTreeSet<String>| {
+            n += 1;
+            match op {
+                Op::Release(i) => {
+                    let names: Vec<String> = s.workers().keys().cloned().collect();
+                    if !names.is_empty() {
+                        let a = s.release(&names[i % names.len()]).unwrap();
+                        changed.insert(a.machine);
+                    }
+                }
+                _ => {
+                    if let Decision::Place(a) = s.place(&format!("w{n}"), &to_request(op).unwrap()).unwrap() {
+                        changed.insert(a.machine);
+                    }
+                }
+            }
+        };
+        let mut ignored = BTreeSet::new();
+        for op in &before {
+            apply(&mut s, op, &mut ignored);
+        }
+        let waiting: Vec<&WorkerRequest> = asks
+            .iter()
+            .filter(|ask| matches!(s.decide(ask), Decision::Wait(_)))
+            .collect();
+        let mut changed = BTreeSet::new();
+        for op in &after {
+            apply(&mut s, op, &mut changed);
+        }
+        for ask in waiting {
+            prop_assert_eq!(s.decide_again(ask, &changed), s.decide(ask));
+        }
+    }
 
     #[test]
     fn a_waiting_worker_lists_every_reason_when_few_and_otherwise_those_nearest_to_fitting_then_says_there_are_more(

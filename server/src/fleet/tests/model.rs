@@ -1,5 +1,5 @@
-//! A model-based test of the fleet: random sequences of worker creates and deletes, deploys (shared and
-//! whole), plan changes, serving changes, removals, catalog additions, readings that grow, shrink and
+//! A model-based test of the fleet: random sequences of worker creates (shared, and of whole GPUs) and
+//! deletes, deploys (shared and whole), plan changes, serving changes, removals, catalog additions, readings that grow, shrink and
 //! drop GPUs, restarts on the same data, and writes whose request is dropped after their first poll. After every step the fleet is checked
 //! against what must always hold:
 //! - the ledger is the one rebuilt from the database, and memory holds what the database says;
@@ -31,6 +31,11 @@ enum Step {
     CreateDropped {
         name: u8,
         tenths: u16,
+    },
+    /// A worker of `count` whole GPUs (it waits where no machine has that many free).
+    CreateWhole {
+        name: u8,
+        count: u8,
     },
     Delete {
         name: u8,
@@ -75,6 +80,7 @@ fn step() -> impl Strategy<Value = Step> {
     prop_oneof![
         4 => (0u8..8, 5u16..600).prop_map(|(name, tenths)| Step::Create { name, tenths }),
         2 => (0u8..8, 5u16..600).prop_map(|(name, tenths)| Step::CreateDropped { name, tenths }),
+        1 => (0u8..8, 1u8..=2).prop_map(|(name, count)| Step::CreateWhole { name, count }),
         2 => (0u8..8).prop_map(|name| Step::Delete { name }),
         3 => (0..MODELS.len(), 0..GPUS.len(), 1u8..=100)
             .prop_map(|(model, gpu, percent)| Step::DeployShared { model, gpu, percent }),
@@ -171,6 +177,15 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
                 .fleet
                 .create_worker(new, &crate::testing::admin())
                 .now_or_never();
+        }
+        Step::CreateWhole { name, count } => {
+            // Named as the shared ones are, so that the same deletes end them.
+            let body = json!({"name": format!("w{name}"), "requested_resources": {"gpu_requests": {"count": count}}});
+            let (status, answer) = app.post_worker(&body.to_string()).await;
+            assert!(
+                status == StatusCode::CREATED || status == StatusCode::CONFLICT,
+                "{status} {answer}"
+            );
         }
         Step::Delete { name } => {
             let _ = app
