@@ -1,0 +1,148 @@
+//! What a GPU reading costs at fleet size (issue 29): 1,250 machines of 8 × 80 GB GPUs with 0 (the
+//! reference, in the same run) and 40,000 shared workers of 1–12 GB placed through the fleet's own writes.
+//! Each sample is `Fleet::refresh_machine` with one machine's reading in which what one GPU offers changed
+//! (what is held outside Tessera there grows or shrinks by a GB: nothing is over-committed by it), then
+//! a reading in which a GPU went missing and came back (the machine's shape changed: settled whole).
+//!
+//!     cargo run --release -p server --example reading_latency [SAMPLES]      (100 by default)
+
+mod support;
+
+use axum::body::Body;
+use axum::http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use placement::{Bytes, Gpu, GpuRequests, Machine, RequestedResources};
+use server::input::NewWorker;
+use std::time::Instant;
+use support::Bench;
+use tower::ServiceExt;
+
+const MACHINES: usize = 1250;
+const WORKERS: usize = 40_000;
+
+fn machine(n: usize) -> Machine {
+    Machine {
+        name: format!("m{n:04}"),
+        cpu_cores: 128,
+        memory: Bytes::gb(1024),
+        all_gpus_visible: false,
+        gpus: (0..8)
+            .map(|index| Gpu {
+                index,
+                uuid: format!("GPU-m{n:04}-{index}"),
+                model: "NVIDIA H100 80GB HBM3".into(),
+                vendor: "nvidia".into(),
+                total: Bytes::gb(80),
+                held_outside: Bytes::ZERO,
+                healthy: true,
+                mig: None,
+            })
+            .collect(),
+    }
+}
+
+/// Milliseconds at the `p`th percentile.
+fn pct(samples: &[f64], p: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
+}
+
+/// The fleet with `workers` placed, and each reading's time: one GPU's offer changed, `samples` times,
+/// then a GPU gone and back, a few times.
+async fn measure(
+    workers: usize,
+    samples: usize,
+) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
+    let bench = Bench::open((0..MACHINES).map(machine).collect()).await?;
+    for n in 0..workers {
+        let gpu = n % (MACHINES * 8);
+        let gpu_requests = GpuRequests {
+            shared: true,
+            memory_gb: Some((1 + n % 12) as f64),
+            ids: vec![format!("m{:04}:{}", gpu / 8, gpu % 8)],
+            ..Default::default()
+        };
+        let worker = NewWorker::parse(
+            format!("w{n:05}"),
+            RequestedResources {
+                cpu_cores: None,
+                memory_bytes: None,
+                gpu_requests: Some(gpu_requests),
+            },
+            None,
+            Default::default(),
+        )?;
+        bench
+            .fleet
+            .create_worker(worker, &support::actor())
+            .await
+            .map_err(|e| e.to_string())?;
+    }
+    let mut offer = Vec::new();
+    for s in 0..samples {
+        let mut read = machine(MACHINES / 2);
+        read.gpus[3].held_outside = Bytes::gb(1 + (s % 2) as u64);
+        let began = Instant::now();
+        bench
+            .fleet
+            .refresh_machine(read)
+            .await
+            .map_err(|e| e.to_string())?;
+        offer.push(began.elapsed().as_secs_f64() * 1000.0);
+    }
+    // The last reading is the one the machine's page shows.
+    let answer = bench
+        .router()
+        .oneshot(
+            Request::get(format!("/api/machines/m{:04}", MACHINES / 2))
+                .header("authorization", format!("Bearer {}", bench.token))
+                .body(Body::empty())?,
+        )
+        .await?;
+    assert_eq!(answer.status(), StatusCode::OK);
+    let shown: serde_json::Value =
+        serde_json::from_slice(&answer.into_body().collect().await?.to_bytes())?;
+    let last = 1 + (samples - 1) % 2;
+    assert_eq!(shown["gpus"][3]["held_outside_gb"], last as f64, "{shown}");
+    let mut shape = Vec::new();
+    for s in 0..6 {
+        let mut read = machine(MACHINES / 2);
+        if s % 2 == 0 {
+            read.gpus.pop();
+        }
+        let began = Instant::now();
+        bench
+            .fleet
+            .refresh_machine(read)
+            .await
+            .map_err(|e| e.to_string())?;
+        shape.push(began.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok((offer, shape))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let samples: usize = std::env::args()
+        .nth(1)
+        .map(|n| n.parse())
+        .transpose()?
+        .unwrap_or(100);
+    println!("{MACHINES} machines × 8 GPUs of 80 GB; {samples} readings of one GPU's offer");
+    println!(
+        "| workers placed | one GPU's offer changed, p50 / p99 | a GPU gone or back, p50 / most |"
+    );
+    println!("|---|---|---|");
+    for workers in [0, WORKERS] {
+        let (offer, shape) = measure(workers, samples).await?;
+        println!(
+            "| {workers} | {:.2} / {:.2} ms | {:.0} / {:.0} ms |",
+            pct(&offer, 50.0),
+            pct(&offer, 99.0),
+            pct(&shape, 50.0),
+            pct(&shape, 100.0),
+        );
+    }
+    Ok(())
+}
