@@ -5,9 +5,7 @@
 mod support;
 
 use axum::routing::get;
-use placement::{GpuRequests, RequestedResources};
 use server::fleet::authority::Sight;
-use server::input::NewWorker;
 use server::inventory::demo::demo_fleet;
 use support::Bench;
 
@@ -18,27 +16,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or_else(|| "127.0.0.1:3099".to_owned());
     let bench = Bench::open(demo_fleet()).await?;
     for n in 0..16u32 {
-        let gpu_requests = GpuRequests {
-            shared: true,
-            memory_gb: Some(f64::from(8 + n)),
-            ids: vec![format!("h200-node:{}", n % 8)],
-            ..Default::default()
-        };
-        let worker = NewWorker::parse(
-            format!("worker-{n:02}"),
-            RequestedResources {
-                cpu_cores: Some(2.0),
-                memory_bytes: None,
-                gpu_requests: Some(gpu_requests),
-            },
-            None,
-            Default::default(),
-        )?;
         bench
-            .fleet
-            .create_worker(worker, &support::actor())
-            .await
-            .map_err(|e| e.to_string())?;
+            .shared_worker(
+                format!("worker-{n:02}"),
+                f64::from(8 + n),
+                format!("h200-node:{}", n % 8),
+                Some(2.0),
+            )
+            .await?;
     }
     // The load generator sends the operator's API token, as a script would.
     println!("{}", bench.token);

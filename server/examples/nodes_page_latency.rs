@@ -7,7 +7,7 @@ mod support;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use placement::{BasisPoints, Bytes, Gpu, Machine};
+use placement::{BasisPoints, Machine};
 use placement::{GpuChoice, GpuRef};
 use server::catalog::{CatalogModel, Engine};
 use server::input::{DeployCommand, NewModel, ServingSettings, Sharing};
@@ -19,24 +19,7 @@ const MACHINES: usize = 100;
 const RENDERS: usize = 300;
 
 fn machine(n: usize) -> Machine {
-    Machine {
-        name: format!("node-{n:03}"),
-        cpu_cores: 128,
-        memory: Bytes::gb(1024),
-        all_gpus_visible: false,
-        gpus: (0..8)
-            .map(|index| Gpu {
-                index,
-                uuid: format!("GPU-{n:03}-{index}"),
-                model: "NVIDIA H100 80GB HBM3".into(),
-                vendor: "nvidia".into(),
-                total: Bytes::gb(80),
-                held_outside: Bytes::ZERO,
-                healthy: true,
-                mig: None,
-            })
-            .collect(),
-    }
+    support::h100s(&format!("node-{n:03}"))
 }
 
 #[tokio::main]

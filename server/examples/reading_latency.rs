@@ -11,8 +11,7 @@ mod support;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use placement::{Bytes, Gpu, GpuRequests, Machine, RequestedResources};
-use server::input::NewWorker;
+use placement::{Bytes, Machine};
 use std::time::Instant;
 use support::Bench;
 use tower::ServiceExt;
@@ -21,24 +20,7 @@ const MACHINES: usize = 1250;
 const WORKERS: usize = 40_000;
 
 fn machine(n: usize) -> Machine {
-    Machine {
-        name: format!("m{n:04}"),
-        cpu_cores: 128,
-        memory: Bytes::gb(1024),
-        all_gpus_visible: false,
-        gpus: (0..8)
-            .map(|index| Gpu {
-                index,
-                uuid: format!("GPU-m{n:04}-{index}"),
-                model: "NVIDIA H100 80GB HBM3".into(),
-                vendor: "nvidia".into(),
-                total: Bytes::gb(80),
-                held_outside: Bytes::ZERO,
-                healthy: true,
-                mig: None,
-            })
-            .collect(),
-    }
+    support::h100s(&format!("m{n:04}"))
 }
 
 /// Milliseconds at the `p`th percentile.
@@ -57,39 +39,20 @@ async fn measure(
     let bench = Bench::open((0..MACHINES).map(machine).collect()).await?;
     for n in 0..workers {
         let gpu = n % (MACHINES * 8);
-        let gpu_requests = GpuRequests {
-            shared: true,
-            memory_gb: Some((1 + n % 12) as f64),
-            ids: vec![format!("m{:04}:{}", gpu / 8, gpu % 8)],
-            ..Default::default()
-        };
-        let worker = NewWorker::parse(
-            format!("w{n:05}"),
-            RequestedResources {
-                cpu_cores: None,
-                memory_bytes: None,
-                gpu_requests: Some(gpu_requests),
-            },
-            None,
-            Default::default(),
-        )?;
         bench
-            .fleet
-            .create_worker(worker, &support::actor())
-            .await
-            .map_err(|e| e.to_string())?;
+            .shared_worker(
+                format!("w{n:05}"),
+                (1 + n % 12) as f64,
+                format!("m{:04}:{}", gpu / 8, gpu % 8),
+                None,
+            )
+            .await?;
     }
     let mut offer = Vec::new();
     for s in 0..samples {
         let mut read = machine(MACHINES / 2);
         read.gpus[3].held_outside = Bytes::gb(1 + (s % 2) as u64);
-        let began = Instant::now();
-        bench
-            .fleet
-            .refresh_machine(read)
-            .await
-            .map_err(|e| e.to_string())?;
-        offer.push(began.elapsed().as_secs_f64() * 1000.0);
+        offer.push(timed_reading(&bench, read).await?);
     }
     // The last reading is the one the machine's page shows.
     let answer = bench
@@ -111,15 +74,20 @@ async fn measure(
         if s % 2 == 0 {
             read.gpus.pop();
         }
-        let began = Instant::now();
-        bench
-            .fleet
-            .refresh_machine(read)
-            .await
-            .map_err(|e| e.to_string())?;
-        shape.push(began.elapsed().as_secs_f64() * 1000.0);
+        shape.push(timed_reading(&bench, read).await?);
     }
     Ok((offer, shape))
+}
+
+/// Milliseconds the fleet took to take `read`.
+async fn timed_reading(bench: &Bench, read: Machine) -> Result<f64, Box<dyn std::error::Error>> {
+    let began = Instant::now();
+    bench
+        .fleet
+        .refresh_machine(read)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(began.elapsed().as_secs_f64() * 1000.0)
 }
 
 #[tokio::main]

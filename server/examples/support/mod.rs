@@ -1,11 +1,14 @@
 //! What the benchmark examples share: a fleet on a fresh SQLite file, its machines all remote (what is
-//! measured is the server, not engines starting), an operator's API token, and the whole router.
+//! measured is the server, not engines starting), an operator's API token, the whole router, machines of
+//! eight H100s, and shared workers made as the API makes them.
+// Each example compiles this module and uses a part of it.
+#![allow(dead_code)]
 
 use leptos::config::LeptosOptions;
-use placement::{Inventory, Machine};
+use placement::{Bytes, Gpu, GpuRequests, Inventory, Machine, RequestedResources};
 use server::accounts;
 use server::fleet::Fleet;
-use server::input::{NewToken, NewUser};
+use server::input::{NewToken, NewUser, NewWorker};
 use server::runtime::{Hosts, Runtime, Settings};
 use server::{db, router, AppState};
 use std::error::Error;
@@ -77,5 +80,61 @@ impl Bench {
             self.fleet.clone(),
             self.pool.clone(),
         ))
+    }
+}
+
+/// A machine named `name` of eight 80 GB H100s, nothing held outside Tessera.
+pub fn h100s(name: &str) -> Machine {
+    Machine {
+        name: name.to_owned(),
+        cpu_cores: 128,
+        memory: Bytes::gb(1024),
+        all_gpus_visible: false,
+        gpus: (0..8)
+            .map(|index| Gpu {
+                index,
+                uuid: format!("GPU-{name}-{index}"),
+                model: "NVIDIA H100 80GB HBM3".into(),
+                vendor: "nvidia".into(),
+                total: Bytes::gb(80),
+                held_outside: Bytes::ZERO,
+                healthy: true,
+                mig: None,
+            })
+            .collect(),
+    }
+}
+
+impl Bench {
+    /// Creates a shared worker `name` of `gb` on `gpu` (`machine:index`) alone, with `cpu_cores`, as the
+    /// API would.
+    pub async fn shared_worker(
+        &self,
+        name: String,
+        gb: f64,
+        gpu: String,
+        cpu_cores: Option<f64>,
+    ) -> Result<(), Box<dyn Error>> {
+        let gpu_requests = GpuRequests {
+            shared: true,
+            memory_gb: Some(gb),
+            ids: vec![gpu],
+            ..Default::default()
+        };
+        let worker = NewWorker::parse(
+            name,
+            RequestedResources {
+                cpu_cores,
+                memory_bytes: None,
+                gpu_requests: Some(gpu_requests),
+            },
+            None,
+            Default::default(),
+        )?;
+        self.fleet
+            .create_worker(worker, &actor())
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
     }
 }
