@@ -362,13 +362,13 @@ impl Fleet {
         self.finish_with(state, tx, inventory, None, plan).await
     }
 
-    /// [`Fleet::finish`], where the ledger has taken a new reading of machine `read` in place.
+    /// [`Fleet::finish`], where the ledger has taken a new reading of a machine (`read`).
     async fn finish_with(
         &self,
         state: &mut State,
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Option<Inventory>,
-        read: Option<&str>,
+        read: Option<&changes::Reading>,
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
         let now = usage::now_ms();

@@ -82,6 +82,15 @@ pub(super) async fn forget(tx: &mut sqlx::SqliteConnection) -> Result<(), ApiErr
     Ok(())
 }
 
+/// A machine read again, whose new reading the ledger has taken.
+pub(crate) enum Reading {
+    /// What its GPUs offer changed (what other programs hold, their health): taken in place.
+    Offers(String),
+    /// Its GPUs came, went or were cut: the ledger was held anew on the new inventory from the committed
+    /// state, and these holders held or hold there.
+    Reshaped(String, BTreeSet<String>),
+}
+
 /// What a write touched: the holders whose holds may have changed, the machines they held on before it
 /// and hold on after, and the engines it may have changed.
 #[derive(Debug, Default)]
@@ -132,15 +141,36 @@ impl Fleet {
         tx: &mut sqlx::SqliteConnection,
         state: &mut State,
         changes: &Changes,
-        read: Option<&str>,
+        read: Option<&Reading>,
         due: &(dyn Fn(&GpuRef) -> bool + Sync),
     ) -> Result<(Committed, Touched), ApiError> {
         let was = state.ledger.sharing_refusals(&state.committed);
         let mut committed = Committed::clone(&state.committed);
         let ledger = &mut state.ledger;
         let mut touched = Touched::default();
-        // A machine read again (its GPUs' new readings taken into the ledger already) shows what they offer.
-        touched.machines.extend(read.map(str::to_owned));
+        // A machine read again (its GPUs' new readings taken into the ledger already) shows what they offer;
+        // one whose GPUs changed, also who holds there now and who no longer does.
+        match read {
+            Some(Reading::Offers(machine)) => {
+                touched.machines.insert(machine.clone());
+            }
+            Some(Reading::Reshaped(machine, holders)) => {
+                touched.machines.insert(machine.clone());
+                for holder in holders {
+                    match Holder::parse(holder) {
+                        Holder::Worker(name) => touched.note(&committed, name),
+                        Holder::Member { group, .. } => {
+                            touched.holders.insert(holder.clone());
+                            if let Some(group) = committed.group(group) {
+                                touched.note_group(group);
+                                touched.groups.insert(group.name.clone());
+                            }
+                        }
+                    }
+                }
+            }
+            None => {}
+        }
         for name in &changes.groups {
             if let Some(old) = committed.group(name) {
                 touched.note_group(old);

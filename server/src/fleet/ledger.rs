@@ -13,7 +13,7 @@ use placement::sharing::{Sharing, SharingError};
 use placement::{
     group::member_assignments, Assignment, BasisPoints, Bytes, GpuRef, Hold, Inventory, Scheduler,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What a group keeps for its on-demand members beside what the loaded ones hold: the largest on-demand
 /// share (the verdict checked that much fits), less what the loaded ones hold already; none when that is
@@ -286,6 +286,31 @@ impl Ledger {
             }
         }
         mode.check(&gpu.to_string(), vendor, sharers.len()).err()
+    }
+
+    /// Who holds room on `machine`, or would and is kept aside: workers by name, group members as their
+    /// holders.
+    pub(crate) fn holders_on(&self, machine: &str, committed: &Committed) -> BTreeSet<String> {
+        let mut holders: BTreeSet<String> = self
+            .scheduler
+            .workers()
+            .iter()
+            .filter(|(_, a)| a.machine == machine)
+            .map(|(holder, _)| holder.clone())
+            .collect();
+        holders.extend(
+            self.unplaced
+                .keys()
+                .filter(|holder| match Holder::parse(holder) {
+                    Holder::Member { machine: on, .. } => on == machine,
+                    Holder::Worker(name) => committed
+                        .worker(name)
+                        .and_then(|w| w.assignment.as_ref())
+                        .is_some_and(|a| a.machine == machine),
+                })
+                .cloned(),
+        );
+        holders
     }
 
     /// Shares `gpu` as `mode` from now on (what it takes next; what it holds stays).

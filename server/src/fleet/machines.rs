@@ -290,12 +290,13 @@ impl Fleet {
             // Only what its GPUs offer changed (what other programs hold, their health): taken into the
             // ledger in place, and settled by what it touched. Anything else builds it anew.
             let before = inventory.machine(&machine.name).cloned();
+            let name = machine.name.clone();
             if let Some(before) = before.filter(|b| b.same_but_readings(&machine)) {
                 let tx = crate::db::write(&fleet.pool).await?;
                 state.ledger.read_again(&machine);
-                let name = machine.name.clone();
+                let read = super::changes::Reading::Offers(name);
                 let settled = fleet
-                    .finish_with(&mut state, tx, None, Some(&name), None)
+                    .finish_with(&mut state, tx, None, Some(&read), None)
                     .await;
                 if settled.is_err() {
                     // The state before the reading stands: so does its reading.
@@ -303,11 +304,26 @@ impl Fleet {
                 }
                 return settled;
             }
+            // Its GPUs came, went or were cut: the ledger is held anew on the new inventory from what is
+            // committed (the database is not read again), and the write settled by what held there
+            // before and holds there now, as a write settled by its rows is.
             let inventory = inventory
                 .with_machine(machine)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let tx = crate::db::write(&fleet.pool).await?;
-            fleet.finish(&mut state, tx, Some(inventory), None).await
+            let mut holders = state.ledger.holders_on(&name, &state.committed);
+            let anew = Ledger::build(inventory, &state.committed);
+            let was = std::mem::replace(&mut state.ledger, anew);
+            holders.extend(state.ledger.holders_on(&name, &state.committed));
+            let read = super::changes::Reading::Reshaped(name, holders);
+            let settled = fleet
+                .finish_with(&mut state, tx, None, Some(&read), None)
+                .await;
+            if settled.is_err() {
+                // The state before the reading stands: so does its ledger.
+                state.ledger = was;
+            }
+            settled
         })
         .await
     }

@@ -1,6 +1,6 @@
 //! A model-based test of the fleet: random sequences of worker creates (shared, and of whole GPUs) and
 //! deletes, deploys (shared and whole), plan changes, serving changes, removals, catalog additions, readings that grow, shrink and
-//! drop GPUs, restarts on the same data, and writes whose request is dropped after their first poll. After every step the fleet is checked
+//! drop GPUs, a machine read again without a GPU or with it back, restarts on the same data, and writes whose request is dropped after their first poll. After every step the fleet is checked
 //! against what must always hold:
 //! - the ledger is the one rebuilt from the database, and memory holds what the database says;
 //! - no GPU took new work beyond what it offers (only what was held before may be over, after a reading);
@@ -70,6 +70,10 @@ enum Step {
     },
     /// majin's over-commit, if it has one, has lasted past `--evict-after-s`; majin read again as it was.
     OvercommitLasts,
+    /// atlas read again with or without its GPU 1 (its GPUs came or went).
+    ReadAtlas {
+        without_1: bool,
+    },
     /// The server restarts, with or without atlas's GPU 1.
     Restart {
         without_atlas_1: bool,
@@ -91,6 +95,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (0u8..4).prop_map(|n| Step::AddModel { n }),
         2 => (0u8..8).prop_map(|held_gb| Step::ReadMajin { held_gb }),
         1 => Just(Step::OvercommitLasts),
+        1 => any::<bool>().prop_map(|without_1| Step::ReadAtlas { without_1 }),
         1 => any::<bool>().prop_map(|without_atlas_1| Step::Restart { without_atlas_1 }),
     ]
 }
@@ -266,6 +271,17 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
             let inventory = app.fleet.committed_inventory().await;
             let majin = inventory.machine("majin").unwrap().clone();
             app.fleet.refresh_machine(majin).await.unwrap();
+        }
+        Step::ReadAtlas { without_1 } => {
+            let atlas = if *without_1 {
+                super::atlas_without_gpu_1()
+            } else {
+                ATLAS.to_owned()
+            };
+            let atlas = crate::inventory::file::parse_inventory(&atlas)
+                .unwrap()
+                .remove(0);
+            app.fleet.refresh_machine(atlas).await.unwrap();
         }
         Step::Restart { without_atlas_1 } => {
             let atlas = if *without_atlas_1 {
