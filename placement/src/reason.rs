@@ -131,6 +131,23 @@ pub enum PendingReason {
     },
 }
 
+impl PendingReason {
+    /// Whether the request's own rules turn the GPU away (its vendor, models, health, a MIG role),
+    /// whatever holds it: a GPU it could never use, not one it waits for.
+    pub fn is_barred(&self) -> bool {
+        use PendingReason::*;
+        matches!(
+            self,
+            WrongVendor { .. }
+                | WrongModel { .. }
+                | Unhealthy { .. }
+                | CutIntoInstances { .. }
+                | InstanceHeldWhole { .. }
+                | InstanceAlone { .. }
+        )
+    }
+}
+
 impl fmt::Display for PendingReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         use PendingReason::*;

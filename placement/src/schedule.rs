@@ -183,6 +183,9 @@ pub struct Scheduler {
     /// Shareable GPUs of machines that see their GPUs apart, by room left then flat id, so the best fit for one
     /// shared GPU is the first entry at or above the need.
     by_room: BTreeSet<(u64, usize)>,
+    /// The GPUs whose sharers take more than they offer, by flat id: every write asks for them, and a
+    /// fleet's 10,000 GPUs are not walked for the few.
+    over: BTreeSet<usize>,
     all_visible: Vec<usize>,
 }
 
@@ -216,6 +219,7 @@ impl Scheduler {
             machines,
             workers: BTreeMap::new(),
             by_room: BTreeSet::new(),
+            over: BTreeSet::new(),
             all_visible,
         };
         for id in 0..s.gpus.len() {
@@ -353,16 +357,16 @@ impl Scheduler {
 
     /// Every GPU whose sharers take more than it offers, in inventory order.
     pub fn overcommitted(&self) -> Vec<Overcommit> {
-        (0..self.gpus.len())
-            .filter_map(|id| {
+        self.over
+            .iter()
+            .map(|&id| {
                 let gpu = self.gpu(id);
-                let taken = self.gpus[id].taken;
-                (taken > gpu.offered()).then(|| Overcommit {
+                Overcommit {
                     gpu: self.gpu_ref(id),
                     total: gpu.total,
                     held_outside: gpu.held_outside,
-                    taken,
-                })
+                    taken: self.gpus[id].taken,
+                }
             })
             .collect()
     }
@@ -448,6 +452,9 @@ impl Scheduler {
 
     fn index(&mut self, id: usize) {
         let slot = &self.gpus[id];
+        if slot.taken > self.gpu(id).offered() {
+            self.over.insert(id);
+        }
         if !matches!(slot.hold, Hold::Whole(_)) && !self.machine(slot.machine).all_gpus_visible {
             self.by_room.insert((self.room(id), id));
         }
@@ -455,6 +462,7 @@ impl Scheduler {
 
     fn unindex(&mut self, id: usize) {
         self.by_room.remove(&(self.room(id), id));
+        self.over.remove(&id);
     }
 
     fn machine_index(&self, name: &str) -> Option<usize> {

@@ -190,30 +190,32 @@ impl Scheduler {
     }
 
     /// Why `request` waits: at most [`REASONS_LISTED`] reasons, in the fleet's order, and
-    /// [`PendingReason::More`] after them where more GPUs or machines turn it away. A worker on one shared
-    /// GPU lists the GPUs with the most room (the nearest to fitting), found from the room index without a
-    /// walk through the fleet: every write asks again for every pending worker, and at 10,000 GPUs a
-    /// reason for each was 10,000 lines, made at each write.
+    /// [`PendingReason::More`] after them where more GPUs or machines turn it away. The GPUs and machines
+    /// it may use come first, those its own rules turn away (another vendor or model) only where they
+    /// leave room. A worker on one shared GPU lists the GPUs with the most room (the nearest to
+    /// fitting), found from the room index without a walk through the fleet: every write asks again for
+    /// every pending worker, and at 10,000 GPUs a reason for each was 10,000 lines, made at each write.
     pub(super) fn reasons(
         &self,
         request: &WorkerRequest,
         demand: &GpuDemand,
     ) -> Vec<PendingReason> {
-        let (mut reasons, more) = match demand.mode {
+        let listing = match demand.mode {
             GpuMode::Shared(_) if demand.count == 1 => self.nearest_reasons(request, demand),
             _ => {
-                let mut all = (0..self.machines.len())
-                    .flat_map(|m| {
-                        let at = self.machines[m].gpus.start;
-                        let reasons = self.machine_choice(m, request, demand).err();
-                        reasons.into_iter().flatten().map(move |r| (at, r))
-                    })
-                    .take(REASONS_LISTED + 1);
-                let listed: Vec<_> = all.by_ref().take(REASONS_LISTED).collect();
-                let more = all.next().is_some();
-                (listed, more)
+                let mut listing = Listing::default();
+                for m in 0..self.machines.len() {
+                    let at = self.machines[m].gpus.start;
+                    let reasons = self.machine_choice(m, request, demand).err();
+                    let mut reasons = reasons.into_iter().flatten().enumerate();
+                    if reasons.any(|(k, r)| listing.take((at, k), r)) {
+                        break;
+                    }
+                }
+                listing
             }
         };
+        let (mut reasons, more) = listing.listed();
         if reasons.is_empty() {
             return vec![PendingReason::NoGpuMatches];
         }
@@ -238,15 +240,10 @@ impl Scheduler {
     }
 
     /// The reasons of the GPUs with the most room for a worker on one shared GPU, each with its place in
-    /// the fleet (a machine's reason at its first GPU), and whether more GPUs or machines turn it away.
-    /// The GPUs without room in the index (held whole) and the machines that see every GPU are asked
-    /// last, where the index holds too few reasons.
-    fn nearest_reasons(
-        &self,
-        request: &WorkerRequest,
-        demand: &GpuDemand,
-    ) -> (Vec<(usize, PendingReason)>, bool) {
-        let mut listed = Vec::new();
+    /// the fleet (a machine's reason at its first GPU). The GPUs without room in the index (held whole)
+    /// and the machines that see every GPU are asked last, where the index holds too few reasons.
+    fn nearest_reasons(&self, request: &WorkerRequest, demand: &GpuDemand) -> Listing {
+        let mut listing = Listing::default();
         let mut machines_said = std::collections::BTreeSet::new();
         let indexed = self.by_room.iter().rev().map(|&(_, id)| id);
         let unindexed = (0..self.gpus.len()).filter(|&id| {
@@ -257,35 +254,68 @@ impl Scheduler {
             let m = self.gpus[id].machine;
             let reason = match self.machine_refusal(m, request.cpu_cores, request.memory) {
                 Some(reason) if machines_said.insert(m) => {
-                    Some((self.machines[m].gpus.start, reason))
+                    Some(((self.machines[m].gpus.start, 0), reason))
                 }
                 Some(_) => None,
                 None => match self.fit(id, demand) {
-                    Fit::No(reason) => Some((id, reason)),
+                    Fit::No(reason) => Some(((id, 0), reason)),
                     Fit::Yes(_) | Fit::NotAsked => None,
                 },
             };
-            if let Some(reason) = reason {
-                if listed.len() == REASONS_LISTED {
-                    return (listed, true);
-                }
-                listed.push(reason);
+            if reason.is_some_and(|(at, reason)| listing.take(at, reason)) {
+                return listing;
             }
         }
         for &m in &self.all_visible {
             let at = self.machines[m].gpus.start;
-            for reason in self
-                .machine_choice(m, request, demand)
-                .err()
-                .into_iter()
-                .flatten()
-            {
-                if listed.len() == REASONS_LISTED {
-                    return (listed, true);
-                }
-                listed.push((at, reason));
+            let reasons = self.machine_choice(m, request, demand).err();
+            let mut reasons = reasons.into_iter().flatten().enumerate();
+            if reasons.any(|(k, r)| listing.take((at, k), r)) {
+                break;
             }
         }
-        (listed, false)
+        listing
+    }
+}
+
+/// A reason's place in the fleet: its GPU's flat id, or its machine's first GPU's, then its place among
+/// that machine's reasons.
+type At = (usize, usize);
+
+/// Reasons gathered nearest first, in two tiers: those of the GPUs and machines the request may use
+/// (their room, their holders, CPU cores, memory), and those its own rules turn away, listed only where
+/// the first leave room.
+#[derive(Default)]
+struct Listing {
+    near: Vec<(At, PendingReason)>,
+    barred: Vec<(At, PendingReason)>,
+    /// A reason was left out.
+    more: bool,
+}
+
+impl Listing {
+    /// Takes `reason`, at `at`. Says whether the listing is done: full of reasons of the GPUs
+    /// and machines the request may use, and another came.
+    fn take(&mut self, at: At, reason: PendingReason) -> bool {
+        let tier = if reason.is_barred() {
+            &mut self.barred
+        } else {
+            &mut self.near
+        };
+        if tier.len() == REASONS_LISTED {
+            self.more = true;
+            return !reason.is_barred();
+        }
+        tier.push((at, reason));
+        false
+    }
+
+    /// What is listed, and whether more was left out.
+    fn listed(self) -> (Vec<(At, PendingReason)>, bool) {
+        let room = REASONS_LISTED - self.near.len();
+        let more = self.more || self.barred.len() > room;
+        let mut listed = self.near;
+        listed.extend(self.barred.into_iter().take(room));
+        (listed, more)
     }
 }

@@ -235,6 +235,7 @@ fn cannot_hold(s: &Scheduler, a: &Assignment) -> bool {
 /// its sharers take (zero when they take more), and each GPU's count of what is taken matches its sharers.
 fn check_room_index(s: &Scheduler) -> Result<(), TestCaseError> {
     let mut expected = BTreeSet::new();
+    let mut over = BTreeSet::new();
     for (id, slot) in s.gpus.iter().enumerate() {
         let machine = &s.inventory().machines()[slot.machine];
         let gpu = &machine.gpus[slot.pos];
@@ -245,12 +246,20 @@ fn check_room_index(s: &Scheduler) -> Result<(), TestCaseError> {
                 "a shared GPU with no sharer should be free"
             );
         }
+        if slot.taken > gpu.offered() {
+            over.insert(id);
+        }
         if !matches!(slot.hold, Hold::Whole(_)) && !machine.all_gpus_visible {
             let offered = gpu.total.get() - gpu.held_outside.get();
             expected.insert((offered.saturating_sub(slot.taken.get()), id));
         }
     }
     prop_assert_eq!(&s.by_room, &expected);
+    prop_assert_eq!(
+        &s.over,
+        &over,
+        "the over-committed GPUs are those a walk finds"
+    );
     Ok(())
 }
 
@@ -285,8 +294,9 @@ fn gpu_of(reason: &PendingReason) -> Option<&GpuRef> {
 }
 
 /// A waiting worker's reasons against every reason the fleet has: all of them where they are few enough;
-/// otherwise as many as are listed, each one of them, in the fleet's order, then `More`; for one shared
-/// GPU, no GPU left out has more room than a GPU listed.
+/// otherwise as many as are listed, each one of them, in the fleet's order, then `More`: those of GPUs and
+/// machines it may use before those its own rules turn away, and for one shared GPU no GPU of the first
+/// kind left out with more room than one listed.
 fn check_reasons(
     s: &Scheduler,
     request: &WorkerRequest,
@@ -317,10 +327,16 @@ fn check_reasons(
         "not in the fleet's order: {:?}",
         positions
     );
+    let near_left_out = all.iter().any(|r| !r.is_barred() && !shown.contains(r));
+    prop_assert!(
+        !near_left_out || shown.iter().all(|r| !r.is_barred()),
+        "a GPU its rules turn away is listed before one it may use"
+    );
     let demand = request.gpus.as_ref().unwrap();
     if demand.count == 1 && matches!(demand.mode, GpuMode::Shared(_)) {
         let room = |r: &PendingReason| {
             gpu_of(r)
+                .filter(|_| !r.is_barred())
                 .and_then(|g| s.flat_id(g))
                 .filter(|&id| s.by_room.contains(&(s.room(id), id)))
                 .map(|id| s.room(id))
