@@ -368,7 +368,7 @@ impl Fleet {
         state: &mut State,
         mut tx: sqlx::Transaction<'static, sqlx::Sqlite>,
         inventory: Option<Inventory>,
-        read: Option<&changes::Reading>,
+        read: Option<&machines::Reading>,
         plan: PlanOrder,
     ) -> Result<(), ApiError> {
         let now = usage::now_ms();

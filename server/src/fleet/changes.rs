@@ -10,7 +10,7 @@
 use super::committed::{load_group, load_model, load_sharing_of, Committed};
 use super::groups::Group;
 use super::ledger::Ledger;
-use super::machines::machine_view;
+use super::machines::{machine_view, Reading};
 use super::workers::{self, view};
 use super::{usage, Fleet, State, Views};
 use crate::error::ApiError;
@@ -80,15 +80,6 @@ impl Changes {
 pub(super) async fn forget(tx: &mut sqlx::SqliteConnection) -> Result<(), ApiError> {
     sqlx::query("DELETE FROM changes").execute(&mut *tx).await?;
     Ok(())
-}
-
-/// A machine read again, whose new reading the ledger has taken.
-pub(crate) enum Reading {
-    /// What its GPUs offer changed (what other programs hold, their health): taken in place.
-    Offers(String),
-    /// Its GPUs came, went or were cut: the ledger was held anew on the new inventory from the committed
-    /// state, and these holders held or hold there.
-    Reshaped(String, BTreeSet<String>),
 }
 
 /// What a write touched: the holders whose holds may have changed, the machines they held on before it

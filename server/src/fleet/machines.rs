@@ -14,7 +14,7 @@ use crate::units::Holder;
 use placement::sharing::GpuSharing;
 use placement::{GpuRef, Hold, Machine, Overcommit};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 impl Views {
@@ -72,6 +72,15 @@ impl Views {
         self.by_machine_redacted
             .insert(machine.to_owned(), redacted);
     }
+}
+
+/// A machine read again, whose new reading the ledger has taken.
+pub(crate) enum Reading {
+    /// What its GPUs offer changed (what other programs hold, their health): taken in place.
+    Offers(String),
+    /// Its GPUs came, went or were cut: the ledger was held anew on the new inventory from the committed
+    /// state, and these holders held or hold there.
+    Reshaped(String, BTreeSet<String>),
 }
 
 impl Fleet {
@@ -294,7 +303,7 @@ impl Fleet {
             if let Some(before) = before.filter(|b| b.same_but_readings(&machine)) {
                 let tx = crate::db::write(&fleet.pool).await?;
                 state.ledger.read_again(&machine);
-                let read = super::changes::Reading::Offers(name);
+                let read = Reading::Offers(name);
                 let settled = fleet
                     .finish_with(&mut state, tx, None, Some(&read), None)
                     .await;
@@ -315,7 +324,7 @@ impl Fleet {
             let anew = Ledger::build(inventory, &state.committed);
             let was = std::mem::replace(&mut state.ledger, anew);
             holders.extend(state.ledger.holders_on(&name, &state.committed));
-            let read = super::changes::Reading::Reshaped(name, holders);
+            let read = Reading::Reshaped(name, holders);
             let settled = fleet
                 .finish_with(&mut state, tx, None, Some(&read), None)
                 .await;
