@@ -204,14 +204,7 @@ impl Scheduler {
             GpuMode::Shared(_) if demand.count == 1 => self.nearest_reasons(request, demand),
             _ => {
                 let mut listing = Listing::default();
-                for m in 0..self.machines.len() {
-                    let at = self.machines[m].gpus.start;
-                    let reasons = self.machine_choice(m, request, demand).err();
-                    let mut reasons = reasons.into_iter().flatten().enumerate();
-                    if reasons.any(|(k, r)| listing.take((at, k), r)) {
-                        break;
-                    }
-                }
+                self.list_machines(&mut listing, 0..self.machines.len(), request, demand);
                 listing
             }
         };
@@ -266,15 +259,27 @@ impl Scheduler {
                 return listing;
             }
         }
-        for &m in &self.all_visible {
+        let visible = self.all_visible.iter().copied();
+        self.list_machines(&mut listing, visible, request, demand);
+        listing
+    }
+
+    /// Takes into `listing` each reason `machines` have, machine by machine, until it is done.
+    fn list_machines(
+        &self,
+        listing: &mut Listing,
+        machines: impl IntoIterator<Item = usize>,
+        request: &WorkerRequest,
+        demand: &GpuDemand,
+    ) {
+        for m in machines {
             let at = self.machines[m].gpus.start;
             let reasons = self.machine_choice(m, request, demand).err();
             let mut reasons = reasons.into_iter().flatten().enumerate();
             if reasons.any(|(k, r)| listing.take((at, k), r)) {
-                break;
+                return;
             }
         }
-        listing
     }
 }
 
