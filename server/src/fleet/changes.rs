@@ -107,6 +107,20 @@ impl Touched {
         }
     }
 
+    /// A holder of the ledger: a worker, or a group's member on a machine (and with it its group).
+    fn note_holder(&mut self, committed: &Committed, holder: &str) {
+        match Holder::parse(holder) {
+            Holder::Worker(name) => self.note(committed, name),
+            Holder::Member { group, .. } => {
+                self.holders.insert(holder.to_owned());
+                if let Some(group) = committed.group(group) {
+                    self.note_group(group);
+                    self.groups.insert(group.name.clone());
+                }
+            }
+        }
+    }
+
     /// Group `group`'s machines and the units of its members on each.
     fn note_group(&mut self, group: &Group) {
         let mut machines: Vec<&str> = group.gpus.iter().map(|g| g.machine.as_str()).collect();
@@ -148,16 +162,7 @@ impl Fleet {
             Some(Reading::Reshaped(machine, holders)) => {
                 touched.machines.insert(machine.clone());
                 for holder in holders {
-                    match Holder::parse(holder) {
-                        Holder::Worker(name) => touched.note(&committed, name),
-                        Holder::Member { group, .. } => {
-                            touched.holders.insert(holder.clone());
-                            if let Some(group) = committed.group(group) {
-                                touched.note_group(group);
-                                touched.groups.insert(group.name.clone());
-                            }
-                        }
-                    }
+                    touched.note_holder(&committed, holder);
                 }
             }
             None => {}
@@ -194,15 +199,7 @@ impl Fleet {
             // Its machine's page shows it; the engines on it run as it is shared (an MPS client or not).
             touched.machines.insert(gpu.machine.clone());
             for holder in ledger.holders_of(gpu) {
-                match Holder::parse(&holder) {
-                    Holder::Member { group, .. } => {
-                        if let Some(group) = committed.group(group) {
-                            touched.note_group(group);
-                            touched.groups.insert(group.name.clone());
-                        }
-                    }
-                    Holder::Worker(name) => touched.note(&committed, name),
-                }
+                touched.note_holder(&committed, &holder);
             }
         }
         for name in &changes.workers {
