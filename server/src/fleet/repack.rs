@@ -39,6 +39,11 @@ fn movable(committed: &Committed, ledger: &Ledger) -> Vec<Movable> {
         if assignment.shared.is_none() || assignment.gpus.len() != 1 || worker.model.is_some() {
             continue;
         }
+        // Kept aside (its GPU left the inventory, or a reading left it no room there): it holds nothing
+        // to move, and waits for its own GPU.
+        if !scheduler.workers().contains_key(&worker.name) {
+            continue;
+        }
         let Ok(request) = WorkerRequest::from_wire(&worker.request) else {
             continue;
         };

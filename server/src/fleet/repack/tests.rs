@@ -73,6 +73,35 @@ async fn a_repack_carried_out_frees_the_gpus_it_promised_and_the_ledger_agrees_w
 }
 
 #[tokio::test]
+async fn a_worker_whose_gpu_left_the_inventory_stays_out_of_a_repack_and_the_rest_of_the_fleet_still_repacks(
+) {
+    let app = fragmented().await;
+    let pinned = json!({"name": "desk", "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 2, "ids": ["majin:0"]}}});
+    let (status, body) = app.post_worker(&pinned.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let majin = crate::inventory::file::parse_inventory(MAJIN)
+        .unwrap()
+        .remove(0);
+    app.fleet
+        .refresh_machine(placement::Machine {
+            gpus: Vec::new(),
+            ..majin
+        })
+        .await
+        .unwrap();
+    let (status, plan) = app.get("/api/repack").await;
+    assert_eq!(status, StatusCode::OK, "{plan}");
+    assert_eq!(plan["freed"], json!([gpu("node", 0)]), "{plan}");
+    let units: Vec<&Value> = plan["moves"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| &m["unit"])
+        .collect();
+    assert_eq!(units, [&json!("embed")], "{plan}");
+}
+
+#[tokio::test]
 async fn a_repack_started_against_a_plan_the_fleet_no_longer_matches_is_refused_and_nothing_moves()
 {
     let app = fragmented().await;
