@@ -5,7 +5,7 @@
 //! used, and whether a request waits for it, is kept here in memory.
 
 use super::committed::Committed;
-use super::ledger::Ledger;
+use super::ledger::{Ledger, Takes};
 use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::runtime::EngineView;
@@ -220,7 +220,7 @@ fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
 /// takes already. Only the groups on those GPUs differ, so only theirs are held again, on those GPUs.
 fn fits(ledger: &Ledger, before: &Committed, trial: &Committed, gpus: &[GpuRef]) -> bool {
     let takes = |committed: &Committed| {
-        let mut takes: BTreeMap<GpuRef, Bytes> = BTreeMap::new();
+        let mut takes: BTreeMap<GpuRef, Takes> = BTreeMap::new();
         for group in committed
             .groups
             .iter()
@@ -228,7 +228,8 @@ fn fits(ledger: &Ledger, before: &Committed, trial: &Committed, gpus: &[GpuRef])
         {
             for (gpu, taken) in ledger.group_takes(group, gpus) {
                 let sum = takes.entry(gpu).or_default();
-                *sum += taken;
+                sum.all += taken.all;
+                sum.engines += taken.engines;
             }
         }
         takes
@@ -240,19 +241,26 @@ fn fits(ledger: &Ledger, before: &Committed, trial: &Committed, gpus: &[GpuRef])
             .hold(gpu)
             .map(Hold::taken)
             .unwrap_or_default();
+        let (was, will) = (
+            was.get(gpu).copied().unwrap_or_default(),
+            will.get(gpu).copied().unwrap_or_default(),
+        );
         // Saturating: a member the ledger keeps aside holds nothing there.
         let after = Bytes(
             taken
                 .get()
-                .saturating_sub(was.get(gpu).copied().unwrap_or_default().get())
-                .saturating_add(will.get(gpu).copied().unwrap_or_default().get()),
+                .saturating_sub(was.all.get())
+                .saturating_add(will.all.get()),
         );
         let offered = ledger
             .inventory()
             .gpu(gpu)
             .map(|g| g.offered())
             .unwrap_or_default();
-        after <= offered || after <= taken
+        // On a GPU over what it offers (a reading found less there), only a swap: engines that stop make
+        // the room of those that start. The room the members take turns in is booked, not allocated, and
+        // another program may be using it now.
+        after <= offered || (after <= taken && will.engines <= was.engines)
     })
 }
 

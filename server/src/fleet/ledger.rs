@@ -65,6 +65,16 @@ fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
     holds
 }
 
+/// What a group takes of a GPU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Takes {
+    /// In all.
+    pub all: Bytes,
+    /// Of that, what its members' engines take: the rest is the room its on-demand members take turns in,
+    /// which no engine has allocated.
+    pub engines: Bytes,
+}
+
 /// The scheduler holding everything committed, and what could not be held.
 pub(crate) struct Ledger {
     scheduler: Scheduler,
@@ -130,15 +140,20 @@ impl Ledger {
 
     /// What `group`'s holders ([`Ledger::hold_group`]'s) would take of each of `gpus`, added up: what a
     /// change of plans on those GPUs alone moves, found without building a ledger.
-    pub(crate) fn group_takes(&self, group: &Group, gpus: &[GpuRef]) -> BTreeMap<GpuRef, Bytes> {
-        let mut takes: BTreeMap<GpuRef, Bytes> = BTreeMap::new();
-        for (_, share, on) in group_holds(group) {
+    pub(crate) fn group_takes(&self, group: &Group, gpus: &[GpuRef]) -> BTreeMap<GpuRef, Takes> {
+        let mut takes: BTreeMap<GpuRef, Takes> = BTreeMap::new();
+        for (who, share, on) in group_holds(group) {
+            let turns = Holder::parse(&who).is_turns();
             for assignment in member_assignments(self.inventory(), &on, share).unwrap_or_default() {
                 for index in &assignment.gpus {
                     let gpu = GpuRef::new(&assignment.machine, *index);
                     if gpus.contains(&gpu) {
+                        let bytes = assignment.shared.unwrap_or_default();
                         let taken = takes.entry(gpu).or_default();
-                        *taken += assignment.shared.unwrap_or_default();
+                        taken.all += bytes;
+                        if !turns {
+                            taken.engines += bytes;
+                        }
                     }
                 }
             }

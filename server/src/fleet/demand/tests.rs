@@ -105,6 +105,39 @@ async fn a_load_is_committed_and_the_model_then_holds_its_share() {
 }
 
 #[tokio::test]
+async fn an_on_demand_model_does_not_load_into_turns_room_that_another_program_took_since_it_was_booked(
+) {
+    let app = majin_and_atlas_with_catalog().await;
+    // 26 % of majin's 8 GB: 2.08 GB of the 7 it offers, booked for turns.
+    deploy(
+        &app,
+        json!({"model": "vision", "gpus": ["majin:0"], "share": 26, "demand": on_demand(60)}),
+    )
+    .await;
+    // Another program takes 5 GB more: 2 GB are left, less than the turns room booked.
+    app.fleet
+        .refresh_machine(crate::fleet::tests::majin_holding(6))
+        .await
+        .unwrap();
+    let refused = app.fleet.load("vision").await.unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "vision cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight or a load under way there ends"
+    );
+    assert_eq!(app.fleet.on_demand("vision"), Some(false));
+    // The program ends: the room is there again, and the model loads.
+    app.fleet
+        .refresh_machine(crate::fleet::tests::majin_holding(1))
+        .await
+        .unwrap();
+    assert!(matches!(
+        app.fleet.load("vision").await,
+        Ok(Load::Loading { .. })
+    ));
+    app.fleet.check_ledger().await.unwrap();
+}
+
+#[tokio::test]
 async fn when_two_on_demand_models_do_not_fit_together_the_least_recently_used_idle_one_makes_way()
 {
     // 60 % pinned leaves 40 %: one 30 % turn at a time.
