@@ -28,8 +28,7 @@ impl Fleet {
         sim: Option<SimulatedGpus>,
     ) {
         let mut last_error = None;
-        let mut kept: Option<Vec<ClusterMachine>> = None;
-        let mut ignored = BTreeSet::new();
+        let mut following = Following::default();
         loop {
             tokio::time::sleep(every).await;
             let nodes = match client.nodes().await {
@@ -45,40 +44,53 @@ impl Fleet {
             };
             last_error = None;
             let seen = crate::inventory::ray::machines(&nodes);
-            if kept.as_ref() != Some(&seen) {
-                match keep(&self.pool, &seen).await {
-                    Ok(()) => kept = Some(seen.clone()),
-                    Err(e) => tracing::warn!("the cluster's machines could not be kept: {e}"),
-                }
+            self.read_cluster(&seen, &mut following, |node| {
+                self.read_node(&client, node, sim.as_ref())
+            })
+            .await;
+        }
+    }
+
+    /// Takes one reading of the cluster, which lists `seen`: kept in the database where it changed, its new
+    /// nodes taken up, and each of its machines brought up to date, as `read` reads a live node's GPUs (a
+    /// dead or gone node has none).
+    pub(crate) async fn read_cluster<'a, F>(
+        self: &Arc<Self>,
+        seen: &'a [ClusterMachine],
+        following: &mut Following,
+        read: impl Fn(&'a ClusterMachine) -> F,
+    ) where
+        F: std::future::Future<Output = placement::Machine>,
+    {
+        if following.kept.as_deref() != Some(seen) {
+            match keep(&self.pool, seen).await {
+                Ok(()) => following.kept = Some(seen.to_vec()),
+                Err(e) => tracing::warn!("the cluster's machines could not be kept: {e}"),
             }
-            self.take_up(&seen, &mut ignored);
-            let known = self.hosts().cluster.clone();
-            for (name, known) in &known {
-                let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
-                    Some(now) if now.alive => {
-                        (self.read_node(&client, now, sim.as_ref()).await, true)
-                    }
-                    _ => {
-                        // What its engines were measured to hold there is past.
-                        self.measure(name, &[], &[], &[]);
-                        (
-                            placement::Machine {
-                                gpus: Vec::new(),
-                                ..known.machine()
-                            },
-                            false,
-                        )
-                    }
-                };
-                if let Err(e) = self.refresh_machine(machine).await {
-                    tracing::warn!(
-                        "the cluster's machine {name} could not be brought up to date: {e}"
-                    );
+        }
+        self.take_up(seen, &mut following.ignored);
+        let known = self.hosts().cluster.clone();
+        for (name, known) in &known {
+            let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
+                Some(now) if now.alive => (read(now).await, true),
+                _ => {
+                    // What its engines were measured to hold there is past.
+                    self.measure(name, &[], &[], &[]);
+                    (
+                        placement::Machine {
+                            gpus: Vec::new(),
+                            ..known.machine()
+                        },
+                        false,
+                    )
                 }
-                // Said once the inventory shows it: whoever sees the machine unreachable sees its GPUs
-                // gone, and whoever sees it reachable again sees them back.
-                self.mark_reachable(name, alive);
+            };
+            if let Err(e) = self.refresh_machine(machine).await {
+                tracing::warn!("the cluster's machine {name} could not be brought up to date: {e}");
             }
+            // Said once the inventory shows it: whoever sees the machine unreachable sees its GPUs
+            // gone, and whoever sees it reachable again sees them back.
+            self.mark_reachable(name, alive);
         }
     }
 
@@ -201,6 +213,15 @@ impl Fleet {
             unreachable.insert(name.to_owned(), since);
         }
     }
+}
+
+/// What following the cluster remembers from one reading to the next.
+#[derive(Debug, Default)]
+pub(crate) struct Following {
+    /// The machines last kept in the database.
+    kept: Option<Vec<ClusterMachine>>,
+    /// The machines it lists that Tessera runs otherwise (said once).
+    ignored: BTreeSet<String>,
 }
 
 /// A node's made-up GPUs as their simulation reads them: what each process holds (the node's own PIDs, as
