@@ -123,8 +123,8 @@ pub struct TestApp {
     pub token: String,
     /// The machine of the inventory that is this one, if any.
     local: Option<String>,
-    /// Every machine of the inventory is made up, as the demo fleet's are.
-    made_up: bool,
+    /// The machines of the inventory that are made up, as the demo fleet's are.
+    made_up: Vec<String>,
     /// This machine's GPUs as its driver reads them, where a test gives a driver.
     gpus: Option<Arc<dyn crate::inventory::LocalGpus>>,
 }
@@ -143,31 +143,43 @@ impl TestApp {
     /// A server over the inventory in `fleet_toml` whose machine `local` is this one: its engines are
     /// started here (a worker without a command fails to start, and nothing runs).
     pub async fn with_local(fleet_toml: &str, local: Option<&str>) -> TestApp {
-        TestApp::open(fleet_toml, local, false, None).await
+        TestApp::open(fleet_toml, local, Vec::new(), None).await
     }
 
     /// A server over the inventory in `fleet_toml` whose machines are all made up, as the demo fleet's:
     /// demo engines stand in for what would run there, and their GPUs are cut in the inventory alone.
     pub async fn made_up(fleet_toml: &str) -> TestApp {
-        TestApp::open(fleet_toml, None, true, None).await
+        let all = crate::inventory::file::parse_inventory(fleet_toml)
+            .expect("a valid test inventory")
+            .into_iter()
+            .map(|m| m.name)
+            .collect();
+        TestApp::open(fleet_toml, None, all, None).await
+    }
+
+    /// A server over the inventory in `fleet_toml` whose machines `made_up` are made up (the others are
+    /// remote).
+    pub async fn with_made_up(fleet_toml: &str, made_up: &[&str]) -> TestApp {
+        let made_up = made_up.iter().map(|&m| m.to_owned()).collect();
+        TestApp::open(fleet_toml, None, made_up, None).await
     }
 
     /// A server on hopper as this machine, its GPUs read from [`StandInDriver`] (MIG mode on for `mig_on`
     /// at first) and changed by the stand-in `nvidia-smi` the test puts in its folder.
     pub async fn hopper_here(mig_on: &[u32]) -> TestApp {
-        TestApp::open(HOPPER, Some("hopper"), false, Some(mig_on)).await
+        TestApp::open(HOPPER, Some("hopper"), Vec::new(), Some(mig_on)).await
     }
 
     /// A server over the inventory in `fleet_toml` on the data folder `dir`, as an earlier Tessera (or a
     /// test) left it.
     pub async fn over(dir: tempfile::TempDir, fleet_toml: &str) -> TestApp {
-        TestApp::open_in(dir, fleet_toml, None, false, None).await
+        TestApp::open_in(dir, fleet_toml, None, Vec::new(), None).await
     }
 
     async fn open(
         fleet_toml: &str,
         local: Option<&str>,
-        made_up: bool,
+        made_up: Vec<String>,
         driver: Option<&[u32]>,
     ) -> TestApp {
         let dir = tempfile::tempdir().expect("a temporary folder");
@@ -178,7 +190,7 @@ impl TestApp {
         dir: tempfile::TempDir,
         fleet_toml: &str,
         local: Option<&str>,
-        made_up: bool,
+        made_up: Vec<String>,
         driver: Option<&[u32]>,
     ) -> TestApp {
         let local = local.map(str::to_owned);
@@ -188,8 +200,14 @@ impl TestApp {
                 mig_on: mig_on.to_vec(),
             }) as Arc<dyn crate::inventory::LocalGpus>
         });
-        let (router, fleet, pool) =
-            start(dir.path(), fleet_toml, local.clone(), made_up, gpus.clone()).await;
+        let (router, fleet, pool) = start(
+            dir.path(),
+            fleet_toml,
+            local.clone(),
+            &made_up,
+            gpus.clone(),
+        )
+        .await;
         // One hash for every test server of the run: argon2 is slow by design.
         static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let hash = HASH.get_or_init(|| {
@@ -252,8 +270,14 @@ impl TestApp {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         drop((fleet, pool));
-        let (router, fleet, pool) =
-            start(dir.path(), fleet_toml, local.clone(), made_up, gpus.clone()).await;
+        let (router, fleet, pool) = start(
+            dir.path(),
+            fleet_toml,
+            local.clone(),
+            &made_up,
+            gpus.clone(),
+        )
+        .await;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),
@@ -356,24 +380,23 @@ async fn start(
     dir: &std::path::Path,
     fleet_toml: &str,
     local: Option<String>,
-    made_up: bool,
+    made_up: &[String],
     gpus: Option<Arc<dyn crate::inventory::LocalGpus>>,
 ) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
     let machines =
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
-    let simulated = if made_up {
-        machines.iter().map(|m| m.name.clone()).collect()
-    } else {
-        Default::default()
-    };
+    let simulated = made_up.iter().cloned().collect();
     let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
     let pool = db::connect(None, dir).await.expect("a database");
-    // The test inventory's machines are remote, but for `local`: engines are recorded, not started (the
+    // The test inventory's machines are remote, but for `local` and those made up: engines are recorded, not started (the
     // runtime's own tests start real ones).
     // `nvidia-smi` is whatever a test puts in its folder: never the machine's own.
+    // The test binary stands in for the demo engine and exits at once: an engine that exits is left failed,
+    // not restarted for half a minute of backoffs that every wait for the runtime to settle would sit out.
     let settings = Settings {
         nvidia_smi: dir.join("nvidia-smi"),
         gpus: gpus.clone(),
+        max_restarts: 0,
         ..Settings::new(
             std::env::current_exe().expect("the test binary"),
             dir.join("engines"),

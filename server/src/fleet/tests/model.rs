@@ -1,7 +1,10 @@
 //! A model-based test of the fleet: random sequences of worker creates (shared, and of whole GPUs) and
-//! deletes, deploys (shared and whole), plan changes, serving changes, removals, catalog additions, readings that grow, shrink and
-//! drop GPUs, a machine read again without a GPU or with it back, restarts on the same data, and writes whose request is dropped after their first poll. After every step the fleet is checked
-//! against what must always hold:
+//! deletes, deploys (shared, whole and on demand), plan changes, serving changes, removals, catalog
+//! additions, on-demand loads and keep-alives that run out, a made-up GPU's sharing switched (MPS,
+//! time-slicing) and its cuts into MIG instances and joins, repacks carried out, readings that grow, shrink
+//! and drop GPUs, a machine read again without a GPU or with it back, the Ray cluster's node read alive,
+//! dead and back, restarts on the same data, and writes whose request is dropped after their first poll.
+//! After every step the fleet is checked against what must always hold:
 //! - the ledger is the one rebuilt from the database, and memory holds what the database says;
 //! - no GPU took new work beyond what it offers (only what was held before may be over, after a reading);
 //! - whole and shared never mix on a GPU;
@@ -10,15 +13,27 @@
 //! `TESSERA_MODEL_CASES` sets how many sequences run (160 by default, of up to 40 steps each: about 3,200 steps).
 
 use super::majin_holding;
-use crate::testing::{majin_and_atlas_with_catalog, shared_worker, TestApp, ATLAS, MAJIN};
+use crate::fleet::cluster::Following;
+use crate::inventory::ray::{ClusterMachine, NodeGpu, GPU_RESOURCE};
+use crate::testing::{shared_worker, TestApp, ATLAS, HOPPER, MAJIN};
 use axum::http::{Method, StatusCode};
 use futures::FutureExt;
 use proptest::prelude::*;
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 
-const GPUS: [&str; 3] = ["majin:0", "atlas:0", "atlas:1"];
+const GPUS: [&str; 4] = ["majin:0", "atlas:0", "atlas:1", "hopper:0"];
+/// hopper is made up: its GPUs can be switched to MPS and cut into MIG instances, and its engines run.
+const HOPPER_GPUS: [&str; 2] = ["hopper:0", "hopper:1"];
 const MODELS: [&str; 3] = ["glm-5.3", "speech", "vision"];
+/// MIG layouts for an H100: two the menu holds, and one it cannot (refused).
+const LAYOUTS: [&[&str]; 3] = [
+    &["3g.40gb", "2g.20gb", "1g.10gb"],
+    &["7g.80gb"],
+    &["4g.40gb", "4g.40gb"],
+];
+/// The Ray cluster's one machine, as its node's labels give it.
+const RAY_NODE: &str = "ray-a";
 
 #[derive(Debug, Clone)]
 enum Step {
@@ -48,6 +63,35 @@ enum Step {
     DeployWhole {
         model: usize,
         gpu: usize,
+    },
+    /// An on-demand member deployed into a group on a GPU (it runs no engine until asked).
+    DeployOnDemand {
+        model: usize,
+        gpu: usize,
+        percent: u8,
+    },
+    /// A request asks for a model: an on-demand one loads, idle ones making way; with `answered`, it answers.
+    Load {
+        model: usize,
+        answered: bool,
+    },
+    /// A minute passes with no request: every on-demand model idle for longer than its keep-alive unloads.
+    Expire,
+    /// A GPU of hopper shared under MPS or time-sliced (a cut one is joined back).
+    Share {
+        gpu: usize,
+        mps: bool,
+    },
+    /// A GPU of hopper cut into MIG instances (refused while anything runs on it).
+    Cut {
+        gpu: usize,
+        layout: usize,
+    },
+    /// The repack the planner proposes, started and carried out to its end.
+    Repack,
+    /// The Ray cluster read: its node alive (under the id `node`: one that comes back has a new one) or dead.
+    ReadCluster {
+        node: Option<u8>,
     },
     ChangePlan {
         percent: u8,
@@ -89,6 +133,14 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (0..MODELS.len(), 0..GPUS.len(), 1u8..=100)
             .prop_map(|(model, gpu, percent)| Step::DeployShared { model, gpu, percent }),
         1 => (0..MODELS.len(), 0..GPUS.len()).prop_map(|(model, gpu)| Step::DeployWhole { model, gpu }),
+        2 => (0..MODELS.len(), 0..GPUS.len(), 1u8..=60)
+            .prop_map(|(model, gpu, percent)| Step::DeployOnDemand { model, gpu, percent }),
+        2 => (0..MODELS.len(), any::<bool>()).prop_map(|(model, answered)| Step::Load { model, answered }),
+        1 => Just(Step::Expire),
+        1 => (0..HOPPER_GPUS.len(), any::<bool>()).prop_map(|(gpu, mps)| Step::Share { gpu, mps }),
+        1 => (0..HOPPER_GPUS.len(), 0..LAYOUTS.len()).prop_map(|(gpu, layout)| Step::Cut { gpu, layout }),
+        1 => Just(Step::Repack),
+        2 => proptest::option::of(0u8..3).prop_map(|node| Step::ReadCluster { node }),
         2 => (1u8..=100).prop_map(|percent| Step::ChangePlan { percent }),
         2 => (0..MODELS.len()).prop_map(|model| Step::Remove { model }),
         1 => (0..MODELS.len(), 1u8..8).prop_map(|(model, threads)| Step::ChangeServing { model, threads }),
@@ -162,7 +214,46 @@ async fn deployed_revision(app: &TestApp, model: &str) -> Option<i64> {
         .flatten()
 }
 
-async fn apply(app: TestApp, step: &Step) -> TestApp {
+/// The Ray cluster's node as its labels and Ray's node list give it: two 24 GB GPUs, alive under `node`.
+fn ray_node(node: Option<u8>) -> ClusterMachine {
+    let gpu = |index: u32| NodeGpu {
+        index,
+        uuid: format!("GPU-ray{index}"),
+        memory: placement::Bytes::gb(24),
+        resource: format!("{GPU_RESOURCE}{index}_GPU-ray{index}"),
+        profile: None,
+    };
+    ClusterMachine {
+        name: RAY_NODE.to_owned(),
+        node_id: format!("node-{}", node.unwrap_or(0)),
+        address: "127.0.0.1".to_owned(),
+        gpus: vec![gpu(0), gpu(1)],
+        demo: false,
+        alive: node.is_some(),
+        model: "NVIDIA-L4".to_owned(),
+        cpu_cores: 32,
+        memory: placement::Bytes::gb(256),
+    }
+}
+
+/// The fleet every sequence starts from: majin and atlas (remote), hopper (made up), the demo catalog.
+async fn fleet() -> TestApp {
+    let app = TestApp::with_made_up(&format!("{MAJIN}{ATLAS}{HOPPER}"), &["hopper"]).await;
+    app.fleet
+        .seed_catalog(&crate::inventory::demo::demo_catalog())
+        .await
+        .expect("the demo catalog");
+    app
+}
+
+async fn set_sharing(app: &TestApp, gpu: &str, body: serde_json::Value) {
+    let (machine, index) = gpu.split_once(':').unwrap();
+    let uri = format!("/api/machines/{machine}/gpus/{index}/sharing");
+    let (status, answer) = app.call(Method::PUT, &uri, Some(&body.to_string())).await;
+    assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+}
+
+async fn apply(app: TestApp, following: &mut Following, step: &Step) -> TestApp {
     match step {
         Step::Create { name, tenths } => {
             let body = shared_worker(&format!("w{name}"), f64::from(*tenths) / 10.0);
@@ -215,6 +306,86 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
                 .call(Method::POST, "/api/deployments", Some(&body.to_string()))
                 .await;
             assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+        }
+        Step::DeployOnDemand {
+            model,
+            gpu,
+            percent,
+        } => {
+            let revision = group_revision(&app).await.map(|(_, r, _)| r);
+            let body = json!({"model": MODELS[*model], "gpus": [GPUS[*gpu]], "share": percent, "revision": revision,
+                "demand": {"mode": "on_demand", "keep_alive": 60}});
+            let (status, answer) = app
+                .call(Method::POST, "/api/deployments", Some(&body.to_string()))
+                .await;
+            assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+        }
+        Step::Load { model, answered } => {
+            let model = MODELS[*model];
+            match app.fleet.load(model).await {
+                Err(crate::error::ApiError::NotFound(_) | crate::error::ApiError::Conflict(_)) => {}
+                Err(e) => panic!("after {step:?}: {e}"),
+                Ok(_) if *answered => {
+                    app.fleet.activity().answered(model, None);
+                    app.fleet.activity().touch(model);
+                }
+                Ok(_) => {}
+            }
+        }
+        Step::Expire => {
+            let idle_since = crate::fleet::usage::now_ms().saturating_sub(61_000);
+            for model in MODELS {
+                app.fleet.activity().used_at(model, idle_since);
+            }
+            app.fleet.unload_expired().await.unwrap();
+        }
+        Step::Share { gpu, mps } => {
+            let mode = if *mps { "mps" } else { "time-slicing" };
+            set_sharing(&app, HOPPER_GPUS[*gpu], json!({"mode": mode})).await;
+        }
+        Step::Cut { gpu, layout } => {
+            let body = json!({"mode": "mig", "instances": LAYOUTS[*layout]});
+            set_sharing(&app, HOPPER_GPUS[*gpu], body).await;
+        }
+        Step::Repack => {
+            let (status, answer) = app.call(Method::POST, "/api/repack", Some("{}")).await;
+            if status != StatusCode::ACCEPTED {
+                // The fleet as committed always plans: it is refused only for having nothing to free.
+                assert_eq!(
+                    (status, answer["error"].as_str()),
+                    (
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        Some("this repack moves nothing and frees no GPU")
+                    ),
+                    "after {step:?}"
+                );
+                return app;
+            }
+            let started = std::time::Instant::now();
+            let run = loop {
+                let (_, run) = app.get("/api/repack/run").await;
+                if run["state"] != "running" {
+                    break run;
+                }
+                assert!(
+                    started.elapsed() < std::time::Duration::from_secs(30),
+                    "the repack did not end in 30 s: {run}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            };
+            // Every move is made, unless a dropped request's write, committing meanwhile, changed the fleet.
+            let changed = run["steps"].as_array().unwrap().iter().any(|s| {
+                s["message"]
+                    .as_str()
+                    .is_some_and(|m| m.contains("no longer"))
+            });
+            assert!(run["state"] == "done" || changed, "after {step:?}: {run}");
+        }
+        Step::ReadCluster { node } => {
+            let seen = [ray_node(*node)];
+            app.fleet
+                .read_cluster(&seen, following, |node| async { node.machine() })
+                .await;
         }
         Step::ChangePlan { percent } => {
             if let Some((group, revision, members)) = group_revision(&app).await {
@@ -289,7 +460,10 @@ async fn apply(app: TestApp, step: &Step) -> TestApp {
             } else {
                 ATLAS.to_owned()
             };
-            return app.restart_with(&format!("{MAJIN}{atlas}")).await;
+            // Started again over its inventory file alone: the cluster's machine comes back at its next
+            // reading.
+            *following = Following::default();
+            return app.restart_with(&format!("{MAJIN}{atlas}{HOPPER}")).await;
         }
     }
     app
@@ -309,18 +483,29 @@ async fn check(app: &TestApp, step: &Step, before: &Holds) {
         );
         let taken: f64 = sharers.values().sum();
         if taken > *offered {
-            // Over what it offers only through a reading or a restart, never by taking new work. (A
-            // dropped request's write may commit in the step of a reading that then over-commits.)
-            let held_before: BTreeSet<&String> = before
-                .get(gpu)
-                .map(|(_, s, _, _)| s.keys().collect())
-                .unwrap_or_default();
+            // Over what it offers only through a reading or a restart, never by taking new work, but for
+            // an on-demand swap that grows neither what is booked there nor what its engines take (the
+            // room members take turns in is booked, not allocated). (A dropped request's write may commit
+            // in the step of a reading that then over-commits.)
+            let was = before.get(gpu).map(|(_, s, _, _)| s);
             let new: Vec<&String> = sharers
                 .keys()
-                .filter(|w| !held_before.contains(w))
+                .filter(|w| !was.is_some_and(|s| s.contains_key(*w)))
                 .collect();
+            let engines = |sharers: &BTreeMap<String, f64>| -> f64 {
+                sharers
+                    .iter()
+                    .filter(|(w, _)| !w.ends_with(crate::units::TURNS))
+                    .map(|(_, bytes)| bytes)
+                    .sum()
+            };
+            let swap = was.is_some_and(|was| {
+                taken <= was.values().sum::<f64>() && engines(sharers) <= engines(was)
+            });
             assert!(
-                new.is_empty() || matches!(step, Step::Restart { .. } | Step::ReadMajin { .. }),
+                new.is_empty()
+                    || swap
+                    || matches!(step, Step::Restart { .. } | Step::ReadMajin { .. }),
                 "after {step:?}: {gpu} took {new:?} beyond the {offered} bytes it offers"
             );
             // Once that has lasted, no standalone worker is left on it: only group members.
@@ -391,10 +576,11 @@ proptest! {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let mut app = majin_and_atlas_with_catalog().await;
+            let mut app = fleet().await;
+            let mut following = Following::default();
             for step in &steps {
                 let before = holds(&app).await;
-                app = apply(app, step).await;
+                app = apply(app, &mut following, step).await;
                 check(&app, step, &before).await;
             }
         });
