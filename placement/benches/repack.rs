@@ -8,7 +8,8 @@ mod support;
 
 use criterion::{criterion_group, criterion_main, Criterion};
 use placement::repack::{
-    first_fit_decreasing, pack, plan_repack, triplets, Goal, Instance, Movable,
+    first_fit_decreasing, pack, plan_repack, triplets, Goal, Instance, Movable, RepackError,
+    RepackPlan,
 };
 use placement::{Bytes, Scheduler, WorkerRequest};
 use std::hint::black_box;
@@ -58,12 +59,16 @@ fn timed(instance: &Instance, run: impl Fn(&Instance) -> usize) -> (usize, Durat
 }
 
 /// `plan_repack` on a fleet of `machines` × 8 GPUs of 80 GB: shared work of 1–12 GB placed by best fit,
-/// every third worker gone since. The whole of the server's and the console's repack, its moves' order
+/// then every third worker gone. The whole of the server's and the console's repack, its moves' order
 /// included, timed once.
-fn fleet(machines: usize, workers: usize) -> (usize, Duration) {
+fn fleet(
+    machines: usize,
+    workers: usize,
+    goal: Goal,
+) -> (usize, Result<RepackPlan, RepackError>, Duration) {
     let fleet = support::h100s(machines, "m", 128, Bytes::gb(1024), |_| Bytes::ZERO);
     let mut scheduler = Scheduler::new(fleet);
-    let mut movable = Vec::new();
+    let mut placed = Vec::new();
     let mut rng = 29u64;
     for w in 0..workers {
         rng ^= rng << 13;
@@ -72,6 +77,11 @@ fn fleet(machines: usize, workers: usize) -> (usize, Duration) {
         let name = format!("w{w:05}");
         let request = WorkerRequest::shared_gb(1.0 + (rng % 12) as f64);
         scheduler.place(&name, &request).unwrap();
+        placed.push((name, request));
+    }
+    // Every third ends once all are placed: the holes it leaves are what a repack closes.
+    let mut movable = Vec::new();
+    for (w, (name, request)) in placed.into_iter().enumerate() {
         if w % 3 == 0 {
             scheduler.release(&name);
             continue;
@@ -79,21 +89,27 @@ fn fleet(machines: usize, workers: usize) -> (usize, Duration) {
         movable.push(Movable {
             name: name.clone(),
             workers: vec![name],
-            demand: request.gpus.clone().unwrap(),
+            demand: request.gpus.unwrap(),
             same_size: false,
         });
     }
     let start = Instant::now();
-    black_box(plan_repack(&scheduler, &movable, Goal::Most, BUDGET).unwrap());
-    (movable.len(), start.elapsed())
+    let plan = black_box(plan_repack(&scheduler, &movable, goal, BUDGET));
+    (movable.len(), plan, start.elapsed())
 }
 
 fn repack(c: &mut Criterion) {
     quality();
-    println!("machines × 8 GPUs | units | plan_repack, once");
+    println!("machines × 8 GPUs | units | goal | GPUs freed | restarts | plan_repack, once");
     for (machines, workers) in [(125, 4_000), (1_250, 40_000)] {
-        let (units, took) = fleet(machines, workers);
-        println!("{machines} | {units} | {took:.2?}");
+        for goal in [Goal::Most, Goal::Free(10)] {
+            let (units, plan, took) = fleet(machines, workers, goal);
+            let (freed, restarts) = match plan {
+                Ok(plan) => (plan.freed.len().to_string(), plan.restarts.to_string()),
+                Err(e) => (e.to_string(), "—".to_owned()),
+            };
+            println!("{machines} | {units} | {goal:?} | {freed} | {restarts} | {took:.2?}");
+        }
     }
     let mut group = c.benchmark_group("repack");
     group.sample_size(20);

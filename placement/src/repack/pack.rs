@@ -2,9 +2,11 @@
 //! unplaced item and a set of others that leaves no room for any more, under a bound that no plan needs more
 //! GPUs than the target. No names here: items and bins are indices, so the browser's wasm runs it fast.
 
+mod evacuate;
 mod search;
 mod triplets;
 
+pub use evacuate::evacuate;
 pub use triplets::triplets;
 
 use search::Search;
@@ -271,10 +273,23 @@ pub fn pack(instance: &Instance, goal: Goal, budget: u64) -> Result<Packing, Sho
             break;
         }
     }
-    match (goal, ffd) {
-        (Goal::Most, Some(ffd)) => Ok(search.relabel(&ffd.bins)),
-        (Goal::Most, None) => Ok(stay),
-        (Goal::Free(n), Some(ffd)) if ffd.used + n <= now => Ok(search.relabel(&ffd.bins)),
-        (Goal::Free(_), _) => Err(Shortfall::NotFound),
+    // The search found nothing in its budget: the better of two heuristics (the most GPUs freed, or
+    // enough, then the fewest restarts). Emptying GPUs one at a time moves only what they held; packing from
+    // scratch may free more, but moves nearly everything.
+    let found = [
+        ffd.map(|p| search.relabel(&p.bins)),
+        Some(evacuate(instance, goal)),
+    ]
+    .into_iter()
+    .flatten();
+    match goal {
+        Goal::Most => Ok(found
+            .filter(|p| p.used < now)
+            .min_by_key(|p| (p.used, p.restarts))
+            .unwrap_or(stay)),
+        Goal::Free(n) => found
+            .filter(|p| p.used + n <= now)
+            .min_by_key(|p| (p.restarts, p.used))
+            .ok_or(Shortfall::NotFound),
     }
 }

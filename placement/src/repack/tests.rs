@@ -144,6 +144,26 @@ proptest! {
     }
 
     #[test]
+    fn emptying_gpus_one_at_a_time_breaks_no_rule_and_moves_only_what_the_gpus_it_frees_held(
+        instance in small_instance(),
+        asked in proptest::option::of(1usize..=4),
+    ) {
+        let found = pack::evacuate(&instance, asked.map_or(Goal::Most, Goal::Free));
+        prop_assert!(instance.fits(&found.bins));
+        let now = instance.used_now();
+        prop_assert!(found.used <= now);
+        if let Some(asked) = asked {
+            prop_assert!(now - found.used <= asked);
+        }
+        for (item, &b) in instance.items.iter().zip(&found.bins) {
+            if b != item.origin {
+                prop_assert!(!instance.bins[item.origin].fixed);
+                prop_assert!(found.bins.iter().all(|&x| x != item.origin), "{:?}", found);
+            }
+        }
+    }
+
+    #[test]
     fn first_fit_decreasing_never_breaks_a_rule(instance in small_instance()) {
         if let Some(found) = first_fit_decreasing(&instance) {
             prop_assert!(instance.fits(&found.bins));
@@ -278,6 +298,48 @@ fn asked_for_one_gpu_the_repack_restarts_the_fewest_workers() {
     assert_eq!(plan.freed.len(), 1);
     assert_eq!(plan.restarts, 1, "embed moves beside chat: {plan:?}");
     carry_out(&s, &plan, &units);
+}
+
+/// A fleet of `machines` × 8 GPUs of 80 GB, work of 1–12 GB placed by best fit, then every third gone.
+fn fleet_with_holes(machines: usize) -> (Scheduler, Vec<Movable>) {
+    let mut s = fleet(
+        (0..machines)
+            .map(|m| machine(&format!("m{m:03}"), &[80; 8]))
+            .collect(),
+    );
+    let names: Vec<String> = (0..machines * 32).map(|w| format!("w{w:05}")).collect();
+    for (w, name) in names.iter().enumerate() {
+        let request = WorkerRequest::shared_gb(1.0 + (w * 7 % 12) as f64);
+        assert!(matches!(
+            s.place(name, &request).unwrap(),
+            Decision::Place(_)
+        ));
+    }
+    let mut units = Vec::new();
+    for (w, name) in names.iter().enumerate() {
+        if w % 3 == 0 {
+            s.release(name);
+        } else {
+            units.push(movable(name));
+        }
+    }
+    (s, units)
+}
+
+#[test]
+fn asked_to_free_ten_gpus_of_a_large_fleet_the_repack_moves_only_what_those_ten_held() {
+    let (s, units) = fleet_with_holes(40);
+    let plan = plan_repack(&s, &units, Goal::Free(10), 50_000).unwrap();
+    assert!(plan.freed.len() >= 10, "{}", plan.freed.len());
+    for m in &plan.moves {
+        assert!(
+            plan.freed.contains(&m.from),
+            "{} moves from {}, which stays in use",
+            m.unit,
+            m.from
+        );
+    }
+    assert!(plan.restarts < 100, "{} restarts", plan.restarts);
 }
 
 #[test]
