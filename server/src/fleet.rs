@@ -333,6 +333,7 @@ impl Fleet {
             evict(&mut tx, &mut committed, &evicted).await?;
         }
         workers::place_pending(&mut ledger, &mut committed, &mut tx, None).await?;
+        ledger.hold_aside(&committed);
         usage::record_holdings(&mut tx, &ledger, usage::now_ms()).await?;
         changes::forget(&mut tx).await?;
         tx.commit().await?;

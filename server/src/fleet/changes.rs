@@ -230,6 +230,10 @@ impl Fleet {
         for changed in workers::place_pending(ledger, &mut committed, tx, Some(since)).await? {
             touched.note(&committed, &changed);
         }
+        // The work placed since, or an eviction, changed what holds the GPUs of those still kept aside.
+        for changed in ledger.hold_aside(&committed) {
+            touched.note(&committed, &changed);
+        }
         usage::record_holdings_of(tx, ledger, &touched.holders, usage::now_ms()).await?;
         forget(tx).await?;
         Ok((committed, touched))

@@ -112,6 +112,8 @@ impl Ledger {
                 ledger.hold_committed(&row.name, assignment.clone());
             }
         }
+        // Why each kept aside cannot be held, as everything is held: as a write that settles by its rows says.
+        ledger.hold_aside(committed);
         ledger
     }
 
@@ -192,27 +194,38 @@ impl Ledger {
     }
 
     /// Holds again, oldest first, each committed worker kept aside that can be held now (the room another
-    /// let go); says which.
+    /// let go), and says again why each other one cannot, as things are held now (its reason names what
+    /// holds its GPUs, which the writes since may have changed). Says which were held or are kept aside
+    /// for another reason.
     pub(crate) fn hold_aside(&mut self, committed: &Committed) -> Vec<String> {
-        if self.unplaced.is_empty() {
-            return Vec::new();
-        }
-        let mut held = Vec::new();
-        for worker in &committed.workers {
-            if let (Some(assignment), true) =
-                (&worker.assignment, self.unplaced.contains_key(&worker.name))
+        let mut aside: Vec<(i64, &crate::fleet::committed::Worker)> = self
+            .unplaced
+            .keys()
+            .filter_map(|name| Some((committed.workers.seq_of(name)?, committed.worker(name)?)))
+            .collect();
+        aside.sort_by_key(|(seq, _)| *seq);
+        let mut changed = Vec::new();
+        for (_, worker) in aside {
+            let Some(assignment) = &worker.assignment else {
+                continue;
+            };
+            let why = match self
+                .scheduler
+                .hold_committed(&worker.name, assignment.clone())
             {
-                if self
-                    .scheduler
-                    .hold_committed(&worker.name, assignment.clone())
-                    .is_ok()
-                {
+                Ok(()) => {
                     self.unplaced.remove(&worker.name);
-                    held.push(worker.name.clone());
+                    changed.push(worker.name.clone());
+                    continue;
                 }
+                Err(e) => e.to_string(),
+            };
+            if self.unplaced.get(&worker.name) != Some(&why) {
+                self.unplaced.insert(worker.name.clone(), why);
+                changed.push(worker.name.clone());
             }
         }
-        held
+        changed
     }
 
     /// The over-commit policy: while a GPU's sharers take more than it offers, and have for long enough
