@@ -2,7 +2,8 @@
 //! reference, in the same run) and 40,000 shared workers of 1–12 GB placed through the fleet's own writes.
 //! Each sample is `Fleet::refresh_machine` with one machine's reading in which what one GPU offers changed
 //! (what is held outside Tessera there grows or shrinks by a GB: nothing is over-committed by it), then
-//! a reading in which a GPU went missing and came back (the machine's shape changed: settled whole).
+//! a reading in which a GPU went missing and came back (the machine's shape changed), then machines new to
+//! the fleet (a Ray node that joins). Each of those holds the ledger anew and settles by its holders.
 //!
 //!     cargo run --release -p server --example reading_latency [SAMPLES]      (100 by default)
 
@@ -35,7 +36,7 @@ fn pct(samples: &[f64], p: f64) -> f64 {
 async fn measure(
     workers: usize,
     samples: usize,
-) -> Result<(Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
+) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
     let bench = Bench::open((0..MACHINES).map(machine).collect()).await?;
     for n in 0..workers {
         let gpu = n % (MACHINES * 8);
@@ -76,7 +77,11 @@ async fn measure(
         }
         shape.push(timed_reading(&bench, read).await?);
     }
-    Ok((offer, shape))
+    let mut joined = Vec::new();
+    for n in 0..3 {
+        joined.push(timed_reading(&bench, machine(MACHINES + n)).await?);
+    }
+    Ok((offer, shape, joined))
 }
 
 /// Milliseconds the fleet took to take `read`.
@@ -99,17 +104,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .unwrap_or(100);
     println!("{MACHINES} machines × 8 GPUs of 80 GB; {samples} readings of one GPU's offer");
     println!(
-        "| workers placed | one GPU's offer changed, p50 / p99 | a GPU gone or back, p50 / most |"
+        "| workers placed | one GPU's offer changed, p50 / p99 | a GPU gone or back, p50 / most | a machine new to the fleet, p50 / most |"
     );
-    println!("|---|---|---|");
+    println!("|---|---|---|---|");
     for workers in [0, WORKERS] {
-        let (offer, shape) = measure(workers, samples).await?;
+        let (offer, shape, joined) = measure(workers, samples).await?;
         println!(
-            "| {workers} | {:.2} / {:.2} ms | {:.0} / {:.0} ms |",
+            "| {workers} | {:.2} / {:.2} ms | {:.0} / {:.0} ms | {:.0} / {:.0} ms |",
             pct(&offer, 50.0),
             pct(&offer, 99.0),
             pct(&shape, 50.0),
             pct(&shape, 100.0),
+            pct(&joined, 50.0),
+            pct(&joined, 100.0),
         );
     }
     Ok(())

@@ -258,6 +258,12 @@ impl Views {
             committed: committed.clone(),
             unplaced: ledger.all_unplaced().clone(),
         };
+        // A machine new to the fleet (a Ray node that joined) gets its list before its workers go in it.
+        for name in &touched.machines {
+            if ledger.inventory().machine(name).is_some() && !views.on_machine.contains_key(name) {
+                views.on_machine.insert(name.clone(), imbl::OrdSet::new());
+            }
+        }
         for name in &touched.holders {
             if let Some(seq) = self.committed.workers.seq_of(name) {
                 if let Some(machine) = self.workers.get(&seq).and_then(|w| w.machine.clone()) {
@@ -286,9 +292,18 @@ impl Views {
             };
             views.serialize_machine(name);
             let fresh = Arc::new(machine_view(committed, ledger, &overcommitted, machine));
-            // The machines are the inventory's, which such a write leaves as it is.
-            if let Some(slot) = views.machines.iter_mut().find(|m| m.name == *name) {
-                *slot = fresh;
+            // The machines are the inventory's, in its order; a reading may add one, never take one away.
+            match views.machines.iter_mut().find(|m| m.name == *name) {
+                Some(slot) => *slot = fresh,
+                None => {
+                    let at = ledger
+                        .inventory()
+                        .machines()
+                        .iter()
+                        .position(|m| m.name == *name)
+                        .unwrap_or(views.machines.len());
+                    views.machines.insert(at.min(views.machines.len()), fresh);
+                }
             }
         }
         views

@@ -299,7 +299,6 @@ impl Fleet {
             // Only what its GPUs offer changed (what other programs hold, their health): taken into the
             // ledger in place, and settled by what it touched. Anything else builds it anew.
             let before = inventory.machine(&machine.name).cloned();
-            let known = before.is_some();
             let name = machine.name.clone();
             if let Some(before) = before.filter(|b| b.same_but_readings(&machine)) {
                 let tx = crate::db::write(&fleet.pool).await?;
@@ -318,13 +317,9 @@ impl Fleet {
                 .with_machine(machine)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let tx = crate::db::write(&fleet.pool).await?;
-            if !known {
-                // A machine new to the fleet: every read view lists it, so it is settled whole.
-                return fleet.finish(&mut state, tx, Some(inventory), None).await;
-            }
-            // Its GPUs came, went or were cut: the ledger is held anew on the new inventory from what is
-            // committed (the database is not read again), and the write settled by what held there
-            // before and holds there now, as a write settled by its rows is.
+            // Its GPUs came, went or were cut, or it is new to the fleet: the ledger is held anew on the new
+            // inventory from what is committed (the database is not read again), and the write settled by
+            // what held there before and holds there now, as a write settled by its rows is.
             let mut holders = state.ledger.holders_on(&name, &state.committed);
             let anew = Ledger::build(inventory, &state.committed);
             let was = std::mem::replace(&mut state.ledger, anew);
