@@ -332,7 +332,17 @@ impl Fleet {
         for evicted in ledger.relieve(&committed, eviction_due) {
             evict(&mut tx, &mut committed, &evicted).await?;
         }
-        workers::place_pending(&mut ledger, &mut committed, &mut tx, None).await?;
+        loop {
+            workers::place_pending(&mut ledger, &mut committed, &mut tx, None).await?;
+            let taken = ledger.claims_taken(&committed);
+            if taken.is_empty() {
+                break;
+            }
+            for lost in &taken {
+                ledger.forget(&lost.worker);
+                evict(&mut tx, &mut committed, lost).await?;
+            }
+        }
         ledger.hold_aside(&committed);
         usage::record_holdings(&mut tx, &ledger, usage::now_ms()).await?;
         changes::forget(&mut tx).await?;
@@ -506,8 +516,8 @@ impl Fleet {
     }
 }
 
-/// Stops `evicted` (the over-commit policy's choice): it waits again, in `tx` and in `committed`, and the
-/// audit log says why.
+/// Stops `evicted` (the over-commit policy's choice, or one kept aside whose GPU newer work took): it waits
+/// again, in `tx` and in `committed`, and the audit log says why.
 async fn evict(
     tx: &mut sqlx::SqliteConnection,
     committed: &mut Committed,

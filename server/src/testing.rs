@@ -121,6 +121,13 @@ pub struct TestApp {
     pub pool: sqlx::SqlitePool,
     /// An admin's API token, which [`TestApp::call`] sends.
     pub token: String,
+    /// What it was started with: a restart starts the same.
+    setup: Setup,
+}
+
+/// Where a test server's engines run, and how it reads this machine's GPUs.
+#[derive(Clone)]
+struct Setup {
     /// The machine of the inventory that is this one, if any.
     local: Option<String>,
     /// The machines of the inventory that are made up, as the demo fleet's are.
@@ -193,21 +200,18 @@ impl TestApp {
         made_up: Vec<String>,
         driver: Option<&[u32]>,
     ) -> TestApp {
-        let local = local.map(str::to_owned);
         let gpus: Option<Arc<dyn crate::inventory::LocalGpus>> = driver.map(|mig_on| {
             Arc::new(StandInDriver {
                 dir: dir.path().to_owned(),
                 mig_on: mig_on.to_vec(),
             }) as Arc<dyn crate::inventory::LocalGpus>
         });
-        let (router, fleet, pool) = start(
-            dir.path(),
-            fleet_toml,
-            local.clone(),
-            &made_up,
-            gpus.clone(),
-        )
-        .await;
+        let setup = Setup {
+            local: local.map(str::to_owned),
+            made_up,
+            gpus,
+        };
+        let (router, fleet, pool) = start(dir.path(), fleet_toml, &setup).await;
         // One hash for every test server of the run: argon2 is slow by design.
         static HASH: std::sync::OnceLock<String> = std::sync::OnceLock::new();
         let hash = HASH.get_or_init(|| {
@@ -232,9 +236,7 @@ impl TestApp {
             fleet,
             pool,
             token,
-            local,
-            made_up,
-            gpus,
+            setup,
         }
     }
 
@@ -252,9 +254,7 @@ impl TestApp {
             fleet,
             pool,
             token,
-            local,
-            made_up,
-            gpus,
+            setup,
             ..
         } = self;
         drop(router);
@@ -270,14 +270,7 @@ impl TestApp {
             tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         }
         drop((fleet, pool));
-        let (router, fleet, pool) = start(
-            dir.path(),
-            fleet_toml,
-            local.clone(),
-            &made_up,
-            gpus.clone(),
-        )
-        .await;
+        let (router, fleet, pool) = start(dir.path(), fleet_toml, &setup).await;
         TestApp {
             dir,
             fleet_toml: fleet_toml.to_owned(),
@@ -285,9 +278,7 @@ impl TestApp {
             fleet,
             pool,
             token,
-            local,
-            made_up,
-            gpus,
+            setup,
         }
     }
 
@@ -379,23 +370,20 @@ pub fn shared_worker(name: &str, gb: f64) -> String {
 async fn start(
     dir: &std::path::Path,
     fleet_toml: &str,
-    local: Option<String>,
-    made_up: &[String],
-    gpus: Option<Arc<dyn crate::inventory::LocalGpus>>,
+    setup: &Setup,
 ) -> (Router, Arc<Fleet>, sqlx::SqlitePool) {
     let machines =
         crate::inventory::file::parse_inventory(fleet_toml).expect("a valid test inventory");
-    let simulated = made_up.iter().cloned().collect();
     let inventory = placement::Inventory::new(machines).expect("a consistent test inventory");
     let pool = db::connect(None, dir).await.expect("a database");
-    // The test inventory's machines are remote, but for `local` and those made up: engines are recorded, not started (the
-    // runtime's own tests start real ones).
+    // The test inventory's machines are remote, but for `local` and those made up: a remote machine's
+    // engines are recorded, not started (the runtime's own tests start real ones).
     // `nvidia-smi` is whatever a test puts in its folder: never the machine's own.
     // The test binary stands in for the demo engine and exits at once: an engine that exits is left failed,
     // not restarted for half a minute of backoffs that every wait for the runtime to settle would sit out.
     let settings = Settings {
         nvidia_smi: dir.join("nvidia-smi"),
-        gpus: gpus.clone(),
+        gpus: setup.gpus.clone(),
         max_restarts: 0,
         ..Settings::new(
             std::env::current_exe().expect("the test binary"),
@@ -411,11 +399,11 @@ async fn start(
         Fleet::open(
             pool.clone(),
             inventory,
-            gpus,
+            setup.gpus.clone(),
             runtime,
             Hosts {
-                local,
-                simulated,
+                local: setup.local.clone(),
+                simulated: setup.made_up.iter().cloned().collect(),
                 ..Hosts::default()
             },
         )

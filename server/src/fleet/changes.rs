@@ -223,12 +223,24 @@ impl Fleet {
             touched.note(&committed, &evicted.worker);
             super::evict(tx, &mut committed, &evicted).await?;
         }
-        let since = workers::Since {
-            machines: &touched.machines,
-            workers: &touched.holders,
-        };
-        for changed in workers::place_pending(ledger, &mut committed, tx, Some(since)).await? {
-            touched.note(&committed, &changed);
+        loop {
+            let since = workers::Since {
+                machines: &touched.machines,
+                workers: &touched.holders,
+            };
+            for changed in workers::place_pending(ledger, &mut committed, tx, Some(since)).await? {
+                touched.note(&committed, &changed);
+            }
+            // One kept aside whose GPU newer work took waits again, and is asked of the whole fleet.
+            let taken = ledger.claims_taken(&committed);
+            if taken.is_empty() {
+                break;
+            }
+            for lost in &taken {
+                touched.note(&committed, &lost.worker);
+                ledger.forget(&lost.worker);
+                super::evict(tx, &mut committed, lost).await?;
+            }
         }
         // The work placed since, or an eviction, changed what holds the GPUs of those still kept aside.
         for changed in ledger.hold_aside(&committed) {

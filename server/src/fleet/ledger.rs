@@ -82,12 +82,12 @@ pub(crate) struct Ledger {
     unplaced: BTreeMap<String, String>,
 }
 
-/// A worker the over-commit policy stops, and why.
+/// A worker stopped (by the over-commit policy, or as one kept aside whose GPU newer work took), and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Eviction {
     /// The worker.
     pub worker: String,
-    /// The over-committed GPU, in words.
+    /// Why, in words: the over-committed GPU, or the GPU newer work took.
     pub reason: String,
 }
 
@@ -226,6 +226,45 @@ impl Ledger {
             }
         }
         changed
+    }
+
+    /// The workers kept aside whose GPUs newer workers hold: a rebuild, which holds workers oldest first,
+    /// would hold such a one and keep the newer aside, so each gives its claim up and waits to be placed
+    /// again (as what ran stays where it ran).
+    pub(crate) fn claims_taken(&self, committed: &Committed) -> Vec<Eviction> {
+        let mut taken = Vec::new();
+        for name in self.unplaced.keys() {
+            let (Some(seq), Some(assignment)) = (
+                committed.workers.seq_of(name),
+                committed.worker(name).and_then(|w| w.assignment.as_ref()),
+            ) else {
+                continue;
+            };
+            let newer = |holder: &String| {
+                committed
+                    .workers
+                    .seq_of(holder)
+                    .is_some_and(|other| other > seq)
+            };
+            let by = assignment.gpus.iter().find_map(|&index| {
+                let gpu = GpuRef::new(&assignment.machine, index);
+                let holder = match self.scheduler.hold(&gpu)? {
+                    Hold::Whole(holder) => newer(holder).then_some(holder),
+                    Hold::Shared(sharers) => sharers.keys().find(|h| newer(h)),
+                    Hold::Free => None,
+                }?;
+                Some((gpu, holder.clone()))
+            });
+            if let Some((gpu, holder)) = by {
+                taken.push(Eviction {
+                    worker: name.clone(),
+                    reason: format!(
+                        "{gpu} went to {holder} while {name} could not be held there; {name} waits to be placed again"
+                    ),
+                });
+            }
+        }
+        taken
     }
 
     /// The over-commit policy: while a GPU's sharers take more than it offers, and have for long enough

@@ -180,6 +180,57 @@ async fn a_group_whose_gpu_left_the_inventory_is_shown_not_held_and_the_server_s
 }
 
 #[tokio::test]
+async fn a_worker_kept_aside_whose_gpu_newer_work_took_waits_to_be_placed_again_and_a_restart_moves_nobody(
+) {
+    let app = majin_and_atlas_with_catalog().await;
+    let whole = json!({"name": "pair", "requested_resources": {"gpu_requests": {"count": 2}}});
+    let (_, pair) = app.post_worker(&whole.to_string()).await;
+    assert_eq!(
+        (&pair["machine"], &pair["gpus"]),
+        (&json!("atlas"), &json!([0, 1]))
+    );
+    // atlas:1 leaves for a while; a group takes atlas:0 meanwhile, so pair is still kept aside once it is back.
+    let atlas = |toml: &str| parse_inventory(toml).unwrap().remove(0);
+    app.fleet
+        .refresh_machine(atlas(&atlas_without_gpu_1()))
+        .await
+        .unwrap();
+    let (status, _) = app
+        .deploy(json!({"model": "speech", "gpus": ["atlas:0"], "share": 10}))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    app.fleet.refresh_machine(atlas(ATLAS)).await.unwrap();
+    // Newer work goes to atlas:1, which pair claims but does not hold.
+    let pinned = json!({"name": "newer", "requested_resources": {"gpu_requests": {"count": 1, "shared": true, "memory_gb": 10, "ids": ["atlas:1"]}}});
+    let (status, newer) = app.post_worker(&pinned.to_string()).await;
+    assert_eq!(status, StatusCode::CREATED, "{newer}");
+    assert_eq!(newer["gpus"], json!([1]));
+    // The group ends: atlas:0 is free, but atlas:1 is newer's now.
+    let (_, groups) = app.get("/api/groups").await;
+    let revision = groups[0]["revision"].as_i64().unwrap();
+    let (status, _) = app
+        .call(
+            Method::DELETE,
+            &format!("/api/deployments/speech?revision={revision}"),
+            None,
+        )
+        .await;
+    assert!(status.is_success(), "{status}");
+    app.fleet.check_ledger().await.unwrap();
+    let (_, pair) = app.get("/api/workers/pair").await;
+    assert_eq!(pair["state"], "pending", "{pair}");
+    // A restart holds what ran before it: newer stays where it is.
+    let app = app.restart().await;
+    app.fleet.check_ledger().await.unwrap();
+    let (_, newer) = app.get("/api/workers/newer").await;
+    assert_eq!(
+        (&newer["state"], &newer["not_held"]),
+        (&json!("placed"), &Value::Null),
+        "{newer}"
+    );
+}
+
+#[tokio::test]
 async fn a_write_whose_request_is_dropped_half_way_still_commits_whole_and_the_ledger_follows() {
     let app = TestApp::new(MAJIN).await;
     let new = serde_json::from_str::<crate::api::NewWorkerBody>(&shared_worker("dropped", 2.0))
