@@ -335,7 +335,11 @@ async fn soak(seed: u64) -> Report {
     // No orphan, no duplicate: Tessera's processes are exactly its engines', one per engine.
     let (_, engines) = call(&current, "GET", "/api/engines", Value::Null).await;
     let engines = engines.as_array().cloned().unwrap_or_default();
-    if let Some(any) = engines.iter().find(|e| e["pid"].is_u64()) {
+    // One that serves answers: an on-demand model may be loading or unloading still as the clients stop.
+    if let Some(any) = engines
+        .iter()
+        .find(|e| e["pid"].is_u64() && e["state"] == "healthy")
+    {
         let reported = support::report(any).await;
         if let Some(instance) = reported["env"]["TESSERA_INSTANCE"].as_str() {
             let pids: BTreeSet<u32> = engines
