@@ -317,24 +317,33 @@ impl Fleet {
                 .with_machine(machine)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let tx = crate::db::write(&fleet.pool).await?;
-            // Its GPUs came, went or were cut, or it is new to the fleet: the ledger is held anew on the new
-            // inventory from what is committed (the database is not read again), and the write settled by
-            // what held there before and holds there now, as a write settled by its rows is.
-            let mut holders = state.ledger.holders_on(&name, &state.committed);
-            let anew = Ledger::build(inventory, &state.committed);
-            let was = std::mem::replace(&mut state.ledger, anew);
-            holders.extend(state.ledger.holders_on(&name, &state.committed));
-            let read = Reading::Reshaped(name, holders);
-            let settled = fleet
-                .finish_with(&mut state, tx, None, Some(&read), None)
-                .await;
-            if settled.is_err() {
-                // The state before the reading stands: so does its ledger.
-                state.ledger = was;
-            }
-            settled
+            // Its GPUs came, went or were cut, or it is new to the fleet.
+            fleet.finish_reshaped(&mut state, tx, inventory, name).await
         })
         .await
+    }
+
+    /// Settles a write that changed the GPUs of `machine` (a reading, a cut, a join) onto `inventory`: the
+    /// ledger is held anew from what is committed (the database is not read again), and the write settled
+    /// by what held on that machine before and holds there now, as a write settled by its rows is. Where it
+    /// fails, the ledger before it stands.
+    pub(super) async fn finish_reshaped(
+        &self,
+        state: &mut super::State,
+        tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+        inventory: placement::Inventory,
+        machine: String,
+    ) -> Result<(), ApiError> {
+        let mut holders = state.ledger.holders_on(&machine, &state.committed);
+        let anew = Ledger::build(inventory, &state.committed);
+        let was = std::mem::replace(&mut state.ledger, anew);
+        holders.extend(state.ledger.holders_on(&machine, &state.committed));
+        let read = Reading::Reshaped(machine, holders);
+        let settled = self.finish_with(state, tx, None, Some(&read), None).await;
+        if settled.is_err() {
+            state.ledger = was;
+        }
+        settled
     }
 
     /// Reads this machine's GPUs every `every` for as long as the server runs. A failed reading is logged

@@ -75,7 +75,8 @@ impl Fleet {
                     .map_err(ApiError::internal)?;
                 let mut tx = crate::db::write(&self.pool).await?;
                 let change = record(&mut tx, &gpu, sharing, layout.as_ref(), before, cut_before, actor).await?;
-                self.finish(state, tx, Some(inventory), None).await?;
+                self.finish_reshaped(state, tx, inventory, gpu.machine.clone())
+                    .await?;
                 Ok(Written::Done(change))
             }
             Host::Local if self.runtime.local_gpus().is_some() => {
@@ -87,7 +88,10 @@ impl Fleet {
                 let marked = self.marked(machine.clone());
                 let inventory = inventory.with_machine(marked).map_err(ApiError::internal)?;
                 let tx = crate::db::write(&self.pool).await?;
-                if let Err(e) = self.finish(state, tx, Some(inventory), None).await {
+                if let Err(e) = self
+                    .finish_reshaped(state, tx, inventory, gpu.machine.clone())
+                    .await
+                {
                     self.unmark(&gpu);
                     return Err(e);
                 }
@@ -183,7 +187,8 @@ impl Fleet {
                 )))
             }
         };
-        self.finish(&mut state, tx, Some(inventory), None).await?;
+        self.finish_reshaped(&mut state, tx, inventory, gpu.machine.clone())
+            .await?;
         outcome
     }
 
