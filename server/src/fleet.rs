@@ -332,18 +332,7 @@ impl Fleet {
         for evicted in ledger.relieve(&committed, eviction_due) {
             evict(&mut tx, &mut committed, &evicted).await?;
         }
-        loop {
-            workers::place_pending(&mut ledger, &mut committed, &mut tx, None).await?;
-            let taken = ledger.claims_taken(&committed);
-            if taken.is_empty() {
-                break;
-            }
-            for lost in &taken {
-                ledger.forget(&lost.worker);
-                evict(&mut tx, &mut committed, lost).await?;
-            }
-        }
-        ledger.hold_aside(&committed);
+        changes::place_pending(&mut ledger, &mut committed, &mut tx, None).await?;
         usage::record_holdings(&mut tx, &ledger, usage::now_ms()).await?;
         changes::forget(&mut tx).await?;
         tx.commit().await?;

@@ -75,6 +75,49 @@ impl Changes {
     }
 }
 
+/// Places the pending work that fits ([`workers::place_pending`]; asked of what `touched` names, where the
+/// write is settled by its rows), lets each worker kept aside whose GPU newer work took wait again (asked of
+/// the whole fleet) until none is, then says again why those still kept aside are: the same, whether a write
+/// settles whole or by its rows. What it changes goes into `touched`, where given.
+pub(super) async fn place_pending(
+    ledger: &mut Ledger,
+    committed: &mut Committed,
+    tx: &mut sqlx::SqliteConnection,
+    mut touched: Option<&mut Touched>,
+) -> Result<(), ApiError> {
+    loop {
+        let since = touched.as_deref().map(|t| workers::Since {
+            machines: &t.machines,
+            workers: &t.holders,
+        });
+        let placed = workers::place_pending(ledger, committed, tx, since).await?;
+        if let Some(touched) = touched.as_deref_mut() {
+            for changed in &placed {
+                touched.note(committed, changed);
+            }
+        }
+        let taken = ledger.claims_taken(committed);
+        if taken.is_empty() {
+            break;
+        }
+        for lost in &taken {
+            if let Some(touched) = touched.as_deref_mut() {
+                touched.note(committed, &lost.worker);
+            }
+            ledger.forget(&lost.worker);
+            super::evict(tx, committed, lost).await?;
+        }
+    }
+    // The work placed since, or an eviction, changed what holds the GPUs of those still kept aside.
+    let aside = ledger.hold_aside(committed);
+    if let Some(touched) = touched {
+        for changed in &aside {
+            touched.note(committed, changed);
+        }
+    }
+    Ok(())
+}
+
 /// Empties `changes` in `tx`, before it commits: what the settling itself changed (pending work placed,
 /// workers stopped by the over-commit policy) is applied as it is done.
 pub(super) async fn forget(tx: &mut sqlx::SqliteConnection) -> Result<(), ApiError> {
@@ -223,29 +266,7 @@ impl Fleet {
             touched.note(&committed, &evicted.worker);
             super::evict(tx, &mut committed, &evicted).await?;
         }
-        loop {
-            let since = workers::Since {
-                machines: &touched.machines,
-                workers: &touched.holders,
-            };
-            for changed in workers::place_pending(ledger, &mut committed, tx, Some(since)).await? {
-                touched.note(&committed, &changed);
-            }
-            // One kept aside whose GPU newer work took waits again, and is asked of the whole fleet.
-            let taken = ledger.claims_taken(&committed);
-            if taken.is_empty() {
-                break;
-            }
-            for lost in &taken {
-                touched.note(&committed, &lost.worker);
-                ledger.forget(&lost.worker);
-                super::evict(tx, &mut committed, lost).await?;
-            }
-        }
-        // The work placed since, or an eviction, changed what holds the GPUs of those still kept aside.
-        for changed in ledger.hold_aside(&committed) {
-            touched.note(&committed, &changed);
-        }
+        place_pending(ledger, &mut committed, tx, Some(&mut touched)).await?;
         usage::record_holdings_of(tx, ledger, &touched.holders, usage::now_ms()).await?;
         forget(tx).await?;
         Ok((committed, touched))
