@@ -2,7 +2,7 @@
 //! when the search runs out of budget. It moves only what the GPUs it frees held, so its restarts are
 //! theirs alone, where a packing from scratch (first fit decreasing) moves nearly everything.
 
-use super::{Goal, Instance, Packing};
+use super::{Goal, Instance, Packing, Room};
 use std::collections::BTreeSet;
 
 /// How many GPUs with room, fullest first, are weighed for one item before it is taken to fit nowhere: the
@@ -73,13 +73,12 @@ pub fn evacuate(instance: &Instance, goal: Goal) -> Packing {
                 });
             let Some(to) = to else { break };
             shift(&mut by_room, &mut room, to, |r| r - item.size);
-            let (a, b) = (origin_machine, instance.bins[to].machine);
-            if a != b {
-                machines[b].cpu_cores -= item.needs.cpu_cores;
-                machines[b].memory -= item.needs.memory;
-                machines[a].cpu_cores += item.needs.cpu_cores;
-                machines[a].memory += item.needs.memory;
-            }
+            carry(
+                &mut machines,
+                item.needs,
+                origin_machine,
+                instance.bins[to].machine,
+            );
             placed.push((i, to));
         }
         if placed.len() == items.len() {
@@ -96,13 +95,12 @@ pub fn evacuate(instance: &Instance, goal: Goal) -> Packing {
         for (i, to) in placed {
             let item = &instance.items[i];
             shift(&mut by_room, &mut room, to, |r| r + item.size);
-            let (a, b) = (instance.bins[from].machine, instance.bins[to].machine);
-            if a != b {
-                machines[b].cpu_cores += item.needs.cpu_cores;
-                machines[b].memory += item.needs.memory;
-                machines[a].cpu_cores -= item.needs.cpu_cores;
-                machines[a].memory -= item.needs.memory;
-            }
+            carry(
+                &mut machines,
+                item.needs,
+                instance.bins[to].machine,
+                instance.bins[from].machine,
+            );
         }
         by_room.insert((room[from], from));
     }
@@ -118,4 +116,15 @@ fn shift(by_room: &mut BTreeSet<(u64, usize)>, room: &mut [u64], b: usize, f: im
     by_room.remove(&(room[b], b));
     room[b] = f(room[b]);
     by_room.insert((room[b], b));
+}
+
+/// Moves what an item `needs` from machine `from` to machine `to`: `from` has that much more room, `to` that
+/// much less (the same machine, nothing).
+fn carry(machines: &mut [Room], needs: Room, from: usize, to: usize) {
+    if from != to {
+        machines[to].cpu_cores -= needs.cpu_cores;
+        machines[to].memory -= needs.memory;
+        machines[from].cpu_cores += needs.cpu_cores;
+        machines[from].memory += needs.memory;
+    }
 }
