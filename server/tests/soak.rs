@@ -446,17 +446,10 @@ async fn an_engine_whose_gpu_another_program_filled_while_it_loaded_dies_of_cuda
         sim.read(&gpu).unwrap().used.get() > 0
     })
     .await;
-    // (All but a gigabyte: less than the engine's next part, and room for the moment between the
-    // reading and the allocation.)
-    let now = sim.read(&gpu).unwrap();
-    let free = now.total.saturating_sub(now.used);
-    sim.allocate(
-        &gpu,
-        notebook.id().unwrap(),
-        free.saturating_sub(placement::Bytes::gb(1)),
-        true,
-    )
-    .unwrap();
+    // All but a gigabyte (less than the engine's next part), taken in one step: the engine goes on loading
+    // meanwhile.
+    sim.fill(&gpu, notebook.id().unwrap(), placement::Bytes::gb(1))
+        .unwrap();
     support::wait_until("the engine dies of it", || async {
         let engine = server.engine_if_any("glm-5.3").await;
         let Some(id) = engine.and_then(|e| e["id"].as_str().map(str::to_owned)) else {

@@ -49,6 +49,9 @@ pub struct Refusal {
     pub gpu: String,
     /// Who asked.
     pub pid: u32,
+    /// Whether who asked is a program other than an engine (a notebook, a spike the soak makes).
+    #[serde(default)]
+    pub by_outside: bool,
     /// What it asked for, in bytes.
     pub asked: u64,
     /// What it held there already.
@@ -62,10 +65,11 @@ pub struct Refusal {
 }
 
 impl Refusal {
-    /// Whether the engines alone left no room for it: Tessera placed or started more than the GPU holds.
-    /// A refusal only because another program took memory meanwhile is that program's doing.
+    /// Whether the engines alone left no room for an engine's allocation: Tessera placed or started more
+    /// than the GPU holds. A refusal only because another program took memory meanwhile is that program's
+    /// doing, and so is a refusal of another program.
     pub fn overfill(&self) -> bool {
-        self.engines + self.held + self.asked > self.total
+        !self.by_outside && self.engines + self.held + self.asked > self.total
     }
 }
 
@@ -226,6 +230,7 @@ impl SimulatedGpus {
                 at_ms: now_ms(),
                 gpu: format!("{}:{}", gpu.machine, gpu.index),
                 pid,
+                by_outside: outside,
                 asked: bytes.get(),
                 held: state.holds.get(&pid).map_or(0, |h| h.bytes),
                 total: state.total,
@@ -246,6 +251,21 @@ impl SimulatedGpus {
                     .total
                     .saturating_sub(refusal.engines + refusal.outside + refusal.held),
             ),
+        })
+    }
+
+    /// Another program, `pid`, takes all that is free on `gpu` but `leave`, in one step (between a
+    /// reading and an allocation an engine may take more): what it took.
+    pub fn fill(&self, gpu: &GpuRef, pid: u32, leave: Bytes) -> Result<Bytes, SimError> {
+        self.with(gpu, false, |state| {
+            let used: u64 = state.holds.values().map(|h| h.bytes).sum();
+            let took = state.total.saturating_sub(used).saturating_sub(leave.get());
+            let hold = state.holds.entry(pid).or_insert(Hold {
+                bytes: 0,
+                outside: true,
+            });
+            hold.bytes += took;
+            Ok(Bytes(took))
         })
     }
 
@@ -389,11 +409,52 @@ mod tests {
             .allocate(&gpu, engine.id(), Bytes::gb(2), false)
             .is_err());
         assert!(!sim.refusals()[0].overfill());
+        // Nor is a refusal of the other program, whatever the engines hold.
+        assert!(sim.allocate(&gpu, spike.id(), Bytes::gb(3), true).is_err());
+        let refusal = &sim.refusals()[1];
+        assert!(refusal.by_outside && !refusal.overfill(), "{refusal:?}");
         spike.kill().unwrap();
         spike.wait().unwrap();
         sim.allocate(&gpu, engine.id(), Bytes::gb(2), false)
             .unwrap();
         engine.kill().unwrap();
         engine.wait().unwrap();
+    }
+
+    #[test]
+    fn a_program_that_fills_a_gpu_while_an_engine_loads_takes_what_is_free_then_and_the_engine_s_next_part_is_refused(
+    ) {
+        let dir = tempfile::tempdir().unwrap();
+        let gpu = GpuRef::new("majin", 0);
+        // Thousands of parts: the engine is still loading when the program fills the GPU.
+        let sim =
+            SimulatedGpus::create(dir.path(), &[(gpu.clone(), Bytes::gb(8_000), Bytes::ZERO)])
+                .unwrap();
+        // An engine loads in parts of 2 GB, as fast as it can, until one is refused.
+        let engine = {
+            let (sim, gpu) = (sim.clone(), gpu.clone());
+            std::thread::spawn(move || {
+                let me = std::process::id();
+                while sim.allocate(&gpu, me, Bytes::gb(2), false).is_ok() {}
+            })
+        };
+        let mut notebook = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        while sim.read(&gpu).unwrap().used == Bytes::ZERO {}
+        let took = sim.fill(&gpu, notebook.id(), Bytes::gb(1)).unwrap();
+        engine.join().unwrap();
+        let now = sim.read(&gpu).unwrap();
+        assert!(took > Bytes::ZERO && now.used <= now.total, "{now:?}");
+        let refusals = sim.refusals();
+        assert!(
+            refusals
+                .iter()
+                .all(|r| r.pid == std::process::id() && !r.overfill()),
+            "{refusals:?}"
+        );
+        notebook.kill().unwrap();
+        notebook.wait().unwrap();
     }
 }
