@@ -40,6 +40,7 @@ use leptos_axum::{generate_route_list, AxumRouteListing, LeptosRoutes};
 use std::future::{Future, IntoFuture};
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
+use tower_http::compression::CompressionLayer;
 
 /// Why the server could not start or had to stop.
 #[derive(Debug, thiserror::Error)]
@@ -219,6 +220,10 @@ pub fn router(state: AppState) -> Router {
         // route again at every step (and a request cloned every box on its way in).
         .layer(
             tower::ServiceBuilder::new()
+                // The wizard's options and the repack's fleet are megabytes at a thousand machines, and
+                // shrink thirty to seventy times (BENCHMARKS.md). Event streams are left alone (the default predicate), and the site's
+                // files come compressed already (`site`); the gateway is not under it.
+                .layer(CompressionLayer::new())
                 .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
                 .layer(security::HeadersLayer::new(state.https))
                 .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))

@@ -68,3 +68,45 @@ fn behind_a_trusted_proxy_the_client_is_the_last_forwarded_address_that_is_not_a
         ip("10.0.0.2")
     );
 }
+
+#[tokio::test]
+async fn a_client_that_takes_gzip_gets_json_and_pages_compressed_and_the_same_once_unpacked_and_events_as_they_come(
+) {
+    use http_body_util::BodyExt;
+    let app = TestApp::new(MAJIN).await;
+    let get = |uri: &str, gzip: bool| {
+        let mut request = axum::http::Request::get(uri)
+            .header(header::AUTHORIZATION, format!("Bearer {}", app.token));
+        if gzip {
+            request = request.header(header::ACCEPT_ENCODING, "gzip");
+        }
+        app.send(request.body(axum::body::Body::empty()).unwrap())
+    };
+    for uri in ["/api/machines", "/api/openapi.json", "/nodes"] {
+        let plain = get(uri, false).await;
+        assert!(plain.headers().get(header::CONTENT_ENCODING).is_none());
+        let plain = plain.into_body().collect().await.unwrap().to_bytes();
+        let packed = get(uri, true).await;
+        assert_eq!(packed.headers()[header::CONTENT_ENCODING], "gzip", "{uri}");
+        let packed = packed.into_body().collect().await.unwrap().to_bytes();
+        let mut unpacked = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(&packed[..]),
+            &mut unpacked,
+        )
+        .unwrap();
+        if uri == "/nodes" {
+            // A page carries a nonce of its own each time; its text is the same.
+            assert!(
+                String::from_utf8(unpacked).unwrap().contains("majin"),
+                "{uri}"
+            );
+        } else {
+            assert_eq!(unpacked, plain, "{uri}");
+        }
+    }
+    // An event stream is not held back to be compressed.
+    let events = get("/api/events", true).await;
+    assert_eq!(events.headers()[header::CONTENT_TYPE], "text/event-stream");
+    assert!(events.headers().get(header::CONTENT_ENCODING).is_none());
+}
