@@ -108,17 +108,11 @@ pub async fn restore(config: &Config, from: &Path) -> Result<(), String> {
 /// The variable `tessera check` takes an admin's API token from.
 pub const TOKEN_VAR: &str = "TESSERA_TOKEN";
 
-/// `tessera check`: asks the running server (on `--listen`, plain HTTP) to hold what it keeps in memory
-/// against the whole rebuild from its database, and prints what differs; an error where anything does. The
-/// token is an admin's, from $TESSERA_TOKEN.
+/// `tessera check`: asks the running server (on `--listen`, over https where it serves with
+/// `--tls-cert`, trusting that certificate alone) to hold what it keeps in memory against the whole
+/// rebuild from its database, and prints what differs; an error where anything does. The token is an
+/// admin's, from $TESSERA_TOKEN.
 pub async fn check(config: &Config) -> Result<(), String> {
-    use http_body_util::BodyExt;
-    if config.tls_cert.is_some() {
-        return Err(format!(
-            "the server listens with TLS, which this command does not speak: ask GET https://{}/api/check with an admin's token (curl --cacert …)",
-            config.listen
-        ));
-    }
     let token = std::env::var(TOKEN_VAR).map_err(|_| {
         format!("give an admin's API token in ${TOKEN_VAR} (tessera token add NAME --user ADMIN)")
     })?;
@@ -126,27 +120,25 @@ pub async fn check(config: &Config) -> Result<(), String> {
     let stream = tokio::net::TcpStream::connect(config.listen)
         .await
         .map_err(|e| unreachable(e.to_string()))?;
-    let (mut sender, connection) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-            .await
-            .map_err(|e| unreachable(e.to_string()))?;
-    tokio::spawn(connection);
     let request = hyper::Request::get("/api/check")
         .header(hyper::header::HOST, config.listen.to_string())
         .header(hyper::header::AUTHORIZATION, format!("Bearer {token}"))
         .body(http_body_util::Empty::<axum::body::Bytes>::new())
         .map_err(|e| e.to_string())?;
-    let response = sender
-        .send_request(request)
-        .await
-        .map_err(|e| unreachable(e.to_string()))?;
-    let status = response.status();
-    let body = response
-        .into_body()
-        .collect()
-        .await
-        .map_err(|e| unreachable(e.to_string()))?
-        .to_bytes();
+    let (status, body) = match &config.tls_cert {
+        Some(cert) => {
+            let connector = crate::tls::own_connector(cert).map_err(|e| e.to_string())?;
+            let name =
+                tokio_rustls::rustls::pki_types::ServerName::IpAddress(config.listen.ip().into());
+            let stream = connector
+                .connect(name, stream)
+                .await
+                .map_err(|e| unreachable(format!("over https with {}: {e}", cert.display())))?;
+            ask(stream, request).await
+        }
+        None => ask(stream, request).await,
+    }
+    .map_err(unreachable)?;
     let answer: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
     if !status.is_success() {
         return Err(format!(
@@ -171,6 +163,31 @@ pub async fn check(config: &Config) -> Result<(), String> {
         "{} differences between what the server keeps and its database",
         differences.len()
     ))
+}
+
+/// `request` sent over `stream`: the status and the body.
+async fn ask(
+    stream: impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    request: hyper::Request<http_body_util::Empty<axum::body::Bytes>>,
+) -> Result<(hyper::StatusCode, axum::body::Bytes), String> {
+    use http_body_util::BodyExt;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .map_err(|e| e.to_string())?;
+    tokio::spawn(connection);
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|e| e.to_string())?;
+    let status = response.status();
+    let body = response
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    Ok((status, body))
 }
 
 /// `tessera ray-node`: prints the `ray start` line for this machine, from its GPUs as NVML reads them.

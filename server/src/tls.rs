@@ -10,11 +10,19 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
+use tokio_rustls::rustls::crypto::{
+    verify_tls12_signature, verify_tls13_signature, CryptoProvider, WebPkiSupportedAlgorithms,
+};
 use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::rustls::ServerConfig;
+use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use tokio_rustls::rustls::{
+    CertificateError, ClientConfig, DigitallySignedStruct, ServerConfig, SignatureScheme,
+};
 use tokio_rustls::server::TlsStream;
-use tokio_rustls::TlsAcceptor;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE: Duration = Duration::from_secs(10);
@@ -40,37 +48,114 @@ pub enum TlsError {
     Config(#[from] tokio_rustls::rustls::Error),
 }
 
-/// The TLS side of the server: the certificate chain of `cert` with the key of `key`.
-pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
-    let pem = |what, path: &Path, why: String| TlsError::Pem {
-        what,
-        path: path.to_path_buf(),
+/// The certificate chain in `cert`.
+fn read_chain(cert: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = |why: String| TlsError::Pem {
+        what: "a certificate chain",
+        path: cert.to_path_buf(),
         why,
     };
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| pem("a certificate chain", cert, e.to_string()))?
+        .map_err(|e| pem(e.to_string()))?
         .collect::<Result<_, _>>()
-        .map_err(|e| pem("a certificate chain", cert, e.to_string()))?;
+        .map_err(|e| pem(e.to_string()))?;
     if chain.is_empty() {
-        return Err(pem(
-            "a certificate chain",
-            cert,
-            "no certificate in it".to_owned(),
-        ));
+        return Err(pem("no certificate in it".to_owned()));
     }
-    let key =
-        PrivateKeyDer::from_pem_file(key).map_err(|e| pem("a private key", key, e.to_string()))?;
-    // ring, not aws-lc-rs: it builds with a C compiler alone, where aws-lc-rs needs CMake and more. rustls
-    // marks it deprecated for want of post-quantum key exchange, which browsers do not require.
-    #[allow(deprecated)]
-    let provider = Arc::new(tokio_rustls::rustls::crypto::ring::default_provider());
-    let mut config = ServerConfig::builder_with_provider(provider)
+    Ok(chain)
+}
+
+/// ring, not aws-lc-rs: it builds with a C compiler alone, where aws-lc-rs needs CMake and more. rustls
+/// marks it deprecated for want of post-quantum key exchange, which browsers do not require.
+#[allow(deprecated)]
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(tokio_rustls::rustls::crypto::ring::default_provider())
+}
+
+/// The TLS side of the server: the certificate chain of `cert` with the key of `key`.
+pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, TlsError> {
+    let chain = read_chain(cert)?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Pem {
+        what: "a private key",
+        path: key.to_path_buf(),
+        why: e.to_string(),
+    })?;
+    let mut config = ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()?
         .with_no_client_auth()
         .with_single_cert(chain, key)?;
     // HTTP/1.1 alone, as the plain listener serves (axum here is built without HTTP/2).
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(TlsAcceptor::from(Arc::new(config)))
+}
+
+/// The client side of this server's own https, for its subcommands (`tessera check`): it trusts the one
+/// certificate the server serves, the first of `cert`, and no other. They reach the server by the address
+/// it listens on, which a certificate for a host name does not name; holding that certificate's key is
+/// the proof that it is this server.
+pub fn own_connector(cert: &Path) -> Result<TlsConnector, TlsError> {
+    let served = read_chain(cert)?.swap_remove(0);
+    let provider = provider();
+    let verifier = Arc::new(Served {
+        cert: served,
+        algorithms: provider.signature_verification_algorithms,
+    });
+    let mut config = ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(TlsConnector::from(Arc::new(config)))
+}
+
+/// Trusts one certificate, whatever name it is reached by; the handshake's signatures are checked against
+/// it as ever.
+#[derive(Debug)]
+struct Served {
+    cert: CertificateDer<'static>,
+    algorithms: WebPkiSupportedAlgorithms,
+}
+
+impl ServerCertVerifier for Served {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, tokio_rustls::rustls::Error> {
+        if end_entity.as_ref() == self.cert.as_ref() {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(tokio_rustls::rustls::Error::InvalidCertificate(
+                CertificateError::ApplicationVerificationFailure,
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, tokio_rustls::rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.algorithms.supported_schemes()
+    }
 }
 
 /// A listener whose connections have finished their TLS handshake.

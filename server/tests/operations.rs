@@ -281,40 +281,39 @@ fn curl(cert: &Path, url: &str) -> (bool, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn served_with_a_certificate_the_console_and_the_gateway_answer_over_https_only_with_hsts_and_secure_cookies(
+async fn served_with_a_certificate_the_console_and_the_gateway_answer_over_https_only_with_hsts_and_secure_cookies_and_tessera_check_trusts_that_certificate_alone(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let at = |name: &str| dir.path().join(name);
-    // A self-signed certificate for localhost, made now.
-    let made = std::process::Command::new("openssl")
-        .args([
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-        ])
-        .args([
-            "-days",
-            "1",
-            "-subj",
-            "/CN=localhost",
-            "-addext",
-            "subjectAltName=DNS:localhost,IP:127.0.0.1",
-        ])
-        .arg("-keyout")
-        .arg(at("key.pem"))
-        .arg("-out")
-        .arg(at("cert.pem"))
-        .output()
-        .expect("openssl runs");
-    assert!(
-        made.status.success(),
-        "{}",
-        String::from_utf8_lossy(&made.stderr)
+    self_signed(&at("cert.pem"), &at("key.pem"));
+    let data = at("data");
+    let data_dir = data.to_str().unwrap();
+    let added = tessera(
+        &[
+            "--data-dir",
+            data_dir,
+            "user",
+            "add",
+            "ops",
+            "--role",
+            "admin",
+        ],
+        &[],
     );
+    assert!(added.status.success(), "{}", said(&added));
+    let token = tessera(
+        &[
+            "--data-dir",
+            data_dir,
+            "token",
+            "add",
+            "ops",
+            "--user",
+            "ops",
+        ],
+        &[],
+    );
+    let token = String::from_utf8(token.stdout).unwrap().trim().to_owned();
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -325,7 +324,6 @@ async fn served_with_a_certificate_the_console_and_the_gateway_answer_over_https
         .local_addr()
         .unwrap()
         .port();
-    let data = at("data");
     let mut server = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
         .arg(&data)
@@ -384,7 +382,72 @@ async fn served_with_a_certificate_the_console_and_the_gateway_answer_over_https
         &format!("http://127.0.0.1:{gateway}/v1/models"),
     );
     assert!(!plain);
+    // `tessera check` speaks https to the server with the server's own certificate, and trusts no other.
+    let check = |cert: &str, key: &str| {
+        let listen = format!("127.0.0.1:{port}");
+        let (cert, key) = (at(cert), at(key));
+        let args = [
+            "--data-dir",
+            data_dir,
+            "--listen",
+            &listen,
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+            "check",
+        ];
+        tessera(&args, &[("TESSERA_TOKEN", Path::new(&token))])
+    };
+    let checked = check("cert.pem", "key.pem");
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(checked.status.success(), "{lines}{}", said(&checked));
+    assert!(lines.contains("nothing differs"), "{lines}");
+    self_signed(&at("other.pem"), &at("other-key.pem"));
+    let refused = check("other.pem", "other-key.pem");
+    assert_eq!(refused.status.code(), Some(1));
+    assert!(
+        said(&refused).contains(&format!(
+            "does not answer: over https with {}",
+            at("other.pem").display()
+        )),
+        "{}",
+        said(&refused)
+    );
     server.kill().await.unwrap();
+}
+
+/// A self-signed certificate for localhost and 127.0.0.1 at `cert`, its key at `key`, made now.
+fn self_signed(cert: &Path, key: &Path) {
+    let made = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ])
+        .args([
+            "-days",
+            "1",
+            "-subj",
+            "/CN=localhost",
+            "-addext",
+            "subjectAltName=DNS:localhost,IP:127.0.0.1",
+        ])
+        .arg("-keyout")
+        .arg(key)
+        .arg("-out")
+        .arg(cert)
+        .output()
+        .expect("openssl runs");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
