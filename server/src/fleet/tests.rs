@@ -261,6 +261,36 @@ async fn a_write_whose_request_is_dropped_half_way_still_commits_whole_and_the_l
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_while_writes_go_on_reads_the_database_as_it_was_when_it_began_and_finds_nothing_differs(
+) {
+    let app = std::sync::Arc::new(TestApp::new(MAJIN).await);
+    let writes = tokio::spawn({
+        let app = app.clone();
+        async move {
+            for n in 0..60 {
+                let name = format!("w{n}");
+                let (status, answer) = app.post_worker(&shared_worker(&name, 0.25)).await;
+                assert_eq!(status, StatusCode::CREATED, "{answer}");
+                if n % 3 == 0 {
+                    let (status, answer) = app
+                        .call(Method::DELETE, &format!("/api/workers/{name}"), None)
+                        .await;
+                    assert_eq!(status, StatusCode::NO_CONTENT, "{answer}");
+                }
+            }
+        }
+    });
+    let mut checks = 0;
+    while !writes.is_finished() {
+        app.fleet.check_ledger().await.unwrap();
+        checks += 1;
+    }
+    writes.await.unwrap();
+    app.fleet.check_ledger().await.unwrap();
+    assert!(checks > 1, "the checks ran beside the writes: {checks}");
+}
+
 #[tokio::test]
 async fn a_model_runs_in_a_group_or_on_whole_gpus_never_both() {
     let app = majin_and_atlas_with_catalog().await;
