@@ -9,17 +9,10 @@ mod support;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use support::Bench;
+use support::{pct, Bench};
 
 const MACHINES: usize = 1250;
 const WORKERS: usize = 40_000;
-
-/// Milliseconds at the `p`th percentile.
-fn pct(samples: &[f64], p: f64) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
-}
 
 fn ms(since: Instant) -> f64 {
     since.elapsed().as_secs_f64() * 1000.0
@@ -32,21 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|n| n.parse())
         .transpose()?
         .unwrap_or(10);
-    let machines = (0..MACHINES)
-        .map(|n| support::h100s(&format!("m{n:04}")))
-        .collect();
-    let bench = Arc::new(Bench::open(machines).await?);
-    for n in 0..WORKERS {
-        let gpu = n % (MACHINES * 8);
-        bench
-            .shared_worker(
-                format!("w{n:05}"),
-                (1 + n % 12) as f64,
-                format!("m{:04}:{}", gpu / 8, gpu % 8),
-                None,
-            )
-            .await?;
-    }
+    let bench = Arc::new(Bench::h100_fleet(MACHINES, WORKERS).await?);
     let (mut checks, mut alone, mut beside) = (Vec::new(), Vec::new(), Vec::new());
     for s in 0..samples {
         let began = Instant::now();

@@ -14,7 +14,7 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use placement::{Bytes, Machine};
 use std::time::Instant;
-use support::Bench;
+use support::{pct, Bench};
 use tower::ServiceExt;
 
 const MACHINES: usize = 1250;
@@ -24,31 +24,13 @@ fn machine(n: usize) -> Machine {
     support::h100s(&format!("m{n:04}"))
 }
 
-/// Milliseconds at the `p`th percentile.
-fn pct(samples: &[f64], p: f64) -> f64 {
-    let mut sorted = samples.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
-}
-
 /// The fleet with `workers` placed, and each reading's time: one GPU's offer changed, `samples` times,
 /// then a GPU gone and back, a few times.
 async fn measure(
     workers: usize,
     samples: usize,
 ) -> Result<(Vec<f64>, Vec<f64>, Vec<f64>), Box<dyn std::error::Error>> {
-    let bench = Bench::open((0..MACHINES).map(machine).collect()).await?;
-    for n in 0..workers {
-        let gpu = n % (MACHINES * 8);
-        bench
-            .shared_worker(
-                format!("w{n:05}"),
-                (1 + n % 12) as f64,
-                format!("m{:04}:{}", gpu / 8, gpu % 8),
-                None,
-            )
-            .await?;
-    }
+    let bench = Bench::h100_fleet(MACHINES, workers).await?;
     let mut offer = Vec::new();
     for s in 0..samples {
         let mut read = machine(MACHINES / 2);

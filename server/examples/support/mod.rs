@@ -138,3 +138,31 @@ impl Bench {
         Ok(())
     }
 }
+
+impl Bench {
+    /// `machines` machines of eight H100s named `m0000` on, with `workers` shared workers of 1–12 GB
+    /// (`w00000` on) placed through the fleet's own writes, round the GPUs in turn.
+    pub async fn h100_fleet(machines: usize, workers: usize) -> Result<Bench, Box<dyn Error>> {
+        let bench =
+            Bench::open((0..machines).map(|n| h100s(&format!("m{n:04}"))).collect()).await?;
+        for n in 0..workers {
+            let gpu = n % (machines * 8);
+            bench
+                .shared_worker(
+                    format!("w{n:05}"),
+                    (1 + n % 12) as f64,
+                    format!("m{:04}:{}", gpu / 8, gpu % 8),
+                    None,
+                )
+                .await?;
+        }
+        Ok(bench)
+    }
+}
+
+/// Milliseconds at the `p`th percentile of `samples`.
+pub fn pct(samples: &[f64], p: f64) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
+}
