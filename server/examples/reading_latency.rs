@@ -14,15 +14,11 @@ use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use placement::{Bytes, Machine};
 use std::time::Instant;
-use support::{pct, Bench};
+use support::{numbered_h100s, pct, Bench};
 use tower::ServiceExt;
 
 const MACHINES: usize = 1250;
 const WORKERS: usize = 40_000;
-
-fn machine(n: usize) -> Machine {
-    support::h100s(&format!("m{n:04}"))
-}
 
 /// The fleet with `workers` placed, and each reading's time: one GPU's offer changed, `samples` times,
 /// then a GPU gone and back, a few times.
@@ -33,7 +29,7 @@ async fn measure(
     let bench = Bench::h100_fleet(MACHINES, workers).await?;
     let mut offer = Vec::new();
     for s in 0..samples {
-        let mut read = machine(MACHINES / 2);
+        let mut read = numbered_h100s(MACHINES / 2);
         read.gpus[3].held_outside = Bytes::gb(1 + (s % 2) as u64);
         offer.push(timed_reading(&bench, read).await?);
     }
@@ -53,7 +49,7 @@ async fn measure(
     assert_eq!(shown["gpus"][3]["held_outside_gb"], last as f64, "{shown}");
     let mut shape = Vec::new();
     for s in 0..6 {
-        let mut read = machine(MACHINES / 2);
+        let mut read = numbered_h100s(MACHINES / 2);
         if s % 2 == 0 {
             read.gpus.pop();
         }
@@ -61,7 +57,7 @@ async fn measure(
     }
     let mut joined = Vec::new();
     for n in 0..3 {
-        joined.push(timed_reading(&bench, machine(MACHINES + n)).await?);
+        joined.push(timed_reading(&bench, numbered_h100s(MACHINES + n)).await?);
     }
     Ok((offer, shape, joined))
 }

@@ -221,8 +221,9 @@ pub fn router(state: AppState) -> Router {
         .layer(
             tower::ServiceBuilder::new()
                 // The wizard's options and the repack's fleet are megabytes at a thousand machines, and
-                // shrink thirty to seventy times (BENCHMARKS.md). Event streams are left alone (the default predicate), and the site's
-                // files come compressed already (`site`); the gateway is not under it.
+                // shrink thirty to seventy times (BENCHMARKS.md). Event streams are left alone (the
+                // default predicate), the site's files come compressed already (`site`), and the gateway
+                // is not under it.
                 .layer(CompressionLayer::new())
                 .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
                 .layer(security::HeadersLayer::new(state.https))

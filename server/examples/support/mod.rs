@@ -140,11 +140,10 @@ impl Bench {
 }
 
 impl Bench {
-    /// `machines` machines of eight H100s named `m0000` on, with `workers` shared workers of 1–12 GB
+    /// `machines` machines of eight H100s ([`numbered_h100s`]), with `workers` shared workers of 1–12 GB
     /// (`w00000` on) placed through the fleet's own writes, round the GPUs in turn.
     pub async fn h100_fleet(machines: usize, workers: usize) -> Result<Bench, Box<dyn Error>> {
-        let bench =
-            Bench::open((0..machines).map(|n| h100s(&format!("m{n:04}"))).collect()).await?;
+        let bench = Bench::open((0..machines).map(numbered_h100s).collect()).await?;
         for n in 0..workers {
             let gpu = n % (machines * 8);
             bench
@@ -158,6 +157,11 @@ impl Bench {
         }
         Ok(bench)
     }
+}
+
+/// The `n`th machine of [`Bench::h100_fleet`]: `m0000` on, eight H100s.
+pub fn numbered_h100s(n: usize) -> Machine {
+    h100s(&format!("m{n:04}"))
 }
 
 /// Milliseconds at the `p`th percentile of `samples`.

@@ -32,6 +32,21 @@ struct Gpu {
     answering: BTreeMap<u32, u32>,
 }
 
+impl Gpu {
+    /// What every process holds, together.
+    fn used(&self) -> u64 {
+        self.holds.values().map(|h| h.bytes).sum()
+    }
+
+    /// `pid` takes `bytes` more, held by an engine or (`outside`) by another program.
+    fn take(&mut self, pid: u32, bytes: u64, outside: bool) {
+        self.holds
+            .entry(pid)
+            .or_insert(Hold { bytes: 0, outside })
+            .bytes += bytes;
+    }
+}
+
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 struct Hold {
     bytes: u64,
@@ -214,10 +229,8 @@ impl SimulatedGpus {
         outside: bool,
     ) -> Result<(), SimError> {
         let refused = self.with(gpu, false, |state| {
-            let used: u64 = state.holds.values().map(|h| h.bytes).sum();
-            if used + bytes.get() <= state.total {
-                let hold = state.holds.entry(pid).or_insert(Hold { bytes: 0, outside });
-                hold.bytes += bytes.get();
+            if state.used() + bytes.get() <= state.total {
+                state.take(pid, bytes.get(), outside);
                 return Ok(None);
             }
             let (engines, others): (Vec<_>, Vec<_>) = state
@@ -258,13 +271,11 @@ impl SimulatedGpus {
     /// reading and an allocation an engine may take more): what it took.
     pub fn fill(&self, gpu: &GpuRef, pid: u32, leave: Bytes) -> Result<Bytes, SimError> {
         self.with(gpu, false, |state| {
-            let used: u64 = state.holds.values().map(|h| h.bytes).sum();
-            let took = state.total.saturating_sub(used).saturating_sub(leave.get());
-            let hold = state.holds.entry(pid).or_insert(Hold {
-                bytes: 0,
-                outside: true,
-            });
-            hold.bytes += took;
+            let took = state
+                .total
+                .saturating_sub(state.used())
+                .saturating_sub(leave.get());
+            state.take(pid, took, true);
             Ok(Bytes(took))
         })
     }
