@@ -364,13 +364,33 @@ impl Conductor {
         }
     }
 
-    /// Cancels the jobs that may start an engine `moot` says a newer change no longer wants as it is.
-    fn cancel(&self, moot: impl Fn(&EngineSpec) -> bool) {
+    /// Cancels the jobs that may start an engine `moot` says a newer change no longer wants as it is. The
+    /// other engines such a job was to start are still wanted as they were (the newer change is not about
+    /// them), and it may have stopped them already to start them again: a job of their own starts them,
+    /// after it. Moving toward what was committed before the newer change never overfills a GPU: that
+    /// state held them all.
+    fn cancel(&mut self, moot: impl Fn(&EngineSpec) -> bool) {
+        let mut left: BTreeMap<String, EngineSpec> = BTreeMap::new();
         for job in &self.jobs {
-            if job.starts.iter().any(&moot) {
+            if !*job.cancel.borrow() && job.starts.iter().any(&moot) {
                 job.cancel.send_replace(true);
+                for start in job.starts.iter().filter(|s| !moot(s)) {
+                    left.insert(start.unit.clone(), start.clone());
+                }
             }
         }
+        if left.is_empty() {
+            return;
+        }
+        let units: Vec<String> = left.keys().cloned().collect();
+        let starts: Vec<EngineSpec> = left.into_values().collect();
+        let mut gpus = self.related(&units, |unit| units.iter().any(|u| u == unit));
+        gpus.extend(starts.iter().flat_map(gpus_of));
+        let within = Within::Units(units.into_iter().collect());
+        let desired = Arc::new(starts.clone());
+        self.queue(gpus, starts, move |shared, mut cancel| async move {
+            apply_to(&shared, &desired, &within, &mut cancel).await;
+        });
     }
 
     /// The GPUs of the engines `running` names (those of them registered now), and of those `pick` takes

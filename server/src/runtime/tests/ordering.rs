@@ -130,6 +130,39 @@ async fn an_engine_does_not_start_beside_one_a_cancelled_change_left_loading() {
     runtime.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_makes_one_start_of_a_queued_change_moot_still_starts_that_change_s_other_engines(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    // One job starts both, in turn: "slow" never answers, so "other" waits behind it.
+    let (slow, other) = (
+        command("slow", 0, "sleep 1000"),
+        command("other", 0, "sleep 1000"),
+    );
+    runtime.submit(Change::Update {
+        units: vec!["slow".to_owned(), "other".to_owned()],
+        desired: vec![slow, other],
+    });
+    wait_until("slow is loading", || {
+        runtime.engine("slow").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    // slow is removed; the change says nothing of other, which is still wanted.
+    runtime.submit(Change::Update {
+        units: vec!["slow".to_owned()],
+        desired: Vec::new(),
+    });
+    wait_until("other starts", || {
+        runtime.engine("other").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    wait_until("slow is gone", || runtime.engine("slow").is_none()).await;
+    runtime.shutdown().await;
+}
+
 #[tokio::test]
 async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory_free_at_a_start() {
     let dir = tempfile::tempdir().unwrap();
