@@ -463,11 +463,16 @@ impl<S: Send + Sync> FromRequestParts<S> for Actor {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Remote(pub SocketAddr);
 
-impl
-    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
-    for Remote
+impl<L>
+    axum::extract::connect_info::Connected<
+        axum::serve::IncomingStream<'_, crate::listeners::Closing<L>>,
+    > for Remote
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
 {
-    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Remote {
+    fn connect_info(
+        stream: axum::serve::IncomingStream<'_, crate::listeners::Closing<L>>,
+    ) -> Remote {
         Remote(*stream.remote_addr())
     }
 }

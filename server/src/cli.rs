@@ -82,12 +82,23 @@ pub async fn backup(config: &Config, to: &Path) -> Result<(), String> {
     Ok(())
 }
 
-/// `tessera restore FILE`: the backup in the place of the database, the server stopped.
-pub async fn restore(config: &Config, from: &Path) -> Result<(), String> {
-    let restored =
-        crate::db::backup::restore(from, config.database_url.as_deref(), &config.data_dir)
-            .await
-            .map_err(|e| e.to_string())?;
+/// `tessera restore FILE`: the backup in the place of the database, the server stopped; the installation's
+/// that of the database replaced, or with `same_installation` the backup's.
+pub async fn restore(config: &Config, from: &Path, same_installation: bool) -> Result<(), String> {
+    use crate::db::backup::Installation;
+    let installation = if same_installation {
+        Installation::Backed
+    } else {
+        Installation::Here
+    };
+    let restored = crate::db::backup::restore(
+        from,
+        config.database_url.as_deref(),
+        &config.data_dir,
+        installation,
+    )
+    .await
+    .map_err(|e| e.to_string())?;
     println!(
         "restored {} into {} (schema {}{})",
         from.display(),
@@ -102,6 +113,42 @@ pub async fn restore(config: &Config, from: &Path) -> Result<(), String> {
             String::new()
         }
     );
+    Ok(())
+}
+
+/// `tessera stop --engines`: stops every engine the data folder's Tessera left running, on this machine and
+/// on the Ray cluster's nodes; refused while a server holds the data folder (its supervisors would start
+/// them again).
+pub async fn stop(config: &Config, engines: bool) -> Result<(), String> {
+    use crate::inventory::LocalGpus;
+    if !engines {
+        return Err("say what to stop: --engines stops every engine this data folder's Tessera left running (systemctl stop tessera.socket tessera stops the server alone)".to_owned());
+    }
+    let _lock = crate::db::backup::DataLock::take(&config.data_dir).map_err(|e| e.to_string())?;
+    let pool = crate::db::connect(config.database_url.as_deref(), &config.data_dir)
+        .await
+        .map_err(|e| e.to_string())?;
+    let ray = config
+        .ray
+        .as_deref()
+        .map(|address| crate::inventory::ray::RayClient::new(address, config.ray_token.clone()))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    // Where NVML reads this machine's GPUs, each stop waits until its engine's memory there is free.
+    let gpus = crate::inventory::nvml::NvmlGpus::init()
+        .ok()
+        .map(|nvml| std::sync::Arc::new(nvml) as std::sync::Arc<dyn LocalGpus>);
+    let settings = crate::engine_settings(config, gpus, ray).map_err(|e| e.to_string())?;
+    let runtime = crate::runtime::Runtime::open(pool, settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    let stopped = runtime.stop_left().await.map_err(|why| {
+        format!("the engines could not all be looked for ({why}); those that could are stopped: run it again once the Ray head answers")
+    })?;
+    match stopped.as_slice() {
+        [] => println!("no engine of this data folder's Tessera runs"),
+        units => println!("stopped {} engines: {}", units.len(), units.join(", ")),
+    }
     Ok(())
 }
 

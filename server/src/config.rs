@@ -116,6 +116,12 @@ pub struct Config {
         value_delimiter = ','
     )]
     pub trusted_proxy: Vec<std::net::IpAddr>,
+    /// This machine and data folder replace those the database was last opened at (a data folder moved
+    /// to a new disk or machine): keep its identity, and with it adopt the engines it left running.
+    /// Without it, a database opened anywhere else is a new installation (a restored backup, a copy on a
+    /// staging server), which neither adopts nor stops the engines of the one it was copied from.
+    #[arg(long, env = "TESSERA_SAME_INSTALLATION")]
+    pub same_installation: bool,
     /// How engines are supervised.
     #[command(flatten)]
     pub engines: EngineFlags,
@@ -154,10 +160,26 @@ pub enum Command {
         /// The copy to make; never overwritten.
         file: PathBuf,
     },
-    /// Puts a backup in the place of the database: refused while the server runs on the data folder.
+    /// Puts a backup in the place of the database: refused while the server runs on the data folder. The
+    /// restored database keeps the identity of the one it replaces (a roll-back in place, a staging
+    /// server's own), or is a new installation where there was none: never that of the server the backup
+    /// was taken from, whose engines it must neither adopt nor stop, unless --same-installation says this
+    /// server replaces that one.
     Restore {
         /// A backup made by `tessera backup`.
         file: PathBuf,
+        /// This server replaces the one the backup was taken from: keep its identity and adopt the engines
+        /// it left running.
+        #[arg(long)]
+        same_installation: bool,
+    },
+    /// With --engines: stops every engine this data folder's Tessera left running, here and on the Ray
+    /// cluster's nodes, to take the machine down (a restart, an upgrade or a crash of Tessera leaves them
+    /// serving). Refused while the server runs: stop it first (systemctl stop tessera.socket tessera).
+    Stop {
+        /// Stop the engines.
+        #[arg(long)]
+        engines: bool,
     },
     /// Asks the running server to hold what it keeps in memory against the whole rebuild from its database
     /// (the committed state, who holds which GPU, the read views, the open usage spans) and prints what

@@ -19,6 +19,7 @@ pub mod fleet;
 pub mod gateway;
 pub mod input;
 pub mod inventory;
+pub mod listeners;
 pub mod metrics;
 mod random;
 pub mod redact;
@@ -57,14 +58,9 @@ pub enum ServerError {
     /// The simulated GPUs' folder could not be made.
     #[error("could not simulate the demo fleet's GPUs (--simulate-gpus): {0}")]
     Simulation(inventory::simulated::SimError),
-    /// The address is taken or not ours.
-    #[error("could not listen on {addr}: {source}; pass another --listen address")]
-    Bind {
-        /// The address asked for.
-        addr: std::net::SocketAddr,
-        /// What the OS said.
-        source: std::io::Error,
-    },
+    /// An address cannot be listened on, or a socket passed by the service manager cannot be used.
+    #[error(transparent)]
+    Listen(#[from] listeners::ListenError),
     /// Another server (or a restore) holds the data folder.
     #[error(transparent)]
     Locked(#[from] db::backup::LockError),
@@ -123,6 +119,9 @@ pub struct Shared {
     pub trusted_proxies: Vec<std::net::IpAddr>,
     /// The OpenAI-compatible gateway's connections and rotations.
     pub gateway: Arc<gateway::Gateway>,
+    /// Set once the server begins to stop: every answer then says `Connection: close`, so that the client's
+    /// next request opens a connection, which the next server answers where the socket outlives this one.
+    pub stopping: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl std::ops::Deref for AppState {
@@ -178,6 +177,7 @@ impl AppState {
             https,
             trusted_proxies,
             gateway: Arc::new(gateway::Gateway::new(gateway_wait)),
+            stopping: Arc::default(),
         }))
     }
 }
@@ -225,6 +225,7 @@ pub fn router(state: AppState) -> Router {
                 // default predicate), the site's files come compressed already (`site`), and the gateway
                 // is not under it.
                 .layer(CompressionLayer::new())
+                .layer(closing(&state))
                 .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
                 .layer(security::HeadersLayer::new(state.https))
                 .layer(DefaultBodyLimit::max(security::MAX_BODY_BYTES))
@@ -253,9 +254,28 @@ async fn site_or_error(
 fn gateway_routes(state: &AppState) -> Router<AppState> {
     gateway::routes().layer(
         tower::ServiceBuilder::new()
+            .layer(closing(state))
             .layer(metrics::TrackLayer::new(state.http_metrics.clone()))
             .layer(security::HeadersLayer::new(state.https)),
     )
+}
+
+/// Says `Connection: close` on every answer once the server is stopping (`AppState::stopping`).
+fn closing(
+    state: &AppState,
+) -> tower::util::MapResponseLayer<
+    impl Fn(axum::response::Response) -> axum::response::Response + Clone,
+> {
+    let stopping = state.stopping.clone();
+    tower::util::MapResponseLayer::new(move |mut answer: axum::response::Response| {
+        if stopping.load(std::sync::atomic::Ordering::Relaxed) {
+            answer.headers_mut().insert(
+                axum::http::header::CONNECTION,
+                axum::http::HeaderValue::from_static("close"),
+            );
+        }
+        answer
+    })
 }
 
 /// The gateway alone, for `--gateway-listen`.
@@ -263,21 +283,24 @@ pub fn gateway_router(state: AppState) -> Router {
     gateway_routes(&state).with_state(state)
 }
 
-/// `app` served on `listener` (at `addr`), over TLS where `tls` is given, until `stop`: the one way both of
-/// the server's addresses (the console's and the gateway's own) are served, each connection's address kept
-/// for the guard and the audit log.
+/// `app` served on `listener` (at `addr`), over TLS where `tls` is given: new connections are taken until
+/// `stop_taking`, and those taken are served until `stop`, then let finish what they are answering. The one
+/// way both of the server's addresses (the console's and the gateway's own) are served, each connection's
+/// address kept for the guard and the audit log.
 fn serve_on(
     listener: tokio::net::TcpListener,
     addr: std::net::SocketAddr,
     tls: Option<&tokio_rustls::TlsAcceptor>,
     app: Router,
+    stop_taking: impl Future<Output = ()> + Send + 'static,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<std::pin::Pin<Box<dyn Future<Output = std::io::Result<()>> + Send>>, ServerError> {
     let app = app.into_make_service_with_connect_info::<auth::Remote>();
+    let bind = |source| listeners::ListenError::Bind { addr, source };
+    let listener = listeners::Closing::new(listener, stop_taking).map_err(bind)?;
     Ok(match tls {
         Some(acceptor) => {
-            let listener = tls::TlsListener::new(listener, acceptor.clone())
-                .map_err(|source| ServerError::Bind { addr, source })?;
+            let listener = tls::TlsListener::new(listener, acceptor.clone()).map_err(bind)?;
             Box::pin(
                 axum::serve(listener, app)
                     .with_graceful_shutdown(stop)
@@ -297,10 +320,44 @@ pub(crate) async fn health() -> Json<serde_json::Value> {
     Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
 }
 
-/// Starts the server and serves until SIGTERM or Ctrl-C.
-pub async fn run(config: Config) -> Result<(), ServerError> {
+/// How the server was told to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    /// Ctrl-C in a terminal (SIGINT): a try-out ends, and its engines with it.
+    Interrupted,
+    /// SIGTERM, as a service manager stops or restarts a service (an upgrade too): the engines, the data
+    /// plane, go on serving, and the next start adopts them.
+    Terminated,
+}
+
+/// Starts the server and serves until SIGTERM or Ctrl-C, on the sockets a service manager passed
+/// (`inherited`, systemd's `tessera.socket`) where they are the addresses asked for.
+pub async fn run(
+    config: Config,
+    inherited: Result<listeners::Inherited, listeners::ListenError>,
+) -> Result<(), ServerError> {
     let mut leptos_options = leptos::config::get_configuration(None)?.leptos_options;
     leptos_options.site_addr = config.listen;
+    // First: a socket passed that no address claims is said before anything else is opened, and a
+    // connection made while the server starts waits for it rather than being refused.
+    let inherited = inherited?;
+    let passed = inherited.any();
+    let addresses: Vec<_> = std::iter::once(config.listen)
+        .chain(config.gateway_listen)
+        .collect();
+    let mut listeners = inherited.claim(&addresses)?.into_iter();
+    let console_listener = listeners.next().expect("the console's address is claimed");
+    let gateway_listener = listeners.next();
+    for listener in [Some(&console_listener), gateway_listener.as_ref()]
+        .into_iter()
+        .flatten()
+        .filter(|l| passed && !l.inherited)
+    {
+        tracing::warn!(
+            "{} was not passed by the service manager: connections to it are refused while Tessera restarts; add it to tessera.socket",
+            listener.addr
+        );
+    }
     let ray = config
         .ray
         .as_deref()
@@ -311,21 +368,12 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
     let (inventory, local_gpus, hosts, silent) =
         gather_inventory(&config, ray.as_ref(), &pool).await?;
-    let exe = std::env::current_exe().map_err(ServerError::Exe)?;
     let simulated = match &config.simulate_gpus {
         Some(_) if !config.demo && ray.is_none() => return Err(ServerError::SimulationWithoutDemo),
         Some(dir) => Some(simulate(dir, &inventory, &hosts).map_err(ServerError::Simulation)?),
         None => None,
     };
-    let settings = runtime::Settings {
-        gpus: local_gpus.clone(),
-        ray: ray.clone(),
-        data_dir: config.data_dir.clone(),
-        sim_dir: config.simulate_gpus.clone(),
-        ..config
-            .engines
-            .settings(exe, config.data_dir.join("engines"))
-    };
+    let settings = engine_settings(&config, local_gpus.clone(), ray.clone())?;
     let runtime = Arc::new(
         runtime::Runtime::open(pool.clone(), settings)
             .await
@@ -363,12 +411,6 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
             .map(inventory::simulated::SimulatedGpus::open);
         tokio::spawn(fleet.clone().follow_cluster(client, CLUSTER_REFRESH, sim));
     }
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|source| ServerError::Bind {
-            addr: config.listen,
-            source,
-        })?;
     if accounts::count(&pool).await.map_err(ServerError::Load)? == 0 {
         tracing::warn!(
             "no account yet: open http://{}/setup to make the first admin (or run `tessera user add NAME --role admin`)",
@@ -406,7 +448,6 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         _ => return Err(ServerError::Tls(tls::TlsError::Half)),
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
-    tracing::info!("Tessera listening on {scheme}://{}", config.listen);
     let state = AppState::serving(
         leptos_options,
         fleet.clone(),
@@ -415,23 +456,32 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         Duration::from_secs(config.gateway_wait_s),
         config.trusted_proxy.clone(),
     );
-    let (stop_begun, mut stopping) = tokio::sync::watch::channel(false);
-    if let Some(addr) = config.gateway_listen {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| ServerError::Bind { addr, source })?;
+    // The engines a previous server left are registered before the first request is taken: a request
+    // for a model they serve waits for their first health check, never finds the model without engines.
+    runtime.taken_up().await;
+    let (stop_begun, mut stopping) = tokio::sync::watch::channel(None::<Stop>);
+    // Once a stop begins the sockets take no new connection (they wait for the next server where the
+    // sockets outlive this one), and every answer says `Connection: close`, so that a client's connection
+    // closes after an answer rather than idle under a request the client is sending. The connections left
+    // idle are closed `CLOSE_LINGER` later.
+    let begun = |mut stop: tokio::sync::watch::Receiver<Option<Stop>>| async move {
+        let _ = stop.wait_for(Option::is_some).await;
+    };
+    let closed = move |stop: tokio::sync::watch::Receiver<Option<Stop>>| async move {
+        begun(stop).await;
+        tokio::time::sleep(CLOSE_LINGER).await;
+    };
+    if let Some(listener) = gateway_listener {
+        let addr = listener.addr;
         tracing::info!("the gateway alone listening on {scheme}://{addr}/v1");
-        let mut stop = stopping.clone();
-        let stopped = async move {
-            let _ = stop.wait_for(|begun| *begun).await;
-        };
         // With the console's certificate where it serves https: a key sent to /v1 never crosses in plain.
         let serving = serve_on(
-            listener,
+            listener.into_tokio()?,
             addr,
             tls.as_ref(),
             gateway_router(state.clone()),
-            stopped,
+            begun(stopping.clone()),
+            closed(stopping.clone()),
         )?;
         tokio::spawn(async move {
             if let Err(e) = serving.await {
@@ -440,32 +490,90 @@ pub async fn run(config: Config) -> Result<(), ServerError> {
         });
     }
     let signal = {
-        let runtime = runtime.clone();
+        let (runtime, stopping) = (runtime.clone(), state.stopping.clone());
         async move {
-            shutdown_signal().await;
+            let how = shutdown_signal().await;
+            stopping.store(true, std::sync::atomic::Ordering::Relaxed);
             runtime.close_streams();
-            stop_begun.send_replace(true);
+            stop_begun.send_replace(Some(how));
         }
     };
-    let serving = serve_on(listener, config.listen, tls.as_ref(), router(state), signal)?;
+    tokio::spawn(signal);
+    tracing::info!(
+        "Tessera listening on {scheme}://{}{}",
+        config.listen,
+        if console_listener.inherited {
+            " (a socket the service manager holds)"
+        } else {
+            ""
+        }
+    );
+    let serving = serve_on(
+        console_listener.into_tokio()?,
+        config.listen,
+        tls.as_ref(),
+        router(state),
+        begun(stopping.clone()),
+        closed(stopping.clone()),
+    )?;
     // The requests in flight when a stop begins get `REQUEST_GRACE` to finish; a stuck one does not hold
     // the stop. (Only the requests that take the guard's whole way have a timer of their own: on a
     // script's read it woke the other worker thread every time, an eighth of its rate, BENCHMARKS.md.)
     tokio::select! {
         served = serving => served.map_err(ServerError::Serve)?,
         () = async {
-            let _ = stopping.wait_for(|begun| *begun).await;
-            tokio::time::sleep(REQUEST_GRACE).await;
+            let _ = stopping.wait_for(Option::is_some).await;
+            tokio::time::sleep(CLOSE_LINGER + REQUEST_GRACE).await;
         } => tracing::warn!(
             "requests were still in flight {} s after the stop began: stopping without them",
             REQUEST_GRACE.as_secs()
         ),
     }
     fleet.write_calls().await;
-    // A graceful stop takes the engines with it; a crash leaves them to be adopted by the next start.
-    tracing::info!("stopping the engines");
-    runtime.shutdown().await;
+    let how = *stopping.borrow();
+    match how {
+        Some(Stop::Interrupted) => {
+            tracing::info!(
+                "Ctrl-C: stopping the engines with the server (a service manager's SIGTERM leaves them running)"
+            );
+            runtime.shutdown().await;
+        }
+        Some(Stop::Terminated) | None => {
+            let left = runtime.leave().await;
+            tracing::info!(
+                "{left} engines left running, adopted by the next start (`tessera stop --engines` stops them)"
+            );
+        }
+    }
     Ok(())
+}
+
+/// How the engines of `config`'s data folder are run: on this machine (whose GPUs `gpus` reads, where NVML
+/// can) and on the Ray cluster `ray`, as this installation's (the identity its database keeps for where it
+/// is opened).
+pub fn engine_settings(
+    config: &Config,
+    gpus: Option<Arc<dyn inventory::LocalGpus>>,
+    ray: Option<inventory::ray::RayClient>,
+) -> Result<runtime::Settings, ServerError> {
+    let exe = std::env::current_exe().map_err(ServerError::Exe)?;
+    let database = db::options(config.database_url.as_deref(), &config.data_dir)?;
+    let database = database.get_filename();
+    let home = (!database.as_os_str().is_empty() && database != std::path::Path::new(":memory:"))
+        .then(|| runtime::instance::home(database));
+    Ok(runtime::Settings {
+        gpus,
+        ray,
+        data_dir: config.data_dir.clone(),
+        sim_dir: config.simulate_gpus.clone(),
+        identity: runtime::instance::Identity {
+            home,
+            same_installation: config.same_installation,
+        },
+        ..config
+            .engines
+            .settings(exe, config.data_dir.join("engines"))
+    })
 }
 
 /// Deletes expired sessions every hour, for as long as the server runs.
@@ -491,6 +599,11 @@ const KEEP_ALIVE_CHECK: Duration = Duration::from_secs(1);
 
 /// How long the requests in flight may take to finish once a graceful stop begins.
 const REQUEST_GRACE: Duration = Duration::from_secs(30);
+
+/// How long the connections taken are served on once a stop begins, each answer saying `Connection: close`:
+/// a busy client's connection closes after an answer, where closed idle it could meet the client's next
+/// request on its way.
+const CLOSE_LINGER: Duration = Duration::from_millis(500);
 
 /// How often the Ray cluster's nodes are read again: a node's death shows within this of Ray noticing it
 /// (Ray's own heartbeats take about 15 s).
@@ -643,7 +756,7 @@ async fn gather_inventory(
     Ok((placement::Inventory::new(machines)?, local, hosts, silent))
 }
 
-async fn shutdown_signal() {
+async fn shutdown_signal() -> Stop {
     let ctrl_c = async {
         tokio::signal::ctrl_c().await.expect("a Ctrl-C handler");
     };
@@ -656,11 +769,12 @@ async fn shutdown_signal() {
     };
     #[cfg(not(unix))]
     let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down");
+    let how = tokio::select! {
+        () = ctrl_c => Stop::Interrupted,
+        () = terminate => Stop::Terminated,
+    };
+    tracing::info!("shutting down ({how:?})");
+    how
 }
 
 #[cfg(test)]

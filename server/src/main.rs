@@ -1,8 +1,19 @@
 use server::config::{Command, Config, LoadError};
+use server::listeners::{Inherited, ListenError};
 use tracing_subscriber::EnvFilter;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
+    // Before any thread runs: the sockets a service manager passed are taken, and the variables that name
+    // them cleared.
+    let inherited = Inherited::take();
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+        .block_on(tessera(inherited))
+}
+
+async fn tessera(inherited: Result<Inherited, ListenError>) -> std::process::ExitCode {
     // On standard error: what a command prints (`ray-node`'s start line, a new token) stays clean.
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
@@ -31,9 +42,15 @@ async fn main() -> std::process::ExitCode {
         Some(Command::Backup { file }) => server::cli::backup(&config, &file)
             .await
             .map_err(|e| format!("tessera backup: {e}")),
-        Some(Command::Restore { file }) => server::cli::restore(&config, &file)
+        Some(Command::Restore {
+            file,
+            same_installation,
+        }) => server::cli::restore(&config, &file, same_installation)
             .await
             .map_err(|e| format!("tessera restore: {e}")),
+        Some(Command::Stop { engines }) => server::cli::stop(&config, engines)
+            .await
+            .map_err(|e| format!("tessera stop: {e}")),
         Some(Command::Check) => server::cli::check(&config)
             .await
             .map_err(|e| format!("tessera check: {e}")),
@@ -43,7 +60,7 @@ async fn main() -> std::process::ExitCode {
         Some(Command::RayNode { head, name }) => {
             server::cli::ray_node(head, name).map_err(|e| format!("tessera ray-node: {e}"))
         }
-        None => server::run(config).await.map_err(|e| {
+        None => server::run(config, inherited).await.map_err(|e| {
             tracing::error!("{e}");
             format!("tessera: {e}")
         }),

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio_rustls::rustls::client::danger::{
     HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
@@ -166,20 +166,16 @@ pub struct TlsListener {
 
 impl TlsListener {
     /// Accepts on `tcp`, each connection's handshake with `acceptor` on its own task.
-    pub fn new(tcp: TcpListener, acceptor: TlsAcceptor) -> std::io::Result<TlsListener> {
+    pub fn new<L>(mut tcp: L, acceptor: TlsAcceptor) -> std::io::Result<TlsListener>
+    where
+        L: Listener<Io = TcpStream, Addr = SocketAddr>,
+    {
         let local = tcp.local_addr()?;
         let (done, ready) = mpsc::channel(64);
         tokio::spawn(async move {
             loop {
-                let (stream, peer) = match tcp.accept().await {
-                    Ok(accepted) => accepted,
-                    Err(e) => {
-                        // Out of file descriptors, say: wait, as axum's own loop does.
-                        tracing::warn!("could not accept a connection: {e}");
-                        tokio::time::sleep(Duration::from_millis(50)).await;
-                        continue;
-                    }
-                };
+                // Errors (out of file descriptors, say) are waited out inside, as axum's own loop does.
+                let (stream, peer) = tcp.accept().await;
                 let (acceptor, handed) = (acceptor.clone(), done.clone());
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE, acceptor.accept(stream)).await {

@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::{chaos, report, wait_until, Server};
-use tokio::sync::RwLock;
 
 /// The cluster's dashboard, from inside its namespace.
 const RAY: &str = "http://127.0.0.1:8265";

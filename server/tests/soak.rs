@@ -1,11 +1,14 @@
 //! The chaos soak: the demo fleet on simulated GPUs (`--simulate-gpus`), its demo engines loading, draining
 //! and failing like real ones (a profile, time-compressed), clients calling models through the gateway all
 //! along, an operator changing the fleet at random, and faults: an engine crash, a hang, an outside
-//! allocation spike on a GPU, `kill -9` of Tessera and a start on the same data. Counted throughout:
+//! allocation spike on a GPU, and Tessera itself restarted (SIGTERM and a start), upgraded (SIGTERM and a
+//! start of a new copy of its binary, renamed over the old as dpkg does) or killed (`kill -9` and a start), on
+//! the same data and on the socket the soak holds as systemd's `tessera.socket` does. Counted throughout:
 //! overfills (allocations the simulated driver refused where Tessera's engines alone left no room), requests
-//! lost (a cut stream, a server error, a refusal without `Retry-After`), and at the end, the time until
-//! every model that should serve does, that what runs is what was committed, and that no process of
-//! Tessera's is an orphan or a duplicate.
+//! lost (a cut stream, a server error, a refusal without `Retry-After`, a connection refused; Tessera's own
+//! restarts are no excuse: only a request in flight in Tessera when it was killed may be cut), and at the
+//! end, the time until every model that should serve does, that what runs is what was committed, and that
+//! no process of Tessera's is an orphan or a duplicate.
 //!
 //! Seeded and bounded: `SOAK_SEED` (1), `SOAK_SECONDS` (40), `SOAK_SPEED` (20, the profile's time
 //! compression), `SOAK_REPORT` (a file for the figures as JSON). `scripts/soak` runs a long one. A seed
@@ -22,7 +25,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use support::chaos::{self, act, ask, call, settled, Current, Outcome, Rng};
 use support::Server;
-use tokio::sync::RwLock;
 
 /// What the soak counted.
 #[derive(Debug, Default, serde::Serialize)]
@@ -41,8 +43,8 @@ struct Report {
     gone: u64,
     /// Cut or failed on an engine the soak itself crashed or hung.
     lost_on_faulted_engine: u64,
-    /// Failed while the soak had killed Tessera itself.
-    server_down: u64,
+    /// In flight in Tessera when the soak killed it (`kill -9`): cut, as a crash cuts them.
+    cut_by_kill: u64,
     lost: u64,
     lost_examples: Vec<String>,
     overfills: u64,
@@ -59,9 +61,14 @@ struct Report {
     held_at_end_gb: BTreeMap<String, f64>,
     /// What runs disagrees with what was committed at the end.
     ledger_mismatches: Vec<String>,
+    /// Where it did not converge: each engine then (its unit, GPUs, state and why), and each group's GPUs.
+    engines_when_not_converged: Vec<String>,
     orphans: Vec<u32>,
     duplicates: Vec<String>,
 }
+
+/// The clients calling the models all along.
+const CLIENTS: u64 = 3;
 
 const MODELS: [&str; 5] = ["glm-5.3", "embedder", "vision", "speech", "semantic-router"];
 const GPUS: [&str; 5] = [
@@ -84,10 +91,37 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
 }
 
 async fn start(data: &Path, sim: &Path, speed: f64) -> Server {
+    let program = Path::new(env!("CARGO_BIN_EXE_tessera"));
+    Server::start_as(launch(program, data, sim, speed)).await
+}
+
+/// How the soak starts `program` on `data`.
+fn launch(program: &Path, data: &Path, sim: &Path, speed: f64) -> support::Launch {
     // At speed 20: loads of 1 to 3 s, 50 ms to the first token, 0.5 s holding memory after SIGTERM, and a
     // tenth of each share held by a helper process that outlives its engine until Tessera ends it.
     let profile = json!({"speed": speed, "load_s": [20, 60], "first_token_s": 1, "exit_delay_s": 10, "helper": 0.1});
-    chaos::start(data, &["--demo", "--evict-after-s", "3"], sim, &profile).await
+    chaos::launch(
+        program,
+        data,
+        &["--demo", "--evict-after-s", "3"],
+        sim,
+        &profile,
+    )
+}
+
+/// When the soak killed Tessera: a request in flight then is cut, as a crash cuts it.
+#[derive(Default)]
+struct Kills(Mutex<Vec<Instant>>);
+
+impl Kills {
+    fn note(&self) {
+        self.0.lock().unwrap().push(Instant::now());
+    }
+
+    /// Whether a kill fell while a request that began at `began` was under way.
+    fn during(&self, began: Instant) -> bool {
+        self.0.lock().unwrap().iter().any(|at| *at >= began)
+    }
 }
 
 /// When the soak crashed or hung an engine of each model: a request on it then is counted apart.
@@ -118,7 +152,7 @@ async fn client(
     current: Current,
     done: Arc<AtomicBool>,
     faulted: Arc<Faulted>,
-    down: Arc<AtomicBool>,
+    kills: Arc<Kills>,
     report: Arc<Mutex<Report>>,
     seed: u64,
 ) {
@@ -147,9 +181,14 @@ async fn client(
             Outcome::Answered => r.answered += 1,
             Outcome::ToldToRetry => r.told_to_retry += 1,
             Outcome::Gone => r.gone += 1,
-            Outcome::Down => r.server_down += 1,
-            Outcome::Failed(_) if down.load(Ordering::SeqCst) => r.server_down += 1,
+            Outcome::Down | Outcome::Failed(_) if kills.during(began) => r.cut_by_kill += 1,
             Outcome::Failed(_) if faulted.during(&model, began) => r.lost_on_faulted_engine += 1,
+            Outcome::Down => {
+                r.lost += 1;
+                if r.lost_examples.len() < 10 {
+                    r.lost_examples.push(format!("{model}: no connection"));
+                }
+            }
             Outcome::Failed(why) => {
                 r.lost += 1;
                 if r.lost_examples.len() < 10 {
@@ -216,7 +255,11 @@ async fn soak(seed: u64) -> Report {
     let dir = tempfile::tempdir().unwrap();
     let (data, sim_dir): (PathBuf, PathBuf) = (dir.path().join("data"), dir.path().join("sim"));
     std::fs::create_dir_all(&data).unwrap();
-    let current: Current = Arc::new(RwLock::new(Some(start(&data, &sim_dir, speed).await)));
+    // Installed as the package installs it, so that an upgrade can put another build in its place.
+    let installed = dir.path().join("bin").join("tessera");
+    support::install_binary(&installed, "0");
+    let current: Current =
+        chaos::current(Server::start_as(launch(&installed, &data, &sim_dir, speed)).await);
     let sim = SimulatedGpus::open(&sim_dir);
     let report = Arc::new(Mutex::new(Report {
         seed,
@@ -232,15 +275,15 @@ async fn soak(seed: u64) -> Report {
         );
     }
     let done = Arc::new(AtomicBool::new(false));
-    let down = Arc::new(AtomicBool::new(false));
+    let kills = Arc::new(Kills::default());
     let faulted = Arc::new(Faulted::default());
-    let clients: Vec<_> = (0..3)
+    let clients: Vec<_> = (0..CLIENTS)
         .map(|i| {
             tokio::spawn(client(
                 current.clone(),
                 done.clone(),
                 faulted.clone(),
-                down.clone(),
+                kills.clone(),
                 report.clone(),
                 seed * 31 + i,
             ))
@@ -248,6 +291,7 @@ async fn soak(seed: u64) -> Report {
         .collect();
     let mut rng = Rng::new(seed);
     let mut spikes = Vec::new();
+    let mut upgrades = 0;
     let began = Instant::now();
     let mut wrong = Vec::new();
     // Bursts of changes and a fault, each followed by a wait until what should serve does.
@@ -261,14 +305,27 @@ async fn soak(seed: u64) -> Report {
             r.actions_refused += u64::from(!taken);
         }
         let what = if rng.below(5) == 0 {
-            // Tessera dies without a word to its engines, and starts again on the same data.
-            down.store(true, Ordering::SeqCst);
-            let killed = current.write().await.take().unwrap();
-            killed.kill_9().await;
-            let restarted = start(&data, &sim_dir, speed).await;
-            *current.write().await = Some(restarted);
-            down.store(false, Ordering::SeqCst);
-            Some("kill -9 of Tessera")
+            // Tessera itself goes and comes back on the same data and socket; its engines serve on.
+            let server = current.server.write().await.take().unwrap();
+            let (what, restarted) = match rng.below(3) {
+                0 => {
+                    kills.note();
+                    ("kill -9 of Tessera", server.crash_and_restart().await)
+                }
+                1 => ("Tessera restarted", server.restart().await),
+                _ => {
+                    let (launch, status) = server.terminate().await;
+                    assert!(
+                        status.success(),
+                        "Tessera exits cleanly on SIGTERM: {status}"
+                    );
+                    upgrades += 1;
+                    support::install_binary(&installed, &upgrades.to_string());
+                    ("Tessera upgraded", Server::start_as(launch).await)
+                }
+            };
+            *current.server.write().await = Some(restarted);
+            Some(what)
         } else {
             fault(&current, &mut rng, &faulted, &sim, &mut spikes).await
         };
@@ -292,6 +349,29 @@ async fn soak(seed: u64) -> Report {
             }
             if last_change.elapsed() > bound {
                 wrong = why;
+                let (_, engines) = call(&current, "GET", "/api/engines", Value::Null).await;
+                let (_, groups) = call(&current, "GET", "/api/groups", Value::Null).await;
+                let mut said: Vec<String> = engines
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .map(|e| {
+                        format!(
+                            "{} on {}: {} {}",
+                            e["unit"], e["gpus"], e["state"], e["message"]
+                        )
+                    })
+                    .collect();
+                said.extend(groups.as_array().into_iter().flatten().map(|g| {
+                    let members: Vec<&Value> = g["members"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .map(|m| &m["name"])
+                        .collect();
+                    format!("group {} on {}: {members:?}", g["name"], g["gpus"])
+                }));
+                report.lock().unwrap().engines_when_not_converged = said;
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -361,7 +441,7 @@ async fn soak(seed: u64) -> Report {
         .filter(|u| !units.insert(u.to_owned()))
         .map(str::to_owned)
         .collect();
-    current.write().await.take().unwrap().stop().await;
+    current.server.write().await.take().unwrap().stop().await;
     if let Ok(path) = std::env::var("SOAK_REPORT") {
         std::fs::write(path, serde_json::to_string_pretty(&report).unwrap()).unwrap();
     }
@@ -372,6 +452,15 @@ async fn soak(seed: u64) -> Report {
 fn assert_held(report: &Report) {
     assert_eq!(report.overfills, 0, "the simulated driver refused memory Tessera's placement or restart order left no room for: {report:#?}");
     assert_eq!(report.lost, 0, "requests lost: {report:#?}");
+    let kills = report
+        .faults
+        .get("kill -9 of Tessera")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        report.cut_by_kill <= kills * CLIENTS,
+        "at most the requests in flight in Tessera when it was killed are cut: {report:#?}"
+    );
     assert!(
         !report.not_converged && !report.converged_ms.is_empty(),
         "what should serve did not within a minute of the last change: {report:#?}"

@@ -282,6 +282,11 @@ impl Checkup<'_> {
                     flag,
                     format!("{address} is in use, by the Tessera that holds this data folder"),
                 ),
+                Err(_) if held_by_socket_unit(address) => Finding::new(
+                    Mark::Ok,
+                    flag,
+                    format!("{address} is held by tessera.socket, which passes it to the server"),
+                ),
                 Err(e) => Finding::new(
                     Mark::Fail,
                     flag,
@@ -402,6 +407,21 @@ fn free_bytes(dir: &Path) -> Option<u64> {
     let probe = std::iter::successors(Some(dir), |d| d.parent()).find(|d| d.exists())?;
     let stats = rustix::fs::statvfs(probe).ok()?;
     Some(stats.f_bavail.saturating_mul(stats.f_frsize))
+}
+
+/// Whether systemd's `tessera.socket` listens on `address` (it holds the socket while no server runs).
+fn held_by_socket_unit(address: std::net::SocketAddr) -> bool {
+    if !std::path::Path::new("/run/systemd/system").exists() {
+        return false;
+    }
+    std::process::Command::new("systemctl")
+        .args(["show", "tessera.socket", "--property=Listen", "--value"])
+        .output()
+        .is_ok_and(|out| {
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .any(|line| line.trim() == format!("{address} (Stream)"))
+        })
 }
 
 /// The data folder's free disk: the database, the engines' logs and backups grow there.

@@ -174,6 +174,19 @@ pub struct Restored {
     pub latest: i64,
 }
 
+/// Whose a restored database is: which installation's engines its server adopts (its identity, the token
+/// they carry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Installation {
+    /// That of the database it replaces (a roll-back in place, a staging server's own), or a new one where
+    /// there was none: never that of the server the backup was taken from, whose engines a copy must
+    /// neither adopt nor stop.
+    Here,
+    /// That of the installation the backup was taken from, which this server replaces (a machine replaced
+    /// in place).
+    Backed,
+}
+
 /// Puts the backup `from` in the place of the database (named by `database_url`, or `tessera.db` in
 /// `data_dir`, as [`super::connect`] names it), whose server keeps its lock in `data_dir`. Refused while that lock is held, and for a file that is not a whole Tessera database of
 /// this version or an older one. The database is replaced at once (a new file beside it, renamed over
@@ -182,6 +195,7 @@ pub async fn restore(
     from: &Path,
     database_url: Option<&str>,
     data_dir: &Path,
+    installation: Installation,
 ) -> Result<Restored, BackupError> {
     if let Some(url) = database_url.filter(|u| u.contains(":memory:") || u.contains("mode=memory"))
     {
@@ -212,6 +226,11 @@ pub async fn restore(
     let written = backup(&copy, &beside).await;
     copy.close().await;
     written?;
+    let identity = match installation {
+        Installation::Here => Some(identity_of(&options).await),
+        Installation::Backed => None,
+    };
+    set_identity(&beside, identity).await?;
     // Run as root (sudo), the restore still leaves the server a database it may write.
     let like = if database.exists() {
         database.clone()
@@ -242,6 +261,71 @@ pub async fn restore(
         version,
         latest: MIGRATOR.iter().map(|m| m.version).max().unwrap_or(0),
     })
+}
+
+/// An instance token and where its database was last opened (`instance`, migration 3 on).
+type Identity = (String, Option<String>);
+
+/// The identity the database at `options` keeps; none where it has none or cannot be read (it is being
+/// restored over).
+async fn identity_of(options: &SqliteConnectOptions) -> Option<Identity> {
+    if !options.get_filename().exists() {
+        return None;
+    }
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone().read_only(true))
+        .await
+        .ok()?;
+    let identity = sqlx::query_as("SELECT token, home FROM instance WHERE id = 1")
+        .fetch_optional(&pool)
+        .await
+        .ok()
+        .flatten();
+    pool.close().await;
+    identity
+}
+
+/// Gives the restored database `file` the identity `to` (the one it replaces; a new one where that is
+/// `Some(None)`), or, where `to` is `None`, keeps its own with where it was opened forgotten, so that its
+/// next server takes this place for its own.
+async fn set_identity(file: &Path, to: Option<Option<Identity>>) -> Result<(), BackupError> {
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(SqliteConnectOptions::new().filename(file))
+        .await?;
+    let set = async {
+        let has_table: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE name = 'instance')",
+        )
+        .fetch_one(&pool)
+        .await?;
+        // A backup from before identities were kept gets one at its server's first start.
+        if !has_table {
+            return Ok(());
+        }
+        match to {
+            None => {
+                sqlx::query("UPDATE instance SET home = NULL")
+                    .execute(&pool)
+                    .await?;
+            }
+            Some(to) => {
+                sqlx::query("DELETE FROM instance").execute(&pool).await?;
+                if let Some((token, home)) = to {
+                    sqlx::query("INSERT INTO instance (id, token, home) VALUES (1, ?, ?)")
+                        .bind(token)
+                        .bind(home)
+                        .execute(&pool)
+                        .await?;
+                }
+            }
+        }
+        Ok::<_, sqlx::Error>(())
+    }
+    .await;
+    pool.close().await;
+    Ok(set?)
 }
 
 /// Checks that `pool` holds a whole Tessera database this version can open: SQLite's integrity check,
@@ -512,7 +596,10 @@ mod tests {
         let (dir, pool, copy) = backed_up().await;
         let data = dir.path().join("data");
         let _server = DataLock::take(&data).unwrap();
-        let err = restore(&copy, None, &data).await.unwrap_err().to_string();
+        let err = restore(&copy, None, &data, Installation::Here)
+            .await
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             format!(
@@ -536,7 +623,10 @@ mod tests {
             "not a database, though long enough to look like one ".repeat(20),
         )
         .unwrap();
-        let err = restore(&text, None, &data).await.unwrap_err().to_string();
+        let err = restore(&text, None, &data, Installation::Here)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             err.starts_with(&format!("{} is not an SQLite database: ", text.display())),
             "{err}"
@@ -555,7 +645,10 @@ mod tests {
             .await
             .unwrap();
         foreign.close().await;
-        let err = restore(&other, None, &data).await.unwrap_err().to_string();
+        let err = restore(&other, None, &data, Installation::Here)
+            .await
+            .unwrap_err()
+            .to_string();
         assert_eq!(
             err,
             format!(
@@ -579,7 +672,10 @@ mod tests {
         .unwrap();
         later.close().await;
         pool.close().await;
-        let err = restore(&newer, None, &data).await.unwrap_err().to_string();
+        let err = restore(&newer, None, &data, Installation::Here)
+            .await
+            .unwrap_err()
+            .to_string();
         assert!(
             err.ends_with("its migration 9999 is not one this Tessera knows (a newer Tessera's backup? restore it with that one)"),
             "{err}"
@@ -598,7 +694,9 @@ mod tests {
             .unwrap();
         pool.close().await;
         let data = dir.path().join("data");
-        let restored = restore(&copy, None, &data).await.unwrap();
+        let restored = restore(&copy, None, &data, Installation::Here)
+            .await
+            .unwrap();
         let latest = MIGRATOR.iter().map(|m| m.version).max().unwrap();
         assert_eq!(
             restored,
@@ -615,6 +713,59 @@ mod tests {
         assert_eq!(names(&read_only(&copy).await).await, ["a", "b"]);
     }
 
+    async fn identity(pool: &SqlitePool) -> Vec<String> {
+        sqlx::query_scalar("SELECT token FROM instance")
+            .fetch_all(pool)
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_restored_backup_takes_the_identity_of_the_database_it_replaces_or_with_same_installation_its_own(
+    ) {
+        let (dir, pool, _) = backed_up().await;
+        sqlx::query(
+            "INSERT INTO instance (id, token, home) VALUES (1, 'live', 'm1 /live/tessera.db')",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let copy = dir.path().join("with-identity.db");
+        backup(&pool, &copy).await.unwrap();
+        pool.close().await;
+        // A fresh staging server: a new installation, made at its first start.
+        let staging = dir.path().join("staging");
+        restore(&copy, None, &staging, Installation::Here)
+            .await
+            .unwrap();
+        let pool = super::super::connect(None, &staging).await.unwrap();
+        assert!(identity(&pool).await.is_empty(), "a new installation");
+        assert_eq!(names(&pool).await, ["a", "b"]);
+        sqlx::query("INSERT INTO instance (id, token, home) VALUES (1, 'staging', 'm2 /staging/tessera.db')")
+            .execute(&pool)
+            .await
+            .unwrap();
+        pool.close().await;
+        // Restored again over it: the staging server's own identity stays.
+        restore(&copy, None, &staging, Installation::Here)
+            .await
+            .unwrap();
+        let pool = super::super::connect(None, &staging).await.unwrap();
+        assert_eq!(identity(&pool).await, ["staging"]);
+        pool.close().await;
+        // A machine that replaces the live one: the backup's identity, taken here at the next start.
+        restore(&copy, None, &staging, Installation::Backed)
+            .await
+            .unwrap();
+        let pool = super::super::connect(None, &staging).await.unwrap();
+        assert_eq!(identity(&pool).await, ["live"]);
+        let home: Option<String> = sqlx::query_scalar("SELECT home FROM instance")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(home, None);
+    }
+
     #[tokio::test]
     async fn a_restore_run_as_root_leaves_the_server_its_own_files() {
         use std::os::unix::fs::{chown, MetadataExt};
@@ -627,7 +778,9 @@ mod tests {
         for file in [data.clone(), data.join("tessera.db")] {
             chown(&file, Some(4242), Some(4243)).unwrap();
         }
-        restore(&copy, None, &data).await.unwrap();
+        restore(&copy, None, &data, Installation::Here)
+            .await
+            .unwrap();
         for file in ["tessera.db", "tessera.lock"] {
             let meta = std::fs::metadata(data.join(file)).unwrap();
             assert_eq!((meta.uid(), meta.gid()), (4242, 4243), "{file}");

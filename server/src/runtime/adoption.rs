@@ -87,6 +87,30 @@ async fn sweep_later(shared: Arc<Shared>, executor: Arc<dyn Executor>) {
     }
 }
 
+/// Stops every engine of this installation found on every executor, none adopted: answers their units, or
+/// the first executor's reason for not saying what it runs, once the others' are stopped.
+pub(super) async fn stop_left(shared: &Arc<Shared>) -> Result<Vec<String>, String> {
+    let mut units = Vec::new();
+    let mut strays = Vec::new();
+    let mut failed = None;
+    for executor in shared.executors() {
+        match executor.leftovers(&|_| true).await {
+            Ok(leftovers) => {
+                for leftover in leftovers {
+                    units.push(leftover.unit);
+                    strays.push(leftover.running);
+                }
+            }
+            Err(e) => failed = failed.or(Some(e.to_string())),
+        }
+    }
+    stop(strays).await;
+    match failed {
+        Some(why) => Err(why),
+        None => Ok(units),
+    }
+}
+
 /// Stops `strays` side by side, and forgets them.
 async fn stop(strays: Vec<Box<dyn Running>>) {
     futures::future::join_all(strays.into_iter().map(|mut running| async move {

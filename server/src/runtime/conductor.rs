@@ -19,7 +19,13 @@ pub(super) enum Order {
     /// Answer once the changes under way on these GPUs (`machine#index`; every GPU where `None`) have
     /// been carried out.
     Settled(Option<BTreeSet<Gpu>>, oneshot::Sender<()>),
+    /// Answer once every change asked before has been taken up (an adoption has registered its engines),
+    /// not carried out.
+    TakenUp(oneshot::Sender<()>),
+    /// Stop every engine.
     Shutdown(oneshot::Sender<()>),
+    /// Cancel the changes under way and leave every engine as it is: the server exits, the engines go on.
+    Leave(oneshot::Sender<()>),
 }
 
 /// A GPU as changes are ordered by: a machine's GPU, or an engine that holds none (a place of its own on
@@ -115,12 +121,17 @@ pub(super) async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedRece
                     let _ = done.send(());
                 });
             }
+            Order::TakenUp(done) => {
+                let _ = done.send(());
+            }
             Order::Shutdown(done) => {
-                for job in &conductor.jobs {
-                    job.cancel.send_replace(true);
-                }
+                conductor.cancel_all();
                 let shared = &conductor.shared;
                 shared.stop_units(&shared.unit_names()).await;
+                let _ = done.send(());
+            }
+            Order::Leave(done) => {
+                conductor.cancel_all();
                 let _ = done.send(());
             }
         }
@@ -128,6 +139,13 @@ pub(super) async fn conduct(shared: Arc<Shared>, mut orders: mpsc::UnboundedRece
 }
 
 impl Conductor {
+    /// Cancels every change under way: the server is stopping.
+    fn cancel_all(&self) {
+        for job in &self.jobs {
+            job.cancel.send_replace(true);
+        }
+    }
+
     async fn dispatch(&mut self, change: Change) {
         match change {
             Change::Reconcile(desired) => {

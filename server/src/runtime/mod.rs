@@ -9,6 +9,7 @@ mod adoption;
 mod conductor;
 mod engines;
 mod executor;
+pub mod instance;
 mod local;
 pub mod mig;
 pub mod model_file;
@@ -247,23 +248,10 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    /// The runtime over `pool`, with this installation's instance token (made on first use).
+    /// The runtime over `pool`, with this installation's instance token (made on first use, and anew
+    /// where the database was copied from elsewhere: [`instance`]).
     pub async fn open(pool: SqlitePool, settings: Settings) -> Result<Runtime, sqlx::Error> {
-        let fresh = format!(
-            "{:x}-{:x}",
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap_or_default()
-                .as_nanos(),
-            std::process::id()
-        );
-        sqlx::query("INSERT OR IGNORE INTO instance (id, token) VALUES (1, ?)")
-            .bind(&fresh)
-            .execute(&pool)
-            .await?;
-        let (instance,): (String,) = sqlx::query_as("SELECT token FROM instance WHERE id = 1")
-            .fetch_one(&pool)
-            .await?;
+        let instance = instance::token(&pool, &settings.identity).await?;
         let shutting_down = Arc::new(Mutex::new(false));
         let cluster = settings.ray.clone().map(|client| {
             RayExecutor::new(
@@ -575,23 +563,56 @@ impl Runtime {
     }
 
     async fn settled_with(&self, on: Option<std::collections::BTreeSet<conductor::Gpu>>) {
-        let (done, settled) = oneshot::channel();
-        if self.orders.send(Order::Settled(on, done)).is_ok() {
-            let _ = settled.await;
-        }
+        self.ask(|done| Order::Settled(on, done)).await;
+    }
+
+    /// Waits until every change submitted so far has been taken up, not carried out: after the start's
+    /// reconcile, the engines the previous server left are registered (adopted, or stopped).
+    pub async fn taken_up(&self) {
+        self.ask(Order::TakenUp).await;
     }
 
     /// Stops every engine (the server is shutting down): nothing starts from the moment this is called,
     /// whatever is queued or waiting out a backoff, and the changes under way are cancelled.
     pub async fn shutdown(&self) {
+        self.close();
+        self.ask(Order::Shutdown).await;
+    }
+
+    /// Stops every engine of this installation that runs with no server (`tessera stop --engines`, once the
+    /// server has stopped and left them), on every executor; answers the units stopped, or why some could
+    /// not be looked for (a Ray head that does not answer), having stopped the others.
+    pub async fn stop_left(&self) -> Result<Vec<String>, String> {
+        adoption::stop_left(&self.shared).await
+    }
+
+    /// Lets go of every engine, which goes on running (the server stops to restart or be upgraded; its
+    /// next start adopts them): nothing starts or stops from the moment this is called, and the changes
+    /// under way are cancelled, to be carried out by the next start's reconcile from what is committed.
+    /// Answers how many engines are left running.
+    pub async fn leave(&self) -> usize {
+        self.close();
+        self.ask(Order::Leave).await;
+        self.engines()
+            .iter()
+            .filter(|e| e.state != EngineState::Stopped && e.pid.is_some())
+            .count()
+    }
+
+    /// From now on no engine starts.
+    fn close(&self) {
         *self
             .shared
             .shutting_down
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = true;
-        let (done, stopped) = oneshot::channel();
-        if self.orders.send(Order::Shutdown(done)).is_ok() {
-            let _ = stopped.await;
+    }
+
+    /// Sends the conductor `order` and waits for its answer.
+    async fn ask(&self, order: impl FnOnce(oneshot::Sender<()>) -> Order) {
+        let (done, answered) = oneshot::channel();
+        if self.orders.send(order(done)).is_ok() {
+            let _ = answered.await;
         }
     }
 }

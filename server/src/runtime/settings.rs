@@ -53,6 +53,8 @@ pub struct Settings {
     pub gpus: Option<Arc<dyn LocalGpus>>,
     /// The Ray cluster whose machines' engines run as its jobs, where there is one.
     pub ray: Option<crate::inventory::ray::RayClient>,
+    /// Where the database is opened, which says whether it is this installation's (its engines' token).
+    pub identity: super::instance::Identity,
 }
 
 impl std::fmt::Debug for Settings {
@@ -108,6 +110,7 @@ impl Settings {
             sim_dir: None,
             gpus: None,
             ray: None,
+            identity: super::instance::Identity::default(),
         }
     }
 

@@ -178,6 +178,13 @@ const ERAS: &[(i64, &str)] = &[
         UPDATE workers SET env = '{"FROM":"outside"}' WHERE name = 'notebook-1';
         "#,
     ),
+    (
+        19,
+        r#"
+        -- Where the database was opened last; a test server opens it from no file of its own.
+        UPDATE instance SET home = 'fixture-machine /srv/tessera/tessera.db';
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.
@@ -257,6 +264,16 @@ async fn a_database_of_every_earlier_schema_opens_with_every_plan_worker_account
         assert_eq!(listen.revision, 2, "{at}");
         let notebook = committed.worker("notebook-1").unwrap();
         assert_eq!(notebook.assignment, None, "{at}");
+        if version >= 3 {
+            let token: String = sqlx::query_scalar("SELECT token FROM instance")
+                .fetch_one(&app.pool)
+                .await
+                .unwrap();
+            assert_eq!(
+                token, "fixture-0003",
+                "{at}: an upgrade keeps the installation's identity, and so its engines"
+            );
+        }
         if version >= 18 {
             assert_eq!(
                 notebook.env["FROM"], "outside",

@@ -108,9 +108,9 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
     let dir = tempfile::tempdir().unwrap();
     let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
     std::fs::create_dir_all(&data).unwrap();
-    let current: chaos::Current = Arc::new(RwLock::new(Some(soak_server(&data, &sim_dir).await)));
+    let current: chaos::Current = chaos::current(soak_server(&data, &sim_dir).await);
     {
-        let server = current.read().await;
+        let server = current.server.read().await;
         let server = server.as_ref().unwrap();
         add_engine(server, "glm", "vllm").await;
         add_engine(server, "vision", "sglang").await;
@@ -264,16 +264,18 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
             .faults
             .push("kill -9 of Tessera, started with the head down".to_owned());
         down(&outage);
-        current.write().await.take().unwrap().kill_9().await;
+        let killed = current.server.write().await.take().unwrap();
+        let launch = killed.launched().clone();
+        killed.kill_9().await;
         node("stop-all", "");
         let back = Revive::All;
-        let started = soak_server(&data, &sim_dir).await;
+        let started = Server::start_as(launch).await;
         let (status, majin) = started.get("/api/machines/majin").await;
         assert!(
             status == 200 && majin["unreachable_since"].is_string(),
             "Tessera starts, and shows the cluster's machines unreachable while the head is down: {majin}"
         );
-        *current.write().await = Some(started);
+        *current.server.write().await = Some(started);
         drop(back);
         up(&outage);
         settle(current.clone(), report.clone(), "the cluster came back").await;
@@ -337,6 +339,6 @@ async fn a_soak_on_the_cluster_through_a_lost_node_and_a_start_with_the_head_dow
         "{r:#?}"
     );
     assert!(r.answered > 0, "no request was answered: {r:#?}");
-    current.write().await.take().unwrap().stop().await;
+    current.server.write().await.take().unwrap().stop().await;
     clear_jobs().await;
 }

@@ -15,6 +15,18 @@ use tokio::sync::RwLock;
 /// own flags, its GPUs simulated in `sim`, its demo engines behaving as `profile` says, and the timings
 /// the soaks compress: drains of 3 s, a gateway that waits 10 s, and room for many restarts.
 pub async fn start(data: &Path, fleet: &[&str], sim: &Path, profile: &Value) -> Server {
+    let program = Path::new(env!("CARGO_BIN_EXE_tessera"));
+    Server::start_as(launch(program, data, fleet, sim, profile)).await
+}
+
+/// How [`start`] starts `program`.
+pub fn launch(
+    program: &Path,
+    data: &Path,
+    fleet: &[&str],
+    sim: &Path,
+    profile: &Value,
+) -> super::Launch {
     let sim = sim.display().to_string();
     let mut args = fleet.to_vec();
     args.extend([
@@ -27,13 +39,13 @@ pub async fn start(data: &Path, fleet: &[&str], sim: &Path, profile: &Value) -> 
         "--max-restarts",
         "50",
     ]);
-    Server::start_with_env(
+    Server::launch(
+        program,
         data,
         0,
         &args,
         &[("TESSERA_DEMO_PROFILE", &profile.to_string())],
     )
-    .await
 }
 
 /// A small seeded generator (xorshift64*): the same seed replays the same choices.
@@ -60,13 +72,30 @@ impl Rng {
     }
 }
 
-/// The server under soak, replaced when the soak kills it.
-pub type Current = Arc<RwLock<Option<Server>>>;
+/// The server under soak, replaced when the soak restarts or kills it, and where it is reached: its socket,
+/// held across its restarts as systemd's `tessera.socket` holds it, and an admin's token.
+pub struct Soaked {
+    /// The server now; none while the soak has stopped it.
+    pub server: RwLock<Option<Server>>,
+    port: u16,
+    token: String,
+}
 
-/// The port and token of the server now, if it runs.
+/// The server under soak, shared by the soak's clients.
+pub type Current = Arc<Soaked>;
+
+/// `server` under soak.
+pub fn current(server: Server) -> Current {
+    Arc::new(Soaked {
+        port: server.port,
+        token: server.token.clone(),
+        server: RwLock::new(Some(server)),
+    })
+}
+
+/// The port and token of the server: a request made while it restarts waits for the next one.
 pub async fn address(current: &Current) -> Option<(u16, String)> {
-    let server = current.read().await;
-    server.as_ref().map(|s| (s.port, s.token.clone()))
+    Some((current.port, current.token.clone()))
 }
 
 pub async fn call(current: &Current, method: &str, path: &str, body: Value) -> (u16, Value) {
@@ -274,7 +303,15 @@ pub async fn settled(current: &Current) -> (bool, Vec<String>) {
                 .iter()
                 .any(|e| e["model"] == name && e["state"] == "healthy");
             if !serving {
-                wrong.push(format!("{name} is deployed but has no healthy engine"));
+                let how: Vec<String> = engines
+                    .iter()
+                    .filter(|e| e["model"] == name)
+                    .map(|e| format!("{} {}: {}", e["unit"], e["state"], e["message"]))
+                    .collect();
+                wrong.push(format!(
+                    "{name} is deployed but has no healthy engine (its member: {member}; its group's GPUs: {}; its engines: {how:?})",
+                    group["gpus"]
+                ));
             }
         }
     }

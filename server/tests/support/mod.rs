@@ -21,6 +21,52 @@ pub struct Server {
     /// An admin's API token, which every request of these tests sends.
     pub token: String,
     child: tokio::process::Child,
+    /// How it was started, to start it again so.
+    launch: Launch,
+}
+
+/// How a server is started: its program, its arguments and environment, and the socket it listens on,
+/// held here as systemd's `tessera.socket` holds it and passed as systemd passes it (`LISTEN_FDS`), so that
+/// it outlives each server: a server started again takes the connections made while none ran.
+#[derive(Clone)]
+pub struct Launch {
+    pub program: std::path::PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub socket: Arc<std::net::TcpListener>,
+}
+
+impl Launch {
+    /// Runs the server, the socket passed as descriptor 3 to it alone, as systemd does.
+    fn spawn(&self) -> tokio::process::Child {
+        use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+        let fd = self.socket.as_raw_fd();
+        let mut command = tokio::process::Command::new("sh");
+        // systemd sets LISTEN_PID to the server's own PID: the shell's, which the server takes over.
+        command
+            .args(["-c", r#"LISTEN_PID=$$ LISTEN_FDS=1 exec "$0" "$@""#])
+            .arg(&self.program)
+            .args(&self.args)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        // SAFETY: between fork and exec only dup2 and fcntl run, both async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                let socket = BorrowedFd::borrow_raw(fd);
+                if fd == 3 {
+                    rustix::io::fcntl_setfd(socket, rustix::io::FdFlags::empty())?;
+                } else {
+                    let mut three = OwnedFd::from_raw_fd(3);
+                    let duplicated = rustix::io::dup2(socket, &mut three);
+                    std::mem::forget(three);
+                    duplicated?;
+                }
+                Ok(())
+            });
+        }
+        command.spawn().expect("the tessera binary starts")
+    }
 }
 
 /// An admin for the data folder, made once with `tessera user add` and `tessera token add` (as a script
@@ -79,62 +125,160 @@ impl Server {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Server {
-        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let token = admin_token(data);
-        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args(args)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--data-dir"])
-            .arg(data)
-            // Fast supervisor timings, each but those `args` set.
-            .args(
-                [
-                    ["--health-interval-ms", "50"],
-                    ["--stop-timeout-ms", "3000"],
-                    ["--restart-backoff-ms", "200"],
-                    ["--restart-backoff-max-ms", "1000"],
-                    ["--max-restarts", "3"],
-                ]
-                .into_iter()
-                .filter(|[flag, _]| !args.contains(flag))
-                .flatten(),
-            )
-            .env("TESSERA_DEMO_START_MS", demo_start_ms.to_string())
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "warn")
+        let launch = Server::launch(
+            Path::new(env!("CARGO_BIN_EXE_tessera")),
+            data,
+            demo_start_ms,
+            args,
+            env,
+        );
+        Server::start_as(launch).await
+    }
+
+    /// How the server `program` is started on `data`: as [`Server::start_with_env`] says, on a socket of
+    /// its own.
+    pub fn launch(
+        program: &Path,
+        data: &Path,
+        demo_start_ms: u64,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Launch {
+        let socket = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
+        let port = socket.local_addr().unwrap().port();
+        let mut all: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        all.extend([
+            "--listen".to_owned(),
+            format!("127.0.0.1:{port}"),
+            "--data-dir".to_owned(),
+            data.display().to_string(),
+        ]);
+        // Fast supervisor timings, each but those `args` set.
+        for [flag, value] in [
+            ["--health-interval-ms", "50"],
+            ["--stop-timeout-ms", "3000"],
+            ["--restart-backoff-ms", "200"],
+            ["--restart-backoff-max-ms", "1000"],
+            ["--max-restarts", "3"],
+        ] {
+            if !args.contains(&flag) {
+                all.extend([flag.to_owned(), value.to_owned()]);
+            }
+        }
+        let mut all_env = vec![(
+            "TESSERA_DEMO_START_MS".to_owned(),
+            demo_start_ms.to_string(),
+        )];
+        all_env.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        all_env.extend([
+            // The server's log: warnings, or what TEST_RUST_LOG asks for (to follow a failing test).
+            (
+                "RUST_LOG".to_owned(),
+                std::env::var("TEST_RUST_LOG").unwrap_or_else(|_| "warn".to_owned()),
+            ),
             // What cargo-leptos would set; the API needs no built site.
-            .env("LEPTOS_OUTPUT_NAME", "tessera")
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("the tessera binary starts");
-        let server = Server { port, token, child };
-        wait_until("the server answers", || async {
-            server.get("/api/health").await.0 == 200
-        })
-        .await;
+            ("LEPTOS_OUTPUT_NAME".to_owned(), "tessera".to_owned()),
+        ]);
+        Launch {
+            program: program.to_path_buf(),
+            args: all,
+            env: all_env,
+            socket: Arc::new(socket),
+        }
+    }
+
+    /// Starts the server as `launch` says, and waits until it answers.
+    pub async fn start_as(launch: Launch) -> Server {
+        let port = launch.socket.local_addr().unwrap().port();
+        let data = launch
+            .args
+            .iter()
+            .skip_while(|a| *a != "--data-dir")
+            .nth(1)
+            .expect("a data folder");
+        let token = admin_token(Path::new(data));
+        let child = launch.spawn();
+        let mut server = Server {
+            port,
+            token,
+            child,
+            launch,
+        };
+        server.wait_answers().await;
         server
+    }
+
+    /// Waits until the server answers: a request made before waits in the socket's queue meanwhile.
+    async fn wait_answers(&mut self) {
+        let start = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("the server exited as it started: {status}");
+            }
+            let health = tokio::time::timeout(
+                Duration::from_secs(1),
+                request_bytes(self.port, Some(&self.token), "GET", "/api/health", None),
+            );
+            if matches!(health.await, Ok((200, _))) {
+                return;
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "waited {PATIENCE:?} for the server to answer"
+            );
+        }
     }
 
     pub fn pid(&self) -> u32 {
         self.child.id().expect("the server runs")
     }
 
-    /// SIGKILL: the server dies without a word to its engines.
+    /// How this server was started.
+    pub fn launched(&self) -> &Launch {
+        &self.launch
+    }
+
+    /// SIGKILL: the server dies without a word to its engines (its socket stays, with whoever holds it).
     pub async fn kill_9(mut self) {
         self.child.kill().await.expect("the server is killed");
     }
 
-    /// SIGTERM, and wait for it to stop its engines and exit.
+    /// Ctrl-C (SIGINT), as in a terminal: the server stops and takes its engines with it.
     pub async fn stop(mut self) {
-        kill(self.pid(), "TERM");
+        kill(self.pid(), "INT");
         tokio::time::timeout(PATIENCE, self.child.wait())
+            .await
+            .expect("the server stops on Ctrl-C")
+            .unwrap();
+    }
+
+    /// SIGTERM, as a service manager stops it: the server exits and leaves its engines running. Answers
+    /// how it exited.
+    pub async fn terminate(mut self) -> (Launch, std::process::ExitStatus) {
+        kill(self.pid(), "TERM");
+        let status = tokio::time::timeout(PATIENCE, self.child.wait())
             .await
             .expect("the server stops on SIGTERM")
             .unwrap();
+        (self.launch.clone(), status)
+    }
+
+    /// `systemctl restart`: SIGTERM, and once it has exited the same server started again on the same
+    /// socket.
+    pub async fn restart(self) -> Server {
+        let (launch, status) = self.terminate().await;
+        assert!(
+            status.success(),
+            "the server exits cleanly on SIGTERM: {status}"
+        );
+        Server::start_as(launch).await
+    }
+
+    /// A crash (SIGKILL, an OOM kill) and the service manager's restart on the same socket.
+    pub async fn crash_and_restart(self) -> Server {
+        let launch = self.launch.clone();
+        self.kill_9().await;
+        Server::start_as(launch).await
     }
 
     pub async fn get(&self, path: &str) -> (u16, Value) {
@@ -360,6 +504,18 @@ pub fn kill(pid: u32, signal: &str) {
         .status()
         .unwrap();
     assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// The test's binary installed at `to` as dpkg writes a new version: in full beside it, then renamed over
+/// it. Bytes appended after the ELF image (`version`) make it another file than one running from there.
+pub fn install_binary(to: &Path, version: &str) {
+    let mut bytes = std::fs::read(env!("CARGO_BIN_EXE_tessera")).unwrap();
+    bytes.extend_from_slice(format!("\ntessera-test-build {version}\n").as_bytes());
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    let new = to.with_extension("dpkg-new");
+    std::fs::write(&new, bytes).unwrap();
+    std::fs::set_permissions(&new, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    std::fs::rename(&new, to).unwrap();
 }
 
 /// Every process on this machine that carries `instance` (this data folder's engines).
