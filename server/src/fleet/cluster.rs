@@ -68,7 +68,10 @@ impl Fleet {
                 Err(e) => tracing::warn!("the cluster's machines could not be kept: {e}"),
             }
         }
-        self.take_up(seen, &mut following.ignored);
+        let moved = self.take_up(seen, &mut following.ignored);
+        if !moved.is_empty() {
+            self.respecify(&moved).await;
+        }
         let known = self.hosts().cluster.clone();
         for (name, known) in &known {
             let (machine, alive) = match seen.iter().find(|m| &m.name == name) {
@@ -97,9 +100,12 @@ impl Fleet {
     /// Takes up each machine of `seen` alive that engines cannot be started for yet, or whose node changed
     /// since (a node that came back has a new id, maybe a new address): engines start there from the next
     /// write on. A machine that is this one or the demo fleet's is left as it is (`ignored`, said once).
-    fn take_up(&self, seen: &[ClusterMachine], ignored: &mut BTreeSet<String>) {
+    /// Answers the machines known before whose node has another address now: their engines are to be
+    /// specified anew.
+    fn take_up(&self, seen: &[ClusterMachine], ignored: &mut BTreeSet<String>) -> Vec<String> {
         let hosts = self.hosts();
         let mut next = (*hosts).clone();
+        let mut moved = Vec::new();
         for machine in seen
             .iter()
             .filter(|m| m.alive && hosts.cluster.get(&m.name) != Some(*m))
@@ -115,14 +121,42 @@ impl Fleet {
                 }
                 continue;
             }
-            if !hosts.cluster.contains_key(&machine.name) {
-                tracing::info!("{} joins as a machine of the Ray cluster", machine.name);
+            match hosts.cluster.get(&machine.name) {
+                None => tracing::info!("{} joins as a machine of the Ray cluster", machine.name),
+                Some(was) if was.address != machine.address => {
+                    tracing::info!(
+                        "{} is at {} now, where it was at {}: its engines start there",
+                        machine.name,
+                        machine.address,
+                        was.address
+                    );
+                    moved.push(machine.name.clone());
+                }
+                Some(_) => {}
             }
             next.cluster.insert(machine.name.clone(), machine.clone());
         }
         if next.cluster != hosts.cluster {
             *self.hosts.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(next);
         }
+        moved
+    }
+
+    /// Tells the runtime how the engines held on `machines` run now that their nodes are at another
+    /// address: each one started for the old address (its node gone with it, or listening where Tessera no
+    /// longer looks) is started again at the new one, as after a change of the machine's GPUs.
+    async fn respecify(&self, machines: &[String]) {
+        let state = self.state.lock().await;
+        let hosts = self.hosts();
+        let holders: BTreeSet<String> = machines
+            .iter()
+            .flat_map(|m| state.ledger.holders_on(m, &state.committed))
+            .collect();
+        let desired = engines::of_holders(&state.committed, &state.ledger, &hosts, &holders);
+        self.runtime.submit(crate::runtime::Change::Update {
+            units: holders.into_iter().collect(),
+            desired,
+        });
     }
 
     /// A live machine of the cluster, with what its node's own GPU readings say is held outside Tessera

@@ -62,6 +62,34 @@ fn worker_engine(
     ))
 }
 
+/// The engines of `holders` (workers, and members on a machine) among those [`desired`] has.
+pub(super) fn of_holders(
+    committed: &Committed,
+    ledger: &Ledger,
+    hosts: &Hosts,
+    holders: &std::collections::BTreeSet<String>,
+) -> Vec<EngineSpec> {
+    let mut workers = Vec::new();
+    let mut groups = std::collections::BTreeSet::new();
+    for holder in holders {
+        match crate::units::Holder::parse(holder) {
+            crate::units::Holder::Worker(name) => workers.push(name.to_owned()),
+            crate::units::Holder::Member { group, .. } => {
+                groups.insert(group);
+            }
+        }
+    }
+    let mut desired = worker_engines(committed, ledger, hosts, &workers);
+    for group in groups {
+        desired.extend(
+            group_engines(committed, ledger, hosts, group)
+                .into_iter()
+                .filter(|spec| holders.contains(&spec.unit)),
+        );
+    }
+    desired
+}
+
 /// The engines of one group's members, in plan order, one per machine the member holds its share on.
 pub(super) fn group_engines(
     committed: &Committed,

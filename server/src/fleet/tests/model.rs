@@ -226,7 +226,8 @@ fn ray_node(node: Option<u8>) -> ClusterMachine {
     ClusterMachine {
         name: RAY_NODE.to_owned(),
         node_id: format!("node-{}", node.unwrap_or(0)),
-        address: "127.0.0.1".to_owned(),
+        // A node that comes back has a new id, and here a new address too.
+        address: format!("127.0.0.{}", node.unwrap_or(0) + 1),
         gpus: vec![gpu(0), gpu(1)],
         demo: false,
         alive: node.is_some(),
@@ -611,4 +612,39 @@ async fn a_worker_kept_aside_says_why_as_its_gpus_are_held_now_not_as_they_were_
         },
     ])
     .await;
+}
+
+/// A Ray node that restarts between two readings comes back under its label with a new id and a new
+/// address: its engines, specified for the old address, are specified anew (the model test's check holds
+/// what runs against what the committed state wants, fingerprints and all).
+#[tokio::test]
+async fn an_engine_on_a_ray_node_that_comes_back_at_a_new_address_is_started_again_at_the_new_address(
+) {
+    let mut following = Following::default();
+    let app = apply(
+        fleet().await,
+        &mut following,
+        &Step::ReadCluster { node: Some(0) },
+    )
+    .await;
+    let body = json!({"model": "speech", "gpus": [format!("{RAY_NODE}:0")], "share": 20});
+    let (status, answer) = app
+        .call(Method::POST, "/api/deployments", Some(&body.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    let address = |app: &TestApp| {
+        let engines = app.fleet.runtime().engines();
+        let speech = engines
+            .iter()
+            .find(|e| e.model.as_deref() == Some("speech"));
+        match speech.map(|e| &e.host) {
+            Some(crate::runtime::spec::Host::Cluster { address, .. }) => address.clone(),
+            other => panic!("speech runs on the node: {other:?}"),
+        }
+    };
+    app.fleet.runtime().settled().await;
+    assert_eq!(address(&app), "127.0.0.1");
+    let app = apply(app, &mut following, &Step::ReadCluster { node: Some(1) }).await;
+    app.fleet.check_engines().await.unwrap();
+    assert_eq!(address(&app), "127.0.0.2");
 }

@@ -97,13 +97,19 @@ impl Running for RayJob {
     async fn exited(&mut self) -> String {
         let job = self.ended().await;
         self.over = true;
-        if job.driver_exit_code == Some(super::PORT_TAKEN) {
-            return format!(
+        match job.driver_exit_code {
+            Some(super::PORT_TAKEN) => format!(
                 "port {} was taken on its node: it starts again on another",
                 self.port
-            );
+            ),
+            Some(super::CANNOT_LISTEN) => format!(
+                "its node cannot listen on {}:{} ({})",
+                self.address,
+                self.port,
+                ending(&job)
+            ),
+            _ => ending(&job),
         }
-        ending(&job)
     }
 
     /// Ray sends SIGTERM to the job's process group and SIGKILL after the cluster's

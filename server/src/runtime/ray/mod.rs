@@ -349,22 +349,32 @@ impl RayExecutor {
 /// How a job ends whose port is taken on its node: EX_TEMPFAIL, "try again", before any engine ran.
 pub(super) const PORT_TAKEN: i64 = 75;
 
+/// How a job ends that cannot listen on its node's address for another reason than a port taken (the
+/// address is not the node's, say, where its node came back at another): EX_OSERR, before any engine ran.
+pub(super) const CANNOT_LISTEN: i64 = 71;
+
 /// The first lines of an engine's job: the port Tessera chose is only free on Tessera's own host, so the
 /// job binds it on its node first (as the engine will, address reuse included), and ends at once where it
-/// is taken, saying so, rather than start an engine that cannot listen beside whatever answers there: the
-/// next try takes another port. Python is there wherever Ray runs; without `python3` on the path the
-/// check is left to the engine.
+/// cannot, saying why, rather than start an engine that cannot listen beside whatever answers there: where
+/// the port is taken the next try takes another; any other failure is said as it is. Python is there
+/// wherever Ray runs; without `python3` on the path the check is left to the engine.
 fn port_check(bind: &str, port: u16) -> Result<String, String> {
     let bind = shlex::try_quote(bind)
         .map_err(|e| format!("the address {bind} cannot be given to a shell: {e}"))?;
     Ok(format!(
-        r#"if command -v python3 >/dev/null 2>&1 && ! python3 -c 'import socket, sys
+        r#"if command -v python3 >/dev/null 2>&1; then
+  python3 -c 'import errno, socket, sys
 host, port = sys.argv[1], int(sys.argv[2])
 s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-s.bind((host, port))' {bind} {port} 2>/dev/null; then
-  echo "tessera: port {port} is taken on this node: the engine starts again on another" >&2
-  exit {PORT_TAKEN}
+try:
+    s.bind((host, port))
+except OSError as e:
+    if e.errno == errno.EADDRINUSE:
+        print(f"tessera: port {{port}} is taken on this node: the engine starts again on another", file=sys.stderr)
+        sys.exit({PORT_TAKEN})
+    print(f"tessera: this node cannot listen on {{host}}:{{port}}: {{e.strerror}}", file=sys.stderr)
+    sys.exit({CANNOT_LISTEN})' {bind} {port} || exit $?
 fi"#
     ))
 }

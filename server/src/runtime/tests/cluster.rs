@@ -574,7 +574,7 @@ async fn an_engine_s_job_waits_for_its_earlier_job_on_the_same_machine_to_end_bu
 }
 
 #[test]
-fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_and_runs_its_engine_where_it_is_free(
+fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_address_not_the_node_s_is_said_as_such_and_the_engine_runs_where_it_is_free(
 ) {
     let dir = tempfile::tempdir().unwrap();
     let node = offline_node(dir.path());
@@ -604,8 +604,32 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_and_ru
     );
     assert!(!String::from_utf8_lossy(&out.stdout).contains("the engine runs"));
 
+    // An address that is not the node's (its node came back at another) is no port taken.
+    let elsewhere = EngineSpec {
+        host: Host::Cluster {
+            address: "192.0.2.7".to_owned(),
+            uuids: BTreeMap::from([(0, "GPU-a1b2c3d4-0000-4000-8000-000000000001".to_owned())]),
+            demo: false,
+        },
+        ..spec.clone()
+    };
+    let mut moved = elsewhere.command_line(port, Bytes::gb(8)).unwrap();
+    let (request, _) = node.submission(&elsewhere, &mut moved, port).unwrap();
+    let out = std::process::Command::new("sh")
+        .args(["-c", &request.entrypoint])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code().map(i64::from), Some(ray::CANNOT_LISTEN));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        said.contains(&format!("this node cannot listen on 192.0.2.7:{port}: "))
+            && !said.contains("taken"),
+        "{said}"
+    );
+
     // Once it is free, the engine runs.
     drop(taken);
+    let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
     let (stdout, _, ok) = run_on_node(&request);
     assert!(
         ok && stdout.contains(&format!("the engine runs on {port}")),
