@@ -236,4 +236,34 @@ mod tests {
             "{err}"
         );
     }
+
+    #[tokio::test]
+    async fn a_closing_listener_takes_connections_until_its_stop_then_leaves_them_queued_for_the_next_server(
+    ) {
+        use axum::serve::Listener as _;
+        let socket = bound();
+        let addr = socket.local_addr().unwrap();
+        // The service manager's copy, which outlives this server's.
+        let held = socket.try_clone().unwrap();
+        socket.set_nonblocking(true).unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let mut closing = Closing::new(
+            tokio::net::TcpListener::from_std(socket).unwrap(),
+            async move {
+                let _ = stopped.await;
+            },
+        )
+        .unwrap();
+        let _first = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (_, from) = closing.accept().await;
+        assert_eq!(from.ip(), addr.ip());
+        stop.send(()).unwrap();
+        let late = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let taken = tokio::time::timeout(std::time::Duration::from_millis(200), closing.accept()).await;
+        assert!(taken.is_err(), "a connection made after the stop was taken");
+        // It waits in the socket's queue, for whoever holds the socket next.
+        held.set_nonblocking(false).unwrap();
+        let (_, peer) = held.accept().unwrap();
+        assert_eq!(peer, late.local_addr().unwrap());
+    }
 }

@@ -103,8 +103,31 @@ pub fn engine_client() -> Client<HttpConnector, Full<Bytes>> {
     connector.set_nodelay(true);
     connector.set_connect_timeout(Some(Duration::from_secs(5)));
     Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_idle_timeout(ENGINE_IDLE)
         .build(connector)
+}
+
+/// How long a connection to an engine is kept idle: under the 5 s after which the engines' own servers
+/// close an idle one (uvicorn's default for vLLM and SGLang, cpp-httplib's for llama.cpp), so that a kept
+/// connection is not being closed by the engine as a request goes out on it.
+const ENGINE_IDLE: Duration = Duration::from_secs(4);
+
+/// Sends the request `request` makes to an engine; again, once, where the first try failed before any of
+/// the answer came but for a refused connection: a connection kept from an earlier request may have been
+/// closed by the engine as this one went out (its keep-alive ran out), which says nothing of the engine.
+/// (An engine that got the request before its connection broke may answer it twice: an inference has no
+/// effect beyond its answer.)
+async fn send(
+    client: &Client<HttpConnector, Full<Bytes>>,
+    request: impl Fn() -> hyper::Request<Full<Bytes>>,
+) -> Result<hyper::Response<hyper::body::Incoming>, hyper_util::client::legacy::Error> {
+    match client.request(request()).await {
+        Err(e) if !e.is_connect() => {
+            tracing::debug!("an engine's connection broke as a request went out ({e}): sent again");
+            client.request(request()).await
+        }
+        answered => answered,
+    }
 }
 
 /// The gateway's routes, under `/v1`.
@@ -377,18 +400,22 @@ async fn to_model(
             "the path cannot be passed on".to_owned(),
         );
     };
-    let mut onward = hyper::Request::builder()
-        .method(parts.method)
-        .uri(uri)
-        .body(Full::new(body))
-        .expect("a request from the parts of one");
-    *onward.headers_mut() = passed_on(parts.headers);
+    let mut headers = passed_on(parts.headers);
     // The body may have been rewritten (a group's request names the member): its length is the client's
     // to set, from the body itself. A stale one would leave the engine waiting for bytes never sent.
-    onward.headers_mut().remove(header::CONTENT_LENGTH);
-    with_engine_key(&engine, onward.headers_mut());
+    headers.remove(header::CONTENT_LENGTH);
+    with_engine_key(&engine, &mut headers);
+    let onward = || {
+        let mut onward = hyper::Request::builder()
+            .method(parts.method.clone())
+            .uri(uri.clone())
+            .body(Full::new(body.clone()))
+            .expect("a request from the parts of one");
+        *onward.headers_mut() = headers.clone();
+        onward
+    };
     meter.sending(state.fleet.runtime(), engine.unit.clone());
-    match state.gateway.client.request(onward).await {
+    match send(&state.gateway.client, onward).await {
         Ok(answer) => {
             let (mut parts, body) = answer.into_parts();
             parts.headers = passed_on(parts.headers);

@@ -1,6 +1,8 @@
 use super::metering::usage_in;
 use super::model_field::Rename;
 use super::*;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 #[test]
 fn the_model_is_read_from_a_json_body_or_a_form_field() {
@@ -310,4 +312,77 @@ async fn requests_waiting_for_one_on_demand_model_share_one_load_attempt() {
     // One attempt per look (every 100 ms) for all twenty, not one each.
     let attempts = app.fleet.activity().usage("speech").load_attempts;
     assert!((1..=15).contains(&attempts), "{attempts} load attempts");
+}
+
+/// An engine that answers the first request of each connection, and closes it as the next one comes in
+/// (its keep-alive ran out as the request went out): answers how many connections it took.
+async fn engine_closing_kept_connections() -> (u16, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let counted = connections.clone();
+    tokio::spawn(async move {
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            counted.fetch_add(1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut request = [0u8; 4096];
+                if socket.read(&mut request).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\n\r\n{\"ok\":true}";
+                socket.write_all(answer.as_bytes()).await.unwrap();
+                // The next request on it is read, and the connection dropped unanswered.
+                let _ = socket.read(&mut request).await;
+            });
+        }
+    });
+    (port, connections)
+}
+
+#[tokio::test]
+async fn a_request_sent_on_a_kept_connection_the_engine_closes_meanwhile_is_sent_again_and_answered() {
+    let (port, connections) = engine_closing_kept_connections().await;
+    let client = engine_client();
+    let uri: Uri = format!("http://127.0.0.1:{port}/v1/chat/completions")
+        .parse()
+        .unwrap();
+    let request = || {
+        hyper::Request::post(uri.clone())
+            .body(Full::new(Bytes::from_static(b"{}")))
+            .unwrap()
+    };
+    for n in 0..5 {
+        let answer = send(&client, request).await;
+        let answer = answer.unwrap_or_else(|e| panic!("request {n}: {e:?}"));
+        assert_eq!(answer.status(), StatusCode::OK);
+        let body = answer.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"ok\":true}");
+    }
+    assert!(
+        connections.load(Ordering::SeqCst) >= 5,
+        "each request after the first met a kept connection that was closed under it"
+    );
+}
+
+#[tokio::test]
+async fn a_request_to_an_engine_that_refuses_connections_is_not_sent_again() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = engine_client();
+    let uri: Uri = format!("http://127.0.0.1:{port}/health").parse().unwrap();
+    let tries = AtomicUsize::new(0);
+    let request = || {
+        tries.fetch_add(1, Ordering::SeqCst);
+        hyper::Request::get(uri.clone())
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let refused = send(&client, request).await.unwrap_err();
+    assert!(refused.is_connect(), "{refused:?}");
+    assert_eq!(tries.load(Ordering::SeqCst), 1);
 }
