@@ -259,7 +259,8 @@ mod tests {
         assert_eq!(from.ip(), addr.ip());
         stop.send(()).unwrap();
         let late = tokio::net::TcpStream::connect(addr).await.unwrap();
-        let taken = tokio::time::timeout(std::time::Duration::from_millis(200), closing.accept()).await;
+        let taken =
+            tokio::time::timeout(std::time::Duration::from_millis(200), closing.accept()).await;
         assert!(taken.is_err(), "a connection made after the stop was taken");
         // It waits in the socket's queue, for whoever holds the socket next.
         held.set_nonblocking(false).unwrap();

@@ -391,7 +391,7 @@ async fn a_server_killed_in_the_middle_of_a_restart_comes_back_to_exactly_the_co
     assert_eq!(
         processes_of(&instance),
         Vec::<u32>::new(),
-        "a graceful stop takes the engines with it"
+        "Ctrl-C takes the engines with it"
     );
 }
 

@@ -342,7 +342,8 @@ async fn engine_closing_kept_connections() -> (u16, Arc<AtomicUsize>) {
 }
 
 #[tokio::test]
-async fn a_request_sent_on_a_kept_connection_the_engine_closes_meanwhile_is_sent_again_and_answered() {
+async fn a_request_sent_on_a_kept_connection_the_engine_closes_meanwhile_is_sent_again_and_answered(
+) {
     let (port, connections) = engine_closing_kept_connections().await;
     let client = engine_client();
     let uri: Uri = format!("http://127.0.0.1:{port}/v1/chat/completions")

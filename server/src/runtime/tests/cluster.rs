@@ -590,12 +590,16 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
     // Something else listens on the port on the node (here, this host).
     let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
     let port = taken.local_addr().unwrap().port();
-    let mut launch = spec.command_line(port, Bytes::gb(8)).unwrap();
-    let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
-    let out = std::process::Command::new("sh")
-        .args(["-c", &request.entrypoint])
-        .output()
-        .unwrap();
+    // The job's entrypoint for `spec`, run as its node runs it.
+    let job = |spec: &EngineSpec| {
+        let mut launch = spec.command_line(port, Bytes::gb(8)).unwrap();
+        let (request, _) = node.submission(spec, &mut launch, port).unwrap();
+        std::process::Command::new("sh")
+            .args(["-c", &request.entrypoint])
+            .output()
+            .unwrap()
+    };
+    let out = job(&spec);
     assert_eq!(out.status.code().map(i64::from), Some(ray::PORT_TAKEN));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -613,12 +617,7 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
         },
         ..spec.clone()
     };
-    let mut moved = elsewhere.command_line(port, Bytes::gb(8)).unwrap();
-    let (request, _) = node.submission(&elsewhere, &mut moved, port).unwrap();
-    let out = std::process::Command::new("sh")
-        .args(["-c", &request.entrypoint])
-        .output()
-        .unwrap();
+    let out = job(&elsewhere);
     assert_eq!(out.status.code().map(i64::from), Some(ray::CANNOT_LISTEN));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -629,6 +628,7 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
 
     // Once it is free, the engine runs.
     drop(taken);
+    let mut launch = spec.command_line(port, Bytes::gb(8)).unwrap();
     let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
     let (stdout, _, ok) = run_on_node(&request);
     assert!(
