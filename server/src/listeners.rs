@@ -171,9 +171,11 @@ impl<L: axum::serve::Listener<Addr = SocketAddr>> axum::serve::Listener for Clos
 
     async fn accept(&mut self) -> (L::Io, SocketAddr) {
         if let Some(inner) = self.inner.as_mut() {
+            // The stop first: once it is done no connection is taken, even one that waits already.
             tokio::select! {
-                accepted = inner.accept() => return accepted,
+                biased;
                 () = self.stop.as_mut() => self.inner = None,
+                accepted = inner.accept() => return accepted,
             }
         }
         std::future::pending().await
