@@ -90,8 +90,8 @@ pub trait Console: Send + Sync {
     /// Milliseconds since the epoch, now.
     fn now_ms(&self) -> u64;
 
-    /// What a repack is planned from: the fleet as committed now.
-    fn repack_input(&self) -> Answer<'_, placement::RepackInput>;
+    /// What a repack is planned from (the fleet as committed now), and the plan that frees the most.
+    fn repack_preview(&self) -> Answer<'_, crate::views::RepackPreview>;
     /// The members whose measured peak allows a smaller share, with that share.
     fn right_sized(&self) -> Answer<'_, Vec<crate::views::RightSized>>;
     /// Shares GPU `index` of `machine` as `mode` says (`time-slicing`, `mps` with each engine's compute

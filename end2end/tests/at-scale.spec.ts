@@ -76,9 +76,9 @@ test("with 1,250 machines the wizard lists fifty nodes, finds one by name and ke
 });
 
 test("with 1,250 machines the repack lists fifty moves at a time, the GPUs it changes and names eight it frees", async ({ page, request }) => {
-  // The plan over 10,000 GPUs is worked out on the server as it renders the page and again in the wasm as
-  // it hydrates: 2.6 s with the release build here, 38 s with the debug build the tests run.
-  test.setTimeout(180_000);
+  // A bound on a hang, not a speed test: the debug build the tests run plans the 10,000 GPUs once, on the
+  // server (the page hydrates with that plan, and plans in the wasm only when the ask changes).
+  test.setTimeout(120_000);
   // 240 workers of 40 GB: best fit packs two to a GPU. Every other one ends: 120 GPUs half full, which
   // a repack empties half of.
   for (let w = 0; w < 240; w++) {
@@ -91,7 +91,7 @@ test("with 1,250 machines the repack lists fifty moves at a time, the GPUs it ch
     expect((await request.delete(`/api/workers/half-${w}`)).status()).toBe(204);
   }
   await page.goto("/repack");
-  await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1, { timeout: 120_000 });
+  await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1, { timeout: 60_000 });
   const summary = page.getByTestId("repack-summary");
   await expect(summary).toHaveText(/^Frees (\d+) GPUs: (GPU \d+ of [\w-]+, ){7}GPU \d+ of [\w-]+ and \d+ more — \d+ moves, \d+ restarts\./);
   const [, freed, moves] = /^Frees (\d+) GPUs: .* — (\d+) moves/.exec((await summary.textContent()) ?? "")!;

@@ -1,9 +1,10 @@
-//! Repack (seed 001): moves of shared work that free whole GPUs, with the fewest restarts. The plan is
-//! worked out here in the browser, by the same `placement` code the server runs again before it commits,
-//! and shown before anything changes: each move and its restarts, the GPUs freed, the GPUs it changes
-//! before and after, and the order of stops and starts (fifty of each at first, and more on asking: a
-//! fleet's repack may move tens of thousands of units). Carried out, it moves one unit at a time and can be stopped
-//! between moves.
+//! Repack (seed 001): moves of shared work that free whole GPUs, with the fewest restarts. The plan that
+//! frees the most comes with the fleet from the server (worked out there once, not again as the page
+//! hydrates: seconds at ten thousand GPUs); another ask is planned here in the browser, by the same
+//! `placement` code the server runs again before it commits. Shown before anything changes: each move and
+//! its restarts, the GPUs freed, the GPUs it changes before and after, and the order of stops and starts
+//! (fifty of each at first, and more on asking: a fleet's repack may move tens of thousands of units).
+//! Carried out, it moves one unit at a time and can be stopped between moves.
 
 use crate::auth::Role;
 use crate::components::account_menu::signed_in;
@@ -11,18 +12,18 @@ use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{RepackRun, RightSized};
+use crate::views::{RepackPreview, RepackRun, RightSized};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use placement::repack::Goal;
 use placement::{BasisPoints, GpuLoad, GpuRef, Move, RepackInput, RepackPlan, RepackStep};
 
-/// The fleet as committed, for the plan to be worked out from.
-#[server(prefix = "/rpc", endpoint = "load_repack_input", client = crate::csrf::CsrfClient)]
-pub async fn load_repack_input() -> Result<RepackInput, AppError> {
+/// The fleet as committed, for the plan to be worked out from, and the plan that frees the most GPUs.
+#[server(prefix = "/rpc", endpoint = "load_repack_preview", client = crate::csrf::CsrfClient)]
+pub async fn load_repack_preview() -> Result<RepackPreview, AppError> {
     crate::auth::require(Role::Viewer)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.repack_input()).await
+    crate::services::answer(console.repack_preview()).await
 }
 
 /// The members whose measured peak allows a smaller share, with that share.
@@ -180,9 +181,9 @@ pub fn RepackPage() -> impl IntoView {
     let start = ServerAction::<StartRepack>::new();
     let stop = ServerAction::<StopRepack>::new();
     let tick = RwSignal::new(0u64);
-    let input = Resource::new(
+    let preview = Resource::new(
         move || (live.track(), start.version().get()),
-        |_| load_repack_input(),
+        |_| load_repack_preview(),
     );
     let run = Resource::new(
         move || {
@@ -256,16 +257,21 @@ pub fn RepackPage() -> impl IntoView {
                 </label>
             </div>
             <Transition fallback=|| view! { <p>"Working out the plan…"</p> }>
-                {move || input.get().map(|answer| match answer {
+                {move || preview.get().map(|answer| match answer {
                     Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
-                    Ok(input) => {
+                    Ok(RepackPreview { input, most }) => {
                         let asked = free.get();
                         let free = match goal(&asked) {
                             Ok(free) => free,
                             Err(why) => return view! { <p class="error" role="alert" data-testid="repack-refused">{why}</p> }.into_any(),
                         };
-                        match input.plan(free.map_or(Goal::Most, Goal::Free)) {
-                            Err(e) => view! { <p class="error" role="alert" data-testid="repack-refused">{e.to_string()}</p> }.into_any(),
+                        // The server's plan for the first ask; another ask is planned here.
+                        let planned = match free {
+                            None => most,
+                            Some(n) => input.plan(Goal::Free(n)).map_err(|e| e.to_string()),
+                        };
+                        match planned {
+                            Err(e) => view! { <p class="error" role="alert" data-testid="repack-refused">{e}</p> }.into_any(),
                             Ok(plan) => {
                                 let moves = plan.moves.clone();
                                 let restarts = restarts_of(&moves);

@@ -29,4 +29,4 @@ pub use machines::{
 pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
 pub use overview::{Alarm, AlarmKind, Overview};
 pub use playground::Playground;
-pub use repack::{RepackProgress, RepackRun, RightSized};
+pub use repack::{RepackPreview, RepackProgress, RepackRun, RightSized};

@@ -2,6 +2,18 @@
 
 use serde::{Deserialize, Serialize};
 
+/// What the repack page is drawn from: the fleet as committed, and the plan the server worked out from it
+/// for the page's first ask (as many GPUs as it can), or why there is none. The browser shows that plan as
+/// it hydrates and plans again itself only when the operator changes the ask: at ten thousand GPUs a plan
+/// takes seconds in the wasm.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RepackPreview {
+    /// The fleet as committed now.
+    pub input: placement::RepackInput,
+    /// The plan that frees as many GPUs as it can, or why there is none.
+    pub most: Result<placement::RepackPlan, String>,
+}
+
 /// A repack being carried out, or the last one since the server started.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepackRun {

@@ -196,8 +196,8 @@ impl Console for ConsoleService {
         crate::fleet::usage::now_ms()
     }
 
-    fn repack_input(&self) -> Answer<'_, placement::RepackInput> {
-        Box::pin(async move { Ok(self.fleet.repack_input().await) })
+    fn repack_preview(&self) -> Answer<'_, app::views::RepackPreview> {
+        Box::pin(async move { Ok(self.fleet.repack_preview().await) })
     }
 
     fn right_sized(&self) -> Answer<'_, Vec<app::views::RightSized>> {

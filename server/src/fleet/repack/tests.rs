@@ -180,3 +180,20 @@ async fn work_on_a_machine_without_a_second_gpu_has_nowhere_to_go_and_the_plan_m
     assert_eq!(plan["moves"], json!([]));
     assert_eq!(plan["most"], 0);
 }
+
+#[tokio::test]
+async fn the_repack_page_is_sent_the_plan_that_frees_the_most_so_that_the_browser_need_not_work_it_out_again(
+) {
+    let app = fragmented().await;
+    let preview = app.fleet.repack_preview().await;
+    let (status, plan) = app.get("/api/repack").await;
+    assert_eq!(status, StatusCode::OK, "{plan}");
+    let most = preview.most.expect("a plan");
+    assert_eq!(serde_json::to_value(&most).unwrap(), plan);
+    // The fleet it came from, for the asks the browser plans itself.
+    assert_eq!(preview.input, app.fleet.repack_input().await);
+    assert_eq!(
+        preview.input.plan(placement::repack::Goal::Most).unwrap(),
+        most
+    );
+}
