@@ -291,19 +291,20 @@ fn allocated(log: &[String]) -> u64 {
         .sum()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_and_llama_cpp_allocates_no_more_than_the_share_as_its_own_report_says(
-) {
-    let dir = tempfile::tempdir().unwrap();
-    // Trained for 131,072 tokens: its own context would take about 200 MB, four times its share.
-    let weights = tiny_model_of_context(dir.path(), 131_072);
-    // llama-server is llama.cpp's own server, xllamacpp here, found on the PATH as the recipe runs it.
-    let bin = dir.path().join("bin");
+/// A server whose machine, `small`, is this one with one 8 GB L4, and whose `llama-server` is llama.cpp's
+/// own server (xllamacpp here), found on the PATH as a llamacpp recipe runs it. Each start of it is
+/// written down in `dir/llama-server.starts`.
+async fn on_small_l4(dir: &Path) -> Server {
+    let bin = dir.join("bin");
     std::fs::create_dir(&bin).unwrap();
     let llama_server = bin.join("llama-server");
+    let starts = dir.join("llama-server.starts");
     std::fs::write(
         &llama_server,
-        format!("#!/bin/sh\nexec {PYTHON} {LLAMA}/serve.py \"$@\"\n"),
+        format!(
+            "#!/bin/sh\necho \"$@\" >> {}\nexec {PYTHON} {LLAMA}/serve.py \"$@\"\n",
+            starts.display()
+        ),
     )
     .unwrap();
     std::fs::set_permissions(
@@ -316,7 +317,7 @@ async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_a
         bin.display(),
         std::env::var("PATH").unwrap_or_default()
     );
-    let inventory = dir.path().join("small.toml");
+    let inventory = dir.join("small.toml");
     std::fs::write(&inventory, SMALL).unwrap();
     let sources = [
         "--inventory",
@@ -324,7 +325,62 @@ async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_a
         "--here",
         "small",
     ];
-    let server = Server::start_with_env(dir.path(), 100, &sources, &[("PATH", &path)]).await;
+    Server::start_with_env(dir, 100, &sources, &[("PATH", &path)]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llamacpp_recipe_whose_own_context_is_over_its_share_is_not_started_and_its_engine_says_why_with_the_figures(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // Trained for 131,072 tokens, which take about 200 MB: -c 0 asks for them on a 50 MB share.
+    let weights = tiny_model_of_context(dir.path(), 131_072);
+    let server = on_small_l4(dir.path()).await;
+    let (status, added) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "tiny", "engine": "llamacpp", "default_share_percent": 1,
+                   "model_path": weights, "args": ["-c", "0"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{added}");
+    let (status, deployed) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "tiny", "gpus": ["small:0"], "share": 0.6}),
+        )
+        .await;
+    assert_eq!(status, 201, "{deployed}");
+    support::wait_until("tiny is left failed", || async {
+        server
+            .engine_if_any("tiny")
+            .await
+            .is_some_and(|e| e["state"] == "failed")
+    })
+    .await;
+    let engine = server.engine("tiny").await;
+    let message = engine["message"].as_str().unwrap();
+    assert!(
+        message.starts_with("not started: as its recipe sets it, context 131072 × 1 slot takes ")
+            && message
+                .ends_with(" over its 50 MB share: lower its -c or -np, or give it a larger share"),
+        "{message}"
+    );
+    assert!(
+        !dir.path().join("llama-server.starts").exists(),
+        "llama-server was never run"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_and_llama_cpp_allocates_no_more_than_the_share_as_its_own_report_says(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // Trained for 131,072 tokens: its own context would take about 200 MB, four times its share.
+    let weights = tiny_model_of_context(dir.path(), 131_072);
+    let server = on_small_l4(dir.path()).await;
     let (status, added) = server
         .send(
             "POST",

@@ -17,6 +17,12 @@ pub const MIN_CONTEXT: u32 = 2 * CONTEXT_PAD;
 /// layer on the GPU is worth more than a longer context.
 pub const OFFLOAD_CONTEXT: u32 = DEFAULT_CONTEXT;
 
+/// The context (all slots together) an engine gets where the estimate cannot choose one, having a gap:
+/// long enough for real prompts, far short of the 128k and more that many models are trained for, which
+/// llama.cpp would otherwise take (or, in recent builds, fit to what is free on the GPU: the neighbours'
+/// room).
+pub const CAUTIOUS_CONTEXT: u32 = 4096;
+
 /// What Tessera starts llama.cpp with so that it fits its share.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fitted {
@@ -57,6 +63,84 @@ pub enum Unfit {
         /// The share.
         share: Bytes,
     },
+    /// What the settings take, by the estimate, is more than the share.
+    #[error("{0}")]
+    Over(Judged),
+}
+
+/// Settings Tessera did not choose (a recipe's own context, or the cautious bound), and what the
+/// estimate says they take.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Judged {
+    /// llama.cpp's `-c`: every slot's context together.
+    pub ctx_size: u32,
+    /// Slots (`-np`).
+    pub slots: u32,
+    /// What the estimate says it takes: where it has a gap, the least it takes.
+    pub needed: Bytes,
+    /// The share.
+    pub share: Bytes,
+    /// The estimate's gap, where it has one that could be most of what it takes.
+    pub gap: Option<String>,
+}
+
+impl fmt::Display for Judged {
+    /// "context 4096 × 1 slot takes at least 1.2 GB by the estimate, over its 1 GB share".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "context {} × {} takes {}{} by the estimate",
+            self.ctx_size,
+            slots_text(self.slots),
+            if self.gap.is_some() { "at least " } else { "" },
+            self.needed.size_text()
+        )?;
+        if self.needed > self.share {
+            write!(f, ", over its {} share", self.share.size_text())
+        } else {
+            write!(f, " of its {} share", self.share.size_text())
+        }
+    }
+}
+
+fn slots_text(n: u32) -> String {
+    if n == 1 {
+        "1 slot".to_owned()
+    } else {
+        format!("{n} slots")
+    }
+}
+
+/// `base` as it is (its context included, `None` for the model's own), judged against `share`: refused
+/// where the estimate, or the part of it that it knows, is more than the share.
+pub fn judge(model: &ModelInfo, share: Bytes, base: &Settings) -> Result<Judged, Unfit> {
+    let e = estimate(model, base);
+    let judged = Judged {
+        ctx_size: e.assumed.ctx_size,
+        slots: e.assumed.slots,
+        needed: e.total(),
+        share,
+        gap: e.gaps.iter().find(|g| blocks_fit(g)).map(Gap::to_string),
+    };
+    if judged.needed > share {
+        Err(Unfit::Over(judged))
+    } else {
+        Ok(judged)
+    }
+}
+
+/// `base` with [`CAUTIOUS_CONTEXT`] shared by its slots (or the model's own context, where shorter),
+/// judged against `share`: for a model whose estimate has a gap.
+pub fn cautious(model: &ModelInfo, share: Bytes, base: &Settings) -> Result<Judged, Unfit> {
+    let total = CAUTIOUS_CONTEXT.min(model.context_length.unwrap_or(CAUTIOUS_CONTEXT).max(1));
+    judge(
+        model,
+        share,
+        &Settings {
+            context: Some((total / base.slots.max(1)).max(1)),
+            ..*base
+        },
+    )
 }
 
 /// The longest context per slot, a multiple of llama.cpp's padding up to the model's own, that fits
@@ -141,11 +225,7 @@ fn on_gpu(estimate: &Estimate, n: u32) -> Bytes {
 impl fmt::Display for Fitted {
     /// What was chosen and why, for the Models tab.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let slots = if self.slots == 1 {
-            "1 slot".to_owned()
-        } else {
-            format!("{} slots", self.slots)
-        };
+        let slots = slots_text(self.slots);
         match self.gpu_layers {
             Some(n) => write!(
                 f,
@@ -292,6 +372,94 @@ mod tests {
             err.to_string()
                 .contains("metadata key llama.block_count is missing"),
             "{err}"
+        );
+    }
+
+    #[test]
+    fn a_recipe_s_own_context_is_judged_by_what_it_takes_and_refused_with_the_figures_over_the_share(
+    ) {
+        let m = model(131_072);
+        let given = |ctx_size: u32, slots: u32| Settings {
+            context: Some(ctx_size / slots),
+            slots,
+            ..Settings::default()
+        };
+        let share = total(&m, 16_384);
+        let fits = judge(&m, share, &given(8192, 2)).unwrap();
+        assert_eq!(
+            (fits.ctx_size, fits.slots, fits.gap.as_deref()),
+            (8192, 2, None)
+        );
+        assert!(fits.needed <= share);
+        assert!(
+            fits.to_string()
+                .starts_with("context 8192 × 2 slots takes ")
+                && fits.to_string().contains(" by the estimate of its "),
+            "{fits}"
+        );
+        // The model's own context, as -c 0 asks.
+        let Err(Unfit::Over(over)) = judge(&m, share, &Settings::default()) else {
+            panic!("131,072 tokens do not fit a share that holds 16,384");
+        };
+        assert_eq!((over.ctx_size, over.needed), (131_072, total(&m, 131_072)));
+        assert_eq!(
+            Unfit::Over(over.clone()).to_string(),
+            format!(
+                "context 131072 × 1 slot takes {} by the estimate, over its {} share",
+                over.needed.size_text(),
+                share.size_text()
+            )
+        );
+    }
+
+    /// A recurrent model: its weights are known, its state and compute buffers are not.
+    fn mamba(context: u32) -> ModelInfo {
+        let g = crate::estimate::writer::Gguf::new("mamba")
+            .kv("mamba.context_length", V::U32(context))
+            .kv("mamba.block_count", V::U32(2))
+            .kv("mamba.embedding_length", V::U32(1024))
+            .tensor("token_embd.weight", &[1024, 32_000], 1)
+            .tensor("blk.0.ssm_in.weight", &[1024, 4096], 1)
+            .tensor("blk.1.ssm_in.weight", &[1024, 4096], 1);
+        ModelInfo::from_header(&GgufHeader::parse(&g.header()).unwrap(), None)
+    }
+
+    #[test]
+    fn a_model_whose_estimate_has_a_gap_gets_a_cautious_context_judged_by_the_least_it_takes() {
+        let m = mamba(1_048_576);
+        assert!(matches!(
+            fit_share(&m, Bytes::gb(4), &Settings::default()),
+            Err(Unfit::Incomplete(_))
+        ));
+        let bound = cautious(&m, Bytes::gb(4), &Settings::default()).unwrap();
+        assert_eq!((bound.ctx_size, bound.slots), (CAUTIOUS_CONTEXT, 1));
+        assert!(bound.gap.as_deref().unwrap().contains("recurrent state"));
+        assert!(bound.to_string().contains(" takes at least "), "{bound}");
+        // Slots share the bound; they do not multiply it.
+        let four = Settings {
+            slots: 4,
+            ..Settings::default()
+        };
+        let bound = cautious(&m, Bytes::gb(4), &four).unwrap();
+        assert_eq!((bound.ctx_size, bound.slots), (CAUTIOUS_CONTEXT, 4));
+        // Its weights alone are more than a 10 MB share: refused, not started to find out.
+        let tiny = Bytes(10_000_000);
+        let Err(Unfit::Over(over)) = cautious(&m, tiny, &Settings::default()) else {
+            panic!("the weights alone are over the share");
+        };
+        assert!(over.needed >= m.weights.bytes);
+        assert!(
+            Unfit::Over(over)
+                .to_string()
+                .ends_with(&format!(", over its {} share", tiny.size_text())),
+            "the figures"
+        );
+        // A model trained for less than the bound keeps its own.
+        assert_eq!(
+            cautious(&mamba(2048), Bytes::gb(4), &Settings::default())
+                .unwrap()
+                .ctx_size,
+            2048
         );
     }
 

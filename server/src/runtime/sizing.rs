@@ -1,64 +1,163 @@
-//! llama.cpp sized to its share as it starts (issue 32). It has no memory-fraction flag, so Tessera reads the
-//! model's GGUF header where the engine runs (on this machine, or on its Ray node through a job) and passes the context (`-c`), the slots (`-np`) and, where not every layer fits,
-//! the layers on the GPU (`-ngl`) that the estimate says fit the share; the Models tab says what it chose
-//! and why. A recipe that sets `-c` itself is left as it is.
+//! llama.cpp sized to its share as it starts (issue 32), and never started unbounded on one (issue 42).
+//! It has no memory-fraction flag, so Tessera reads the model's GGUF header where the engine runs (on this
+//! machine, or on its Ray node through a job) and passes the context (`-c`), the slots (`-np`) and, where
+//! not every layer fits, the layers on the GPU (`-ngl`) that the estimate says fit the share; the Models
+//! tab says what it chose and why. A recipe's own `-c` and `-np` are judged against the share by the same
+//! estimate. Where the estimate has a gap (a recurrent model's state) or the file cannot be read, a
+//! cautious context bounds it; where even that, or the recipe's own, is over the share, the engine is not
+//! started and the reason is shown. Without `-c`, llama.cpp takes the model's whole trained context, or in
+//! recent builds fits itself to what is free on the GPU: on a shared GPU, the neighbours' room.
 
 use super::model_file::{gguf_info, Files};
 use super::spec::{EngineSpec, Sizing};
 use crate::catalog::Engine;
-use placement::estimate::{cache_type, fit_share, ModelInfo, Settings};
+use placement::estimate::{
+    cache_type, cautious, fit_share, judge, Judged, ModelInfo, Settings, Unfit, CAUTIOUS_CONTEXT,
+};
 use placement::Bytes;
+
+/// Why a llama.cpp engine is not started on its share.
+#[derive(Debug, thiserror::Error)]
+pub enum Unsized {
+    /// The recipe's `-c` is not a number llama.cpp reads as one.
+    #[error("not started: its -c is {0:?}, not a number of tokens")]
+    NotANumber(String),
+    /// The recipe's own context and slots take more than the share.
+    #[error(
+        "not started: as its recipe sets it, {0}: lower its -c or -np, or give it a larger share"
+    )]
+    GivenOver(Judged),
+    /// Even the cautious context takes more than the share, by what the estimate knows.
+    #[error(
+        "not started: the estimate is incomplete, and even a cautious {0} ({gap}): give it a larger \
+         share",
+        gap = .0.gap.as_deref().unwrap_or("a part is not estimated")
+    )]
+    CautiousOver(Judged),
+    /// Not one layer fits with the shortest context.
+    #[error("not started: {0}")]
+    NoRoom(Unfit),
+    /// The recipe asks for the model's own context (`-c 0`) of a file that could not be read.
+    #[error(
+        "not started: its recipe asks for the model's own context (-c 0), which cannot be judged \
+         against its share: {0}"
+    )]
+    OwnUnjudged(String),
+}
 
 /// The sizing of `spec`'s engine: a llama.cpp engine on a share, its header read by `files`, where it
 /// runs.
-pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Sizing {
+pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Result<Sizing, Unsized> {
     let Some(share) = spec
         .share
         .filter(|_| spec.recipe.engine == Engine::LlamaCpp)
     else {
-        return Sizing::default();
+        return Ok(Sizing::default());
     };
     // The demo engine stands in where the GPUs are made up; nothing there would read the file.
     if !spec.host.runs_daemons() {
-        return Sizing::default();
+        return Ok(Sizing::default());
     }
-    if let Some(given) = flag_value(&spec.recipe.args, &["-c", "--ctx-size"]) {
-        return Sizing {
-            args: Vec::new(),
-            note: Some(format!("context {given}, as its recipe sets it (-c)")),
-        };
-    }
-    match gguf_info(files, &spec.recipe.model_path).await {
-        Ok(info) => sizing_for(&info, share, &spec.recipe.args),
-        Err(why) => Sizing {
-            args: Vec::new(),
-            note: Some(format!("its context is llama.cpp's own: {why}")),
-        },
-    }
+    let info = gguf_info(files, &spec.recipe.model_path)
+        .await
+        .map_err(|why| why.to_string());
+    sizing_for(
+        info.as_ref().map_err(String::as_str),
+        share,
+        &spec.recipe.args,
+    )
 }
 
-/// The sizing of a model `info` on `share`, under the serving choices its recipe's `args` make (slots,
-/// cache types, batches).
-pub fn sizing_for(info: &ModelInfo, share: Bytes, args: &[String]) -> Sizing {
-    let (base, slots_given) = settings_of(args);
+/// The sizing of a model (its header's `info`, or why it could not be read) on `share`, under the
+/// serving choices its recipe's `args` make (context, slots, cache types, batches).
+pub fn sizing_for(
+    info: Result<&ModelInfo, &str>,
+    share: Bytes,
+    args: &[String],
+) -> Result<Sizing, Unsized> {
+    let (mut base, slots_given) = settings_of(args);
+    // Tessera's arguments come before the recipe's, and llama.cpp takes the last: the recipe's own -np
+    // stands, and one is added where it says none (recent builds default to several slots).
+    let slots = |n: u32| -> Vec<String> {
+        if slots_given {
+            Vec::new()
+        } else {
+            vec!["-np".to_owned(), n.to_string()]
+        }
+    };
+    if let Some(given) = flag_value(args, &["-c", "--ctx-size"]) {
+        let ctx_size: u32 = given
+            .trim()
+            .parse()
+            .map_err(|_| Unsized::NotANumber(given.clone()))?;
+        return match info {
+            Ok(info) => {
+                // -c 0 is the model's own context, shared by the slots.
+                let total = match ctx_size {
+                    0 => info.context_length.unwrap_or(CAUTIOUS_CONTEXT),
+                    n => n,
+                };
+                base.context = Some((total / base.slots).max(1));
+                let judged = judge(info, share, &base).map_err(|e| match e {
+                    Unfit::Over(judged) => Unsized::GivenOver(judged),
+                    other => Unsized::NoRoom(other),
+                })?;
+                Ok(Sizing {
+                    args: slots(base.slots),
+                    note: Some(format!("as its recipe sets it, {judged}")),
+                })
+            }
+            Err(why) if ctx_size > 0 => Ok(Sizing {
+                args: slots(base.slots),
+                note: Some(format!(
+                    "context {ctx_size}, as its recipe sets it, not judged against its share: {why}"
+                )),
+            }),
+            Err(why) => Err(Unsized::OwnUnjudged(why.to_owned())),
+        };
+    }
+    let bounded = |ctx_size: u32, n: u32, note: String| {
+        let mut args = vec!["-c".to_owned(), ctx_size.to_string()];
+        args.extend(slots(n));
+        Sizing {
+            args,
+            note: Some(note),
+        }
+    };
+    let info = match info {
+        Ok(info) => info,
+        // Nothing to judge by: the cautious bound, as the file was not read.
+        Err(why) => {
+            return Ok(bounded(
+                CAUTIOUS_CONTEXT,
+                base.slots,
+                format!(
+                    "-c {CAUTIOUS_CONTEXT} -np {}, a cautious bound not judged against its share: {why}",
+                    base.slots
+                ),
+            ))
+        }
+    };
     match fit_share(info, share, &base) {
         Ok(fit) => {
-            let mut add = vec!["-c".to_owned(), fit.ctx_size.to_string()];
-            if !slots_given {
-                add.extend(["-np".to_owned(), fit.slots.to_string()]);
-            }
+            let mut sizing = bounded(fit.ctx_size, fit.slots, fit.to_string());
             if let Some(n) = fit.gpu_layers {
-                add.extend(["-ngl".to_owned(), n.to_string()]);
+                sizing.args.extend(["-ngl".to_owned(), n.to_string()]);
             }
-            Sizing {
-                args: add,
-                note: Some(fit.to_string()),
-            }
+            Ok(sizing)
         }
-        Err(why) => Sizing {
-            args: Vec::new(),
-            note: Some(format!("its context is llama.cpp's own: {why}")),
-        },
+        Err(Unfit::Incomplete(gap)) => {
+            let judged = cautious(info, share, &base).map_err(|e| match e {
+                Unfit::Over(judged) => Unsized::CautiousOver(judged),
+                other => Unsized::NoRoom(other),
+            })?;
+            Ok(bounded(
+                judged.ctx_size,
+                judged.slots,
+                format!("a cautious bound, as the estimate is incomplete ({gap}): {judged}"),
+            ))
+        }
+        Err(other) => Err(Unsized::NoRoom(other)),
     }
 }
 
@@ -125,7 +224,7 @@ mod tests {
 
     #[test]
     fn a_llama_cpp_engine_is_started_with_the_longest_context_its_share_holds_and_one_slot() {
-        let sizing = sizing_for(&info(), Bytes::gb(1), &[]);
+        let sizing = sizing_for(Ok(&info()), Bytes::gb(1), &[]).unwrap();
         let c: u32 = sizing.args[1].parse().unwrap();
         assert_eq!(&sizing.args[..1], ["-c"]);
         assert_eq!(&sizing.args[2..], ["-np", "1"]);
@@ -137,12 +236,13 @@ mod tests {
 
     #[test]
     fn the_recipes_slots_and_cache_type_are_what_the_context_is_sized_under() {
-        let plain = sizing_for(&info(), Bytes::gb(1), &[]);
+        let plain = sizing_for(Ok(&info()), Bytes::gb(1), &[]).unwrap();
         let four = sizing_for(
-            &info(),
+            Ok(&info()),
             Bytes::gb(1),
             &words("--parallel=4 -ctk q8_0 -ctv q8_0"),
-        );
+        )
+        .unwrap();
         assert_eq!(
             four.args.len(),
             2,
@@ -171,12 +271,91 @@ mod tests {
     }
 
     #[test]
-    fn a_share_that_holds_no_layer_leaves_llama_cpp_its_own_context_and_says_why() {
-        let sizing = sizing_for(&info(), Bytes(1 << 20), &[]);
-        assert!(sizing.args.is_empty());
+    fn a_share_that_holds_no_layer_is_not_started_and_says_why() {
+        let refused = sizing_for(Ok(&info()), Bytes(1 << 20), &[]).unwrap_err();
+        assert_eq!(
+            refused.to_string(),
+            "not started: not one of its layers fits its 1 MB share with a context of 512 tokens"
+        );
+    }
+
+    #[test]
+    fn a_recipe_s_own_context_is_judged_against_the_share_kept_where_it_fits_and_refused_with_the_figures_where_not(
+    ) {
+        let fits = sizing_for(Ok(&info()), Bytes::gb(1), &words("-c 2048")).unwrap();
+        assert_eq!(fits.args, ["-np", "1"], "the recipe's -c stands");
+        let note = fits.note.unwrap();
+        assert!(
+            note.starts_with("as its recipe sets it, context 2048 × 1 slot takes "),
+            "{note}"
+        );
+        for over in ["--ctx-size=131072", "-c 0", "-c 262144 -np 2"] {
+            let refused = sizing_for(Ok(&info()), Bytes::gb(1), &words(over)).unwrap_err();
+            let text = refused.to_string();
+            assert!(matches!(refused, Unsized::GivenOver(_)), "{over}: {text}");
+            assert!(
+                text.starts_with("not started: as its recipe sets it, context ")
+                    && text.ends_with(
+                        "over its 1 GB share: lower its -c or -np, or give it a larger share"
+                    ),
+                "{over}: {text}"
+            );
+        }
+        assert!(matches!(
+            sizing_for(Ok(&info()), Bytes::gb(1), &words("-c lots")),
+            Err(Unsized::NotANumber(_))
+        ));
+    }
+
+    /// A hybrid (Granite 4.0 H's architecture): attention layers with a KV cache beside recurrent ones,
+    /// whose state the estimate does not know.
+    fn hybrid() -> ModelInfo {
+        let g = placement::estimate::writer::Gguf::new("granitehybrid")
+            .kv("granitehybrid.context_length", V::U32(1_048_576))
+            .kv("granitehybrid.block_count", V::U32(2))
+            .kv("granitehybrid.embedding_length", V::U32(1024))
+            .kv("granitehybrid.attention.head_count", V::U32(16))
+            .tensor("token_embd.weight", &[1024, 32_000], 1)
+            .tensor("blk.0.ssm_in.weight", &[1024, 4096], 1)
+            .tensor("blk.1.attn_q.weight", &[1024, 1024], 1);
+        ModelInfo::from_header(&GgufHeader::parse(&g.header()).unwrap(), None)
+    }
+
+    #[test]
+    fn a_model_whose_estimate_has_a_gap_is_started_with_a_cautious_context_and_the_console_is_told_why(
+    ) {
+        let sizing = sizing_for(Ok(&hybrid()), Bytes::gb(4), &[]).unwrap();
+        assert_eq!(sizing.args, words("-c 4096 -np 1"));
+        let note = sizing.note.unwrap();
+        assert!(
+            note.starts_with(
+                "a cautious bound, as the estimate is incomplete (granitehybrid keeps"
+            ) && note.contains("context 4096 × 1 slot takes at least "),
+            "{note}"
+        );
+        let refused = sizing_for(Ok(&hybrid()), Bytes(10_000_000), &[]).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("not started: the estimate is incomplete, and even a cautious context 4096 × 1 slot takes at least "),
+            "{refused}"
+        );
+    }
+
+    #[test]
+    fn a_model_file_that_cannot_be_read_is_started_with_a_cautious_context_not_its_own() {
+        let sizing = sizing_for(Err("no file at /m.gguf"), Bytes::gb(4), &[]).unwrap();
+        assert_eq!(sizing.args, words("-c 4096 -np 1"));
         assert_eq!(
             sizing.note.unwrap(),
-            "its context is llama.cpp's own: not one of its layers fits its 1 MB share with a context of 512 tokens"
+            "-c 4096 -np 1, a cautious bound not judged against its share: no file at /m.gguf"
         );
+        // The recipe's own bound stands; its -c 0 (the model's own, unknown) is refused.
+        let given = sizing_for(Err("no file"), Bytes::gb(4), &words("-c 8192")).unwrap();
+        assert_eq!(given.args, ["-np", "1"]);
+        assert!(matches!(
+            sizing_for(Err("no file"), Bytes::gb(4), &words("-c 0")),
+            Err(Unsized::OwnUnjudged(_))
+        ));
     }
 }

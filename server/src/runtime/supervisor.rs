@@ -252,7 +252,9 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
     // which only the gateway and the health probe send.
     let key = matches!(spec.host, super::spec::Host::Cluster { .. })
         .then(|| crate::random::random_hex(24));
-    let sizing = super::sizing::size(spec, &*shared.files(&spec.host, &spec.machine)).await;
+    let sizing = super::sizing::size(spec, &*shared.files(&spec.host, &spec.machine))
+        .await
+        .map_err(|e| StartFailure::Refused(e.to_string()))?;
     let mut launch = spec
         .launch(
             port,
