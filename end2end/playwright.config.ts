@@ -17,8 +17,11 @@ export default defineConfig({
   testDir: "./tests",
   timeout: 60_000,
   expect: { timeout: 10_000 },
+  // Each test has a server and a data folder of its own (fixtures/tessera.ts): two spec files at once
+  // share nothing, and on two cores they overlap one's waits (engines loading, pages hydrating) with the
+  // other's work. A test within a file runs after the one before it.
   fullyParallel: false,
-  workers: 1,
+  workers: 2,
   retries: 0,
   forbidOnly: !!process.env.CI,
   reporter: [["list"]],
