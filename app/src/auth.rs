@@ -29,6 +29,15 @@ impl Role {
         }
     }
 
+    /// Its name after "is", as a sentence says it: "an operator".
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Role::Viewer => "a viewer",
+            Role::Operator => "an operator",
+            Role::Admin => "an admin",
+        }
+    }
+
     /// The role named `name`.
     pub fn parse(name: &str) -> Option<Role> {
         Role::ALL.into_iter().find(|r| r.as_str() == name)
@@ -87,9 +96,9 @@ mod ssr {
             Ok(caller)
         } else {
             Err(refused(AppError::Forbidden(format!(
-                "{} is a {}: this needs the {} role.",
+                "{} is {}: this needs the {} role.",
                 caller.name,
-                caller.role.as_str(),
+                caller.role.with_article(),
                 needed.as_str()
             ))))
         }

@@ -398,9 +398,9 @@ async fn check(
             if let Area::Api(needed) = area {
                 if !caller.role.allows(needed) {
                     return Err(ApiError::Forbidden(format!(
-                        "{} is a {}: this needs the {} role",
+                        "{} is {}: this needs the {} role",
                         caller.name,
-                        caller.role.as_str(),
+                        caller.role.with_article(),
                         needed.as_str()
                     )));
                 }

@@ -68,8 +68,151 @@ const ADMIN_PREFIXES: &[&str] = &[
     "NCCL_NET", "CUDA_MPS",
 ];
 
-/// Arguments that make an engine run code from the model's repository.
-const ADMIN_ARGS: &[&str] = &["--trust-remote-code"];
+/// The flags an operator may give an engine: tuning (context, sequences, batches, cache types, prefix
+/// caching, quantization, threads, sampling defaults, logging), none that runs code (`--trust-remote-code`,
+/// SGLang's `--enable-custom-logit-processor`, vLLM's plugins and `--middleware`), reads or writes a file
+/// the operator names (chat templates, LoRA adapters, `--slot-save-path`), downloads, or opens an endpoint.
+/// Anything else is an admin's. Matched written out in full, as `flag` or `flag=value` (and `_` for `-`):
+/// Python's parser takes any unambiguous abbreviation, which could name a flag not listed here.
+fn tuning_flags(engine: Engine) -> &'static [&'static str] {
+    match engine {
+        Engine::Vllm => &[
+            "--max-model-len",
+            "--max-num-seqs",
+            "--max-num-batched-tokens",
+            "--max-seq-len-to-capture",
+            "--kv-cache-dtype",
+            "--block-size",
+            "--enable-prefix-caching",
+            "--no-enable-prefix-caching",
+            "--enable-chunked-prefill",
+            "--no-enable-chunked-prefill",
+            "--quantization",
+            "-q",
+            "--dtype",
+            "--enforce-eager",
+            "--swap-space",
+            "--cpu-offload-gb",
+            "--seed",
+            "--max-logprobs",
+            "--scheduling-policy",
+            "--tokenizer-mode",
+            "--enable-auto-tool-choice",
+            "--tool-call-parser",
+            "--reasoning-parser",
+            "--disable-log-requests",
+            "--disable-log-stats",
+            "--uvicorn-log-level",
+        ],
+        Engine::Sglang => &[
+            "--context-length",
+            "--max-running-requests",
+            "--max-prefill-tokens",
+            "--chunked-prefill-size",
+            "--kv-cache-dtype",
+            "--quantization",
+            "--dtype",
+            "--disable-radix-cache",
+            "--schedule-policy",
+            "--schedule-conservativeness",
+            "--disable-cuda-graph",
+            "--cuda-graph-max-bs",
+            "--attention-backend",
+            "--sampling-backend",
+            "--random-seed",
+            "--stream-interval",
+            "--tool-call-parser",
+            "--reasoning-parser",
+            "--log-level",
+            "--log-requests",
+        ],
+        Engine::LlamaCpp => &[
+            "-c",
+            "--ctx-size",
+            "-np",
+            "--parallel",
+            "-ctk",
+            "--cache-type-k",
+            "-ctv",
+            "--cache-type-v",
+            "-kvu",
+            "--kv-unified",
+            "--swa-full",
+            "-fa",
+            "--flash-attn",
+            "-b",
+            "--batch-size",
+            "-ub",
+            "--ubatch-size",
+            "-t",
+            "--threads",
+            "-tb",
+            "--threads-batch",
+            "-cb",
+            "--cont-batching",
+            "-nocb",
+            "--no-cont-batching",
+            "--cache-reuse",
+            "-nkvo",
+            "--no-kv-offload",
+            "--mlock",
+            "--no-mmap",
+            "-n",
+            "--n-predict",
+            "--temp",
+            "--top-k",
+            "--top-p",
+            "--min-p",
+            "--repeat-penalty",
+            "-s",
+            "--seed",
+            "--jinja",
+            "--reasoning-format",
+            "--reasoning-budget",
+            "--rope-scaling",
+            "--rope-freq-base",
+            "--rope-freq-scale",
+            "--embedding",
+            "--embeddings",
+            "--pooling",
+            "--reranking",
+            "--rerank",
+            "--metrics",
+            "-lv",
+            "--log-verbosity",
+            "--log-disable",
+            "-to",
+            "--timeout",
+        ],
+        // A command recipe's program is an admin's, and Tessera knows none of its flags.
+        Engine::Command => &[],
+    }
+}
+
+/// The variables an operator may give an engine: threads, logging, allocator tuning and the hub's token.
+/// Anything else is an admin's.
+const TUNING_VARS: &[&str] = &[
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM",
+    "NCCL_DEBUG",
+    "CUDA_LAUNCH_BLOCKING",
+    "CUDA_DEVICE_MAX_CONNECTIONS",
+    "PYTORCH_CUDA_ALLOC_CONF",
+    "VLLM_LOGGING_LEVEL",
+    "VLLM_ATTENTION_BACKEND",
+    "VLLM_USE_FLASHINFER_SAMPLER",
+    "VLLM_FLASH_ATTN_VERSION",
+    "VLLM_ENGINE_ITERATION_TIMEOUT_S",
+    "VLLM_LOG_STATS_INTERVAL",
+    "SGLANG_LOG_LEVEL",
+    "LLAMA_LOG_VERBOSITY",
+    "LLAMA_LOG_COLORS",
+];
 
 /// Whether setting the variable `name` needs the admin role.
 pub fn needs_admin(name: &str) -> bool {
@@ -79,9 +222,9 @@ pub fn needs_admin(name: &str) -> bool {
 
 fn forbidden(caller: &Caller, what: &str) -> ApiError {
     ApiError::Forbidden(format!(
-        "{} is a {}: {what}, which needs the admin role",
+        "{} is {}: {what}, which needs the admin role",
         caller.name,
-        caller.role.as_str()
+        caller.role.with_article()
     ))
 }
 
@@ -102,22 +245,49 @@ pub fn check_serving(
     if caller.role == Role::Admin {
         return Ok(());
     }
-    if let Some(name) = env.keys().find(|name| needs_admin(name)) {
+    if let Some(name) = env
+        .keys()
+        .find(|name| !TUNING_VARS.contains(&name.to_ascii_uppercase().as_str()))
+    {
         return Err(forbidden(
             caller,
-            &format!("the environment variable {name} changes what code the engine loads"),
+            &format!(
+                "the environment variable {name} is not one an operator may give an engine \
+                 (docs/src/security.md lists them)"
+            ),
         ));
     }
-    if let Some(arg) = args.iter().find(|arg| {
-        let flag = arg.split_once('=').map_or(arg.as_str(), |(flag, _)| flag);
-        ADMIN_ARGS.contains(&flag.replace('_', "-").as_str())
-    }) {
+    if let Some(flag) = args
+        .iter()
+        .filter_map(|arg| flag_of(arg))
+        .find(|flag| !tuning_flags(model.engine).contains(&flag.as_str()))
+    {
         return Err(forbidden(
             caller,
-            &format!("{arg} runs code from the model's repository"),
+            &format!(
+                "{flag} is not one of the tuning flags an operator may give {} engine, written out in \
+                 full (docs/src/security.md lists them)",
+                match model.engine {
+                    Engine::Vllm => "a vLLM",
+                    Engine::Sglang => "an SGLang",
+                    Engine::LlamaCpp => "a llama.cpp",
+                    Engine::Command => "a command recipe's",
+                }
+            ),
         ));
     }
     Ok(())
+}
+
+/// The flag `arg` is, as an engine's parser reads it (`--flag=value`, `_` for `-`); `None` for a value,
+/// a negative number included.
+fn flag_of(arg: &str) -> Option<String> {
+    let flag = arg.split_once('=').map_or(arg, |(flag, _)| flag);
+    let rest = flag.strip_prefix('-')?;
+    if rest.is_empty() || rest.starts_with(|c: char| c.is_ascii_digit() || c == '.') {
+        return None;
+    }
+    Some(flag.replace('_', "-"))
 }
 
 /// A recipe's own arguments, like extra ones, may not override what Tessera sets.

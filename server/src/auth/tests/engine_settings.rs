@@ -90,6 +90,153 @@ async fn an_operator_may_not_set_a_variable_that_loads_code_and_an_admin_may() {
 }
 
 #[tokio::test]
+async fn an_operator_gives_an_engine_only_its_tuning_flags_and_variables_written_out_as_its_parser_reads_them(
+) {
+    let app = crate::testing::majin_and_atlas_with_catalog().await;
+    let operator = account(&app, "otto", "operator").await;
+    let deploy_on = |gpu: &str, model: &str, args: serde_json::Value, env: serde_json::Value| {
+        json!({"model": model, "gpus": [gpu], "args": args, "env": env}).to_string()
+    };
+    let deploy = |model: &str, args, env| deploy_on("atlas:0", model, args, env);
+    for (model, args, env, named) in [
+        // Abbreviations and spellings the engine's own parser takes for --trust-remote-code.
+        (
+            "glm-5.3",
+            json!(["--trust-remote"]),
+            json!({}),
+            "--trust-remote",
+        ),
+        (
+            "glm-5.3",
+            json!(["--trust_remote_code=1"]),
+            json!({}),
+            "--trust-remote-code",
+        ),
+        // Flags that run code from a request, a plugin or a file.
+        (
+            "vision",
+            json!(["--enable-custom-logit-processor"]),
+            json!({}),
+            "--enable-custom-logit-processor",
+        ),
+        (
+            "glm-5.3",
+            json!(["--logits-processor-pattern", ".*"]),
+            json!({}),
+            "--logits-processor-pattern",
+        ),
+        (
+            "glm-5.3",
+            json!(["--tool-parser-plugin", "/tmp/p.py"]),
+            json!({}),
+            "--tool-parser-plugin",
+        ),
+        (
+            "glm-5.3",
+            json!(["--middleware", "evil.Mw"]),
+            json!({}),
+            "--middleware",
+        ),
+        (
+            "glm-5.3",
+            json!(["--allowed-local-media-path=/"]),
+            json!({}),
+            "--allowed-local-media-path",
+        ),
+        (
+            "speech",
+            json!(["--slot-save-path", "/etc"]),
+            json!({}),
+            "--slot-save-path",
+        ),
+        ("embedder", json!(["--anything"]), json!({}), "--anything"),
+        // Variables that do the same.
+        (
+            "glm-5.3",
+            json!([]),
+            json!({"VLLM_SERVER_DEV_MODE": "1"}),
+            "VLLM_SERVER_DEV_MODE",
+        ),
+        (
+            "glm-5.3",
+            json!([]),
+            json!({"VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}),
+            "VLLM_ALLOW_INSECURE_SERIALIZATION",
+        ),
+        (
+            "glm-5.3",
+            json!([]),
+            json!({"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}),
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING",
+        ),
+    ] {
+        let (status, body) = app
+            .call_with(
+                Some(&operator),
+                Method::POST,
+                "/api/deployments",
+                Some(&deploy(model, args.clone(), env.clone())),
+            )
+            .await;
+        assert_eq!(status, StatusCode::FORBIDDEN, "{args} {env}: {body}");
+        let error = body["error"].as_str().unwrap();
+        assert!(
+            error.starts_with("otto is an operator: ")
+                && error.contains(named)
+                && error.contains("docs/src/security.md lists them")
+                && error.ends_with("which needs the admin role"),
+            "{error}"
+        );
+    }
+    let (_, groups) = app.call(Method::GET, "/api/groups", None).await;
+    assert_eq!(groups, json!([]), "nothing was deployed");
+    for (gpu, model, args, env) in [
+        (
+            "atlas:0",
+            "glm-5.3",
+            json!(["--max-model-len", "4096", "--enable_prefix_caching"]),
+            json!({"VLLM_LOGGING_LEVEL": "DEBUG"}),
+        ),
+        (
+            "atlas:1",
+            "vision",
+            json!(["--context-length=8192", "--disable-radix-cache"]),
+            json!({"HF_TOKEN": "hf_x"}),
+        ),
+        (
+            "majin:0",
+            "speech",
+            json!(["-c", "2048", "-ctk", "q8_0", "--temp", "-0.5"]),
+            json!({"OMP_NUM_THREADS": "4"}),
+        ),
+    ] {
+        let (status, body) = app
+            .call_with(
+                Some(&operator),
+                Method::POST,
+                "/api/deployments",
+                Some(&deploy_on(gpu, model, args, env)),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{model}: {body}");
+    }
+    // An admin's are not limited to the list.
+    let app = crate::testing::majin_and_atlas_with_catalog().await;
+    let (status, body) = app
+        .call(
+            Method::POST,
+            "/api/deployments",
+            Some(&deploy(
+                "embedder",
+                json!(["--anything"]),
+                json!({"VLLM_SERVER_DEV_MODE": "1"}),
+            )),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+}
+
+#[tokio::test]
 async fn an_extra_argument_that_overrides_a_flag_tessera_sets_gets_422_naming_the_flag_and_its_field(
 ) {
     let app = crate::testing::majin_and_atlas_with_catalog().await;
