@@ -74,14 +74,22 @@ impl Bytes {
 
     /// [`Bytes::gb_text`] for an engine to size itself by: never over these bytes, but for the kilobyte a
     /// share's rounding to whole bytes leaves (30 % of 96 GB reads 28.8, not 28.7); else rounded down.
+    /// Under a tenth of a GB, to the millionth (about a kilobyte) rounded down, where "0" would tell the
+    /// engine it has nothing: 82 MB reads `0.080078`.
     pub fn gb_text_at_most(self) -> String {
         let tenths = (u128::from(self.0) * 10 + u128::from(GB) / 2) / u128::from(GB);
         let nearest = tenths * u128::from(GB) / 10;
-        tenths_text(if nearest > u128::from(self.0) + 1024 {
+        let tenths = if nearest > u128::from(self.0) + 1024 {
             u128::from(self.0) * 10 / u128::from(GB)
         } else {
             tenths
-        })
+        };
+        if tenths == 0 && self.0 > 0 {
+            let millionths = u128::from(self.0) * 1_000_000 / u128::from(GB);
+            let text = format!("0.{millionths:06}");
+            return text.trim_end_matches('0').trim_end_matches('.').to_owned();
+        }
+        tenths_text(tenths)
     }
 
     /// The GB figure as a float for JSON answers, never compared: to the nearest millionth of a GB (about
@@ -329,6 +337,19 @@ mod tests {
             "28.8"
         );
         assert_eq!(Bytes::gb(7).gb_text_at_most(), "7");
+    }
+
+    #[test]
+    fn a_share_under_a_tenth_of_a_gb_reaches_the_engine_as_millionths_never_as_nothing() {
+        assert_eq!(Bytes(82 << 20).gb_text_at_most(), "0.080078");
+        assert_eq!(Bytes(GB / 16).gb_text_at_most(), "0.0625");
+        assert_eq!(Bytes::ZERO.gb_text_at_most(), "0");
+        let share = Bytes(82 << 20);
+        let read: f64 = share.gb_text_at_most().parse().unwrap();
+        assert!(
+            read > 0.0 && read * GB as f64 <= share.get() as f64,
+            "never over"
+        );
     }
 
     #[test]
