@@ -55,6 +55,19 @@ pub async fn open_existing(
     pool(options(database_url, data_dir)?).await
 }
 
+/// The database as it is, read only: nothing written, no journal or shared-memory file made where none
+/// is (`tessera doctor`, which may run as root beside a service that runs as its own user).
+pub async fn open_read_only(
+    database_url: Option<&str>,
+    data_dir: &Path,
+) -> Result<SqlitePool, OpenError> {
+    let options = match database_url {
+        Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
+        None => SqliteConnectOptions::new().filename(data_dir.join(FILE)),
+    };
+    pool(options.read_only(true).create_if_missing(false)).await
+}
+
 /// How the database named by `database_url`, or `tessera.db` in `data_dir`, is opened.
 pub fn options(
     database_url: Option<&str>,

@@ -210,6 +210,67 @@ async fn tessera_doctor_passes_a_running_server_s_own_port_and_fails_one_another
     );
 }
 
+/// Every file under `dir`, with its length and when it was last changed: but for SQLite's shared-memory
+/// index (`-shm`), where any reader of a WAL database marks what it reads.
+fn files(dir: &Path) -> Vec<(String, u64, Option<std::time::SystemTime>)> {
+    let mut all: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            let meta = e.metadata().unwrap();
+            let name = e.file_name().to_string_lossy().into_owned();
+            let changed = (!name.ends_with("-shm")).then(|| meta.modified().unwrap());
+            (name, meta.len(), changed)
+        })
+        .collect();
+    all.sort();
+    all
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tessera_doctor_writes_nothing_neither_a_data_folder_that_is_not_there_nor_a_lock_nor_the_database(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("not-yet");
+    let checked = tessera(
+        &[
+            "--data-dir",
+            missing.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+            "doctor",
+        ],
+        &[],
+    );
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(
+        lines.contains("ok    database: none yet in "),
+        "{lines}{}",
+        said(&checked)
+    );
+    assert!(
+        !missing.exists(),
+        "the doctor made the data folder: {lines}"
+    );
+
+    // A folder a server ran on and left, its database's journal folded back in.
+    let server = Server::start(dir.path(), 100).await;
+    server.stop().await;
+    let before = files(dir.path());
+    let data = dir.path().display().to_string();
+    let checked = tessera(
+        &["--data-dir", &data, "--listen", "127.0.0.1:0", "doctor"],
+        &[],
+    );
+    let lines = String::from_utf8_lossy(&checked.stdout).into_owned();
+    assert!(
+        lines.contains("ok    database: intact, schema "),
+        "{lines}{}",
+        said(&checked)
+    );
+    assert_eq!(files(dir.path()), before, "{lines}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tessera_check_finds_a_running_server_as_its_database_rebuilds_it_and_names_a_worker_changed_behind_its_back(
 ) {

@@ -142,7 +142,7 @@ impl Checkup<'_> {
             ));
             return None;
         }
-        let pool = match crate::db::open_existing(config.database_url.as_deref(), &config.data_dir)
+        let pool = match crate::db::open_read_only(config.database_url.as_deref(), &config.data_dir)
             .await
         {
             Ok(pool) => pool,
@@ -271,7 +271,7 @@ impl Checkup<'_> {
 
     /// The addresses the server listens on: free, or held by Tessera itself.
     fn ports(&self) -> Vec<Finding> {
-        let running = crate::db::backup::DataLock::take(&self.config.data_dir).is_err();
+        let running = crate::db::backup::DataLock::is_held(&self.config.data_dir);
         let addresses = std::iter::once(("--listen", self.config.listen))
             .chain(self.config.gateway_listen.map(|a| ("--gateway-listen", a)));
         addresses

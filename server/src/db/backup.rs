@@ -136,6 +136,15 @@ impl DataLock {
     }
 }
 
+impl DataLock {
+    /// Whether a process holds the lock of `data_dir`. Writes nothing: no folder, no lock file, no PID
+    /// (`tessera doctor`, run as root before the service's first start, would leave them root's).
+    pub fn is_held(data_dir: &Path) -> bool {
+        File::open(data_dir.join(LOCK))
+            .is_ok_and(|file| matches!(file.try_lock(), Err(TryLockError::WouldBlock)))
+    }
+}
+
 /// Copies the database behind `pool` into `to`, a new file, as one consistent snapshot: writes that commit
 /// meanwhile go on (WAL) and are not in the copy; every write committed before it began is.
 pub async fn backup(pool: &SqlitePool, to: &Path) -> Result<(), BackupError> {
