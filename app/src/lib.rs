@@ -6,6 +6,7 @@
 // The pages are deeply nested views; release builds (which keep their full types) need the room.
 #![recursion_limit = "256"]
 
+pub mod address;
 pub mod auth;
 pub mod components;
 pub mod csrf;

@@ -1,8 +1,8 @@
 //! The console's routes, each page's code loaded the first time it is shown: the first download holds only
 //! the shell, the router and the reactive runtime, and each page's view comes in a chunk of its own
 //! (BENCHMARKS.md). The browser half must therefore always be built with `--split` (`cargo leptos serve
-//! --split`, `end-to-end --split`, `build --release --split`): without it the pages' code imports a module
-//! that does not exist and no page hydrates.
+//! --split`, `build --split --frontend-only` in the tests, `build --release --split`): without it the
+//! pages' code imports a module that does not exist and no page hydrates.
 
 use crate::pages::admin::AdminPage;
 use crate::pages::audit::AuditPage;
@@ -19,19 +19,6 @@ use crate::pages::sign_in::{SetupPage, SignInPage};
 use crate::pages::usage::UsagePage;
 use leptos::prelude::*;
 use leptos_router::{lazy_route, LazyRoute};
-
-/// `text` as a value in an address's query: what a path may keep as it is, the rest written `%XX`. The
-/// server writes its sign-in redirects with it, the pages their own addresses.
-pub fn query_value(text: &str) -> String {
-    text.bytes()
-        .map(|b| match b {
-            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' | b'/' => {
-                (b as char).to_string()
-            }
-            _ => format!("%{b:02X}"),
-        })
-        .collect()
-}
 
 /// Whether the page on show has hydrated: its code may arrive after the shell's, so the shell alone
 /// cannot say.

@@ -20,6 +20,7 @@
 pub mod demand;
 pub mod estimate;
 pub mod group;
+pub mod holder;
 pub mod interference;
 pub mod inventory;
 pub mod mig;

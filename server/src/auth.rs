@@ -416,7 +416,7 @@ async fn check(
                         .path_and_query()
                         .map(|p| p.as_str().to_owned())
                         .unwrap_or_default();
-                    format!("/login?next={}", app::routes::query_value(&here))
+                    format!("/login?next={}", app::address::query_value(&here))
                 };
                 return Ok(Some(Redirect::to(&to).into_response()));
             }
@@ -574,7 +574,7 @@ pub async fn sign_in(
     let back = |error: &str| {
         Redirect::to(&format!(
             "/login?error={error}&next={}",
-            app::routes::query_value(safe_next(&form.next))
+            app::address::query_value(safe_next(&form.next))
         ))
     };
     if !form_csrf_matches(&session, &form.csrf).await? {
@@ -588,7 +588,7 @@ pub async fn sign_in(
                 "/login?error=throttled&wait={}&next={}",
                 // Whole seconds, rounded up: never a wait of 0.
                 wait.as_millis().div_ceil(1000).max(1),
-                app::routes::query_value(safe_next(&form.next))
+                app::address::query_value(safe_next(&form.next))
             )));
         }
     };
@@ -660,7 +660,7 @@ pub async fn set_up(
         Err(ApiError::Unprocessable(why)) => {
             return Ok(Redirect::to(&format!(
                 "/setup?error={}",
-                app::routes::query_value(&why)
+                app::address::query_value(&why)
             )))
         }
         Err(e) => return Err(e),

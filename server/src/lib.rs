@@ -27,7 +27,6 @@ pub mod runtime;
 pub mod security;
 pub mod site;
 pub mod tls;
-pub mod units;
 
 use app::{shell, App};
 use axum::extract::DefaultBodyLimit;

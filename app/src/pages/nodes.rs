@@ -43,7 +43,7 @@ pub fn NodesPage() -> impl IntoView {
         let mut address = String::from("/nodes");
         let mut parts = Vec::new();
         if !search.is_empty() {
-            parts.push(format!("q={}", crate::routes::query_value(&search)));
+            parts.push(format!("q={}", crate::address::query_value(&search)));
         }
         if page > 1 {
             parts.push(format!("page={page}"));

@@ -75,13 +75,8 @@ fn goal(free: &str) -> Result<Option<usize>, String> {
 /// What restarts when a holder moves: a worker by its name, a group member by its model; the room a
 /// group keeps for its on-demand members is no engine.
 fn restarted(holder: &str) -> Option<String> {
-    match holder.strip_prefix("group:") {
-        None => Some(holder.to_owned()),
-        Some(rest) => {
-            let member = rest.split_once('/')?.1.rsplit_once('@')?.0;
-            (!member.contains(' ')).then(|| member.to_owned())
-        }
-    }
+    let holder = placement::holder::Holder::parse(holder);
+    (!holder.is_turns()).then(|| holder.name().to_owned())
 }
 
 fn restarts_of(moves: &[Move]) -> Vec<String> {

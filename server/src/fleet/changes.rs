@@ -14,7 +14,7 @@ use super::machines::{machine_view, Reading};
 use super::workers::{self, view};
 use super::{usage, Fleet, State, Views};
 use crate::error::ApiError;
-use crate::units::Holder;
+use placement::holder::Holder;
 use placement::GpuRef;
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -129,7 +129,7 @@ pub(super) async fn forget(tx: &mut sqlx::SqliteConnection) -> Result<(), ApiErr
 /// and hold on after, and the engines it may have changed.
 #[derive(Debug, Default)]
 pub(super) struct Touched {
-    /// The workers by name, and the groups' members by holder (`units::member`).
+    /// The workers by name, and the groups' members by holder (`placement::holder::member`).
     holders: BTreeSet<String>,
     machines: BTreeSet<String>,
     /// The engines looked at: the workers', and every member's of the groups changed on each of their
@@ -171,8 +171,11 @@ impl Touched {
         for machine in machines {
             self.machines.insert(machine.to_owned());
             for member in &group.members {
-                self.units
-                    .insert(crate::units::member(&group.name, &member.member, machine));
+                self.units.insert(placement::holder::member(
+                    &group.name,
+                    &member.member,
+                    machine,
+                ));
             }
         }
     }

@@ -72,9 +72,9 @@ pub(super) fn of_holders(
     let mut workers = Vec::new();
     let mut groups = std::collections::BTreeSet::new();
     for holder in holders {
-        match crate::units::Holder::parse(holder) {
-            crate::units::Holder::Worker(name) => workers.push(name.to_owned()),
-            crate::units::Holder::Member { group, .. } => {
+        match placement::holder::Holder::parse(holder) {
+            placement::holder::Holder::Worker(name) => workers.push(name.to_owned()),
+            placement::holder::Holder::Member { group, .. } => {
                 groups.insert(group);
             }
         }
@@ -121,7 +121,7 @@ pub(super) fn group_engines(
         recipe.args.extend(serving.args);
         recipe.env.extend(serving.env);
         for machine in &machines {
-            let unit = crate::units::member(&group.name, &member.member, machine);
+            let unit = placement::holder::member(&group.name, &member.member, machine);
             if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
                 out.push(spec(
                     committed,

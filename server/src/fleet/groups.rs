@@ -14,7 +14,7 @@ use crate::catalog::Engine;
 use crate::error::ApiError;
 use crate::input::ServingSettings;
 use crate::runtime::{EngineState, Progress};
-use crate::units::Holder;
+use placement::holder::Holder;
 use placement::{judge, Demand, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember, Scheduler, Share};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -193,17 +193,17 @@ impl Fleet {
                     message: e.message,
                 })
                 .collect();
-            let prefix = crate::units::member_prefix(&g.name, &member.name);
+            let prefix = placement::holder::member_prefix(&g.name, &member.name);
             member.on_demand = self.on_demand_view(&member.name);
             member.not_held = views
                 .unplaced
                 .iter()
                 .filter(|(who, _)| who.starts_with(&prefix))
-                .map(|(who, why)| match crate::units::Holder::parse(who) {
-                    crate::units::Holder::Member { machine, .. } => {
+                .map(|(who, why)| match placement::holder::Holder::parse(who) {
+                    placement::holder::Holder::Member { machine, .. } => {
                         self.said_of_unreachable(why.clone(), &[machine])
                     }
-                    crate::units::Holder::Worker(_) => why.clone(),
+                    placement::holder::Holder::Worker(_) => why.clone(),
                 })
                 .collect();
         }

@@ -8,7 +8,7 @@
 
 use super::committed::Committed;
 use super::groups::Group;
-use crate::units::{self, Holder, TURNS};
+use placement::holder::{self, Holder, TURNS};
 use placement::sharing::{Sharing, SharingError};
 use placement::{
     group::member_assignments, Assignment, BasisPoints, Bytes, GpuRef, Hold, Inventory, Scheduler,
@@ -38,7 +38,7 @@ fn turns(group: &Group) -> Option<BasisPoints> {
 }
 
 /// Who holds for `group`, with what share, on which GPUs: each member that runs on each of the group's
-/// machines (`units::member`), and the room its on-demand members take turns in.
+/// machines (`holder::member`), and the room its on-demand members take turns in.
 fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
     let mut by_machine: BTreeMap<&str, Vec<GpuRef>> = BTreeMap::new();
     for gpu in &group.gpus {
@@ -56,7 +56,7 @@ fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
     for (member, share) in held {
         for (machine, gpus) in &by_machine {
             holds.push((
-                units::member(&group.name, &member, machine),
+                holder::member(&group.name, &member, machine),
                 share,
                 gpus.clone(),
             ));

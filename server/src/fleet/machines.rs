@@ -10,7 +10,7 @@ use super::{Fleet, Views};
 use crate::error::ApiError;
 use crate::inventory::GpuLive;
 use crate::inventory::LocalGpus;
-use crate::units::Holder;
+use placement::holder::Holder;
 use placement::sharing::GpuSharing;
 use placement::{GpuRef, Hold, Machine, Overcommit};
 use serde::{Deserialize, Serialize};
@@ -168,7 +168,7 @@ impl Fleet {
             let here = GpuRef::new(&name, gpu.index).to_string();
             for sharer in &mut gpu.sharers {
                 let holder = match &sharer.group {
-                    Some(group) => crate::units::member(group, &sharer.worker, &name),
+                    Some(group) => placement::holder::member(group, &sharer.worker, &name),
                     None => sharer.worker.clone(),
                 };
                 if let Some(&used) = measured.get(&(name.clone(), gpu.index, holder)) {

@@ -9,8 +9,8 @@
 use super::Fleet;
 use crate::catalog::Engine;
 use crate::error::ApiError;
-use crate::units::Holder;
 use app::views::RightSized;
+use placement::holder::Holder;
 use placement::rightsize::{Fit, Peak};
 use placement::{Bytes, GpuRef, Hold};
 
@@ -85,7 +85,7 @@ impl Fleet {
             let state = self.state.lock().await;
             gpus.iter()
                 .filter_map(|gpu| {
-                    let holder = crate::units::member(group, model, &gpu.machine);
+                    let holder = placement::holder::member(group, model, &gpu.machine);
                     let Hold::Shared(sharers) = state.ledger.scheduler().hold(gpu)? else {
                         return None;
                     };
@@ -170,7 +170,7 @@ impl Fleet {
                 let mut units: Vec<String> = group
                     .gpus
                     .iter()
-                    .map(|gpu| crate::units::member(&group.name, &member.member, &gpu.machine))
+                    .map(|gpu| placement::holder::member(&group.name, &member.member, &gpu.machine))
                     .collect();
                 units.dedup();
                 out.push(RightSized {
@@ -401,7 +401,7 @@ mod tests {
             .await;
         assert_eq!(status, StatusCode::CREATED, "{body}");
         let group = body["group"].as_str().unwrap().to_owned();
-        let unit = crate::units::member(&group, &vllm.name, "atlas");
+        let unit = placement::holder::member(&group, &vllm.name, "atlas");
         let running = vec![(unit, vec![900])];
         for at in [0, 3 * DAY] {
             read_atlas(&app, &running, 900, 5.0, at).await;

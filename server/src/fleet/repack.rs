@@ -11,8 +11,8 @@ use super::ledger::Ledger;
 use super::workers::json;
 use super::Fleet;
 use crate::error::ApiError;
-use crate::units::Holder;
 use app::views::{RepackProgress, RepackRun};
+use placement::holder::Holder;
 use placement::repack::Goal;
 use placement::{
     Assignment, GpuDemand, GpuMode, GpuRef, Hold, Movable, Move, Policy, RepackError, RepackInput,
@@ -63,7 +63,7 @@ fn movable(committed: &Committed, ledger: &Ledger) -> Vec<Movable> {
         let Some(Hold::Shared(sharers)) = scheduler.hold(gpu) else {
             continue;
         };
-        let prefix = crate::units::group_prefix(&group.name);
+        let prefix = placement::holder::group_prefix(&group.name);
         let holders: Vec<String> = sharers
             .keys()
             .filter(|h| h.starts_with(&prefix))

@@ -9,7 +9,7 @@
 use crate::error::ApiError;
 use crate::fleet::Fleet;
 use crate::inventory::GpuLive;
-use crate::units;
+use placement::holder;
 use placement::usage::{
     Figures, GpuMillis, Grouping, Holder, Holding, Sample, UsageReport, HOUR_MS,
 };
@@ -120,7 +120,7 @@ fn held_on(
         Some(Hold::Whole(worker)) => push(worker, gpu.total),
         Some(Hold::Shared(sharers)) => {
             for (holder, bytes) in sharers {
-                if !units::Holder::parse(holder).is_turns() {
+                if !holder::Holder::parse(holder).is_turns() {
                     push(holder, *bytes);
                 }
             }
@@ -249,7 +249,7 @@ async fn reconcile_spans(
             .await?;
     }
     for h in started {
-        let holder = units::Holder::parse(&h.holder);
+        let holder = holder::Holder::parse(&h.holder);
         let (name, group) = (holder.name(), holder.group());
         sqlx::query("INSERT INTO holdings (holder, name, group_name, machine, gpu_index, held_bytes, gpu_total_bytes, start_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?)")
             .bind(&h.holder)

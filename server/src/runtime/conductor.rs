@@ -7,7 +7,7 @@ use super::adoption::reconcile;
 use super::engines::{Begin, Registration, Unit, Units};
 use super::spec::EngineSpec;
 use super::{Change, EngineState, Progress, Shared, StepProgress, StepStatus};
-use crate::units::Holder;
+use placement::holder::Holder;
 use placement::Step;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, PoisonError};
@@ -175,7 +175,7 @@ impl Conductor {
                 steps,
                 members,
             } => {
-                let prefix = crate::units::group_prefix(&group);
+                let prefix = placement::holder::group_prefix(&group);
                 let stopped: Vec<String> = steps
                     .iter()
                     .filter_map(|s| match s {
@@ -715,7 +715,7 @@ async fn carry_out(
             Err(why) => shared.step(group, &mut progress, i, StepStatus::Failed, Some(why)),
         }
     }
-    let within = Within::Group(crate::units::group_prefix(group));
+    let within = Within::Group(placement::holder::group_prefix(group));
     apply_to(shared, members, &within, cancel).await;
 }
 

@@ -8,7 +8,7 @@ use super::model_file::{Files, ThisMachine};
 use super::ray::RayExecutor;
 use super::spec::{EngineSpec, Host, Launch};
 use super::{engine_id, now, EngineState, EngineView, Event, Progress, Settings, StepStatus};
-use crate::units::Holder;
+use placement::holder::Holder;
 use placement::Bytes;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -126,7 +126,7 @@ impl Units {
             .filter(|(unit, _)| matches!(Holder::parse(unit), Holder::Member { .. }))
     }
 
-    /// The engines whose unit name begins with `prefix` (a group's: [`crate::units::group_prefix`]).
+    /// The engines whose unit name begins with `prefix` (a group's: [`placement::holder::group_prefix`]).
     pub(super) fn with_prefix<'a>(
         &'a self,
         prefix: &'a str,

@@ -29,10 +29,10 @@ pub use readiness::Load;
 pub use settings::{Hosts, Settings};
 
 use crate::inventory::LocalGpus;
-use crate::units::Holder;
 use conductor::Order;
 use engines::{view, Shared};
 use local::LocalExecutor;
+use placement::holder::Holder;
 use placement::Step;
 use ray::RayExecutor;
 use serde::{Deserialize, Serialize};

@@ -2,7 +2,7 @@
 //! arguments and environment for the share it holds. Pure: the supervisor does the starting.
 
 use crate::catalog::Engine;
-use crate::units::Holder;
+use placement::holder::Holder;
 use placement::Bytes;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;

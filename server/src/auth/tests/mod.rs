@@ -80,7 +80,7 @@ impl<'a> Browser<'a> {
     async fn post_form(&mut self, uri: &str, fields: &[(&str, &str)]) -> Answer {
         let body: Vec<String> = fields
             .iter()
-            .map(|(k, v)| format!("{k}={}", app::routes::query_value(v)))
+            .map(|(k, v)| format!("{k}={}", app::address::query_value(v)))
             .collect();
         self.send(
             Request::post(uri)

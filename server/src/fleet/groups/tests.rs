@@ -2,8 +2,8 @@
 
 use crate::inventory::demo::demo_catalog;
 use crate::testing::{majin_and_atlas_with_catalog, TestApp};
-use crate::units::Holder;
 use axum::http::{Method, StatusCode};
+use placement::holder::Holder;
 use serde_json::{json, Value};
 
 async fn app() -> TestApp {

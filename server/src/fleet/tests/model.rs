@@ -496,7 +496,7 @@ async fn check(app: &TestApp, step: &Step, before: &Holds) {
             let engines = |sharers: &BTreeMap<String, f64>| -> f64 {
                 sharers
                     .iter()
-                    .filter(|(w, _)| !w.ends_with(crate::units::TURNS))
+                    .filter(|(w, _)| !w.ends_with(placement::holder::TURNS))
                     .map(|(_, bytes)| bytes)
                     .sum()
             };

@@ -80,7 +80,7 @@ proptest::proptest! {
             let (name, machine) = (names[name], machines[machine]);
             let unit_name = match kind {
                 0 => name.to_owned(),
-                _ => crate::units::member(&format!("g{group}"), name, machine),
+                _ => placement::holder::member(&format!("g{group}"), name, machine),
             };
             if kind == 2 {
                 units.remove(&unit_name);
@@ -93,7 +93,7 @@ proptest::proptest! {
                     Ok(())
                 };
                 found(
-                    units.keys().map(String::as_str).filter(|u| crate::units::Holder::parse(u).name() == *key).collect(),
+                    units.keys().map(String::as_str).filter(|u| placement::holder::Holder::parse(u).name() == *key).collect(),
                     units.named(key).map(|(u, _)| u).collect(),
                 )?;
                 found(
@@ -121,7 +121,7 @@ proptest::proptest! {
             let machine = machines[*machine];
             let name = match group {
                 0 => format!("w{i}"),
-                g => crate::units::member(&format!("g{g}"), &format!("m{i}"), machine),
+                g => placement::holder::member(&format!("g{g}"), &format!("m{i}"), machine),
             };
             let mut unit = unit(&name, machine);
             unit.spec.gpus = gpus.clone();
@@ -130,7 +130,7 @@ proptest::proptest! {
         let scopes = [
             Within::Gpus(within_gpus.iter().map(|&(m, g)| Gpu::of(machines[m], g)).collect()),
             Within::Units([format!("w{pick}"), format!("w{}", pick + 1)].into()),
-            Within::Group(crate::units::group_prefix(&format!("g{pick}"))),
+            Within::Group(placement::holder::group_prefix(&format!("g{pick}"))),
         ];
         for within in &scopes {
             let mut found: Vec<&str> = within.registered(&units).map(|(u, _)| u).collect();

@@ -1,5 +1,6 @@
 //! An engine unit's name, which is also what the scheduler holds a share under: made and parsed here, once.
-//! The fleet makes them and the runtime reads them; living below both, it lets neither import the other.
+//! The server's fleet makes them, its runtime reads them, and the console's repack page names who restarts
+//! by them; here, below all three, none imports another for it.
 //!
 //! A worker's unit is the worker's own name; a group member's is `group:{group}/{member}@{machine}`. Worker
 //! names cannot contain `:`, `/` or `@`, so the two never meet.
