@@ -30,7 +30,9 @@ pub mod writer;
 #[cfg(test)]
 mod tests;
 
-pub use fit::{cautious, fit_share, judge, Fitted, Judged, Unfit, CAUTIOUS_CONTEXT};
+pub use fit::{
+    cache_tokens_within, cautious, fit_share, judge, Fitted, Judged, Unfit, CAUTIOUS_CONTEXT,
+};
 pub use ggml_type::GgmlType;
 pub use gguf::{GgufError, GgufHeader, TensorInfo, Value};
 pub use memory::{

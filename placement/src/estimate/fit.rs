@@ -66,6 +66,38 @@ pub enum Unfit {
     /// What the settings take, by the estimate, is more than the share.
     #[error("{0}")]
     Over(Judged),
+    /// The weights and buffers alone take the share, leaving no room for a KV cache.
+    #[error(
+        "its weights and buffers take {} by the estimate, which leaves no room for a KV cache in its {} \
+         share",
+        .fixed.size_text(),
+        .share.size_text()
+    )]
+    NoCacheRoom {
+        /// The weights, compute buffers and output together.
+        fixed: Bytes,
+        /// The share.
+        share: Bytes,
+    },
+}
+
+/// The most tokens the KV cache of an engine estimated as `e` may hold so that the engine stays within
+/// `share`: what the share leaves after its weights, compute buffers and output, over the cache's bytes
+/// per token. For an engine that sizes its cache by a fraction of what it finds free (SGLang), this bound
+/// does not move with what its neighbours free meanwhile. `Ok(None)` where it keeps no cache.
+pub fn cache_tokens_within(e: &Estimate, share: Bytes) -> Result<Option<u64>, Unfit> {
+    let Some(kv) = e.kv_cache.filter(|kv| kv.bytes > Bytes::ZERO) else {
+        return Ok(None);
+    };
+    let tokens = u64::from(e.assumed.ctx_size.max(1));
+    let per_token = kv.bytes.get().div_ceil(tokens).max(1);
+    let fixed = e.weights.bytes
+        + e.compute.map_or(Bytes::ZERO, |c| c.bytes)
+        + e.output.unwrap_or(Bytes::ZERO);
+    match share.get().saturating_sub(fixed.get()) / per_token {
+        0 => Err(Unfit::NoCacheRoom { fixed, share }),
+        n => Ok(Some(n)),
+    }
 }
 
 /// Settings Tessera did not choose (a recipe's own context, or the cautious bound), and what the

@@ -376,6 +376,43 @@ mod tests {
     }
 
     #[test]
+    fn an_sglang_cache_is_bounded_by_what_the_share_leaves_after_the_weights_whatever_is_free() {
+        use crate::estimate::{cache_tokens_within, Unfit};
+        let config = parse_config(LLAMA_8B.as_bytes()).unwrap();
+        let tensors = [HfTensor {
+            name: "model.embed_tokens.weight".into(),
+            dtype: "BF16".into(),
+            bytes: Bytes::gb(15),
+        }];
+        let e = estimate_hf(&config, &tensors, &HfSettings::default());
+        let fixed = e.weights.bytes + e.compute.unwrap().bytes + e.output.unwrap();
+        // Llama 3.1 8B keeps 128 KiB of cache per token in bf16: 32 layers × 8 heads × 128 × 2 × 2 bytes.
+        let per_token = 32 * 8 * 128 * 2 * 2;
+        let share = fixed + Bytes(per_token * 10_000);
+        assert_eq!(cache_tokens_within(&e, share), Ok(Some(10_000)));
+        assert_eq!(
+            cache_tokens_within(&e, share + Bytes(per_token - 1)),
+            Ok(Some(10_000)),
+            "rounded down"
+        );
+        let err = cache_tokens_within(&e, fixed).unwrap_err();
+        assert_eq!(
+            err,
+            Unfit::NoCacheRoom {
+                fixed,
+                share: fixed
+            }
+        );
+        assert!(
+            err.to_string().ends_with(&format!(
+                "which leaves no room for a KV cache in its {} share",
+                fixed.size_text()
+            )),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn llama_3_1_8b_at_8192_tokens_takes_its_weights_a_gib_of_kv_cache_and_vllms_overheads() {
         let config = parse_config(LLAMA_8B.as_bytes()).unwrap();
         assert_eq!(

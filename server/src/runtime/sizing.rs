@@ -6,17 +6,20 @@
 //! estimate. Where the estimate has a gap (a recurrent model's state) or the file cannot be read, a
 //! cautious context bounds it; where even that, or the recipe's own, is over the share, the engine is not
 //! started and the reason is shown. Without `-c`, llama.cpp takes the model's whole trained context, or in
-//! recent builds fits itself to what is free on the GPU: on a shared GPU, the neighbours' room.
+//! recent builds fits itself to what is free on the GPU: on a shared GPU, the neighbours' room. SGLang's
+//! KV cache is bounded in tokens too ([`sglang_sizing`]).
 
-use super::model_file::{gguf_info, Files};
+use super::model_file::{estimate_folder, gguf_info, Files};
 use super::spec::{EngineSpec, Sizing};
 use crate::catalog::Engine;
+use placement::estimate::hf::HfSettings;
 use placement::estimate::{
-    cache_type, cautious, fit_share, judge, Judged, ModelInfo, Settings, Unfit, CAUTIOUS_CONTEXT,
+    cache_tokens_within, cache_type, cautious, fit_share, judge, Estimate, Judged, ModelInfo,
+    Settings, Unfit, CAUTIOUS_CONTEXT,
 };
 use placement::Bytes;
 
-/// Why a llama.cpp engine is not started on its share.
+/// Why an engine is not started on its share.
 #[derive(Debug, thiserror::Error)]
 pub enum Unsized {
     /// The recipe's `-c` is not a number llama.cpp reads as one.
@@ -34,7 +37,7 @@ pub enum Unsized {
         gap = .0.gap.as_deref().unwrap_or("a part is not estimated")
     )]
     CautiousOver(Judged),
-    /// Not one layer fits with the shortest context.
+    /// Not one layer fits with the shortest context, or (SGLang) no KV cache beside the weights.
     #[error("not started: {0}")]
     NoRoom(Unfit),
     /// The recipe asks for the model's own context (`-c 0`) of a file that could not be read.
@@ -45,27 +48,68 @@ pub enum Unsized {
     OwnUnjudged(String),
 }
 
-/// The sizing of `spec`'s engine: a llama.cpp engine on a share, its header read by `files`, where it
+/// The sizing of `spec`'s engine on a share (llama.cpp's, SGLang's), its model read by `files`, where it
 /// runs.
 pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Result<Sizing, Unsized> {
-    let Some(share) = spec
-        .share
-        .filter(|_| spec.recipe.engine == Engine::LlamaCpp)
-    else {
+    let Some(share) = spec.share else {
         return Ok(Sizing::default());
     };
     // The demo engine stands in where the GPUs are made up; nothing there would read the file.
     if !spec.host.runs_daemons() {
         return Ok(Sizing::default());
     }
-    let info = gguf_info(files, &spec.recipe.model_path)
-        .await
-        .map_err(|why| why.to_string());
-    sizing_for(
-        info.as_ref().map_err(String::as_str),
-        share,
-        &spec.recipe.args,
-    )
+    let path = &spec.recipe.model_path;
+    match spec.recipe.engine {
+        Engine::LlamaCpp => {
+            let info = gguf_info(files, path).await.map_err(|why| why.to_string());
+            sizing_for(
+                info.as_ref().map_err(String::as_str),
+                share,
+                &spec.recipe.args,
+            )
+        }
+        Engine::Sglang => {
+            let estimate = estimate_folder(files, path, &HfSettings::default())
+                .await
+                .map_err(|why| why.to_string());
+            sglang_sizing(estimate.as_ref().map_err(String::as_str), share)
+        }
+        Engine::Vllm | Engine::Command => Ok(Sizing::default()),
+    }
+}
+
+/// SGLang's KV cache bounded in tokens (`--max-total-tokens`, which SGLang takes as a ceiling on what its
+/// `--mem-fraction-static` sizes). The fraction is of what SGLang finds free 10 to 60 s after it starts,
+/// once its imports are done: a neighbour stopped meanwhile, or one holding less than its share, would
+/// hand it up to twice its share. The tokens are what the share leaves after the weights and buffers, by
+/// the estimate, whatever is free then.
+pub fn sglang_sizing(estimate: Result<&Estimate, &str>, share: Bytes) -> Result<Sizing, Unsized> {
+    let e = match estimate {
+        Ok(e) => e,
+        Err(why) => {
+            return Ok(Sizing {
+                args: Vec::new(),
+                note: Some(format!(
+                    "bounded by --mem-fraction-static alone, of what is free as it starts: {why}"
+                )),
+            })
+        }
+    };
+    let fixed = e.weights.bytes
+        + e.compute.map_or(Bytes::ZERO, |c| c.bytes)
+        + e.output.unwrap_or(Bytes::ZERO);
+    match cache_tokens_within(e, share).map_err(Unsized::NoRoom)? {
+        Some(tokens) => Ok(Sizing {
+            args: vec!["--max-total-tokens".to_owned(), tokens.to_string()],
+            note: Some(format!(
+                "at most {tokens} tokens of KV cache: what its {} share leaves after its weights and \
+                 buffers ({}), whatever is free as it starts",
+                share.size_text(),
+                fixed.size_text()
+            )),
+        }),
+        None => Ok(Sizing::default()),
+    }
 }
 
 /// The sizing of a model (its header's `info`, or why it could not be read) on `share`, under the
@@ -357,5 +401,50 @@ mod tests {
             sizing_for(Err("no file"), Bytes::gb(4), &words("-c 0")),
             Err(Unsized::OwnUnjudged(_))
         ));
+    }
+
+    /// An SGLang estimate of a small model: 2 GB of weights, Llama 3.1 8B's shape.
+    fn sglang_estimate() -> Estimate {
+        use placement::estimate::hf::{estimate_hf, parse_config, HfTensor};
+        let config = parse_config(
+            br#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 4096,
+            "intermediate_size": 14336, "max_position_embeddings": 131072, "num_attention_heads": 32,
+            "num_hidden_layers": 32, "num_key_value_heads": 8, "torch_dtype": "bfloat16", "vocab_size": 128256}"#,
+        )
+        .unwrap();
+        let tensors = [HfTensor {
+            name: "model.embed_tokens.weight".into(),
+            dtype: "BF16".into(),
+            bytes: Bytes::gb(2),
+        }];
+        estimate_hf(&config, &tensors, &HfSettings::default())
+    }
+
+    #[test]
+    fn an_sglang_engine_s_cache_is_bounded_in_tokens_by_what_its_share_leaves_whatever_is_free_when_it_starts(
+    ) {
+        let e = sglang_estimate();
+        let sizing = sglang_sizing(Ok(&e), Bytes::gb(12)).unwrap();
+        assert_eq!(sizing.args[0], "--max-total-tokens");
+        let tokens: u64 = sizing.args[1].parse().unwrap();
+        // 128 KiB of cache a token: what 12 GB leave after the weights and buffers.
+        let fixed = e.weights.bytes + e.compute.unwrap().bytes + e.output.unwrap();
+        assert_eq!(tokens, (Bytes::gb(12).get() - fixed.get()) / (128 << 10));
+        assert!(sizing.note.unwrap().starts_with(&format!(
+            "at most {tokens} tokens of KV cache: what its 12 GB share leaves"
+        )),);
+        let refused = sglang_sizing(Ok(&e), Bytes::gb(2)).unwrap_err();
+        assert!(
+            refused
+                .to_string()
+                .starts_with("not started: its weights and buffers take "),
+            "{refused}"
+        );
+        let unread = sglang_sizing(Err("no config.json in /m"), Bytes::gb(12)).unwrap();
+        assert!(unread.args.is_empty());
+        assert_eq!(
+            unread.note.unwrap(),
+            "bounded by --mem-fraction-static alone, of what is free as it starts: no config.json in /m"
+        );
     }
 }
