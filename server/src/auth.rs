@@ -521,23 +521,34 @@ fn client_of(
 
 /// Who sent a request that reached us from `remote`: `remote` itself, unless it is a trusted proxy;
 /// then the last address of X-Forwarded-For (`forwarded`, each header's list in order) that is not one.
-/// A client may write anything at the list's start, so it is read from the end, past the proxies only.
+/// A client may write anything at the list's start, so it is read from the end, past the proxies only;
+/// a hop that is no address ends the walk at the proxy that wrote it, since what lies before it is the
+/// client's to choose.
 fn client<'a>(
     remote: std::net::IpAddr,
     forwarded: impl Iterator<Item = &'a str>,
     trusted: &[std::net::IpAddr],
 ) -> std::net::IpAddr {
-    if !trusted.contains(&remote) {
-        return remote;
+    let hops: Vec<&str> = forwarded.flat_map(|list| list.split(',')).collect();
+    let mut client = remote;
+    for hop in hops.into_iter().rev() {
+        if !trusted.contains(&client) {
+            break;
+        }
+        match hop_address(hop.trim()) {
+            Some(address) => client = address,
+            None => break,
+        }
     }
-    let hops: Vec<std::net::IpAddr> = forwarded
-        .flat_map(|list| list.split(','))
-        .filter_map(|hop| hop.trim().parse().ok())
-        .collect();
-    hops.into_iter()
-        .rev()
-        .find(|hop| !trusted.contains(hop))
-        .unwrap_or(remote)
+    client
+}
+
+/// A hop of X-Forwarded-For as proxies write it: an address, or one with its port (`203.0.113.7:4711`,
+/// `[2001:db8::1]:443`).
+fn hop_address(hop: &str) -> Option<std::net::IpAddr> {
+    hop.parse()
+        .ok()
+        .or_else(|| hop.parse::<std::net::SocketAddr>().ok().map(|a| a.ip()))
 }
 
 /// The sign-in form.

@@ -69,6 +69,43 @@ fn behind_a_trusted_proxy_the_client_is_the_last_forwarded_address_that_is_not_a
     );
 }
 
+#[test]
+fn behind_a_trusted_proxy_a_hop_that_is_no_address_ends_the_walk_so_that_a_client_cannot_choose_its_own(
+) {
+    use std::net::IpAddr;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let proxies = [ip("10.0.0.2"), ip("10.0.0.3")];
+    // The proxy nearest the client wrote something that is no address: what came before it is the
+    // client's own writing, and the proxy is as far as the walk believes.
+    for written in ["unknown", "203.0.113.7 junk", "_hidden", ""] {
+        let forwarded = [format!("6.6.6.6, {written}, 10.0.0.3")];
+        assert_eq!(
+            super::super::client(
+                ip("10.0.0.2"),
+                forwarded.iter().map(String::as_str),
+                &proxies
+            ),
+            ip("10.0.0.3"),
+            "{written:?}"
+        );
+    }
+    // Addresses with their ports, as some proxies write them, are addresses.
+    for (written, client) in [
+        ("203.0.113.7:4711", "203.0.113.7"),
+        ("[2001:db8::1]:443", "2001:db8::1"),
+    ] {
+        let forwarded = [format!("6.6.6.6, {written}")];
+        assert_eq!(
+            super::super::client(
+                ip("10.0.0.2"),
+                forwarded.iter().map(String::as_str),
+                &proxies
+            ),
+            ip(client)
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_client_that_takes_gzip_gets_json_and_pages_compressed_and_the_same_once_unpacked_and_events_as_they_come(
 ) {
