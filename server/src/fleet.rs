@@ -72,6 +72,8 @@ pub struct Fleet {
     latencies: interference::Latencies,
     /// The repack being carried out, or the last one.
     repack: std::sync::Mutex<Option<repack::Repacking>>,
+    /// Whether the Ray cluster answers, where there is one (`--ray`).
+    cluster_status: std::sync::RwLock<Option<cluster::ClusterStatus>>,
     /// What each engine was last measured to hold on each GPU, by machine, GPU index and holder: the
     /// memory the driver reports for its processes.
     measured: std::sync::RwLock<BTreeMap<(String, u32, String), placement::Bytes>>,
@@ -207,6 +209,7 @@ impl Fleet {
             activity: Arc::new(demand::Activity::new()),
             latencies: interference::Latencies::default(),
             repack: std::sync::Mutex::default(),
+            cluster_status: std::sync::RwLock::default(),
             measured: std::sync::RwLock::default(),
             problems: std::sync::RwLock::default(),
             mig_busy: std::sync::Mutex::default(),

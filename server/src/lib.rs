@@ -314,9 +314,19 @@ fn serve_on(
     })
 }
 
-/// `GET /api/health`: answers as soon as the server serves, for scripts and start-up checks.
-pub(crate) async fn health() -> Json<serde_json::Value> {
-    Json(serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") }))
+/// `GET /api/health`: answers as soon as the server serves, for scripts and start-up checks; with a Ray
+/// cluster, whether it answers (the server serves either way, what it last read of the cluster).
+pub(crate) async fn health(
+    axum::extract::State(state): axum::extract::State<AppState>,
+) -> Json<serde_json::Value> {
+    let mut health = serde_json::json!({ "status": "ok", "version": env!("CARGO_PKG_VERSION") });
+    if let Some(cluster) = state.fleet.cluster_status() {
+        health["ray_cluster"] = serde_json::json!({
+            "up": cluster.up,
+            "since": fleet::usage::rfc3339(cluster.since_ms).unwrap_or_default(),
+        });
+    }
+    Json(health)
 }
 
 /// How the server was told to stop.
@@ -365,8 +375,13 @@ pub async fn run(
     // Held for the server's life: a restore refuses to replace the database under it.
     let _lock = db::backup::DataLock::take(&config.data_dir)?;
     let pool = db::connect(config.database_url.as_deref(), &config.data_dir).await?;
-    let (inventory, local_gpus, hosts, silent) =
-        gather_inventory(&config, ray.as_ref(), &pool).await?;
+    let Gathered {
+        inventory,
+        local: local_gpus,
+        hosts,
+        silent,
+        cluster,
+    } = gather_inventory(&config, ray.as_ref(), &pool).await?;
     let simulated = match &config.simulate_gpus {
         Some(_) if !config.demo && ray.is_none() => return Err(ServerError::SimulationWithoutDemo),
         Some(dir) => Some(simulate(dir, &inventory, &hosts).map_err(ServerError::Simulation)?),
@@ -391,6 +406,9 @@ pub async fn run(
     );
     for machine in &silent {
         fleet.mark_reachable(machine, false);
+    }
+    if let Some(answer) = cluster {
+        fleet.cluster_answered(answer);
     }
     if config.demo {
         let catalog = inventory::demo::demo_catalog();
@@ -647,12 +665,15 @@ fn simulate(
 /// demo fleet, with the NVML reader to follow this machine by, and the cluster's machines shown unreachable
 /// as the cluster does not answer. Without an NVIDIA driver NVML fails: that is said once, and the other
 /// sources carry on; so does a cluster that does not answer.
-type Gathered = (
-    placement::Inventory,
-    Option<Arc<dyn inventory::LocalGpus>>,
-    runtime::Hosts,
-    Vec<String>,
-);
+struct Gathered {
+    inventory: placement::Inventory,
+    local: Option<Arc<dyn inventory::LocalGpus>>,
+    hosts: runtime::Hosts,
+    /// The cluster's machines, as kept, while it does not answer.
+    silent: Vec<String>,
+    /// Whether the cluster answered, where there is one: why not.
+    cluster: Option<Result<(), String>>,
+}
 
 async fn gather_inventory(
     config: &Config,
@@ -679,7 +700,9 @@ async fn gather_inventory(
         machines.extend(inventory::file::load_inventory(path)?);
     }
     let mut silent = Vec::new();
+    let mut answered = None;
     if let Some(client) = ray {
+        answered = Some(Ok(()));
         let cluster = match client.nodes().await {
             Ok(nodes) => {
                 let cluster = inventory::ray::machines(&nodes);
@@ -706,6 +729,7 @@ async fn gather_inventory(
                     kept.len()
                 );
                 silent = kept.iter().map(|m| m.name.clone()).collect();
+                answered = Some(Err(e.to_string()));
                 kept
             }
         };
@@ -752,7 +776,13 @@ async fn gather_inventory(
     if machines.is_empty() {
         tracing::warn!("no machines: no NVIDIA driver, no --inventory file, no --ray cluster and no --demo; the console shows an empty fleet");
     }
-    Ok((placement::Inventory::new(machines)?, local, hosts, silent))
+    Ok(Gathered {
+        inventory: placement::Inventory::new(machines)?,
+        local,
+        hosts,
+        silent,
+        cluster: answered,
+    })
 }
 
 async fn shutdown_signal() -> Stop {

@@ -333,6 +333,15 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
         &engine_labels,
     )?;
     registry.register(Box::new(restarts.clone()))?;
+    if let Some(cluster) = fleet.cluster_status() {
+        gauge(
+            "tessera_ray_cluster_up",
+            "1 where the Ray cluster (--ray) answered the last time it was asked, 0 where it did not.",
+            &[],
+        )?
+        .with_label_values(&[] as &[&str])
+        .set(i64::from(cluster.up));
+    }
     let engines = gauge("tessera_engines", "Engines in each state.", &["state"])?;
     for (_, text) in STATES {
         engines.with_label_values(&[text]).set(0);

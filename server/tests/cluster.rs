@@ -356,6 +356,48 @@ async fn the_cluster_s_machines_are_shown_unreachable_while_it_does_not_answer_a
     server.stop().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ray_cluster_that_does_not_answer_from_the_first_start_is_said_by_the_health_check_and_the_metrics_until_it_answers(
+) {
+    let (address, ray) = silent_head();
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start_with(dir.path(), 200, &["--ray", &ray]).await;
+    let up = |metrics: &str| {
+        metrics
+            .lines()
+            .find(|l| l.starts_with("tessera_ray_cluster_up "))
+            .map(str::to_owned)
+    };
+    let (status, health) = server.get("/api/health").await;
+    assert_eq!(status, 200, "the server serves all the same");
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["ray_cluster"]["up"], false, "{health}");
+    let down_since = health["ray_cluster"]["since"].as_str().unwrap().to_owned();
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    assert_eq!(
+        up(&String::from_utf8_lossy(&metrics)).as_deref(),
+        Some("tessera_ray_cluster_up 0")
+    );
+
+    let _head = answer(address, stand_in(Cluster::default())).await;
+    wait_until("the cluster is said to answer", || async {
+        server.get("/api/health").await.1["ray_cluster"]["up"] == true
+    })
+    .await;
+    let (_, health) = server.get("/api/health").await;
+    assert_ne!(
+        health["ray_cluster"]["since"],
+        down_since.as_str(),
+        "{health}"
+    );
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    assert_eq!(
+        up(&String::from_utf8_lossy(&metrics)).as_deref(),
+        Some("tessera_ray_cluster_up 1")
+    );
+    server.stop().await;
+}
+
 /// The stand-in served at a fresh address, and the server over it, with `emb` deployed on majin:0.
 async fn over_stand_in(cluster: &Cluster, dir: &std::path::Path) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

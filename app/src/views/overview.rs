@@ -62,6 +62,8 @@ pub struct Alarm {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum AlarmKind {
+    /// The Ray cluster does not answer: its machines are shown as last read.
+    ClusterDown,
     /// A machine that does not answer.
     Unreachable,
     /// A GPU that offers less than its holders take.
@@ -80,6 +82,7 @@ impl AlarmKind {
     /// The word the page shows for it.
     pub fn label(self) -> &'static str {
         match self {
+            AlarmKind::ClusterDown => "Cluster down",
             AlarmKind::Unreachable => "Unreachable",
             AlarmKind::Overcommitted => "Over-committed",
             AlarmKind::Failed => "Failed",

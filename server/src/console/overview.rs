@@ -75,6 +75,23 @@ fn model_states(rows: &[ModelRow]) -> (u32, u32, u32, u32) {
     (serving, loading, idle, failing)
 }
 
+/// The alarm a Ray cluster that does not answer raises: nothing there changes until it does.
+fn cluster_alarm(status: Option<crate::fleet::cluster::ClusterStatus>) -> Vec<Alarm> {
+    let Some(status) = status.filter(|s| !s.up) else {
+        return Vec::new();
+    };
+    let since = crate::fleet::usage::rfc3339(status.since_ms).unwrap_or_default();
+    vec![Alarm {
+        kind: AlarmKind::ClusterDown,
+        line: format!(
+            "The Ray cluster does not answer since {since}{}. Its machines are shown as last read, and \
+             nothing starts or stops there until it answers.",
+            status.error.map_or_else(String::new, |e| format!(": {e}"))
+        ),
+        href: "/nodes".to_owned(),
+    }]
+}
+
 /// The alarms the machine views raise: unreachable machines, GPUs over-committed or unhealthy, engines
 /// past their shares.
 fn machine_alarms(machines: &[MachineView]) -> Vec<Alarm> {
@@ -163,7 +180,8 @@ impl ConsoleService {
             .calls()
             .report(&self.pool, since, now + 1)
             .await?;
-        let mut alarms = machine_alarms(&machines);
+        let mut alarms = cluster_alarm(self.fleet.cluster_status());
+        alarms.extend(machine_alarms(&machines));
         alarms.extend(model_alarms(&rows));
         alarms.sort_by_key(|a| a.kind);
         Ok(Overview {

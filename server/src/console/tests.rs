@@ -362,3 +362,33 @@ async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_
     let page = page(&app, "/").await;
     assert!(page.contains("No alarms."), "the page itself");
 }
+
+#[tokio::test]
+async fn a_ray_cluster_that_does_not_answer_is_the_overview_s_first_alarm_with_why_until_it_answers(
+) {
+    let app = TestApp::new(MAJIN).await;
+    let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
+    assert_eq!(o["alarms"], json!([]), "no cluster, no alarm");
+    app.fleet.cluster_answered(Err(
+        "the Ray cluster at http://10.0.0.9:8265 does not answer".into(),
+    ));
+    let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
+    let alarms = o["alarms"].as_array().unwrap();
+    assert_eq!(alarms.len(), 1, "{o}");
+    assert_eq!(alarms[0]["kind"], "cluster_down");
+    assert_eq!(alarms[0]["href"], "/nodes");
+    let line = alarms[0]["line"].as_str().unwrap();
+    assert!(
+        line.starts_with("The Ray cluster does not answer since ")
+            && line.contains(": the Ray cluster at http://10.0.0.9:8265 does not answer. ")
+            && line.ends_with("nothing starts or stops there until it answers."),
+        "{line}"
+    );
+    assert!(
+        page(&app, "/").await.contains("Cluster down"),
+        "the page itself"
+    );
+    app.fleet.cluster_answered(Ok(()));
+    let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
+    assert_eq!(o["alarms"], json!([]));
+}

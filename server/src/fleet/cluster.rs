@@ -10,6 +10,17 @@ use crate::inventory::GpuLive;
 use std::collections::BTreeSet;
 use std::sync::{Arc, PoisonError};
 
+/// Whether the Ray cluster answers, as it was last asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterStatus {
+    /// It answered the last time it was asked.
+    pub up: bool,
+    /// Since when it has answered, or not, in milliseconds since the epoch.
+    pub since_ms: u64,
+    /// Why it does not answer.
+    pub error: Option<String>,
+}
+
 impl Fleet {
     /// Reads the Ray cluster's nodes every `every` for as long as the server runs. A machine whose node
     /// died (or left) is unreachable from then on: its GPUs leave the inventory, so what it held holds
@@ -37,18 +48,47 @@ impl Fleet {
                     let e = e.to_string();
                     if last_error.as_ref() != Some(&e) {
                         tracing::warn!("{e}: its machines are shown as last read");
-                        last_error = Some(e);
+                        last_error = Some(e.clone());
                     }
+                    self.cluster_answered(Err(e));
                     continue;
                 }
             };
             last_error = None;
+            self.cluster_answered(Ok(()));
             let seen = crate::inventory::ray::machines(&nodes);
             self.read_cluster(&seen, &mut following, |node| {
                 self.read_node(&client, node, sim.as_ref())
             })
             .await;
         }
+    }
+
+    /// Notes whether the cluster answered, and why not: the Overview's alarm, `/api/health` and
+    /// `tessera_ray_cluster_up`.
+    pub fn cluster_answered(&self, answer: Result<(), String>) {
+        let mut status = self
+            .cluster_status
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        let up = answer.is_ok();
+        let since_ms = match status.as_ref() {
+            Some(was) if was.up == up => was.since_ms,
+            _ => super::usage::now_ms(),
+        };
+        *status = Some(ClusterStatus {
+            up,
+            since_ms,
+            error: answer.err(),
+        });
+    }
+
+    /// Whether the Ray cluster answers; `None` without one.
+    pub fn cluster_status(&self) -> Option<ClusterStatus> {
+        self.cluster_status
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Takes one reading of the cluster, which lists `seen`: kept in the database where it changed, its new
