@@ -94,6 +94,34 @@ struct State {
     over_since: BTreeMap<GpuRef, u64>,
 }
 
+/// A write that mends the ledger in place, row by row: until [`Mend::done`], its drop builds the ledger
+/// again from what is committed, so that a write that fails, or panics part-way (its task unwinds, and the
+/// state's lock, Tokio's, is not poisoned), leaves the ledger as it was before the write, not half-mended.
+struct Mend<'a> {
+    state: &'a mut State,
+    done: bool,
+}
+
+impl<'a> Mend<'a> {
+    fn new(state: &'a mut State) -> Mend<'a> {
+        Mend { state, done: false }
+    }
+
+    /// The write was committed: the ledger as mended is the committed state's.
+    fn done(mut self) {
+        self.done = true;
+    }
+}
+
+impl Drop for Mend<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let inventory = self.state.ledger.inventory().clone();
+            self.state.ledger = Ledger::build(inventory, &self.state.committed);
+        }
+    }
+}
+
 impl State {
     /// Whether the over-commit policy may stop work on `gpu` at `now_ms`: over-committed for `grace`
     /// (at once, where there is none).
@@ -382,22 +410,20 @@ impl Fleet {
         let hosts = self.hosts();
         let orders = match inventory {
             None if changes.by_rows() => {
-                let settled = match Fleet::settle_rows(&mut tx, state, &changes, read, &due).await {
-                    Ok(settled) => tx.commit().await.map(|()| settled).map_err(ApiError::from),
-                    Err(e) => Err(e),
-                };
-                let (committed, touched) = match settled {
-                    Ok(settled) => settled,
-                    Err(e) => {
-                        // The ledger was mended part-way: it is the state before the write's again.
-                        let inventory = state.ledger.inventory().clone();
-                        state.ledger = Ledger::build(inventory, &state.committed);
-                        return Err(e);
-                    }
-                };
-                let committed = Arc::new(committed);
-                let views = self.views().patched(&committed, &state.ledger, &touched);
-                state.committed = committed;
+                let mend = Mend::new(&mut *state);
+                let settled =
+                    match Fleet::settle_rows(&mut tx, &mut *mend.state, &changes, read, &due).await
+                    {
+                        Ok(settled) => tx.commit().await.map(|()| settled).map_err(ApiError::from),
+                        Err(e) => Err(e),
+                    };
+                let (committed, touched) = settled?;
+                // The ledger as mended and what is committed agree from here.
+                mend.state.committed = Arc::new(committed);
+                mend.done();
+                let views = self
+                    .views()
+                    .patched(&state.committed, &state.ledger, &touched);
                 *self.views.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(views);
                 let mut desired = engines::worker_engines(
                     &state.committed,

@@ -1,6 +1,6 @@
 //! `tessera check` (issue 29): what the fleet keeps in memory, write after write, held against the whole
 //! rebuild from what the database holds now: the committed state, the ledger, every read view, the open
-//! usage spans, and no change left noted. The model test runs it after every step; an operator runs it
+//! usage spans, no change left noted, and no waiting worker that fits now. The model test runs it after every step; an operator runs it
 //! with `tessera check` (`GET /api/check`). It holds the write lock only to copy what the fleet keeps and to
 //! pin the database's snapshot (a read transaction, in WAL mode); it reads the database and rebuilds
 //! after, while writes go on.
@@ -83,6 +83,7 @@ impl Fleet {
             unplaced.iter().collect(),
             rebuilt.all_unplaced().iter().collect(),
         ));
+        differ.extend(waiting_that_fit(&stored, &rebuilt));
         let whole = Views::of(&Arc::new(stored), &rebuilt);
         differ.extend(compare(
             "worker's view",
@@ -114,6 +115,25 @@ impl Fleet {
         tx.commit().await?;
         Ok(differ)
     }
+}
+
+/// The waiting workers that fit now on `ledger`, one sentence each: every write places what waits and
+/// fits, so none should.
+fn waiting_that_fit(committed: &Committed, ledger: &Ledger) -> Vec<String> {
+    committed
+        .workers
+        .pending()
+        .filter_map(|worker| {
+            let request = placement::WorkerRequest::from_wire(&worker.request).ok()?;
+            match ledger.scheduler().decide(&request) {
+                placement::Decision::Place(assignment) => Some(format!(
+                    "worker {} waits, though it fits now on {} (GPUs {:?})",
+                    worker.name, assignment.machine, assignment.gpus
+                )),
+                placement::Decision::Wait(_) => None,
+            }
+        })
+        .collect()
 }
 
 /// `items` by the name `name` gives each.

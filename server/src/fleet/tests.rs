@@ -559,3 +559,73 @@ async fn the_engines_a_crashed_server_left_running_are_tesseras_own_from_the_fir
 }
 
 mod model;
+
+#[tokio::test]
+async fn a_write_that_panics_after_mending_the_ledger_in_place_leaves_it_as_what_is_committed() {
+    let app = TestApp::new(MAJIN).await;
+    let (status, body) = app
+        .call(Method::POST, "/api/workers", Some(&on_majin("kept", 2.0)))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let gpu = GpuRef::new("majin", 0);
+    let before = app.fleet.state.try_lock().unwrap().ledger.holders_of(&gpu);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let mut state = app.fleet.state.try_lock().unwrap();
+        let mend = super::Mend::new(&mut state);
+        // A write's first row, mended in place, then a bug before it commits.
+        mend.state.ledger.forget(&before[0]);
+        assert!(mend.state.ledger.holders_of(&gpu).is_empty());
+        panic!("a bug in the middle of a write");
+    }));
+    assert!(panicked.is_err());
+    let state = app.fleet.state.try_lock().unwrap();
+    assert_eq!(
+        state.ledger.holders_of(&gpu),
+        before,
+        "built again from what is committed"
+    );
+}
+
+#[tokio::test]
+async fn the_check_names_a_waiting_worker_that_fits_now() {
+    let app = TestApp::new(MAJIN).await;
+    let (status, answer) = app.post_worker(&on_majin("big", 7.5)).await;
+    assert_eq!(status, StatusCode::CREATED, "{answer}");
+    assert_eq!(answer["state"], "pending", "{answer}");
+    assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+    // Behind the fleet's back, its request shrinks to what fits: nothing placed it.
+    let request: String = sqlx::query_scalar("SELECT request FROM workers WHERE name = 'big'")
+        .fetch_one(&app.fleet.pool)
+        .await
+        .unwrap();
+    fn shrink(v: &mut Value) {
+        match v {
+            Value::Object(map) => {
+                for (key, value) in map.iter_mut() {
+                    if key == "memory_gb" {
+                        *value = json!(1);
+                    } else {
+                        shrink(value);
+                    }
+                }
+            }
+            Value::Array(items) => items.iter_mut().for_each(shrink),
+            _ => {}
+        }
+    }
+    let mut smaller: Value = serde_json::from_str(&request).unwrap();
+    shrink(&mut smaller);
+    sqlx::query("UPDATE workers SET request = ? WHERE name = 'big'")
+        .bind(smaller.to_string())
+        .execute(&app.fleet.pool)
+        .await
+        .unwrap();
+    let differ = app.fleet.check().await.unwrap();
+    assert!(
+        differ
+            .iter()
+            .any(|d| d == "worker big waits, though it fits now on majin (GPUs [0])"),
+        "{differ:?}"
+    );
+}
