@@ -41,6 +41,7 @@ pub(super) async fn reconcile(shared: &Arc<Shared>, desired: &[EngineSpec]) {
                         shared,
                         (*spec).clone(),
                         Begin::Adopt(leftover.running),
+                        || false,
                     );
                 }
                 _ => {

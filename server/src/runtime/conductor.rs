@@ -744,13 +744,10 @@ impl Shared {
                 _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
             }
         }
-        // A newer change that no longer wants it may have stopped what it found registered a moment ago: a
-        // start it made moot begins no more (one that slips through is stopped by the job queued after).
-        if *cancel.borrow() {
-            return Err(self.halted());
-        }
-        let mut watcher =
-            super::supervisor::launch(self, spec, Begin::Start).ok_or(StartError::Closing)?;
+        // A newer change that no longer wants it cancels this job, then stops what it finds registered: a
+        // start it made moot is either registered by then (and stopped) or sees the cancel as it registers.
+        let mut watcher = super::supervisor::launch(self, spec, Begin::Start, || *cancel.borrow())
+            .ok_or_else(|| self.halted())?;
         if remote {
             return Ok(());
         }

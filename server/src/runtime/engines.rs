@@ -293,8 +293,15 @@ impl Shared {
 
     /// Registers `spec`, with where its supervisor (started by [`super::supervisor::launch`]) is told what
     /// to do; a remote engine is only shown, and has none. `None` once the server is shutting down: nothing
-    /// new is registered then, so the shutdown stops every engine there is.
-    pub(super) fn register(&self, spec: &EngineSpec, begin: &Begin) -> Option<Registered> {
+    /// new is registered then, so the shutdown stops every engine there is. `None` too where `halted` says
+    /// the change that starts it was cancelled: asked under the lock a newer change reads what is
+    /// registered under, after cancelling, so that a start either is seen and stopped by it or sees it.
+    pub(super) fn register(
+        &self,
+        spec: &EngineSpec,
+        begin: &Begin,
+        halted: impl Fn() -> bool,
+    ) -> Option<Registered> {
         let remote = self.executor(spec).is_none();
         let (status, watcher) = watch::channel(Status {
             state: EngineState::Stopped,
@@ -326,8 +333,12 @@ impl Shared {
             if *shutting_down {
                 return None;
             }
+            let mut units = self.lock();
+            if halted() {
+                return None;
+            }
             // Registered before its supervisor runs, so that the supervisor's first state is not lost.
-            self.lock().insert(Unit {
+            units.insert(Unit {
                 spec: spec.clone(),
                 status,
                 control,

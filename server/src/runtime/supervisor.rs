@@ -19,8 +19,9 @@ pub(super) fn launch(
     shared: &Arc<Shared>,
     spec: EngineSpec,
     begin: Begin,
+    halted: impl Fn() -> bool,
 ) -> Option<watch::Receiver<Status>> {
-    let (watcher, commands) = shared.register(&spec, &begin)?;
+    let (watcher, commands) = shared.register(&spec, &begin, halted)?;
     if let Some(rx) = commands {
         tokio::spawn(supervise(shared.clone(), spec, begin, rx));
     }

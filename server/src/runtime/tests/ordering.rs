@@ -179,7 +179,8 @@ async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory
         ..command(unit, 0, "sleep 60")
     };
     // No cluster executor in this runtime: the job is only registered, and its state set as a job's is.
-    crate::runtime::supervisor::launch(&runtime.shared, on_node("job"), Begin::Start).unwrap();
+    crate::runtime::supervisor::launch(&runtime.shared, on_node("job"), Begin::Start, || false)
+        .unwrap();
     runtime
         .shared
         .set("job", EngineState::Healthy, None, Some(8000), None);
@@ -188,6 +189,31 @@ async fn an_engine_running_as_a_job_without_a_pid_here_counts_against_the_memory
         Bytes::gb(7),
         "the job's 1 GB of the 8 GB is taken"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_whose_change_was_cancelled_as_it_registered_is_not_registered_so_no_stop_at_once_can_miss_it(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    // The cancel is read under the lock registrations are read under: here it is already set when the
+    // start registers, as when a newer change cancels between the job's last look and its registration.
+    let (cancel, _) = tokio::sync::watch::channel(false);
+    let late = crate::runtime::supervisor::launch(
+        &runtime.shared,
+        command("late", 0, "sleep 1000"),
+        Begin::Start,
+        || {
+            cancel.send_replace(true);
+            *cancel.borrow()
+        },
+    );
+    assert!(late.is_none(), "not launched");
+    assert!(runtime.engine("late").is_none(), "not registered");
+    assert!(runtime.shared.registered_of(["late"]).is_empty());
+    runtime.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
