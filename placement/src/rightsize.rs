@@ -81,11 +81,13 @@ pub enum Fit {
 impl Peak {
     /// What the peak says of the share.
     pub fn fit(&self) -> Fit {
-        if self.fills_share {
-            return Fit::FillsShare;
-        }
+        // Past its share is a promise broken by any engine, one that fills what it gets too (vLLM's
+        // fraction is of the whole GPU, SGLang's of what it found free).
         if self.peak > self.share {
             return Fit::Past;
+        }
+        if self.fills_share {
+            return Fit::FillsShare;
         }
         if self.peak >= self.share.share(CLOSE) {
             return Fit::Close;
@@ -240,6 +242,18 @@ mod tests {
         };
         assert_eq!(p.fit(), Fit::FillsShare);
         assert!(p.line().contains("fills whatever share it gets"));
+    }
+
+    #[test]
+    fn an_engine_that_fills_its_share_and_went_past_it_is_said_to_be_past_it() {
+        let p = Peak {
+            fills_share: true,
+            ..peak(10.5, 10, 3)
+        };
+        assert_eq!(p.fit(), Fit::Past);
+        assert!(p
+            .line()
+            .ends_with(": past its share, so its neighbours may run out of memory"));
     }
 
     #[test]
