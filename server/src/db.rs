@@ -56,7 +56,8 @@ pub async fn open_existing(
 }
 
 /// The database as it is, read only: nothing written, no journal or shared-memory file made where none
-/// is (`tessera doctor`, which may run as root beside a service that runs as its own user).
+/// is (`tessera doctor`, which may run as root beside a service that runs as its own user: a file it
+/// made would be root's, and the service could not write the database).
 pub async fn open_read_only(
     database_url: Option<&str>,
     data_dir: &Path,
@@ -65,7 +66,19 @@ pub async fn open_read_only(
         Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
         None => SqliteConnectOptions::new().filename(data_dir.join(FILE)),
     };
-    pool(options.read_only(true).create_if_missing(false)).await
+    let mut wal = options.get_filename().as_os_str().to_owned();
+    wal.push("-wal");
+    // Without a write-ahead log beside it (its server stopped cleanly), even a read-only connection makes
+    // one and its shared-memory file; the file alone is then all there is, and read as unchangeable
+    // nothing is made. With one, both are there already and the log's pages are read too.
+    let immutable = !Path::new(&wal).exists();
+    pool(
+        options
+            .read_only(true)
+            .create_if_missing(false)
+            .immutable(immutable),
+    )
+    .await
 }
 
 /// How the database named by `database_url`, or `tessera.db` in `data_dir`, is opened.

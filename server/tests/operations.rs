@@ -253,7 +253,7 @@ async fn tessera_doctor_writes_nothing_neither_a_data_folder_that_is_not_there_n
         "the doctor made the data folder: {lines}"
     );
 
-    // A folder a server ran on and left, its database's journal folded back in.
+    // A folder a server ran on and left (its write-ahead log folded back in or not, as the stop went).
     let server = Server::start(dir.path(), 100).await;
     server.stop().await;
     let before = files(dir.path());
