@@ -330,3 +330,92 @@ async fn an_on_demand_model_whose_engine_fails_to_load_is_unloaded_and_refused_a
     assert!(again.elapsed() < Duration::from_millis(900));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_on_demand_models_asked_without_a_pause_take_turns_and_both_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    // A request waits up to 3 s for an engine; a cold model asks the busy one beside it for its turn once
+    // it has waited a third of that, and the busy one has served as long.
+    let server =
+        Arc::new(Server::start_with(dir.path(), 200, &["--demo", "--gateway-wait-s", "3"]).await);
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 60}),
+    )
+    .await;
+    for (revision, model) in [(1, "vision"), (2, "speech")] {
+        deploy(
+            &server,
+            json!({"model": model, "gpus": ["atlas:0"], "share": 30, "revision": revision,
+                   "demand": on_demand(600), "env": {"TESSERA_DEMO_TOKEN_MS": "100"}}),
+        )
+        .await;
+    }
+    server.wait_healthy(1).await;
+    // Three clients a model, each asking again the moment it is answered (streamed, about 0.7 s an answer)
+    // and each begun a third of an answer after the one before: two of its requests or more are in
+    // flight at every moment, so the model is never idle.
+    let done = Arc::new(AtomicBool::new(false));
+    let began = std::time::Instant::now();
+    let client = |model: &'static str, after: u64| {
+        let (server, done) = (server.clone(), done.clone());
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            let mut answered = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let (status, _) = server
+                    .send(
+                        "POST",
+                        "/v1/chat/completions",
+                        json!({"model": model, "stream": true,
+                               "messages": [{"role": "user", "content": "hello"}]}),
+                    )
+                    .await;
+                if status == 200 {
+                    answered.push(began.elapsed());
+                } else {
+                    assert_eq!(status, 503, "{model}: a refusal says to ask again");
+                }
+            }
+            answered
+        })
+    };
+    let mut clients = vec![
+        client("vision", 0),
+        client("vision", 250),
+        client("vision", 500),
+    ];
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    clients.extend([
+        client("speech", 0),
+        client("speech", 250),
+        client("speech", 500),
+    ]);
+    tokio::time::sleep(Duration::from_secs(16)).await;
+    done.store(true, Ordering::SeqCst);
+    let mut answers = Vec::new();
+    for c in clients {
+        answers.push(c.await.unwrap());
+    }
+    for (model, answered) in [("vision", answers[..3].concat()), ("speech", answers[3..].concat())] {
+        let mut answered = answered;
+        answered.sort();
+        assert!(answered.len() >= 4, "{model} answered {answered:?}");
+        // Between its turns it waits for the other's: never for as long as the other's traffic lasts.
+        let longest = answered
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or_default();
+        assert!(
+            longest < Duration::from_secs(10),
+            "{model} went {longest:?} without an answer: {answered:?}"
+        );
+    }
+    let (_, audit) = server.get("/api/audit?action=model.load").await;
+    assert!(
+        audit.as_array().unwrap().len() >= 3,
+        "they took turns: {audit}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}

@@ -37,6 +37,9 @@ struct Use {
     load_attempts: u64,
     /// Its engine failed to load: when it was unloaded for that, and why.
     failed: Option<(Instant, String)>,
+    /// The cold model it was asked to yield its room to: while that one waits, it takes no new request,
+    /// so that once those in flight end it is idle and that one's load unloads it.
+    yields_to: Option<String>,
 }
 
 /// A cold start: the load itself, and what the request that asked for it waited before the load began
@@ -179,6 +182,28 @@ impl Activity {
     fn waiting(&self, model: &str) -> bool {
         let uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
         uses.get(model).is_some_and(|u| u.waiting > 0)
+    }
+
+    /// Whether `model` yields its room: asked to by a cold model that still waits for it. A request for it
+    /// then waits its turn, as one for a model not loaded does.
+    pub fn yielding(&self, model: &str) -> bool {
+        let mut uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(to) = uses.get(model).and_then(|u| u.yields_to.clone()) else {
+            return false;
+        };
+        if uses.get(&to).is_some_and(|u| u.waiting > 0) {
+            return true;
+        }
+        // The cold model gave up waiting (or was served): the turn is over.
+        if let Some(found) = uses.get_mut(model) {
+            found.yields_to = None;
+        }
+        false
+    }
+
+    /// `model` was unloaded: whatever it yielded, it yields no more.
+    fn unloaded(&self, model: &str) {
+        self.with(model, |u| u.yields_to = None);
     }
 
     /// When the request that loaded `model` asked, while the load has not answered once.
@@ -335,6 +360,18 @@ impl Fleet {
             .any(|l| l.ready_at >= asked && l.ready_at.elapsed() >= keep_alive)
     }
 
+    /// How long `model` has served since its engines were last ready, the shortest of them; `None` where
+    /// none has loaded since the server started.
+    fn served_for(&self, model: &str) -> Option<Duration> {
+        self.runtime
+            .engines_of(model)
+            .iter()
+            .filter(|e| e.model.as_deref() == Some(model))
+            .filter_map(|e| self.runtime.last_load(&e.unit))
+            .map(|l| l.ready_at.elapsed())
+            .min()
+    }
+
     /// The loaded on-demand models on any of `gpus`, as eviction sees them.
     fn loaded_on(&self, committed: &Committed, gpus: &[GpuRef]) -> Vec<Loaded> {
         committed
@@ -359,7 +396,11 @@ impl Fleet {
                     Some(Loaded {
                         name: m.clone(),
                         last_used_ms: self.activity.last_used_ms(m),
-                        busy: in_flight > 0 || self.activity.waiting(m) || loading,
+                        // Requests waiting for a model that yields wait their turn: they keep it
+                        // from no load.
+                        busy: in_flight > 0
+                            || (self.activity.waiting(m) && !self.activity.yielding(m))
+                            || loading,
                         keep_alive,
                     })
                 })
@@ -389,6 +430,58 @@ impl Fleet {
             fits(&state.ledger, &state.committed, &trial, gpus)
                 .then(|| order[..k].iter().map(|m| (*m).to_owned()).collect())
         })
+    }
+
+    /// Asks the loaded on-demand models that keep `model` (cold, with a request that has waited its turn)
+    /// from loading, though they are busy, to yield their room: the fewest, least recently used first, that
+    /// make room for it. Each then takes no new request (the gateway holds those as it holds a load's),
+    /// finishes those in flight, and is idle, so that `model`'s next load unloads it; its own requests wait
+    /// their turn the same way. Without turns, a model whose traffic never pauses kept its room for as long
+    /// as the traffic lasted, and a cold one beside it never loaded. A model still loading for the request
+    /// that asked for it is never asked: its load is not cut short; nor one that has served for less than
+    /// `turn` since it loaded: each has its turn. Returns the models asked.
+    pub async fn ask_to_yield(&self, model: &str, turn: Duration) -> Vec<String> {
+        let state = self.state.lock().await;
+        let committed = state.committed.clone();
+        let Some(group) = committed.on_demand_group(model) else {
+            return Vec::new();
+        };
+        if group.loaded.contains(model) {
+            return Vec::new();
+        }
+        let mut wanted = (*committed).clone();
+        set_loaded(&mut wanted, model, true);
+        let mut loaded: Vec<Loaded> = self
+            .loaded_on(&committed, &group.gpus)
+            .into_iter()
+            .filter(|l| l.name != model && self.activity.loading_since(&l.name).is_none())
+            .filter(|l| !l.busy || self.served_for(&l.name).is_none_or(|served| served >= turn))
+            .collect();
+        // Busy or not, least recently used first: the idle ones make way at the load itself.
+        loaded.sort_by(|a, b| {
+            (a.busy, a.last_used_ms, &a.name).cmp(&(b.busy, b.last_used_ms, &b.name))
+        });
+        let order: Vec<&Loaded> = loaded.iter().collect();
+        let Some(k) = (0..=order.len()).find(|&k| {
+            let mut trial = wanted.clone();
+            for l in &order[..k] {
+                set_loaded(&mut trial, &l.name, false);
+            }
+            fits(&state.ledger, &state.committed, &trial, &group.gpus)
+        }) else {
+            return Vec::new();
+        };
+        let asked: Vec<String> = order[..k]
+            .iter()
+            .filter(|l| l.busy)
+            .map(|l| l.name.clone())
+            .collect();
+        for other in &asked {
+            self.activity
+                .with(other, |u| u.yields_to = Some(model.to_owned()));
+            tracing::info!("{other} yields its room to {model}, which has waited its turn");
+        }
+        asked
     }
 
     /// Loads `model`, an on-demand member, as a request that asks now would.
@@ -448,6 +541,9 @@ impl Fleet {
                 u.loading = Some(asked);
                 u.failed = None;
             });
+            for other in &unloaded {
+                fleet.activity.unloaded(other);
+            }
             tracing::info!("loading {model} for a request; unloaded to make room: {unloaded:?}");
             Ok(Load::Loading { unloaded })
         })
@@ -540,6 +636,7 @@ impl Fleet {
         }
         self.finish(state, tx, None, None).await?;
         for (model, why) in &models {
+            self.activity.unloaded(model);
             if let Unloaded::Failed(why) = why {
                 self.activity.failed(model, why.clone());
             }

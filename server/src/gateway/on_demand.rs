@@ -15,6 +15,10 @@ use tokio::time::Instant;
 /// How often a request waiting for a model to be ready looks again.
 const READY_POLL: Duration = Duration::from_millis(100);
 
+/// How often a cold model waiting its turn asks the busy models that hold its room to yield it again: a
+/// fleet lock each time, so not at every look.
+const ASK_AGAIN: Duration = Duration::from_millis(500);
+
 /// `taken`, where the request's engine was taken already, else the next healthy engine of `model`, waited
 /// for up to `wait` (and loaded for, where the model is on demand); else the 503 that says why not, and
 /// when to ask again.
@@ -32,8 +36,15 @@ pub(super) async fn ready_engine(
     let mut on_demand = state.fleet.on_demand(model);
     let waiting = on_demand.map(|_| activity.wait(model));
     // An engine taken already serves a model that is not on demand, or one loaded: no load is tried for
-    // it (an engine of an unloaded model still draining is not).
-    let mut first = taken.filter(|_| on_demand != Some(false));
+    // it (an engine of an unloaded model still draining is not, nor one of a model yielding its room).
+    let mut first = taken.filter(|_| match on_demand {
+        None => true,
+        Some(loaded) => loaded && !activity.yielding(model),
+    });
+    // A cold model that has waited this long for room that busy models hold asks them to yield it, once
+    // each has served as long: their turn, and its.
+    let their_turn = wait / 3;
+    let mut asked_to_yield: Option<Instant> = None;
     // Requests waiting for one model share its load: only the one holding the model's turn tries it (a
     // fleet write), the others look for its engine.
     let mut turn: Option<OwnedMutexGuard<()>> = None;
@@ -57,7 +68,13 @@ pub(super) async fn ready_engine(
                         on_demand = Some(true);
                         turn = None;
                     }
-                    Err(ApiError::Conflict(_)) if Instant::now() < deadline => {}
+                    Err(ApiError::Conflict(_)) if Instant::now() < deadline => {
+                        let again = asked_to_yield.is_none_or(|at| at.elapsed() >= ASK_AGAIN);
+                        if again && asked.elapsed() >= their_turn {
+                            asked_to_yield = Some(Instant::now());
+                            state.fleet.ask_to_yield(model, their_turn).await;
+                        }
+                    }
                     Err(e) => {
                         let message = match e {
                             ApiError::Internal(detail) => {
@@ -71,7 +88,12 @@ pub(super) async fn ready_engine(
                 }
             }
         }
-        if let Some(taken) = first.take().or_else(|| drain::take(state, model)) {
+        // A model yielding its room takes no new request: this one waits its turn.
+        let yielding = on_demand == Some(true) && activity.yielding(model);
+        if let Some(taken) = first
+            .take()
+            .or_else(|| (!yielding).then(|| drain::take(state, model)).flatten())
+        {
             break taken;
         }
         if Instant::now() >= deadline {
