@@ -10,7 +10,8 @@
 //! end, the time until every model that should serve does, that what runs is what was committed, and that
 //! no process of Tessera's is an orphan or a duplicate.
 //!
-//! Seeded and bounded: `SOAK_SEED` (1), `SOAK_SECONDS` (40), `SOAK_SPEED` (20, the profile's time
+//! Seeded and bounded: `SOAK_SEED` (without it, seed 1 and then an unseen one, each printed),
+//! `SOAK_SECONDS` (40 for a seed given, 20 each otherwise), `SOAK_SPEED` (20, the profile's time
 //! compression), `SOAK_REPORT` (a file for the figures as JSON). `scripts/soak` runs a long one. A seed
 //! that fails is replayed by its number, and becomes a case of its own below.
 
@@ -78,10 +79,6 @@ const GPUS: [&str; 5] = [
     "h200-node:1",
     "h200-node:2",
 ];
-
-fn seconds() -> u64 {
-    env_or("SOAK_SECONDS", 40)
-}
 
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -249,8 +246,7 @@ async fn fault(
     }
 }
 
-async fn soak(seed: u64) -> Report {
-    let seconds = seconds();
+async fn soak(seed: u64, seconds: u64) -> Report {
     let speed: f64 = env_or("SOAK_SPEED", 20.0);
     let dir = tempfile::tempdir().unwrap();
     let (data, sim_dir): (PathBuf, PathBuf) = (dir.path().join("data"), dir.path().join("sim"));
@@ -509,8 +505,30 @@ fn held_and_share(now: &server::inventory::simulated::Reading, engine: &Value) -
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_bounded_chaos_soak_overfills_no_gpu_loses_no_request_converges_and_leaves_no_orphan() {
-    let report = soak(env_or("SOAK_SEED", 1)).await;
-    assert_held(&report);
+    // A seed given (`SOAK_SEED`, as scripts/soak gives it) runs alone, for `SOAK_SECONDS` (40). Otherwise
+    // seed 1, then one no run has seen, 20 s each: each is printed as it begins, so that a failure is
+    // replayed by its number.
+    let (seeds, seconds) = match std::env::var("SOAK_SEED") {
+        Ok(seed) => (
+            vec![seed.parse().expect("SOAK_SEED is a number")],
+            env_or("SOAK_SECONDS", 40),
+        ),
+        Err(_) => (vec![1, unseen_seed()], env_or("SOAK_SECONDS", 20)),
+    };
+    for seed in seeds {
+        eprintln!(
+            "chaos soak: seed {seed}, {seconds} s (replay: SOAK_SEED={seed} SOAK_SECONDS={seconds} \
+             cargo test -p server --test soak -- a_bounded_chaos_soak)"
+        );
+        assert_held(&soak(seed, seconds).await);
+    }
+}
+
+/// A seed no earlier run is likely to have had: the clock's nanoseconds.
+fn unseen_seed() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(2, |t| u64::from(t.subsec_nanos()) ^ t.as_secs())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
