@@ -15,6 +15,8 @@ async function audit(page: Page, name: string): Promise<void> {
 }
 
 test("every page passes axe-core", async ({ page, request }) => {
+  // Fourteen pages, each loaded, hydrated, audited and photographed: a bound on a hang, not on speed.
+  test.setTimeout(180_000);
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
   await request.post("/api/workers", {

@@ -100,7 +100,9 @@ test("a token is shown once, works for scripts, and stops working when revoked",
   expect(secret).toMatch(/^tsr_[0-9a-f]{64}$/);
   const script = await playwright.request.newContext({ baseURL: server, extraHTTPHeaders: { Authorization: `Bearer ${secret}` } });
   expect((await script.get("/api/me")).status()).toBe(200);
+  // Reloaded, the page serves the row at once but takes a click only once it has hydrated.
   await page.reload();
+  await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
   await expect(page.locator('tr[data-token="ci"]')).toContainText("tsr_");
   await expect(page.locator("body")).not.toContainText(secret);
   await page.getByRole("button", { name: "Revoke ci" }).click();
