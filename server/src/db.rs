@@ -62,10 +62,7 @@ pub async fn open_read_only(
     database_url: Option<&str>,
     data_dir: &Path,
 ) -> Result<SqlitePool, OpenError> {
-    let options = match database_url {
-        Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
-        None => SqliteConnectOptions::new().filename(data_dir.join(FILE)),
-    };
+    let options = named(database_url, data_dir)?;
     let mut wal = options.get_filename().as_os_str().to_owned();
     wal.push("-wal");
     // Without a write-ahead log beside it (its server stopped cleanly), even a read-only connection makes
@@ -81,16 +78,20 @@ pub async fn open_read_only(
     .await
 }
 
+/// The database named by `database_url`, or `tessera.db` in `data_dir`.
+fn named(database_url: Option<&str>, data_dir: &Path) -> Result<SqliteConnectOptions, OpenError> {
+    match database_url {
+        Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database),
+        None => Ok(SqliteConnectOptions::new().filename(data_dir.join(FILE))),
+    }
+}
+
 /// How the database named by `database_url`, or `tessera.db` in `data_dir`, is opened.
 pub fn options(
     database_url: Option<&str>,
     data_dir: &Path,
 ) -> Result<SqliteConnectOptions, OpenError> {
-    let options = match database_url {
-        Some(url) => SqliteConnectOptions::from_str(url).map_err(OpenError::Database)?,
-        None => SqliteConnectOptions::new().filename(data_dir.join(FILE)),
-    };
-    Ok(options
+    Ok(named(database_url, data_dir)?
         .journal_mode(SqliteJournalMode::Wal)
         .foreign_keys(true)
         .busy_timeout(Duration::from_secs(5)))

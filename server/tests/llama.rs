@@ -328,19 +328,17 @@ async fn on_small_l4(dir: &Path) -> Server {
     Server::start_with_env(dir, 100, &sources, &[("PATH", &path)]).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_llamacpp_recipe_whose_own_context_is_over_its_share_is_not_started_and_its_engine_says_why_with_the_figures(
-) {
-    let dir = tempfile::tempdir().unwrap();
-    // Trained for 131,072 tokens, which take about 200 MB: -c 0 asks for them on a 50 MB share.
-    let weights = tiny_model_of_context(dir.path(), 131_072);
-    let server = on_small_l4(dir.path()).await;
+/// The tiny model, trained for 131,072 tokens (about 200 MB of context), added with the recipe's `args`
+/// and deployed on 0.6 % of the L4 (a 50 MB share) by a server [`on_small_l4`].
+async fn tiny_on_a_50_mb_share(dir: &Path, args: Value) -> Server {
+    let weights = tiny_model_of_context(dir, 131_072);
+    let server = on_small_l4(dir).await;
     let (status, added) = server
         .send(
             "POST",
             "/api/models",
             json!({"name": "tiny", "engine": "llamacpp", "default_share_percent": 1,
-                   "model_path": weights, "args": ["-c", "0"]}),
+                   "model_path": weights, "args": args}),
         )
         .await;
     assert_eq!(status, 201, "{added}");
@@ -352,6 +350,15 @@ async fn a_llamacpp_recipe_whose_own_context_is_over_its_share_is_not_started_an
         )
         .await;
     assert_eq!(status, 201, "{deployed}");
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_llamacpp_recipe_whose_own_context_is_over_its_share_is_not_started_and_its_engine_says_why_with_the_figures(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // -c 0 asks for the model's own context, about 200 MB.
+    let server = tiny_on_a_50_mb_share(dir.path(), json!(["-c", "0"])).await;
     support::wait_until("tiny is left failed", || async {
         server
             .engine_if_any("tiny")
@@ -378,25 +385,8 @@ async fn a_llamacpp_recipe_whose_own_context_is_over_its_share_is_not_started_an
 async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_and_llama_cpp_allocates_no_more_than_the_share_as_its_own_report_says(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    // Trained for 131,072 tokens: its own context would take about 200 MB, four times its share.
-    let weights = tiny_model_of_context(dir.path(), 131_072);
-    let server = on_small_l4(dir.path()).await;
-    let (status, added) = server
-        .send(
-            "POST",
-            "/api/models",
-            json!({"name": "tiny", "engine": "llamacpp", "default_share_percent": 1, "model_path": weights}),
-        )
-        .await;
-    assert_eq!(status, 201, "{added}");
-    let (status, deployed) = server
-        .send(
-            "POST",
-            "/api/deployments",
-            json!({"model": "tiny", "gpus": ["small:0"], "share": 0.6}),
-        )
-        .await;
-    assert_eq!(status, 201, "{deployed}");
+    // Its own context would take about 200 MB, four times its share.
+    let server = tiny_on_a_50_mb_share(dir.path(), json!([])).await;
     let engine = server.wait_healthy(1).await.remove(0);
     let share = 8u64 * (1 << 30) * 60 / 10_000;
 

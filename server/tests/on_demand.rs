@@ -397,7 +397,10 @@ async fn two_on_demand_models_asked_without_a_pause_take_turns_and_both_answer()
     for c in clients {
         answers.push(c.await.unwrap());
     }
-    for (model, answered) in [("vision", answers[..3].concat()), ("speech", answers[3..].concat())] {
+    for (model, answered) in [
+        ("vision", answers[..3].concat()),
+        ("speech", answers[3..].concat()),
+    ] {
         let mut answered = answered;
         answered.sort();
         assert!(answered.len() >= 4, "{model} answered {answered:?}");
