@@ -194,7 +194,6 @@ fn tuning_flags(engine: Engine) -> &'static [&'static str] {
 const TUNING_VARS: &[&str] = &[
     "HF_TOKEN",
     "HUGGING_FACE_HUB_TOKEN",
-    "HF_HOME",
     "HF_HUB_OFFLINE",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",

@@ -201,9 +201,26 @@ impl Activity {
         false
     }
 
+    /// Whether `model` yields its room to `to`, which still waits for it: only `to`'s load may take it
+    /// while its own requests wait (a yielding model is idle to that load alone).
+    fn yields_to(&self, model: &str, to: &str) -> bool {
+        self.yielding(model) && self.with(model, |u| u.yields_to.as_deref() == Some(to))
+    }
+
     /// `model` was unloaded: whatever it yielded, it yields no more.
     fn unloaded(&self, model: &str) {
         self.with(model, |u| u.yields_to = None);
+    }
+
+    /// `model` was loaded: its turn has come, so no model yields to it any more (those that yielded and
+    /// were not the ones unloaded for it take requests again), and it yields to none.
+    fn loaded(&self, model: &str) {
+        let mut uses = self.uses.lock().unwrap_or_else(PoisonError::into_inner);
+        for (name, u) in uses.iter_mut() {
+            if name == model || u.yields_to.as_deref() == Some(model) {
+                u.yields_to = None;
+            }
+        }
     }
 
     /// When the request that loaded `model` asked, while the load has not answered once.
@@ -372,8 +389,15 @@ impl Fleet {
             .min()
     }
 
-    /// The loaded on-demand models on any of `gpus`, as eviction sees them.
-    fn loaded_on(&self, committed: &Committed, gpus: &[GpuRef]) -> Vec<Loaded> {
+    /// The loaded on-demand models on any of `gpus`, as eviction sees them, for the load of `for_load`
+    /// where there is one: a model that yields its room to it is idle to it once its requests in flight
+    /// have ended, though its own requests wait.
+    fn loaded_on(
+        &self,
+        committed: &Committed,
+        gpus: &[GpuRef],
+        for_load: Option<&str>,
+    ) -> Vec<Loaded> {
         committed
             .groups
             .iter()
@@ -393,14 +417,13 @@ impl Fleet {
                         let keep_alive = Duration::from_millis(keep_alive.millis());
                         self.still_loading(&engines, m, asked, keep_alive)
                     });
+                    // Requests waiting for a model that yields wait their turn: they keep it from
+                    // the load it yields to, and from no other.
+                    let yields = for_load.is_some_and(|to| self.activity.yields_to(m, to));
                     Some(Loaded {
                         name: m.clone(),
                         last_used_ms: self.activity.last_used_ms(m),
-                        // Requests waiting for a model that yields wait their turn: they keep it
-                        // from no load.
-                        busy: in_flight > 0
-                            || (self.activity.waiting(m) && !self.activity.yielding(m))
-                            || loading,
+                        busy: in_flight > 0 || (self.activity.waiting(m) && !yields) || loading,
                         keep_alive,
                     })
                 })
@@ -408,19 +431,20 @@ impl Fleet {
             .collect()
     }
 
-    /// Which of the loaded on-demand models on `gpus` (never one in `keep`) unload, least recently used idle
-    /// first, until `with` them unloaded fits; `None` when it does not fit even with every idle one gone.
+    /// Which of the loaded on-demand models on `gpus` unload, least recently used idle first, until
+    /// `committed` with them unloaded fits, for the load of `loading` where it is one (never unloading it);
+    /// `None` when it does not fit even with every idle one gone.
     pub(super) fn make_room(
         &self,
         state: &State,
         committed: &Committed,
         gpus: &[GpuRef],
-        keep: &[&str],
+        loading: Option<&str>,
     ) -> Option<Vec<String>> {
-        let loaded = self.loaded_on(committed, gpus);
+        let loaded = self.loaded_on(committed, gpus, loading);
         let order: Vec<&str> = eviction_order(&loaded)
             .into_iter()
-            .filter(|m| !keep.contains(m))
+            .filter(|m| Some(*m) != loading)
             .collect();
         (0..=order.len()).find_map(|k| {
             let mut trial = committed.clone();
@@ -452,7 +476,7 @@ impl Fleet {
         let mut wanted = (*committed).clone();
         set_loaded(&mut wanted, model, true);
         let mut loaded: Vec<Loaded> = self
-            .loaded_on(&committed, &group.gpus)
+            .loaded_on(&committed, &group.gpus, Some(model))
             .into_iter()
             .filter(|l| l.name != model && self.activity.loading_since(&l.name).is_none())
             .filter(|l| !l.busy || self.served_for(&l.name).is_none_or(|served| served >= turn))
@@ -512,7 +536,7 @@ impl Fleet {
             let mut wanted = (*committed).clone();
             set_loaded(&mut wanted, &model, true);
             let unloaded = fleet
-                .make_room(&state, &wanted, &group.gpus, &[&model])
+                .make_room(&state, &wanted, &group.gpus, Some(&model))
                 .ok_or_else(|| {
                     ApiError::Conflict(format!(
                         "{model} cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight or a load under way there ends"
@@ -544,6 +568,7 @@ impl Fleet {
             for other in &unloaded {
                 fleet.activity.unloaded(other);
             }
+            fleet.activity.loaded(&model);
             tracing::info!("loading {model} for a request; unloaded to make room: {unloaded:?}");
             Ok(Load::Loading { unloaded })
         })
@@ -566,7 +591,7 @@ impl Fleet {
                 .flat_map(|g| g.gpus.iter().cloned())
                 .collect();
             let gpus: Vec<GpuRef> = gpus.into_iter().collect();
-            let loaded = fleet.loaded_on(&committed, &gpus);
+            let loaded = fleet.loaded_on(&committed, &gpus, None);
             let now = super::usage::now_ms();
             let mut unload: Vec<(String, Unloaded)> = expired(&loaded, now)
                 .into_iter()

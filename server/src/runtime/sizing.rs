@@ -37,7 +37,7 @@ pub enum Unsized {
         gap = .0.gap.as_deref().unwrap_or("a part is not estimated")
     )]
     CautiousOver(Judged),
-    /// Not one layer fits with the shortest context, or (SGLang) no KV cache beside the weights.
+    /// Not one layer fits with the shortest context.
     #[error("not started: {0}")]
     NoRoom(Unfit),
     /// The recipe asks for the model's own context (`-c 0`) of a file that could not be read.
@@ -58,6 +58,9 @@ pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Result<Sizing, Unsize
     if !spec.host.runs_daemons() {
         return Ok(Sizing::default());
     }
+    // The estimate is the whole model's: an engine on several GPUs (tensor parallel, or llama.cpp's
+    // split) holds its share on each.
+    let share = Bytes(share.get().saturating_mul(spec.gpus.len().max(1) as u64));
     let path = &spec.recipe.model_path;
     match spec.recipe.engine {
         Engine::LlamaCpp => {
@@ -98,7 +101,21 @@ pub fn sglang_sizing(estimate: Result<&Estimate, &str>, share: Bytes) -> Result<
     let fixed = e.weights.bytes
         + e.compute.map_or(Bytes::ZERO, |c| c.bytes)
         + e.output.unwrap_or(Bytes::ZERO);
-    match cache_tokens_within(e, share).map_err(Unsized::NoRoom)? {
+    // SGLang's own buffers are not measured here (no GPU was lent to measure them), and the estimate counts
+    // a whole batch of logits: where it leaves no room for a cache, the fraction alone bounds the engine,
+    // and the note says why, rather than refusing a start SGLang might make.
+    let tokens = match cache_tokens_within(e, share) {
+        Ok(tokens) => tokens,
+        Err(no_room) => {
+            return Ok(Sizing {
+                args: Vec::new(),
+                note: Some(format!(
+                "bounded by --mem-fraction-static alone, of what is free as it starts: {no_room}"
+            )),
+            })
+        }
+    };
+    match tokens {
         Some(tokens) => Ok(Sizing {
             args: vec!["--max-total-tokens".to_owned(), tokens.to_string()],
             note: Some(format!(
@@ -231,16 +248,18 @@ fn settings_of(args: &[String]) -> (Settings, bool) {
     (s, slots.is_some())
 }
 
-/// The last value given to any of `flags`, as `flag value` or `flag=value`: the last wins, as in llama.cpp.
+/// The last value given to any of `flags`, as `flag value` or `flag=value` (Python's parsers take both;
+/// llama.cpp refuses the second and does not start): the last wins, as in each engine. A long flag is read
+/// with `_` for `-`, as llama.cpp and Python's parsers read it, so that `--ctx_size 0` is the context it is.
 pub fn flag_value(args: &[String], flags: &[&str]) -> Option<String> {
     let mut found = None;
     let mut words = args.iter();
     while let Some(word) = words.next() {
         if let Some((flag, value)) = word.split_once('=') {
-            if flags.contains(&flag) {
+            if flags.contains(&spelled(flag).as_ref()) {
                 found = Some(value.to_owned());
             }
-        } else if flags.contains(&word.as_str()) {
+        } else if flags.contains(&spelled(word).as_ref()) {
             found = words.next().cloned();
         }
     }
@@ -248,7 +267,16 @@ pub fn flag_value(args: &[String], flags: &[&str]) -> Option<String> {
 }
 
 fn has_flag(args: &[String], flags: &[&str]) -> bool {
-    args.iter().any(|a| flags.contains(&a.as_str()))
+    args.iter().any(|a| flags.contains(&spelled(a).as_ref()))
+}
+
+/// `word` as the engines' parsers compare it: a long flag with `_` for `-`.
+fn spelled(word: &str) -> std::borrow::Cow<'_, str> {
+    if word.starts_with("--") && word.contains('_') {
+        word.replace('_', "-").into()
+    } else {
+        word.into()
+    }
 }
 
 #[cfg(test)]
@@ -311,6 +339,11 @@ mod tests {
             Some("2")
         );
         assert_eq!(flag_value(&args, &["-ngl"]), None);
+        // A long flag with `_` for `-` is the same flag, as llama.cpp reads it.
+        assert_eq!(
+            flag_value(&words("-c 4096 --ctx_size 0"), &["-c", "--ctx-size"]).as_deref(),
+            Some("0")
+        );
         assert_eq!(flag_value(&words("-c"), &["-c"]), None);
     }
 
@@ -333,7 +366,12 @@ mod tests {
             note.starts_with("as its recipe sets it, context 2048 × 1 slot takes "),
             "{note}"
         );
-        for over in ["--ctx-size=131072", "-c 0", "-c 262144 -np 2"] {
+        for over in [
+            "--ctx-size 131072",
+            "-c 0",
+            "--ctx_size 0",
+            "-c 262144 -np 2",
+        ] {
             let refused = sizing_for(Ok(&info()), Bytes::gb(1), &words(over)).unwrap_err();
             let text = refused.to_string();
             assert!(matches!(refused, Unsized::GivenOver(_)), "{over}: {text}");
@@ -433,12 +471,13 @@ mod tests {
         assert!(sizing.note.unwrap().starts_with(&format!(
             "at most {tokens} tokens of KV cache: what its 12 GB share leaves"
         )),);
-        let refused = sglang_sizing(Ok(&e), Bytes::gb(2)).unwrap_err();
+        let tight = sglang_sizing(Ok(&e), Bytes::gb(2)).unwrap();
+        assert!(tight.args.is_empty());
         assert!(
-            refused
-                .to_string()
-                .starts_with("not started: its weights and buffers take "),
-            "{refused}"
+            tight.note.as_deref().unwrap().starts_with(
+                "bounded by --mem-fraction-static alone, of what is free as it starts: its weights and buffers take "
+            ),
+            "{tight:?}"
         );
         let unread = sglang_sizing(Err("no config.json in /m"), Bytes::gb(12)).unwrap();
         assert!(unread.args.is_empty());

@@ -393,3 +393,24 @@ async fn usage_counts_an_on_demand_model_only_while_it_is_loaded() {
             .unwrap();
     assert_eq!(open, ["glm-5.3", "semantic-router"]);
 }
+
+#[test]
+fn a_model_yields_its_room_only_to_the_cold_model_that_still_waits_and_only_until_that_one_loads() {
+    let activity = std::sync::Arc::new(super::Activity::new());
+    let waiting = activity.wait("speech");
+    activity.with("vision", |u| u.yields_to = Some("speech".to_owned()));
+    assert!(activity.yielding("vision"));
+    assert!(activity.yields_to("vision", "speech"));
+    assert!(
+        !activity.yields_to("vision", "embedder"),
+        "idle to speech's load alone"
+    );
+    // speech is loaded (vision was not the one unloaded for it): vision takes requests again.
+    activity.loaded("speech");
+    assert!(!activity.yielding("vision"));
+    // Asked again, and then speech gives up waiting: the turn is over.
+    activity.with("vision", |u| u.yields_to = Some("speech".to_owned()));
+    drop(waiting);
+    assert!(!activity.yielding("vision"));
+    assert!(!activity.yields_to("vision", "speech"));
+}

@@ -130,7 +130,7 @@ impl Fleet {
         let mut trial = (*state.committed).clone();
         trial.groups.put(Arc::new(planned.clone()));
         let unloaded = self
-            .make_room(state, &trial, &group.gpus, &[])
+            .make_room(state, &trial, &group.gpus, None)
             .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
         for m in &unloaded {
             planned.loaded.remove(m);
