@@ -91,9 +91,7 @@ pub fn cache_tokens_within(e: &Estimate, share: Bytes) -> Result<Option<u64>, Un
     };
     let tokens = u64::from(e.assumed.ctx_size.max(1));
     let per_token = kv.bytes.get().div_ceil(tokens).max(1);
-    let fixed = e.weights.bytes
-        + e.compute.map_or(Bytes::ZERO, |c| c.bytes)
-        + e.output.unwrap_or(Bytes::ZERO);
+    let fixed = e.beside_cache();
     match share.get().saturating_sub(fixed.get()) / per_token {
         0 => Err(Unfit::NoCacheRoom { fixed, share }),
         n => Ok(Some(n)),

@@ -385,7 +385,7 @@ mod tests {
             bytes: Bytes::gb(15),
         }];
         let e = estimate_hf(&config, &tensors, &HfSettings::default());
-        let fixed = e.weights.bytes + e.compute.unwrap().bytes + e.output.unwrap();
+        let fixed = e.beside_cache();
         // Llama 3.1 8B keeps 128 KiB of cache per token in bf16: 32 layers × 8 heads × 128 × 2 × 2 bytes.
         let per_token = 32 * 8 * 128 * 2 * 2;
         let share = fixed + Bytes(per_token * 10_000);

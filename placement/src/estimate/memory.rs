@@ -207,8 +207,12 @@ pub struct Estimate {
 impl Estimate {
     /// Everything estimated, together. With gaps, the least the model needs, not what it needs.
     pub fn total(&self) -> Bytes {
+        self.beside_cache() + self.kv_cache.map_or(Bytes::ZERO, |kv| kv.bytes)
+    }
+
+    /// Everything but the KV cache: the weights, the compute buffers and the output.
+    pub fn beside_cache(&self) -> Bytes {
         self.weights.bytes
-            + self.kv_cache.map_or(Bytes::ZERO, |kv| kv.bytes)
             + self.compute.map_or(Bytes::ZERO, |c| c.bytes)
             + self.output.unwrap_or(Bytes::ZERO)
     }

@@ -242,6 +242,23 @@ pub enum Load {
     },
 }
 
+/// How many of the loaded on-demand models in `order`, unloaded from the first, make `committed` fit on
+/// `gpus` as `state`'s ledger holds it: the fewest; `None` where even all of them do not.
+fn fewest_to_unload(
+    state: &State,
+    committed: &Committed,
+    gpus: &[GpuRef],
+    order: &[&str],
+) -> Option<usize> {
+    (0..=order.len()).find(|&k| {
+        let mut trial = committed.clone();
+        for m in &order[..k] {
+            set_loaded(&mut trial, m, false);
+        }
+        fits(&state.ledger, &state.committed, &trial, gpus)
+    })
+}
+
 /// `model` loaded or not in `committed`, wherever its group is.
 fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
     let Some(group) = committed.on_demand_group(model) else {
@@ -446,14 +463,8 @@ impl Fleet {
             .into_iter()
             .filter(|m| Some(*m) != loading)
             .collect();
-        (0..=order.len()).find_map(|k| {
-            let mut trial = committed.clone();
-            for m in &order[..k] {
-                set_loaded(&mut trial, m, false);
-            }
-            fits(&state.ledger, &state.committed, &trial, gpus)
-                .then(|| order[..k].iter().map(|m| (*m).to_owned()).collect())
-        })
+        let k = fewest_to_unload(state, committed, gpus, &order)?;
+        Some(order[..k].iter().map(|m| (*m).to_owned()).collect())
     }
 
     /// Asks the loaded on-demand models that keep `model` (cold, with a request that has waited its turn)
@@ -485,17 +496,11 @@ impl Fleet {
         loaded.sort_by(|a, b| {
             (a.busy, a.last_used_ms, &a.name).cmp(&(b.busy, b.last_used_ms, &b.name))
         });
-        let order: Vec<&Loaded> = loaded.iter().collect();
-        let Some(k) = (0..=order.len()).find(|&k| {
-            let mut trial = wanted.clone();
-            for l in &order[..k] {
-                set_loaded(&mut trial, &l.name, false);
-            }
-            fits(&state.ledger, &state.committed, &trial, &group.gpus)
-        }) else {
+        let order: Vec<&str> = loaded.iter().map(|l| l.name.as_str()).collect();
+        let Some(k) = fewest_to_unload(&state, &wanted, &group.gpus, &order) else {
             return Vec::new();
         };
-        let asked: Vec<String> = order[..k]
+        let asked: Vec<String> = loaded[..k]
             .iter()
             .filter(|l| l.busy)
             .map(|l| l.name.clone())

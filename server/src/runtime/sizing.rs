@@ -75,7 +75,10 @@ pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Result<Sizing, Unsize
             let estimate = estimate_folder(files, path, &HfSettings::default())
                 .await
                 .map_err(|why| why.to_string());
-            sglang_sizing(estimate.as_ref().map_err(String::as_str), share)
+            Ok(sglang_sizing(
+                estimate.as_ref().map_err(String::as_str),
+                share,
+            ))
         }
         Engine::Vllm | Engine::Command => Ok(Sizing::default()),
     }
@@ -86,46 +89,32 @@ pub async fn size(spec: &EngineSpec, files: &dyn Files) -> Result<Sizing, Unsize
 /// once its imports are done: a neighbour stopped meanwhile, or one holding less than its share, would
 /// hand it up to twice its share. The tokens are what the share leaves after the weights and buffers, by
 /// the estimate, whatever is free then.
-pub fn sglang_sizing(estimate: Result<&Estimate, &str>, share: Bytes) -> Result<Sizing, Unsized> {
-    let e = match estimate {
-        Ok(e) => e,
-        Err(why) => {
-            return Ok(Sizing {
-                args: Vec::new(),
-                note: Some(format!(
-                    "bounded by --mem-fraction-static alone, of what is free as it starts: {why}"
-                )),
-            })
-        }
-    };
-    let fixed = e.weights.bytes
-        + e.compute.map_or(Bytes::ZERO, |c| c.bytes)
-        + e.output.unwrap_or(Bytes::ZERO);
+pub fn sglang_sizing(estimate: Result<&Estimate, &str>, share: Bytes) -> Sizing {
     // SGLang's own buffers are not measured here (no GPU was lent to measure them), and the estimate counts
     // a whole batch of logits: where it leaves no room for a cache, the fraction alone bounds the engine,
     // and the note says why, rather than refusing a start SGLang might make.
-    let tokens = match cache_tokens_within(e, share) {
-        Ok(tokens) => tokens,
-        Err(no_room) => {
-            return Ok(Sizing {
-                args: Vec::new(),
-                note: Some(format!(
-                "bounded by --mem-fraction-static alone, of what is free as it starts: {no_room}"
-            )),
-            })
-        }
+    let fraction_alone = |why: &dyn std::fmt::Display| Sizing {
+        args: Vec::new(),
+        note: Some(format!(
+            "bounded by --mem-fraction-static alone, of what is free as it starts: {why}"
+        )),
     };
-    match tokens {
-        Some(tokens) => Ok(Sizing {
+    let e = match estimate {
+        Ok(e) => e,
+        Err(why) => return fraction_alone(&why),
+    };
+    match cache_tokens_within(e, share) {
+        Ok(Some(tokens)) => Sizing {
             args: vec!["--max-total-tokens".to_owned(), tokens.to_string()],
             note: Some(format!(
                 "at most {tokens} tokens of KV cache: what its {} share leaves after its weights and \
                  buffers ({}), whatever is free as it starts",
                 share.size_text(),
-                fixed.size_text()
+                e.beside_cache().size_text()
             )),
-        }),
-        None => Ok(Sizing::default()),
+        },
+        Ok(None) => Sizing::default(),
+        Err(no_room) => fraction_alone(&no_room),
     }
 }
 
@@ -462,16 +451,16 @@ mod tests {
     fn an_sglang_engine_s_cache_is_bounded_in_tokens_by_what_its_share_leaves_whatever_is_free_when_it_starts(
     ) {
         let e = sglang_estimate();
-        let sizing = sglang_sizing(Ok(&e), Bytes::gb(12)).unwrap();
+        let sizing = sglang_sizing(Ok(&e), Bytes::gb(12));
         assert_eq!(sizing.args[0], "--max-total-tokens");
         let tokens: u64 = sizing.args[1].parse().unwrap();
         // 128 KiB of cache a token: what 12 GB leave after the weights and buffers.
-        let fixed = e.weights.bytes + e.compute.unwrap().bytes + e.output.unwrap();
+        let fixed = e.beside_cache();
         assert_eq!(tokens, (Bytes::gb(12).get() - fixed.get()) / (128 << 10));
         assert!(sizing.note.unwrap().starts_with(&format!(
             "at most {tokens} tokens of KV cache: what its 12 GB share leaves"
         )),);
-        let tight = sglang_sizing(Ok(&e), Bytes::gb(2)).unwrap();
+        let tight = sglang_sizing(Ok(&e), Bytes::gb(2));
         assert!(tight.args.is_empty());
         assert!(
             tight.note.as_deref().unwrap().starts_with(
@@ -479,7 +468,7 @@ mod tests {
             ),
             "{tight:?}"
         );
-        let unread = sglang_sizing(Err("no config.json in /m"), Bytes::gb(12)).unwrap();
+        let unread = sglang_sizing(Err("no config.json in /m"), Bytes::gb(12));
         assert!(unread.args.is_empty());
         assert_eq!(
             unread.note.unwrap(),
