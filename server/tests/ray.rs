@@ -13,7 +13,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::{chaos, report, wait_until, Server};
+use support::{chaos, wait_until, Server};
 
 /// The cluster's dashboard, from inside its namespace.
 const RAY: &str = "http://127.0.0.1:8265";
@@ -101,6 +101,25 @@ async fn glm_on_majin(dir: &std::path::Path) -> (Server, Value) {
     assert_eq!(status, 201, "{deployed}");
     let engine = server.wait_healthy(1).await.remove(0);
     (server, engine)
+}
+
+/// What the demo engine of `engine` says of itself, asked with its key: its node's guard lets through
+/// nothing else. The key is in its job's metadata, for a server started again to adopt it.
+async fn report(engine: &Value) -> Value {
+    let port = engine["port"].as_u64().unwrap() as u16;
+    let jobs = running_jobs().await;
+    let key = jobs
+        .iter()
+        .find(|j| {
+            j["metadata"]["tessera_unit"] == engine["unit"]
+                && j["metadata"]["tessera_port"] == port.to_string()
+        })
+        .and_then(|j| j["metadata"]["tessera_key"].as_str())
+        .unwrap_or_else(|| panic!("a node's engine has a key: {jobs:?}"))
+        .to_owned();
+    let (status, body) = support::request_bytes(port, Some(&key), "GET", "/", None).await;
+    assert_eq!(status, 200, "the demo engine on {port} reports");
+    serde_json::from_slice(&body).unwrap()
 }
 
 /// The job of `unit` among `jobs`.
@@ -256,6 +275,62 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
             .all(|j| j["status"] != "RUNNING" && j["status"] != "PENDING")
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs the Ray cluster of scripts/test-ray"]
+async fn an_engine_on_a_node_takes_no_request_without_its_key_on_any_path_and_the_gateway_s_pass() {
+    let _one = CLUSTER.lock().await;
+    clear_jobs().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (server, engine) = glm_on_majin(dir.path()).await;
+    let port = engine["port"].as_u64().unwrap() as u16;
+    // vLLM's own --api-key guards /v1 alone; these answer anyone who reaches its port.
+    for path in [
+        "/invocations",
+        "/pooling",
+        "/score",
+        "/rerank",
+        "/classify",
+        "/tokenize",
+        "/v1/chat/completions",
+        "/health",
+        "/metrics",
+    ] {
+        for key in [None, Some("not-its-key")] {
+            let body = json!({"model": "glm", "messages": [{"role": "user", "content": "hi"}]});
+            let (status, answer) =
+                support::request_bytes(port, key, "POST", path, Some(body)).await;
+            assert_eq!(
+                status,
+                401,
+                "{path} with {key:?}: {}",
+                String::from_utf8_lossy(&answer)
+            );
+        }
+    }
+    // Its key lets through, to the engine on the node's loopback on a port of its own.
+    let reported = report(&engine).await;
+    assert_eq!(reported["engine"], engine["unit"], "{reported}");
+    let line: Vec<&str> = reported["stands_in_for"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w.as_str().unwrap())
+        .collect();
+    let after = |flag: &str| line[line.iter().position(|w| *w == flag).unwrap() + 1];
+    assert_eq!(after("--host"), "127.0.0.1", "{line:?}");
+    assert_ne!(after("--port"), port.to_string(), "{line:?}");
+    // The gateway has the key.
+    let (status, answer) = server
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "glm", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    server.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -342,7 +342,7 @@ impl Runtime {
                 (status.state == EngineState::Healthy).then_some(())?;
                 Some(Serving {
                     unit: unit.to_owned(),
-                    host: u.spec.host.bind_address().to_owned(),
+                    host: u.spec.host.address().to_owned(),
                     port: status.port?,
                     api_key: status.api_key.clone(),
                 })

@@ -334,6 +334,7 @@ mod tests {
             ],
             env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
             api_key: None,
+            port: 0,
             sizing: None,
         }
     }
@@ -444,6 +445,7 @@ mod tests {
             ],
             env: BTreeMap::from([("TESSERA_ENGINE".into(), "unit-a".into())]),
             api_key: None,
+            port: 0,
             sizing: None,
         };
         let mut spawned = spawn(&launch, &log, "instance-env", &Mutex::new(false)).unwrap();

@@ -34,7 +34,8 @@ pub enum Host {
     Simulated,
     /// Another machine, where Tessera has no agent: nothing can be started.
     Remote,
-    /// A node of the Ray cluster: the engine runs there as a job, listening on the node's address.
+    /// A node of the Ray cluster: the engine runs there as a job, listening on the node's loopback behind
+    /// Tessera's guard on the node's address (`runtime::ray`).
     Cluster {
         /// The node's address.
         address: String,
@@ -46,8 +47,8 @@ pub enum Host {
 }
 
 impl Host {
-    /// The address an engine there listens on.
-    pub fn bind_address(&self) -> &str {
+    /// The address Tessera reaches an engine there on: its guard's, on a cluster's node.
+    pub fn address(&self) -> &str {
         match self {
             Host::Cluster { address, .. } => address,
             Host::Local | Host::Simulated | Host::Remote => "127.0.0.1",
@@ -131,6 +132,9 @@ pub enum SpecError {
 /// vLLM, SGLang and llama.cpp get `--api-key`).
 pub const ENGINE_KEY_VAR: &str = "TESSERA_ENGINE_KEY";
 
+/// Where every engine listens: on a cluster's node, behind the guard that takes requests from elsewhere.
+const LOOPBACK: &str = "127.0.0.1";
+
 /// What is added to an engine's command line to fit its share (`runtime::sizing`), and the line that
 /// says so.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -150,10 +154,14 @@ pub struct Launch {
     pub args: Vec<String>,
     /// Added to the server's environment.
     pub env: BTreeMap<String, String>,
-    /// The key only the gateway and the health probe send it (an engine on a cluster's node, which
-    /// listens on the node's address); never written anywhere, never shown.
+    /// The key only the gateway and the health probe send it (an engine on a cluster's node, reached on
+    /// the node's address); never written anywhere, never shown.
     #[serde(skip)]
     pub api_key: Option<String>,
+    /// The port the engine itself listens on: the one Tessera reaches it on, but on a cluster's node
+    /// another, behind the guard on that one.
+    #[serde(skip)]
+    pub port: u16,
     /// How Tessera sized it to its share, where it chose something (llama.cpp's context), and why.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sizing: Option<String>,
@@ -245,6 +253,7 @@ impl EngineSpec {
             args,
             env: self.env(port, api_key),
             api_key: api_key.map(str::to_owned),
+            port,
             sizing: sizing.note.clone(),
         })
     }
@@ -273,6 +282,7 @@ impl EngineSpec {
             args,
             env: self.env(port, api_key),
             api_key: api_key.map(str::to_owned),
+            port,
             sizing: sizing.note.clone(),
         })
     }
@@ -298,7 +308,7 @@ impl EngineSpec {
                     "serve",
                     &r.model_path,
                     "--host",
-                    self.host.bind_address(),
+                    LOOPBACK,
                     "--port",
                     &port_text,
                     "--served-model-name",
@@ -320,7 +330,7 @@ impl EngineSpec {
                     "--model-path",
                     &r.model_path,
                     "--host",
-                    self.host.bind_address(),
+                    LOOPBACK,
                     "--port",
                     &port_text,
                     "--served-model-name",
@@ -341,7 +351,7 @@ impl EngineSpec {
                     "-m",
                     &r.model_path,
                     "--host",
-                    self.host.bind_address(),
+                    LOOPBACK,
                     "--port",
                     &port_text,
                     "--alias",
@@ -400,7 +410,7 @@ impl EngineSpec {
         // The indices are NVML's, which count in PCI bus order; CUDA counts fastest first unless told.
         env.insert("CUDA_DEVICE_ORDER".into(), "PCI_BUS_ID".into());
         env.insert("TESSERA_PORT".into(), port.to_string());
-        env.insert("TESSERA_HOST".into(), self.host.bind_address().to_owned());
+        env.insert("TESSERA_HOST".into(), LOOPBACK.to_owned());
         env.insert("TESSERA_ENGINE".into(), self.unit.clone());
         if let Some(key) = api_key {
             env.insert(ENGINE_KEY_VAR.into(), key.to_owned());

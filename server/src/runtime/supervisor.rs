@@ -244,21 +244,26 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         StartFailure::Refused(format!("nothing can start engines on {}", spec.machine))
     })?;
     let port = executor.port(spec).await?;
+    // An engine on a cluster's node listens on the node's loopback, on a port of its own, behind a guard
+    // on the node's address and `port` that lets through only requests with its key, which only the
+    // gateway and the health probe send.
+    let guarded = matches!(spec.host, super::spec::Host::Cluster { .. });
+    let mut engine_port = port;
+    while guarded && engine_port == port {
+        engine_port = executor.port(spec).await?;
+    }
+    let key = guarded.then(|| crate::random::random_hex(24));
     let free = match measured_free(&shared.settings, spec).await {
         Some(free) => free,
         None => shared.free_at_start(spec),
     };
     shared.readiness.starting(&spec.unit, Instant::now());
-    // An engine on a cluster's node listens on the node's address: it takes only requests with its key,
-    // which only the gateway and the health probe send.
-    let key = matches!(spec.host, super::spec::Host::Cluster { .. })
-        .then(|| crate::random::random_hex(24));
     let sizing = super::sizing::size(spec, &*shared.files(&spec.host, &spec.machine))
         .await
         .map_err(|e| StartFailure::Refused(e.to_string()))?;
     let mut launch = spec
         .launch(
-            port,
+            engine_port,
             free,
             &shared.settings.demo_engine,
             key.as_deref(),

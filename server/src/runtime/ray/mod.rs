@@ -291,6 +291,13 @@ impl RayExecutor {
                 spec.unit
             )
         })?;
+        if launch.api_key.is_none() {
+            return Err(format!(
+                "{} has no key: an engine on a node takes only requests that carry one",
+                spec.unit
+            ));
+        }
+        let command = guarded(address, port, launch.port, &command)?;
         // No `TESSERA_INSTANCE`: a job is found again by its metadata, and a node on this very machine
         // (a head beside the server) must not have its engines taken for this machine's processes.
         let mut env_vars = launch.env.clone();
@@ -321,19 +328,19 @@ impl RayExecutor {
         if let Some(key) = &launch.api_key {
             metadata.insert(META_KEY.to_owned(), key.clone());
         }
-        let check = port_check(spec.host.bind_address(), port)?;
         Ok(JobRequest {
             submission_id: submission_id(&spec.unit),
-            // `exec`: the engine itself takes the shell's place, and Ray's stop signals reach it.
+            // `exec`: the guard takes the shell's place, and Ray's stop signals reach it and the engine.
             entrypoint: match daemon {
                 Some(daemon) => format!(
-                    "{check}\n{PIDS_REPORTER}\n{}",
+                    "{}\n{PIDS_REPORTER}\n{}",
+                    needs_python(),
                     self.mps_entrypoint(daemon, &spec.unit, &command)?
                 ),
                 None if self.reports_processes(spec) => {
-                    format!("{check}\n{PIDS_REPORTER}\nexec {command}")
+                    format!("{}\n{PIDS_REPORTER}\nexec {command}", needs_python())
                 }
-                None => format!("{check}\nexec {command}"),
+                None => format!("{}\nexec {command}", needs_python()),
             },
             runtime_env: RuntimeEnv { env_vars },
             metadata,
@@ -353,32 +360,40 @@ pub(super) const PORT_TAKEN: i64 = 75;
 /// address is not the node's, say, where its node came back at another): EX_OSERR, before any engine ran.
 pub(super) const CANNOT_LISTEN: i64 = 71;
 
-/// The first lines of an engine's job: the port Tessera chose is only free on Tessera's own host, so the
-/// job binds it on its node first (as the engine will, address reuse included), and ends at once where it
-/// cannot, saying why, rather than start an engine that cannot listen beside whatever answers there: where
-/// the port is taken the next try takes another; any other failure is said as it is. Python is there
-/// wherever Ray runs; without `python3` on the path the check is left to the engine.
-fn port_check(bind: &str, port: u16) -> Result<String, String> {
-    let bind = shlex::try_quote(bind)
-        .map_err(|e| format!("the address {bind} cannot be given to a shell: {e}"))?;
-    Ok(format!(
-        r#"if command -v python3 >/dev/null 2>&1; then
-  python3 -c 'import errno, socket, sys
-host, port = sys.argv[1], int(sys.argv[2])
-s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-try:
-    s.bind((host, port))
-except OSError as e:
-    if e.errno == errno.EADDRINUSE:
-        print(f"tessera: port {{port}} is taken on this node: the engine starts again on another", file=sys.stderr)
-        sys.exit({PORT_TAKEN})
-    print(f"tessera: this node cannot listen on {{host}}:{{port}}: {{e.strerror}}", file=sys.stderr)
-    sys.exit({CANNOT_LISTEN})' {bind} {port} || exit $?
-fi"#
-    ))
+/// The guard an engine runs under on its node (guard.py): it listens on the node's address and lets
+/// through to the engine, on the node's loopback, only requests that carry the engine's key.
+const GUARD: &str = include_str!("guard.py");
+
+/// What an engine's job runs: `command`, listening on `engine_port` of its node's loopback, under the
+/// guard on `address`:`port`. The port Tessera chose is only free on Tessera's own host, so the guard binds
+/// it on its node first, and ends at once where it cannot, saying why, rather than start an engine that
+/// cannot be reached: where a port is taken the next try takes others; any other failure is said as it
+/// is.
+fn guarded(address: &str, port: u16, engine_port: u16, command: &str) -> Result<String, String> {
+    let guard = shlex::try_join([
+        "python3",
+        "-c",
+        GUARD,
+        &PORT_TAKEN.to_string(),
+        &CANNOT_LISTEN.to_string(),
+        address,
+        &port.to_string(),
+        &engine_port.to_string(),
+        "--",
+    ])
+    .map_err(|e| format!("the address {address} cannot be given to a shell: {e}"))?;
+    Ok(format!("{guard} {command}"))
 }
 
+/// The first lines of an engine's job: Python is there wherever Ray runs, but said where it is not.
+fn needs_python() -> String {
+    format!(
+        r#"command -v python3 >/dev/null 2>&1 || {{
+  echo "tessera: this node has no python3 on its PATH, which runs the guard of the engine's port" >&2
+  exit {CANNOT_LISTEN}
+}}"#
+    )
+}
 /// `word` quoted for a shell.
 pub(super) fn quote(word: &str) -> Result<String, String> {
     shlex::try_quote(word)
@@ -474,7 +489,7 @@ impl Executor for RayExecutor {
                 tracing::debug!("Ray job {old} not deleted: {e}");
             }
         }
-        let address = spec.host.bind_address().to_owned();
+        let address = spec.host.address().to_owned();
         let mut job = self.running(&spec.unit, request.submission_id, address, port);
         job.mps = mps;
         job.api_key = launch.api_key.clone();

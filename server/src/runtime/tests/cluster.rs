@@ -27,6 +27,29 @@ fn offline_node(dir: &Path) -> ray::RayExecutor {
     )
 }
 
+/// A port free on this host (the node, here) now.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind(("127.0.0.1", 0))
+        .and_then(|l| l.local_addr())
+        .unwrap()
+        .port()
+}
+
+/// The key node engines are given in these tests.
+const KEY: &str = "a-key-of-twenty-four-hex";
+
+/// `spec`'s engine as a node's is launched: with its key, on `engine_port` of the node's loopback.
+fn node_launch(spec: &EngineSpec, engine_port: u16) -> spec::Launch {
+    spec.launch(
+        engine_port,
+        Bytes::gb(8),
+        Path::new("tessera"),
+        Some(KEY),
+        &spec::Sizing::default(),
+    )
+    .unwrap()
+}
+
 /// An engine of `spec` as its job's entrypoint would run on its node: the entrypoint run by `sh`, with
 /// the job's variables; what it printed, and whether it succeeded.
 fn run_on_node(request: &crate::inventory::ray::JobRequest) -> (String, String, bool) {
@@ -76,8 +99,8 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
         ..command("emb", 0, "sh -c 'env | grep ^CUDA_ | sort'")
     };
     let submission_of = |node: &ray::RayExecutor, spec: &EngineSpec| {
-        let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
-        let (request, daemon) = node.submission(spec, &mut launch, 8000).unwrap();
+        let mut launch = node_launch(spec, free_port());
+        let (request, daemon) = node.submission(spec, &mut launch, free_port()).unwrap();
         assert!(daemon.is_some());
         assert_eq!(
             launch.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=1024M",
@@ -216,8 +239,8 @@ fn a_job_on_a_node_s_mps_gpu_starts_its_daemon_where_none_answers_and_runs_as_it
         },
         ..spec.clone()
     };
-    let mut launch = demo.command_line(8000, Bytes::gb(8)).unwrap();
-    let (request, daemon) = node.submission(&demo, &mut launch, 8000).unwrap();
+    let mut launch = node_launch(&demo, free_port());
+    let (request, daemon) = node.submission(&demo, &mut launch, free_port()).unwrap();
     assert_eq!(daemon, None);
     assert!(
         request.entrypoint.lines().any(|l| l.starts_with("exec ")),
@@ -258,8 +281,8 @@ fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_
     let node = offline_node(dir.path());
     // An engine that starts a helper process after a while, as vLLM starts its EngineCore.
     let spec = on_real_node("emb", "sh -c 'sleep 3; sleep 1000 & wait'");
-    let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
-    let (request, _) = node.submission(&spec, &mut launch, 8000).unwrap();
+    let mut launch = node_launch(&spec, free_port());
+    let (request, _) = node.submission(&spec, &mut launch, free_port()).unwrap();
     // As Ray runs an entrypoint: in a process group of its own, its output to the job's log.
     let mut job = std::process::Command::new("sh")
         .args(["-c", &request.entrypoint])
@@ -269,7 +292,8 @@ fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_
         .stderr(std::process::Stdio::null())
         .spawn()
         .unwrap();
-    let engine = job.id();
+    // The job's own process is the guard of the engine's port, the engine its child.
+    let guard = job.id();
     let (lines, log) = std::sync::mpsc::channel();
     let out = job.stdout.take().unwrap();
     std::thread::spawn(move || {
@@ -281,40 +305,33 @@ fn a_job_on_a_node_with_real_gpus_reports_its_engine_s_processes_as_they_change_
         let line = log.recv_timeout(Duration::from_secs(10)).unwrap();
         ray::reported_pids(&line).unwrap_or_else(|| panic!("not a report: {line}"))
     };
-    let helpers = |pids: &[u32]| {
-        pids.iter()
-            .copied()
-            .filter(|&pid| pid != engine)
-            .collect::<Vec<_>>()
-    };
     let cmdline =
         |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/cmdline")).unwrap_or_default();
 
     let first = next_report();
-    assert!(
-        first.contains(&engine),
-        "{first:?} holds the engine {engine}"
-    );
+    assert!(first.contains(&guard), "{first:?} holds the guard {guard}");
     // A report comes each time they change, until one holds the helper started since.
     let started = std::time::Instant::now();
     let last = loop {
         let report = next_report();
-        assert!(report.contains(&engine), "{report:?}");
-        let helpers = helpers(&report);
-        if helpers.len() == 1 && cmdline(helpers[0]).starts_with("sleep\x001000") {
+        assert!(report.contains(&guard), "{report:?}");
+        if report
+            .iter()
+            .any(|&pid| cmdline(pid).starts_with("sleep\x001000"))
+        {
             break report;
         }
         assert!(started.elapsed() < PATIENCE, "{report:?}");
     };
     assert_eq!(
         last.len(),
-        2,
-        "the engine and its helper, not the reporter: {last:?}"
+        3,
+        "the guard, the engine and its helper, not the reporter: {last:?}"
     );
 
     // Stopped as Ray stops a job: its process group told to end. The reporter ends after it.
     let killed = std::process::Command::new("kill")
-        .args(["-TERM", "--", &format!("-{engine}")])
+        .args(["-TERM", "--", &format!("-{guard}")])
         .status()
         .unwrap();
     assert!(killed.success());
@@ -519,7 +536,7 @@ async fn an_engine_s_job_waits_for_its_earlier_job_on_the_same_machine_to_end_bu
     );
     let spec = on_real_node("emb", "serve");
     let start = || async {
-        let mut launch = spec.command_line(8000, Bytes::gb(8)).unwrap();
+        let mut launch = node_launch(&spec, 8001);
         node.start(&spec, &mut launch, 8000).await
     };
     let status = |id: &str| {
@@ -578,35 +595,32 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
 ) {
     let dir = tempfile::tempdir().unwrap();
     let node = offline_node(dir.path());
-    let spec = EngineSpec {
-        machine: "majin".to_owned(),
-        host: Host::Cluster {
-            address: "127.0.0.1".to_owned(),
-            uuids: BTreeMap::from([(0, "GPU-a1b2c3d4-0000-4000-8000-000000000001".to_owned())]),
-            demo: false,
-        },
-        ..command("emb", 0, "echo the engine runs on {port}")
-    };
+    let spec = on_real_node("emb", "echo the engine runs on {port}");
     // Something else listens on the port on the node (here, this host).
     let taken = std::net::TcpListener::bind(("127.0.0.1", 0)).unwrap();
     let port = taken.local_addr().unwrap().port();
+    let engine_port = free_port();
     // The job's entrypoint for `spec`, run as its node runs it.
-    let job = |spec: &EngineSpec| {
-        let mut launch = spec.command_line(port, Bytes::gb(8)).unwrap();
+    let job = |spec: &EngineSpec, port: u16, engine_port: u16| {
+        let mut launch = node_launch(spec, engine_port);
         let (request, _) = node.submission(spec, &mut launch, port).unwrap();
         std::process::Command::new("sh")
             .args(["-c", &request.entrypoint])
+            .envs(&request.runtime_env.env_vars)
             .output()
             .unwrap()
     };
-    let out = job(&spec);
-    assert_eq!(out.status.code().map(i64::from), Some(ray::PORT_TAKEN));
-    let said = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        said.contains(&format!("port {port} is taken on this node")),
-        "{said}"
-    );
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("the engine runs"));
+    // Taken where the guard listens, or where the engine would: the next try takes others.
+    for (guard_port, engine_port) in [(port, engine_port), (engine_port, port)] {
+        let out = job(&spec, guard_port, engine_port);
+        assert_eq!(out.status.code().map(i64::from), Some(ray::PORT_TAKEN));
+        let said = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            said.contains(&format!("port {port} is taken on this node")),
+            "{said}"
+        );
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("the engine runs"));
+    }
 
     // An address that is not the node's (its node came back at another) is no port taken.
     let elsewhere = EngineSpec {
@@ -617,7 +631,7 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
         },
         ..spec.clone()
     };
-    let out = job(&elsewhere);
+    let out = job(&elsewhere, port, engine_port);
     assert_eq!(out.status.code().map(i64::from), Some(ray::CANNOT_LISTEN));
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -626,13 +640,132 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
         "{said}"
     );
 
-    // Once it is free, the engine runs.
+    // Once it is free, the engine runs, on its own port, and the job ends as it ends.
     drop(taken);
-    let mut launch = spec.command_line(port, Bytes::gb(8)).unwrap();
-    let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
-    let (stdout, _, ok) = run_on_node(&request);
+    let out = job(&spec, port, engine_port);
+    let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        ok && stdout.contains(&format!("the engine runs on {port}")),
-        "{stdout}"
+        out.status.success() && stdout.contains(&format!("the engine runs on {engine_port}")),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// One request written as is to `port`, and all that came back before the connection closed; none where
+/// nothing listens there.
+fn try_exchange(port: u16, request: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    stream.write_all(request.as_bytes()).unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    Some(answer)
+}
+
+fn exchange(port: u16, request: &str) -> String {
+    try_exchange(port, request).expect("the guard listens")
+}
+
+#[test]
+fn an_engine_on_a_node_is_reached_only_through_its_guard_which_takes_only_requests_with_its_key_on_any_path(
+) {
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    let node = offline_node(dir.path());
+    // A server that answers on every path: Python's own, serving the folder it runs in.
+    let spec = on_real_node("emb", "python3 -m http.server {port} --bind 127.0.0.1");
+    let (port, engine_port) = (free_port(), free_port());
+    let mut launch = node_launch(&spec, engine_port);
+    let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
+    let mut job = std::process::Command::new("sh")
+        .args(["-c", &request.entrypoint])
+        .envs(&request.runtime_env.env_vars)
+        .current_dir(dir.path())
+        .process_group(0)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let get = |path: &str, auth: &str| {
+        exchange(
+            port,
+            &format!("GET {path} HTTP/1.1\r\nHost: node\r\n{auth}\r\n"),
+        )
+    };
+    let keyed = format!("Authorization: Bearer {KEY}\r\n");
+    let started = std::time::Instant::now();
+    let home = format!("GET / HTTP/1.1\r\nHost: node\r\n{keyed}\r\n");
+    while !try_exchange(port, &home).is_some_and(|a| a.starts_with("HTTP/1.0 200")) {
+        assert!(started.elapsed() < PATIENCE, "the engine never answered");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // vLLM's --api-key guards /v1 alone: these paths answer anyone who reaches its port.
+    for path in [
+        "/invocations",
+        "/pooling",
+        "/score",
+        "/rerank",
+        "/classify",
+        "/tokenize",
+        "/v1/models",
+        "/health",
+        "/metrics",
+        "/",
+    ] {
+        for auth in [
+            String::new(),
+            "Authorization: Bearer not-its-key\r\n".to_owned(),
+            format!("Authorization: Basic {KEY}\r\n"),
+            format!("{keyed}Authorization: Bearer other\r\n"),
+        ] {
+            let answer = get(path, &auth);
+            assert!(
+                answer.starts_with("HTTP/1.1 401 Unauthorized")
+                    && answer.contains("send them to Tessera's gateway"),
+                "{path} with {auth:?}: {answer}"
+            );
+        }
+    }
+    // With its key, any path reaches the engine, which answers as it answers.
+    assert!(get("/nothing-here", &keyed).starts_with("HTTP/1.0 404"));
+    assert!(get("/", &format!("authorization: bearer {KEY}\r\n")).starts_with("HTTP/1.0 200"));
+    // A body is sent on whole, by its length or its chunks (this server takes no POST).
+    let body = "{\"text\": \"hi\"}";
+    let posted = exchange(
+        port,
+        &format!(
+            "POST /score HTTP/1.1\r\nHost: node\r\n{keyed}Content-Length: {}\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    assert!(posted.starts_with("HTTP/1.0 501"), "{posted}");
+    let chunked = exchange(
+        port,
+        &format!("POST /score HTTP/1.1\r\nHost: node\r\n{keyed}Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n"),
+    );
+    assert!(chunked.starts_with("HTTP/1.0 501"), "{chunked}");
+    let ambiguous = exchange(
+        port,
+        &format!("POST /score HTTP/1.1\r\nHost: node\r\n{keyed}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\nabcd"),
+    );
+    assert!(ambiguous.starts_with("HTTP/1.1 400"), "{ambiguous}");
+    // One request a connection: a request written after a keyed one is never read.
+    let smuggled = exchange(
+        port,
+        &format!("GET / HTTP/1.1\r\nHost: node\r\n{keyed}\r\nGET /invocations HTTP/1.1\r\nHost: node\r\n\r\n"),
+    );
+    assert_eq!(smuggled.matches("HTTP/1.").count(), 1, "{smuggled}");
+
+    // Stopped as Ray stops a job: every process told to end; the job ends as its engine ends.
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", "--", &format!("-{}", job.id())])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = job.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + 15), "{status:?}");
 }
