@@ -107,12 +107,13 @@ async fn glm_on_majin(dir: &std::path::Path) -> (Server, Value) {
 /// nothing else. The key is in its job's metadata, for a server started again to adopt it.
 async fn report(engine: &Value) -> Value {
     let port = engine["port"].as_u64().unwrap() as u16;
+    let port_text = port.to_string();
     let jobs = running_jobs().await;
     let key = jobs
         .iter()
         .find(|j| {
             j["metadata"]["tessera_unit"] == engine["unit"]
-                && j["metadata"]["tessera_port"] == port.to_string()
+                && j["metadata"]["tessera_port"] == port_text.as_str()
         })
         .and_then(|j| j["metadata"]["tessera_key"].as_str())
         .unwrap_or_else(|| panic!("a node's engine has a key: {jobs:?}"))

@@ -146,6 +146,7 @@ pub fn EstimatePanel(
                     <tbody>
                         <tr><th scope="row">"Weights"</th><td>{part(Some(e.weights.bytes))}</td></tr>
                         <tr><th scope="row">"KV cache"</th><td>{part(e.kv_cache.map(|k| k.bytes))}</td></tr>
+                        {e.recurrent.map(|r| view! { <tr><th scope="row">"Recurrent state"</th><td>{part(Some(r.bytes))}</td></tr> })}
                         <tr><th scope="row">"Compute buffers"</th><td>{part(e.compute.map(|c| c.bytes))}</td></tr>
                         <tr><th scope="row">"Output buffer"</th><td>{part(e.output)}</td></tr>
                         <tr class="total"><th scope="row">"Estimate"</th><td data-testid="estimate-total">{size(needed)}</td></tr>

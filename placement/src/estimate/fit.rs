@@ -235,7 +235,8 @@ pub fn fit_share(model: &ModelInfo, share: Bytes, base: &Settings) -> Result<Fit
 }
 
 /// What `estimate` takes on the GPU with its last `n` layers there, as llama.cpp offloads them: those
-/// layers' weights and KV cache, and (counted whole, an upper bound) the compute and output buffers.
+/// layers' weights, KV cache and recurrent state, and (counted whole, an upper bound) the compute and output
+/// buffers.
 /// The embeddings and the output head stay on the CPU until every layer is on the GPU.
 fn on_gpu(estimate: &Estimate, n: u32) -> Bytes {
     let layers = &estimate.weights.per_layer;
@@ -243,11 +244,12 @@ fn on_gpu(estimate: &Estimate, n: u32) -> Bytes {
         .iter()
         .copied()
         .sum();
-    let kv = estimate.kv_cache.map_or(Bytes::ZERO, |kv| {
-        Bytes(kv.bytes.get() / layers.len().max(1) as u64 * u64::from(n))
-    });
+    let share = |bytes: Bytes| Bytes(bytes.get() / layers.len().max(1) as u64 * u64::from(n));
+    let kv = estimate.kv_cache.map_or(Bytes::ZERO, |kv| share(kv.bytes));
+    let recurrent = estimate.recurrent.map_or(Bytes::ZERO, |r| share(r.bytes));
     weights
         + kv
+        + recurrent
         + estimate.compute.map_or(Bytes::ZERO, |c| c.bytes)
         + estimate.output.unwrap_or(Bytes::ZERO)
 }
@@ -442,12 +444,16 @@ mod tests {
         );
     }
 
-    /// A recurrent model: its weights are known, its state and compute buffers are not.
+    /// A model without attention: its weights, recurrent state and output are known, its compute buffers
+    /// are not.
     fn mamba(context: u32) -> ModelInfo {
         let g = crate::estimate::writer::Gguf::new("mamba")
             .kv("mamba.context_length", V::U32(context))
             .kv("mamba.block_count", V::U32(2))
             .kv("mamba.embedding_length", V::U32(1024))
+            .kv("mamba.ssm.conv_kernel", V::U32(4))
+            .kv("mamba.ssm.inner_size", V::U32(2048))
+            .kv("mamba.ssm.state_size", V::U32(16))
             .tensor("token_embd.weight", &[1024, 32_000], 1)
             .tensor("blk.0.ssm_in.weight", &[1024, 4096], 1)
             .tensor("blk.1.ssm_in.weight", &[1024, 4096], 1);
@@ -463,8 +469,22 @@ mod tests {
         ));
         let bound = cautious(&m, Bytes::gb(4), &Settings::default()).unwrap();
         assert_eq!((bound.ctx_size, bound.slots), (CAUTIOUS_CONTEXT, 1));
-        assert!(bound.gap.as_deref().unwrap().contains("recurrent state"));
+        assert!(bound
+            .gap
+            .as_deref()
+            .unwrap()
+            .contains("its compute buffers are not estimated"));
         assert!(bound.to_string().contains(" takes at least "), "{bound}");
+        // The least it takes: all that is known, its recurrent state among it.
+        let known = estimate(
+            &m,
+            &Settings {
+                context: Some(CAUTIOUS_CONTEXT),
+                ..Settings::default()
+            },
+        );
+        assert!(known.recurrent.unwrap().bytes > Bytes::ZERO);
+        assert_eq!(bound.needed, known.total());
         // Slots share the bound; they do not multiply it.
         let four = Settings {
             slots: 4,
@@ -491,6 +511,46 @@ mod tests {
                 .ctx_size,
             2048
         );
+    }
+
+    #[test]
+    fn a_hybrid_is_sized_by_its_state_for_its_slots_beside_its_attention_layers_cache() {
+        // Llama's shape with Granite 4.0 H's architecture: half the layers Mamba-2 mixers.
+        let mut g = llama(8, 1024, 2816, 16, 4, 32_000, 1)
+            .kv("llama.context_length", V::U32(131_072))
+            .kv("llama.ssm.conv_kernel", V::U32(4))
+            .kv("llama.ssm.inner_size", V::U32(2048))
+            .kv("llama.ssm.state_size", V::U32(128))
+            .kv("llama.ssm.group_count", V::U32(1))
+            .kv(
+                "llama.attention.head_count_kv",
+                V::U32s(vec![0, 4, 0, 4, 0, 4, 0, 4]),
+            );
+        for (key, value) in &mut g.kv {
+            *key = key.replace("llama.", "granitehybrid.");
+            if key == "general.architecture" {
+                *value = V::Str("granitehybrid");
+            }
+        }
+        let m = ModelInfo::from_header(&GgufHeader::parse(&g.header()).unwrap(), None);
+        let share = total(&m, 20_000);
+        let fit = fit_share(&m, share, &Settings::default()).unwrap();
+        assert!(fit.needed <= share && total(&m, fit.context + CONTEXT_PAD) > share);
+        let e = |slots: u32| {
+            estimate(
+                &m,
+                &Settings {
+                    context: Some(fit.context),
+                    slots,
+                    ..Settings::default()
+                },
+            )
+        };
+        // 4 layers of (3 × (2048 + 2 × 128) + 128 × 2048) f32 per slot.
+        let state = Bytes(4 * (3 * 2304 + 128 * 2048) * 4);
+        assert_eq!(e(1).recurrent.unwrap().bytes, state);
+        assert_eq!(e(1).total(), fit.needed);
+        assert_eq!(e(3).recurrent.unwrap().bytes, Bytes(3 * state.get()));
     }
 
     proptest! {

@@ -314,6 +314,7 @@ pub fn estimate_hf(config: &HfConfig, tensors: &[HfTensor], settings: &HfSetting
         },
         weights,
         kv_cache: Some(kv_cache),
+        recurrent: None,
         compute: Some(compute),
         output: Some(Bytes::ZERO),
         gaps,

@@ -1,9 +1,10 @@
-//! The estimate: weights, KV cache, compute buffers and output buffer for a chosen context, slots and cache
-//! type, each with what it assumed. Its own room because this is where llama.cpp's sizing rules live
-//! (src/llama-context.cpp, src/llama-kv-cache*.cpp) and where the compute buffers' measured model is kept.
+//! The estimate: weights, KV cache, recurrent state, compute buffers and output buffer for a chosen context,
+//! slots and cache type, each with what it assumed. Its own room because this is where llama.cpp's sizing rules
+//! live (src/llama-context.cpp, src/llama-kv-cache*.cpp, src/llama-memory-recurrent.cpp) and where the compute
+//! buffers' measured model is kept.
 
 use super::ggml_type::GgmlType;
-use super::model::{CacheKind, ModelInfo, ModelKind, Shape};
+use super::model::{CacheKind, ModelInfo, ModelKind, RecurrentShape, Shape};
 use super::weights::Weights;
 use super::{Caveat, Gap};
 use crate::units::Bytes;
@@ -27,6 +28,9 @@ const MASK_CELL: u64 = 2;
 
 /// Bytes of one activation: f32.
 const ACTIVATION: u64 = 4;
+
+/// Bytes of one element of a recurrent state: llama.cpp keeps both parts in f32.
+const STATE_ELEMENT: u64 = 4;
 
 /// The KV cache types llama.cpp's `--cache-type-k` and `--cache-type-v` take (common/arg.cpp), the
 /// default first.
@@ -174,6 +178,51 @@ impl KvCache {
     };
 }
 
+/// The recurrent state (`llama_memory_recurrent`): one cell per slot, whatever the context, each holding every
+/// recurrent layer's rolling part (`R`) and state proper (`S`), f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecurrentState {
+    /// All of it.
+    pub bytes: Bytes,
+    /// Cells: one per slot (llama.cpp's `max(1, n_seq_max)`, `n_seq_max` being the server's `-np`).
+    pub cells: u32,
+    /// Layers that keep one.
+    pub layers: u32,
+    /// The rolling parts: the convolutions' last inputs or the token shifts.
+    pub r_bytes: Bytes,
+    /// The states proper: the SSMs' or the WKVs'.
+    pub s_bytes: Bytes,
+}
+
+impl RecurrentState {
+    /// `shape`'s state for `slots` sequences. llama.cpp keeps `1 + n_rs_seq` rows per cell, `n_rs_seq` being
+    /// the rollback snapshots that a multi-token-prediction or other draft model asks for; the server asks
+    /// for none without one, so one row.
+    fn sized(shape: &RecurrentShape, slots: u32) -> RecurrentState {
+        let cells = slots.max(1);
+        let rows = u64::from(cells) * u64::from(shape.layers);
+        let r_bytes = Bytes(
+            shape
+                .r_width
+                .saturating_mul(rows)
+                .saturating_mul(STATE_ELEMENT),
+        );
+        let s_bytes = Bytes(
+            shape
+                .s_width
+                .saturating_mul(rows)
+                .saturating_mul(STATE_ELEMENT),
+        );
+        RecurrentState {
+            bytes: r_bytes + s_bytes,
+            cells,
+            layers: shape.layers,
+            r_bytes,
+            s_bytes,
+        }
+    }
+}
+
 /// The compute buffer: the activations of the largest graph, which llama.cpp reserves up front.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Compute {
@@ -194,6 +243,8 @@ pub struct Estimate {
     pub weights: Weights,
     /// The KV cache; `None` when not estimated (see `gaps`), zero for a model without one.
     pub kv_cache: Option<KvCache>,
+    /// The recurrent state; `None` for a model without one, or when not estimated (see `gaps`).
+    pub recurrent: Option<RecurrentState>,
     /// The compute buffer; `None` when not estimated.
     pub compute: Option<Compute>,
     /// The output buffer: each slot's logits (and embedding, for an embedding model), f32.
@@ -210,9 +261,11 @@ impl Estimate {
         self.beside_cache() + self.kv_cache.map_or(Bytes::ZERO, |kv| kv.bytes)
     }
 
-    /// Everything but the KV cache: the weights, the compute buffers and the output.
+    /// Everything but the KV cache, which grows with the context: the weights, the recurrent state, the
+    /// compute buffers and the output.
     pub fn beside_cache(&self) -> Bytes {
         self.weights.bytes
+            + self.recurrent.map_or(Bytes::ZERO, |r| r.bytes)
             + self.compute.map_or(Bytes::ZERO, |c| c.bytes)
             + self.output.unwrap_or(Bytes::ZERO)
     }
@@ -235,8 +288,9 @@ fn cells_u32(n: u64) -> u32 {
 ///
 /// Weights are exact. The KV cache follows llama.cpp's own sizing: the context padded to 256 cells per
 /// slot (or for the shared pool), sliding-window layers holding the window plus a batch, encoders holding
-/// none. The compute buffer is a model measured against llama.cpp (BENCHMARKS.md, "The memory estimate
-/// against llama.cpp"): the masks plus the live activations of the widest feed-forward or attention step.
+/// none. So does the recurrent state: one per slot, whatever the context. The compute buffer is a model
+/// measured against llama.cpp (BENCHMARKS.md, "The memory estimate against llama.cpp"): the masks plus the
+/// live activations of the widest feed-forward or attention step.
 pub fn estimate(model: &ModelInfo, settings: &Settings) -> Estimate {
     let slots = settings.slots.max(1);
     let mut caveats = model.caveats.clone();
@@ -277,13 +331,37 @@ pub fn estimate(model: &ModelInfo, settings: &Settings) -> Estimate {
         batch_tokens: cells_u32(batch_tokens),
     };
 
+    let recurrent = model
+        .recurrent
+        .map(|shape| RecurrentState::sized(&shape, slots));
+
+    // One output per slot: its logits, and for an embedding model its embedding too.
+    let embedding = match model.kind {
+        ModelKind::Generation => Some(0),
+        ModelKind::Embedding | ModelKind::Reranking => {
+            model.shape.as_ref().map(|s| u64::from(s.embedding))
+        }
+    };
+    let output = model.vocab.zip(embedding).map(|(vocab, embedding)| {
+        Bytes(
+            u64::from(slots)
+                .saturating_mul(u64::from(vocab) + embedding)
+                .saturating_mul(ACTIVATION),
+        )
+    });
+    if model.vocab.is_none() {
+        gaps.push(Gap::NoVocabulary);
+    }
+
     let Some(shape) = &model.shape else {
+        // Without attention (Mamba, RWKV) there is no KV cache at all.
         return Estimate {
             assumed,
             weights: model.weights.clone(),
-            kv_cache: None,
+            kv_cache: (model.cache == CacheKind::Recurrent).then_some(KvCache::NONE),
+            recurrent,
             compute: None,
-            output: None,
+            output,
             gaps,
             caveats,
         };
@@ -319,26 +397,11 @@ pub fn estimate(model: &ModelInfo, settings: &Settings) -> Estimate {
         activations,
     };
 
-    // One output per slot: its logits, and for an embedding model its embedding too.
-    let embedding = match model.kind {
-        ModelKind::Generation => 0,
-        ModelKind::Embedding | ModelKind::Reranking => u64::from(shape.embedding),
-    };
-    let output = model.vocab.map(|vocab| {
-        Bytes(
-            u64::from(slots)
-                .saturating_mul(u64::from(vocab) + embedding)
-                .saturating_mul(ACTIVATION),
-        )
-    });
-    if output.is_none() {
-        gaps.push(Gap::NoVocabulary);
-    }
-
     Estimate {
         assumed,
         weights: model.weights.clone(),
         kv_cache,
+        recurrent,
         compute: Some(compute),
         output,
         gaps,

@@ -1,7 +1,9 @@
 //! What a GGUF header says about the model that memory depends on: layers, widths, heads, sliding windows,
-//! the feed-forward shape and whether it keeps a KV cache at all. Its own room because this is where
-//! llama.cpp's per-architecture knowledge is copied (`llama_model::load_hparams` and `create_memory` in
-//! src/llama-model.cpp), and that knowledge changes with llama.cpp while the arithmetic does not.
+//! the feed-forward shape, whether it keeps a KV cache at all and how wide a recurrent state it keeps. Its own
+//! room because this is where llama.cpp's per-architecture knowledge is copied (`llama_model::load_hparams`
+//! and `create_memory` in src/llama-model.cpp, each architecture's `load_arch_hparams` in src/models/,
+//! `n_embd_r` and `n_embd_s` in src/llama-hparams.cpp), and that knowledge changes with llama.cpp while the
+//! arithmetic does not.
 
 use super::gguf::{GgufHeader, Value};
 use super::weights::{layer_of, weigh, Weights};
@@ -133,6 +135,20 @@ impl Shape {
     }
 }
 
+/// The recurrent state of a model that keeps one: llama.cpp's `llama_memory_recurrent`, which holds for each
+/// recurrent layer and each sequence one row of `r_width` and one of `s_width` elements, f32.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RecurrentShape {
+    /// Layers that keep a recurrent state.
+    pub layers: u32,
+    /// Its rolling part per layer and sequence (`n_embd_r`): the convolution's last inputs (Mamba, LFM2's short
+    /// convolution, Kimi's delta attention) or the token shift (RWKV).
+    pub r_width: u64,
+    /// Its state proper per layer and sequence (`n_embd_s`): the SSM's (Mamba), the WKV's (RWKV) or the delta
+    /// rule's (Kimi); none for LFM2.
+    pub s_width: u64,
+}
+
 /// Everything the estimate needs from a GGUF header.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ModelInfo {
@@ -150,8 +166,11 @@ pub struct ModelInfo {
     pub rope_scaling: Option<RopeScaling>,
     /// Vocabulary size: the output head's rows.
     pub vocab: Option<u32>,
-    /// The transformer's shape; `None` when a key it needs is missing (see `gaps`).
+    /// The transformer's shape; `None` for a model without attention (Mamba, RWKV) or when a key it needs
+    /// is missing (see `gaps`).
     pub shape: Option<Shape>,
+    /// The recurrent state's shape; `None` for a model without one, or when it cannot be read (see `gaps`).
+    pub recurrent: Option<RecurrentShape>,
     /// The weights, from the tensor table.
     pub weights: Weights,
     /// What could not be estimated, and why.
@@ -181,8 +200,9 @@ const CACHELESS: [&str; 14] = [
 /// Architectures with a recurrent state and no attention.
 const RECURRENT: [&str; 6] = ["mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"];
 
-/// Architectures that mix attention layers with recurrent ones.
-const HYBRID: [&str; 11] = [
+/// Architectures that mix attention layers with recurrent ones (`llm_arch_is_hybrid` in src/llama-arch.cpp,
+/// less DeepSeek V4, whose memory is a KV cache of its own).
+const HYBRID: [&str; 17] = [
     "jamba",
     "falcon-h1",
     "granitehybrid",
@@ -193,8 +213,47 @@ const HYBRID: [&str; 11] = [
     "plamo2",
     "qwen3next",
     "qwen35",
+    "qwen35moe",
     "kimi-linear",
+    "bailingmoe3",
+    "kimi-k3",
+    "glm5-next",
+    "qwen4exp",
+    "minimax-01",
 ];
+
+/// Hybrids whose recurrent layers are listed (`attention.recurrent_layers`) or else follow from the interval
+/// of their attention layers (`full_attention_interval`, 4 where the file states none).
+const INTERVAL_HYBRIDS: [&str; 3] = ["qwen3next", "qwen35", "qwen35moe"];
+
+/// Hybrids whose dense feed-forward layers keep neither a KV cache nor a recurrent state.
+const NEMOTRON_H: [&str; 2] = ["nemotron_h", "nemotron_h_moe"];
+
+/// How an architecture sizes its recurrent state: which branch of llama.cpp's `n_embd_r` and `n_embd_s` its
+/// keys take it down.
+#[derive(Clone, Copy)]
+enum StateKind {
+    /// RWKV: a token shift and a WKV state.
+    Rwkv,
+    /// LFM2: a short convolution's last inputs, no state proper.
+    ShortConv,
+    /// Kimi's delta attention: three convolutions' last inputs and one state per head.
+    DeltaAttention,
+    /// Mamba's selective scan; `groups` where the architecture reads a group count (Mamba-2 mixers).
+    Mamba { groups: bool },
+}
+
+fn state_kind(arch: &str) -> Option<StateKind> {
+    match arch {
+        "rwkv6" | "rwkv6qwen2" | "rwkv7" | "arwkv7" => Some(StateKind::Rwkv),
+        "lfm2" | "lfm2moe" => Some(StateKind::ShortConv),
+        "kimi-linear" => Some(StateKind::DeltaAttention),
+        "mamba" | "jamba" => Some(StateKind::Mamba { groups: false }),
+        "mamba2" | "falcon-h1" | "granitehybrid" | "nemotron_h" | "nemotron_h_moe" | "plamo2"
+        | "qwen3next" | "qwen35" | "qwen35moe" => Some(StateKind::Mamba { groups: true }),
+        _ => None,
+    }
+}
 
 /// Sliding-window layouts llama.cpp sets per architecture (`set_swa_pattern(n)`: of every `n` layers, all
 /// but the last use the window), with the window when the file states none.
@@ -284,11 +343,25 @@ impl ModelInfo {
             _ if cache == CacheKind::Cacheless || !causal => ModelKind::Embedding,
             _ => ModelKind::Generation,
         };
-        if matches!(cache, CacheKind::Recurrent | CacheKind::Hybrid) {
-            gaps.push(Gap::RecurrentState {
+        let recurrent = if matches!(cache, CacheKind::Recurrent | CacheKind::Hybrid) {
+            read_recurrent(&keys, cache)
+                .map_err(|missing_key| {
+                    gaps.push(Gap::RecurrentState {
+                        architecture: arch.to_string(),
+                        hybrid: cache == CacheKind::Hybrid,
+                        missing_key,
+                    });
+                })
+                .ok()
+        } else {
+            None
+        };
+        match cache {
+            CacheKind::Recurrent => gaps.push(Gap::RecurrentCompute {
                 architecture: arch.to_string(),
-                hybrid: cache == CacheKind::Hybrid,
-            });
+            }),
+            CacheKind::Hybrid => caveats.push(Caveat::RecurrentCompute),
+            CacheKind::Attention | CacheKind::Cacheless => {}
         }
 
         let rope_scaling = keys
@@ -316,7 +389,7 @@ impl ModelInfo {
         let shape = if cache == CacheKind::Recurrent || architecture.is_none() {
             None
         } else {
-            read_shape(&keys, header, &mut gaps, &mut caveats)
+            read_shape(&keys, cache, header, &mut gaps, &mut caveats)
         };
 
         ModelInfo {
@@ -331,6 +404,7 @@ impl ModelInfo {
             rope_scaling,
             vocab,
             shape,
+            recurrent,
             weights,
             gaps,
             caveats,
@@ -338,8 +412,109 @@ impl ModelInfo {
     }
 }
 
+/// The recurrent state's shape, from the keys each architecture's `load_arch_hparams` reads, by llama.cpp's
+/// `n_embd_r` and `n_embd_s` (src/llama-hparams.cpp). The error is the first of those keys the file lacks, or
+/// `None` for an architecture whose state is not sized here.
+fn read_recurrent(keys: &Keys, cache: CacheKind) -> Result<RecurrentShape, Option<String>> {
+    let arch = keys.arch.as_str();
+    let kind = state_kind(arch).ok_or(None)?;
+    let need = |suffix: &str| {
+        keys.u32(suffix)
+            .map(u64::from)
+            .ok_or_else(|| Some(format!("{arch}.{suffix}")))
+    };
+    let layers = keys
+        .u32("block_count")
+        .ok_or_else(|| Some(format!("{arch}.block_count")))?;
+    let heads = keys.per_layer("attention.head_count", layers);
+    let (r_width, s_width) = match kind {
+        StateKind::Rwkv => {
+            let embedding = need("embedding_length")?;
+            // llama_hparams::token_shift_count defaults to 2.
+            let shifts = u64::from(keys.u32("token_shift_count").unwrap_or(2));
+            (shifts * embedding, embedding * need("wkv.head_size")?)
+        }
+        StateKind::ShortConv => (
+            need("embedding_length")? * need("shortconv.l_cache")?.saturating_sub(1),
+            0,
+        ),
+        StateKind::DeltaAttention => {
+            let conv = need("ssm.conv_kernel")?;
+            let head = need("kda.head_dim")?;
+            // `n_head()`: the first layer's.
+            let first_heads = heads
+                .as_ref()
+                .and_then(|h| h.first().copied())
+                .ok_or_else(|| Some(format!("{arch}.attention.head_count")))?;
+            let inner = u64::from(first_heads) * head;
+            let taps = if conv > 0 { conv - 1 } else { 3 };
+            (3 * taps * inner, head * inner)
+        }
+        StateKind::Mamba { groups } => {
+            let conv = need("ssm.conv_kernel")?;
+            let inner = need("ssm.inner_size")?;
+            let state = need("ssm.state_size")?;
+            let groups = if groups { need("ssm.group_count")? } else { 0 };
+            // The convolution's first column is shifted out at each step, so it keeps d_conv - 1 of them.
+            (
+                conv.saturating_sub(1) * (inner + 2 * groups * state),
+                state * inner,
+            )
+        }
+    };
+    // llama.cpp takes missing KV head counts to be the head counts, and missing head counts to be 0.
+    let kv_heads = keys
+        .per_layer("attention.head_count_kv", layers)
+        .or(heads)
+        .unwrap_or_else(|| vec![0; layers as usize]);
+    let recurrent = recurrent_layers(keys, cache, layers, &kv_heads);
+    Ok(RecurrentShape {
+        layers: recurrent.iter().filter(|&&r| r).count() as u32,
+        r_width,
+        s_width,
+    })
+}
+
+/// Which layers are recurrent, as each architecture's `load_arch_hparams` marks them (`is_recr`). llama.cpp's
+/// recurrent memory covers none of the layers appended for multi-token prediction (`nextn_predict_layers`).
+fn recurrent_layers(keys: &Keys, cache: CacheKind, layers: u32, kv_heads: &[u32]) -> Vec<bool> {
+    let arch = keys.arch.as_str();
+    let trunk = layers.saturating_sub(keys.u32("nextn_predict_layers").unwrap_or(0)) as usize;
+    let listed = keys
+        .get("attention.recurrent_layers")
+        .and_then(Value::as_array)
+        .filter(|a| a.items.len() == layers as usize);
+    let interval = keys
+        .u32("full_attention_interval")
+        .or(INTERVAL_HYBRIDS.contains(&arch).then_some(4))
+        .filter(|&n| n > 0);
+    let ffn = keys.per_layer("feed_forward_length", layers);
+    let is_recurrent = |il: usize| {
+        let no_kv = kv_heads.get(il).is_some_and(|&h| h == 0);
+        if il >= trunk {
+            return false;
+        }
+        if cache == CacheKind::Recurrent || arch == "falcon-h1" {
+            return true;
+        }
+        if NEMOTRON_H.contains(&arch) {
+            return no_kv && ffn.as_ref().is_none_or(|f| f[il] == 0);
+        }
+        if let Some(listed) = listed {
+            let item = &listed.items[il];
+            return item.as_bool().or_else(|| item.as_u32().map(|n| n != 0)) == Some(true);
+        }
+        match interval {
+            Some(n) => !(il as u32 + 1).is_multiple_of(n),
+            None => cache == CacheKind::Hybrid && no_kv,
+        }
+    };
+    (0..layers as usize).map(is_recurrent).collect()
+}
+
 fn read_shape(
     keys: &Keys,
+    cache: CacheKind,
     header: &GgufHeader,
     gaps: &mut Vec<Gap>,
     caveats: &mut Vec<Caveat>,
@@ -366,13 +541,15 @@ fn read_shape(
     let mut kv_heads = keys
         .per_layer("attention.head_count_kv", layers)
         .unwrap_or_else(|| heads.clone());
-    // Hybrids that state the interval of their attention layers (Qwen3-Next: every fourth) keep a cache
-    // in those alone.
-    if let Some(n) = keys.u32("full_attention_interval").filter(|&n| n > 0) {
-        for (il, h) in kv_heads.iter_mut().enumerate() {
-            if !(il as u32 + 1).is_multiple_of(n) {
-                *h = 0;
-            }
+    // A hybrid keeps a KV cache in its attention layers alone (`create_memory`'s attention filter): not in
+    // its recurrent layers, except Falcon-H1's, where attention and the SSM run side by side, nor in
+    // Nemotron-H's feed-forward layers.
+    let recurrent = recurrent_layers(keys, cache, layers, &kv_heads);
+    let ffn_widths = keys.per_layer("feed_forward_length", layers);
+    for (il, h) in kv_heads.iter_mut().enumerate() {
+        let dense = NEMOTRON_H.contains(&arch) && ffn_widths.as_ref().is_some_and(|f| f[il] > 0);
+        if (recurrent[il] && arch != "falcon-h1") || dense {
+            *h = 0;
         }
     }
     let first_heads = heads.iter().copied().find(|&h| h > 0).unwrap_or(1);

@@ -348,22 +348,6 @@ fn a_rank_pooling_is_a_reranker() {
 }
 
 #[test]
-fn a_recurrent_model_gets_weights_and_says_what_it_lacks() {
-    let g = Gguf::new("mamba")
-        .kv("mamba.block_count", V::U32(2))
-        .tensor("token_embd.weight", &[64, 300], 0);
-    let e = estimate(&info(&g), &Settings::default());
-    assert_eq!(e.weights.bytes, Bytes(64 * 300 * 4));
-    assert!(e.kv_cache.is_none() && e.compute.is_none());
-    assert_eq!(
-        e.gaps[0].to_string(),
-        "mamba keeps a recurrent state per slot instead of a KV cache: neither it nor the compute \
-         buffers are estimated"
-    );
-    assert_eq!(e.total(), e.weights.bytes);
-}
-
-#[test]
 fn a_missing_key_leaves_the_weights_estimated() {
     let g = Gguf::new("llama")
         .kv("llama.embedding_length", V::U32(64))
@@ -431,25 +415,319 @@ fn a_fused_gate_and_up_is_a_gated_block_half_as_wide() {
     assert_eq!((ffn.width, ffn.gated), (512, true));
 }
 
-#[test]
-fn a_hybrid_keeps_a_cache_in_its_attention_layers_alone() {
-    let mut g = llama(8, 256, 512, 4, 4, 300, 1).kv("qwen3next.full_attention_interval", V::U32(4));
+/// `g` as architecture `arch`: its keys renamed.
+fn as_arch(mut g: Gguf, arch: &'static str) -> Gguf {
+    let from = match &g.kv[0] {
+        (_, V::Str(from)) => *from,
+        _ => panic!("the writer puts the architecture first"),
+    };
     for (key, value) in std::mem::take(&mut g.kv) {
-        let key = key.replace("llama", "qwen3next");
         let value = if key == "general.architecture" {
-            V::Str("qwen3next")
+            V::Str(arch)
         } else {
             value
         };
-        g.kv.push((key, value));
+        g.kv.push((key.replacen(from, arch, 1), value));
     }
+    g
+}
+
+/// A Mamba-2 mixer's keys on `g`: a 4-tap convolution, an inner width twice the embedding.
+fn ssm(g: Gguf, arch: &str, embd: u32, state: u32, groups: u32, heads: u32) -> Gguf {
+    g.kv(&format!("{arch}.ssm.conv_kernel"), V::U32(4))
+        .kv(&format!("{arch}.ssm.inner_size"), V::U32(2 * embd))
+        .kv(&format!("{arch}.ssm.state_size"), V::U32(state))
+        .kv(&format!("{arch}.ssm.time_step_rank"), V::U32(heads))
+        .kv(&format!("{arch}.ssm.group_count"), V::U32(groups))
+}
+
+/// `mamba2` in scripts/bench-estimate: 4 layers, 512 wide, a state of 64 in 2 groups, 16 heads.
+fn mamba2() -> Gguf {
+    let mut g = ssm(Gguf::new("mamba2"), "mamba2", 512, 64, 2, 16)
+        .kv("mamba2.context_length", V::U32(1_048_576))
+        .kv("mamba2.embedding_length", V::U32(512))
+        .kv("mamba2.block_count", V::U32(4))
+        .kv("tokenizer.ggml.tokens", V::Strs(4096))
+        .tensor("token_embd.weight", &[512, 4096], 1)
+        .tensor("output.weight", &[512, 4096], 1);
+    for i in 0..4 {
+        g = g
+            .tensor(&format!("blk.{i}.ssm_in.weight"), &[512, 2320], 1)
+            .tensor(&format!("blk.{i}.ssm_conv1d.weight"), &[4, 1280], 0)
+            .tensor(&format!("blk.{i}.ssm_out.weight"), &[1024, 512], 1);
+    }
+    g
+}
+
+/// `granite-h` in scripts/bench-estimate: Granite 4.0 H's architecture, 6 layers of which the third and
+/// the sixth attend (8 heads of 64, 2 KV heads) and the others are Mamba-2 mixers.
+fn granite_hybrid() -> Gguf {
+    ssm(
+        as_arch(llama(6, 512, 1024, 8, 2, 4096, 1), "granitehybrid"),
+        "granitehybrid",
+        512,
+        64,
+        1,
+        16,
+    )
+    .kv(
+        "granitehybrid.attention.head_count_kv",
+        V::U32s(vec![0, 0, 2, 0, 0, 2]),
+    )
+}
+
+/// The cases below are what llama.cpp (PyPI xllamacpp 2026.10.11549, CPU) reported for the same shapes in
+/// scripts/bench-estimate: its `RS buffer size` and `KV buffer size`, to the 0.01 MiB it prints.
+#[test]
+fn a_mamba_model_s_state_is_its_conv_and_ssm_state_per_layer_per_sequence_not_a_gap() {
+    let m = info(&mamba2());
+    assert_eq!(m.cache, CacheKind::Recurrent);
+    // 3 of the convolution's 4 taps over x, B and C (1024 + 2 × 2 × 64), and a state of 64 per inner channel.
+    assert_eq!(
+        m.recurrent,
+        Some(RecurrentShape {
+            layers: 4,
+            r_width: 3 * (1024 + 2 * 2 * 64),
+            s_width: 64 * 1024,
+        })
+    );
+    let state = |s: Settings| estimate(&m, &s).recurrent.unwrap();
+    let one = state(settings(4096, 1));
+    assert_eq!((one.cells, one.layers), (1, 4));
+    assert_eq!(one.bytes, Bytes(4 * 4 * (3 * 1280 + 65_536)));
+    assert_eq!(format!("{:.2}", mib(one.r_bytes)), "0.06");
+    assert_eq!(format!("{:.2}", mib(one.s_bytes)), "1.00");
+    assert_eq!(format!("{:.2}", mib(one.bytes)), "1.06");
+    assert_eq!(
+        format!("{:.2}", mib(state(settings(4096, 4)).bytes)),
+        "4.23"
+    );
+    assert_eq!(
+        state(settings(1_000_000, 1)),
+        one,
+        "it does not grow with the context"
+    );
+    let e = estimate(&m, &settings(4096, 1));
+    assert_eq!(e.kv_cache, Some(KvCache::NONE));
+    assert_eq!(e.output, Some(Bytes(4096 * 4)));
+    assert_eq!(
+        e.total(),
+        e.weights.bytes + one.bytes + Bytes(4096 * 4),
+        "what it knows: the compute buffers are the one gap"
+    );
+    assert_eq!(
+        e.gaps,
+        vec![Gap::RecurrentCompute {
+            architecture: "mamba2".into()
+        }]
+    );
+    assert_eq!(
+        e.gaps[0].to_string(),
+        "mamba2 has no attention: its compute buffers are not estimated, their model being measured on \
+         attention and feed-forward blocks"
+    );
+}
+
+#[test]
+fn a_mamba_1_layer_reads_no_group_count_and_its_convolution_runs_over_x_alone() {
+    let g = Gguf::new("mamba")
+        .kv("mamba.block_count", V::U32(2))
+        .kv("mamba.ssm.conv_kernel", V::U32(4))
+        .kv("mamba.ssm.inner_size", V::U32(1536))
+        .kv("mamba.ssm.state_size", V::U32(16))
+        .kv("mamba.ssm.group_count", V::U32(8))
+        .tensor("token_embd.weight", &[768, 300], 0);
+    assert_eq!(
+        info(&g).recurrent,
+        Some(RecurrentShape {
+            layers: 2,
+            r_width: 3 * 1536,
+            s_width: 16 * 1536,
+        })
+    );
+}
+
+#[test]
+fn an_rwkv_model_s_state_is_its_token_shifts_and_wkv_state_per_layer_per_sequence() {
+    let g = Gguf::new("rwkv6")
+        .kv("rwkv6.block_count", V::U32(24))
+        .kv("rwkv6.embedding_length", V::U32(2048))
+        .kv("rwkv6.wkv.head_size", V::U32(64))
+        .tensor("token_embd.weight", &[2048, 300], 0);
     let m = info(&g);
+    // Two token shifts (llama.cpp's default) of the embedding, and a head-sized state per channel.
+    assert_eq!(
+        m.recurrent,
+        Some(RecurrentShape {
+            layers: 24,
+            r_width: 2 * 2048,
+            s_width: 2048 * 64,
+        })
+    );
+    let e = estimate(&m, &settings(8192, 3));
+    assert_eq!(
+        e.recurrent.unwrap().bytes,
+        Bytes(3 * 24 * (2 * 2048 + 2048 * 64) * 4)
+    );
+    let one_shift = info(&as_arch(g, "rwkv7").kv("rwkv7.token_shift_count", V::U32(1)));
+    assert_eq!(one_shift.recurrent.unwrap().r_width, 2048);
+}
+
+#[test]
+fn each_family_s_state_is_sized_as_llama_cpp_sizes_it() {
+    // LFM2: a short convolution keeps its last l_cache - 1 inputs, and no state proper.
+    let lfm2 = as_arch(llama(4, 1024, 2048, 16, 8, 300, 1), "lfm2")
+        .kv("lfm2.shortconv.l_cache", V::U32(3))
+        .kv("lfm2.attention.head_count_kv", V::U32s(vec![0, 0, 8, 0]));
+    assert_eq!(
+        info(&lfm2).recurrent,
+        Some(RecurrentShape {
+            layers: 3,
+            r_width: 1024 * 2,
+            s_width: 0,
+        })
+    );
+    // Kimi's delta attention: three convolutions over the heads' width, one head_dim² state per head.
+    let kimi = as_arch(llama(4, 1024, 2048, 32, 32, 300, 1), "kimi-linear")
+        .kv("kimi-linear.ssm.conv_kernel", V::U32(4))
+        .kv("kimi-linear.kda.head_dim", V::U32(128))
+        .kv(
+            "kimi-linear.attention.head_count_kv",
+            V::U32s(vec![0, 0, 0, 32]),
+        );
+    assert_eq!(
+        info(&kimi).recurrent,
+        Some(RecurrentShape {
+            layers: 3,
+            r_width: 3 * 3 * 32 * 128,
+            s_width: 128 * 128 * 32,
+        })
+    );
+}
+
+#[test]
+fn a_hybrid_s_kv_cache_counts_its_attention_layers_alone_and_its_state_its_recurrent_layers_alone()
+{
+    let m = info(&granite_hybrid());
     assert_eq!(m.cache, CacheKind::Hybrid);
+    assert_eq!(m.recurrent.map(|r| r.layers), Some(4));
+    let e = estimate(&m, &settings(4096, 1));
+    let (kv, state) = (e.kv_cache.unwrap(), e.recurrent.unwrap());
+    assert_eq!((kv.layers, state.layers), (2, 4));
+    assert_eq!(mib(kv.bytes), 4.0);
+    assert_eq!(state.bytes, Bytes(4 * 4 * (3 * 1152 + 65_536)));
+    assert_eq!(format!("{:.2}", mib(state.bytes)), "1.05");
+    let four = estimate(&m, &settings(4096, 4));
+    assert_eq!(mib(four.kv_cache.unwrap().bytes), 16.0);
+    assert_eq!(format!("{:.2}", mib(four.recurrent.unwrap().bytes)), "4.21");
+    // Estimated whole, with the compute buffer's shortfall said.
+    assert!(e.is_complete(), "{:?}", e.gaps);
+    assert!(e.caveats.contains(&Caveat::RecurrentCompute));
+    assert_eq!(e.total(), e.beside_cache() + kv.bytes);
+    assert!(e.beside_cache() >= e.weights.bytes + state.bytes);
+}
+
+#[test]
+fn qwen3_next_attends_in_every_fourth_layer_unless_its_file_lists_its_recurrent_layers() {
+    let qwen = |g: Gguf| info(&ssm(as_arch(g, "qwen3next"), "qwen3next", 256, 128, 2, 32));
+    let layers = |m: &ModelInfo| {
+        (
+            estimate(m, &settings(1024, 1)).kv_cache.unwrap().layers,
+            m.recurrent.unwrap().layers,
+        )
+    };
+    // No interval stated: llama.cpp's default of 4.
+    let m = qwen(llama(8, 256, 512, 4, 4, 300, 1));
+    assert_eq!(layers(&m), (2, 6));
+    assert!(estimate(&m, &settings(1024, 1)).is_complete());
+    let every_other =
+        qwen(llama(8, 256, 512, 4, 4, 300, 1).kv("llama.full_attention_interval", V::U32(2)));
+    assert_eq!(layers(&every_other), (4, 4));
+    let listed = qwen(llama(8, 256, 512, 4, 4, 300, 1).kv(
+        "llama.attention.recurrent_layers",
+        V::Bools(vec![true, false, true, true, true, true, true, false]),
+    ));
+    assert_eq!(layers(&listed), (2, 6));
+    assert!(!listed.shape.unwrap().has_kv(2));
+    // The layers appended for multi-token prediction keep no recurrent state.
+    let mtp = qwen(llama(8, 256, 512, 4, 4, 300, 1).kv("llama.nextn_predict_layers", V::U32(1)));
+    assert_eq!(mtp.recurrent.unwrap().layers, 6);
+    let mtp = qwen(llama(9, 256, 512, 4, 4, 300, 1).kv("llama.nextn_predict_layers", V::U32(1)));
+    assert_eq!(mtp.recurrent.unwrap().layers, 6);
+}
+
+#[test]
+fn nemotron_h_s_feed_forward_layers_keep_neither_a_cache_nor_a_state_and_falcon_h1_s_keep_both() {
+    let nemotron = ssm(
+        as_arch(llama(4, 256, 512, 4, 2, 300, 1), "nemotron_h"),
+        "nemotron_h",
+        256,
+        64,
+        1,
+        8,
+    )
+    .kv(
+        "nemotron_h.attention.head_count_kv",
+        V::U32s(vec![0, 0, 2, 0]),
+    )
+    .kv(
+        "nemotron_h.feed_forward_length",
+        V::U32s(vec![0, 0, 0, 512]),
+    );
+    let m = info(&nemotron);
     let e = estimate(&m, &settings(1024, 1));
-    assert_eq!(e.kv_cache.unwrap().layers, 2);
+    assert_eq!(
+        (e.kv_cache.unwrap().layers, e.recurrent.unwrap().layers),
+        (1, 2)
+    );
+    let falcon = ssm(
+        as_arch(llama(4, 256, 512, 4, 2, 300, 1), "falcon-h1"),
+        "falcon-h1",
+        256,
+        64,
+        1,
+        8,
+    );
+    let e = estimate(&info(&falcon), &settings(1024, 1));
+    assert_eq!(
+        (e.kv_cache.unwrap().layers, e.recurrent.unwrap().layers),
+        (4, 4)
+    );
+}
+
+#[test]
+fn a_state_the_file_lacks_a_key_for_stays_a_gap_that_names_the_key() {
+    let mut g = mamba2();
+    g.kv.retain(|(k, _)| k != "mamba2.ssm.group_count");
+    let m = info(&g);
+    assert_eq!(m.recurrent, None);
+    let e = estimate(&m, &settings(4096, 1));
+    assert_eq!(e.recurrent, None);
+    assert_eq!(e.weights.bytes, Bytes(g.table_bytes()));
+    assert_eq!(
+        e.gaps[0].to_string(),
+        "mamba2 keeps a recurrent state per slot instead of a KV cache, which is not estimated: metadata \
+         key mamba2.ssm.group_count is missing"
+    );
+    // A hybrid's KV cache is still estimated beside it.
+    let mut g = granite_hybrid();
+    g.kv.retain(|(k, _)| k != "granitehybrid.ssm.state_size");
+    let e = estimate(&info(&g), &settings(4096, 1));
+    assert_eq!(mib(e.kv_cache.unwrap().bytes), 4.0);
+    assert_eq!(
+        e.gaps[0].to_string(),
+        "granitehybrid keeps a recurrent state per slot in its recurrent layers, which is not \
+         estimated: metadata key granitehybrid.ssm.state_size is missing"
+    );
+    // An architecture whose state is not sized here says so.
+    let e = estimate(
+        &info(&as_arch(llama(2, 256, 512, 4, 4, 300, 1), "minimax-01")),
+        &settings(4096, 1),
+    );
+    assert!(e.recurrent.is_none());
     assert!(e.gaps[0]
         .to_string()
-        .contains("recurrent state per slot in its recurrent layers"));
+        .ends_with("which is not estimated: how this architecture sizes it is not known here"));
 }
 
 #[test]

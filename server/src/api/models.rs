@@ -159,6 +159,9 @@ impl From<Bytes> for Part {
 struct Parts {
     weights: Part,
     kv_cache: Option<Part>,
+    /// A recurrent or hybrid model's state (Mamba's, RWKV's), one per slot; absent for a model without one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    recurrent_state: Option<Part>,
     compute: Option<Part>,
     output: Option<Part>,
 }
@@ -208,6 +211,7 @@ pub(super) async fn estimate_model(
         parts: Parts {
             weights: estimate.weights.bytes.into(),
             kv_cache: estimate.kv_cache.map(|kv| kv.bytes.into()),
+            recurrent_state: estimate.recurrent.map(|r| r.bytes.into()),
             compute: estimate.compute.map(|c| c.bytes.into()),
             output: estimate.output.map(Part::from),
         },

@@ -3,7 +3,7 @@
 //! machine, or on its Ray node through a job) and passes the context (`-c`), the slots (`-np`) and, where
 //! not every layer fits, the layers on the GPU (`-ngl`) that the estimate says fit the share; the Models
 //! tab says what it chose and why. A recipe's own `-c` and `-np` are judged against the share by the same
-//! estimate. Where the estimate has a gap (a recurrent model's state) or the file cannot be read, a
+//! estimate. Where the estimate has a gap (a Mamba's compute buffers) or the file cannot be read, a
 //! cautious context bounds it; where even that, or the recipe's own, is over the share, the engine is not
 //! started and the reason is shown. Without `-c`, llama.cpp takes the model's whole trained context, or in
 //! recent builds fits itself to what is free on the GPU: on a shared GPU, the neighbours' room. SGLang's
@@ -379,7 +379,7 @@ mod tests {
     }
 
     /// A hybrid (Granite 4.0 H's architecture): attention layers with a KV cache beside recurrent ones,
-    /// whose state the estimate does not know.
+    /// whose state's keys (`ssm.*`) its file lacks.
     fn hybrid() -> ModelInfo {
         let g = placement::estimate::writer::Gguf::new("granitehybrid")
             .kv("granitehybrid.context_length", V::U32(1_048_576))
