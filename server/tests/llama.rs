@@ -328,9 +328,9 @@ async fn on_small_l4(dir: &Path) -> Server {
     Server::start_with_env(dir, 100, &sources, &[("PATH", &path)]).await
 }
 
-/// The tiny model, trained for 131,072 tokens (about 200 MB of context), added with the recipe's `args`
-/// and deployed on 0.6 % of the L4 (a 50 MB share) by a server [`on_small_l4`].
-async fn tiny_on_a_50_mb_share(dir: &Path, args: Value) -> Server {
+/// A server [`on_small_l4`] with the tiny model, trained for 131,072 tokens (about 200 MB of context),
+/// added with the recipe's `args`.
+async fn tiny_on_small_l4(dir: &Path, args: Value) -> Server {
     let weights = tiny_model_of_context(dir, 131_072);
     let server = on_small_l4(dir).await;
     let (status, added) = server
@@ -342,41 +342,101 @@ async fn tiny_on_a_50_mb_share(dir: &Path, args: Value) -> Server {
         )
         .await;
     assert_eq!(status, 201, "{added}");
-    let (status, deployed) = server
+    server
+}
+
+/// Deploying the tiny model on 0.6 % of the L4 (a 50 MB share): the status and the answer.
+async fn deploy_on_50_mb(server: &Server) -> (u16, Value) {
+    server
         .send(
             "POST",
             "/api/deployments",
             json!({"model": "tiny", "gpus": ["small:0"], "share": 0.6}),
         )
-        .await;
+        .await
+}
+
+/// [`tiny_on_small_l4`], deployed on a 50 MB share.
+async fn tiny_on_a_50_mb_share(dir: &Path, args: Value) -> Server {
+    let server = tiny_on_small_l4(dir, args).await;
+    let (status, deployed) = deploy_on_50_mb(&server).await;
     assert_eq!(status, 201, "{deployed}");
     server
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_llamacpp_recipe_whose_own_context_is_over_its_share_is_not_started_and_its_engine_says_why_with_the_figures(
+async fn a_llamacpp_context_given_over_its_share_by_a_recipe_or_a_deployment_is_refused_with_the_figures_before_anything_is_committed(
 ) {
     let dir = tempfile::tempdir().unwrap();
     // -c 0 asks for the model's own context, about 200 MB.
-    let server = tiny_on_a_50_mb_share(dir.path(), json!(["-c", "0"])).await;
-    support::wait_until("tiny is left failed", || async {
-        server
-            .engine_if_any("tiny")
-            .await
-            .is_some_and(|e| e["state"] == "failed")
-    })
-    .await;
-    let engine = server.engine("tiny").await;
-    let message = engine["message"].as_str().unwrap();
+    let server = tiny_on_small_l4(dir.path(), json!(["-c", "0"])).await;
+    let refusal = |answer: &Value| answer["error"].as_str().unwrap().to_owned();
+    let (status, refused) = deploy_on_50_mb(&server).await;
+    assert_eq!(status, 422, "{refused}");
+    let message = refusal(&refused);
     assert!(
-        message.starts_with("not started: as its recipe sets it, context 131072 × 1 slot takes ")
-            && message
-                .ends_with(" over its 50 MB share: lower its -c or -np, or give it a larger share"),
+        message.starts_with(
+            "tiny is not deployed: as its arguments set it, context 131072 × 1 slot takes "
+        ) && message.ends_with(
+            " over its 50 MB share on small: lower its -c or -np, or give it a larger share"
+        ),
         "{message}"
     );
+    let (_, groups) = server.get("/api/groups").await;
+    assert_eq!(groups, json!([]), "nothing was committed");
+
+    // A deployment's own arguments are judged as the recipe's are, at the deploy and at a change.
+    let weights = tiny_model_of_context(dir.path(), 131_072);
+    let (status, added) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "small-ctx", "engine": "llamacpp", "default_share_percent": 1,
+                   "model_path": weights}),
+        )
+        .await;
+    assert_eq!(status, 201, "{added}");
+    let deploy = |args: Value| {
+        server.send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "small-ctx", "gpus": ["small:0"], "share": 0.6, "args": args}),
+        )
+    };
+    let (status, refused) = deploy(json!(["--ctx-size=0"])).await;
+    assert_eq!(status, 422, "{refused}");
     assert!(
-        !dir.path().join("llama-server.starts").exists(),
-        "llama-server was never run"
+        refusal(&refused).contains("over its 50 MB share on small"),
+        "{refused}"
+    );
+    let (status, deployed) = deploy(json!(["-c", "1024"])).await;
+    assert_eq!(status, 201, "{deployed}");
+    server.wait_healthy(1).await;
+    let (_, group) = server.get("/api/groups/small-ctx").await;
+    let (status, refused) = server
+        .send(
+            "PUT",
+            "/api/deployments/small-ctx/serving",
+            json!({"revision": group["revision"], "args": ["-c", "65536", "-np", "2"]}),
+        )
+        .await;
+    assert_eq!(status, 422, "{refused}");
+    assert!(
+        refusal(&refused).contains("context 65536 × 2 slots takes "),
+        "{refused}"
+    );
+    let (_, after) = server.get("/api/groups/small-ctx").await;
+    assert_eq!(
+        after["revision"], group["revision"],
+        "nothing was committed"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("llama-server.starts"))
+            .unwrap()
+            .lines()
+            .count(),
+        1,
+        "the running engine was left as it was"
     );
     server.stop().await;
 }

@@ -6,9 +6,14 @@ use super::Fleet;
 use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
 use crate::input::NewModel;
-use crate::runtime::model_file::{estimate_folder, estimate_gguf, NoEstimate, ThisMachine};
+use crate::runtime::model_file::{
+    estimate_folder, estimate_gguf, gguf_info, NoEstimate, ThisMachine,
+};
+use crate::runtime::sizing::{flag_value, sizing_for, Unsized};
 use placement::estimate::hf::HfSettings;
 use placement::estimate::{Estimate, Settings};
+use placement::{BasisPoints, Bytes, GpuRef};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 impl Fleet {
@@ -139,5 +144,65 @@ fn hf_settings(args: &[String], asked: &Settings) -> HfSettings {
             .or_else(|| number(&["--max-model-len", "--context-length"])),
         sequences: asked.slots,
         batched_tokens: number(&["--max-num-batched-tokens"]).unwrap_or(defaults.batched_tokens),
+    }
+}
+
+impl Fleet {
+    /// Judges the context and slots a llama.cpp model's arguments give it (`-c`, `-np` in its recipe's,
+    /// then `serving`'s) against `share` of each of `gpus` (an engine per machine, holding its share on
+    /// each of its GPUs there), by the estimate of its file where that can be read now: 422 with the
+    /// figures where they take more, before anything is committed. A file that cannot be read now is
+    /// judged as the engine starts, which refuses it with the same words.
+    pub(crate) async fn judge_given_context(
+        &self,
+        model: &str,
+        serving: &[String],
+        gpus: &[GpuRef],
+        share: BasisPoints,
+    ) -> Result<(), ApiError> {
+        let Some(recipe) = self.committed().model(model).cloned() else {
+            return Ok(());
+        };
+        let args: Vec<String> = recipe.args.iter().chain(serving).cloned().collect();
+        let given = flag_value(&args, &["-c", "--ctx-size", "-np", "--parallel"]).is_some();
+        if recipe.engine != Engine::LlamaCpp || !given {
+            return Ok(());
+        }
+        let mut held: BTreeMap<String, Bytes> = BTreeMap::new();
+        {
+            let state = self.state.lock().await;
+            for gpu in gpus {
+                if let Some(found) = state.ledger.inventory().gpu(gpu) {
+                    *held.entry(gpu.machine.clone()).or_default() += found.total.share(share);
+                }
+            }
+        }
+        let hosts = self.hosts();
+        for (machine, share) in held {
+            let host = hosts.host(&machine);
+            // The demo engine stands in where GPUs are made up: no file is read there.
+            if !host.runs_daemons() {
+                continue;
+            }
+            let files = self.runtime.model_files(&host, &machine);
+            let Ok(info) = gguf_info(&*files, &recipe.model_path).await else {
+                continue;
+            };
+            match sizing_for(Ok(&info), share, &args) {
+                Err(Unsized::GivenOver(judged)) => {
+                    return Err(ApiError::Unprocessable(format!(
+                        "{model} is not deployed: as its arguments set it, {judged} on {machine}: lower \
+                         its -c or -np, or give it a larger share"
+                    )))
+                }
+                Err(Unsized::NotANumber(given)) => {
+                    return Err(ApiError::Unprocessable(format!(
+                        "{model} is not deployed: its -c is {given:?}, not a number of tokens"
+                    )))
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }

@@ -100,6 +100,19 @@ impl Fleet {
         deploy: DeployCommand,
         actor: &Caller,
     ) -> Result<PlanChange, ApiError> {
+        // Judged before the write: reading the model's file may take a Ray node's job.
+        if let (Sharing::Shared { share, .. }, Some(model)) =
+            (&deploy.sharing, self.committed().model(&deploy.model))
+        {
+            let share = share.unwrap_or(model.default_share);
+            self.judge_given_context(
+                &deploy.model,
+                deploy.serving.args(),
+                deploy.gpus.gpus(),
+                share,
+            )
+            .await?;
+        }
         let caller = actor.clone();
         let actor = actor.name.clone();
         self.write(|fleet| async move {
@@ -317,6 +330,12 @@ impl Fleet {
         actor: &Caller,
     ) -> Result<ServingChange, ApiError> {
         let mut serving = Serving::from(serving);
+        if let Some(Deployed::Group(group)) = self.deployed(model) {
+            if let Some(member) = group.members.iter().find(|m| m.member == model) {
+                self.judge_given_context(model, &serving.args, &group.gpus, member.share)
+                    .await?;
+            }
+        }
         let caller = actor.clone();
         let (model, actor) = (model.to_owned(), actor.name.clone());
         self.write(|fleet| async move {
