@@ -415,6 +415,11 @@ impl EngineSpec {
         if let Some(key) = api_key {
             env.insert(ENGINE_KEY_VAR.into(), key.to_owned());
         }
+        // llama.cpp's --fit (on by default in recent builds) sizes what it is not told to the GPU's free
+        // memory: on a shared GPU, the neighbours' room. Its variable, which a build without it ignores.
+        if self.recipe.engine == Engine::LlamaCpp && self.share.is_some() {
+            env.insert("LLAMA_ARG_FIT".into(), "off".into());
+        }
         env
     }
 

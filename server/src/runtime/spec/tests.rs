@@ -120,6 +120,22 @@ fn llama_cpp_is_told_its_share_by_the_environment() {
 }
 
 #[test]
+fn llama_cpp_on_a_share_never_fits_itself_to_what_its_neighbours_leave_free() {
+    let on = |share| {
+        spec(Engine::LlamaCpp, share, &[0])
+            .command_line(8003, Bytes::gb(80))
+            .unwrap()
+            .env
+    };
+    assert_eq!(on(Some(8))["LLAMA_ARG_FIT"], "off");
+    assert_eq!(
+        on(None).get("LLAMA_ARG_FIT"),
+        None,
+        "a whole GPU is its own"
+    );
+}
+
+#[test]
 fn a_command_template_is_split_into_words_and_filled_in() {
     let mut s = spec(Engine::Command, Some(20), &[0]);
     s.recipe.command = Some("serve-model --port {port} --name 'my model' --mem {gpu_memory_gb}GB --util {gpu_memory_fraction}".into());
