@@ -603,17 +603,22 @@ async fn the_router_moves_into_a_new_group_and_restarts_there() {
 
 /// vision on atlas:1, whose demo engine "loads" for ten minutes: it never becomes healthy in a test.
 async fn never_healthy(server: &Server) -> (Value, u64) {
+    never_healthy_as(server, "vision").await
+}
+
+/// [`never_healthy`], as `model`.
+async fn never_healthy_as(server: &Server, model: &str) -> (Value, u64) {
     let change = deploy(
         server,
-        json!({"model": "vision", "gpus": ["atlas:1"], "share": 25, "env": {"TESSERA_DEMO_START_MS": "600000"}}),
+        json!({"model": model, "gpus": ["atlas:1"], "share": 25, "env": {"TESSERA_DEMO_START_MS": "600000"}}),
     )
     .await;
-    wait_until("vision is loading", || async {
-        let engine = server.engine_if_any("vision").await;
+    wait_until(&format!("{model} is loading"), || async {
+        let engine = server.engine_if_any(model).await;
         engine.is_some_and(|e| e["state"] == "starting" && e["pid"].is_u64())
     })
     .await;
-    let pid = server.engine("vision").await["pid"].as_u64().unwrap();
+    let pid = server.engine(model).await["pid"].as_u64().unwrap();
     (change, pid)
 }
 
@@ -662,7 +667,7 @@ async fn removing_an_engine_that_never_becomes_healthy_stops_it_without_waiting_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_removed_worker_s_engine_stops_at_once_while_a_neighbour_on_its_gpu_still_loads() {
+async fn a_removed_worker_s_engine_stops_at_once_while_a_vllm_neighbour_on_its_gpu_still_loads() {
     let dir = tempfile::tempdir().unwrap();
     let server = Server::start(dir.path(), 100).await;
     let (status, worker) = server
@@ -677,8 +682,9 @@ async fn a_removed_worker_s_engine_stops_at_once_while_a_neighbour_on_its_gpu_st
         .await;
     assert_eq!(status, 201, "{worker}");
     let leaving = server.wait_healthy(1).await[0]["pid"].as_u64().unwrap() as u32;
-    // Its neighbour loads for ten minutes, within its start timeout (15 minutes).
-    never_healthy(&server).await;
+    // Its neighbour loads for ten minutes, within its start timeout (15 minutes). (An SGLang neighbour,
+    // which takes what is freed as it loads, would hold the stop until it has loaded: soak.rs.)
+    never_healthy_as(&server, "glm-5.3").await;
 
     let (status, _) = server
         .send("DELETE", "/api/workers/leaving", json!({}))
@@ -689,7 +695,7 @@ async fn a_removed_worker_s_engine_stops_at_once_while_a_neighbour_on_its_gpu_st
     })
     .await;
     assert!(!alive(leaving), "its process is gone");
-    assert_eq!(server.engine("vision").await["state"], "starting");
+    assert_eq!(server.engine("glm-5.3").await["state"], "starting");
 
     server.stop().await;
 }

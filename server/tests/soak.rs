@@ -663,6 +663,50 @@ async fn an_sglang_engine_started_beside_a_neighbour_still_loading_takes_its_sha
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_engine_loading_while_its_neighbour_is_removed_takes_its_share_and_no_more() {
+    let (_dir, server, sim) = simulated().await;
+    let first = deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 40}),
+    )
+    .await;
+    server.wait_healthy(1).await;
+    // vision (SGLang) loads for 5 s and reads what is free 1.5 s in, once its imports are done, as
+    // SGLang does: glm-5.3, removed as it starts, would have freed its 40 % by then.
+    let slow = json!({"speed": 20, "load_s": [100, 100]});
+    let joined = deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 40, "revision": first["revision"],
+               "env": {"TESSERA_DEMO_PROFILE": slow.to_string()}}),
+    )
+    .await;
+    support::wait_until("vision starts", || async {
+        server
+            .engine_if_any("vision")
+            .await
+            .is_some_and(|e| e["state"] == "starting")
+    })
+    .await;
+    let (status, removed) = server
+        .send(
+            "DELETE",
+            &format!("/api/deployments/glm-5.3?revision={}", joined["revision"]),
+            json!(null),
+        )
+        .await;
+    assert_eq!(status, 200, "{removed}");
+    let vision = server.wait_healthy(1).await.remove(0);
+    assert_eq!(vision["model"], "vision", "{vision}");
+    let now = sim.read(&"atlas:1".parse().unwrap()).unwrap();
+    let (held, share) = held_and_share(&now, &vision);
+    assert!(
+        held <= share,
+        "vision holds {held} of its {share}, glm-5.3's freed room with it: {now:?}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sglang_engine_beside_a_neighbour_that_holds_less_than_its_share_takes_its_share_and_no_more(
 ) {
     let (_dir, server, sim) = simulated().await;

@@ -211,6 +211,9 @@ impl KvSizing {
     }
 }
 
+/// The part of an SGLang engine's load before it reads what is free: its imports.
+const IMPORTS: f64 = 0.3;
+
 const GIB: f64 = (1u64 << 30) as f64;
 
 fn gib(bytes: Bytes) -> f64 {
@@ -261,6 +264,13 @@ pub async fn load(
 ) -> Result<(), String> {
     let took = profile.load(pick);
     let shards = profile.shards.max(1);
+    // SGLang reads what is free once its imports are done (10 to 60 s into a real start): the first
+    // `IMPORTS` of its load here. What its neighbours free meanwhile becomes its fraction's.
+    let imports = match sizing {
+        KvSizing::FreeFraction(_) => took.mul_f64(IMPORTS),
+        KvSizing::Utilization(_) | KvSizing::Share => Duration::ZERO,
+    };
+    tokio::time::sleep(imports).await;
     let at_start = memory.map(Memory::free).transpose()?;
     if let (Some(at_start), KvSizing::Utilization(u)) = (&at_start, sizing) {
         for (total, free) in at_start {
@@ -275,7 +285,7 @@ pub async fn load(
     }
     let mut helper = None;
     // The weights take most of a load; the KV cache's profiling run the last tenth.
-    let per_shard = took.mul_f64(0.9) / shards;
+    let per_shard = took.mul_f64(0.9).saturating_sub(imports) / shards;
     for shard in 1..=shards {
         tokio::time::sleep(per_shard).await;
         if let Some(memory) = memory {

@@ -188,6 +188,8 @@ pub(crate) struct Shared {
     pub(super) in_flight: Mutex<BTreeMap<String, Arc<AtomicUsize>>>,
     /// How long each engine's last load took, and when one waiting out a backoff starts again.
     pub(super) readiness: super::readiness::Readiness,
+    /// SGLang's loads and its neighbours' stops, kept apart on a GPU.
+    pub(super) free_readers: Arc<super::free_readers::FreeReaders>,
 }
 
 pub(super) fn view(unit: &Unit) -> EngineView {

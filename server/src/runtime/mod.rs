@@ -9,6 +9,7 @@ mod adoption;
 mod conductor;
 mod engines;
 mod executor;
+mod free_readers;
 pub mod instance;
 mod local;
 pub mod mig;
@@ -272,6 +273,7 @@ impl Runtime {
             progress: Mutex::default(),
             in_flight: Mutex::default(),
             readiness: readiness::Readiness::default(),
+            free_readers: Arc::default(),
         });
         let (orders, inbox) = mpsc::unbounded_channel();
         tokio::spawn(conductor::conduct(shared.clone(), inbox));

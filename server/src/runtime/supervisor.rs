@@ -4,6 +4,7 @@
 
 use super::engines::{Begin, Control, Status};
 use super::executor::{Running, StartFailure};
+use super::free_readers::Turn;
 use super::spec::EngineSpec;
 use super::{EngineState, Shared};
 use placement::Bytes;
@@ -43,10 +44,15 @@ pub(super) async fn supervise(
         Begin::Start => None,
     };
     loop {
+        // An SGLang engine's turn to read what is free on its GPUs, until its KV cache is allocated.
+        let mut reading = None;
         let mut running = match adopted.take() {
             Some(running) => running,
             None => match start(&shared, &spec).await {
-                Ok(running) => running,
+                Ok((running, turn)) => {
+                    reading = turn;
+                    running
+                }
                 Err(StartFailure::Closing) => {
                     shared.set(
                         &unit,
@@ -89,6 +95,7 @@ pub(super) async fn supervise(
                 message = control.recv() => {
                     let Some(Control::Stop) = message else { return };
                     drain(&shared, &unit, running.as_ref(), port).await;
+                    let _freeing = freeing(&shared, &spec).await;
                     let stuck = running.stop().await;
                     running.forget().await;
                     shared.set(&unit, EngineState::Stopped, None, None, stuck);
@@ -125,6 +132,9 @@ pub(super) async fn supervise(
                                 }
                             }
                             healthy_once = true;
+                            // Serving, it has allocated its KV cache: what its neighbours free is
+                            // no longer its.
+                            reading = None;
                             failures = 0;
                             shared.set(&unit, EngineState::Healthy, running.pid(), Some(port), None);
                         }
@@ -147,6 +157,7 @@ pub(super) async fn supervise(
                         }
                         if failed_checks >= settings.restart_unhealthy_after {
                             drain(&shared, &unit, running.as_ref(), port).await;
+                            let _freeing = freeing(&shared, &spec).await;
                             let stuck = running.stop().await;
                             break with_stuck(format!("failed {failed_checks} health checks in a row"), stuck);
                         }
@@ -155,6 +166,7 @@ pub(super) async fn supervise(
             }
         };
         running.forget().await;
+        drop(reading);
         match back_off(&shared, &spec, &mut failures, why, &mut control).await {
             Next::Retry => {}
             Next::End => return,
@@ -238,8 +250,46 @@ async fn back_off(
     }
 }
 
-/// Starts the engine through its machine's executor, and says so.
-async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Running>, StartFailure> {
+/// Stopping `spec`'s engine frees its memory: its turn to, once no SGLang engine beside it loads by what
+/// is free (`free_readers`); none where the server is shutting down, which waits on no load.
+async fn freeing(shared: &Arc<Shared>, spec: &EngineSpec) -> Option<Turn> {
+    if *shared
+        .shutting_down
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        return None;
+    }
+    let within = shared.settings.start_timeout;
+    Some(
+        shared
+            .free_readers
+            .free(&spec.unit, gpu_refs(spec), within)
+            .await,
+    )
+}
+
+fn gpu_refs(spec: &EngineSpec) -> Vec<placement::GpuRef> {
+    spec.gpus
+        .iter()
+        .map(|&index| placement::GpuRef::new(&spec.machine, index))
+        .collect()
+}
+
+/// Whether the engine sizes itself by what is free on its GPUs as it loads, bounded by nothing else:
+/// SGLang on a share without a `--max-total-tokens` of Tessera's (its model unread, or made up).
+fn reads_free(spec: &EngineSpec, sizing: &super::spec::Sizing) -> bool {
+    spec.recipe.engine == crate::catalog::Engine::Sglang
+        && spec.share.is_some()
+        && !sizing.args.iter().any(|a| a == "--max-total-tokens")
+}
+
+/// Starts the engine through its machine's executor, and says so; with its turn to read what is free,
+/// where it sizes itself by that.
+async fn start(
+    shared: &Arc<Shared>,
+    spec: &EngineSpec,
+) -> Result<(Box<dyn Running>, Option<Turn>), StartFailure> {
     let executor = shared.executor(spec).ok_or_else(|| {
         StartFailure::Refused(format!("nothing can start engines on {}", spec.machine))
     })?;
@@ -253,14 +303,27 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         engine_port = executor.port(spec).await?;
     }
     let key = guarded.then(|| crate::random::random_hex(24));
+    let sizing = super::sizing::size(spec, &*shared.files(&spec.host, &spec.machine))
+        .await
+        .map_err(|e| StartFailure::Refused(e.to_string()))?;
+    // Before what is free is read: no neighbour is stopping, and none stops until it has loaded.
+    let reading = match reads_free(spec, &sizing) {
+        true => {
+            let within = shared.settings.drain_grace + shared.settings.stop_timeout * 2;
+            Some(
+                shared
+                    .free_readers
+                    .read(&spec.unit, gpu_refs(spec), within)
+                    .await,
+            )
+        }
+        false => None,
+    };
     let free = match measured_free(&shared.settings, spec).await {
         Some(free) => free,
         None => shared.free_at_start(spec),
     };
     shared.readiness.starting(&spec.unit, Instant::now());
-    let sizing = super::sizing::size(spec, &*shared.files(&spec.host, &spec.machine))
-        .await
-        .map_err(|e| StartFailure::Refused(e.to_string()))?;
     let mut launch = spec
         .launch(
             engine_port,
@@ -294,7 +357,7 @@ async fn start(shared: &Arc<Shared>, spec: &EngineSpec) -> Result<Box<dyn Runnin
         Some(port),
         None,
     );
-    Ok(running)
+    Ok((running, reading))
 }
 
 /// What is free on `spec`'s GPUs now (the least of them) as they read, for an SGLang engine on GPUs that
