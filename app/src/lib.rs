@@ -73,7 +73,8 @@ pub fn App() -> impl IntoView {
     provide_context(routes::PageHydrated(hydrated));
     view! {
         <Stylesheet id="leptos" href="/pkg/tessera.css" />
-        <Title text="Tessera" />
+        // Each page names itself first ("Nodes · Tessera"), so that tabs and history tell pages apart.
+        <Title formatter=|page: String| if page.is_empty() { "Tessera".to_owned() } else { format!("{page} · Tessera") } />
         <Link rel="icon" type_="image/svg+xml" href="/favicon.svg" />
         <Router>
             <a class="skip" href="#main">"Skip to the content"</a>

@@ -18,6 +18,7 @@ use crate::pages::sharing::SharingPage;
 use crate::pages::sign_in::{SetupPage, SignInPage};
 use crate::pages::usage::UsagePage;
 use leptos::prelude::*;
+use leptos_meta::Title;
 use leptos_router::{lazy_route, LazyRoute};
 
 /// Whether the page on show has hydrated: its code may arrive after the shell's, so the shell alone
@@ -33,9 +34,20 @@ fn Hydrated() -> impl IntoView {
     }
 }
 
-/// A route whose view is `$page` and whose code is loaded when it is first shown.
+/// The route's parameter `key`, as a page's title: the machine's name.
+fn named(key: &'static str) -> String {
+    leptos_router::hooks::use_params_map().with_untracked(|p| p.get(key).unwrap_or_default())
+}
+
+/// [`named`], then what the page does with it: "glm-5.3: GPU sharing".
+fn named_as(key: &'static str, what: &str) -> String {
+    format!("{}: {what}", named(key))
+}
+
+/// A route whose view is `$page`, titled `$title` (a page's title: "Nodes · Tessera"), and whose code is
+/// loaded when it is first shown.
 macro_rules! lazy_page {
-    ($(#[$doc:meta])* $route:ident => $page:ident) => {
+    ($(#[$doc:meta])* $route:ident => $page:ident, $title:expr) => {
         $(#[$doc])*
         pub struct $route;
 
@@ -46,37 +58,37 @@ macro_rules! lazy_page {
             }
 
             fn view(_this: Self) -> AnyView {
-                view! { <$page /> <Hydrated /> }.into_any()
+                view! { <Title text=$title /> <$page /> <Hydrated /> }.into_any()
             }
         }
     };
 }
 
 lazy_page!(/// The Overview, the landing page.
-    OverviewRoute => OverviewPage);
+    OverviewRoute => OverviewPage, "Overview");
 lazy_page!(/// Cluster → Models.
-    Models => ModelsPage);
+    Models => ModelsPage, "Models");
 lazy_page!(/// Cluster → Nodes.
-    Nodes => NodesPage);
+    Nodes => NodesPage, "Nodes");
 lazy_page!(/// The Deploy a model wizard.
-    Deploy => DeployPage);
+    Deploy => DeployPage, "Deploy a model");
 lazy_page!(/// A machine's page.
-    MachineRoute => MachinePage);
+    MachineRoute => MachinePage, named("name"));
 lazy_page!(/// The GPU sharing form of a running model.
-    Sharing => SharingPage);
+    Sharing => SharingPage, named_as("name", "GPU sharing"));
 lazy_page!(/// The Serving configuration form of a running model.
-    ServingRoute => ServingPage);
+    ServingRoute => ServingPage, named_as("name", "serving configuration"));
 lazy_page!(/// Cluster → Repack.
-    Repack => RepackPage);
+    Repack => RepackPage, "Repack");
 lazy_page!(/// The Usage page.
-    Usage => UsagePage);
+    Usage => UsagePage, "Usage");
 lazy_page!(/// The playground.
-    PlaygroundRoute => PlaygroundPage);
+    PlaygroundRoute => PlaygroundPage, "Playground");
 lazy_page!(/// The audit log.
-    Audit => AuditPage);
+    Audit => AuditPage, "Audit log");
 lazy_page!(/// Accounts and API tokens.
-    Admin => AdminPage);
+    Admin => AdminPage, "Accounts and API tokens");
 lazy_page!(/// Signing in.
-    SignIn => SignInPage);
+    SignIn => SignInPage, "Sign in");
 lazy_page!(/// The first start's setup.
-    Setup => SetupPage);
+    Setup => SetupPage, "Set up");

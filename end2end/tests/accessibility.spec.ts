@@ -72,4 +72,20 @@ test("the wizard can be driven by keyboard alone", async ({ page, request }) => 
   await wizard.next.focus();
   await page.keyboard.press("Enter");
   await expect(wizard.step).toHaveText("Serving");
+  // Each step change moves the focus to its heading: Enter again does nothing there.
+  await expect(wizard.step).toBeFocused();
+});
+
+test("three Enter presses from the first step deploy nothing: each step change focuses its heading", async ({ page, request }) => {
+  const before = await (await request.get("/api/groups")).json();
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await page.getByLabel("Model", { exact: true }).selectOption("speech");
+  await page.locator("#node-atlas").check();
+  await wizard.next.focus();
+  for (let i = 0; i < 3; i++) await page.keyboard.press("Enter");
+  await expect(wizard.step).toHaveText("Serving");
+  await expect(wizard.step).toBeFocused();
+  expect(await (await request.get("/api/groups")).json()).toEqual(before);
+  await expect(page).toHaveURL(/\/deploy$/);
 });

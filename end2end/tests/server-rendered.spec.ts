@@ -25,3 +25,32 @@ test("the pages are rendered on the server, data included", async ({ browser, re
   await expect(page.getByRole("alert")).toContainText("there is no machine named nowhere");
   await context.close();
 });
+
+test("each page has a title of its own, from the server and after moving between pages", async ({ browser, page, server }) => {
+  const titles: [string, string][] = [
+    ["/", "Overview · Tessera"],
+    ["/models", "Models · Tessera"],
+    ["/nodes", "Nodes · Tessera"],
+    ["/repack", "Repack · Tessera"],
+    ["/deploy", "Deploy a model · Tessera"],
+    ["/machines/atlas", "atlas · Tessera"],
+    ["/usage", "Usage · Tessera"],
+    ["/playground", "Playground · Tessera"],
+    ["/audit", "Audit log · Tessera"],
+    ["/admin", "Accounts and API tokens · Tessera"],
+  ];
+  // As the server sends it, before any script.
+  const context = await browser.newContext({ javaScriptEnabled: false, baseURL: server });
+  const plain = await context.newPage();
+  await signIn(plain);
+  for (const [path, title] of titles) {
+    await plain.goto(path);
+    await expect(plain).toHaveTitle(title);
+  }
+  await context.close();
+  // Moving from page to page in the browser.
+  await page.goto("/");
+  await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
+  await page.getByRole("navigation", { name: "Console" }).getByRole("link", { name: "Usage" }).click();
+  await expect(page).toHaveTitle("Usage · Tessera");
+});

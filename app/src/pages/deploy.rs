@@ -87,6 +87,18 @@ fn node_text(node: &NodeOption) -> String {
 fn Wizard(options: DeployOptions) -> impl IntoView {
     let options = StoredValue::new(options);
     let step = RwSignal::new(0usize);
+    // A step change moves the focus to the new step's heading: Enter pressed again does nothing until the
+    // person chooses what to do there, so no run of Enter presses reaches a Deploy they have not looked at.
+    let heading = NodeRef::<leptos::html::H2>::new();
+    Effect::new(move |before: Option<usize>| {
+        let now = step.get();
+        if before.is_some_and(|before| before != now) {
+            if let Some(heading) = heading.get_untracked() {
+                let _ = heading.focus();
+            }
+        }
+        now
+    });
     let model = RwSignal::new(String::new());
     let nodes = RwSignal::new(Vec::<String>::new());
     let width = RwSignal::new(1u32);
@@ -219,7 +231,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                     <li class:current=move || step.get() == i aria-current=move || (step.get() == i).then_some("step")>{*name}</li>
                 }).collect_view()}
             </ol>
-            <h2 data-testid="step">{move || STEPS[step.get()]}</h2>
+            <h2 data-testid="step" tabindex="-1" node_ref=heading>{move || STEPS[step.get()]}</h2>
             {move || match step.get() {
                 0 => view! { <PlacementStep options model nodes width sharing /> }.into_any(),
                 1 => view! { <ServingFields args env /> }.into_any(),

@@ -5,7 +5,7 @@
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{NodeRow, NodesPage};
+use crate::views::{NodeRow, NodesPage, NODES_PER_PAGE};
 use leptos::prelude::*;
 use leptos_router::components::A;
 use leptos_router::hooks::{use_navigate, use_query_map};
@@ -101,6 +101,7 @@ where
 {
     let search = use_query_map().with_untracked(|q| q.get("q").unwrap_or_default());
     let (page, pages) = (p.page, p.pages);
+    let shown = shown_text(&p);
     let back = {
         let (go, search) = (go.clone(), search.clone());
         move |_: leptos::ev::MouseEvent| go(search.clone(), page - 1)
@@ -109,11 +110,26 @@ where
     view! {
         <nav class="pages" aria-label="Pages of nodes">
             <span data-testid="nodes-page">
-                {format!("Page {page} of {pages} · {} of {} nodes", p.matching, p.all)}
+                {format!("Page {page} of {pages} · {shown}")}
             </span>
             <button type="button" class="secondary" disabled={page <= 1} on:click=back>"Previous"</button>
             <button type="button" class="secondary" disabled={page >= pages} on:click=forward>"Next"</button>
         </nav>
+    }
+}
+
+/// Which nodes the page shows, of how many: "nodes 51–100 of 1254", "node 1 of 1 matching, of 1254".
+fn shown_text(p: &NodesPage) -> String {
+    let first = (p.page.max(1) - 1) * NODES_PER_PAGE + 1;
+    let which = match p.rows.len() {
+        0 => "no nodes".to_owned(),
+        1 => format!("node {first}"),
+        n => format!("nodes {first}–{}", first + n - 1),
+    };
+    if p.matching == p.all {
+        format!("{which} of {}", p.all)
+    } else {
+        format!("{which} of {} matching, of {}", p.matching, p.all)
     }
 }
 

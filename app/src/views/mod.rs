@@ -24,7 +24,7 @@ pub use deploy::{
 pub use groups::{ChangeOutcome, GroupPlan, PlanProgress, SharingForm, StepLine, StepState};
 pub use machines::{
     GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodesPage,
-    PendingLine, Sharer, SharingChange, WorkerLine,
+    PendingLine, Sharer, SharingChange, WorkerLine, NODES_PER_PAGE,
 };
 pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
 pub use overview::{Alarm, AlarmKind, Overview};

@@ -651,6 +651,39 @@ fn an_engine_s_job_whose_port_is_taken_on_its_node_ends_at_once_saying_so_an_add
     );
 }
 
+/// The engine of the guard's test below: Python's
+/// own HTTP server, on the port it is given.
+const ECHO_ENGINE: &str = r#"import http.server, sys
+
+class Echo(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.reply(200 if self.path == "/" else 404, b"")
+
+    def do_POST(self):
+        if self.headers.get("Transfer-Encoding") == "chunked":
+            body = b""
+            while True:
+                size = int(self.rfile.readline().split(b";")[0], 16)
+                body += self.rfile.read(size)
+                self.rfile.readline()
+                if size == 0:
+                    break
+        else:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.reply(200, b"got %d bytes" % len(body))
+
+    def reply(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Echo).serve_forever()
+"#;
+
 /// One request written as is to `port`, and all that came back before the connection closed; none where
 /// nothing listens there.
 fn try_exchange(port: u16, request: &str) -> Option<String> {
@@ -675,8 +708,11 @@ fn an_engine_on_a_node_is_reached_only_through_its_guard_which_takes_only_reques
     use std::os::unix::process::CommandExt;
     let dir = tempfile::tempdir().unwrap();
     let node = offline_node(dir.path());
-    // A server that answers on every path: Python's own, serving the folder it runs in.
-    let spec = on_real_node("emb", "python3 -m http.server {port} --bind 127.0.0.1");
+    // An engine that answers on every path and reads each body whole, as engines do: GET / is 200, any
+    // other GET 404, a POST says how many bytes its body had.
+    let engine = dir.path().join("engine.py");
+    std::fs::write(&engine, ECHO_ENGINE).unwrap();
+    let spec = on_real_node("emb", &format!("python3 {} {{port}}", engine.display()));
     let (port, engine_port) = (free_port(), free_port());
     let mut launch = node_launch(&spec, engine_port);
     let (request, _) = node.submission(&spec, &mut launch, port).unwrap();
@@ -733,7 +769,7 @@ fn an_engine_on_a_node_is_reached_only_through_its_guard_which_takes_only_reques
     // With its key, any path reaches the engine, which answers as it answers.
     assert!(get("/nothing-here", &keyed).starts_with("HTTP/1.0 404"));
     assert!(get("/", &format!("authorization: bearer {KEY}\r\n")).starts_with("HTTP/1.0 200"));
-    // A body is sent on whole, by its length or its chunks (this server takes no POST).
+    // A body is sent on whole, by its length or its chunks.
     let body = "{\"text\": \"hi\"}";
     let posted = exchange(
         port,
@@ -742,12 +778,18 @@ fn an_engine_on_a_node_is_reached_only_through_its_guard_which_takes_only_reques
             body.len()
         ),
     );
-    assert!(posted.starts_with("HTTP/1.0 501"), "{posted}");
+    assert!(
+        posted.starts_with("HTTP/1.0 200") && posted.ends_with("got 14 bytes"),
+        "{posted}"
+    );
     let chunked = exchange(
         port,
         &format!("POST /score HTTP/1.1\r\nHost: node\r\n{keyed}Transfer-Encoding: chunked\r\n\r\n4\r\nabcd\r\n0\r\n\r\n"),
     );
-    assert!(chunked.starts_with("HTTP/1.0 501"), "{chunked}");
+    assert!(
+        chunked.starts_with("HTTP/1.0 200") && chunked.ends_with("got 4 bytes"),
+        "{chunked}"
+    );
     let ambiguous = exchange(
         port,
         &format!("POST /score HTTP/1.1\r\nHost: node\r\n{keyed}Content-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\nabcd"),
