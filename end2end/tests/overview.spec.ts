@@ -21,3 +21,21 @@ test("the overview sums the fleet, counts the models, and leads from a fragment 
   await expect(page).toHaveURL(/\/repack$/);
 
 });
+
+test.describe("with a GPU whose reading says it is unhealthy", () => {
+  test.use({
+    inventory: [
+      "[[machine]]", 'name = "sick"', "cpu_cores = 8", "memory_gb = 64",
+      "[[machine.gpu]]", "index = 0", 'uuid = "GPU-sick-0"', 'model = "NVIDIA L4"', "memory_gb = 24", "healthy = false",
+    ].join("\n") + "\n",
+  });
+
+  test("the overview raises an alarm for an unhealthy GPU, even one whose reading says not why, linked to its machine", async ({ page }) => {
+    await open(page, "/");
+    const alarm = page.locator('[data-testid="alarm"][data-kind="Unhealthy"]');
+    await expect(alarm).toHaveText("Unhealthy GPU 0 of sick is unhealthy: its reading says so");
+    await expect(page.getByTestId("no-alarms")).toHaveCount(0);
+    await alarm.getByRole("link").click();
+    await expect(page).toHaveURL(/\/machines\/sick$/);
+  });
+});

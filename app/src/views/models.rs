@@ -74,6 +74,9 @@ pub struct EngineLine {
     pub status: EngineState,
     /// Why it is not as wanted.
     pub message: Option<String>,
+    /// How many times it was started again since it was placed: after a crash, a failed health check.
+    #[serde(default)]
+    pub restarts: u32,
     /// How Tessera sized it to its share (llama.cpp's context), and why.
     #[serde(default)]
     pub sizing: Option<String>,
@@ -257,6 +260,7 @@ mod tests {
                     machine: "atlas".into(),
                     status: *s,
                     message: None,
+                    restarts: 0,
                     sizing: None,
                 })
                 .collect(),

@@ -70,6 +70,12 @@ pub enum AlarmKind {
     Overcommitted,
     /// An engine that failed.
     Failed,
+    /// An engine that keeps restarting: crashing, or failing its health checks.
+    Restarting,
+    /// An engine that should serve and is stopped.
+    Stopped,
+    /// The gateway's requests this hour failing past a tenth.
+    GatewayErrors,
     /// A GPU a reading found unhealthy.
     Unhealthy,
     /// An engine measured past its share: a promise broken.
@@ -86,6 +92,9 @@ impl AlarmKind {
             AlarmKind::Unreachable => "Unreachable",
             AlarmKind::Overcommitted => "Over-committed",
             AlarmKind::Failed => "Failed",
+            AlarmKind::Restarting => "Restarting",
+            AlarmKind::Stopped => "Stopped",
+            AlarmKind::GatewayErrors => "Gateway errors",
             AlarmKind::Unhealthy => "Unhealthy",
             AlarmKind::OverShare => "Past its share",
             AlarmKind::Slowed => "Slowed",

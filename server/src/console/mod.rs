@@ -72,6 +72,7 @@ fn engine_line(e: &EngineView) -> EngineLine {
         machine: e.machine.clone(),
         status: e.state,
         message: e.message.clone(),
+        restarts: e.restarts,
         sizing: e.sizing.clone(),
     }
 }

@@ -66,7 +66,8 @@ fn model_states(rows: &[ModelRow]) -> (u32, u32, u32, u32) {
             .as_ref()
             .is_some_and(|o| o.state == LoadState::NotLoaded);
         match row.state().0 {
-            EngineState::Failed | EngineState::Unhealthy => failing += 1,
+            // Stopped where it should serve: as much a fault as a failure, never "loading".
+            EngineState::Failed | EngineState::Unhealthy | EngineState::Stopped => failing += 1,
             _ if not_loaded => idle += 1,
             EngineState::Healthy => serving += 1,
             _ => loading += 1,
@@ -114,7 +115,8 @@ fn machine_alarms(machines: &[MachineView]) -> Vec<Alarm> {
                     href: href.clone(),
                 });
             }
-            if let Some(why) = &gpu.problem {
+            if !gpu.healthy || gpu.problem.is_some() {
+                let why = gpu.problem.as_deref().unwrap_or("its reading says so");
                 alarms.push(Alarm {
                     kind: AlarmKind::Unhealthy,
                     line: format!("{on} is unhealthy: {why}"),
@@ -135,23 +137,74 @@ fn machine_alarms(machines: &[MachineView]) -> Vec<Alarm> {
     alarms
 }
 
-/// The alarms the models raise: engines that failed, models slowed by their neighbours.
+/// Restarts of one engine from which it is said to keep restarting.
+const RESTARTS_ALARM: u32 = 3;
+
+/// The share of the gateway's requests this hour that, failing, raises an alarm: a tenth, of at least
+/// [`GATEWAY_ALARM_REQUESTS`].
+const GATEWAY_ALARM_PERCENT: u64 = 10;
+
+/// The fewest requests in an hour whose failures raise an alarm: one failure of three is no trend.
+const GATEWAY_ALARM_REQUESTS: u64 = 20;
+
+/// The alarm the gateway's hour raises where a tenth or more of its requests failed.
+fn gateway_alarm(requests: u64, failed: u64) -> Option<Alarm> {
+    (requests >= GATEWAY_ALARM_REQUESTS && failed * 100 >= requests * GATEWAY_ALARM_PERCENT).then(
+        || Alarm {
+            kind: AlarmKind::GatewayErrors,
+            line: format!(
+                "{failed} of the gateway's {requests} requests this hour failed ({} %).",
+                failed * 100 / requests
+            ),
+            href: "/usage".to_owned(),
+        },
+    )
+}
+
+/// The alarms the models raise: engines that failed, keep restarting or are stopped where they should
+/// serve, models slowed by their neighbours.
 fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
     let mut alarms = Vec::new();
     for row in rows {
+        let not_loaded = row
+            .on_demand
+            .as_ref()
+            .is_some_and(|o| o.state == LoadState::NotLoaded);
         for engine in &row.engines {
-            if engine.status == EngineState::Failed {
+            let why = engine
+                .message
+                .as_deref()
+                .map_or_else(|| ".".to_owned(), |m| format!(": {m}"));
+            if engine.status == EngineState::Stopped && !not_loaded {
                 alarms.push(Alarm {
-                    kind: AlarmKind::Failed,
+                    kind: AlarmKind::Stopped,
                     line: format!(
-                        "{}'s engine on {} failed{}",
+                        "{}'s engine on {} is stopped{why}",
+                        row.name, engine.machine
+                    ),
+                    href: "/models".to_owned(),
+                });
+            }
+            if engine.status != EngineState::Failed && engine.restarts >= RESTARTS_ALARM {
+                alarms.push(Alarm {
+                    kind: AlarmKind::Restarting,
+                    line: format!(
+                        "{}'s engine on {} has been started again {} times{}",
                         row.name,
                         engine.machine,
+                        engine.restarts,
                         engine
                             .message
                             .as_deref()
-                            .map_or_else(|| ".".to_owned(), |m| format!(": {m}"))
+                            .map_or_else(|| ".".to_owned(), |m| format!("; now: {m}"))
                     ),
+                    href: "/models".to_owned(),
+                });
+            }
+            if engine.status == EngineState::Failed {
+                alarms.push(Alarm {
+                    kind: AlarmKind::Failed,
+                    line: format!("{}'s engine on {} failed{why}", row.name, engine.machine),
                     href: "/models".to_owned(),
                 });
             }
@@ -183,6 +236,11 @@ impl ConsoleService {
         let mut alarms = cluster_alarm(self.fleet.cluster_status());
         alarms.extend(machine_alarms(&machines));
         alarms.extend(model_alarms(&rows));
+        let (requests, failed) = (
+            calls.iter().map(|c| c.requests).sum(),
+            calls.iter().map(|c| c.failed).sum(),
+        );
+        alarms.extend(gateway_alarm(requests, failed));
         alarms.sort_by_key(|a| a.kind);
         Ok(Overview {
             machines: machines.len() as u32,
@@ -203,10 +261,80 @@ impl ConsoleService {
             loading,
             idle,
             failing,
-            requests: calls.iter().map(|c| c.requests).sum(),
-            failed_requests: calls.iter().map(|c| c.failed).sum(),
+            requests,
+            failed_requests: failed,
             since: crate::fleet::usage::rfc3339(since).unwrap_or_default(),
             alarms,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use app::views::EngineLine;
+    use placement::BasisPoints;
+
+    fn row(name: &str, status: EngineState, restarts: u32) -> ModelRow {
+        ModelRow {
+            name: name.into(),
+            group: Some("text-router".into()),
+            share: Some(BasisPoints::percent(40)),
+            whole_gpus: None,
+            nodes: vec!["atlas".into()],
+            engines: vec![EngineLine {
+                machine: "atlas".into(),
+                status,
+                message: Some("exited with status 1".into()),
+                restarts,
+                sizing: None,
+            }],
+            system: false,
+            revision: 1,
+            on_demand: None,
+            slowed: None,
+            over_share: None,
+            peak: None,
+            share_enforced: false,
+        }
+    }
+
+    #[test]
+    fn an_engine_that_keeps_restarting_or_is_stopped_where_it_should_serve_raises_an_alarm_and_a_stopped_one_is_not_counted_loading(
+    ) {
+        let rows = [
+            row("glm-5.3", EngineState::Restarting, 6),
+            row("speech", EngineState::Stopped, 0),
+            row("emb", EngineState::Healthy, 2),
+        ];
+        let alarms = model_alarms(&rows);
+        let said: Vec<(AlarmKind, &str)> =
+            alarms.iter().map(|a| (a.kind, a.line.as_str())).collect();
+        assert_eq!(
+            said,
+            [
+                (
+                    AlarmKind::Restarting,
+                    "glm-5.3's engine on atlas has been started again 6 times; now: exited with status 1"
+                ),
+                (
+                    AlarmKind::Stopped,
+                    "speech's engine on atlas is stopped: exited with status 1"
+                ),
+            ]
+        );
+        assert_eq!(model_states(&rows), (1, 1, 0, 1));
+    }
+
+    #[test]
+    fn a_tenth_of_the_gateway_s_requests_failing_this_hour_raises_an_alarm_a_few_do_not() {
+        let alarm = gateway_alarm(200, 70).unwrap();
+        assert_eq!(alarm.kind, AlarmKind::GatewayErrors);
+        assert_eq!(
+            alarm.line,
+            "70 of the gateway's 200 requests this hour failed (35 %)."
+        );
+        assert!(gateway_alarm(200, 19).is_none());
+        assert!(gateway_alarm(10, 10).is_none(), "too few to say");
     }
 }

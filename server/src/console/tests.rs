@@ -346,10 +346,18 @@ async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_
     );
     assert_eq!(o["models"], 1);
     let alarms = o["alarms"].as_array().unwrap();
-    assert_eq!(alarms.len(), 1, "{o}");
-    assert_eq!(alarms[0]["kind"], "over_share");
-    assert_eq!(alarms[0]["href"], "/machines/atlas");
-    assert!(alarms[0]["line"]
+    assert_eq!(alarms.len(), 2, "{o}");
+    // atlas has no agent here: speech cannot run there, and says so, neither loading nor calm.
+    let no_agent = json!({"kind": "stopped", "href": "/models",
+        "line": "speech's engine on atlas is stopped: atlas is not this machine, and Tessera has no agent there to start engines with"});
+    assert_eq!(alarms[0], no_agent);
+    assert_eq!(
+        (o["loading"].as_u64(), o["failing"].as_u64()),
+        (Some(0), Some(1))
+    );
+    assert_eq!(alarms[1]["kind"], "over_share");
+    assert_eq!(alarms[1]["href"], "/machines/atlas");
+    assert!(alarms[1]["line"]
         .as_str()
         .unwrap()
         .starts_with("speech uses 11 GB on GPU 0 of atlas"));
@@ -358,9 +366,13 @@ async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_
     reading.processes = vec![(777, placement::Bytes::gb(9))];
     app.fleet.measure("atlas", &[reading], &running, &[]);
     let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
-    assert_eq!(o["alarms"], json!([]));
+    assert_eq!(o["alarms"], json!([no_agent]));
     let page = page(&app, "/").await;
-    assert!(page.contains("No alarms."), "the page itself");
+    assert!(
+        page.contains("Tessera has no agent there to start engines with")
+            && !page.contains("No alarms."),
+        "the page itself"
+    );
 }
 
 #[tokio::test]
