@@ -123,6 +123,17 @@ async fn report(engine: &Value) -> Value {
     serde_json::from_slice(&body).unwrap()
 }
 
+/// A chat request for glm through the gateway: its status and answer.
+async fn say_hi_to_glm(server: &Server) -> (u16, Value) {
+    server
+        .send(
+            "POST",
+            "/v1/chat/completions",
+            json!({"model": "glm", "messages": [{"role": "user", "content": "hi"}]}),
+        )
+        .await
+}
+
 /// The job of `unit` among `jobs`.
 fn job_of<'a>(jobs: &'a [Value], unit: &str) -> &'a Value {
     jobs.iter()
@@ -185,13 +196,7 @@ async fn a_model_on_two_machines_runs_as_a_job_on_each_node_with_its_share_booke
     // The gateway reaches each engine on its node's address, in turn.
     let mut answered_by = Vec::new();
     for _ in 0..4 {
-        let (status, answer) = server
-            .send(
-                "POST",
-                "/v1/chat/completions",
-                json!({"model": "glm", "messages": [{"role": "user", "content": "hi"}]}),
-            )
-            .await;
+        let (status, answer) = say_hi_to_glm(&server).await;
         assert_eq!(status, 200, "{answer}");
         let said = answer["choices"][0]["message"]["content"].as_str().unwrap();
         answered_by.push(if said.contains("@atlas") {
@@ -323,13 +328,7 @@ async fn an_engine_on_a_node_takes_no_request_without_its_key_on_any_path_and_th
     assert_eq!(after("--host"), "127.0.0.1", "{line:?}");
     assert_ne!(after("--port"), port.to_string(), "{line:?}");
     // The gateway has the key.
-    let (status, answer) = server
-        .send(
-            "POST",
-            "/v1/chat/completions",
-            json!({"model": "glm", "messages": [{"role": "user", "content": "hi"}]}),
-        )
-        .await;
+    let (status, answer) = say_hi_to_glm(&server).await;
     assert_eq!(status, 200, "{answer}");
     server.stop().await;
 }
