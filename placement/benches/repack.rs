@@ -58,12 +58,25 @@ fn timed(instance: &Instance, run: impl Fn(&Instance) -> usize) -> (usize, Durat
     (used, start.elapsed())
 }
 
-/// `plan_repack` on a fleet of `machines` × 8 GPUs of 80 GB: shared work of 1–12 GB placed by best fit,
-/// then every third worker gone. The whole of the server's and the console's repack, its moves' order
+/// Work of 1–12 GB, at random.
+fn random_gb(_: usize, rng: u64) -> f64 {
+    1.0 + (rng % 12) as f64
+}
+
+/// Work of 4, 13 and 22 GB in turn: best fit puts two of each on a GPU (78 GB), and once the 4 GB ones end
+/// every GPU in use has 10 GB left, too little for any worker (issue 43's fleet that freed 15 GPUs with 503
+/// restarts when asked for 1, 3 or 5).
+fn without_slack_gb(w: usize, _: u64) -> f64 {
+    [4.0, 13.0, 22.0][w % 3]
+}
+
+/// `plan_repack` on a fleet of `machines` × 8 GPUs of 80 GB: shared work of `gb` placed by best fit, then
+/// every third worker gone. The whole of the server's and the console's repack, its moves' order
 /// included, timed once.
 fn fleet(
     machines: usize,
     workers: usize,
+    gb: fn(usize, u64) -> f64,
     goal: Goal,
 ) -> (usize, Result<RepackPlan, RepackError>, Duration) {
     let fleet = support::h100s(machines, "m", 128, Bytes::gb(1024), |_| Bytes::ZERO);
@@ -75,7 +88,7 @@ fn fleet(
         rng ^= rng >> 7;
         rng ^= rng << 17;
         let name = format!("w{w:05}");
-        let request = WorkerRequest::shared_gb(1.0 + (rng % 12) as f64);
+        let request = WorkerRequest::shared_gb(gb(w, rng));
         scheduler.place(&name, &request).unwrap();
         placed.push((name, request));
     }
@@ -100,15 +113,28 @@ fn fleet(
 
 fn repack(c: &mut Criterion) {
     quality();
-    println!("machines × 8 GPUs | units | goal | GPUs freed | restarts | plan_repack, once");
-    for (machines, workers) in [(125, 4_000), (1_250, 40_000)] {
-        for goal in [Goal::Most, Goal::Free(10)] {
-            let (units, plan, took) = fleet(machines, workers, goal);
+    println!("machines × 8 GPUs | work | units | goal | GPUs freed | restarts | plan_repack, once");
+    let random: (&str, fn(usize, u64) -> f64) = ("1–12 GB", random_gb);
+    let tight: (&str, fn(usize, u64) -> f64) = ("4, 13, 22 GB", without_slack_gb);
+    for (machines, workers, (work, gb), goals) in [
+        (125, 4_000, random, &[Goal::Most, Goal::Free(10)][..]),
+        (1_250, 40_000, random, &[Goal::Most, Goal::Free(10)]),
+        (
+            200,
+            800,
+            tight,
+            &[Goal::Most, Goal::Free(1), Goal::Free(3), Goal::Free(5)],
+        ),
+    ] {
+        for &goal in goals {
+            let (units, plan, took) = fleet(machines, workers, gb, goal);
             let (freed, restarts) = match plan {
                 Ok(plan) => (plan.freed.len().to_string(), plan.restarts.to_string()),
                 Err(e) => (e.to_string(), "—".to_owned()),
             };
-            println!("{machines} | {units} | {goal:?} | {freed} | {restarts} | {took:.2?}");
+            println!(
+                "{machines} | {work} | {units} | {goal:?} | {freed} | {restarts} | {took:.2?}"
+            );
         }
     }
     let mut group = c.benchmark_group("repack");

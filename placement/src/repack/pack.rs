@@ -257,7 +257,16 @@ pub fn pack(instance: &Instance, goal: Goal, budget: u64) -> Result<Packing, Sho
         Goal::Most => lower..upper + 1,
     };
     let mut search = Search::new(instance, budget);
+    // Asked for a number, half the budget goes to freeing that many from the fleet as it is.
+    let mended = match goal {
+        Goal::Free(n) => {
+            search.budget = budget / 2;
+            search.free_from_now(n)
+        }
+        Goal::Most => None,
+    };
     let last = targets.end - 1;
+    let mut searched = None;
     for target in targets {
         // Targets below the known packing may take three quarters of the budget; the rest finds that one
         // again with fewer restarts.
@@ -266,17 +275,19 @@ pub fn pack(instance: &Instance, goal: Goal, budget: u64) -> Result<Packing, Sho
         } else {
             budget
         };
-        if let Some(found) = search.at_most(target) {
-            return Ok(found);
-        }
-        if target == last || search.spent >= budget {
+        searched = search.at_most(target);
+        if searched.is_some() || target == last || search.spent >= budget {
             break;
         }
     }
-    // The search found nothing in its budget: the better of two heuristics (the most GPUs freed, or
-    // enough, then the fewest restarts). Emptying GPUs one at a time moves only what they held; packing from
-    // scratch may free more, but moves nearly everything.
+    // The search fills GPUs as full as they go, whatever number was asked, and on a large fleet its budget
+    // rarely lets it undo that: asked to free 3, it may free 75 and restart hundreds. Freeing GPUs from the
+    // fleet as it is moves only what they held and what made room for it. The plan is the best of these for
+    // the goal (the most GPUs freed, or enough, then the fewest restarts); first fit decreasing is the last
+    // resort.
     let found = [
+        mended,
+        searched,
         ffd.map(|p| search.relabel(&p.bins)),
         Some(evacuate(instance, goal)),
     ]

@@ -548,3 +548,140 @@ fn right_sized_shares_let_a_repack_free_a_gpu_the_shares_as_they_are_do_not() {
     assert_eq!(right_sized.holds[1].1.shared, Some(Bytes::gb(14)));
     assert_eq!(right_sized.plan(Goal::Most).unwrap().freed.len(), 1);
 }
+
+/// `machines` × 8 GPUs of 80 GB, four workers of 4, 13 and 22 GB placed by best fit to each GPU (two of
+/// each in turn, 78 GB), then every 4 GB one gone: each GPU in use keeps 10 GB, too little for any worker
+/// left, so no worker moves to a GPU in use unless others make room for it.
+fn fleet_without_slack(machines: usize) -> (Scheduler, Vec<Movable>) {
+    let mut s = fleet(
+        (0..machines)
+            .map(|m| machine(&format!("m{m:03}"), &[80; 8]))
+            .collect(),
+    );
+    let names: Vec<String> = (0..machines * 4).map(|w| format!("w{w:05}")).collect();
+    for (w, name) in names.iter().enumerate() {
+        let gb = [4.0, 13.0, 22.0][w % 3];
+        assert!(matches!(
+            s.place(name, &WorkerRequest::shared_gb(gb)).unwrap(),
+            Decision::Place(_)
+        ));
+    }
+    let mut units = Vec::new();
+    for (w, name) in names.iter().enumerate() {
+        if w % 3 == 0 {
+            s.release(name);
+        } else {
+            units.push(movable(name));
+        }
+    }
+    (s, units)
+}
+
+#[test]
+fn asked_to_free_3_or_5_gpus_where_no_gpu_has_room_for_any_worker_the_repack_frees_that_many_not_every_gpu_it_can(
+) {
+    let (s, units) = fleet_without_slack(200);
+    let mut restarts = Vec::new();
+    for asked in [1, 3, 5] {
+        let plan = plan_repack(&s, &units, Goal::Free(asked), super::BUDGET).unwrap();
+        assert_eq!(plan.freed.len(), asked, "asked for {asked}");
+        carry_out(&s, &plan, &units);
+        restarts.push(plan.restarts);
+    }
+    let most = plan_repack(&s, &units, Goal::Most, super::BUDGET).unwrap();
+    assert!(most.freed.len() > 5, "{}", most.freed.len());
+    // Each GPU freed moves what it held and what made room for it: tens of workers, not the hundreds a
+    // packing from scratch restarts.
+    assert!(
+        restarts[0] < restarts[1] && restarts[1] < restarts[2],
+        "{restarts:?}"
+    );
+    assert!(restarts[2] < 20 * 5, "{restarts:?}");
+    assert!(
+        restarts[2] * 3 < most.restarts,
+        "{restarts:?} against {}",
+        most.restarts
+    );
+}
+
+/// Fleets too large for the oracle: GPUs of 80 or 141 GB on a few machines, filled by best fit with work of
+/// a few sizes, then some of it gone.
+fn mid_instance() -> impl Strategy<Value = Instance> {
+    (
+        6usize..=40,
+        1usize..=4,
+        prop::collection::vec(prop::sample::select(vec![4u64, 9, 13, 22, 30]), 1..=3),
+        prop::collection::vec((0usize..64, prop::bool::weighted(0.35)), 10..=160),
+        prop::bool::weighted(0.5),
+    )
+        .prop_map(|(bins, machines, sizes, work, large)| {
+            let room = if large { 141 } else { 80 };
+            let mut left: Vec<u64> = vec![room; bins];
+            let mut items = Vec::new();
+            for (pick, gone) in work {
+                let size = sizes[pick % sizes.len()];
+                let best = (0..bins)
+                    .filter(|&b| left[b] >= size)
+                    .min_by_key(|&b| (left[b], b));
+                let Some(b) = best else { continue };
+                left[b] -= size;
+                if !gone {
+                    items.push(Item {
+                        size,
+                        needs: Room {
+                            cpu_cores: 0,
+                            memory: 0,
+                        },
+                        origin: b,
+                        restarts: 1,
+                        kind: 0,
+                        home: Some(b),
+                    });
+                }
+            }
+            Instance {
+                bins: (0..bins)
+                    .map(|b| Bin {
+                        room,
+                        machine: b % machines,
+                        fixed: false,
+                    })
+                    .collect(),
+                machines: vec![
+                    Room {
+                        cpu_cores: 0,
+                        memory: 0
+                    };
+                    machines
+                ],
+                items,
+                kinds: vec![vec![true; bins]],
+            }
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+    #[test]
+    fn asked_to_free_n_gpus_a_repack_frees_n_whenever_emptying_gpus_one_at_a_time_can_and_restarts_no_more(
+        instance in mid_instance(),
+        asked in 1usize..=5,
+    ) {
+        let now = instance.used_now();
+        let evacuated = pack::evacuate(&instance, Goal::Free(asked));
+        let meets = |used: usize| used + asked <= now;
+        match pack(&instance, Goal::Free(asked), 40_000) {
+            Ok(found) => {
+                prop_assert!(instance.fits(&found.bins));
+                prop_assert!(meets(found.used));
+                if meets(evacuated.used) {
+                    prop_assert!(found.restarts <= evacuated.restarts);
+                }
+                if let Ok(more) = pack(&instance, Goal::Free(asked + 1), 40_000) {
+                    prop_assert!(found.restarts <= more.restarts, "{} for {asked}, {} for one more", found.restarts, more.restarts);
+                }
+            }
+            Err(_) => prop_assert!(!meets(evacuated.used)),
+        }
+    }
+}

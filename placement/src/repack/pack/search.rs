@@ -8,7 +8,7 @@ mod repair;
 use super::{Instance, Packing, Room};
 use fills::{shuffle_ties, Fill, Sets};
 use std::cmp::Reverse;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub(super) struct Search<'a> {
     instance: &'a Instance,
@@ -88,10 +88,21 @@ impl<'a> Search<'a> {
         for (bins, id) in allowed {
             columns[id] = bins;
         }
+        // Bins of two machines are alike only where some item needs room on its machine (CPU cores,
+        // memory): otherwise a fleet's GPUs of one size are one class, tried once, not one per machine.
+        let machines_matter = instance
+            .items
+            .iter()
+            .any(|i| i.needs.cpu_cores > 0 || i.needs.memory > 0);
         let bin_class = classes(instance.bins.len(), |b| {
             let bin = &instance.bins[b];
             let column: Vec<bool> = columns.iter().map(|bins| bins[b]).collect();
-            (bin.room, bin.fixed, bin.machine, column)
+            (
+                bin.room,
+                bin.fixed,
+                machines_matter.then_some(bin.machine),
+                column,
+            )
         });
         let key = |i: usize| {
             let item = &instance.items[i];
@@ -157,7 +168,7 @@ impl<'a> Search<'a> {
             if attempt == 0 {
                 let mut rng = 0x2545_F491_4F6C_DD1D;
                 found = self
-                    .repair(target, state.deepest_placed, &mut rng)
+                    .repair(target, state.deepest_placed, false, &mut rng)
                     .map(|bins| (bins, 0));
                 break;
             }
@@ -376,35 +387,57 @@ impl<'a> Search<'a> {
             }
             u
         };
-        let mut by_class: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        let mut members: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for b in 0..instance.bins.len() {
+            members.entry(self.bin_class[b]).or_default().push(b);
+        }
+        let mut filled: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
         for &b in sets.keys() {
-            by_class.entry(self.bin_class[b]).or_default().push(b);
+            filled.entry(self.bin_class[b]).or_default().push(b);
         }
         let mut out = bins.to_vec();
-        for (class, filled) in by_class {
-            let members: Vec<usize> = (0..instance.bins.len())
-                .filter(|&b| self.bin_class[b] == class)
-                .collect();
+        for (class, filled) in filled {
+            // Only a set's items' own bins save anything: those pairs first, most saved first (a class of
+            // a fleet's GPUs would make sets × bins pairs of nothing saved).
             let mut pairs = Vec::new();
             for &f in &filled {
-                for &m in &members {
-                    let saved: u64 = sets[&f]
-                        .iter()
-                        .filter(|&&i| instance.items[i].origin == m)
-                        .map(|&i| instance.items[i].cost())
-                        .sum();
-                    pairs.push((Reverse(saved), !in_use[m], f, m));
+                let mut saved: BTreeMap<usize, u64> = BTreeMap::new();
+                for &i in &sets[&f] {
+                    let origin = instance.items[i].origin;
+                    if self.bin_class[origin] == class {
+                        *saved.entry(origin).or_default() += instance.items[i].cost();
+                    }
                 }
+                pairs.extend(
+                    saved
+                        .into_iter()
+                        .map(|(m, s)| (Reverse(s), !in_use[m], f, m)),
+                );
             }
             pairs.sort();
-            let mut taken_set = Vec::new();
-            let mut taken_bin = Vec::new();
+            let mut bin_of: BTreeMap<usize, usize> = BTreeMap::new();
+            let mut taken_bin = BTreeSet::new();
             for (_, _, f, m) in pairs {
-                if taken_set.contains(&f) || taken_bin.contains(&m) {
+                if bin_of.contains_key(&f) || taken_bin.contains(&m) {
                     continue;
                 }
-                taken_set.push(f);
-                taken_bin.push(m);
+                bin_of.insert(f, m);
+                taken_bin.insert(m);
+            }
+            // The rest, in order, on the bins left, those in use first.
+            let mut left: Vec<usize> = members[&class]
+                .iter()
+                .copied()
+                .filter(|m| !taken_bin.contains(m))
+                .collect();
+            left.sort_by_key(|&m| (!in_use[m], m));
+            let mut left = left.into_iter();
+            for &f in &filled {
+                bin_of.entry(f).or_insert_with(|| {
+                    left.next().expect("a class has a bin for each of its sets")
+                });
+            }
+            for (f, m) in bin_of {
                 for &i in &sets[&f] {
                     out[i] = m;
                 }

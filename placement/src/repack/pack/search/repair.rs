@@ -1,21 +1,61 @@
-//! Mending a dive that went wrong early: large neighbourhood search that packs a few bins' items again,
-//! each part as a small search of its own.
+//! Mending a packing: large neighbourhood search that packs a few bins' items again, each part as a small
+//! search of its own. It mends a dive that went wrong early, and it frees GPUs from the fleet as it is.
 
 use super::{xorshift, Search};
-use crate::repack::{Instance, Item};
+use crate::repack::{Instance, Item, Packing};
 
 /// The steps one repair may take: a few bins' items, packed again.
 const REPAIR_LIMIT: u64 = 20_000;
 
+/// The most bins one repair packs again: where what is unplaced needs the room of more, a part that large
+/// is a search from scratch in all but name.
+const MAX_RELEASE: usize = 48;
+
 impl Search<'_> {
+    /// Frees `n` bins starting from where everything is now, one bin at a time, the cheapest to empty first:
+    /// its items are taken out and the packing is mended around them. Where every GPU's room left is smaller
+    /// than any item, no item moves to a GPU in use without others making room, which emptying GPUs one at a
+    /// time ([`super::super::evacuate`]) cannot do; and a packing from scratch moves nearly everything.
+    pub(in crate::repack::pack) fn free_from_now(&mut self, n: usize) -> Option<Packing> {
+        let instance = self.instance;
+        let now = instance.used_now();
+        let mut bins: Vec<usize> = instance.items.iter().map(|i| i.origin).collect();
+        let mut rng = 0x9E37_79B9_7F4A_7C15;
+        while instance.used(&bins) + n > now {
+            // What emptying each bin would cost: its items' restarts. A bin that took work while others were
+            // emptied is left as it is (as emptying GPUs one at a time leaves it): it was filled to make room.
+            let mut cost = vec![Some(0); instance.bins.len()];
+            let mut held = vec![false; instance.bins.len()];
+            for (item, &b) in instance.items.iter().zip(&bins) {
+                held[b] = true;
+                cost[b] = cost[b]
+                    .filter(|_| item.origin == b)
+                    .map(|c| c + item.cost());
+            }
+            let (_, emptied) = cost
+                .iter()
+                .enumerate()
+                .filter(|&(b, _)| held[b] && !instance.bins[b].fixed)
+                .filter_map(|(b, c)| c.map(|c| (c, b)))
+                .min()?;
+            let partial = bins.iter().map(|&b| (b != emptied).then_some(b)).collect();
+            bins = self.repair(instance.used(&bins) - 1, partial, true, &mut rng)?;
+        }
+        Some(self.relabel(&bins))
+    }
+
     /// Large neighbourhood search from the partial packing a dive left: empty a few of its bins at random and
     /// pack their items and the unplaced ones again, keeping the result when it leaves no more volume
     /// unplaced; until everything is placed or the budget is spent. A dive that goes wrong early cannot be
     /// mended by backtracking near the leaves; this mends it where it went wrong.
+    ///
+    /// `whole`: what is unplaced is to be placed in one part (a bin being freed), so each part takes as many
+    /// bins as its room needs.
     pub(super) fn repair(
         &mut self,
         target: usize,
         mut partial: Vec<Option<usize>>,
+        whole: bool,
         rng: &mut u64,
     ) -> Option<Vec<usize>> {
         let instance = self.instance;
@@ -32,12 +72,28 @@ impl Search<'_> {
             let mut closed: Vec<usize> = partial.iter().flatten().copied().collect();
             closed.sort_unstable();
             closed.dedup();
-            let release = (3 + failures / 64).min(8) as usize;
-            for k in 0..release.min(closed.len()) {
-                let pick = k + (xorshift(rng) % (closed.len() - k) as u64) as usize;
-                closed.swap(k, pick);
+            // A few bins at random; freeing a bin, more while the room they have left is short of what it
+            // held: fewer could never take it. (A failed dive leaves too much unplaced for that: its part
+            // need only leave no more unplaced than before.)
+            let mut load = vec![0; instance.bins.len()];
+            for (item, b) in instance.items.iter().zip(&partial) {
+                if let Some(b) = b {
+                    load[*b] += item.size;
+                }
             }
-            let release = release.min(closed.len());
+            let need = unplaced(&partial);
+            let at_least = (3 + failures / 64).min(8) as usize;
+            let mut release = 0;
+            let mut room_left = 0;
+            while release < closed.len().min(MAX_RELEASE)
+                && (release < at_least || (whole && room_left < need))
+            {
+                let pick = release + (xorshift(rng) % (closed.len() - release) as u64) as usize;
+                closed.swap(release, pick);
+                let b = closed[release];
+                room_left += instance.bins[b].room.saturating_sub(load[b]);
+                release += 1;
+            }
             let mut kept = vec![false; instance.bins.len()];
             let mut touched = vec![false; instance.bins.len()];
             for (k, &b) in closed.iter().enumerate() {
