@@ -14,7 +14,7 @@ async function audit(page: Page, name: string): Promise<void> {
   ).toEqual([]);
 }
 
-test("every page passes axe-core", async ({ page, request }) => {
+test("every page passes axe-core, its links are one blue, and the Cluster tabs stay put from tab to tab", async ({ page, request }) => {
   // Fourteen pages, each loaded, hydrated, audited and photographed: a bound on a hang, not on speed.
   test.setTimeout(180_000);
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
@@ -22,6 +22,8 @@ test("every page passes axe-core", async ({ page, request }) => {
   await request.post("/api/workers", {
     data: { name: "listen", requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: 2.2 } } },
   });
+  const linkColours = new Set<string>();
+  const tabsAt = new Set<number>();
   for (const [path, name] of [
     ["/", "overview"],
     ["/models", "models"],
@@ -37,7 +39,19 @@ test("every page passes axe-core", async ({ page, request }) => {
   ]) {
     await open(page, path);
     await audit(page, name);
+    // Links in the content, not tabs or buttons styled as links: one colour, visited or not.
+    for (const colour of await page.locator("main a:not(.button):not(.tabs a)").evaluateAll((links) =>
+      links.map((a) => getComputedStyle(a).color),
+    )) {
+      linkColours.add(colour);
+    }
+    if (["/models", "/nodes", "/repack"].includes(path)) {
+      await expect(page.getByRole("heading", { name: "Cluster", level: 1 })).toBeVisible();
+      tabsAt.add((await page.locator("nav.tabs").boundingBox())!.y);
+    }
   }
+  expect([...linkColours]).toHaveLength(1);
+  expect([...tabsAt]).toHaveLength(1);
   const wizard = new Wizard(page);
   await wizard.open();
   await audit(page, "deploy-step-1");

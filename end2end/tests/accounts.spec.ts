@@ -35,10 +35,12 @@ test.describe("the first start", () => {
 test.describe("signing in", () => {
   test.use({ withAdmin: false });
 
-  test("a wrong password and an unknown name read the same, and the right one lets in", async ({ page, data }) => {
+  test("a wrong password and an unknown name read the same on a page without the console's sections, and the right one lets in", async ({ page, data }) => {
     tessera(data, ["user", "add", ADMIN.name, "--role", "admin"], `${ADMIN.password}\n`);
     await page.goto("/machines/majin");
     await expect(page).toHaveURL(/\/login\?next=\/machines\/majin$/);
+    // Nothing of the console is offered before signing in: no section leads anywhere yet.
+    await expect(page.getByRole("navigation", { name: "Console" })).toHaveCount(0);
     for (const [name, password] of [[ADMIN.name, "not the password"], ["nobody", "not the password"]]) {
       await page.getByLabel("Name").fill(name);
       await page.getByLabel("Password").fill(password);
@@ -50,6 +52,7 @@ test.describe("signing in", () => {
     await page.getByLabel("Password").fill(ADMIN.password);
     await page.getByRole("button", { name: "Sign in" }).click();
     await expect(page).toHaveURL(/\/machines\/majin$/);
+    await expect(page.getByRole("navigation", { name: "Console" })).toBeVisible();
     await page.getByRole("button", { name: "Sign out" }).click();
     await expect(page).toHaveURL(/\/login$/);
     await page.goto("/");
@@ -90,7 +93,7 @@ test("an admin adds an operator and a viewer; the viewer reads, and its change i
   await context.close();
 });
 
-test("a token is shown once, works for scripts, and stops working when revoked", async ({ page, playwright, server }) => {
+test("a token is shown once, works for scripts, and stops working once its revocation is confirmed", async ({ page, playwright, server }) => {
   await open(page, "/admin");
   await page.getByLabel("What it is for").fill("ci");
   await page.getByRole("button", { name: "Make the token" }).click();
@@ -106,6 +109,11 @@ test("a token is shown once, works for scripts, and stops working when revoked",
   await expect(page.locator('tr[data-token="ci"]')).toContainText("tsr_");
   await expect(page.locator("body")).not.toContainText(secret);
   await page.getByRole("button", { name: "Revoke ci" }).click();
+  // Asked first, in red, Cancel focused: a revoked token cannot be brought back.
+  const dialog = page.getByRole("alertdialog");
+  await expect(dialog).toContainText("Revoke ci?");
+  await expect(dialog.getByRole("button", { name: "Cancel" })).toBeFocused();
+  await dialog.getByRole("button", { name: "Revoke" }).click();
   await expect(page.locator('tr[data-token="ci"]')).toContainText("revoked");
   expect((await script.get("/api/me")).status()).toBe(401);
   await script.dispose();

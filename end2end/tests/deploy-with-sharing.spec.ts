@@ -91,15 +91,29 @@ test("with sharing off, the model takes whole GPUs", async ({ page, request }) =
   expect(machine.gpus.slice(0, 3).map((g: any) => g.mode)).toEqual(["whole", "whole", "free"]);
 });
 
-test("a removed model stops and leaves the others as they were", async ({ page, request }) => {
+test("a removal is asked in a dialog over the table, the menu closed and Cancel first, and stops that model alone", async ({ page, request }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await deploy(request, { model: "speech", gpus: ["atlas:0"], share: 10, revision: 1 });
   await page.goto("/models");
   const models = new ModelsTab(page);
   await expect(models.row("speech")).toBeVisible();
   await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
+  const cells = await models.row("speech").locator("th, td").count();
+  const rowHeight = (await models.row("speech").boundingBox())!.height;
   await models.menu("speech", "Remove");
-  await expect(page.getByRole("alertdialog")).toContainText("Remove speech?");
+  const dialog = page.getByRole("alertdialog");
+  await expect(dialog).toContainText("Remove speech?");
+  // A modal dialog: the menu shut behind it, the row as it was, the safe answer focused, Escape its way out.
+  await expect(models.row("speech").locator("details.menu")).not.toHaveAttribute("open");
+  expect(await dialog.evaluate((d) => d.tagName === "DIALOG" && (d as HTMLDialogElement).open && d.matches(":modal"))).toBe(true);
+  await expect(models.row("speech").locator("th, td")).toHaveCount(cells);
+  expect((await models.row("speech").boundingBox())!.height).toBe(rowHeight);
+  await expect(dialog.getByRole("button", { name: "Cancel" })).toBeFocused();
+  await expect(dialog.getByRole("button", { name: "Remove" })).toHaveClass(/danger/);
+  await page.keyboard.press("Escape");
+  await expect(dialog).toHaveCount(0);
+  await expect(models.row("speech")).toBeVisible();
+  await models.menu("speech", "Remove");
   await page.getByRole("alertdialog").getByRole("button", { name: "Remove" }).click();
   await expect(models.row("speech")).toHaveCount(0);
   await expect(models.row("glm-5.3").getByTestId("share")).toHaveText("40%");

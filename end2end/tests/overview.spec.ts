@@ -30,12 +30,14 @@ test.describe("with a GPU whose reading says it is unhealthy", () => {
     ].join("\n") + "\n",
   });
 
-  test("the overview raises an alarm for an unhealthy GPU, even one whose reading says not why, linked to its machine", async ({ page }) => {
+  test("the overview raises an alarm for an unhealthy GPU, even one whose reading says not why, linked to its machine, whose tile says it takes no work", async ({ page }) => {
     await open(page, "/");
     const alarm = page.locator('[data-testid="alarm"][data-kind="Unhealthy"]');
     await expect(alarm).toHaveText("Unhealthy GPU 0 of sick is unhealthy: its reading says so");
     await expect(page.getByTestId("no-alarms")).toHaveCount(0);
     await alarm.getByRole("link").click();
     await expect(page).toHaveURL(/\/machines\/sick$/);
+    // Not "free · offers 24 GB": nothing is placed on it.
+    await expect(page.getByTestId("gpu-tile-taken")).toHaveText("unhealthy: takes no work");
   });
 });

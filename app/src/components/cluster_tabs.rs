@@ -14,15 +14,22 @@ fn in_cluster(path: &str) -> bool {
         .any(|p| path.starts_with(p))
 }
 
+/// Whether `path` is a page one sees before signing in, where the console's sections lead nowhere yet.
+fn before_sign_in(path: &str) -> bool {
+    matches!(path, "/login" | "/setup")
+}
+
 /// The top bar's sections; the current one is marked for assistive technology and the eye. Admins also
-/// see Accounts.
+/// see Accounts. The sign-in and setup pages have none.
 #[component]
 pub fn TopNav() -> impl IntoView {
     let location = use_location();
     let cluster = move || in_cluster(&location.pathname.get()).then_some("page");
     let at = move |path: &'static str| move || (location.pathname.get() == path).then_some("page");
     let admin = move || signed_in().is_some_and(|c| c.role == Role::Admin);
+    let shown = move || !before_sign_in(&location.pathname.get());
     view! {
+        <Show when=shown>
         <nav aria-label="Console">
             <a href="/" aria-current=at("/")>"Overview"</a>
             <a href="/models" aria-current=cluster>"Cluster"</a>
@@ -33,6 +40,7 @@ pub fn TopNav() -> impl IntoView {
                 {move || admin().then(|| view! { <a href="/admin" aria-current=at("/admin")>"Accounts"</a> })}
             </Suspense>
         </nav>
+        </Show>
     }
 }
 
@@ -50,7 +58,7 @@ pub fn ClusterTabs() -> impl IntoView {
 
 #[cfg(test)]
 mod tests {
-    use super::in_cluster;
+    use super::{before_sign_in, in_cluster};
 
     #[test]
     fn the_cluster_section_covers_its_tabs_and_what_they_lead_to() {
@@ -66,5 +74,13 @@ mod tests {
         }
         assert!(!in_cluster("/usage"));
         assert!(!in_cluster("/"), "the Overview is a section of its own");
+    }
+
+    #[test]
+    fn the_sign_in_and_setup_pages_come_before_the_console_s_sections() {
+        assert!(before_sign_in("/login"));
+        assert!(before_sign_in("/setup"));
+        assert!(!before_sign_in("/"));
+        assert!(!before_sign_in("/admin"));
     }
 }

@@ -169,6 +169,7 @@ fn Accounts(
                         restarts=Vec::new()
                         line="The account and its API tokens stop working at once."
                         confirm="Remove"
+                        destructive=true
                         pending=remove.pending()
                         on_confirm=move || {
                             remove.dispatch(RemoveAccount { name: gone.clone() });
@@ -236,6 +237,7 @@ fn TokenTable(tokens: Vec<ApiToken>, revoke: ServerAction<RevokeToken>) -> impl 
     if tokens.is_empty() {
         return view! { <p class="empty">"No token yet."</p> }.into_any();
     }
+    let confirming = RwSignal::new(None::<(i64, String)>);
     view! {
         <table class="list" data-testid="tokens">
             <thead><tr><th scope="col">"Token"</th><th scope="col">"For"</th><th scope="col">"Starts"</th><th scope="col">"May call"</th><th scope="col">"Made"</th><th scope="col">"Last used"</th><th scope="col">"State"</th></tr></thead>
@@ -245,7 +247,10 @@ fn TokenTable(tokens: Vec<ApiToken>, revoke: ServerAction<RevokeToken>) -> impl 
                     let state = match &t.revoked_at {
                         Some(at) => view! { <span>{format!("revoked {at}")}</span> }.into_any(),
                         None => view! {
-                            <button type="button" class="link" on:click=move |_| { revoke.dispatch(RevokeToken { id }); }>{format!("Revoke {}", t.name)}</button>
+                            <button type="button" class="link" on:click={
+                                let name = t.name.clone();
+                                move |_| confirming.set(Some((id, name.clone())))
+                            }>{format!("Revoke {}", t.name)}</button>
                         }.into_any(),
                     };
                     view! {
@@ -262,6 +267,21 @@ fn TokenTable(tokens: Vec<ApiToken>, revoke: ServerAction<RevokeToken>) -> impl 
                 }).collect_view()}
             </tbody>
         </table>
+        {move || confirming.get().map(|(id, name)| view! {
+            <Confirm
+                title=format!("Revoke {name}?")
+                restarts=Vec::new()
+                line="Requests that carry this token are refused from now on; it cannot be restored."
+                confirm="Revoke"
+                destructive=true
+                pending=revoke.pending()
+                on_confirm=move || {
+                    revoke.dispatch(RevokeToken { id });
+                    confirming.set(None);
+                }
+                on_cancel=move || confirming.set(None)
+            />
+        })}
     }
     .into_any()
 }

@@ -404,6 +404,8 @@ fn GpuGrid(gpus: Vec<GpuDetail>) -> impl IntoView {
             {gpus.into_iter().map(|gpu| {
                 let href = format!("?gpu={0}#gpu-{0}", gpu.index);
                 let taken = match &gpu.usage {
+                    // An unhealthy GPU offers nothing: no work is placed on it, whatever its memory.
+                    GpuUse::Free if !gpu.healthy => "unhealthy: takes no work".to_owned(),
                     GpuUse::Free => format!("free · offers {}", gpu.offered()),
                     GpuUse::Whole(by) => format!("whole: {by}"),
                     GpuUse::Shared => format!("{} of {} taken", gpu.taken(), gpu.offered()),

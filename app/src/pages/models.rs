@@ -188,6 +188,7 @@ fn ModelLine(
     remove: ServerAction<RemoveModel>,
 ) -> impl IntoView {
     let confirming = RwSignal::new(false);
+    let menu = NodeRef::<leptos::html::Details>::new();
     let (name, system, in_group) =
         row.with_untracked(|r| (r.name.clone(), r.system, r.group.is_some()));
     let state = move || row.with(ModelRow::state);
@@ -244,7 +245,7 @@ fn ModelLine(
                 })}
             </td>
             <td class="menu-cell">
-                <details class="menu">
+                <details class="menu" node_ref=menu>
                     <summary aria-label=format!("Actions for {name}")>"⋮"</summary>
                     <ul>
                         {in_group.then(|| view! { <li><A href=sharing>"GPU sharing"</A></li> })}
@@ -254,7 +255,13 @@ fn ModelLine(
                                 view! { <span class="muted">"Remove (the semantic router stays)"</span> }.into_any()
                             } else {
                                 view! {
-                                    <button type="button" class="link" on:click=move |_| confirming.set(true)>"Remove"</button>
+                                    <button type="button" class="link" on:click=move |_| {
+                                        // The menu closes behind the question it asked.
+                                        if let Some(menu) = menu.get() {
+                                            menu.set_open(false);
+                                        }
+                                        confirming.set(true);
+                                    }>"Remove"</button>
                                 }.into_any()
                             }}
                         </li>
@@ -268,6 +275,7 @@ fn ModelLine(
                             restarts=Vec::new()
                             line="Its engines stop; the other models keep running."
                             confirm="Remove"
+                            destructive=true
                             pending=remove.pending()
                             on_confirm=move || {
                                 let revision = row.with_untracked(|r| r.revision);

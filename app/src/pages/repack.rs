@@ -230,8 +230,9 @@ pub fn RepackPage() -> impl IntoView {
     };
     view! {
         <div class="page">
+            <h1>"Cluster"</h1>
             <ClusterTabs />
-            <h1>"Repack"</h1>
+            <h2>"Repack"</h2>
             <p class="muted">"Moves shared work between GPUs so that whole GPUs come free, with the fewest restarts. Nothing changes until you carry it out; then it moves one unit at a time, each move's engines stopped (drained) before they start on their new GPU, and it can be stopped between moves."</p>
             {move || failed().map(|e| view! { <p class="error" role="alert" data-testid="repack-error">{e.to_string()}</p> })}
             <Transition fallback=|| view! { <p>"Reading the fleet…"</p> }>
