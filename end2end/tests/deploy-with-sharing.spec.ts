@@ -39,13 +39,15 @@ test("a model joins the running group, another member gives up room, and the mod
   await wizard.confirm.getByRole("button", { name: "Deploy" }).click();
 
   await expect(page).toHaveURL(/\/models\?deployed=vision$/);
-  await expect(page.getByTestId("notice")).toHaveText("vision is being deployed.");
+  await expect(page.getByTestId("notice")).toHaveText(/^vision is (being deployed|deployed and serving)\.$/);
   const models = new ModelsTab(page);
   await expect(models.row("vision").getByTestId("group")).toHaveText("text-router");
   await expect(models.row("vision").getByTestId("share")).toHaveText("35%");
   await expect(models.row("glm-5.3").getByTestId("share")).toHaveText("30%");
   await expect(models.row("vision").getByTestId("health")).toHaveText("1/1 healthy");
   await expect(models.row("vision").getByTestId("state")).toHaveText("Serving");
+  // The banner keeps up with the row: no "being deployed" beside Serving.
+  await expect(page.getByTestId("notice")).toHaveText("vision is deployed and serving.");
   await page.screenshot({ path: test.info().outputPath("models-after-deploy.png"), fullPage: true });
 
   const group = await (await request.get("/api/groups/text-router")).json();

@@ -4,12 +4,19 @@ import AxeBuilder from "@axe-core/playwright";
 import { deploy, expect, healthy, test } from "./fixtures/tessera";
 import { open } from "./fixtures/console";
 
-test("the playground streams a model's answer, shows the request as curl and the engine's log lines", async ({ page, request }) => {
+test("the playground offers deployed models, not workers, streams an answer, shows the request as curl and whose log lines it shows", async ({ page, request }) => {
   // A word every 250 ms: the answer is seen growing before it is whole.
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40, env: { TESSERA_DEMO_TOKEN_MS: "250" } });
   await healthy(request, "glm-5.3");
+  // A worker runs a job, not a chat: it is not offered.
+  const worker = await request.post("/api/workers", {
+    data: { name: "batch-embed", requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: 2 } } },
+  });
+  expect(worker.status(), await worker.text()).toBe(201);
   await open(page, "/playground");
   await expect(page.getByLabel("Model")).toHaveValue("glm-5.3");
+  await expect(page.getByLabel("Model").locator("option")).toHaveText(["glm-5.3"]);
+  await expect(page.getByTestId("log-engine")).toHaveText("From its engine on atlas: Serving.");
   await expect(page.getByTestId("engine-logs")).toContainText("loaded; serving on");
 
   await page.getByLabel("Message").fill("hello there");
@@ -42,13 +49,22 @@ test.describe("with a gateway that waits 3 s for an engine", () => {
   // The server's own wait (30 s) is what it is whatever the test: a shorter one says the same sooner.
   test.use({ gatewayWaitS: 3 });
 
-  test("the playground says what went wrong when the model cannot answer", async ({ page, request }) => {
+  test("the playground says beside the turn what went wrong when the model cannot answer, keeps it there, and does not send that turn again", async ({ page, request }) => {
     // vision "loads" for ten minutes: it is listed, but no engine is ready within the gateway's wait.
     await deploy(request, { model: "vision", gpus: ["atlas:1"], share: 25, env: { TESSERA_DEMO_START_MS: "600000" } });
     await open(page, "/playground");
     await expect(page.getByLabel("Model")).toHaveValue("vision");
+    await expect(page.getByTestId("log-engine")).toHaveText("From its engine on atlas: Starting.");
     await page.getByLabel("Message").fill("anyone there?");
     await page.getByRole("button", { name: "Send" }).click();
-    await expect(page.getByTestId("chat-error")).toContainText("vision is deployed but none of its engines was ready", { timeout: 45_000 });
+    const failed = page.getByTestId("chat-error");
+    await expect(failed).toContainText("vision is deployed but none of its engines was ready", { timeout: 45_000 });
+    await expect(page.locator(".said-user.unanswered")).toContainText("anyone there?");
+    // The next message goes alone: the unanswered one is not asked again, and its error stays in sight.
+    await page.getByLabel("Message").fill("and now?");
+    await expect(page.getByTestId("curl")).toContainText('"messages":[{"role":"user","content":"and now?"}]');
+    await page.getByRole("button", { name: "Send" }).click();
+    await expect(failed).toHaveCount(2, { timeout: 45_000 });
+    await expect(page.locator(".said-user.unanswered")).toHaveText([/anyone there\?/, /and now\?/]);
   });
 });

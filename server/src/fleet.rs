@@ -264,6 +264,15 @@ impl Fleet {
     /// The models (and workers) with an engine now, and the on-demand models (which a request loads), by
     /// name: what the gateway answers for.
     pub fn served(&self) -> Vec<String> {
+        self.serving(true)
+    }
+
+    /// [`Fleet::served`] without workers: the deployed models, which the Playground offers to chat with.
+    pub fn served_models(&self) -> Vec<String> {
+        self.serving(false)
+    }
+
+    fn serving(&self, workers: bool) -> Vec<String> {
         let committed = self.committed();
         let on_demand = committed
             .groups
@@ -273,7 +282,13 @@ impl Fleet {
             .runtime
             .engines()
             .into_iter()
-            .filter_map(|e| e.model.or(e.worker))
+            .filter_map(|e| {
+                if workers {
+                    e.model.or(e.worker)
+                } else {
+                    e.model
+                }
+            })
             .chain(on_demand)
             .collect();
         names.sort();

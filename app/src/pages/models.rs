@@ -5,7 +5,9 @@ use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{ChangeOutcome, EngineState, ModelRow, OnDemand, PlanProgress, StepState};
+use crate::views::{
+    ChangeOutcome, EngineState, LoadState, ModelRow, OnDemand, PlanProgress, StepState,
+};
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
@@ -37,9 +39,24 @@ pub async fn remove_model(model: String, revision: i64) -> Result<ChangeOutcome,
 }
 
 /// The line the tab shows after a change elsewhere sent the operator here.
-fn notice(query: &leptos_router::params::ParamsMap) -> Option<String> {
+fn notice(query: &leptos_router::params::ParamsMap, rows: &[ModelRow]) -> Option<String> {
     if let Some(model) = query.get("deployed") {
-        return Some(format!("{model} is being deployed."));
+        // Kept up with its row, which the live updates refresh: a banner that still says "being deployed"
+        // beside a row that says Serving is one the eye learns to skip.
+        let row = rows.iter().find(|r| r.name == model);
+        let on_demand = row.is_some_and(|r| {
+            r.on_demand
+                .as_ref()
+                .is_some_and(|o| o.state == LoadState::NotLoaded)
+        });
+        return Some(match row.map(|r| r.state().0) {
+            _ if on_demand => format!("{model} is deployed: its first request loads it."),
+            Some(EngineState::Healthy) => format!("{model} is deployed and serving."),
+            Some(EngineState::Failed) => {
+                format!("{model} is deployed, but its engine failed: its row says why.")
+            }
+            _ => format!("{model} is being deployed."),
+        });
     }
     let restarts = query.get("restarts")?;
     let names: Vec<&str> = restarts.split(',').filter(|n| !n.is_empty()).collect();
@@ -65,7 +82,10 @@ pub fn ModelsPage() -> impl IntoView {
     );
     let changes = Resource::new(move || live.track(), |_| list_changes());
     let query = use_query_map();
-    let notice = move || query.with(notice);
+    let notice = move || {
+        let rows = models.get().and_then(Result::ok).unwrap_or_default();
+        query.with(|q| notice(q, &rows))
+    };
     let removed = move || match remove.value().get() {
         Some(Ok(_)) => Some(Ok(remove.input().get().map(|r| r.model))),
         Some(Err(e)) => Some(Err(e.to_string())),
@@ -305,23 +325,36 @@ mod tests {
     }
 
     #[test]
-    fn the_notice_names_the_model_being_deployed() {
+    fn the_notice_names_the_model_being_deployed_until_its_row_says_it_serves() {
+        let deployed = query(&[("deployed", "vision")]);
+        assert_eq!(notice(&deployed, &[]).unwrap(), "vision is being deployed.");
+        let mut row = ModelRow::testing("vision", &[EngineState::Starting]);
         assert_eq!(
-            notice(&query(&[("deployed", "vision")])).unwrap(),
+            notice(&deployed, &[row.clone()]).unwrap(),
             "vision is being deployed."
+        );
+        row.engines[0].status = EngineState::Healthy;
+        assert_eq!(
+            notice(&deployed, &[row.clone()]).unwrap(),
+            "vision is deployed and serving."
+        );
+        row.engines[0].status = EngineState::Failed;
+        assert_eq!(
+            notice(&deployed, &[row]).unwrap(),
+            "vision is deployed, but its engine failed: its row says why."
         );
     }
 
     #[test]
     fn the_notice_names_every_model_that_restarts() {
         assert_eq!(
-            notice(&query(&[("restarts", "glm-5.3,vision,speech")])).unwrap(),
+            notice(&query(&[("restarts", "glm-5.3,vision,speech")]), &[]).unwrap(),
             "Saved. glm-5.3, vision and speech restart with their new settings."
         );
         assert_eq!(
-            notice(&query(&[("restarts", "vision")])).unwrap(),
+            notice(&query(&[("restarts", "vision")]), &[]).unwrap(),
             "Saved. vision restarts with its new settings."
         );
-        assert_eq!(notice(&query(&[])), None);
+        assert_eq!(notice(&query(&[]), &[]), None);
     }
 }

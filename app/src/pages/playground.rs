@@ -29,6 +29,32 @@ pub struct Message {
     pub content: String,
 }
 
+/// A turn as the page shows it: what was said, and why it went unanswered where it did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Turn {
+    /// The message.
+    pub message: Message,
+    /// Why no answer came: the turn stays in sight with its error, and is not sent again.
+    pub failed: Option<String>,
+}
+
+/// The conversation a request carries: every turn but those that went unanswered, then `said` (blank:
+/// nothing more).
+pub fn conversation(turns: &[Turn], said: &str) -> Vec<Message> {
+    let mut all: Vec<Message> = turns
+        .iter()
+        .filter(|t| t.failed.is_none())
+        .map(|t| t.message.clone())
+        .collect();
+    if !said.trim().is_empty() {
+        all.push(Message {
+            role: "user".to_owned(),
+            content: said.to_owned(),
+        });
+    }
+    all
+}
+
 /// The chat request the page sends (streamed) and shows as `curl`.
 pub fn chat_body(model: &str, messages: &[Message]) -> String {
     #[derive(Serialize)]
@@ -167,22 +193,11 @@ fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView 
         },
         |(model, _)| load_playground(model),
     );
-    let messages = RwSignal::new(Vec::<Message>::new());
+    let turns = RwSignal::new(Vec::<Turn>::new());
     let draft = RwSignal::new(String::new());
     let answering = RwSignal::new(None::<String>);
-    let failed = RwSignal::new(None::<String>);
     let busy = RwSignal::new(false);
-    let next = move || {
-        let mut all = messages.get();
-        let said = draft.get();
-        if !said.trim().is_empty() {
-            all.push(Message {
-                role: "user".to_owned(),
-                content: said,
-            });
-        }
-        all
-    };
+    let next = move || turns.with(|t| conversation(t, &draft.get()));
     // Where the browser reached the console is where a script reaches the gateway; the server cannot
     // tell (a proxy may be in front), so the page fills it in once it runs.
     let origin = RwSignal::new("http://TESSERA".to_owned());
@@ -210,9 +225,13 @@ fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView 
             }
             let asked = next();
             let body = chat_body(&model, &asked);
-            messages.set(asked);
+            turns.update(|t| {
+                t.push(Turn {
+                    message: asked.last().cloned().expect("a message was typed"),
+                    failed: None,
+                })
+            });
             draft.set(String::new());
-            failed.set(None);
             answering.set(Some(String::new()));
             busy.set(true);
             #[cfg(feature = "hydrate")]
@@ -220,15 +239,20 @@ fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView 
                 let result = stream_chat(body, move |text| answering.set(Some(text))).await;
                 let answer = answering.get_untracked().unwrap_or_default();
                 answering.set(None);
-                match result {
-                    Ok(()) => messages.update(|m| {
-                        m.push(Message {
+                turns.update(|t| match result {
+                    Ok(()) => t.push(Turn {
+                        message: Message {
                             role: "assistant".to_owned(),
                             content: answer,
-                        })
+                        },
+                        failed: None,
                     }),
-                    Err(e) => failed.set(Some(e)),
-                }
+                    Err(e) => {
+                        if let Some(asked) = t.last_mut() {
+                            asked.failed = Some(e);
+                        }
+                    }
+                });
                 busy.set(false);
                 // The engine's log lines, read again.
                 refresh.update(|n| *n += 1);
@@ -242,8 +266,7 @@ fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView 
         <label for="playground-model">"Model"</label>
         <select id="playground-model" on:change=move |ev| {
             chosen.set(Some(event_target_value(&ev)));
-            messages.set(Vec::new());
-            failed.set(None);
+            turns.set(Vec::new());
         }>
             {models.iter().map(|m| {
                 let selected = *m == current;
@@ -253,20 +276,27 @@ fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView 
         <section class="panel" aria-labelledby="chat-heading">
             <h2 id="chat-heading">"Chat"</h2>
             <ol class="chat" data-testid="chat" aria-live="polite">
-                {move || messages.get().into_iter().map(|m| view! {
-                    <li class=format!("said said-{}", m.role)><span class="who">{m.role.clone()}</span>" "<span>{m.content}</span></li>
+                {move || turns.get().into_iter().map(|Turn { message: m, failed }| {
+                    let unanswered = failed.is_some();
+                    view! {
+                        <li class=format!("said said-{}", m.role) class:unanswered=unanswered>
+                            <span class="who">{m.role.clone()}</span>" "<span>{m.content}</span>
+                            {failed.map(|e| view! {
+                                <p class="error" role="alert" data-testid="chat-error">{format!("Not answered, and not sent again: {e}")}</p>
+                            })}
+                        </li>
+                    }
                 }).collect_view()}
                 {move || answering.get().map(|text| view! {
                     <li class="said said-assistant" data-testid="answering"><span class="who">"assistant"</span>" "<span>{text}</span></li>
                 })}
             </ol>
-            {move || failed.get().map(|e| view! { <p class="error" role="alert" data-testid="chat-error">{e}</p> })}
             <form on:submit=send>
                 <label for="playground-message">"Message"</label>
                 <textarea id="playground-message" rows="3" class="wide" prop:value=move || draft.get() on:input=move |ev| draft.set(event_target_value(&ev))></textarea>
                 <div class="actions">
                     <button type="submit" class="primary" disabled=move || busy.get()>"Send"</button>
-                    <button type="button" on:click=move |_| { messages.set(Vec::new()); failed.set(None); }>"Start over"</button>
+                    <button type="button" on:click=move |_| turns.set(Vec::new())>"Start over"</button>
                 </div>
             </form>
         </section>
@@ -279,8 +309,14 @@ fn Chat(models: Vec<String>, chosen: RwSignal<Option<String>>) -> impl IntoView 
             <Transition fallback=|| view! { <p>"Reading the log…"</p> }>
                 {move || logs.get().map(|answer| match answer {
                     Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
-                    Ok(p) if p.logs.is_empty() => view! { <p class="empty">"No log lines yet."</p> }.into_any(),
-                    Ok(p) => view! { <pre class="logs" data-testid="engine-logs" tabindex="0">{p.logs.join("\n")}</pre> }.into_any(),
+                    Ok(p) => view! {
+                        {p.engine.map(|engine| view! { <p class="muted" data-testid="log-engine">{format!("From its engine {engine}.")}</p> })}
+                        {if p.logs.is_empty() {
+                            view! { <p class="empty">"No log lines yet."</p> }.into_any()
+                        } else {
+                            view! { <pre class="logs" data-testid="engine-logs" tabindex="0">{p.logs.join("\n")}</pre> }.into_any()
+                        }}
+                    }.into_any(),
                 })}
             </Transition>
         </section>
@@ -318,6 +354,40 @@ mod tests {
         let curl = as_curl("http://127.0.0.1:3000", &body);
         assert!(curl.starts_with("curl -N http://127.0.0.1:3000/v1/chat/completions"));
         assert!(curl.contains(r#""content":"it'\''s""#), "{curl}");
+    }
+
+    #[test]
+    fn a_turn_that_went_unanswered_is_not_sent_again() {
+        let said = |role: &str, content: &str| Message {
+            role: role.to_owned(),
+            content: content.to_owned(),
+        };
+        let turns = [
+            Turn {
+                message: said("user", "hello"),
+                failed: None,
+            },
+            Turn {
+                message: said("assistant", "hi"),
+                failed: None,
+            },
+            Turn {
+                message: said("user", "are you there?"),
+                failed: Some("no engine was ready".to_owned()),
+            },
+        ];
+        assert_eq!(
+            conversation(&turns, "again?"),
+            [
+                said("user", "hello"),
+                said("assistant", "hi"),
+                said("user", "again?")
+            ]
+        );
+        assert_eq!(
+            conversation(&turns, "  "),
+            [said("user", "hello"), said("assistant", "hi")]
+        );
     }
 
     #[test]

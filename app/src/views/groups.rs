@@ -69,15 +69,19 @@ impl PlanProgress {
             .any(|s| matches!(s.state, StepState::Waiting | StepState::Running))
     }
 
-    /// The heading: `Restarting text-router (revision 4)`, or that a step failed.
+    /// The heading: `Restarting text-router (revision 4)`, `Starting text-router` where nothing ran before
+    /// (only starts), or that a step failed.
     pub fn heading(&self) -> String {
-        if self.steps.iter().any(|s| s.state == StepState::Failed) {
-            format!(
+        let first = self.steps.iter().all(|s| s.action != "stop");
+        let failed = self.steps.iter().any(|s| s.state == StepState::Failed);
+        match (first, failed) {
+            (true, false) => format!("Starting {}", self.group),
+            (true, true) => format!("Starting {} failed", self.group),
+            (false, false) => format!("Restarting {} (revision {})", self.group, self.revision),
+            (false, true) => format!(
                 "A restart of {} (revision {}) failed",
                 self.group, self.revision
-            )
-        } else {
-            format!("Restarting {} (revision {})", self.group, self.revision)
+            ),
         }
     }
 }
@@ -125,4 +129,41 @@ pub struct SharingForm {
     pub group: GroupPlan,
     /// The group's GPUs with what else holds them.
     pub gpus: Vec<GroupGpu>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn step(action: &str, state: StepState) -> StepLine {
+        StepLine {
+            action: action.into(),
+            member: "vision".into(),
+            state,
+            message: None,
+        }
+    }
+
+    #[test]
+    fn a_change_that_only_starts_engines_is_a_start_not_a_restart_of_revision_1() {
+        let mut change = PlanProgress {
+            group: "text-router".into(),
+            revision: 1,
+            steps: vec![step("start", StepState::Running)],
+        };
+        assert_eq!(change.heading(), "Starting text-router");
+        change.steps[0].state = StepState::Failed;
+        assert_eq!(change.heading(), "Starting text-router failed");
+        change.revision = 3;
+        change.steps = vec![
+            step("stop", StepState::Done),
+            step("start", StepState::Running),
+        ];
+        assert_eq!(change.heading(), "Restarting text-router (revision 3)");
+        change.steps[1].state = StepState::Failed;
+        assert_eq!(
+            change.heading(),
+            "A restart of text-router (revision 3) failed"
+        );
+    }
 }

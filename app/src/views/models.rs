@@ -53,7 +53,7 @@ impl EngineState {
     }
 
     /// How much the state needs an operator's eye: the row shows its worst engine.
-    fn concern(self) -> u8 {
+    pub fn concern(self) -> u8 {
         match self {
             EngineState::Healthy => 0,
             EngineState::Starting => 1,
@@ -244,12 +244,11 @@ impl ModelRow {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn row(engines: &[EngineState]) -> ModelRow {
+impl ModelRow {
+    /// `name` at 40 % in text-router on atlas, an engine in each of `engines`' states: for tests.
+    pub(crate) fn testing(name: &str, engines: &[EngineState]) -> ModelRow {
         ModelRow {
-            name: "glm-5.3".into(),
+            name: name.into(),
             group: Some("text-router".into()),
             share: Some(BasisPoints::percent(40)),
             whole_gpus: None,
@@ -272,6 +271,15 @@ mod tests {
             peak: None,
             share_enforced: false,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(engines: &[EngineState]) -> ModelRow {
+        ModelRow::testing("glm-5.3", engines)
     }
 
     #[test]

@@ -5,9 +5,13 @@ use serde::{Deserialize, Serialize};
 /// The playground: the models that can be tried, and the last log lines of the one on show.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Playground {
-    /// The models (and workers) with an engine now, by name.
+    /// The deployed models with an engine now or loaded on demand, by name (workers run jobs, not chats).
     pub models: Vec<String>,
-    /// The last lines of the first engine of the model on show (the first model when none is chosen),
-    /// secrets redacted for everyone but admins.
+    /// The last lines of an engine of the model on show (the first model when none is chosen), the one
+    /// most able to serve, secrets redacted for everyone but admins.
     pub logs: Vec<String>,
+    /// Which engine the lines are from and how it is now: `on atlas: Restarting: exited with status 1`, so
+    /// that a crashed run's last lines are read as such.
+    #[serde(default)]
+    pub engine: Option<String>,
 }

@@ -139,13 +139,22 @@ impl ConsoleService {
         caller: Caller,
         model: Option<String>,
     ) -> Result<Playground, AppError> {
-        let models = self.fleet.served();
+        let models = self.fleet.served_models();
         let shown = model.or_else(|| models.first().cloned());
         let runtime = self.fleet.runtime();
-        let engine = runtime
-            .engines()
-            .into_iter()
-            .find(|e| shown.is_some() && (e.model == shown || e.worker == shown));
+        // Of a model's engines (one per machine), the one most able to serve: a crashed one's last lines
+        // only where no other runs.
+        let engine = shown.as_deref().and_then(|shown| {
+            runtime
+                .engines_of(shown)
+                .into_iter()
+                .filter(|e| e.model.as_deref() == Some(shown))
+                .min_by_key(|e| (e.state.concern(), e.machine.clone()))
+        });
+        let described = engine.as_ref().map(|e| match &e.message {
+            Some(why) => format!("on {}: {}: {why}", e.machine, e.state.label()),
+            None => format!("on {}: {}", e.machine, e.state.label()),
+        });
         let mut logs = match &engine {
             Some(engine) => match runtime
                 .logs(&engine.id, app::pages::playground::LOG_LINES)
@@ -166,6 +175,10 @@ impl ConsoleService {
                 *line = authority::redact_line(line, &secrets);
             }
         }
-        Ok(Playground { models, logs })
+        Ok(Playground {
+            models,
+            logs,
+            engine: described,
+        })
     }
 }
