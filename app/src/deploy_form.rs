@@ -333,6 +333,17 @@ pub fn env_text(env: &[(String, String)]) -> String {
         .join("\n")
 }
 
+/// An example of extra arguments for `engine`, in its own flags (a vLLM flag means nothing to llama.cpp).
+/// None for a `command` recipe: its command line is its recipe's.
+pub fn args_example(engine: &str) -> Option<&'static str> {
+    match engine {
+        "vllm" => Some("--max-model-len 8192"),
+        "sglang" => Some("--context-length 8192"),
+        "llamacpp" => Some("--ctx-size 8192"),
+        _ => None,
+    }
+}
+
 /// The estimate's inputs as typed: context empty for the model's own, slots from 1.
 pub fn estimate_query(
     model: &str,
@@ -373,6 +384,14 @@ mod tests {
     use super::*;
     use crate::views::{GpuOption, Sharer};
     use placement::Bytes;
+
+    #[test]
+    fn the_example_arguments_are_the_engine_s_own_flags() {
+        assert_eq!(args_example("vllm"), Some("--max-model-len 8192"));
+        assert_eq!(args_example("sglang"), Some("--context-length 8192"));
+        assert_eq!(args_example("llamacpp"), Some("--ctx-size 8192"));
+        assert_eq!(args_example("command"), None);
+    }
 
     fn gpu(index: u32, gb: u64) -> GpuOption {
         GpuOption {

@@ -1,6 +1,6 @@
 //! The Shared GPU memory panel's form state, apart from any component so that it can be tested plainly.
 
-use placement::{judge, BasisPoints, Demand, GroupGpu, KeepAlive, PlanMember, Verdict};
+use placement::{judge, BasisPoints, Bytes, Demand, GroupGpu, KeepAlive, PlanMember, Verdict};
 
 /// One member's row: its name, the text in its share field, whether the field is locked (the router), and
 /// whether it loads on demand, with the keep-alive field's text.
@@ -16,6 +16,9 @@ pub struct ShareRow {
     pub on_demand: bool,
     /// What the keep-alive field holds, in seconds, as typed.
     pub keep_alive: String,
+    /// The member's memory estimate, once the estimate panel has read it: the bar marks it on the
+    /// member's segment, and the row turns amber while its share is below it.
+    pub estimate: Option<Bytes>,
 }
 
 impl ShareRow {
@@ -35,6 +38,15 @@ impl ShareRow {
                 .unwrap_or_default()
                 .secs()
                 .to_string(),
+            estimate: None,
+        }
+    }
+
+    /// Whether its share, on a GPU of `gpu_total`, is below its estimate.
+    pub fn below_estimate(&self, gpu_total: Bytes) -> bool {
+        match (self.member().share, self.estimate) {
+            (Some(share), Some(estimate)) => gpu_total.share(share) < estimate,
+            _ => false,
         }
     }
 
@@ -127,7 +139,20 @@ pub fn verdict_lines(verdict: &Verdict) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use placement::{Bytes, GpuRef};
+    use placement::GpuRef;
+
+    #[test]
+    fn a_row_whose_share_holds_less_than_its_estimate_is_below_it() {
+        let mut row = ShareRow::from_member(&PlanMember::new("vision", BasisPoints::percent(10)));
+        let gpu = Bytes::gb(96);
+        assert!(!row.below_estimate(gpu), "no estimate read yet");
+        row.estimate = Some(Bytes::gb(20));
+        assert!(row.below_estimate(gpu), "10 % of 96 GB is 9.6 GB");
+        row.text = "25".into();
+        assert!(!row.below_estimate(gpu), "25 % is 24 GB");
+        row.text = "not a share".into();
+        assert!(!row.below_estimate(gpu));
+    }
 
     /// text-router on one 96 GB GPU: the router (locked) and three models, 85 % in all.
     fn rows() -> Vec<ShareRow> {

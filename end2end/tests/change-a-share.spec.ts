@@ -58,7 +58,7 @@ test("the form opens on today's shares, Save waits for a change, and the confirm
   await expect(models.row("vision").getByTestId("health")).toHaveText("1/1 healthy");
 });
 
-test("a right-sized share offered on the Models tab opens the form with it proposed, judged and confirmed like any change, beside the model's memory estimate", async ({ page }) => {
+test("a right-sized share offered on the Models tab opens the form with it proposed, judged and confirmed like any change, beside the model's memory estimate, which offers no inputs where it can make none", async ({ page }) => {
   // What the Models tab's "Right-size to 20 %" opens.
   await open(page, "/models/vision/sharing?share=20");
   await expect(page.locator('[data-hydrated="true"]').first()).toBeVisible();
@@ -73,6 +73,8 @@ test("a right-sized share offered on the Models tab opens the form with it propo
   await expect(page.locator('[data-testid="estimate-panel"][data-model="glm-5.3"]')).toBeVisible();
   await expect(page.getByRole("heading", { name: "Memory estimate: vision" })).toBeVisible();
   await expect(panels.first().getByTestId("no-estimate")).toContainText("No estimate:");
+  // With no estimate possible, no inputs that would change nothing.
+  await expect(panels.first().getByLabel("Context per slot")).toBeHidden();
   const save = page.getByRole("button", { name: "Save" });
   await expect(save).toBeEnabled();
   await save.click();
@@ -121,4 +123,23 @@ test("the serving configuration opens on the placement the model has, and a chan
   await expect(models.row("speech").getByTestId("health")).toHaveText("1/1 healthy");
   const engines = await (await request.get("/api/engines")).json();
   expect(engines.find((e: any) => e.model === "glm-5.3").pid, "the others keep running").toBe(before);
+});
+
+test("a model has one colour on every page, the sharing form's bar and the machine's alike, with a legend under each bar", async ({ page }) => {
+  await open(page, "/models/vision/sharing");
+  const colourOf = async (locator: ReturnType<typeof page.locator>) =>
+    ((await locator.getAttribute("class")) ?? "").split(" ").find((c) => /^s\d$/.test(c));
+  const formColours: Record<string, string | undefined> = {};
+  for (const model of ["glm-5.3", "vision"]) {
+    formColours[model] = await colourOf(page.getByTestId("share-row").filter({ hasText: model }).locator(".swatch"));
+    expect(formColours[model]).toBeDefined();
+  }
+  await open(page, "/machines/atlas?gpu=0");
+  const bar = page.getByTestId("memory-bar").first();
+  for (const model of ["glm-5.3", "vision"]) {
+    const segment = bar.locator("rect.seg").filter({ has: page.locator(`title:text-matches("^${model} ")`) });
+    expect(await colourOf(segment)).toBe(formColours[model]);
+  }
+  await expect(page.getByTestId("memory-legend").first()).toContainText("glm-5.3");
+  await expect(page.getByTestId("memory-legend").first()).toContainText("left");
 });

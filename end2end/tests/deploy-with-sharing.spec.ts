@@ -150,3 +150,17 @@ test("a model deployed on demand from the wizard runs no engine until its first 
   const engines = await (await request.get("/api/engines")).json();
   expect(engines.map((e: any) => e.model)).not.toContain("vision");
 });
+
+test("the Serving step's example arguments are in the chosen engine's own flags, and a command recipe gets none", async ({ page }) => {
+  const wizard = new Wizard(page);
+  for (const [model, example] of [["glm-5.3", "--max-model-len 8192"], ["vision", "--context-length 8192"], ["speech", "--ctx-size 8192"], ["embedder", null]]) {
+    await wizard.open();
+    await page.getByLabel("Model", { exact: true }).selectOption(model!);
+    await page.locator("#node-atlas").check();
+    await wizard.next.click();
+    await expect(wizard.step).toHaveText("Serving");
+    const args = page.getByLabel("Extra arguments");
+    if (example) await expect(args).toHaveAttribute("placeholder", example);
+    else await expect(args).not.toHaveAttribute("placeholder");
+  }
+});

@@ -8,7 +8,7 @@ test.beforeEach(async ({ request }) => {
   await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
 });
 
-test("each refusal of the seed's table makes Deploy unavailable, with the seed's words", async ({ page }) => {
+test("each refusal of the seed's table makes Deploy unavailable, with the seed's words; over 100 % the bar shows by how much in red and no column moves", async ({ page }) => {
   const wizard = new Wizard(page);
   await wizard.open();
   await wizard.place("vision", ["atlas"]);
@@ -16,10 +16,19 @@ test("each refusal of the seed's table makes Deploy unavailable, with the seed's
   page.on("request", (r) => sent.push(`${r.method()} ${r.url()}`));
   const { panel } = wizard;
 
+  const columns = async () =>
+    Promise.all(["Model", "GPU memory share", "Memory", "Loading"].map(async (name) => (await page.getByRole("columnheader", { name, exact: true }).boundingBox())!.x));
+  const before = await columns();
   await panel.type("vision", "70");
   await expect(panel.verdict).toHaveText(OVER);
   await expect(panel.total).toHaveText("120%");
   await expect(wizard.deploy).toBeDisabled();
+  // Past 100 % the bar runs past the GPU's end in red, and the panel says by how much, in the Free row too.
+  await expect(page.getByTestId("over-by")).toHaveText("Over by 20% of the GPU (19.2 GB): the red part of the bar does not fit.");
+  await expect(panel.free).toHaveText("none: over by 20%");
+  await expect(page.locator("svg.bar rect.overflow")).toHaveCount(1);
+  // The columns stayed where they were while the figures changed.
+  expect(await columns()).toEqual(before);
 
   await panel.type("vision", "0");
   await expect(panel.verdict).toHaveText(`vision: ${NO_SHARE}`);
@@ -32,6 +41,8 @@ test("each refusal of the seed's table makes Deploy unavailable, with the seed's
 
   await panel.type("vision", "25");
   await expect(panel.verdict).toHaveText(FITS("75%"));
+  await expect(page.getByTestId("over-by")).toHaveCount(0);
+  await expect(page.locator("svg.bar rect.overflow")).toHaveCount(0);
   await expect(wizard.deploy).toBeEnabled();
   expect(sent, "every verdict was worked out in the browser").toEqual([]);
 });

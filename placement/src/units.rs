@@ -231,6 +231,14 @@ impl BasisPoints {
         self.0
     }
 
+    /// How far past one whole accelerator, where it is past it: the part of a plan that cannot fit.
+    pub fn over(self) -> Option<BasisPoints> {
+        self.0
+            .checked_sub(Self::WHOLE.0)
+            .filter(|&over| over > 0)
+            .map(BasisPoints)
+    }
+
     /// What is left of one accelerator after this total (zero when over).
     pub fn free(self) -> BasisPoints {
         BasisPoints(BasisPoints::WHOLE.0.saturating_sub(self.0))

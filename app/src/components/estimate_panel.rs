@@ -92,6 +92,35 @@ pub fn EstimatePanel(
             }
         },
     );
+    // The estimate goes into the model's row of the share panel: its segment marks it, and the row turns
+    // amber while the share is below it.
+    {
+        let model = model.clone();
+        Effect::new(move |_| {
+            let needed = match estimate.get() {
+                Some(Ok(Some(EstimateAnswer::Estimated(e)))) => Some(e.total()),
+                _ => None,
+            };
+            let stale = rows.with_untracked(|r| {
+                r.iter()
+                    .any(|row| row.name == model && row.estimate != needed)
+            });
+            if stale {
+                rows.update(|r| {
+                    for row in r.iter_mut().filter(|row| row.name == model) {
+                        row.estimate = needed;
+                    }
+                });
+            }
+        });
+    }
+    // Where no estimate can be made (no file Tessera can read), inputs that change nothing are not offered.
+    let estimable = move || {
+        !matches!(
+            estimate.get(),
+            Some(Ok(Some(EstimateAnswer::NotEstimated(_))))
+        )
+    };
     let share = {
         let model = model.clone();
         move || {
@@ -165,9 +194,9 @@ pub fn EstimatePanel(
     view! {
         <section class="panel" aria-labelledby=labelled_by data-testid="estimate-panel" data-model=model_name>
             <h2 id=heading>{title}</h2>
-            <div class="estimate-inputs">
+            <div class="estimate-inputs" hidden=move || !estimable()>
                 <label for=context_id.clone()>"Context per slot"</label>
-                <input id=context_id type="text" inputmode="numeric" size="8" placeholder="the model's own"
+                <input id=context_id type="text" inputmode="numeric" size="16" placeholder="the model's own"
                     prop:value=move || context.get() on:input=move |ev| context.set(event_target_value(&ev)) />
                 <label for=slots_id.clone()>"Parallel slots"</label>
                 <input id=slots_id type="text" inputmode="numeric" size="4"

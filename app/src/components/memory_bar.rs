@@ -1,6 +1,7 @@
 //! A GPU's memory as an SVG bar: one segment per sharer, then what is held outside Tessera, then what is
-//! left. Drawn on the server, so it reads before the wasm loads.
+//! left, with a legend under it. Drawn on the server, so it reads before the wasm loads.
 
+use crate::components::colour;
 use crate::views::GpuDetail;
 use leptos::prelude::*;
 use placement::Bytes;
@@ -13,8 +14,7 @@ fn segments(gpu: &GpuDetail) -> Vec<(String, Bytes, String)> {
     let mut out: Vec<(String, Bytes, String)> = gpu
         .sharers
         .iter()
-        .enumerate()
-        .map(|(i, s)| (s.name.clone(), s.bytes, format!("s{}", i % 6)))
+        .map(|s| (s.name.clone(), s.bytes, colour::of(&s.name)))
         .collect();
     if let crate::views::GpuUse::Whole(by) = &gpu.usage {
         out.push((format!("{by} (whole)"), gpu.offered(), "whole".to_owned()));
@@ -49,6 +49,14 @@ pub fn MemoryBar(
             words.join(", ")
         )
     };
+    let legend = parts
+        .iter()
+        .map(|(name, bytes, class)| (name.clone(), bytes.to_string(), class.clone()))
+        .chain(std::iter::once(("left".to_owned(), left.to_string(), "left".to_owned())))
+        .map(|(name, bytes, class)| {
+            view! { <li><span class=format!("swatch {class}") aria-hidden="true"></span>{format!("{name} {bytes}")}</li> }
+        })
+        .collect_view();
     let mut x = 0u64;
     let rects = parts
         .into_iter()
@@ -75,5 +83,6 @@ pub fn MemoryBar(
             <rect class="seg left" x="0" y="0" width=WIDTH height="28"></rect>
             {rects}
         </svg>
+        <ul class="legend" aria-hidden="true" data-testid="memory-legend">{legend}</ul>
     }
 }

@@ -2,6 +2,7 @@
 
 pub mod account_menu;
 pub mod cluster_tabs;
+pub mod colour;
 pub mod confirm;
 pub mod estimate_panel;
 pub mod live;

@@ -1,7 +1,7 @@
 //! The serving settings of a model's engine, as the wizard's Serving step and the Serving configuration
 //! form edit them: extra arguments (split as a shell would) and environment variables (one per line).
 
-use crate::deploy_form::{parse_args, parse_env};
+use crate::deploy_form::{args_example, parse_args, parse_env};
 use leptos::prelude::*;
 
 /// The two fields and what is wrong with them.
@@ -11,6 +11,9 @@ pub fn ServingFields(
     args: RwSignal<String>,
     /// The environment variables, as typed.
     env: RwSignal<String>,
+    /// What runs the model (`vllm`, `sglang`, `llamacpp`, `command`): the example is in its flags.
+    #[prop(into)]
+    engine: Signal<String>,
 ) -> impl IntoView {
     let problem = move || {
         parse_args(&args.get())
@@ -26,7 +29,7 @@ pub fn ServingFields(
             type="text"
             class="wide"
             autocomplete="off"
-            placeholder="--max-model-len 8192"
+            placeholder=move || engine.with(|e| args_example(e))
             prop:value=move || args.get()
             on:input=move |ev| args.set(event_target_value(&ev))
         />

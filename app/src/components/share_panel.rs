@@ -1,6 +1,7 @@
 //! The Shared GPU memory panel of seed 003: a bar, one share field per member, the total and the Free row,
 //! and the verdict, all recomputed in the browser on every keystroke.
 
+use crate::components::colour;
 use crate::share_form::{verdict_lines, ShareRow};
 use leptos::prelude::*;
 use placement::{BasisPoints, Bytes, Verdict};
@@ -29,12 +30,14 @@ pub fn SharedGpuMemoryPanel(
             let error = move || rows.with(|r| r[i].field_error());
             let gb = move || rows.with(|r| r[i].member().share.map(|s| gpu_total.share(s).gb_text()));
             let problem = move || verdict.with(|v| v.problems.iter().any(|p| p.member() == Some(name.as_str())));
+            let below = move || rows.with(|r| r[i].below_estimate(gpu_total));
+            let estimate = move || rows.with(|r| r[i].estimate).map(|e| format!(" · needs {}", e.size_text()));
             let label = rows.with_untracked(|r| r[i].name.clone());
             view! {
-                <tr data-testid="share-row" class:problem=problem>
+                <tr data-testid="share-row" class:problem=problem class:below-estimate=below>
                     <th scope="row">
-                        // The swatch ties the row to its segment of the bar.
-                        <span class=format!("swatch s{}", i % 6) aria-hidden="true"></span>
+                        // The swatch ties the row to its segment of the bar, in the model's colour everywhere.
+                        <span class=format!("swatch {}", colour::of(&label)) aria-hidden="true"></span>
                         <label for=id.clone()>{label.clone()}</label>
                         {locked.then(|| view! { <span class="tag" data-testid="not-editable">"not editable"</span> })}
                     </th>
@@ -59,7 +62,7 @@ pub fn SharedGpuMemoryPanel(
                         "%"
                         <span class="field-error" role="alert">{error}</span>
                     </td>
-                    <td class="gb">{move || gb().map(|gb| format!("{gb} GB"))}</td>
+                    <td class="gb" data-testid="share-gb">{move || gb().map(|gb| format!("{gb} GB"))}{estimate}</td>
                     <td class="demand">
                         {(!locked).then(|| {
                             let demand_id = format!("on-demand-{i}");
@@ -109,43 +112,74 @@ pub fn SharedGpuMemoryPanel(
 
     // SVG rather than styled boxes: the page's Content Security Policy allows no inline styles. On-demand
     // members take turns: the bar shows the room they take turns in once, as large as the largest of them.
+    // Over 100 % the bar grows past the GPU's end: its end is marked and what lies past it is red.
+    let scale = move || verdict.with(|v| v.total.max(BasisPoints::WHOLE));
+    let at = move |share: BasisPoints| {
+        u64::from(share.get()) * BAR_WIDTH / u64::from(scale().get().max(1))
+    };
     let segments = move || {
         rows.with(|r| {
-            let members: Vec<_> = r.iter().map(ShareRow::member).collect();
-            let turn = members
+            let pinned = r.iter().filter(|row| !row.on_demand);
+            let turn = r
                 .iter()
-                .filter(|m| m.demand.is_on_demand())
-                .filter_map(|m| m.share)
+                .filter(|row| row.on_demand)
+                .filter_map(|row| row.member().share)
                 .max()
-                .map(|s| ("on-demand turns".to_owned(), s));
-            let shares: Vec<(String, BasisPoints)> = members
-                .iter()
-                .filter(|m| !m.demand.is_on_demand())
-                .filter_map(|m| m.share.map(|s| (m.name.clone(), s)))
+                .map(|s| ("on-demand turns".to_owned(), s, "turns".to_owned(), None));
+            let shares: Vec<(String, BasisPoints, String, Option<Bytes>)> = pinned
+                .filter_map(|row| {
+                    let share = row.member().share?;
+                    Some((row.name.clone(), share, colour::of(&row.name), row.estimate))
+                })
                 .chain(turn)
                 .collect();
-            // Over 100 % the bar shows the proportions; the verdict says what is wrong.
-            let scale = shares.iter().map(|(_, s)| *s).sum::<BasisPoints>().max(BasisPoints::WHOLE);
             let mut x = 0u64;
             shares
                 .into_iter()
-                .enumerate()
-                .map(|(i, (name, share))| {
-                    let width = u64::from(share.get()) * BAR_WIDTH / u64::from(scale.get().max(1));
-                    let at = x;
+                .map(|(name, share, class, estimate)| {
+                    let width = at(share);
+                    let start = x;
                     x += width;
+                    // Where the member's estimate ends, on its own segment.
+                    let mark = estimate.map(|e| start + at(BasisPoints::ratio(e, gpu_total)));
                     view! {
-                        <g class=format!("segment s{}", i % 6)>
-                            <rect x=at y="0" width=width height="32"><title>{format!("{name} {share}")}</title></rect>
+                        <g class=format!("segment {class}")>
+                            <rect x=start y="0" width=width height="32"><title>{format!("{name} {share}")}</title></rect>
+                            {mark.map(|m| view! {
+                                <line class="estimate-mark" x1=m x2=m y1="0" y2="32"><title>{format!("{name}'s estimate")}</title></line>
+                            })}
                         </g>
                     }
                 })
                 .collect_view()
         })
     };
+    let over = move || verdict.with(|v| v.total.over());
+    let overflow = move || {
+        over().map(|_| {
+            let limit = at(BasisPoints::WHOLE);
+            view! {
+                <rect class="overflow" x=limit y="0" width=BAR_WIDTH - limit height="32"><title>"past the GPU's memory"</title></rect>
+                <line class="limit" x1=limit x2=limit y1="0" y2="32"></line>
+            }
+        })
+    };
+    let over_line = move || {
+        over().map(|by| {
+            format!(
+                "Over by {by} of the GPU ({} GB): the red part of the bar does not fit.",
+                gpu_total.share(by).gb_text()
+            )
+        })
+    };
 
     let total = move || verdict.with(|v| v.total.to_string());
-    let free = move || verdict.with(|v| v.free().to_string());
+    let free = move || {
+        verdict.with(|v| match v.total.over() {
+            Some(by) => format!("none: over by {by}"),
+            None => v.free().to_string(),
+        })
+    };
     let warns = move || verdict.with(Verdict::warns);
     let refused = move || verdict.with(Verdict::is_refused);
     let lines = move || {
@@ -162,8 +196,11 @@ pub fn SharedGpuMemoryPanel(
             <svg class="bar" viewBox=format!("0 0 {BAR_WIDTH} 32") preserveAspectRatio="none" role="img" aria-label=move || format!("Shares of one accelerator: {} taken, {} free", total(), free())>
                 <rect class="left" x="0" y="0" width=BAR_WIDTH height="32"></rect>
                 {segments}
+                {overflow}
             </svg>
+            {move || over_line().map(|line| view! { <p class="over-by" data-testid="over-by">{line}</p> })}
             <table class="shares">
+                <colgroup><col class="name" /><col class="share" /><col class="gb" /><col /></colgroup>
                 <thead>
                     <tr>
                         <th scope="col">"Model"</th>
@@ -182,7 +219,7 @@ pub fn SharedGpuMemoryPanel(
                     </tr>
                     <tr class="free" class:warn=warns>
                         <th scope="row">"Free"</th>
-                        <td data-testid="free">{free}</td>
+                        <td data-testid="free" class:over=move || over().is_some()>{free}</td>
                         <td data-testid="free-warning" colspan="2">{move || warns().then_some(placement::plan::FREE_ROW_WARNING)}</td>
                     </tr>
                 </tbody>

@@ -112,6 +112,16 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
     let hydrated = RwSignal::new(false);
     Effect::new(move |_| hydrated.set(true));
 
+    let engine = Signal::derive(move || {
+        let chosen = model.get();
+        options.with_value(|o| {
+            o.catalog
+                .iter()
+                .find(|m| m.name == chosen)
+                .map(|m| m.engine.clone())
+                .unwrap_or_default()
+        })
+    });
     let placement = Memo::new(move |_| Placement {
         model: model.get(),
         nodes: nodes.get(),
@@ -234,7 +244,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             <h2 data-testid="step" tabindex="-1" node_ref=heading>{move || STEPS[step.get()]}</h2>
             {move || match step.get() {
                 0 => view! { <PlacementStep options model nodes width sharing /> }.into_any(),
-                1 => view! { <ServingFields args env /> }.into_any(),
+                1 => view! { <ServingFields args env engine=engine /> }.into_any(),
                 _ => view! { <SharingStep model sharing shared rows verdict whole /> }.into_any(),
             }}
             {move || (step.get() == 0).then(|| placement_problem().filter(|_| !model.get().is_empty() && !nodes.get().is_empty()).map(|p| view! {

@@ -127,7 +127,7 @@ fn ServingEditor(form: ServingForm) -> impl IntoView {
             </fieldset>
             <fieldset class="panel">
                 <legend>"Serving"</legend>
-                <ServingFields args env />
+                <ServingFields args env engine=form.engine.clone() />
             </fieldset>
             {move || save.value().get().and_then(Result::err).map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })}
             {move || if confirming.get() {

@@ -119,6 +119,9 @@ pub struct DeployRequest {
 pub struct ServingForm {
     /// The model.
     pub model: String,
+    /// What runs it: `vllm`, `sglang`, `llamacpp` or `command`.
+    #[serde(default)]
+    pub engine: String,
     /// Its group.
     pub group: Option<String>,
     /// The revision a change must name (its group's).

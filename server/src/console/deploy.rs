@@ -120,6 +120,13 @@ impl ConsoleService {
             None => return Err(not_running(model)),
         };
         let (mut args, mut env) = self.fleet.serving_of(model)?;
+        let engine = self
+            .fleet
+            .models()
+            .into_iter()
+            .find(|m| m.name == model)
+            .map(|m| crate::fleet::groups::engine_name(m.engine).to_owned())
+            .unwrap_or_default();
         if caller.role != Role::Admin {
             let marked = self.fleet.secret_env_of(model);
             env = authority::redact_env(&env, &marked);
@@ -127,6 +134,7 @@ impl ConsoleService {
         }
         Ok(ServingForm {
             model: model.to_owned(),
+            engine,
             group,
             revision,
             nodes: node_options(&self.fleet.machines()),
