@@ -18,6 +18,8 @@ pub struct Placement {
     pub nodes: Vec<String>,
     /// How many GPUs the model takes on each node.
     pub width: u32,
+    /// The group picked to join, where the chosen nodes run several.
+    pub group: Option<String>,
 }
 
 /// A deploy with sharing, worked out from step one.
@@ -139,6 +141,29 @@ fn entry<'a>(options: &'a DeployOptions, model: &str) -> Result<&'a CatalogEntry
         .ok_or_else(|| format!("The catalog has no model named {model}."))
 }
 
+/// The sharing groups running on the chosen nodes, with a line each (`text-router · GPU 0 of h200-node ·
+/// glm-5.3, vision`), where there are several to pick from: the model joins one.
+pub fn groups_on_nodes(options: &DeployOptions, nodes: &[String]) -> Vec<(String, String)> {
+    let groups: Vec<(String, String)> = options
+        .groups
+        .iter()
+        .filter(|g| g.gpus.iter().any(|gpu| nodes.contains(&gpu.machine)))
+        .map(|g| {
+            let gpus: Vec<String> = g.gpus.iter().map(ToString::to_string).collect();
+            let members: Vec<&str> = g.members.iter().map(|m| m.name.as_str()).collect();
+            (
+                g.name.clone(),
+                format!("{} · {} · {}", g.name, gpus.join(", "), members.join(", ")),
+            )
+        })
+        .collect();
+    if groups.len() > 1 {
+        groups
+    } else {
+        Vec::new()
+    }
+}
+
 /// The deploy with sharing that step one describes, or what to change in step one.
 pub fn shared_deploy(
     options: &DeployOptions,
@@ -155,9 +180,20 @@ pub fn shared_deploy(
                 .any(|gpu| placement.nodes.contains(&gpu.machine))
         })
         .collect();
-    let names: Vec<&str> = on_nodes.iter().map(|g| g.name.as_str()).collect();
+    let mut names: Vec<&str> = on_nodes.iter().map(|g| g.name.as_str()).collect();
+    // Of several groups on the nodes, the one picked (the wizard lists them: groups_on_nodes).
+    if let Some(picked) = placement.group.as_deref().filter(|g| names.contains(g)) {
+        names = vec![picked];
+    }
     let choice =
-        choose_group(&model.name, model.group.as_deref(), &names).map_err(|e| e.to_string())?;
+        choose_group(&model.name, model.group.as_deref(), &names).map_err(|e| match e {
+            placement::GroupError::TwoGroups(..) => format!(
+                "The chosen nodes run {} sharing groups: choose the one {} joins.",
+                names.len(),
+                model.name
+            ),
+            e => e.to_string(),
+        })?;
     let new_member = PlanMember {
         locked: model.system,
         ..PlanMember::new(&model.name, model.default_share)
@@ -510,7 +546,54 @@ mod tests {
             model: model.into(),
             nodes: nodes.iter().map(|n| (*n).to_owned()).collect(),
             width,
+            group: None,
         }
+    }
+
+    #[test]
+    fn on_a_node_of_two_groups_the_model_joins_the_one_picked() {
+        let mut options = options();
+        // A second group on atlas's other GPU.
+        options.groups.push(GroupPlan {
+            name: "speech-pool".into(),
+            revision: 2,
+            gpus: vec![GpuRef::new("atlas", 1)],
+            members: vec![PlanMember::new("speech", BasisPoints::percent(30))],
+            unloaded: Vec::new(),
+        });
+        let mut asked = placement("vision", &["atlas"], 1);
+        assert_eq!(
+            shared_deploy(&options, &asked).unwrap_err(),
+            "The chosen nodes run 2 sharing groups: choose the one vision joins."
+        );
+        let listed = groups_on_nodes(&options, &asked.nodes);
+        assert_eq!(
+            listed,
+            [
+                (
+                    "text-router".to_owned(),
+                    "text-router · GPU 0 of atlas · semantic-router, glm-5.3".to_owned()
+                ),
+                (
+                    "speech-pool".to_owned(),
+                    "speech-pool · GPU 1 of atlas · speech".to_owned()
+                ),
+            ]
+        );
+        asked.group = Some("speech-pool".into());
+        let deploy = shared_deploy(&options, &asked).unwrap();
+        assert_eq!(deploy.choice.line(), "This model joins speech-pool.");
+        assert_eq!(deploy.revision, Some(2));
+        assert_eq!(
+            deploy
+                .gpus
+                .iter()
+                .map(|g| g.gpu.clone())
+                .collect::<Vec<_>>(),
+            [GpuRef::new("atlas", 1)]
+        );
+        // One group on the chosen nodes: nothing to pick.
+        assert!(groups_on_nodes(&options, &["h200-node".to_owned()]).is_empty());
     }
 
     #[test]

@@ -164,3 +164,28 @@ test("the Serving step's example arguments are in the chosen engine's own flags,
     else await expect(args).not.toHaveAttribute("placeholder");
   }
 });
+
+test("on a node that runs two groups the wizard lets one pick the group to join, and the model joins it on its GPU", async ({ page, request }) => {
+  await deploy(request, { model: "glm-5.3", gpus: ["h200-node:1"], share: 40 });
+  await deploy(request, { model: "vision", gpus: ["h200-node:2"], share: 25 });
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await page.getByLabel("Model", { exact: true }).selectOption("speech");
+  await page.locator("#node-h200-node").check();
+  await expect(page.getByTestId("placement-problem")).toHaveText("The chosen nodes run 2 sharing groups: choose the one speech joins.");
+  const pick = page.getByTestId("group-pick");
+  await expect(pick.getByRole("radio")).toHaveCount(2);
+  await pick.getByRole("radio", { name: /^vision · GPU 2 of h200-node/ }).check();
+  await expect(page.getByTestId("placement-problem")).toHaveCount(0);
+  await wizard.next.click();
+  await expect(wizard.step).toHaveText("Serving");
+  await wizard.next.click();
+  await expect(wizard.step).toHaveText("GPU sharing");
+  await expect(page.getByTestId("group-line")).toHaveText("This model joins vision.");
+  await wizard.panel.type("speech", "20");
+  // Nothing restarts (vision keeps its share), so nothing is asked.
+  await wizard.deploy.click();
+  await expect(page).toHaveURL(/deployed=speech/);
+  const group = await (await request.get("/api/groups/vision")).json();
+  expect(group.members.map((m: { name: string }) => m.name).sort()).toEqual(["speech", "vision"]);
+});

@@ -87,8 +87,8 @@ pub enum GroupError {
     },
 }
 
-/// The group a model joins: the one running on the chosen nodes; when none runs, the group its recipe names;
-/// otherwise a new group named after the model.
+/// The group a model joins: the one running on the chosen nodes (of several, the one its recipe names);
+/// when none runs, the group its recipe names; otherwise a new group named after the model.
 pub fn choose_group(
     model: &str,
     recipe_group: Option<&str>,
@@ -97,6 +97,9 @@ pub fn choose_group(
     let mut running = groups_on_nodes.iter().copied();
     match running.next() {
         Some(first) => match running.find(|g| *g != first) {
+            Some(_) if recipe_group.is_some_and(|r| groups_on_nodes.contains(&r)) => {
+                Ok(GroupChoice::Join(recipe_group.expect("checked").to_owned()))
+            }
             Some(other) => Err(GroupError::TwoGroups(first.to_owned(), other.to_owned())),
             None => Ok(GroupChoice::Join(first.to_owned())),
         },
@@ -318,7 +321,14 @@ mod tests {
     }
 
     #[test]
-    fn nodes_of_two_groups_are_refused() {
+    fn nodes_of_two_groups_are_refused_unless_the_recipe_names_one_of_them() {
+        assert_eq!(
+            choose_group("glm", Some("b"), &["a", "b"]).unwrap(),
+            GroupChoice::Join("b".to_owned()),
+            "of two groups on the nodes, the one its recipe names"
+        );
+        let err = choose_group("glm", Some("c"), &["a", "b"]).unwrap_err();
+        assert_eq!(err, GroupError::TwoGroups("a".to_owned(), "b".to_owned()));
         let err = choose_group("glm", None, &["a", "b"]).unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -10,8 +10,8 @@ use crate::components::estimate_panel::EstimatePanel;
 use crate::components::serving_fields::ServingFields;
 use crate::components::share_panel::SharedGpuMemoryPanel;
 use crate::deploy_form::{
-    parse_args, parse_env, selectable, shared_deploy, shown_nodes, whole_gpus, Placement,
-    SharedDeploy, NODES_SHOWN,
+    groups_on_nodes, parse_args, parse_env, selectable, shared_deploy, shown_nodes, whole_gpus,
+    Placement, SharedDeploy, NODES_SHOWN,
 };
 use crate::error::AppError;
 use crate::share_form::{self, ShareRow};
@@ -122,10 +122,12 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 .unwrap_or_default()
         })
     });
+    let group = RwSignal::new(None::<String>);
     let placement = Memo::new(move |_| Placement {
         model: model.get(),
         nodes: nodes.get(),
         width: width.get(),
+        group: group.get(),
     });
     let shared = Memo::new(move |_| options.with_value(|o| shared_deploy(o, &placement.get())));
     let whole = Memo::new(move |_| options.with_value(|o| whole_gpus(o, &placement.get())));
@@ -243,7 +245,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             </ol>
             <h2 data-testid="step" tabindex="-1" node_ref=heading>{move || STEPS[step.get()]}</h2>
             {move || match step.get() {
-                0 => view! { <PlacementStep options model nodes width sharing /> }.into_any(),
+                0 => view! { <PlacementStep options model nodes width sharing group /> }.into_any(),
                 1 => view! { <ServingFields args env engine=engine /> }.into_any(),
                 _ => view! { <SharingStep model sharing shared rows verdict whole /> }.into_any(),
             }}
@@ -292,8 +294,11 @@ fn PlacementStep(
     nodes: RwSignal<Vec<String>>,
     width: RwSignal<u32>,
     sharing: RwSignal<bool>,
+    group: RwSignal<Option<String>>,
 ) -> impl IntoView {
     let catalog = options.with_value(|o| o.catalog.clone());
+    // Where the chosen nodes run several groups, the one to join is picked here.
+    let groups = Memo::new(move |_| nodes.with(|n| options.with_value(|o| groups_on_nodes(o, n))));
     let many = options.with_value(|o| o.nodes.len() > NODES_SHOWN);
     let query = RwSignal::new(String::new());
     // The nodes listed, and how many match: a large fleet's list is searched.
@@ -374,6 +379,30 @@ fn PlacementStep(
                 }}</For>
             </ul>
         </fieldset>
+        {move || {
+            let listed = groups.get();
+            (sharing.get() && !listed.is_empty()).then(|| view! {
+                <fieldset class="groups" data-testid="group-pick">
+                    <legend>"Sharing group"</legend>
+                    <p class="muted">"The chosen nodes run several sharing groups: the model joins one, on its GPUs."</p>
+                    <ul class="choices">
+                        {listed.into_iter().map(|(name, line)| {
+                            let id = format!("group-{name}");
+                            let picked = name.clone();
+                            let checked = name.clone();
+                            view! {
+                                <li>
+                                    <input type="radio" name="group" id=id.clone()
+                                        prop:checked=move || group.with(|g| g.as_deref() == Some(checked.as_str()))
+                                        on:change=move |_| group.set(Some(picked.clone())) />
+                                    <label for=id>{line}</label>
+                                </li>
+                            }
+                        }).collect_view()}
+                    </ul>
+                </fieldset>
+            })
+        }}
         <label for="width">"GPU width"</label>
         <select id="width" on:change=move |ev| width.set(event_target_value(&ev).parse().unwrap_or(1))>
             {move || (1..=widest()).map(|w| view! {
