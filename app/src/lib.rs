@@ -19,6 +19,7 @@ pub mod security;
 pub mod services;
 pub mod share_form;
 pub mod views;
+pub mod when;
 
 use components::account_menu::{provide_signed_in, AccountMenu};
 use components::cluster_tabs::TopNav;

@@ -97,6 +97,46 @@ pub fn plan(rows: &[ShareRow]) -> Vec<PlanMember> {
     rows.iter().map(ShareRow::member).collect()
 }
 
+/// What a plan change does to each member's share, in words, as the confirmation shows it:
+/// `glm-5.3 40% → 55% (38.4 → 52.8 GB)`, `vision joins at 25% (24 GB)`, `speech leaves`; on demand and
+/// back as `speech: on demand`, `speech: always loaded`. Members that keep their share and demand are not
+/// named.
+pub fn change_lines(before: &[PlanMember], after: &[PlanMember], gpu_total: Bytes) -> Vec<String> {
+    let gb = |share: BasisPoints| gpu_total.share(share).gb_text();
+    let mut lines = Vec::new();
+    for member in after {
+        let was = before.iter().find(|b| b.name == member.name);
+        match (was.and_then(|b| b.share), member.share) {
+            (Some(from), Some(to)) if from != to => lines.push(format!(
+                "{} {from} → {to} ({} → {} GB)",
+                member.name,
+                gb(from),
+                gb(to)
+            )),
+            (None, Some(to)) if was.is_none() => {
+                lines.push(format!("{} joins at {to} ({} GB)", member.name, gb(to)))
+            }
+            _ => {}
+        }
+        if let Some(was) = was {
+            if was.demand.is_on_demand() != member.demand.is_on_demand() {
+                lines.push(if member.demand.is_on_demand() {
+                    format!("{}: on demand", member.name)
+                } else {
+                    format!("{}: always loaded", member.name)
+                });
+            }
+        }
+    }
+    for gone in before
+        .iter()
+        .filter(|b| after.iter().all(|a| a.name != b.name))
+    {
+        lines.push(format!("{} leaves", gone.name));
+    }
+    lines
+}
+
 /// Whether every keep-alive field holds one: the form may be sent.
 pub fn keep_alives_valid(rows: &[ShareRow]) -> bool {
     rows.iter().all(|r| r.keep_alive_error().is_none())
@@ -140,6 +180,34 @@ pub fn verdict_lines(verdict: &Verdict) -> Vec<String> {
 mod tests {
     use super::*;
     use placement::GpuRef;
+
+    #[test]
+    fn a_confirmation_names_each_share_it_changes_with_its_memory_before_and_after() {
+        let member = |name: &str, pct: u32| PlanMember::new(name, BasisPoints::percent(pct));
+        let before = [
+            member("glm-5.3", 40),
+            member("reranker", 20),
+            member("speech", 10),
+        ];
+        let mut after = vec![
+            member("glm-5.3", 55),
+            member("reranker", 20),
+            member("vision", 25),
+        ];
+        after[1].demand = Demand::OnDemand {
+            keep_alive: KeepAlive::default(),
+        };
+        assert_eq!(
+            change_lines(&before, &after, Bytes::gb(96)),
+            [
+                "glm-5.3 40% → 55% (38.4 → 52.8 GB)",
+                "reranker: on demand",
+                "vision joins at 25% (24 GB)",
+                "speech leaves",
+            ]
+        );
+        assert!(change_lines(&before, &before, Bytes::gb(96)).is_empty());
+    }
 
     #[test]
     fn a_row_whose_share_holds_less_than_its_estimate_is_below_it() {

@@ -61,6 +61,22 @@ test("every page passes axe-core, its links are one blue, and the Cluster tabs s
   await audit(page, "deploy-refused");
 });
 
+test.describe("at 768 px", () => {
+  test.use({ viewport: { width: 768, height: 1024 } });
+
+  test("every page fits the width: only a wide table scrolls, inside its own box", async ({ page, request }) => {
+    test.setTimeout(120_000);
+    await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
+    for (const path of ["/", "/models", "/nodes", "/repack", "/machines/atlas", "/models/glm-5.3/sharing", "/deploy", "/playground", "/usage", "/audit", "/admin"]) {
+      await open(page, path);
+      const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
+      expect(overflow, `${path} is wider than the window`).toBeLessThanOrEqual(0);
+    }
+    await open(page, "/models");
+    await page.screenshot({ path: test.info().outputPath("models-768.png"), fullPage: true });
+  });
+});
+
 test.describe("signed out", () => {
   test.use({ withAdmin: false });
   test("the setup and sign-in pages pass axe-core", async ({ page, data }) => {

@@ -20,7 +20,7 @@ function fleet(): string {
 
 test.use({ inventory: fleet() });
 
-test("with 1,250 machines the nodes tab finds one by name and pages the rest, and the overview sums them", async ({ page }) => {
+test("with 1,250 machines the nodes tab finds one by name and pages the rest, and the overview sums them with thousands separators and one memory bar", async ({ page }) => {
   await open(page, "/nodes");
   // The demo fleet's four machines and the 1,250.
   await expect(page.getByTestId("nodes-page")).toHaveText("Page 1 of 26 · nodes 1–50 of 1254");
@@ -30,6 +30,10 @@ test("with 1,250 machines the nodes tab finds one by name and pages the rest, an
   );
   expect(violations.map((v) => v.id)).toEqual([]);
 
+  // Each row pictures its GPUs in one element: fifty pictures, of eight cells each.
+  await expect(page.getByTestId("gpu-cells")).toHaveCount(50);
+  await expect(page.getByTestId("gpu-cells").first()).toHaveAttribute("aria-label", /^\d+ GPUs: /);
+  await page.screenshot({ path: test.info().outputPath("nodes-1250.png") });
   await page.getByRole("button", { name: "Next" }).click();
   await expect(page.getByTestId("nodes-page")).toHaveText("Page 2 of 26 · nodes 51–100 of 1254");
   await expect(page).toHaveURL(/\/nodes\?page=2$/);
@@ -44,8 +48,11 @@ test("with 1,250 machines the nodes tab finds one by name and pages the rest, an
   await expect(page.getByTestId("no-match")).toHaveText('No node, group or model holds "nothing-like-it".');
 
   await open(page, "/");
-  await expect(page.getByTestId("machines")).toHaveText("1254");
-  await expect(page.getByTestId("gpus")).toHaveText("10013");
+  await expect(page.getByTestId("machines")).toHaveText("1,254");
+  await expect(page.getByTestId("gpus")).toHaveText("10,013");
+  // The fleet's memory in one bar, however many GPUs: one element, four segments.
+  await expect(page.getByTestId("fleet-bar").locator("rect.seg:not(.left)")).toHaveCount(4);
+  await page.screenshot({ path: test.info().outputPath("overview-1250.png") });
 });
 
 test("with 1,250 machines the wizard lists fifty nodes, finds one by name and keeps a chosen node in view", async ({ page }) => {

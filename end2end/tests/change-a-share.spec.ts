@@ -8,7 +8,7 @@ test.beforeEach(async ({ request }) => {
   await deploy(request, { model: "vision", gpus: ["atlas:0"], share: 25, revision: 2 });
 });
 
-test("the form opens on today's shares, Save waits for a change, and the confirmation names who restarts", async ({ page, request }) => {
+test("the form opens on today's shares, Save waits for a change, and the confirmation shows each share's change in memory and names who restarts", async ({ page, request }) => {
   await open(page, "/models");
   const models = new ModelsTab(page);
   await models.menu("vision", "GPU sharing");
@@ -40,6 +40,8 @@ test("the form opens on today's shares, Save waits for a change, and the confirm
   await expect(save).toBeEnabled();
   await page.screenshot({ path: test.info().outputPath("gpu-sharing-form.png"), fullPage: true });
   await save.click();
+  // The change itself, share and memory, before who restarts.
+  await expect(page.getByTestId("confirm-changes").locator("li")).toHaveText(["glm-5.3 40% → 35% (38.4 → 33.6 GB)", "vision 25% → 30% (24 → 28.8 GB)"]);
   await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts 2 models: glm-5.3, vision.");
   await page.getByTestId("confirm").getByRole("button", { name: "Save" }).click();
 

@@ -34,6 +34,7 @@ test("a model joins the running group, another member gives up room, and the mod
 
   await wizard.deploy.click();
   await expect(wizard.confirm).toBeVisible();
+  await expect(page.getByTestId("confirm-changes").locator("li")).toHaveText(["glm-5.3 40% → 30% (38.4 → 28.8 GB)", "vision joins at 35% (33.6 GB)"]);
   await expect(page.getByTestId("confirm-restarts")).toHaveText("This restarts 2 models: glm-5.3, vision.");
   await page.screenshot({ path: test.info().outputPath("deploy-confirmation.png"), fullPage: true });
   await wizard.confirm.getByRole("button", { name: "Deploy" }).click();

@@ -10,6 +10,7 @@ test("the overview sums the fleet, counts the models, and leads from a fragment 
   await expect(page.getByTestId("machines")).toHaveText("4");
   await expect(page.getByTestId("gpus")).toHaveText("13");
   await expect(page.getByTestId("no-alarms")).toHaveText("No alarms.");
+  await expect(page).toHaveTitle("Overview · Tessera");
   await expect(page.getByTestId("models-line")).toHaveText("0 models: 0 serving, 0 loading, 0 not loaded, 0 failing");
 
   // A model on 40 % of atlas:0: that GPU is partly taken, and its free room is a fragment.
@@ -30,14 +31,34 @@ test.describe("with a GPU whose reading says it is unhealthy", () => {
     ].join("\n") + "\n",
   });
 
-  test("the overview raises an alarm for an unhealthy GPU, even one whose reading says not why, linked to its machine, whose tile says it takes no work", async ({ page }) => {
+  test("the overview raises an alarm for an unhealthy GPU, even one whose reading says not why, linked to its machine and counted in the tab's title, whose tile says it takes no work", async ({ page }) => {
     await open(page, "/");
     const alarm = page.locator('[data-testid="alarm"][data-kind="Unhealthy"]');
     await expect(alarm).toHaveText("Unhealthy GPU 0 of sick is unhealthy: its reading says so");
     await expect(page.getByTestId("no-alarms")).toHaveCount(0);
+    // Counted in the tab's title, so that a tab in the background says so.
+    await expect(page).toHaveTitle(/^\(\d+\) Overview · Tessera$/);
     await alarm.getByRole("link").click();
     await expect(page).toHaveURL(/\/machines\/sick$/);
     // Not "free · offers 24 GB": nothing is placed on it.
     await expect(page.getByTestId("gpu-tile-taken")).toHaveText("unhealthy: takes no work");
+  });
+
+  test("the nodes tab pictures each node's GPUs, marks the unhealthy, and sorts by health, free memory and GPU model", async ({ page }) => {
+    await open(page, "/nodes");
+    const sick = page.locator('[data-testid="node-row"][data-node="sick"]');
+    await expect(sick.getByTestId("node-unhealthy")).toHaveText("1 unhealthy");
+    await expect(sick.getByTestId("gpu-cells")).toHaveAttribute("aria-label", "1 GPU: 0 whole, 0 shared, 0 free; 1 unhealthy");
+    await expect(sick.getByTestId("node-gpu-model")).toHaveText("NVIDIA L4");
+    await page.getByTestId("sort-health").click();
+    await expect(page).toHaveURL(/\/nodes\?sort=health$/);
+    await expect(page.getByTestId("node-row").first()).toHaveAttribute("data-node", "sick");
+    await expect(page.getByRole("columnheader", { name: /GPUs/ })).toHaveAttribute("aria-sort", "descending");
+    await page.getByTestId("sort-free").click();
+    await expect(page).toHaveURL(/\/nodes\?sort=free$/);
+    // h200-node's eight 141 GB GPUs hold the most free memory of the demo fleet.
+    await expect(page.getByTestId("node-row").first()).toHaveAttribute("data-node", "h200-node");
+    await page.getByTestId("sort-gpu").click();
+    await expect(page.getByTestId("node-row").first().getByTestId("node-gpu-model")).toHaveText(/^NVIDIA/);
   });
 });

@@ -66,5 +66,9 @@ test.describe("with a gateway that waits 3 s for an engine", () => {
     await page.getByRole("button", { name: "Send" }).click();
     await expect(failed).toHaveCount(2, { timeout: 45_000 });
     await expect(page.locator(".said-user.unanswered")).toHaveText([/anyone there\?/, /and now\?/]);
+    // The Models tab counts them against the model, this hour.
+    await open(page, "/models");
+    await expect(page.locator('[data-testid="model-row"][data-model="vision"]').getByTestId("errors")).toHaveText("2 of 2 (100.0%)");
+    await expect(page.locator('[data-testid="model-row"][data-model="vision"]').getByTestId("restarts")).toHaveText("0");
   });
 });

@@ -29,6 +29,7 @@ test("each refusal of the seed's table makes Deploy unavailable, with the seed's
   await expect(page.locator("svg.bar rect.overflow")).toHaveCount(1);
   // The columns stayed where they were while the figures changed.
   expect(await columns()).toEqual(before);
+  await page.screenshot({ path: test.info().outputPath("share-over-100.png"), fullPage: true });
 
   await panel.type("vision", "0");
   await expect(panel.verdict).toHaveText(`vision: ${NO_SHARE}`);

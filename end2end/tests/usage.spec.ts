@@ -3,7 +3,7 @@
 import { deploy, expect, test } from "./fixtures/tessera";
 import { open } from "./fixtures/console";
 
-test("the usage page lists each machine's GPU time, charts it, and offers the same as CSV", async ({ page, request }) => {
+test("the usage page lists each machine's GPU time, charts it stacked with its unit and a total, and offers the same as CSV", async ({ page, request }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await open(page, "/usage?period=24h&by=model");
   await expect(page.getByLabel("Period")).toHaveValue("24h");
@@ -11,6 +11,10 @@ test("the usage page lists each machine's GPU time, charts it, and offers the sa
   const table = page.getByTestId("usage-table");
   await expect(table.locator("tbody th")).toHaveText(["glm-5.3"]);
   await expect(page.getByRole("img", { name: /^GPU-hours: glm-5.3/ })).toBeVisible();
+  // Bars with their unit, stacked busy over held where readings say, and the total under them.
+  await expect(page.getByTestId("usage-chart-total")).toHaveText(/^[\d.]+ GPU-h( \([\d.—]+ busy\))?$/);
+  await expect(page.getByTestId("usage-chart").locator("rect.idle")).toHaveCount(1);
+  await expect(table.locator("tfoot th")).toHaveText("Total");
   const href = await page.getByTestId("usage-csv").getAttribute("href");
   expect(href).toMatch(/^\/api\/usage\.csv\?from=.*&by=model$/);
   const csv = await (await request.get(href!)).text();

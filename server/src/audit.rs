@@ -8,6 +8,7 @@ use crate::error::ApiError;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sqlx::{SqliteConnection, SqlitePool};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// The actor of what the server does by itself (the demo catalog it seeds, say).
 pub const TESSERA: &str = "tessera";
@@ -139,6 +140,8 @@ pub struct AuditFilter {
     pub target: Option<String>,
     /// At most this many (100 unless said, at most 1000).
     pub limit: Option<i64>,
+    /// Only entries older than this one (its id): the next page.
+    pub before: Option<i64>,
 }
 
 /// The entries `filter` picks, newest first.
@@ -166,12 +169,14 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
          WHERE (?1 IS NULL OR actor = ?1) \
            AND (?2 IS NULL OR action = ?2 OR action LIKE ?2 || '.%') \
            AND (?3 IS NULL OR target = ?3) \
+           AND (?5 IS NULL OR id < ?5) \
          ORDER BY id DESC LIMIT ?4",
     )
     .bind(filter.actor.as_deref().filter(|s| !s.is_empty()))
     .bind(filter.action.as_deref().filter(|s| !s.is_empty()))
     .bind(filter.target.as_deref().filter(|s| !s.is_empty()))
     .bind(limit)
+    .bind(filter.before)
     .fetch_all(pool)
     .await?;
     // Entries written before secrets were kept out of the log are redacted as they are read.
@@ -201,6 +206,92 @@ pub async fn entries(pool: &SqlitePool, filter: &AuditFilter) -> Result<Vec<Audi
             },
         )
         .collect()
+}
+
+/// What an entry changed, field by field: `members.glm-5.3.share: 4000 → 5500`, `gpus: none → ["atlas:0"]`.
+/// Objects are walked by key, lists of named things by name (so a member added to a plan is one line, not
+/// every member after it moved up), other lists by position; at most [`CHANGES_SHOWN`] lines, then a count.
+pub fn changed_fields(before: Option<&Value>, after: Option<&Value>) -> Vec<String> {
+    let mut was = BTreeMap::new();
+    let mut now = BTreeMap::new();
+    if let Some(before) = before {
+        flatten(String::new(), before, &mut was);
+    }
+    if let Some(after) = after {
+        flatten(String::new(), after, &mut now);
+    }
+    let mut lines: Vec<String> = was
+        .keys()
+        .chain(now.keys())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .filter(|path| was.get(*path) != now.get(*path))
+        .map(|path| {
+            let side = |v: Option<&String>| v.cloned().unwrap_or_else(|| "none".to_owned());
+            let name = if path.is_empty() {
+                "value"
+            } else {
+                path.as_str()
+            };
+            format!("{name}: {} → {}", side(was.get(path)), side(now.get(path)))
+        })
+        .collect();
+    if lines.len() > CHANGES_SHOWN {
+        let more = lines.len() - CHANGES_SHOWN;
+        lines.truncate(CHANGES_SHOWN);
+        lines.push(format!("and {more} more"));
+    }
+    lines
+}
+
+/// The most changed fields an entry lists.
+const CHANGES_SHOWN: usize = 20;
+
+/// Each scalar of `value` under its path.
+fn flatten(path: String, value: &Value, out: &mut BTreeMap<String, String>) {
+    let join = |key: &str| {
+        if path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{path}.{key}")
+        }
+    };
+    match value {
+        Value::Object(fields) => {
+            for (key, value) in fields {
+                flatten(join(key), value, out);
+            }
+        }
+        Value::Array(items) => {
+            let name_of = |item: &Value| {
+                ["name", "member", "model"]
+                    .iter()
+                    .find_map(|k| item.get(k).and_then(Value::as_str).map(str::to_owned))
+            };
+            let named: Option<Vec<String>> = items.iter().map(name_of).collect();
+            match named.filter(|names| {
+                names.iter().collect::<BTreeSet<_>>().len() == names.len() && !names.is_empty()
+            }) {
+                Some(names) => {
+                    for (name, item) in names.iter().zip(items) {
+                        flatten(join(name), item, out);
+                    }
+                }
+                // A list of plain values reads best whole.
+                None if items.iter().all(|i| !i.is_object() && !i.is_array()) => {
+                    out.insert(path, value.to_string());
+                }
+                None => {
+                    for (i, item) in items.iter().enumerate() {
+                        flatten(join(&i.to_string()), item, out);
+                    }
+                }
+            }
+        }
+        scalar => {
+            out.insert(path, scalar.to_string());
+        }
+    }
 }
 
 /// The most entries one retention transaction deletes.

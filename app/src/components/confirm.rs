@@ -16,6 +16,9 @@ pub fn Confirm(
     title: String,
     /// The models that restart.
     restarts: Vec<String>,
+    /// What the change does, a line each (`glm-5.3 40% → 55% (38.4 → 52.8 GB)`).
+    #[prop(optional)]
+    changes: Vec<String>,
     /// What happens, when it is not a restart (a removal).
     #[prop(optional, into)]
     line: Option<String>,
@@ -77,6 +80,11 @@ pub fn Confirm(
     view! {
         <dialog class="confirm" node_ref=dialog role="alertdialog" aria-labelledby="confirm-title" aria-describedby="confirm-line" data-testid="confirm" on:cancel=on_escape>
             <h2 id="confirm-title">{title}</h2>
+            {(!changes.is_empty()).then(|| view! {
+                <ul class="changes" data-testid="confirm-changes">
+                    {changes.into_iter().map(|line| view! { <li>{line}</li> }).collect_view()}
+                </ul>
+            })}
             <p id="confirm-line" data-testid="confirm-restarts">{line}</p>
             <ul class="restarts">
                 {restarts.into_iter().map(|name| view! { <li>{name}</li> }).collect_view()}

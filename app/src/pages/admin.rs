@@ -6,6 +6,7 @@ use crate::components::account_menu::signed_in;
 use crate::components::confirm::Confirm;
 use crate::error::AppError;
 use crate::views::{AccountsPage, ApiToken, NewApiToken, TokenLimits, TokenScope};
+use crate::when::When;
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 
@@ -148,7 +149,7 @@ fn Accounts(
                             <tr data-account=a.name.clone()>
                                 <th scope="row">{a.name.clone()}</th>
                                 <td>{a.role.as_str()}</td>
-                                <td>{a.created_at}</td>
+                                <td><When at=a.created_at /></td>
                                 // One's own account is removed by another admin (the server refuses it too).
                                 <td>{move || {
                                     let who = who.clone();
@@ -259,8 +260,8 @@ fn TokenTable(tokens: Vec<ApiToken>, revoke: ServerAction<RevokeToken>) -> impl 
                             <td>{t.user}</td>
                             <td><code>{format!("{}…", t.prefix)}</code></td>
                             <td>{t.limits.describe()}</td>
-                            <td>{t.created_at}</td>
-                            <td>{t.last_used_at.unwrap_or_else(|| "never".to_owned())}</td>
+                            <td><When at=t.created_at /></td>
+                            <td>{match t.last_used_at { Some(at) => view! { <When at /> }.into_any(), None => "never".into_any() }}</td>
                             <td>{state}</td>
                         </tr>
                     }

@@ -107,7 +107,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
     let args = RwSignal::new(String::new());
     let env = RwSignal::new(String::new());
     let rows = RwSignal::new(Vec::<ShareRow>::new());
-    let confirming = RwSignal::new(None::<Vec<String>>);
+    let confirming = RwSignal::new(None::<(Vec<String>, Vec<String>)>);
     let deploy = ServerAction::<DeployModel>::new();
     let hydrated = RwSignal::new(false);
     Effect::new(move |_| hydrated.set(true));
@@ -222,16 +222,25 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
     };
     let ask = move |_| {
         let name = model.get_untracked();
-        let restarts = if sharing.get_untracked() {
+        let asked = if sharing.get_untracked() {
             shared.get_untracked().ok().map(|plan: SharedDeploy| {
-                rows.with_untracked(|r| plan.restarts(&share_form::plan(r)))
+                rows.with_untracked(|r| {
+                    let after = share_form::plan(r);
+                    let gpu_total = plan.gpus.first().map(|g| g.total).unwrap_or_default();
+                    (
+                        plan.restarts(&after),
+                        share_form::change_lines(&plan.before, &after, gpu_total),
+                    )
+                })
             })
         } else {
             None
         };
-        match restarts {
-            // Others restart: name each of them first (seed 003).
-            Some(names) if names.iter().any(|n| *n != name) => confirming.set(Some(names)),
+        match asked {
+            // Others restart: name each of them first (seed 003), with what changes for each.
+            Some((names, changes)) if names.iter().any(|n| *n != name) => {
+                confirming.set(Some((names, changes)))
+            }
             _ => send(),
         }
     };
@@ -256,10 +265,11 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 <p class="error" role="alert" data-testid="deploy-error">{e.to_string()}</p>
             })}
             {move || match confirming.get() {
-                Some(names) => view! {
+                Some((names, changes)) => view! {
                     <Confirm
                         title=format!("Deploy {}?", model.get_untracked())
                         restarts=names
+                        changes
                         confirm="Deploy"
                         pending=deploy.pending()
                         on_confirm=send

@@ -177,6 +177,8 @@ fn ModelsTable(
                     <th scope="col">"Share"</th>
                     <th scope="col">"Nodes"</th>
                     <th scope="col">"Health"</th>
+                    <th scope="col" class="number">"Restarts"</th>
+                    <th scope="col" class="number">"Errors this hour"</th>
                     <th scope="col">"State"</th>
                     <th scope="col"><span class="visually-hidden">"Actions"</span></th>
                 </tr>
@@ -248,6 +250,8 @@ fn ModelLine(
             <td>
                 <span class="chip" class:ok=healthy data-testid="health">{move || row.with(ModelRow::health)}</span>
             </td>
+            <td class="number" data-testid="restarts">{move || row.with(ModelRow::restarts)}</td>
+            <td class="number" data-testid="errors" class:bad=move || row.with(|r| r.hour_failed > 0)>{move || row.with(ModelRow::errors_text)}</td>
             <td data-testid="state">
                 <span class=move || format!("state {}", state().0.css_class())>{move || state().0.label()}</span>
                 {move || state().1.map(|m| view! { <span class="why">{m}</span> })}

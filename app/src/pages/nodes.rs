@@ -1,11 +1,11 @@
-//! The Nodes tab: each node's sharing group, its models with their shares, and its GPU memory
-//! (`2 of 2 shareable · 180 GB free (94%)`), searched by node, group or model and shown 50 to a page, so
-//! that it stays quick with 1,250 machines.
+//! The Nodes tab: each node's sharing group, its models with their shares, a picture of its GPUs and its
+//! GPU memory (`2 of 2 shareable · 180 GB free (94%)`), searched by node, group or model, sorted by a
+//! column and shown 50 to a page, so that it stays quick with 1,250 machines.
 
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::live::use_live;
 use crate::error::AppError;
-use crate::views::{NodeRow, NodesPage, NODES_PER_PAGE};
+use crate::views::{GpuCell, NodeRow, NodeSort, NodesPage, NODES_PER_PAGE};
 use leptos::prelude::*;
 use leptos_router::components::A;
 use leptos_router::hooks::{use_navigate, use_query_map};
@@ -13,11 +13,30 @@ use leptos_router::NavigateOptions;
 
 /// One page of the nodes whose name, group or model holds `search`.
 #[server(prefix = "/rpc", endpoint = "list_nodes", client = crate::csrf::CsrfClient)]
-pub async fn list_nodes(search: String, page: usize) -> Result<NodesPage, AppError> {
+pub async fn list_nodes(search: String, page: usize, sort: String) -> Result<NodesPage, AppError> {
     crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     let rows = crate::services::answer(console.nodes()).await?;
-    Ok(NodesPage::of(rows, &search, page))
+    Ok(NodesPage::of(rows, &search, page, NodeSort::parse(&sort)))
+}
+
+/// The address of the Nodes tab with `search`, `page` and `sort`, each left out at its default.
+fn nodes_address(search: &str, page: usize, sort: NodeSort) -> String {
+    let mut parts = Vec::new();
+    if !search.is_empty() {
+        parts.push(format!("q={}", crate::address::query_value(search)));
+    }
+    if sort != NodeSort::Name {
+        parts.push(format!("sort={}", sort.as_str()));
+    }
+    if page > 1 {
+        parts.push(format!("page={page}"));
+    }
+    if parts.is_empty() {
+        "/nodes".to_owned()
+    } else {
+        format!("/nodes?{}", parts.join("&"))
+    }
 }
 
 /// The tab. The search and the page are in the address (`?q=whisper&page=2`), so that a link or a reload
@@ -35,23 +54,13 @@ pub fn NodesPage() -> impl IntoView {
                 .unwrap_or(1)
         })
     };
+    let sort = move || query.with(|q| NodeSort::parse(&q.get("sort").unwrap_or_default()));
     let nodes = Resource::new(
-        move || (live.track(), search(), page()),
-        |(_, search, page)| list_nodes(search, page),
+        move || (live.track(), search(), page(), sort()),
+        |(_, search, page, sort)| list_nodes(search, page, sort.as_str().to_owned()),
     );
     let go = move |search: String, page: usize| {
-        let mut address = String::from("/nodes");
-        let mut parts = Vec::new();
-        if !search.is_empty() {
-            parts.push(format!("q={}", crate::address::query_value(&search)));
-        }
-        if page > 1 {
-            parts.push(format!("page={page}"));
-        }
-        if !parts.is_empty() {
-            address.push('?');
-            address.push_str(&parts.join("&"));
-        }
+        let address = nodes_address(&search, page, sort());
         navigate(
             &address,
             NavigateOptions {
@@ -84,7 +93,8 @@ pub fn NodesPage() -> impl IntoView {
                     }.into_any(),
                     Ok(p) => {
                         let go = go.clone();
-                        view! { <NodesTable rows=p.rows.clone() /> <Pages p go /> }.into_any()
+                        let search = search();
+                        view! { <NodesTable rows=p.rows.clone() search sort=sort() /> <Pages p go /> }.into_any()
                     }
                     Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
                 })}
@@ -133,20 +143,105 @@ fn shown_text(p: &NodesPage) -> String {
     }
 }
 
-/// The table of nodes.
+/// A node's GPUs as one picture, a cell each: what Tessera's work takes (from the bottom), what is held
+/// outside, what is left; a GPU held whole is dark, an unhealthy one outlined in red. One element per row,
+/// so that fifty rows of eight GPUs are fifty pictures, not four hundred components.
+#[component]
+fn GpuCells(cells: Vec<GpuCell>) -> impl IntoView {
+    const CELL: u64 = 14;
+    const HEIGHT: u64 = 24;
+    let label = cells_label(&cells);
+    let height = |part: placement::Bytes, total: placement::Bytes| {
+        (u128::from(part.get()) * u128::from(HEIGHT) / u128::from(total.get().max(1))) as u64
+    };
+    let width = (cells.len() as u64 * CELL).max(CELL);
+    let drawn = cells
+        .into_iter()
+        .enumerate()
+        .map(|(i, cell)| {
+            let x = i as u64 * CELL + 1;
+            let taken = height(cell.taken, cell.total);
+            let outside = height(cell.outside, cell.total).min(HEIGHT - taken);
+            view! {
+                <g class="gpu-cell" class:whole=cell.whole class:unhealthy=!cell.healthy>
+                    <rect class="room" x=x y="0" width=CELL - 2 height=HEIGHT></rect>
+                    <rect class="outside" x=x y=HEIGHT - taken - outside width=CELL - 2 height=outside></rect>
+                    <rect class="taken" x=x y=HEIGHT - taken width=CELL - 2 height=taken></rect>
+                </g>
+            }
+        })
+        .collect_view();
+    view! {
+        <svg class="gpu-cells" viewBox=format!("0 0 {width} {HEIGHT}") width=width height=HEIGHT role="img" aria-label=label data-testid="gpu-cells">
+            {drawn}
+        </svg>
+    }
+}
+
+/// What a node's picture shows, in words: `8 GPUs: 2 whole, 3 shared, 3 free; 1 unhealthy` (free: healthy
+/// and holding nothing).
+fn cells_label(cells: &[GpuCell]) -> String {
+    let whole = cells.iter().filter(|c| c.whole).count();
+    let shared = cells
+        .iter()
+        .filter(|c| !c.whole && c.taken > placement::Bytes::ZERO)
+        .count();
+    let free = cells
+        .iter()
+        .filter(|c| c.healthy && !c.whole && c.taken == placement::Bytes::ZERO)
+        .count();
+    let unhealthy = cells.iter().filter(|c| !c.healthy).count();
+    format!(
+        "{} GPU{}: {whole} whole, {shared} shared, {free} free{}",
+        cells.len(),
+        if cells.len() == 1 { "" } else { "s" },
+        if unhealthy > 0 {
+            format!("; {unhealthy} unhealthy")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// A sortable column's heading: a link to the same page in its order, marked when it is the order.
+#[component]
+fn SortBy(label: &'static str, by: NodeSort, sort: NodeSort, search: String) -> impl IntoView {
+    let current = by == sort;
+    let (direction, arrow) = match by {
+        NodeSort::Free | NodeSort::Health | NodeSort::Models => ("descending", " ↓"),
+        _ => ("ascending", " ↑"),
+    };
+    view! {
+        <th scope="col" aria-sort=current.then_some(direction)>
+            <A href=nodes_address(&search, 1, by) attr:data-testid=format!("sort-{}", by.as_str())>
+                {label}{current.then_some(arrow)}
+            </A>
+        </th>
+    }
+}
+
+/// The table of nodes: a picture of each node's GPUs, and columns to sort by.
 #[component]
 pub fn NodesTable(
     /// The rows.
     rows: Vec<NodeRow>,
+    /// The search, kept when the order changes.
+    #[prop(optional)]
+    search: String,
+    /// The order shown.
+    #[prop(optional)]
+    sort: NodeSort,
 ) -> impl IntoView {
     view! {
         <table class="list nodes" data-testid="nodes">
             <thead>
                 <tr>
-                    <th scope="col">"Node"</th>
+                    <SortBy label="Node" by=NodeSort::Name sort search=search.clone() />
                     <th scope="col">"Group"</th>
-                    <th scope="col">"Models"</th>
-                    <th scope="col">"GPU memory"</th>
+                    <SortBy label="Models" by=NodeSort::Models sort search=search.clone() />
+                    <SortBy label="GPU model" by=NodeSort::GpuModel sort search=search.clone() />
+                    <SortBy label="GPUs" by=NodeSort::Health sort search=search.clone() />
+                    <SortBy label="GPU memory" by=NodeSort::Free sort search />
                 </tr>
             </thead>
             <tbody>
@@ -165,11 +260,17 @@ pub fn NodesTable(
                         let name = node.name.clone();
                         let href = format!("/machines/{name}");
                         let key = name.clone();
+                        let unhealthy = node.unhealthy();
                         view! {
                             <tr data-testid="node-row" data-node=key>
                                 <th scope="row"><A href=href>{name}</A></th>
                                 <td data-testid="node-group">{if node.groups.is_empty() { "—".to_owned() } else { node.groups.join(", ") }}</td>
                                 <td data-testid="node-models">{if models.is_empty() { "—".to_owned() } else { models }}</td>
+                                <td data-testid="node-gpu-model">{node.gpu_model.clone()}</td>
+                                <td class="cells">
+                                    <GpuCells cells=node.cells.clone() />
+                                    {(unhealthy > 0).then(|| view! { <span class="tag bad" data-testid="node-unhealthy">{format!("{unhealthy} unhealthy")}</span> })}
+                                </td>
                                 <td data-testid="node-memory">{node.summary()}</td>
                             </tr>
                         }
@@ -177,5 +278,44 @@ pub fn NodesTable(
                     .collect_view()}
             </tbody>
         </table>
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_node_s_picture_says_in_words_what_its_gpus_hold() {
+        let gb = placement::Bytes::gb;
+        let cell = |taken, whole, healthy| GpuCell {
+            total: gb(80),
+            taken: gb(taken),
+            outside: placement::Bytes::ZERO,
+            whole,
+            healthy,
+        };
+        assert_eq!(
+            cells_label(&[
+                cell(80, true, true),
+                cell(20, false, true),
+                cell(0, false, true),
+                cell(0, false, false)
+            ]),
+            "4 GPUs: 1 whole, 1 shared, 1 free; 1 unhealthy"
+        );
+        assert_eq!(
+            cells_label(&[cell(0, false, true)]),
+            "1 GPU: 0 whole, 0 shared, 1 free"
+        );
+    }
+
+    #[test]
+    fn the_address_of_an_order_keeps_the_search_and_leaves_defaults_out() {
+        assert_eq!(nodes_address("", 1, NodeSort::Name), "/nodes");
+        assert_eq!(
+            nodes_address("h200", 2, NodeSort::Free),
+            "/nodes?q=h200&sort=free&page=2"
+        );
     }
 }

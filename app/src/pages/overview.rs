@@ -6,6 +6,7 @@ use crate::components::live::use_live;
 use crate::error::AppError;
 use crate::views::{Alarm, Overview};
 use leptos::prelude::*;
+use leptos_meta::Title;
 use leptos_router::components::A;
 use placement::{BasisPoints, Bytes};
 
@@ -15,6 +16,70 @@ pub async fn load_overview() -> Result<Overview, AppError> {
     crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     crate::services::answer(console.overview()).await
+}
+
+/// A count as operators read it at size: `10,013`.
+pub fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// The tab's title: the open alarms counted first, so that a tab in the background says so.
+fn title(alarms: usize) -> String {
+    match alarms {
+        0 => "Overview".to_owned(),
+        n => format!("({n}) Overview"),
+    }
+}
+
+/// The fleet's memory as one stacked bar (shared, whole GPUs, held outside, free), with its legend: one
+/// element whatever the fleet's size.
+#[component]
+fn FleetBar(o: Overview) -> impl IntoView {
+    const WIDTH: u64 = 1000;
+    let total = o.total.get().max(1);
+    let parts = [
+        ("shared", "Shared", o.shared),
+        ("whole", "Whole GPUs", o.whole),
+        ("outside", "Outside Tessera", o.outside),
+        ("unused", "Free", o.free),
+    ];
+    let label = parts
+        .iter()
+        .map(|(_, name, bytes)| format!("{name} {}", bytes.size_text()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut x = 0;
+    let rects = parts
+        .iter()
+        .map(|(class, name, bytes)| {
+            let width = (u128::from(bytes.get()) * u128::from(WIDTH) / u128::from(total)) as u64;
+            let at = x;
+            x += width;
+            view! { <rect class=format!("seg {class}") x=at y="0" width=width height="28"><title>{format!("{name} {}", bytes.size_text())}</title></rect> }
+        })
+        .collect_view();
+    let legend = parts
+        .iter()
+        .map(|(class, name, bytes)| view! {
+            <li><span class=format!("swatch {class}") aria-hidden="true"></span>{format!("{name} {}", with_share(*bytes, o.total))}</li>
+        })
+        .collect_view();
+    view! {
+        <svg class="memory-bar fleet" viewBox=format!("0 0 {WIDTH} 28") preserveAspectRatio="none" role="img"
+            aria-label=format!("The fleet's GPU memory, {}: {label}", o.total.size_text()) data-testid="fleet-bar">
+            <rect class="seg left" x="0" y="0" width=WIDTH height="28"></rect>
+            {rects}
+        </svg>
+        <ul class="legend" aria-hidden="true">{legend}</ul>
+    }
 }
 
 /// `part` of `whole` as the page says it: `12.5 GB (41%)`.
@@ -59,9 +124,9 @@ fn gateway_line(o: &Overview) -> String {
     };
     format!(
         "{} request{} since {since} UTC, {} failed ({failed_percent:.1}%)",
-        o.requests,
+        thousands(o.requests),
         if o.requests == 1 { "" } else { "s" },
-        o.failed_requests
+        thousands(o.failed_requests)
     )
 }
 
@@ -87,6 +152,7 @@ pub fn OverviewPage() -> impl IntoView {
 fn OverviewPanels(o: Overview) -> impl IntoView {
     let alarms = o.alarms.clone();
     view! {
+        <Title text=title(alarms.len()) />
         <section class="panel" aria-labelledby="overview-alarms" data-testid="alarms">
             <h2 id="overview-alarms">"Alarms"</h2>
             {if alarms.is_empty() {
@@ -107,11 +173,12 @@ fn OverviewPanels(o: Overview) -> impl IntoView {
         <section class="panel" aria-labelledby="overview-gpus">
             <h2 id="overview-gpus">"GPUs"</h2>
             <dl class="figures" data-testid="gpu-figures">
-                <div><dt>"Machines"</dt><dd data-testid="machines">{o.machines}</dd></div>
-                <div><dt>"GPUs"</dt><dd data-testid="gpus">{o.gpus}</dd></div>
-                <div><dt>"Free GPUs"</dt><dd data-testid="free-gpus">{o.free_gpus}</dd></div>
+                <div><dt>"Machines"</dt><dd data-testid="machines">{thousands(o.machines.into())}</dd></div>
+                <div><dt>"GPUs"</dt><dd data-testid="gpus">{thousands(o.gpus.into())}</dd></div>
+                <div><dt>"Free GPUs"</dt><dd data-testid="free-gpus">{thousands(o.free_gpus.into())}</dd></div>
                 <div><dt>"Memory"</dt><dd data-testid="memory">{o.total.size_text()}</dd></div>
             </dl>
+            <FleetBar o=o.clone() />
             <dl class="figures" data-testid="memory-figures">
                 <div><dt>"Shared"</dt><dd data-testid="shared">{with_share(o.shared, o.total)}</dd></div>
                 <div><dt>"Whole GPUs"</dt><dd data-testid="whole">{with_share(o.whole, o.total)}</dd></div>
@@ -142,6 +209,17 @@ fn OverviewPanels(o: Overview) -> impl IntoView {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_written_with_thousands_separators_and_alarms_lead_the_title() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1254), "1,254");
+        assert_eq!(thousands(10_013), "10,013");
+        assert_eq!(thousands(1_000_000), "1,000,000");
+        assert_eq!(title(0), "Overview");
+        assert_eq!(title(3), "(3) Overview");
+    }
 
     fn overview() -> Overview {
         Overview {
@@ -177,7 +255,7 @@ mod tests {
         );
         assert_eq!(
             gateway_line(&o),
-            "1204 requests since 09:00 UTC, 3 failed (0.2%)"
+            "1,204 requests since 09:00 UTC, 3 failed (0.2%)"
         );
         assert_eq!(
             stranded_line(&o).unwrap(),

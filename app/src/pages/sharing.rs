@@ -107,7 +107,8 @@ fn SharingEditor(
             && rows.with(|r| share_form::keep_alives_valid(r))
     };
     let before = form.group.clone();
-    let confirming = RwSignal::new(None::<Vec<String>>);
+    let gpu_total = form.gpus.first().map(|g| g.total).unwrap_or_default();
+    let confirming = RwSignal::new(None::<(Vec<String>, Vec<String>)>);
     let save = ServerAction::<SaveShares>::new();
     let group = form.group.name.clone();
     let members = form.group.members.clone();
@@ -128,7 +129,6 @@ fn SharingEditor(
         Some(Err(e)) => Some(e.to_string()),
         _ => None,
     };
-    let gpu_total = form.gpus.first().map(|g| g.total).unwrap_or_default();
     let machine = form.gpus.first().map(|g| g.gpu.machine.clone());
     let estimated: Vec<String> = std::iter::once(form.model.clone())
         .chain(
@@ -145,8 +145,17 @@ fn SharingEditor(
         .map(|g| format!("{} ({})", g.gpu, g.total))
         .collect::<Vec<_>>()
         .join(", ");
-    let ask = move |_| {
-        confirming.set(Some(rows.with_untracked(|r| restarts(&before, r))));
+    let ask = {
+        let members = form.group.members.clone();
+        move |_| {
+            let (names, changes) = rows.with_untracked(|r| {
+                (
+                    restarts(&before, r),
+                    share_form::change_lines(&members, &share_form::plan(r), gpu_total),
+                )
+            });
+            confirming.set(Some((names, changes)));
+        }
     };
     view! {
         <div data-hydrated=move || hydrated.get().to_string()>
@@ -168,13 +177,14 @@ fn SharingEditor(
                         <A href="/models" attr:class="button secondary">"Cancel"</A>
                     </div>
                 }.into_any(),
-                Some(names) => {
+                Some((names, changes)) => {
                     let group = group.clone();
                     let members = members.clone();
                     view! {
                         <Confirm
                             title="Save the new shares?"
                             restarts=names
+                            changes
                             confirm="Save"
                             pending=save.pending()
                             on_confirm=move || {

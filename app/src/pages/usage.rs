@@ -3,6 +3,7 @@
 //! CSV.
 
 use crate::error::AppError;
+use crate::pages::overview::thousands;
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::hooks::use_query_map;
@@ -133,15 +134,15 @@ fn Report(report: UsageReport) -> impl IntoView {
     }
     let heading = grouping_label(report.by);
     view! {
-        <Chart rows=report.rows.clone() />
+        <Chart rows=report.rows.clone() total=report.total.clone() />
         <table class="usage" data-testid="usage-table">
             <caption>"From " {rfc3339(report.from_ms)} " to " {rfc3339(report.to_ms)}</caption>
             <thead>
                 <tr>
                     <th scope="col">{heading}</th>
-                    <th scope="col">"GPU-hours"</th>
-                    <th scope="col">"Busy GPU-hours"</th>
-                    <th scope="col">"Energy (Wh)"</th>
+                    <th scope="col" class="number">"GPU-hours"</th>
+                    <th scope="col" class="number">"Busy GPU-hours"</th>
+                    <th scope="col" class="number">"Energy (Wh)"</th>
                 </tr>
             </thead>
             <tbody>
@@ -175,10 +176,10 @@ fn Requests(report: UsageReport) -> impl IntoView {
                     <tr>
                         <th scope="col">"Model"</th>
                         <th scope="col">"API token"</th>
-                        <th scope="col">"Requests"</th>
-                        <th scope="col">"Failed"</th>
-                        <th scope="col">"Prompt tokens"</th>
-                        <th scope="col">"Completion tokens"</th>
+                        <th scope="col" class="number">"Requests"</th>
+                        <th scope="col" class="number">"Failed"</th>
+                        <th scope="col" class="number">"Prompt tokens"</th>
+                        <th scope="col" class="number">"Completion tokens"</th>
                     </tr>
                 </thead>
                 <tbody>
@@ -186,10 +187,10 @@ fn Requests(report: UsageReport) -> impl IntoView {
                         <tr>
                             <th scope="row">{r.model}</th>
                             <td>{r.key}</td>
-                            <td>{r.requests}</td>
-                            <td>{r.failed}</td>
-                            <td>{r.prompt_tokens}</td>
-                            <td>{r.completion_tokens}</td>
+                            <td class="number">{thousands(r.requests)}</td>
+                            <td class="number">{thousands(r.failed)}</td>
+                            <td class="number">{thousands(r.prompt_tokens)}</td>
+                            <td class="number">{thousands(r.completion_tokens)}</td>
                         </tr>
                     }).collect_view()}
                 </tbody>
@@ -210,54 +211,75 @@ fn row(r: &UsageRow) -> impl IntoView {
     view! {
         <tr>
             <th scope="row">{r.name.clone()}</th>
-            <td>{r.gpu_hours()}</td>
-            <td>{r.busy_gpu_hours()}</td>
-            <td>{r.energy_wh()}</td>
+            <td class="number">{r.gpu_hours()}</td>
+            <td class="number">{r.busy_gpu_hours()}</td>
+            <td class="number">{r.energy_wh()}</td>
         </tr>
     }
 }
 
-/// GPU-hours per row as horizontal bars, drawn as SVG on the server.
+/// GPU-hours per row as horizontal bars, each stacked (the busy GPU-hours, where readings say, then the
+/// rest), labelled with their unit, then the total: drawn as SVG on the server.
 #[component]
-fn Chart(rows: Vec<UsageRow>) -> impl IntoView {
+fn Chart(rows: Vec<UsageRow>, total: UsageRow) -> impl IntoView {
     const BAR: u64 = 22;
     const LABEL: u64 = 160;
-    const WIDTH: u64 = 640;
+    const WIDTH: u64 = 720;
+    const ROOM: u64 = WIDTH - LABEL - 200;
     let most = rows
         .iter()
         .map(|r| r.figures.gpu_time.0)
         .max()
         .unwrap_or(0)
         .max(1);
-    let height = BAR * rows.len() as u64 + 4;
+    let height = BAR * (rows.len() as u64 + 1) + 8;
     let summary = rows
         .iter()
         .map(|r| format!("{} {} GPU-hours", r.name, r.gpu_hours()))
         .collect::<Vec<_>>()
         .join(", ");
+    let label = |r: &UsageRow| match r.figures.busy {
+        Some(_) => format!("{} GPU-h ({} busy)", r.gpu_hours(), r.busy_gpu_hours()),
+        None => format!("{} GPU-h", r.gpu_hours()),
+    };
+    let bars = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let y = i as u64 * BAR + 2;
+            let width = (ROOM * r.figures.gpu_time.0 / most).max(1);
+            let busy = r
+                .figures
+                .busy
+                .map_or(0, |b| ROOM * b.0.min(r.figures.gpu_time.0) / most);
+            view! {
+                <g>
+                    <text x=LABEL - 8 y=y + 15 text-anchor="end">{r.name.clone()}</text>
+                    <rect class="idle" x=LABEL y=y width=width height=BAR - 6 rx="3"></rect>
+                    <rect class="busy" x=LABEL y=y width=busy height=BAR - 6 rx="3"></rect>
+                    <text x=LABEL + width + 6 y=y + 15>{label(r)}</text>
+                </g>
+            }
+        })
+        .collect_view();
+    let y = rows.len() as u64 * BAR + 6;
     view! {
         <svg
             class="usage-chart"
             viewBox=format!("0 0 {WIDTH} {height}")
             role="img"
-            aria-label=format!("GPU-hours: {summary}")
+            aria-label=format!("GPU-hours: {summary}; in all {} GPU-hours", total.gpu_hours())
+            data-testid="usage-chart"
         >
-            {rows
-                .into_iter()
-                .enumerate()
-                .map(|(i, r)| {
-                    let y = i as u64 * BAR + 2;
-                    let width = (WIDTH - LABEL - 80) * r.figures.gpu_time.0 / most;
-                    view! {
-                        <g>
-                            <text x=LABEL - 8 y=y + 15 text-anchor="end">{r.name.clone()}</text>
-                            <rect x=LABEL y=y width=width.max(1) height=BAR - 6 rx="3"></rect>
-                            <text x=LABEL + width + 6 y=y + 15>{r.gpu_hours()}</text>
-                        </g>
-                    }
-                })
-                .collect_view()}
+            {bars}
+            <line class="total-rule" x1=LABEL x2=WIDTH - 10 y1=y - 3 y2=y - 3></line>
+            <text x=LABEL - 8 y=y + 15 text-anchor="end" class="total">"Total"</text>
+            <text x=LABEL y=y + 15 class="total" data-testid="usage-chart-total">{label(&total)}</text>
         </svg>
+        <ul class="legend" aria-hidden="true">
+            <li><span class="swatch busy"></span>"busy GPU-hours (by utilisation)"</li>
+            <li><span class="swatch idle"></span>"the rest of the GPU-hours held"</li>
+        </ul>
     }
 }
 

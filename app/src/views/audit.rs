@@ -26,7 +26,13 @@ pub struct AuditLine {
     /// The address the change came from.
     #[serde(default)]
     pub client: Option<String>,
+    /// What it changed, field by field: `shares.glm-5.3: 40.0 → 30.0`.
+    #[serde(default)]
+    pub changes: Vec<String>,
 }
+
+/// Entries the Audit page shows at once; the next page is those older than its last.
+pub const AUDIT_PAGE: usize = 50;
 
 /// What the Audit page narrows the log to; empty fields leave it wide.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,4 +43,7 @@ pub struct AuditQuery {
     pub action: String,
     /// Only changes to this.
     pub target: String,
+    /// Only entries older than this one: the next page.
+    #[serde(default)]
+    pub before: Option<i64>,
 }

@@ -31,6 +31,91 @@ pub struct NodeRow {
     pub total: Bytes,
     /// What its shareable GPUs offer beyond what their sharers take.
     pub free: Bytes,
+    /// Each GPU at a glance, for the row's picture.
+    #[serde(default)]
+    pub cells: Vec<GpuCell>,
+    /// Its GPUs' model (`NVIDIA H100 80GB HBM3`), or `mixed`.
+    #[serde(default)]
+    pub gpu_model: String,
+}
+
+/// One GPU in a row of the Nodes tab: what Tessera's work takes, what is held outside, what is left;
+/// whole or shared; healthy or not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuCell {
+    /// All its memory.
+    pub total: Bytes,
+    /// What Tessera's work takes of it (all of what it offers, when held whole).
+    pub taken: Bytes,
+    /// What something outside Tessera holds.
+    pub outside: Bytes,
+    /// Held whole by one worker or model.
+    pub whole: bool,
+    /// Healthy.
+    pub healthy: bool,
+}
+
+/// How the Nodes tab is sorted: by name (the default), most free memory first, GPU model, the least
+/// healthy first, or the most models first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum NodeSort {
+    /// By name.
+    #[default]
+    Name,
+    /// Most free GPU memory first.
+    Free,
+    /// By GPU model.
+    GpuModel,
+    /// Unhealthy GPUs first, the most first.
+    Health,
+    /// The most models first.
+    Models,
+}
+
+impl NodeSort {
+    /// Every order, as the address spells it (`?sort=free`).
+    pub const ALL: [(NodeSort, &'static str); 5] = [
+        (NodeSort::Name, "name"),
+        (NodeSort::Free, "free"),
+        (NodeSort::GpuModel, "gpu"),
+        (NodeSort::Health, "health"),
+        (NodeSort::Models, "models"),
+    ];
+
+    /// The order the address names; by name where it names none it knows.
+    pub fn parse(text: &str) -> NodeSort {
+        NodeSort::ALL
+            .iter()
+            .find(|(_, name)| *name == text)
+            .map_or(NodeSort::Name, |(sort, _)| *sort)
+    }
+
+    /// How the address spells it.
+    pub fn as_str(self) -> &'static str {
+        NodeSort::ALL
+            .iter()
+            .find(|(sort, _)| *sort == self)
+            .map_or("name", |(_, name)| name)
+    }
+
+    fn order(self, rows: &mut [NodeRow]) {
+        match self {
+            NodeSort::Name => rows.sort_by(|a, b| a.name.cmp(&b.name)),
+            NodeSort::Free => rows.sort_by(|a, b| b.free.cmp(&a.free).then(a.name.cmp(&b.name))),
+            NodeSort::GpuModel => {
+                rows.sort_by(|a, b| a.gpu_model.cmp(&b.gpu_model).then(a.name.cmp(&b.name)))
+            }
+            NodeSort::Health => {
+                rows.sort_by(|a, b| b.unhealthy().cmp(&a.unhealthy()).then(a.name.cmp(&b.name)))
+            }
+            NodeSort::Models => rows.sort_by(|a, b| {
+                b.models
+                    .len()
+                    .cmp(&a.models.len())
+                    .then(a.name.cmp(&b.name))
+            }),
+        }
+    }
 }
 
 /// Rows of the Nodes tab a page shows.
@@ -54,13 +139,14 @@ pub struct NodesPage {
 impl NodesPage {
     /// Page `page` (from 1; past the last is the last) of `rows` whose node, group or model holds
     /// `search` (any case).
-    pub fn of(rows: Vec<NodeRow>, search: &str, page: usize) -> NodesPage {
+    pub fn of(rows: Vec<NodeRow>, search: &str, page: usize, sort: NodeSort) -> NodesPage {
         let all = rows.len();
         let needle = search.trim().to_lowercase();
-        let matching: Vec<NodeRow> = rows
+        let mut matching: Vec<NodeRow> = rows
             .into_iter()
             .filter(|row| needle.is_empty() || row.holds(&needle))
             .collect();
+        sort.order(&mut matching);
         let pages = matching.len().div_ceil(NODES_PER_PAGE).max(1);
         let page = page.clamp(1, pages);
         NodesPage {
@@ -78,6 +164,11 @@ impl NodesPage {
 }
 
 impl NodeRow {
+    /// Its unhealthy GPUs.
+    pub fn unhealthy(&self) -> usize {
+        self.cells.iter().filter(|c| !c.healthy).count()
+    }
+
     /// Whether its name, a group or a model holds `needle` (lower case).
     fn holds(&self, needle: &str) -> bool {
         self.name.to_lowercase().contains(needle)
@@ -458,6 +549,8 @@ mod tests {
             shareable: 8,
             total: Bytes::gb(640),
             free: Bytes::gb(640),
+            cells: Vec::new(),
+            gpu_model: "NVIDIA H100 80GB HBM3".into(),
         }
     }
 
@@ -471,29 +564,72 @@ mod tests {
                 )
             })
             .collect();
-        let first = NodesPage::of(rows.clone(), "", 1);
+        let first = NodesPage::of(rows.clone(), "", 1, NodeSort::Name);
         assert_eq!(
             (first.rows.len(), first.matching, first.pages),
             (50, 1250, 25)
         );
-        let last = NodesPage::of(rows.clone(), "", 99);
+        let last = NodesPage::of(rows.clone(), "", 99, NodeSort::Name);
         assert_eq!(
             (last.page, last.rows[0].name.as_str()),
             (25, "gpu-1200"),
             "past the last is the last"
         );
-        let by_model = NodesPage::of(rows.clone(), "whisper", 1);
+        let by_model = NodesPage::of(rows.clone(), "whisper", 1, NodeSort::Name);
         assert_eq!(
             (by_model.matching, by_model.rows[0].name.as_str()),
             (1, "gpu-0777")
         );
-        let by_name = NodesPage::of(rows.clone(), " GPU-12 ", 1);
+        let by_name = NodesPage::of(rows.clone(), " GPU-12 ", 1, NodeSort::Name);
         assert_eq!(by_name.matching, 50, "gpu-1200 to gpu-1249");
-        let none = NodesPage::of(rows, "nothing", 3);
+        let none = NodesPage::of(rows, "nothing", 3, NodeSort::Name);
         assert_eq!(
             (none.matching, none.page, none.pages, none.all),
             (0, 1, 1, 1250)
         );
+    }
+
+    #[test]
+    fn the_nodes_tab_sorts_by_free_memory_gpu_model_health_or_models_then_by_name() {
+        let cell = |healthy| GpuCell {
+            total: Bytes::gb(80),
+            taken: Bytes::ZERO,
+            outside: Bytes::ZERO,
+            whole: false,
+            healthy,
+        };
+        let mut a = node("a", "embed");
+        a.free = Bytes::gb(10);
+        a.gpu_model = "NVIDIA L4".into();
+        a.cells = vec![cell(true), cell(false)];
+        let mut b = node("b", "embed");
+        b.free = Bytes::gb(300);
+        b.models.push(NodeModel {
+            name: "speech".into(),
+            share: None,
+        });
+        b.cells = vec![cell(true)];
+        let mut c = node("c", "embed");
+        c.free = Bytes::gb(300);
+        c.cells = vec![cell(false), cell(false)];
+        let rows = vec![c, a, b];
+        let order = |sort| -> Vec<String> {
+            NodesPage::of(rows.clone(), "", 1, sort)
+                .rows
+                .into_iter()
+                .map(|r| r.name)
+                .collect()
+        };
+        assert_eq!(order(NodeSort::Name), ["a", "b", "c"]);
+        assert_eq!(order(NodeSort::Free), ["b", "c", "a"]);
+        assert_eq!(order(NodeSort::GpuModel), ["b", "c", "a"]);
+        assert_eq!(order(NodeSort::Health), ["c", "a", "b"]);
+        assert_eq!(order(NodeSort::Models), ["b", "a", "c"]);
+        assert_eq!(NodeSort::parse("free"), NodeSort::Free);
+        assert_eq!(NodeSort::parse("anything else"), NodeSort::Name);
+        assert!(NodeSort::ALL
+            .iter()
+            .all(|(sort, name)| NodeSort::parse(name) == *sort && sort.as_str() == *name));
     }
 
     /// A healthy, free, time-sliced GPU of `model` with `total` memory and nothing said about it.
@@ -530,6 +666,8 @@ mod tests {
             shareable: 2,
             total: Bytes::gb(192),
             free: Bytes::gb(180),
+            cells: Vec::new(),
+            gpu_model: "NVIDIA RTX PRO 6000".into(),
         };
         assert_eq!(node.summary(), "2 of 2 shareable · 180 GB free (94%)");
     }

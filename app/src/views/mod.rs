@@ -16,15 +16,15 @@ mod playground;
 mod repack;
 
 pub use accounts::{Account, AccountsPage, ApiToken, NewApiToken, TokenLimits, TokenScope};
-pub use audit::{AuditLine, AuditQuery};
+pub use audit::{AuditLine, AuditQuery, AUDIT_PAGE};
 pub use deploy::{
     CatalogEntry, DeployOptions, DeployRequest, EstimateAnswer, EstimateQuery, GpuOption,
     NodeOption, Serving, ServingForm,
 };
 pub use groups::{ChangeOutcome, GroupPlan, PlanProgress, SharingForm, StepLine, StepState};
 pub use machines::{
-    GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodesPage,
-    PendingLine, Sharer, SharingChange, WorkerLine, NODES_PER_PAGE,
+    GpuCell, GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodeSort,
+    NodesPage, PendingLine, Sharer, SharingChange, WorkerLine, NODES_PER_PAGE,
 };
 pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
 pub use overview::{Alarm, AlarmKind, Overview};

@@ -117,6 +117,12 @@ pub struct ModelRow {
     /// The most its engines were measured to hold of the share they hold now, on its fullest GPU.
     #[serde(default)]
     pub peak: Option<placement::rightsize::Peak>,
+    /// Requests the gateway carried for it this clock hour.
+    #[serde(default)]
+    pub hour_requests: u64,
+    /// Of those, the ones that failed (no engine ready, or an error status from the engine).
+    #[serde(default)]
+    pub hour_failed: u64,
 }
 
 /// Whether an on-demand model is loaded.
@@ -185,6 +191,24 @@ impl OnDemand {
 }
 
 impl ModelRow {
+    /// Its engines' restarts after a failure, all together.
+    pub fn restarts(&self) -> u32 {
+        self.engines.iter().map(|e| e.restarts).sum()
+    }
+
+    /// The Errors column: `3 of 120 (2.5%)` this hour, `—` with no request.
+    pub fn errors_text(&self) -> String {
+        if self.hour_requests == 0 {
+            return "—".to_owned();
+        }
+        format!(
+            "{} of {} ({:.1}%)",
+            self.hour_failed,
+            self.hour_requests,
+            self.hour_failed as f64 * 100.0 / self.hour_requests as f64
+        )
+    }
+
     /// The health chip: `2/2 healthy`.
     pub fn health(&self) -> String {
         let healthy = self
@@ -270,6 +294,8 @@ impl ModelRow {
             over_share: None,
             peak: None,
             share_enforced: false,
+            hour_requests: 0,
+            hour_failed: 0,
         }
     }
 }
@@ -280,6 +306,18 @@ mod tests {
 
     fn row(engines: &[EngineState]) -> ModelRow {
         ModelRow::testing("glm-5.3", engines)
+    }
+
+    #[test]
+    fn a_row_counts_its_engines_restarts_and_this_hour_s_failed_requests() {
+        let mut r = row(&[EngineState::Healthy, EngineState::Restarting]);
+        r.engines[0].restarts = 2;
+        r.engines[1].restarts = 4;
+        assert_eq!(r.restarts(), 6);
+        assert_eq!(r.errors_text(), "—");
+        r.hour_requests = 120;
+        r.hour_failed = 3;
+        assert_eq!(r.errors_text(), "3 of 120 (2.5%)");
     }
 
     #[test]

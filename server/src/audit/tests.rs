@@ -58,6 +58,44 @@ async fn a_plan_change_is_logged_with_before_after_revision_and_restarts() {
     let (_, deploys) = app.get("/api/audit?action=deploy&target=vision").await;
     assert_eq!(deploys.as_array().unwrap().len(), 1);
     assert_eq!(deploys[0]["after"]["shares"]["vision"], 25.0);
+
+    // The next page: entries older than the last one read.
+    let (_, all) = app.get("/api/audit").await;
+    let all = all.as_array().unwrap();
+    assert!(all.len() >= 3);
+    let (_, first) = app.get("/api/audit?limit=2").await;
+    let last = first[1]["id"].as_i64().unwrap();
+    let (status, next) = app.get(&format!("/api/audit?limit=2&before={last}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(next[0]["id"], all[2]["id"]);
+    assert!(next
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|e| e["id"].as_i64().unwrap() < last));
+}
+
+#[test]
+fn an_entry_s_change_is_told_field_by_field_and_named_things_by_name() {
+    let before = json!({"shares": {"glm-5.3": 40.0, "vision": 25.0}, "gpus": ["atlas:0"],
+        "members": [{"name": "glm-5.3", "share": 4000}, {"name": "vision", "share": 2500}]});
+    let after = json!({"shares": {"glm-5.3": 30.0, "vision": 25.0}, "gpus": ["atlas:0", "atlas:1"],
+        "members": [{"name": "speech", "share": 1000}, {"name": "glm-5.3", "share": 3000}, {"name": "vision", "share": 2500}]});
+    assert_eq!(
+        super::changed_fields(Some(&before), Some(&after)),
+        [
+            r#"gpus: ["atlas:0"] → ["atlas:0","atlas:1"]"#,
+            "members.glm-5.3.share: 4000 → 3000",
+            r#"members.speech.name: none → "speech""#,
+            "members.speech.share: none → 1000",
+            "shares.glm-5.3: 40.0 → 30.0",
+        ]
+    );
+    assert_eq!(
+        super::changed_fields(None, Some(&json!({"model": "vision"}))),
+        [r#"model: none → "vision""#]
+    );
+    assert!(super::changed_fields(Some(&before), Some(&before)).is_empty());
 }
 
 #[tokio::test]

@@ -65,7 +65,9 @@ impl ConsoleService {
             actor: text(query.actor),
             action: text(query.action),
             target: text(query.target),
-            limit: None,
+            // One more than a page: whether there is an older page.
+            limit: Some(app::views::AUDIT_PAGE as i64 + 1),
+            before: query.before,
         };
         let entries = audit::entries(&self.pool, &filter)
             .await
@@ -78,6 +80,7 @@ impl ConsoleService {
                 actor: e.actor,
                 action: e.action,
                 target: e.target,
+                changes: audit::changed_fields(e.before.as_ref(), e.after.as_ref()),
                 before: e.before.map(|v| v.to_string()),
                 after: e.after.map(|v| v.to_string()),
                 revision: e.revision,

@@ -10,8 +10,8 @@ use crate::runtime::{EngineState, EngineView};
 use app::auth::Caller;
 use app::error::AppError;
 use app::views::{
-    GpuDetail, GpuOption, GpuUse, MachineDetail, NodeModel, NodeOption, NodeRow, PendingLine,
-    Sharer, WorkerLine,
+    GpuCell, GpuDetail, GpuOption, GpuUse, MachineDetail, NodeModel, NodeOption, NodeRow,
+    PendingLine, Sharer, WorkerLine,
 };
 use placement::Bytes;
 
@@ -126,6 +126,30 @@ impl ConsoleService {
                         .iter()
                         .map(|g| Bytes(g.offered_bytes).saturating_sub(Bytes(g.taken_bytes)))
                         .sum(),
+                    cells: usable
+                        .iter()
+                        .map(|g| {
+                            let whole = g.mode == "whole";
+                            GpuCell {
+                                total: Bytes(g.total_bytes),
+                                taken: if whole {
+                                    Bytes(g.offered_bytes)
+                                } else {
+                                    Bytes(g.taken_bytes)
+                                },
+                                outside: Bytes(g.held_outside_bytes),
+                                whole,
+                                healthy: g.healthy,
+                            }
+                        })
+                        .collect(),
+                    gpu_model: match usable.split_first() {
+                        Some((first, rest)) if rest.iter().all(|g| g.model == first.model) => {
+                            first.model.clone()
+                        }
+                        Some(_) => "mixed".to_owned(),
+                        None => String::new(),
+                    },
                 }
             })
             .collect())

@@ -26,7 +26,17 @@ impl ConsoleService {
     /// peak, which the tab alone shows and which is read from the database.
     pub(super) async fn models_tab(&self) -> Result<Vec<ModelRow>, ApiError> {
         let mut rows = self.model_rows();
+        let now = crate::fleet::usage::now_ms();
+        let calls = self
+            .fleet
+            .calls()
+            .report(&self.pool, now - now % placement::usage::HOUR_MS, now + 1)
+            .await?;
         for row in &mut rows {
+            for call in calls.iter().filter(|c| c.model == row.name) {
+                row.hour_requests += call.requests;
+                row.hour_failed += call.failed;
+            }
             if let Some(group) = &row.group {
                 row.peak = self
                     .fleet
@@ -74,6 +84,8 @@ impl ConsoleService {
                             committed.sharing(gpu).mode.enforces_memory()
                                 && self.fleet.runs_daemons(&gpu.machine)
                         }),
+                    hour_requests: 0,
+                    hour_failed: 0,
                 });
             }
         }
@@ -96,6 +108,8 @@ impl ConsoleService {
                 over_share: None,
                 peak: None,
                 share_enforced: false,
+                hour_requests: 0,
+                hour_failed: 0,
             });
         }
         rows.sort_by(|a, b| a.name.cmp(&b.name));

@@ -296,6 +296,8 @@ mod tests {
             over_share: None,
             peak: None,
             share_enforced: false,
+            hour_requests: 0,
+            hour_failed: 0,
         }
     }
 
