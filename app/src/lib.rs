@@ -93,6 +93,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("repack") view={Lazy::<routes::Repack>::new()} ssr=SsrMode::Async />
                     <Route path=path!("deploy") view={Lazy::<routes::Deploy>::new()} ssr=SsrMode::Async />
                     <Route path=path!("machines/:name") view={Lazy::<routes::MachineRoute>::new()} ssr=SsrMode::Async />
+                    <Route path=path!("models/:name") view={Lazy::<routes::ModelRoute>::new()} ssr=SsrMode::Async />
                     <Route path=path!("models/:name/sharing") view={Lazy::<routes::Sharing>::new()} ssr=SsrMode::Async />
                     <Route path=path!("models/:name/serving") view={Lazy::<routes::ServingRoute>::new()} ssr=SsrMode::Async />
                     <Route path=path!("usage") view={Lazy::<routes::Usage>::new()} ssr=SsrMode::Async />

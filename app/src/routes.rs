@@ -8,6 +8,7 @@ use crate::pages::admin::AdminPage;
 use crate::pages::audit::AuditPage;
 use crate::pages::deploy::DeployPage;
 use crate::pages::machine::MachinePage;
+use crate::pages::model::ModelOwnPage;
 use crate::pages::models::ModelsPage;
 use crate::pages::nodes::NodesPage;
 use crate::pages::overview::OverviewPage;
@@ -74,6 +75,8 @@ lazy_page!(/// The Deploy a model wizard.
     Deploy => DeployPage, "Deploy a model");
 lazy_page!(/// A machine's page.
     MachineRoute => MachinePage, named("name"));
+lazy_page!(/// A model's own page.
+    ModelRoute => ModelOwnPage, named("name"));
 lazy_page!(/// The GPU sharing form of a running model.
     Sharing => SharingPage, named_as("name", "GPU sharing"));
 lazy_page!(/// The Serving configuration form of a running model.

@@ -87,6 +87,9 @@ pub trait Console: Send + Sync {
 
     /// The playground for `caller`: the models that can be tried, and `model`'s engine's last log lines.
     fn playground(&self, caller: Caller, model: Option<String>) -> Answer<'_, Playground>;
+
+    /// A model's own page, its log redacted for all but admins.
+    fn model_page(&self, caller: Caller, model: String) -> Answer<'_, crate::views::ModelPage>;
     /// Milliseconds since the epoch, now.
     fn now_ms(&self) -> u64;
 

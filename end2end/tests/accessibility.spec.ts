@@ -15,7 +15,7 @@ async function audit(page: Page, name: string): Promise<void> {
 }
 
 test("every page passes axe-core, its links are one blue, and the Cluster tabs stay put from tab to tab", async ({ page, request }) => {
-  // Fourteen pages, each loaded, hydrated, audited and photographed: a bound on a hang, not on speed.
+  // Fifteen pages, each loaded, hydrated, audited and photographed: a bound on a hang, not on speed.
   test.setTimeout(180_000);
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await deploy(request, { model: "semantic-router", gpus: ["atlas:0"], share: 10, revision: 1 });
@@ -30,6 +30,7 @@ test("every page passes axe-core, its links are one blue, and the Cluster tabs s
     ["/nodes", "nodes"],
     ["/repack", "repack"],
     ["/machines/majin", "machine"],
+    ["/models/glm-5.3", "model"],
     ["/models/glm-5.3/sharing", "gpu-sharing"],
     ["/models/glm-5.3/serving", "serving-configuration"],
     ["/playground", "playground"],
@@ -67,7 +68,7 @@ test.describe("at 768 px", () => {
   test("every page fits the width: only a wide table scrolls, inside its own box", async ({ page, request }) => {
     test.setTimeout(120_000);
     await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
-    for (const path of ["/", "/models", "/nodes", "/repack", "/machines/atlas", "/models/glm-5.3/sharing", "/deploy", "/playground", "/usage", "/audit", "/admin"]) {
+    for (const path of ["/", "/models", "/nodes", "/repack", "/machines/atlas", "/models/glm-5.3", "/models/glm-5.3/sharing", "/deploy", "/playground", "/usage", "/audit", "/admin"]) {
       await open(page, path);
       const overflow = await page.evaluate(() => document.documentElement.scrollWidth - document.documentElement.clientWidth);
       expect(overflow, `${path} is wider than the window`).toBeLessThanOrEqual(0);

@@ -1,5 +1,6 @@
 // Seed 003, "Change a Running Model's GPU Memory Share", and the Serving configuration beside it.
-import { deploy, expect, test } from "./fixtures/tessera";
+import AxeBuilder from "@axe-core/playwright";
+import { deploy, expect, healthy, test } from "./fixtures/tessera";
 import { FITS, ModelsTab, open, OVER, SharePanel } from "./fixtures/console";
 
 test.beforeEach(async ({ request }) => {
@@ -144,4 +145,29 @@ test("a model has one colour on every page, the sharing form's bar and the machi
   }
   await expect(page.getByTestId("memory-legend").first()).toContainText("glm-5.3");
   await expect(page.getByTestId("memory-legend").first()).toContainText("left");
+});
+
+test("a model's own page, from its name on the Models tab, shows its engines, restarts, errors, neighbours, log and its group's last change", async ({ page, request }) => {
+  await healthy(request, "vision");
+  await open(page, "/models");
+  await new ModelsTab(page).row("vision").getByRole("link", { name: "vision" }).click();
+  await expect(page).toHaveURL(/\/models\/vision$/);
+  await expect(page).toHaveTitle("vision · Tessera");
+  await expect(page.getByRole("heading", { name: "vision", level: 1 })).toBeVisible();
+  await expect(page.getByTestId("model-placement")).toHaveText("25% of each GPU of text-router, on atlas");
+  await expect(page.getByTestId("model-state")).toHaveText("Serving");
+  await expect(page.getByTestId("model-restarts")).toHaveText("0");
+  await expect(page.getByTestId("model-errors")).toHaveText("—");
+  await expect(page.getByTestId("model-neighbours")).toHaveText(/^Shares its GPUs with: (glm-5\.3, semantic-router|semantic-router, glm-5\.3)\.$/);
+  await expect(page.getByTestId("model-engine")).toHaveCount(1);
+  await expect(page.getByTestId("model-log-engine")).toHaveText("From its engine on atlas: Serving.");
+  await expect(page.getByTestId("model-logs")).toContainText("serving on");
+  await expect(page.getByTestId("model-change").locator("li").last()).toContainText("Start vision");
+  const violations = (await new AxeBuilder({ page }).analyze()).violations.filter(
+    (v) => v.impact === "serious" || v.impact === "critical",
+  );
+  expect(violations.map((v) => v.id)).toEqual([]);
+  await page.screenshot({ path: test.info().outputPath("model-page.png"), fullPage: true });
+  await open(page, "/models/nothing-like-it");
+  await expect(page.getByRole("alert")).toContainText("no model named nothing-like-it is deployed");
 });

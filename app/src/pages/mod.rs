@@ -4,6 +4,7 @@ pub mod admin;
 pub mod audit;
 pub mod deploy;
 pub mod machine;
+pub mod model;
 pub mod models;
 pub mod nodes;
 pub mod overview;

@@ -219,9 +219,11 @@ fn ModelLine(
     let serving = format!("/models/{name}/serving");
     let right_size = sharing.clone();
     let remove_name = name.clone();
+    let own_page = format!("/models/{name}");
+    let label = name.clone();
     view! {
         <tr data-testid="model-row" data-model=name.clone()>
-            <th scope="row">{name.clone()}</th>
+            <th scope="row"><A href=own_page>{label}</A></th>
             <td data-testid="group">{move || row.with(|r| r.group.clone()).unwrap_or_else(|| "—".to_owned())}</td>
             <td data-testid="share">
                 {move || row.with(ModelRow::share_text)}

@@ -26,7 +26,7 @@ pub use machines::{
     GpuCell, GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodeSort,
     NodesPage, PendingLine, Sharer, SharingChange, WorkerLine, NODES_PER_PAGE,
 };
-pub use models::{EngineLine, EngineState, LoadState, ModelRow, OnDemand};
+pub use models::{EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand};
 pub use overview::{Alarm, AlarmKind, Overview};
 pub use playground::Playground;
 pub use repack::{RepackPreview, RepackProgress, RepackRun, RightSized};

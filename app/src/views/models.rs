@@ -125,6 +125,22 @@ pub struct ModelRow {
     pub hour_failed: u64,
 }
 
+/// A model's own page: its row of the Models tab, the other models it shares its GPUs with, its engine's
+/// last log lines, and the steps of its group's last change.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ModelPage {
+    /// The model as the Models tab shows it: engines, share, restarts, errors, flags.
+    pub row: ModelRow,
+    /// The other members of its group: its neighbours on its GPUs.
+    pub neighbours: Vec<String>,
+    /// The last log lines of its engine most able to serve, secrets redacted for all but admins.
+    pub logs: Vec<String>,
+    /// Which engine those lines are from and how it is: `on atlas: Serving`.
+    pub log_engine: Option<String>,
+    /// Its group's last plan change, step by step, done or not.
+    pub change: Option<super::PlanProgress>,
+}
+
 /// Whether an on-demand model is loaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -244,6 +244,10 @@ impl Console for ConsoleService {
     fn playground(&self, caller: Caller, model: Option<String>) -> Answer<'_, Playground> {
         Box::pin(self.playground_page(caller, model))
     }
+
+    fn model_page(&self, caller: Caller, model: String) -> Answer<'_, app::views::ModelPage> {
+        Box::pin(async move { self.model_own_page(caller, &model).await })
+    }
 }
 
 #[cfg(test)]

@@ -1,14 +1,14 @@
-//! The Models tab and the playground: what runs where, with which engines, and how far each group's
-//! change has got; the playground's models and the log of the engine it shows.
+//! The Models tab, a model's own page and the playground: what runs where, with which engines, and how far
+//! each group's change has got; the playground's models and the log of the engine it shows.
 
-use super::{engine_line, whole_deployments, ConsoleService};
+use super::{app_error, engine_line, whole_deployments, ConsoleService};
 use crate::error::ApiError;
 use crate::fleet::authority;
 use crate::fleet::groups::Group;
 use crate::runtime::StepStatus;
 use app::auth::{Caller, Role};
 use app::error::AppError;
-use app::views::{ModelRow, PlanProgress, Playground, StepLine, StepState};
+use app::views::{ModelPage, ModelRow, PlanProgress, Playground, StepLine, StepState};
 
 /// The machines a group runs on, in the order of its GPUs.
 fn group_machines(group: &Group) -> Vec<String> {
@@ -117,35 +117,111 @@ impl ConsoleService {
     }
 
     pub(super) async fn progress(&self) -> Result<Vec<PlanProgress>, ApiError> {
-        let runtime = self.fleet.runtime();
         Ok(self
             .fleet
             .committed()
             .groups
             .iter()
-            .filter_map(|g| runtime.progress(&g.name).map(|p| (g.name.clone(), p)))
-            .map(|(group, p)| PlanProgress {
-                group,
-                revision: p.revision,
-                steps: p
-                    .steps
-                    .into_iter()
-                    .map(|s| StepLine {
-                        action: s.action,
-                        member: s.member,
-                        state: match s.status {
-                            StepStatus::Waiting => StepState::Waiting,
-                            StepStatus::Running => StepState::Running,
-                            StepStatus::Done => StepState::Done,
-                            StepStatus::Failed => StepState::Failed,
-                        },
-                        message: s.message,
-                    })
-                    .collect(),
-            })
+            .filter_map(|g| self.last_change(&g.name))
             // Done changes drop out; a failed step stays in sight until the next change.
             .filter(|p| p.steps.iter().any(|s| s.state != StepState::Done))
             .collect())
+    }
+
+    /// `group`'s last plan change, step by step, done or not.
+    fn last_change(&self, group: &str) -> Option<PlanProgress> {
+        let p = self.fleet.runtime().progress(group)?;
+        Some(PlanProgress {
+            group: group.to_owned(),
+            revision: p.revision,
+            steps: p
+                .steps
+                .into_iter()
+                .map(|s| StepLine {
+                    action: s.action,
+                    member: s.member,
+                    state: match s.status {
+                        StepStatus::Waiting => StepState::Waiting,
+                        StepStatus::Running => StepState::Running,
+                        StepStatus::Done => StepState::Done,
+                        StepStatus::Failed => StepState::Failed,
+                    },
+                    message: s.message,
+                })
+                .collect(),
+        })
+    }
+
+    /// A model's own page.
+    pub(super) async fn model_own_page(
+        &self,
+        caller: Caller,
+        model: &str,
+    ) -> Result<ModelPage, AppError> {
+        let row = self
+            .models_tab()
+            .await
+            .map_err(app_error)?
+            .into_iter()
+            .find(|r| r.name == model)
+            .ok_or_else(|| AppError::NotFound(format!("no model named {model} is deployed")))?;
+        let neighbours = row
+            .group
+            .as_deref()
+            .and_then(|g| self.fleet.committed().group(g).cloned())
+            .map(|g| {
+                g.members
+                    .iter()
+                    .map(|m| m.member.clone())
+                    .filter(|m| m != model)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let change = row.group.as_deref().and_then(|g| self.last_change(g));
+        let (logs, log_engine) = self.engine_logs(&caller, model).await;
+        Ok(ModelPage {
+            row,
+            neighbours,
+            logs,
+            log_engine,
+            change,
+        })
+    }
+
+    /// The last log lines of `model`'s engine most able to serve (a crashed one's only where no other
+    /// runs), redacted for all but admins, and which engine they are from.
+    async fn engine_logs(&self, caller: &Caller, model: &str) -> (Vec<String>, Option<String>) {
+        let runtime = self.fleet.runtime();
+        let Some(engine) = runtime
+            .engines_of(model)
+            .into_iter()
+            .filter(|e| e.model.as_deref() == Some(model))
+            .min_by_key(|e| (e.state.concern(), e.machine.clone()))
+        else {
+            return (Vec::new(), None);
+        };
+        let described = match &engine.message {
+            Some(why) => format!("on {}: {}: {why}", engine.machine, engine.state.label()),
+            None => format!("on {}: {}", engine.machine, engine.state.label()),
+        };
+        let mut logs = match runtime
+            .logs(&engine.id, app::pages::playground::LOG_LINES)
+            .await
+        {
+            Some(Ok(lines)) => lines,
+            Some(Err(e)) => {
+                tracing::warn!("the log of {} could not be read: {e}", engine.id);
+                Vec::new()
+            }
+            None => Vec::new(),
+        };
+        if caller.role != Role::Admin {
+            let secrets = self.fleet.engine_secrets(&engine);
+            for line in &mut logs {
+                *line = authority::redact_line(line, &secrets);
+            }
+        }
+        (logs, Some(described))
     }
 
     pub(super) async fn playground_page(
@@ -155,40 +231,10 @@ impl ConsoleService {
     ) -> Result<Playground, AppError> {
         let models = self.fleet.served_models();
         let shown = model.or_else(|| models.first().cloned());
-        let runtime = self.fleet.runtime();
-        // Of a model's engines (one per machine), the one most able to serve: a crashed one's last lines
-        // only where no other runs.
-        let engine = shown.as_deref().and_then(|shown| {
-            runtime
-                .engines_of(shown)
-                .into_iter()
-                .filter(|e| e.model.as_deref() == Some(shown))
-                .min_by_key(|e| (e.state.concern(), e.machine.clone()))
-        });
-        let described = engine.as_ref().map(|e| match &e.message {
-            Some(why) => format!("on {}: {}: {why}", e.machine, e.state.label()),
-            None => format!("on {}: {}", e.machine, e.state.label()),
-        });
-        let mut logs = match &engine {
-            Some(engine) => match runtime
-                .logs(&engine.id, app::pages::playground::LOG_LINES)
-                .await
-            {
-                Some(Ok(lines)) => lines,
-                Some(Err(e)) => {
-                    tracing::warn!("the log of {} could not be read: {e}", engine.id);
-                    Vec::new()
-                }
-                None => Vec::new(),
-            },
-            None => Vec::new(),
+        let (logs, described) = match &shown {
+            Some(shown) => self.engine_logs(&caller, shown).await,
+            None => (Vec::new(), None),
         };
-        if let Some(engine) = engine.filter(|_| caller.role != Role::Admin) {
-            let secrets = self.fleet.engine_secrets(&engine);
-            for line in &mut logs {
-                *line = authority::redact_line(line, &secrets);
-            }
-        }
         Ok(Playground {
             models,
             logs,

@@ -1,0 +1,160 @@
+//! A model's own page (`/models/{name}`, from the Models tab): its engines with their state and restarts,
+//! what it was measured to hold against its share, its errors this hour, the models it shares its GPUs
+//! with and whether they slow it, its engine's last log lines, and the steps of its group's last change.
+
+use crate::components::live::use_live;
+use crate::error::AppError;
+use crate::views::{ModelPage, PlanProgress, StepState};
+use leptos::prelude::*;
+use leptos::server_fn::codec::Json;
+use leptos_router::components::A;
+use leptos_router::hooks::use_params_map;
+
+/// One model's page.
+#[server(prefix = "/rpc", endpoint = "load_model_page", input = Json, client = crate::csrf::CsrfClient)]
+pub async fn load_model_page(name: String) -> Result<ModelPage, AppError> {
+    let caller = crate::auth::require(crate::auth::Role::Viewer)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.model_page(caller, name)).await
+}
+
+/// The page.
+#[component]
+pub fn ModelOwnPage() -> impl IntoView {
+    let live = use_live();
+    let params = use_params_map();
+    let name = move || params.read().get("name").unwrap_or_default();
+    let page = Resource::new(
+        move || (name(), live.track()),
+        |(name, _)| load_model_page(name),
+    );
+    view! {
+        <div class="page">
+            <p class="crumbs"><A href="/models">"Models"</A> " / " {name}</p>
+            <Transition fallback=|| view! { <p>"Loading the model…"</p> }>
+                {move || page.get().map(|answer| match answer {
+                    Ok(page) => view! { <Model page /> }.into_any(),
+                    Err(e) => view! { <h1>"No such model"</h1><p class="error" role="alert">{e.to_string()}</p> }.into_any(),
+                })}
+            </Transition>
+        </div>
+    }
+}
+
+#[component]
+fn Model(page: ModelPage) -> impl IntoView {
+    let row = page.row;
+    let name = row.name.clone();
+    let (state, why) = row.state();
+    let placement = match (&row.group, row.share) {
+        (Some(group), Some(_)) => format!(
+            "{} of each GPU of {group}, on {}",
+            row.share_text(),
+            row.nodes.join(", ")
+        ),
+        _ => format!("{}, on {}", row.share_text(), row.nodes.join(", ")),
+    };
+    let memory = row
+        .peak
+        .map(|p| p.line())
+        .unwrap_or_else(|| "Not measured yet: no reading of its engines' memory.".to_owned());
+    let neighbours = if page.neighbours.is_empty() {
+        "none: it has its GPUs to itself".to_owned()
+    } else {
+        page.neighbours.join(", ")
+    };
+    let slowed = row
+        .slowed
+        .clone()
+        .unwrap_or_else(|| "Not slowed by its neighbours.".to_owned());
+    let engines = row
+        .engines
+        .iter()
+        .map(|e| {
+            view! {
+                <tr data-testid="model-engine">
+                    <th scope="row">{e.machine.clone()}</th>
+                    <td><span class=format!("state {}", e.status.css_class())>{e.status.label()}</span></td>
+                    <td class="number">{e.restarts}</td>
+                    <td>{e.message.clone().unwrap_or_default()}{e.sizing.clone().map(|s| format!(" {s}"))}</td>
+                </tr>
+            }
+        })
+        .collect_view();
+    let sharing = format!("/models/{name}/sharing");
+    let serving = format!("/models/{name}/serving");
+    let in_group = row.group.is_some();
+    view! {
+        <h1>{name.clone()}</h1>
+        <p class="lede" data-testid="model-placement">{placement}</p>
+        <p>
+            <span class=format!("state {}", state.css_class()) data-testid="model-state">{state.label()}</span>
+            {why.map(|w| view! { " " <span class="why">{w}</span> })}
+        </p>
+        <p>
+            {in_group.then(|| view! { <A href=sharing>"GPU sharing"</A> " · " })}
+            <A href=serving>"Serving configuration"</A>
+        </p>
+        <section class="panel" aria-labelledby="model-figures">
+            <h2 id="model-figures">"At a glance"</h2>
+            <dl class="figures">
+                <div><dt>"Health"</dt><dd data-testid="model-health">{row.health()}</dd></div>
+                <div><dt>"Restarts"</dt><dd data-testid="model-restarts">{row.restarts()}</dd></div>
+                <div><dt>"Errors this hour"</dt><dd data-testid="model-errors">{row.errors_text()}</dd></div>
+            </dl>
+            <p data-testid="model-memory">{format!("Memory: {memory}")}</p>
+            <p data-testid="model-neighbours">{format!("Shares its GPUs with: {neighbours}.")}</p>
+            <p data-testid="model-slowed" class:bad=row.slowed.is_some()>{slowed}</p>
+        </section>
+        <section class="panel" aria-labelledby="model-engines">
+            <h2 id="model-engines">"Engines"</h2>
+            <table class="list">
+                <thead><tr>
+                    <th scope="col">"Machine"</th><th scope="col">"State"</th>
+                    <th scope="col" class="number">"Restarts"</th><th scope="col">"Why, and how it was sized"</th>
+                </tr></thead>
+                <tbody>{engines}</tbody>
+            </table>
+        </section>
+        {page.change.map(|change| view! { <LastChange change /> })}
+        <section class="panel" aria-labelledby="model-log">
+            <h2 id="model-log">{format!("The engine's last {} log lines", crate::pages::playground::LOG_LINES)}</h2>
+            {page.log_engine.map(|e| view! { <p class="muted" data-testid="model-log-engine">{format!("From its engine {e}.")}</p> })}
+            {if page.logs.is_empty() {
+                view! { <p class="empty">"No log lines yet."</p> }.into_any()
+            } else {
+                view! { <pre class="logs" tabindex="0" data-testid="model-logs">{page.logs.join("\n")}</pre> }.into_any()
+            }}
+        </section>
+    }
+}
+
+/// The steps of the group's last change, done or not.
+#[component]
+fn LastChange(change: PlanProgress) -> impl IntoView {
+    let under_way = change.is_underway();
+    let heading = if under_way {
+        change.heading()
+    } else {
+        format!(
+            "Last change: revision {} of {}",
+            change.revision, change.group
+        )
+    };
+    view! {
+        <section class="panel" aria-labelledby="model-change" data-testid="model-change">
+            <h2 id="model-change">{heading}</h2>
+            <ol>
+                {change.steps.iter().map(|s| {
+                    let class = match s.state {
+                        StepState::Waiting => "waiting",
+                        StepState::Running => "running",
+                        StepState::Done => "done",
+                        StepState::Failed => "failed",
+                    };
+                    view! { <li class=class>{s.text()}</li> }
+                }).collect_view()}
+            </ol>
+        </section>
+    }
+}
