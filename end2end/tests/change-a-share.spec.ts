@@ -76,8 +76,13 @@ test("a right-sized share offered on the Models tab opens the form with it propo
   await expect(page.locator('[data-testid="estimate-panel"][data-model="glm-5.3"]')).toBeVisible();
   await expect(page.getByRole("heading", { name: "Memory estimate: vision" })).toBeVisible();
   await expect(panels.first().getByTestId("no-estimate")).toContainText("No estimate:");
-  // With no estimate possible, no inputs that would change nothing.
-  await expect(panels.first().getByLabel("Context per slot")).toBeHidden();
+  // With no estimate possible, no inputs that would change nothing; each engine's own words; a cache type
+  // only where the engine takes one from here (llama.cpp), none for a command recipe.
+  await expect(panels.first().getByText("Context per sequence")).toBeHidden();
+  const glm = page.locator('[data-testid="estimate-panel"][data-model="glm-5.3"]');
+  await expect(glm.locator("label", { hasText: "Parallel sequences" })).toHaveCount(1);
+  await expect(glm.getByText("Cache type")).toHaveCount(0);
+  await expect(page.locator('[data-testid="estimate-panel"][data-model="semantic-router"]').getByTestId("estimate-command")).toBeVisible();
   const save = page.getByRole("button", { name: "Save" });
   await expect(save).toBeEnabled();
   await save.click();

@@ -29,19 +29,30 @@ fn size(bytes: Bytes) -> String {
     bytes.size_text()
 }
 
-/// What the estimate assumed, in a line.
-fn assumed_line(e: &Estimate) -> String {
+/// How an engine names what the estimate asks: llama.cpp's slots, vLLM's and SGLang's sequences. None for
+/// a `command` recipe, whose server sizes itself: the estimate then takes the model's own figures.
+fn words(engine: &str) -> Option<(&'static str, &'static str)> {
+    match engine {
+        "llamacpp" => Some(("slot", "slots")),
+        "vllm" | "sglang" => Some(("sequence", "sequences")),
+        _ => None,
+    }
+}
+
+/// What the estimate assumed, in a line, in the engine's words.
+fn assumed_line(e: &Estimate, engine: &str) -> String {
     let a = &e.assumed;
+    let (one, many) = words(engine).unwrap_or(("sequence", "sequences"));
     let whose = if a.context_from_model {
         " (the model's own)"
     } else {
         ""
     };
     format!(
-        "Assumed: {} tokens of context per slot{whose}, {} slot{}, {}/{} cache.",
+        "Assumed: {} tokens of context per {one}{whose}, {} {}, {}/{} cache.",
         a.context,
         a.slots,
-        if a.slots == 1 { "" } else { "s" },
+        if a.slots == 1 { one } else { many },
         a.cache_type_k.name(),
         a.cache_type_v.name()
     )
@@ -60,6 +71,8 @@ fn id_part(model: &str) -> String {
 pub fn EstimatePanel(
     /// The model being deployed.
     model: String,
+    /// What runs it (`vllm`, `sglang`, `llamacpp`, `command`): the inputs it offers are the engine's.
+    engine: String,
     /// The machine it would run on.
     machine: Option<String>,
     /// One GPU's memory.
@@ -152,6 +165,15 @@ pub fn EstimatePanel(
         format!("estimate-cache-{key}"),
     );
     let title = format!("Memory estimate: {model_name}");
+    // Only llama.cpp takes a cache type from here; vLLM and SGLang keep the cache in the model's own type,
+    // and a command recipe's server takes none of these inputs.
+    let (context_label, slots_label) = match words(&engine) {
+        Some((one, many)) => (format!("Context per {one}"), format!("Parallel {many}")),
+        None => (String::new(), String::new()),
+    };
+    let takes_inputs = words(&engine).is_some();
+    let takes_cache_type = engine == "llamacpp";
+    let engine_words = engine.clone();
     let labelled_by = heading.clone();
     let shown = move |answer: EstimateAnswer| match answer {
         EstimateAnswer::NotEstimated(reason) => view! {
@@ -181,7 +203,7 @@ pub fn EstimatePanel(
                         <tr class="total"><th scope="row">"Estimate"</th><td data-testid="estimate-total">{size(needed)}</td></tr>
                     </tbody>
                 </table>
-                <p class="muted" data-testid="estimate-assumed">{assumed_line(&e)}</p>
+                <p class="muted" data-testid="estimate-assumed">{assumed_line(&e, &engine_words)}</p>
                 <ul class="muted">{gaps}</ul>
                 <button type="button" class="secondary" data-testid="suggest" disabled=too_big on:click=suggest(needed)>"Suggest"</button>
                 {too_big.then(|| view! { <p class="error">"One GPU cannot hold this estimate."</p> })}
@@ -194,20 +216,25 @@ pub fn EstimatePanel(
     view! {
         <section class="panel" aria-labelledby=labelled_by data-testid="estimate-panel" data-model=model_name>
             <h2 id=heading>{title}</h2>
-            <div class="estimate-inputs" hidden=move || !estimable()>
-                <label for=context_id.clone()>"Context per slot"</label>
+            {(!takes_inputs).then(|| view! {
+                <p class="muted" data-testid="estimate-command">"A command recipe's server sizes itself: the estimate takes the model's own context, one sequence."</p>
+            })}
+            <div class="estimate-inputs" hidden=move || !takes_inputs || !estimable()>
+                <label for=context_id.clone()>{context_label}</label>
                 <input id=context_id type="text" inputmode="numeric" size="16" placeholder="the model's own"
                     prop:value=move || context.get() on:input=move |ev| context.set(event_target_value(&ev)) />
-                <label for=slots_id.clone()>"Parallel slots"</label>
+                <label for=slots_id.clone()>{slots_label}</label>
                 <input id=slots_id type="text" inputmode="numeric" size="4"
                     prop:value=move || slots.get() on:input=move |ev| slots.set(event_target_value(&ev)) />
-                <label for=cache_id.clone()>"Cache type"</label>
-                <select id=cache_id on:change=move |ev| cache.set(event_target_value(&ev))>
-                    {CACHE_TYPES.iter().map(|t| {
-                        let name = t.name();
-                        view! { <option value=name selected=move || cache.get() == name>{name}</option> }
-                    }).collect_view()}
-                </select>
+                {takes_cache_type.then(|| view! {
+                    <label for=cache_id.clone()>"Cache type"</label>
+                    <select id=cache_id.clone() on:change=move |ev| cache.set(event_target_value(&ev))>
+                        {CACHE_TYPES.iter().map(|t| {
+                            let name = t.name();
+                            view! { <option value=name selected=move || cache.get() == name>{name}</option> }
+                        }).collect_view()}
+                    </select>
+                })}
             </div>
             {move || query.get().err().map(|e| view! { <p class="field-error" role="alert">{e}</p> })}
             <Transition fallback=|| view! { <p class="muted">"Reading the model's header…"</p> }>
@@ -224,6 +251,14 @@ pub fn EstimatePanel(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_engine_is_asked_in_its_own_words_and_a_command_recipe_not_at_all() {
+        assert_eq!(words("llamacpp"), Some(("slot", "slots")));
+        assert_eq!(words("vllm"), Some(("sequence", "sequences")));
+        assert_eq!(words("sglang"), Some(("sequence", "sequences")));
+        assert_eq!(words("command"), None);
+    }
 
     #[test]
     fn a_part_under_a_gb_is_shown_in_mb_rounded_up_and_a_larger_one_in_gb() {

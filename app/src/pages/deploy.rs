@@ -256,7 +256,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             {move || match step.get() {
                 0 => view! { <PlacementStep options model nodes width sharing group /> }.into_any(),
                 1 => view! { <ServingFields args env engine=engine /> }.into_any(),
-                _ => view! { <SharingStep model sharing shared rows verdict whole /> }.into_any(),
+                _ => view! { <SharingStep model engine sharing shared rows verdict whole /> }.into_any(),
             }}
             {move || (step.get() == 0).then(|| placement_problem().filter(|_| !model.get().is_empty() && !nodes.get().is_empty()).map(|p| view! {
                 <p class="error" role="alert" data-testid="placement-problem">{p}</p>
@@ -426,6 +426,7 @@ fn PlacementStep(
 #[component]
 fn SharingStep(
     model: RwSignal<String>,
+    engine: Signal<String>,
     sharing: RwSignal<bool>,
     shared: Memo<Result<SharedDeploy, String>>,
     rows: RwSignal<Vec<ShareRow>>,
@@ -461,7 +462,7 @@ fn SharingStep(
                         <p class="group-line" data-testid="group-line">{plan.choice.line()}</p>
                         <p class="muted">"On " {on} "."</p>
                         <SharedGpuMemoryPanel rows verdict gpu_total />
-                        <EstimatePanel model=model.get_untracked() machine gpu_total rows />
+                        <EstimatePanel model=model.get_untracked() engine=engine.get_untracked() machine gpu_total rows />
                     }.into_any()
                 }
                 Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),

@@ -167,7 +167,13 @@ fn SharingEditor(
             // Each member's estimate, the opened model's first.
             {estimated.into_iter().map(|model| {
                 let machine = machine.clone();
-                view! { <EstimatePanel model machine gpu_total rows /> }
+                let engine = form
+                    .engines
+                    .iter()
+                    .find(|(name, _)| *name == model)
+                    .map(|(_, engine)| engine.clone())
+                    .unwrap_or_default();
+                view! { <EstimatePanel model engine machine gpu_total rows /> }
             }).collect_view()}
             {move || error().map(|e| view! { <p class="error" role="alert" data-testid="save-error">{e}</p> })}
             {move || match confirming.get() {
@@ -297,6 +303,7 @@ mod tests {
                 unloaded: Vec::new(),
             },
             gpus: Vec::new(),
+            engines: Vec::new(),
         }
     }
 

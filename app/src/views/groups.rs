@@ -129,6 +129,9 @@ pub struct SharingForm {
     pub group: GroupPlan,
     /// The group's GPUs with what else holds them.
     pub gpus: Vec<GroupGpu>,
+    /// What runs each member (`vllm`, `sglang`, `llamacpp`, `command`): its estimate speaks its words.
+    #[serde(default)]
+    pub engines: Vec<(String, String)>,
 }
 
 #[cfg(test)]

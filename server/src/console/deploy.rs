@@ -90,10 +90,23 @@ impl ConsoleService {
         for gpu in &group.gpus {
             gpus.push(self.fleet.group_gpu(gpu, Some(&group.name)).await?);
         }
+        let engines = self
+            .fleet
+            .models()
+            .into_iter()
+            .filter(|m| group.members.iter().any(|s| s.member == m.name))
+            .map(|m| {
+                (
+                    m.name,
+                    crate::fleet::groups::engine_name(m.engine).to_owned(),
+                )
+            })
+            .collect();
         Ok(SharingForm {
             model: model.to_owned(),
             group: plan_of(&group, &system),
             gpus,
+            engines,
         })
     }
 
