@@ -136,7 +136,7 @@ test("the serving configuration opens on the placement the model has, and a chan
 test("a model has one colour on every page, the sharing form's bar and the machine's alike, with a legend under each bar", async ({ page }) => {
   await open(page, "/models/vision/sharing");
   const colourOf = async (locator: ReturnType<typeof page.locator>) =>
-    ((await locator.getAttribute("class")) ?? "").split(" ").find((c) => /^s\d$/.test(c));
+    ((await locator.getAttribute("class")) ?? "").split(" ").find((c) => /^s\d+$/.test(c));
   const formColours: Record<string, string | undefined> = {};
   for (const model of ["glm-5.3", "vision"]) {
     formColours[model] = await colourOf(page.getByTestId("share-row").filter({ hasText: model }).locator(".swatch"));

@@ -1,11 +1,12 @@
 //! One colour per model on every page: a name's colour comes from the name alone, not from its row's
 //! position, so a model reads the same in the share panel, a machine's memory bars and the sharing form.
-//! Ten colours (`--s0` … `--s9` in the stylesheet); none is red, which marks what is over.
+//! Eleven colours (`--s0` … `--s10` in the stylesheet); none is red, which marks what is over. Two models
+//! may share a colour (a name's hash decides it); the legend under each bar and the share table name them.
 
 /// How many colours there are.
-pub const COLOURS: u32 = 10;
+pub const COLOURS: u32 = 11;
 
-/// The CSS class of `name`'s colour: `s0` … `s9`.
+/// The CSS class of `name`'s colour: `s0` … `s10`.
 pub fn of(name: &str) -> String {
     // FNV-1a: the same on the server and in the browser, whatever the platform's hasher.
     let hash = name.bytes().fold(0x811c_9dc5_u32, |h, b| {
@@ -33,6 +34,13 @@ mod tests {
         ];
         let distinct: std::collections::BTreeSet<String> = names.iter().map(|n| of(n)).collect();
         assert!(distinct.len() >= 5, "{distinct:?}");
-        assert!(names.iter().all(|n| of(n).len() == 2));
+        assert!(names.iter().all(|n| of(n).starts_with('s')));
+        // The demo fleet's text-router members read apart.
+        let demo: std::collections::BTreeSet<String> =
+            ["glm-5.3", "semantic-router", "vision", "speech"]
+                .iter()
+                .map(|n| of(n))
+                .collect();
+        assert_eq!(demo.len(), 4);
     }
 }
