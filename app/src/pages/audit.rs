@@ -78,23 +78,20 @@ pub fn AuditPage() -> impl IntoView {
 
 /// The address of the Audit page narrowed as `query`, from entries older than `before` (0: the newest).
 fn older_page(query: &AuditQuery, before: i64) -> String {
-    let mut parts: Vec<String> = [
-        ("actor", &query.actor),
-        ("action", &query.action),
-        ("target", &query.target),
-    ]
-    .into_iter()
-    .filter(|(_, v)| !v.is_empty())
-    .map(|(k, v)| format!("{k}={}", crate::address::query_value(v)))
-    .collect();
-    if before > 0 {
-        parts.push(format!("before={before}"));
-    }
-    if parts.is_empty() {
-        "/audit".to_owned()
+    let before = if before > 0 {
+        before.to_string()
     } else {
-        format!("/audit?{}", parts.join("&"))
-    }
+        String::new()
+    };
+    crate::address::with_query(
+        "/audit",
+        &[
+            ("actor", query.actor.clone()),
+            ("action", query.action.clone()),
+            ("target", query.target.clone()),
+            ("before", before),
+        ],
+    )
 }
 
 #[component]

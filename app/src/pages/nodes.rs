@@ -13,7 +13,12 @@ use leptos_router::NavigateOptions;
 
 /// One page of the nodes whose name, group or model holds `search`.
 #[server(prefix = "/rpc", endpoint = "list_nodes", client = crate::csrf::CsrfClient)]
-pub async fn list_nodes(search: String, page: usize, sort: String) -> Result<NodesPage, AppError> {
+pub async fn list_nodes(
+    search: String,
+    page: usize,
+    // A page loaded before sorting existed sends none: by name.
+    #[server(default)] sort: String,
+) -> Result<NodesPage, AppError> {
     crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     let rows = crate::services::answer(console.nodes()).await?;
@@ -22,21 +27,24 @@ pub async fn list_nodes(search: String, page: usize, sort: String) -> Result<Nod
 
 /// The address of the Nodes tab with `search`, `page` and `sort`, each left out at its default.
 fn nodes_address(search: &str, page: usize, sort: NodeSort) -> String {
-    let mut parts = Vec::new();
-    if !search.is_empty() {
-        parts.push(format!("q={}", crate::address::query_value(search)));
-    }
-    if sort != NodeSort::Name {
-        parts.push(format!("sort={}", sort.as_str()));
-    }
-    if page > 1 {
-        parts.push(format!("page={page}"));
-    }
-    if parts.is_empty() {
-        "/nodes".to_owned()
+    let sort = if sort == NodeSort::Name {
+        ""
     } else {
-        format!("/nodes?{}", parts.join("&"))
-    }
+        sort.as_str()
+    };
+    let page = if page > 1 {
+        page.to_string()
+    } else {
+        String::new()
+    };
+    crate::address::with_query(
+        "/nodes",
+        &[
+            ("q", search.to_owned()),
+            ("sort", sort.to_owned()),
+            ("page", page),
+        ],
+    )
 }
 
 /// The tab. The search and the page are in the address (`?q=whisper&page=2`), so that a link or a reload

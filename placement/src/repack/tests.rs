@@ -300,18 +300,22 @@ fn asked_for_one_gpu_the_repack_restarts_the_fewest_workers() {
     carry_out(&s, &plan, &units);
 }
 
-/// A fleet of `machines` × 8 GPUs of 80 GB, work of 1–12 GB placed by best fit, then every third gone.
-fn fleet_with_holes(machines: usize) -> (Scheduler, Vec<Movable>) {
+/// A fleet of `machines` × 8 GPUs of 80 GB, `workers` of `gb(w)` GB placed by best fit, then every third
+/// gone; the rest movable.
+fn fleet_placed(
+    machines: usize,
+    workers: usize,
+    gb: impl Fn(usize) -> f64,
+) -> (Scheduler, Vec<Movable>) {
     let mut s = fleet(
         (0..machines)
             .map(|m| machine(&format!("m{m:03}"), &[80; 8]))
             .collect(),
     );
-    let names: Vec<String> = (0..machines * 32).map(|w| format!("w{w:05}")).collect();
+    let names: Vec<String> = (0..workers).map(|w| format!("w{w:05}")).collect();
     for (w, name) in names.iter().enumerate() {
-        let request = WorkerRequest::shared_gb(1.0 + (w * 7 % 12) as f64);
         assert!(matches!(
-            s.place(name, &request).unwrap(),
+            s.place(name, &WorkerRequest::shared_gb(gb(w))).unwrap(),
             Decision::Place(_)
         ));
     }
@@ -324,6 +328,11 @@ fn fleet_with_holes(machines: usize) -> (Scheduler, Vec<Movable>) {
         }
     }
     (s, units)
+}
+
+/// Work of 1–12 GB, 32 to a machine, then every third gone.
+fn fleet_with_holes(machines: usize) -> (Scheduler, Vec<Movable>) {
+    fleet_placed(machines, machines * 32, |w| 1.0 + (w * 7 % 12) as f64)
 }
 
 #[test]
@@ -553,28 +562,7 @@ fn right_sized_shares_let_a_repack_free_a_gpu_the_shares_as_they_are_do_not() {
 /// each in turn, 78 GB), then every 4 GB one gone: each GPU in use keeps 10 GB, too little for any worker
 /// left, so no worker moves to a GPU in use unless others make room for it.
 fn fleet_without_slack(machines: usize) -> (Scheduler, Vec<Movable>) {
-    let mut s = fleet(
-        (0..machines)
-            .map(|m| machine(&format!("m{m:03}"), &[80; 8]))
-            .collect(),
-    );
-    let names: Vec<String> = (0..machines * 4).map(|w| format!("w{w:05}")).collect();
-    for (w, name) in names.iter().enumerate() {
-        let gb = [4.0, 13.0, 22.0][w % 3];
-        assert!(matches!(
-            s.place(name, &WorkerRequest::shared_gb(gb)).unwrap(),
-            Decision::Place(_)
-        ));
-    }
-    let mut units = Vec::new();
-    for (w, name) in names.iter().enumerate() {
-        if w % 3 == 0 {
-            s.release(name);
-        } else {
-            units.push(movable(name));
-        }
-    }
-    (s, units)
+    fleet_placed(machines, machines * 4, |w| [4.0, 13.0, 22.0][w % 3])
 }
 
 #[test]

@@ -75,13 +75,15 @@ impl Search<'_> {
             // A few bins at random; freeing a bin, more while the room they have left is short of what it
             // held: fewer could never take it. (A failed dive leaves too much unplaced for that: its part
             // need only leave no more unplaced than before.)
-            let mut load = vec![0; instance.bins.len()];
-            for (item, b) in instance.items.iter().zip(&partial) {
-                if let Some(b) = b {
-                    load[*b] += item.size;
+            let mut load = vec![0; if whole { instance.bins.len() } else { 0 }];
+            if whole {
+                for (item, b) in instance.items.iter().zip(&partial) {
+                    if let Some(b) = b {
+                        load[*b] += item.size;
+                    }
                 }
             }
-            let need = unplaced(&partial);
+            let need = if whole { unplaced(&partial) } else { 0 };
             let at_least = (3 + failures / 64).min(8) as usize;
             let mut release = 0;
             let mut room_left = 0;
@@ -91,7 +93,9 @@ impl Search<'_> {
                 let pick = release + (xorshift(rng) % (closed.len() - release) as u64) as usize;
                 closed.swap(release, pick);
                 let b = closed[release];
-                room_left += instance.bins[b].room.saturating_sub(load[b]);
+                if whole {
+                    room_left += instance.bins[b].room.saturating_sub(load[b]);
+                }
                 release += 1;
             }
             let mut kept = vec![false; instance.bins.len()];
