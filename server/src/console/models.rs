@@ -22,17 +22,23 @@ fn group_machines(group: &Group) -> Vec<String> {
 }
 
 impl ConsoleService {
-    /// The Models tab's rows: [`ConsoleService::model_rows`] with each group member's fullest measured
-    /// peak, which the tab alone shows and which is read from the database.
+    /// The Models tab's rows: [`ConsoleService::model_rows`] with their figures from the database.
     pub(super) async fn models_tab(&self) -> Result<Vec<ModelRow>, ApiError> {
         let mut rows = self.model_rows();
+        self.with_figures(&mut rows).await?;
+        Ok(rows)
+    }
+
+    /// What `rows` show that is read from the database: this hour's requests and failures through the
+    /// gateway, and each group member's fullest measured peak.
+    async fn with_figures(&self, rows: &mut [ModelRow]) -> Result<(), ApiError> {
         let now = crate::fleet::usage::now_ms();
         let calls = self
             .fleet
             .calls()
             .report(&self.pool, now - now % placement::usage::HOUR_MS, now + 1)
             .await?;
-        for row in &mut rows {
+        for row in rows.iter_mut() {
             for call in calls.iter().filter(|c| c.model == row.name) {
                 row.hour_requests += call.requests;
                 row.hour_failed += call.failed;
@@ -47,7 +53,7 @@ impl ConsoleService {
                     .map(|p| p.peak);
             }
         }
-        Ok(rows)
+        Ok(())
     }
 
     /// Every deployed model with its engines and flags, as of the last write and reading.
@@ -158,12 +164,15 @@ impl ConsoleService {
         caller: Caller,
         model: &str,
     ) -> Result<ModelPage, AppError> {
-        let row = self
-            .models_tab()
-            .await
-            .map_err(app_error)?
+        // Its own figures alone: not every member's peaks read to show one.
+        let mut rows: Vec<ModelRow> = self
+            .model_rows()
             .into_iter()
-            .find(|r| r.name == model)
+            .filter(|r| r.name == model)
+            .collect();
+        self.with_figures(&mut rows).await.map_err(app_error)?;
+        let row = rows
+            .pop()
             .ok_or_else(|| AppError::NotFound(format!("no model named {model} is deployed")))?;
         let neighbours = row
             .group
