@@ -21,8 +21,8 @@ pub type Answer<'a, T> = Pin<Box<dyn Future<Output = Result<T, AppError>> + Send
 pub trait Console: Send + Sync {
     /// The Overview page: the fleet at a glance, and its open alarms.
     fn overview(&self) -> Answer<'_, crate::views::Overview>;
-    /// The Models tab: every deployed model.
-    fn models(&self) -> Answer<'_, Vec<ModelRow>>;
+    /// A page of the Models tab: the deployed models whose name, group or node holds `search`.
+    fn models(&self, search: String, page: usize) -> Answer<'_, crate::views::Page<ModelRow>>;
     /// The plan changes being carried out, and those with a failed step.
     fn changes(&self) -> Answer<'_, Vec<PlanProgress>>;
     /// The Nodes tab.

@@ -7,5 +7,6 @@ pub mod confirm;
 pub mod estimate_panel;
 pub mod live;
 pub mod memory_bar;
+pub mod pager;
 pub mod serving_fields;
 pub mod share_panel;

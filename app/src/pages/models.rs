@@ -1,25 +1,33 @@
-//! The Models tab: every deployed model with its group, share, nodes, health and state, and a three-dot
-//! menu per row (GPU sharing, Serving configuration, Remove).
+//! The Models tab: every deployed model with its group, share, nodes, health, memory, restarts, errors and
+//! state, and a three-dot menu per row (GPU sharing, Serving configuration, Remove); searched by model,
+//! group or node and shown 50 to a page, so that it stays quick with thousands of models.
 
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
+use crate::components::pager::Pager;
 use crate::error::AppError;
 use crate::views::{
-    ChangeOutcome, EngineState, LoadState, ModelRow, OnDemand, PlanProgress, StepState,
+    ChangeOutcome, EngineState, LoadState, ModelRow, OnDemand, Page, PlanProgress, StepState,
 };
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
-use leptos_router::hooks::use_query_map;
+use leptos_router::hooks::{use_navigate, use_query_map};
+use leptos_router::NavigateOptions;
 use placement::rightsize::Fit;
+use std::collections::HashMap;
 
-/// Every deployed model.
+/// One page of the deployed models whose name, group or node holds `search`.
 #[server(prefix = "/rpc", endpoint = "list_models", client = crate::csrf::CsrfClient)]
-pub async fn list_models() -> Result<Vec<ModelRow>, AppError> {
+pub async fn list_models(
+    // A page loaded before the tab had pages sends neither: the first page of all.
+    #[server(default)] search: String,
+    #[server(default)] page: usize,
+) -> Result<Page<ModelRow>, AppError> {
     crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
-    crate::services::answer(console.models()).await
+    crate::services::answer(console.models(search, page)).await
 }
 
 /// The restarts under way, and those that failed.
@@ -76,15 +84,43 @@ fn notice(query: &leptos_router::params::ParamsMap, rows: &[ModelRow]) -> Option
 pub fn ModelsPage() -> impl IntoView {
     let live = use_live();
     let remove = ServerAction::<RemoveModel>::new();
+    let query = use_query_map();
+    let navigate = use_navigate();
+    let search = move || query.with(|q| q.get("q").unwrap_or_default());
+    let page = move || {
+        query.with(|q| {
+            q.get("page")
+                .and_then(|p| p.parse::<usize>().ok())
+                .unwrap_or(1)
+        })
+    };
     let models = Resource::new(
-        move || (live.track(), remove.version().get()),
-        |_| list_models(),
+        move || (live.track(), remove.version().get(), search(), page()),
+        |(_, _, search, page)| list_models(search, page),
     );
     let changes = Resource::new(move || live.track(), |_| list_changes());
-    let query = use_query_map();
+    let shown = Signal::derive(move || models.get().and_then(Result::ok));
     let notice = move || {
-        let rows = models.get().and_then(Result::ok).unwrap_or_default();
+        let rows = shown.with(|p| p.as_ref().map(|p| p.rows.clone()).unwrap_or_default());
         query.with(|q| notice(q, &rows))
+    };
+    let go = move |search: String, page: usize| {
+        let page = if page > 1 {
+            page.to_string()
+        } else {
+            String::new()
+        };
+        navigate(
+            &crate::address::with_query("/models", &[("q", search), ("page", page)]),
+            NavigateOptions {
+                replace: true,
+                ..Default::default()
+            },
+        );
+    };
+    let typed = {
+        let go = go.clone();
+        move |ev| go(event_target_value(&ev), 1)
     };
     let removed = move || match remove.value().get() {
         Some(Ok(_)) => Some(Ok(remove.input().get().map(|r| r.model))),
@@ -97,6 +133,9 @@ pub fn ModelsPage() -> impl IntoView {
             <ClusterTabs />
             <div class="toolbar">
                 <h2>"Models"</h2>
+                <label for="models-search" class="visually-hidden">"Search models"</label>
+                <input id="models-search" type="search" placeholder="Model, group or node" autocomplete="off"
+                    data-testid="models-search" prop:value=search on:input=typed />
                 <A href="/deploy" attr:class="button primary">"Deploy Model"</A>
             </div>
             {move || notice().map(|line| view! { <p class="notice" role="status" data-testid="notice">{line}</p> })}
@@ -109,7 +148,25 @@ pub fn ModelsPage() -> impl IntoView {
             </Transition>
             <Transition fallback=|| view! { <p>"Loading the models…"</p> }>
                 {move || models.get().and_then(Result::err).map(|e| view! { <p class="error" role="alert">{e.to_string()}</p> })}
-                <ModelsTable rows=Signal::derive(move || models.get().and_then(Result::ok).unwrap_or_default()) remove />
+                <ModelsTable
+                    rows=Signal::derive(move || shown.with(|p| p.as_ref().map(|p| p.rows.clone()).unwrap_or_default()))
+                    all=Signal::derive(move || shown.with(|p| p.as_ref().map_or(0, |p| p.all)))
+                    remove
+                />
+                {move || shown.get().filter(|p| p.all > 0).map(|p| {
+                    let search = search();
+                    if p.matching == 0 {
+                        return view! {
+                            <p class="empty" data-testid="no-match">{format!("No model, group or node holds {search:?}.")}</p>
+                        }.into_any();
+                    }
+                    let go = go.clone();
+                    let to = move |page| go(search.clone(), page);
+                    let shown = p.shown_text("model", "models");
+                    view! {
+                        <Pager page=p.page pages=p.pages shown label="Pages of models" testid="models-page" go=to />
+                    }.into_any()
+                })}
             </Transition>
         </div>
     }
@@ -158,15 +215,29 @@ fn Changes(
 /// and an open menu or confirmation stays open.
 #[component]
 fn ModelsTable(
-    /// The rows, as last read.
+    /// The rows of this page, as last read.
     #[prop(into)]
     rows: Signal<Vec<ModelRow>>,
+    /// Every deployed model, on all pages.
+    #[prop(into)]
+    all: Signal<usize>,
     /// The Remove action, confirmed in the row's menu.
     remove: ServerAction<RemoveModel>,
 ) -> impl IntoView {
+    let none = move || all.get() == 0;
     let empty = move || rows.with(Vec::is_empty);
+    // Where each model's row is: each line finds its own in one look, not by searching every row (a fleet
+    // runs thousands of models, and every live refresh asks again).
+    let at: Memo<HashMap<String, usize>> = Memo::new(move |_| {
+        rows.with(|rows| {
+            rows.iter()
+                .enumerate()
+                .map(|(i, r)| (r.name.clone(), i))
+                .collect()
+        })
+    });
     view! {
-        <p class="empty" data-testid="no-models" hidden=move || !empty()>
+        <p class="empty" data-testid="no-models" hidden=move || !none()>
             "No model runs yet. Select Deploy Model to deploy one."
         </p>
         <table class="list models" data-testid="models" hidden=empty>
@@ -177,6 +248,7 @@ fn ModelsTable(
                     <th scope="col">"Share"</th>
                     <th scope="col">"Nodes"</th>
                     <th scope="col">"Health"</th>
+                    <th scope="col" class="number">"Memory"</th>
                     <th scope="col" class="number">"Restarts"</th>
                     <th scope="col" class="number">"Errors this hour"</th>
                     <th scope="col">"State"</th>
@@ -190,7 +262,8 @@ fn ModelsTable(
                     children=move |row| {
                         let name = row.name.clone();
                         let row = Memo::new(move |_| {
-                            rows.with(|rows| rows.iter().find(|r| r.name == name).cloned())
+                            let i = at.with(|at| at.get(&name).copied());
+                            i.and_then(|i| rows.with(|rows| rows.get(i).cloned()))
                                 .unwrap_or_else(|| row.clone())
                         });
                         view! { <ModelLine row remove /> }
@@ -252,6 +325,7 @@ fn ModelLine(
             <td>
                 <span class="chip" class:ok=healthy data-testid="health">{move || row.with(ModelRow::health)}</span>
             </td>
+            <td class="number" data-testid="memory" class:bad=move || row.with(|r| r.memory_text().1)>{move || row.with(|r| r.memory_text().0)}</td>
             <td class="number" data-testid="restarts">{move || row.with(ModelRow::restarts)}</td>
             <td class="number" data-testid="errors" class:bad=move || row.with(|r| r.hour_failed > 0)>{move || row.with(ModelRow::errors_text)}</td>
             <td data-testid="state">

@@ -4,8 +4,9 @@
 
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::live::use_live;
+use crate::components::pager::Pager;
 use crate::error::AppError;
-use crate::views::{GpuCell, NodeRow, NodeSort, NodesPage, NODES_PER_PAGE};
+use crate::views::{GpuCell, NodeRow, NodeSort, NodesPage};
 use leptos::prelude::*;
 use leptos_router::components::A;
 use leptos_router::hooks::{use_navigate, use_query_map};
@@ -22,7 +23,12 @@ pub async fn list_nodes(
     crate::auth::require(crate::auth::Role::Viewer)?;
     let console = crate::services::console()?;
     let rows = crate::services::answer(console.nodes()).await?;
-    Ok(NodesPage::of(rows, &search, page, NodeSort::parse(&sort)))
+    Ok(NodesPage::nodes(
+        rows,
+        &search,
+        page,
+        NodeSort::parse(&sort),
+    ))
 }
 
 /// The address of the Nodes tab with `search`, `page` and `sort`, each left out at its default.
@@ -102,52 +108,20 @@ pub fn NodesPage() -> impl IntoView {
                     Ok(p) => {
                         let go = go.clone();
                         let search = search();
-                        view! { <NodesTable rows=p.rows.clone() search sort=sort() /> <Pages p go /> }.into_any()
+                        let shown = p.shown_text("node", "nodes");
+                        let to = {
+                            let search = search.clone();
+                            move |page| go(search.clone(), page)
+                        };
+                        view! {
+                            <NodesTable rows=p.rows search sort=sort() />
+                            <Pager page=p.page pages=p.pages shown label="Pages of nodes" testid="nodes-page" go=to />
+                        }.into_any()
                     }
                     Err(e) => view! { <p class="error" role="alert">{e.to_string()}</p> }.into_any(),
                 })}
             </Transition>
         </div>
-    }
-}
-
-/// Where this page is among those that match, and the way to the others.
-#[component]
-fn Pages<F>(p: NodesPage, go: F) -> impl IntoView
-where
-    F: Fn(String, usize) + Clone + Send + Sync + 'static,
-{
-    let search = use_query_map().with_untracked(|q| q.get("q").unwrap_or_default());
-    let (page, pages) = (p.page, p.pages);
-    let shown = shown_text(&p);
-    let back = {
-        let (go, search) = (go.clone(), search.clone());
-        move |_: leptos::ev::MouseEvent| go(search.clone(), page - 1)
-    };
-    let forward = move |_: leptos::ev::MouseEvent| go(search.clone(), page + 1);
-    view! {
-        <nav class="pages" aria-label="Pages of nodes">
-            <span data-testid="nodes-page">
-                {format!("Page {page} of {pages} · {shown}")}
-            </span>
-            <button type="button" class="secondary" disabled={page <= 1} on:click=back>"Previous"</button>
-            <button type="button" class="secondary" disabled={page >= pages} on:click=forward>"Next"</button>
-        </nav>
-    }
-}
-
-/// Which nodes the page shows, of how many: "nodes 51–100 of 1254", "node 1 of 1 matching, of 1254".
-fn shown_text(p: &NodesPage) -> String {
-    let first = (p.page.max(1) - 1) * NODES_PER_PAGE + 1;
-    let which = match p.rows.len() {
-        0 => "no nodes".to_owned(),
-        1 => format!("node {first}"),
-        n => format!("nodes {first}–{}", first + n - 1),
-    };
-    if p.matching == p.all {
-        format!("{which} of {}", p.all)
-    } else {
-        format!("{which} of {} matching, of {}", p.matching, p.all)
     }
 }
 

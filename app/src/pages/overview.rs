@@ -152,7 +152,7 @@ pub fn OverviewPage() -> impl IntoView {
 fn OverviewPanels(o: Overview) -> impl IntoView {
     let alarms = o.alarms.clone();
     view! {
-        <Title text=title(alarms.len()) />
+        <Title text=title(o.alarm_count as usize) />
         <section class="panel" aria-labelledby="overview-alarms" data-testid="alarms">
             <h2 id="overview-alarms">"Alarms"</h2>
             {if alarms.is_empty() {
@@ -242,6 +242,7 @@ mod tests {
             failed_requests: 3,
             since: "2026-12-05T09:00:00Z".into(),
             alarms: Vec::new(),
+            alarm_count: 0,
         }
     }
 

@@ -2,6 +2,7 @@
 //! MIG part and sharing setting.
 
 use super::models::EngineState;
+use super::page::Page;
 use placement::{BasisPoints, Bytes};
 use serde::{Deserialize, Serialize};
 
@@ -118,48 +119,16 @@ impl NodeSort {
     }
 }
 
-/// Rows of the Nodes tab a page shows.
-pub const NODES_PER_PAGE: usize = 50;
+/// One page of the Nodes tab.
+pub type NodesPage = Page<NodeRow>;
 
-/// One page of the Nodes tab: its rows, and where it is among the pages of those that match.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodesPage {
-    /// The rows of this page.
-    pub rows: Vec<NodeRow>,
-    /// Rows that match the search, on all pages.
-    pub matching: usize,
-    /// Every node.
-    pub all: usize,
-    /// This page, from 1.
-    pub page: usize,
-    /// Pages of rows that match.
-    pub pages: usize,
-}
-
-impl NodesPage {
+impl Page<NodeRow> {
     /// Page `page` (from 1; past the last is the last) of `rows` whose node, group or model holds
-    /// `search` (any case).
-    pub fn of(rows: Vec<NodeRow>, search: &str, page: usize, sort: NodeSort) -> NodesPage {
-        let all = rows.len();
+    /// `search` (any case), sorted by `sort`.
+    pub fn nodes(mut rows: Vec<NodeRow>, search: &str, page: usize, sort: NodeSort) -> NodesPage {
         let needle = search.trim().to_lowercase();
-        let mut matching: Vec<NodeRow> = rows
-            .into_iter()
-            .filter(|row| needle.is_empty() || row.holds(&needle))
-            .collect();
-        sort.order(&mut matching);
-        let pages = matching.len().div_ceil(NODES_PER_PAGE).max(1);
-        let page = page.clamp(1, pages);
-        NodesPage {
-            matching: matching.len(),
-            all,
-            page,
-            pages,
-            rows: matching
-                .into_iter()
-                .skip((page - 1) * NODES_PER_PAGE)
-                .take(NODES_PER_PAGE)
-                .collect(),
-        }
+        sort.order(&mut rows);
+        Page::of(rows, |row| needle.is_empty() || row.holds(&needle), page)
     }
 }
 
@@ -564,25 +533,25 @@ mod tests {
                 )
             })
             .collect();
-        let first = NodesPage::of(rows.clone(), "", 1, NodeSort::Name);
+        let first = NodesPage::nodes(rows.clone(), "", 1, NodeSort::Name);
         assert_eq!(
             (first.rows.len(), first.matching, first.pages),
             (50, 1250, 25)
         );
-        let last = NodesPage::of(rows.clone(), "", 99, NodeSort::Name);
+        let last = NodesPage::nodes(rows.clone(), "", 99, NodeSort::Name);
         assert_eq!(
             (last.page, last.rows[0].name.as_str()),
             (25, "gpu-1200"),
             "past the last is the last"
         );
-        let by_model = NodesPage::of(rows.clone(), "whisper", 1, NodeSort::Name);
+        let by_model = NodesPage::nodes(rows.clone(), "whisper", 1, NodeSort::Name);
         assert_eq!(
             (by_model.matching, by_model.rows[0].name.as_str()),
             (1, "gpu-0777")
         );
-        let by_name = NodesPage::of(rows.clone(), " GPU-12 ", 1, NodeSort::Name);
+        let by_name = NodesPage::nodes(rows.clone(), " GPU-12 ", 1, NodeSort::Name);
         assert_eq!(by_name.matching, 50, "gpu-1200 to gpu-1249");
-        let none = NodesPage::of(rows, "nothing", 3, NodeSort::Name);
+        let none = NodesPage::nodes(rows, "nothing", 3, NodeSort::Name);
         assert_eq!(
             (none.matching, none.page, none.pages, none.all),
             (0, 1, 1, 1250)
@@ -614,7 +583,7 @@ mod tests {
         c.cells = vec![cell(false), cell(false)];
         let rows = vec![c, a, b];
         let order = |sort| -> Vec<String> {
-            NodesPage::of(rows.clone(), "", 1, sort)
+            NodesPage::nodes(rows.clone(), "", 1, sort)
                 .rows
                 .into_iter()
                 .map(|r| r.name)

@@ -12,6 +12,7 @@ mod groups;
 mod machines;
 mod models;
 mod overview;
+mod page;
 mod playground;
 mod repack;
 
@@ -24,9 +25,10 @@ pub use deploy::{
 pub use groups::{ChangeOutcome, GroupPlan, PlanProgress, SharingForm, StepLine, StepState};
 pub use machines::{
     GpuCell, GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodeSort,
-    NodesPage, PendingLine, Sharer, SharingChange, WorkerLine, NODES_PER_PAGE,
+    NodesPage, PendingLine, Sharer, SharingChange, WorkerLine,
 };
 pub use models::{EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand};
 pub use overview::{Alarm, AlarmKind, Overview};
+pub use page::{holds, Page, PER_PAGE};
 pub use playground::Playground;
 pub use repack::{RepackPreview, RepackProgress, RepackRun, RightSized};

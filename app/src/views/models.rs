@@ -206,6 +206,19 @@ impl OnDemand {
     }
 }
 
+impl super::Page<ModelRow> {
+    /// Page `page` (from 1; past the last is the last) of `rows` whose model, group or node holds
+    /// `search` (any case), in their order.
+    pub fn models(rows: Vec<ModelRow>, search: &str, page: usize) -> super::Page<ModelRow> {
+        let found = |r: &ModelRow| {
+            super::holds(&r.name, search)
+                || r.group.as_deref().is_some_and(|g| super::holds(g, search))
+                || r.nodes.iter().any(|n| super::holds(n, search))
+        };
+        super::Page::of(rows, found, page)
+    }
+}
+
 impl ModelRow {
     /// Its engines' restarts after a failure, all together.
     pub fn restarts(&self) -> u32 {
@@ -223,6 +236,18 @@ impl ModelRow {
             self.hour_requests,
             self.hour_failed as f64 * 100.0 / self.hour_requests as f64
         )
+    }
+
+    /// The Memory column: the most its engines held on one GPU against the share they hold there
+    /// (`11 of 9.6 GB`), `—` before a reading; whether that peak is past the share.
+    pub fn memory_text(&self) -> (String, bool) {
+        match &self.peak {
+            Some(p) => (
+                format!("{} of {}", p.peak.size_text(), p.share.size_text()),
+                p.peak > p.share,
+            ),
+            None => ("—".to_owned(), false),
+        }
     }
 
     /// The health chip: `2/2 healthy`.
@@ -319,6 +344,7 @@ impl ModelRow {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::views::Page;
 
     fn row(engines: &[EngineState]) -> ModelRow {
         ModelRow::testing("glm-5.3", engines)
@@ -334,6 +360,45 @@ mod tests {
         r.hour_requests = 120;
         r.hour_failed = 3;
         assert_eq!(r.errors_text(), "3 of 120 (2.5%)");
+    }
+
+    #[test]
+    fn the_models_tab_finds_a_model_by_its_name_group_or_node_and_pages_the_rest() {
+        let rows: Vec<ModelRow> = (0..3750)
+            .map(|i| ModelRow::testing(&format!("model-{i:04}"), &[EngineState::Healthy]))
+            .collect();
+        let first = Page::models(rows.clone(), "", 1);
+        assert_eq!(
+            (first.rows.len(), first.matching, first.pages),
+            (50, 3750, 75)
+        );
+        let found = Page::models(rows.clone(), " MODEL-3749 ", 1);
+        assert_eq!(
+            (found.matching, found.rows[0].name.as_str()),
+            (1, "model-3749")
+        );
+        let by_group = Page::models(rows.clone(), "text-router", 2);
+        assert_eq!((by_group.matching, by_group.page), (3750, 2));
+        let by_node = Page::models(rows.clone(), "ATLAS", 1);
+        assert_eq!(by_node.matching, 3750);
+        assert_eq!(Page::models(rows, "nowhere", 1).matching, 0);
+    }
+
+    #[test]
+    fn the_memory_column_says_the_peak_against_the_share_and_whether_it_is_past_it() {
+        let mut r = row(&[EngineState::Healthy]);
+        assert_eq!(r.memory_text(), ("—".to_owned(), false));
+        let peak = |gb: u64| placement::rightsize::Peak {
+            peak: placement::Bytes::gb(gb),
+            share: placement::Bytes::gb(10),
+            gpu_total: placement::Bytes::gb(80),
+            observed_ms: 60_000,
+            fills_share: false,
+        };
+        r.peak = Some(peak(7));
+        assert_eq!(r.memory_text(), ("7 GB of 10 GB".to_owned(), false));
+        r.peak = Some(peak(11));
+        assert_eq!(r.memory_text(), ("11 GB of 10 GB".to_owned(), true));
     }
 
     #[test]

@@ -43,8 +43,11 @@ pub struct Overview {
     pub failed_requests: u64,
     /// When that count begins (RFC 3339).
     pub since: String,
-    /// What needs an operator now.
+    /// What needs an operator now, worst first; past a few of a kind, one line counts the rest.
     pub alarms: Vec<Alarm>,
+    /// How many alarms are open, those counted in a line included.
+    #[serde(default)]
+    pub alarm_count: u32,
 }
 
 /// Something that needs an operator, and where it is dealt with.
@@ -74,6 +77,8 @@ pub enum AlarmKind {
     Restarting,
     /// An engine that should serve and is stopped.
     Stopped,
+    /// A worker that waits for room: nothing of it runs.
+    Waiting,
     /// The gateway's requests this hour failing past a tenth.
     GatewayErrors,
     /// A GPU a reading found unhealthy.
@@ -94,6 +99,7 @@ impl AlarmKind {
             AlarmKind::Failed => "Failed",
             AlarmKind::Restarting => "Restarting",
             AlarmKind::Stopped => "Stopped",
+            AlarmKind::Waiting => "Waiting",
             AlarmKind::GatewayErrors => "Gateway errors",
             AlarmKind::Unhealthy => "Unhealthy",
             AlarmKind::OverShare => "Past its share",

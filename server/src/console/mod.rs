@@ -87,8 +87,8 @@ impl Console for ConsoleService {
         Box::pin(async move { self.overview_page().await.map_err(app_error) })
     }
 
-    fn models(&self) -> Answer<'_, Vec<ModelRow>> {
-        Box::pin(async move { self.models_tab().await.map_err(app_error) })
+    fn models(&self, search: String, page: usize) -> Answer<'_, app::views::Page<ModelRow>> {
+        Box::pin(async move { self.models_tab(&search, page).await.map_err(app_error) })
     }
 
     fn changes(&self) -> Answer<'_, Vec<PlanProgress>> {

@@ -8,7 +8,10 @@ use crate::fleet::groups::Group;
 use crate::runtime::StepStatus;
 use app::auth::{Caller, Role};
 use app::error::AppError;
-use app::views::{ModelPage, ModelRow, PlanProgress, Playground, StepLine, StepState};
+use app::views::{
+    EngineLine, ModelPage, ModelRow, Page, PlanProgress, Playground, StepLine, StepState,
+};
+use std::collections::HashMap;
 
 /// The machines a group runs on, in the order of its GPUs.
 fn group_machines(group: &Group) -> Vec<String> {
@@ -22,11 +25,16 @@ fn group_machines(group: &Group) -> Vec<String> {
 }
 
 impl ConsoleService {
-    /// The Models tab's rows: [`ConsoleService::model_rows`] with their figures from the database.
-    pub(super) async fn models_tab(&self) -> Result<Vec<ModelRow>, ApiError> {
-        let mut rows = self.model_rows();
-        self.with_figures(&mut rows).await?;
-        Ok(rows)
+    /// A page of the Models tab: [`ConsoleService::model_rows`] that `search` finds, and the figures from
+    /// the database of that page's rows alone.
+    pub(super) async fn models_tab(
+        &self,
+        search: &str,
+        page: usize,
+    ) -> Result<Page<ModelRow>, ApiError> {
+        let mut page = Page::models(self.model_rows(), search, page);
+        self.with_figures(&mut page.rows).await?;
+        Ok(page)
     }
 
     /// What `rows` show that is read from the database: this hour's requests and failures through the
@@ -60,6 +68,21 @@ impl ConsoleService {
     pub(super) fn model_rows(&self) -> Vec<ModelRow> {
         let system = self.fleet.system_models();
         let engines = self.fleet.runtime().engines();
+        // Each row's engines looked up, not searched for: a fleet runs thousands.
+        let mut of_member: HashMap<(&str, &str), Vec<EngineLine>> = HashMap::new();
+        let mut of_worker: HashMap<&str, Vec<EngineLine>> = HashMap::new();
+        for e in &engines {
+            if let (Some(group), Some(model)) = (&e.group, &e.model) {
+                of_member
+                    .entry((group, model))
+                    .or_default()
+                    .push(engine_line(e));
+            }
+            if let Some(worker) = &e.worker {
+                of_worker.entry(worker).or_default().push(engine_line(e));
+            }
+        }
+        let over_shares = self.fleet.over_shares();
         let mut rows = Vec::new();
         let committed = self.fleet.committed();
         for group in &committed.groups {
@@ -70,19 +93,14 @@ impl ConsoleService {
                     share: Some(share.share),
                     whole_gpus: None,
                     nodes: group_machines(group),
-                    engines: engines
-                        .iter()
-                        .filter(|e| {
-                            e.group.as_deref() == Some(&group.name)
-                                && e.model.as_deref() == Some(&share.member)
-                        })
-                        .map(engine_line)
-                        .collect(),
+                    engines: of_member
+                        .remove(&(group.name.as_str(), share.member.as_str()))
+                        .unwrap_or_default(),
                     system: system.contains(&share.member),
                     revision: group.revision,
                     on_demand: self.fleet.on_demand_view(&share.member),
                     slowed: self.fleet.slowed(&share.member),
-                    over_share: self.fleet.over_share(&share.member),
+                    over_share: over_shares.get(&share.member).cloned(),
                     peak: None,
                     // Not on made-up GPUs, where no daemon runs: the demo engines stand in.
                     share_enforced: !group.gpus.is_empty()
@@ -102,11 +120,7 @@ impl ConsoleService {
                 share: None,
                 whole_gpus: Some(worker.gpus.len() as u32),
                 nodes: worker.machine.iter().cloned().collect(),
-                engines: engines
-                    .iter()
-                    .filter(|e| e.worker.as_deref() == Some(&worker.name))
-                    .map(engine_line)
-                    .collect(),
+                engines: of_worker.remove(worker.name.as_str()).unwrap_or_default(),
                 system: false,
                 revision: worker.revision,
                 on_demand: None,

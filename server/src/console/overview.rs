@@ -4,7 +4,7 @@
 
 use super::ConsoleService;
 use crate::error::ApiError;
-use crate::fleet::MachineView;
+use crate::fleet::{MachineView, WorkerView};
 use app::views::{Alarm, AlarmKind, EngineState, LoadState, ModelRow, Overview};
 use placement::usage::HOUR_MS;
 use placement::Bytes;
@@ -162,10 +162,11 @@ fn gateway_alarm(requests: u64, failed: u64) -> Option<Alarm> {
 }
 
 /// The alarms the models raise: engines that failed, keep restarting or are stopped where they should
-/// serve, models slowed by their neighbours.
+/// serve, models slowed by their neighbours; each links to the model's own page.
 fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
     let mut alarms = Vec::new();
     for row in rows {
+        let href = format!("/models/{}", row.name);
         let not_loaded = row
             .on_demand
             .as_ref()
@@ -182,7 +183,7 @@ fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
                         "{}'s engine on {} is stopped{why}",
                         row.name, engine.machine
                     ),
-                    href: "/models".to_owned(),
+                    href: href.clone(),
                 });
             }
             if engine.status != EngineState::Failed && engine.restarts >= RESTARTS_ALARM {
@@ -198,14 +199,14 @@ fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
                             .as_deref()
                             .map_or_else(|| ".".to_owned(), |m| format!("; now: {m}"))
                     ),
-                    href: "/models".to_owned(),
+                    href: href.clone(),
                 });
             }
             if engine.status == EngineState::Failed {
                 alarms.push(Alarm {
                     kind: AlarmKind::Failed,
                     line: format!("{}'s engine on {} failed{why}", row.name, engine.machine),
-                    href: "/models".to_owned(),
+                    href: href.clone(),
                 });
             }
         }
@@ -213,11 +214,78 @@ fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
             alarms.push(Alarm {
                 kind: AlarmKind::Slowed,
                 line: line.clone(),
-                href: "/models".to_owned(),
+                href: href.clone(),
             });
         }
     }
     alarms
+}
+
+/// The alarms waiting workers raise: each with its first reason, linked to its model's page where it runs
+/// one, else to the nodes, where the room it needs is seen.
+fn waiting_alarms(pending: &[WorkerView]) -> Vec<Alarm> {
+    pending
+        .iter()
+        .map(|w| {
+            let why = match w.pending_reasons.as_slice() {
+                [] => ".".to_owned(),
+                [one] => format!(": {one}"),
+                [first, rest @ ..] => format!(": {first} (and {} more reasons)", rest.len()),
+            };
+            Alarm {
+                kind: AlarmKind::Waiting,
+                line: format!("{} waits for room{why}", w.name),
+                href: w
+                    .model
+                    .as_ref()
+                    .map_or_else(|| "/nodes".to_owned(), |m| format!("/models/{m}")),
+            }
+        })
+        .collect()
+}
+
+/// Alarms of one kind shown one by one; past these, one line counts the rest: on a bad day a fleet of
+/// thousands raises thousands, and the page must still load and be read.
+const ALARMS_PER_KIND: usize = 5;
+
+/// The page that lists every alarm of `kind` where they are folded into a count.
+fn page_of(kind: AlarmKind) -> &'static str {
+    match kind {
+        AlarmKind::Failed
+        | AlarmKind::Restarting
+        | AlarmKind::Stopped
+        | AlarmKind::OverShare
+        | AlarmKind::Slowed => "/models",
+        AlarmKind::GatewayErrors => "/usage",
+        AlarmKind::ClusterDown
+        | AlarmKind::Unreachable
+        | AlarmKind::Overcommitted
+        | AlarmKind::Waiting
+        | AlarmKind::Unhealthy => "/nodes",
+    }
+}
+
+/// `alarms`, sorted worst first, with each kind past [`ALARMS_PER_KIND`] folded into a line that counts
+/// the rest.
+fn folded(mut alarms: Vec<Alarm>) -> Vec<Alarm> {
+    alarms.sort_by_key(|a| a.kind);
+    let mut shown: Vec<Alarm> = Vec::new();
+    for chunk in alarms.chunk_by(|a, b| a.kind == b.kind) {
+        shown.extend(chunk.iter().take(ALARMS_PER_KIND).cloned());
+        if chunk.len() > ALARMS_PER_KIND {
+            let kind = chunk[0].kind;
+            shown.push(Alarm {
+                kind,
+                line: format!(
+                    "{} more alarms of this kind ({}).",
+                    chunk.len() - ALARMS_PER_KIND,
+                    kind.label()
+                ),
+                href: page_of(kind).to_owned(),
+            });
+        }
+    }
+    shown
 }
 
 impl ConsoleService {
@@ -236,12 +304,14 @@ impl ConsoleService {
         let mut alarms = cluster_alarm(self.fleet.cluster_status());
         alarms.extend(machine_alarms(&machines));
         alarms.extend(model_alarms(&rows));
+        alarms.extend(waiting_alarms(&self.fleet.pending_workers()));
         let (requests, failed) = (
             calls.iter().map(|c| c.requests).sum(),
             calls.iter().map(|c| c.failed).sum(),
         );
         alarms.extend(gateway_alarm(requests, failed));
-        alarms.sort_by_key(|a| a.kind);
+        let alarm_count = alarms.len() as u32;
+        let alarms = folded(alarms);
         Ok(Overview {
             machines: machines.len() as u32,
             unreachable: machines
@@ -265,6 +335,7 @@ impl ConsoleService {
             failed_requests: failed,
             since: crate::fleet::usage::rfc3339(since).unwrap_or_default(),
             alarms,
+            alarm_count,
         })
     }
 }
@@ -338,5 +409,38 @@ mod tests {
         );
         assert!(gateway_alarm(200, 19).is_none());
         assert!(gateway_alarm(10, 10).is_none(), "too few to say");
+    }
+
+    #[test]
+    fn past_five_alarms_of_a_kind_one_line_counts_the_rest_and_links_to_where_they_are_all_listed()
+    {
+        let rows: Vec<ModelRow> = (0..300)
+            .map(|n| row(&format!("model-{n:03}"), EngineState::Stopped, 0))
+            .collect();
+        let mut alarms = model_alarms(&rows);
+        alarms.extend(gateway_alarm(200, 70));
+        let shown = folded(alarms);
+        let said: Vec<(AlarmKind, &str, &str)> = shown
+            .iter()
+            .map(|a| (a.kind, a.line.as_str(), a.href.as_str()))
+            .collect();
+        assert_eq!(said.len(), 7, "{said:?}");
+        assert_eq!(
+            said[0],
+            (
+                AlarmKind::Stopped,
+                "model-000's engine on atlas is stopped: exited with status 1",
+                "/models/model-000"
+            )
+        );
+        assert_eq!(
+            said[5],
+            (
+                AlarmKind::Stopped,
+                "295 more alarms of this kind (Stopped).",
+                "/models"
+            )
+        );
+        assert_eq!(said[6].0, AlarmKind::GatewayErrors);
     }
 }

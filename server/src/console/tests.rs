@@ -348,7 +348,7 @@ async fn the_overview_sums_the_fleet_counts_the_models_and_raises_an_alarm_that_
     let alarms = o["alarms"].as_array().unwrap();
     assert_eq!(alarms.len(), 2, "{o}");
     // atlas has no agent here: speech cannot run there, and says so, neither loading nor calm.
-    let no_agent = json!({"kind": "stopped", "href": "/models",
+    let no_agent = json!({"kind": "stopped", "href": "/models/speech",
         "line": "speech's engine on atlas is stopped: atlas is not this machine, and Tessera has no agent there to start engines with"});
     assert_eq!(alarms[0], no_agent);
     assert_eq!(
@@ -401,6 +401,32 @@ async fn a_ray_cluster_that_does_not_answer_is_the_overview_s_first_alarm_with_w
         "the page itself"
     );
     app.fleet.cluster_answered(Ok(()));
+    let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
+    assert_eq!(o["alarms"], json!([]));
+}
+
+#[tokio::test]
+async fn a_worker_that_waits_for_room_is_an_alarm_with_its_reason_until_it_is_placed() {
+    let app = TestApp::new(MAJIN).await;
+    // majin's one GPU offers 7 GB to shared work: the second 6 GB worker waits for the first.
+    for name in ["first", "second"] {
+        let (status, w) = app.post_worker(&shared_worker(name, 6.0)).await;
+        assert_eq!(status, StatusCode::CREATED, "{w}");
+    }
+    let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
+    let alarms = o["alarms"].as_array().unwrap();
+    assert_eq!(alarms.len(), 1, "{o}");
+    assert_eq!(alarms[0]["kind"], "waiting");
+    assert_eq!(alarms[0]["href"], "/nodes");
+    assert_eq!(
+        alarms[0]["line"],
+        "second waits for room: GPU 0 of majin: 6 of 7 GB taken by shared work; it needs 6"
+    );
+    assert!(page(&app, "/").await.contains("second waits for room"));
+
+    let (status, _) = app.call(Method::DELETE, "/api/workers/first", None).await;
+    assert!(status.is_success(), "{status}");
+    assert_eq!(app.get("/api/workers/second").await.1["state"], "placed");
     let (_, o) = call_rpc(&app, "load_overview", json!({})).await;
     assert_eq!(o["alarms"], json!([]));
 }

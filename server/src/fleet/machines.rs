@@ -184,15 +184,21 @@ impl Fleet {
         }
     }
 
-    /// Why `name` (a worker, or a sharing group's model) is flagged as using more than its share, where it
-    /// is.
-    pub fn over_share(&self, name: &str) -> Option<String> {
-        self.machines()
+    /// Why each worker or sharing group's model flagged as using more than its share is, by name (the
+    /// first GPU where it is): read in one pass over the machines, for every row of a page at once.
+    pub fn over_shares(&self) -> std::collections::BTreeMap<String, String> {
+        let mut over = std::collections::BTreeMap::new();
+        for sharer in self
+            .machines()
             .into_iter()
             .flat_map(|m| m.gpus)
             .flat_map(|g| g.sharers)
-            .find(|s| s.worker == name && s.over_share.is_some())
-            .and_then(|s| s.over_share)
+        {
+            if let Some(line) = sharer.over_share {
+                over.entry(sharer.worker).or_insert(line);
+            }
+        }
+        over
     }
 
     /// One machine.

@@ -189,6 +189,18 @@ impl Fleet {
             .collect()
     }
 
+    /// The workers that wait for room, oldest first: read from the pending index, not from every worker.
+    pub fn pending_workers(&self) -> Vec<WorkerView> {
+        let views = self.views();
+        views
+            .committed
+            .workers
+            .pending()
+            .filter_map(|w| views.workers.get(&w.seq))
+            .map(|w| self.with_unreachable(WorkerView::clone(w)))
+            .collect()
+    }
+
     /// `worker`, whose GPUs asked for or held may be on a machine unreachable now, saying so where that is
     /// why it waits or is not held.
     fn with_unreachable(&self, mut worker: WorkerView) -> WorkerView {

@@ -1,8 +1,10 @@
 //! The gateway's half of an engine's drain: a request goes only to an engine that serves now, and is counted
 //! in flight there until the last of its answer has gone (`answer` holds the count that long), so an engine
 //! taken out of the rotation finishes what it was given before it is stopped. The same count chooses among
-//! a model's engines: the least busy first.
+//! a model's engines: the least busy first, or, for a request with a prompt, the engine its prompt's first
+//! characters rank first while it is not too busy (`affinity`).
 
+use super::affinity;
 use crate::runtime::{InFlight, Serving};
 use crate::AppState;
 
@@ -12,19 +14,38 @@ pub(super) struct Taken {
     pub(super) engine: Serving,
 }
 
-/// The healthy engine of `model` with the fewest requests in flight, the request counted in flight to it;
-/// `None` while none serves. Among engines as busy as each other the model's own rotation decides, so that
-/// requests that never overlap still take turns, whatever other models are asked meanwhile.
-pub(super) fn take(state: &AppState, model: &str) -> Option<Taken> {
+/// A healthy engine of `model` for a request whose body is `body`, the request counted in flight to it;
+/// `None` while none serves. For a prompt, the engine its start ranks first within the load bound; else
+/// the engine with the fewest requests in flight, and among engines as busy as each other the model's own
+/// rotation decides, so that requests that never overlap still take turns, whatever other models are asked
+/// meanwhile.
+pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option<Taken> {
     let runtime = state.fleet.runtime();
     let mut ready = runtime.serving(model);
     if ready.is_empty() {
         return None;
     }
-    let first = state.gateway.turn(model) % ready.len();
-    ready.rotate_left(first);
-    // Stable: the rotation's order stays among equals.
-    ready.sort_by_cached_key(|engine| runtime.requests_in_flight(&engine.unit));
+    // The body is read for its prompt only where there is a choice to make.
+    let prefix = body
+        .filter(|_| ready.len() > 1)
+        .and_then(affinity::prefix_key);
+    match prefix {
+        Some(key) => {
+            let busy: Vec<(&str, usize)> = ready
+                .iter()
+                .map(|e| (e.unit.as_str(), runtime.requests_in_flight(&e.unit)))
+                .collect();
+            let order = affinity::order(key, &busy);
+            let mut slots: Vec<Option<Serving>> = ready.into_iter().map(Some).collect();
+            ready = order.into_iter().filter_map(|i| slots[i].take()).collect();
+        }
+        _ => {
+            let first = state.gateway.turn(model) % ready.len();
+            ready.rotate_left(first);
+            // Stable: the rotation's order stays among equals.
+            ready.sort_by_cached_key(|engine| runtime.requests_in_flight(&engine.unit));
+        }
+    }
     ready.into_iter().find_map(|engine| {
         let in_flight = runtime.begin_request(&engine.unit)?;
         Some(Taken { in_flight, engine })

@@ -8,10 +8,11 @@
 //! Here: the routes and a request's way through them (the model it names, a group's router, the call to the
 //! engine). Beside it, each in a room of its own: the caller's key and its models (`keys`), what a request
 //! is counted as (`metering`), the engine's count of requests in flight that a drain waits on and that
-//! chooses the engine (`drain`), the wait for a ready engine and an on-demand load (`on_demand`), what
+//! chooses the engine (`drain`), the engine a prompt's start prefers (`affinity`), the wait for a ready engine and an on-demand load (`on_demand`), what
 //! headers cross (`headers`), the answer's way back (`answer`) and the renaming of its `model` field
 //! (`model_field`).
 
+mod affinity;
 mod answer;
 mod drain;
 mod headers;
@@ -265,7 +266,7 @@ async fn carry(
         return refused;
     }
     // The model's engines, looked up once: a request for a model that serves goes on to one of them.
-    let taken = drain::take(state, &model);
+    let taken = drain::take(state, &model, Some(&body));
     if taken.is_some()
         || state.fleet.runtime().has_engines(&model)
         || state.fleet.on_demand(&model).is_some()
@@ -339,7 +340,7 @@ async fn ask_router(
     body: &Bytes,
     models: &[&str],
 ) -> Option<String> {
-    let drain::Taken { in_flight, engine } = drain::take(state, router)?;
+    let drain::Taken { in_flight, engine } = drain::take(state, router, None)?;
     let request: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
     let question = json!({"request": request, "models": models});
     let uri: Uri = format!("http://{}:{}/route", engine.host, engine.port)
@@ -369,8 +370,8 @@ fn with_engine_key(engine: &Serving, headers: &mut HeaderMap) {
     }
 }
 
-/// Sends the request to `taken`, where an engine of `model` was taken for it, else to the next healthy one,
-/// waiting up to `wait` for one to be ready.
+/// Sends the request to `taken`, where an engine of `model` was taken for it, else to the next healthy one
+/// (for its prompt's start), waiting up to `wait` for one to be ready.
 async fn to_model(
     state: &AppState,
     model: &str,
@@ -382,7 +383,7 @@ async fn to_model(
 ) -> Response {
     let mut meter = Meter::new(state, model, key);
     let drain::Taken { in_flight, engine } =
-        match on_demand::ready_engine(state, model, wait, taken).await {
+        match on_demand::ready_engine(state, model, wait, taken, &body).await {
             Ok(taken) => taken,
             Err(refused) => return refused,
         };

@@ -19,7 +19,8 @@ const READY_POLL: Duration = Duration::from_millis(100);
 /// fleet lock each time, so not at every look.
 const ASK_AGAIN: Duration = Duration::from_millis(500);
 
-/// `taken`, where the request's engine was taken already, else the next healthy engine of `model`, waited
+/// `taken`, where the request's engine was taken already, else the next healthy engine of `model` for the
+/// request's `body`, waited
 /// for up to `wait` (and loaded for, where the model is on demand); else the 503 that says why not, and
 /// when to ask again.
 pub(super) async fn ready_engine(
@@ -27,6 +28,7 @@ pub(super) async fn ready_engine(
     model: &str,
     wait: Duration,
     taken: Option<Taken>,
+    body: &[u8],
 ) -> Result<Taken, Response> {
     let asked = Instant::now();
     // A model whose engines all restart (or load) is waited for, up to the gateway's wait.
@@ -90,10 +92,11 @@ pub(super) async fn ready_engine(
         }
         // A model yielding its room takes no new request: this one waits its turn.
         let yielding = on_demand == Some(true) && activity.yielding(model);
-        if let Some(taken) = first
-            .take()
-            .or_else(|| (!yielding).then(|| drain::take(state, model)).flatten())
-        {
+        if let Some(taken) = first.take().or_else(|| {
+            (!yielding)
+                .then(|| drain::take(state, model, Some(body)))
+                .flatten()
+        }) {
             break taken;
         }
         if Instant::now() >= deadline {

@@ -305,8 +305,8 @@ async fn requests_waiting_for_one_on_demand_model_share_one_load_attempt() {
         Duration::from_secs(1),
         Vec::new(),
     );
-    let waiters =
-        (0..20).map(|_| on_demand::ready_engine(&state, "speech", Duration::from_secs(1), None));
+    let waiters = (0..20)
+        .map(|_| on_demand::ready_engine(&state, "speech", Duration::from_secs(1), None, b"{}"));
     let answers = futures::future::join_all(waiters).await;
     assert!(answers.iter().all(Result::is_err));
     // One attempt per look (every 100 ms) for all twenty, not one each.

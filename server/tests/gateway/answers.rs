@@ -1,6 +1,6 @@
 //! Which engine of a model answers, and what of its answer reaches the client: balanced per model by
-//! requests in flight, ended with an error event when the engine dies in the middle, and without the
-//! engine's cookies or the headers its `Connection` header names.
+//! requests in flight, by the prompt's start where it has one, ended with an error event when the engine
+//! dies in the middle, and without the engine's cookies or the headers its `Connection` header names.
 
 use super::{ask, deploy, Answer};
 use crate::support::{self, Server};
@@ -17,6 +17,11 @@ fn machine(answer: &Answer) -> String {
 
 fn chat(model: &str, stream: bool) -> Value {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "one two three"}]})
+}
+
+/// A request with no prompt: which engine takes it is the model's rotation's and the engines' load's.
+fn embed(model: &str) -> Value {
+    json!({"model": model, "input": "one two three"})
 }
 
 /// A machine like atlas (a 96 GB GPU) that is this one: a model on atlas:0 and twin:0 has an engine on
@@ -71,7 +76,7 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
     let mut answered: BTreeMap<(&str, String), usize> = BTreeMap::new();
     for _ in 0..4 {
         for model in ["chat", "other"] {
-            let answer = ask(&server, "/v1/chat/completions", chat(model, false)).await;
+            let answer = ask(&server, "/v1/embeddings", embed(model)).await;
             assert_eq!(answer.status, 200, "{}", answer.text());
             *answered.entry((model, machine(&answer))).or_default() += 1;
         }
@@ -85,7 +90,8 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
     .into();
     assert_eq!(answered, expected);
 
-    // While one engine of chat streams a long answer, the next requests go to the other.
+    // While one engine of chat streams a long answer, the next requests go to the other, though they
+    // begin as it does: an idle engine is not passed over for a busy one's prompt cache.
     let streaming = {
         let server = server.clone();
         tokio::spawn(async move { ask(&server, "/v1/chat/completions", chat("chat", true)).await })
@@ -108,6 +114,95 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
         meanwhile.iter().all(|m| *m != busy),
         "{busy} was streaming, yet answered some of {meanwhile:?}"
     );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+/// The engine that answered `answer`, which must be a success.
+fn answered_by(answer: &Answer) -> String {
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    machine(answer)
+}
+
+fn with_system(system: &str, user: &str) -> Value {
+    json!({"model": "chat", "messages": [
+        {"role": "system", "content": system},
+        {"role": "user", "content": user},
+    ]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_whose_prompts_begin_alike_go_to_one_engine_of_a_model_until_it_is_busier_than_the_least_busy(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = dir.path().join("twin.toml");
+    std::fs::write(&inventory, TWIN).unwrap();
+    let sources = [
+        "--demo",
+        "--inventory",
+        inventory.to_str().unwrap(),
+        "--here",
+        "twin",
+    ];
+    let server = Arc::new(Server::start_with(dir.path(), 100, &sources).await);
+    let (status, added) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "chat", "engine": "command", "default_share_percent": 10,
+                   "model_path": "chat", "command": format!("{} demo-engine", env!("CARGO_BIN_EXE_tessera"))}),
+        )
+        .await;
+    assert_eq!(status, 201, "{added}");
+    // Each answer takes about a second: requests sent together are in flight together.
+    deploy(
+        &server,
+        json!({"model": "chat", "gpus": ["atlas:0", "twin:0"], "share": 10,
+               "env": {"TESSERA_DEMO_TOKEN_MS": "150"}}),
+    )
+    .await;
+    server.wait_healthy(2).await;
+
+    // One long system prompt, many users, one at a time: one engine, whose prompt cache holds it.
+    let manual = "You answer questions about the operations manual of the fleet. ".repeat(8);
+    let mut engines = std::collections::BTreeSet::new();
+    for user in [
+        "drain a node",
+        "what is MIG",
+        "repack",
+        "on demand",
+        "keys",
+        "usage",
+    ] {
+        let answer = ask(&server, "/v1/chat/completions", with_system(&manual, user)).await;
+        engines.insert(answered_by(&answer));
+    }
+    assert_eq!(engines.len(), 1, "{engines:?}");
+
+    // Prompts that begin differently spread over both engines.
+    let mut engines = std::collections::BTreeSet::new();
+    for n in 0..12 {
+        let system = format!("You are assistant number {n}, and you answer briefly.");
+        let answer = ask(&server, "/v1/chat/completions", with_system(&system, "hi")).await;
+        engines.insert(answered_by(&answer));
+    }
+    assert_eq!(engines.len(), 2, "{engines:?}");
+
+    // Eight at once with the same start: none waits on a busy engine while the other is idle.
+    let together: Vec<_> = (0..8)
+        .map(|n| {
+            let (server, manual) = (server.clone(), manual.clone());
+            tokio::spawn(async move {
+                let body = with_system(&manual, &format!("question {n}"));
+                answered_by(&ask(&server, "/v1/chat/completions", body).await)
+            })
+        })
+        .collect();
+    let mut counts = BTreeMap::<String, usize>::new();
+    for answer in together {
+        *counts.entry(answer.await.unwrap()).or_default() += 1;
+    }
+    assert_eq!(counts.len(), 2, "{counts:?}");
+    assert!(counts.values().all(|&n| n <= 5), "{counts:?}");
     Arc::into_inner(server).unwrap().stop().await;
 }
 

@@ -127,8 +127,8 @@ async fn an_engine_measured_past_its_share_is_flagged_on_its_machine_page_the_mo
 
     // Back within their shares at the next reading, the flags go.
     measure(4.0, 9.0);
-    assert_eq!(app.fleet.over_share("voice"), None);
-    assert_eq!(app.fleet.over_share("speech"), None);
+    assert_eq!(app.fleet.over_shares().get("voice"), None);
+    assert_eq!(app.fleet.over_shares().get("speech"), None);
     let metrics = html(app.get("/metrics").await.1);
     assert!(
         !over(&metrics, "voice", ""),

@@ -1,0 +1,196 @@
+//! Requests whose prompts begin alike go to the same engine of a model, so that the engine's prompt cache
+//! (llama.cpp's slots, vLLM's and SGLang's prefix caches) holds what they share: a long system prompt is
+//! read once per engine, not once per request. The prompt's first characters are hashed; the engines are
+//! ranked for that hash by rendezvous hashing (each engine's score is a hash of the prefix's hash and the
+//! engine's name), which moves only the prefixes of an engine that comes or goes. A ranked engine is
+//! passed over while it is busier than the least busy engine allows (a bound on load, as consistent
+//! hashing with bounded loads has): an idle engine is never passed over for a busy one's cache, and one
+//! popular prefix spreads out instead of queueing on one engine.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+use std::hash::{DefaultHasher, Hash, Hasher};
+
+/// The leading characters of a prompt that choose its engine: within a system prompt or a few-shot
+/// preamble, so that requests that share one go together whatever their users then ask.
+pub(super) const PREFIX_CHARS: usize = 256;
+
+/// How much busier than the model's least busy engine an engine may be and still take a request for its
+/// prefixes: a quarter more requests in flight, and never one more where the least busy is idle.
+const LOAD_BOUND_PERCENT: usize = 125;
+
+/// The requests in flight below which an engine takes the prefixes it ranks first, where the least busy of
+/// the model's engines has `least`.
+fn bound(least: usize) -> usize {
+    least + 1 + least * (LOAD_BOUND_PERCENT - 100) / 100
+}
+
+/// The parts of an OpenAI request that begin its prompt: chat messages, or a completion's prompt.
+#[derive(Deserialize)]
+struct Prompt<'a> {
+    #[serde(default, borrow)]
+    messages: Option<Vec<Message<'a>>>,
+    #[serde(default, borrow)]
+    prompt: Option<&'a RawValue>,
+}
+
+#[derive(Deserialize)]
+struct Message<'a> {
+    #[serde(default, borrow)]
+    role: Option<&'a RawValue>,
+    #[serde(default, borrow)]
+    content: Option<&'a RawValue>,
+}
+
+/// The hash of the first [`PREFIX_CHARS`] characters of `body`'s prompt (its messages' roles and contents
+/// as written, in order; or its `prompt`), `None` where it has none (an embedding, a transcription, a body
+/// that is not JSON): such a request goes to the least busy engine.
+pub(super) fn prefix_key(body: &[u8]) -> Option<u64> {
+    let prompt: Prompt = serde_json::from_slice(body).ok()?;
+    let mut text = String::new();
+    match (&prompt.messages, prompt.prompt) {
+        (Some(messages), _) if !messages.is_empty() => {
+            for m in messages {
+                for part in [m.role, m.content].into_iter().flatten() {
+                    text.push_str(part.get());
+                    if text.len() >= PREFIX_CHARS * 4 {
+                        break;
+                    }
+                }
+            }
+        }
+        (_, Some(prompt)) => text.push_str(prompt.get()),
+        _ => return None,
+    }
+    let end = text
+        .char_indices()
+        .nth(PREFIX_CHARS)
+        .map_or(text.len(), |(at, _)| at);
+    let mut hasher = DefaultHasher::new();
+    text[..end].hash(&mut hasher);
+    Some(hasher.finish())
+}
+
+/// The order in which a request for `key` tries `engines` (each its name and requests in flight now): by
+/// rendezvous rank, those within the load bound first, then the rest by how busy they are.
+pub(super) fn order(key: u64, engines: &[(&str, usize)]) -> Vec<usize> {
+    let least = engines.iter().map(|(_, n)| *n).min().unwrap_or(0);
+    let bound = bound(least);
+    let score = |name: &str| {
+        let mut hasher = DefaultHasher::new();
+        (key, name).hash(&mut hasher);
+        hasher.finish()
+    };
+    let mut ranked: Vec<usize> = (0..engines.len()).collect();
+    ranked.sort_by_key(|&i| std::cmp::Reverse(score(engines[i].0)));
+    // Stable: among those over the bound, the least busy first, rank deciding between equals.
+    ranked.sort_by_key(|&i| {
+        let busy = engines[i].1;
+        if busy < bound {
+            0
+        } else {
+            busy
+        }
+    });
+    ranked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    fn chat(system: &str, user: &str) -> Vec<u8> {
+        json!({"model": "m", "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": user},
+        ]})
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn requests_that_share_a_long_system_prompt_have_one_key_and_other_prompts_another() {
+        let manual = "You answer questions about the fleet manual. ".repeat(10);
+        let a = prefix_key(&chat(&manual, "How do I drain a node?")).unwrap();
+        let b = prefix_key(&chat(&manual, "What is MIG?")).unwrap();
+        assert_eq!(a, b);
+        let other = prefix_key(&chat("You translate into French.", "What is MIG?")).unwrap();
+        assert_ne!(a, other);
+        let completion = json!({"model": "m", "prompt": "Once upon a time"}).to_string();
+        assert!(prefix_key(completion.as_bytes()).is_some());
+    }
+
+    #[test]
+    fn a_request_without_a_prompt_has_no_key_and_goes_to_the_least_busy_engine() {
+        let embedding = json!({"model": "m", "input": "a sentence"}).to_string();
+        assert_eq!(prefix_key(embedding.as_bytes()), None);
+        assert_eq!(prefix_key(b"not json"), None);
+        assert_eq!(prefix_key(br#"{"model": "m", "messages": []}"#), None);
+    }
+
+    #[test]
+    fn a_busy_engine_keeps_its_prefixes_until_it_is_a_quarter_busier_than_the_least_busy() {
+        let key = (0..u64::MAX)
+            .find(|&k| order(k, &[("a", 0), ("b", 0)])[0] == 0)
+            .unwrap();
+        assert_eq!(
+            order(key, &[("a", 1), ("b", 0)])[0],
+            1,
+            "never past an idle engine"
+        );
+        assert_eq!(order(key, &[("a", 4), ("b", 4)])[0], 0);
+        assert_eq!(order(key, &[("a", 5), ("b", 4)])[0], 0, "5 < 4 + 1 + 1");
+        assert_eq!(order(key, &[("a", 6), ("b", 4)])[0], 1);
+    }
+
+    #[test]
+    fn an_engine_that_comes_or_goes_moves_only_its_own_prefixes() {
+        let four = [("a", 0), ("b", 0), ("c", 0), ("d", 0)];
+        let three = [("a", 0), ("b", 0), ("d", 0)];
+        for key in 0..2_000u64 {
+            let before = four[order(key, &four)[0]].0;
+            let after = three[order(key, &three)[0]].0;
+            if before != "c" {
+                assert_eq!(before, after, "key {key}");
+            }
+        }
+    }
+
+    proptest! {
+        /// Whatever the loads, the engine chosen is within a quarter (and one request) of the least
+        /// busy, and where the least busy is idle, idle too.
+        #[test]
+        fn the_engine_chosen_is_never_much_busier_than_the_least_busy(
+            key in any::<u64>(),
+            loads in proptest::collection::vec(0usize..40, 1..8),
+        ) {
+            let names: Vec<String> = (0..loads.len()).map(|i| format!("engine-{i}")).collect();
+            let engines: Vec<(&str, usize)> =
+                names.iter().map(String::as_str).zip(loads.iter().copied()).collect();
+            let order = order(key, &engines);
+            prop_assert_eq!(order.len(), loads.len());
+            let least = *loads.iter().min().unwrap();
+            let chosen = loads[order[0]];
+            prop_assert!(chosen * 4 <= least * 5, "{} chosen, {} the least", chosen, least);
+        }
+
+        /// With no load, every engine takes about its part of many prefixes.
+        #[test]
+        fn idle_engines_share_the_prefixes_evenly(engines in 2usize..6) {
+            let names: Vec<String> = (0..engines).map(|i| format!("unit-{i}")).collect();
+            let idle: Vec<(&str, usize)> = names.iter().map(|n| (n.as_str(), 0)).collect();
+            let mut counts = vec![0usize; engines];
+            for key in 0..6_000u64 {
+                let mut h = DefaultHasher::new();
+                key.hash(&mut h);
+                counts[order(h.finish(), &idle)[0]] += 1;
+            }
+            let fair = 6_000 / engines;
+            for c in counts {
+                prop_assert!(c * 10 > fair * 8 && c * 10 < fair * 12, "{c} of a fair {fair}");
+            }
+        }
+    }
+}
