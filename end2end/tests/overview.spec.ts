@@ -21,6 +21,28 @@ test("the overview sums the fleet, counts the models, and leads from a fragment 
   await page.getByTestId("stranded").getByRole("link", { name: "Repack" }).click();
   await expect(page).toHaveURL(/\/repack$/);
 
+  // The Models tab finds a model by name, group or node, and says which of how many it shows.
+  await open(page, "/models");
+  await expect(page.getByTestId("models-page")).toHaveText("Page 1 of 1 · model 1 of 1");
+  await expect(page.getByTestId("memory")).toHaveText("—");
+  await page.getByTestId("models-search").fill("nothing-like-it");
+  await expect(page.getByTestId("no-match")).toHaveText('No model, group or node holds "nothing-like-it".');
+  await page.getByTestId("models-search").fill("ATLAS");
+  await expect(page.getByTestId("model-row")).toHaveCount(1);
+  await expect(page).toHaveURL(/\/models\?q=ATLAS$/);
+});
+
+test("a worker that waits for room is an alarm with its reason, counted in the title, until it is placed", async ({ page, request }) => {
+  const worker = (name: string) => ({ name, requested_resources: { gpu_requests: { count: 1, shared: true, memory_gb: 6, ids: ["majin:0"] } } });
+  expect((await request.post("/api/workers", { data: worker("first") })).status()).toBe(201);
+  expect((await request.post("/api/workers", { data: worker("second") })).status()).toBe(201);
+  await open(page, "/");
+  const alarm = page.locator('[data-testid="alarm"][data-kind="Waiting"]');
+  await expect(alarm).toHaveText("Waiting second waits for room: GPU 0 of majin: 6 of 7 GB taken by shared work; it needs 6 (and 1 more reason)");
+  await expect(page).toHaveTitle("(1) Overview · Tessera");
+  await expect(alarm.getByRole("link")).toHaveAttribute("href", "/nodes");
+  expect((await request.delete("/api/workers/first")).status()).toBeLessThan(300);
+  await expect(page.getByTestId("no-alarms")).toHaveText("No alarms.");
 });
 
 test.describe("with a GPU whose reading says it is unhealthy", () => {

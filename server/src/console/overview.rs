@@ -230,7 +230,11 @@ fn waiting_alarms(pending: &[WorkerView]) -> Vec<Alarm> {
             let why = match w.pending_reasons.as_slice() {
                 [] => ".".to_owned(),
                 [one] => format!(": {one}"),
-                [first, rest @ ..] => format!(": {first} (and {} more reasons)", rest.len()),
+                [first, rest @ ..] => format!(
+                    ": {first} (and {} more {})",
+                    rest.len(),
+                    if rest.len() == 1 { "reason" } else { "reasons" }
+                ),
             };
             Alarm {
                 kind: AlarmKind::Waiting,
