@@ -5,7 +5,7 @@
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::confirm::Confirm;
 use crate::components::live::use_live;
-use crate::components::pager::Pager;
+use crate::components::pager::{page_param, use_replace, use_search_and_page, Pager};
 use crate::error::AppError;
 use crate::views::{
     ChangeOutcome, EngineState, LoadState, ModelRow, OnDemand, Page, PlanProgress, StepState,
@@ -13,8 +13,7 @@ use crate::views::{
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
-use leptos_router::hooks::{use_navigate, use_query_map};
-use leptos_router::NavigateOptions;
+use leptos_router::hooks::use_query_map;
 use placement::rightsize::Fit;
 use std::collections::HashMap;
 
@@ -85,17 +84,17 @@ pub fn ModelsPage() -> impl IntoView {
     let live = use_live();
     let remove = ServerAction::<RemoveModel>::new();
     let query = use_query_map();
-    let navigate = use_navigate();
-    let search = move || query.with(|q| q.get("q").unwrap_or_default());
-    let page = move || {
-        query.with(|q| {
-            q.get("page")
-                .and_then(|p| p.parse::<usize>().ok())
-                .unwrap_or(1)
-        })
-    };
+    let replace = use_replace();
+    let (search, page) = use_search_and_page();
     let models = Resource::new(
-        move || (live.track(), remove.version().get(), search(), page()),
+        move || {
+            (
+                live.track(),
+                remove.version().get(),
+                search.get(),
+                page.get(),
+            )
+        },
         |(_, _, search, page)| list_models(search, page),
     );
     let changes = Resource::new(move || live.track(), |_| list_changes());
@@ -105,18 +104,8 @@ pub fn ModelsPage() -> impl IntoView {
         query.with(|q| notice(q, &rows))
     };
     let go = move |search: String, page: usize| {
-        let page = if page > 1 {
-            page.to_string()
-        } else {
-            String::new()
-        };
-        navigate(
-            &crate::address::with_query("/models", &[("q", search), ("page", page)]),
-            NavigateOptions {
-                replace: true,
-                ..Default::default()
-            },
-        );
+        let query = [("q", search), ("page", page_param(page))];
+        replace(&crate::address::with_query("/models", &query));
     };
     let typed = {
         let go = go.clone();
@@ -154,7 +143,7 @@ pub fn ModelsPage() -> impl IntoView {
                     remove
                 />
                 {move || shown.get().filter(|p| p.all > 0).map(|p| {
-                    let search = search();
+                    let search = search.get();
                     if p.matching == 0 {
                         return view! {
                             <p class="empty" data-testid="no-match">{format!("No model, group or node holds {search:?}.")}</p>

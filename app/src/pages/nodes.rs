@@ -4,13 +4,12 @@
 
 use crate::components::cluster_tabs::ClusterTabs;
 use crate::components::live::use_live;
-use crate::components::pager::Pager;
+use crate::components::pager::{page_param, use_replace, use_search_and_page, Pager};
 use crate::error::AppError;
 use crate::views::{GpuCell, NodeRow, NodeSort, NodesPage};
 use leptos::prelude::*;
 use leptos_router::components::A;
-use leptos_router::hooks::{use_navigate, use_query_map};
-use leptos_router::NavigateOptions;
+use leptos_router::hooks::use_query_map;
 
 /// One page of the nodes whose name, group or model holds `search`.
 #[server(prefix = "/rpc", endpoint = "list_nodes", client = crate::csrf::CsrfClient)]
@@ -38,51 +37,29 @@ fn nodes_address(search: &str, page: usize, sort: NodeSort) -> String {
     } else {
         sort.as_str()
     };
-    let page = if page > 1 {
-        page.to_string()
-    } else {
-        String::new()
-    };
     crate::address::with_query(
         "/nodes",
         &[
             ("q", search.to_owned()),
             ("sort", sort.to_owned()),
-            ("page", page),
+            ("page", page_param(page)),
         ],
     )
 }
 
-/// The tab. The search and the page are in the address (`?q=whisper&page=2`), so that a link or a reload
-/// shows the same rows.
+/// The tab, searched, sorted and paged by its address.
 #[component]
 pub fn NodesPage() -> impl IntoView {
     let live = use_live();
     let query = use_query_map();
-    let navigate = use_navigate();
-    let search = move || query.with(|q| q.get("q").unwrap_or_default());
-    let page = move || {
-        query.with(|q| {
-            q.get("page")
-                .and_then(|p| p.parse::<usize>().ok())
-                .unwrap_or(1)
-        })
-    };
+    let replace = use_replace();
+    let (search, page) = use_search_and_page();
     let sort = move || query.with(|q| NodeSort::parse(&q.get("sort").unwrap_or_default()));
     let nodes = Resource::new(
-        move || (live.track(), search(), page(), sort()),
+        move || (live.track(), search.get(), page.get(), sort()),
         |(_, search, page, sort)| list_nodes(search, page, sort.as_str().to_owned()),
     );
-    let go = move |search: String, page: usize| {
-        let address = nodes_address(&search, page, sort());
-        navigate(
-            &address,
-            NavigateOptions {
-                replace: true,
-                ..Default::default()
-            },
-        );
-    };
+    let go = move |search: String, page: usize| replace(&nodes_address(&search, page, sort()));
     let typed = {
         let go = go.clone();
         move |ev| go(event_target_value(&ev), 1)
@@ -103,11 +80,11 @@ pub fn NodesPage() -> impl IntoView {
                         <p class="empty">"No nodes: start the server on a machine with NVIDIA GPUs, with --inventory, or with --demo."</p>
                     }.into_any(),
                     Ok(p) if p.matching == 0 => view! {
-                        <p class="empty" data-testid="no-match">{format!("No node, group or model holds {:?}.", search())}</p>
+                        <p class="empty" data-testid="no-match">{format!("No node, group or model holds {:?}.", search.get())}</p>
                     }.into_any(),
                     Ok(p) => {
                         let go = go.clone();
-                        let search = search();
+                        let search = search.get();
                         let shown = p.shown_text("node", "nodes");
                         let to = {
                             let search = search.clone();

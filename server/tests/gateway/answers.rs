@@ -37,10 +37,10 @@ model = "NVIDIA RTX PRO 6000 Blackwell"
 memory_gb = 96
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_flight() {
-    let dir = tempfile::tempdir().unwrap();
-    let inventory = dir.path().join("twin.toml");
+/// The server over the demo fleet and twin, with `models` (the demo engine as their command, each answer
+/// taking about a second) each on atlas:0 and twin:0: an engine of each on both, all healthy.
+async fn on_atlas_and_twin(dir: &std::path::Path, models: &[&str]) -> Arc<Server> {
+    let inventory = dir.join("twin.toml");
     std::fs::write(&inventory, TWIN).unwrap();
     let sources = [
         "--demo",
@@ -49,10 +49,10 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
         "--here",
         "twin",
     ];
-    let server = Arc::new(Server::start_with(dir.path(), 100, &sources).await);
+    let server = Arc::new(Server::start_with(dir, 100, &sources).await);
     let demo_engine = format!("{} demo-engine", env!("CARGO_BIN_EXE_tessera"));
     let mut revision = Value::Null;
-    for model in ["chat", "other"] {
+    for model in models {
         let (status, added) = server
             .send(
                 "POST",
@@ -70,7 +70,14 @@ async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_
         .await;
         revision = deployed["revision"].clone();
     }
-    server.wait_healthy(4).await;
+    server.wait_healthy(2 * models.len()).await;
+    server
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn alternating_traffic_to_two_models_is_balanced_per_model_by_requests_in_flight() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = on_atlas_and_twin(dir.path(), &["chat", "other"]).await;
 
     // One model, then the other, each request over before the next: each model's engines take turns.
     let mut answered: BTreeMap<(&str, String), usize> = BTreeMap::new();
@@ -134,33 +141,8 @@ fn with_system(system: &str, user: &str) -> Value {
 async fn requests_whose_prompts_begin_alike_go_to_one_engine_of_a_model_until_it_is_busier_than_the_least_busy(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    let inventory = dir.path().join("twin.toml");
-    std::fs::write(&inventory, TWIN).unwrap();
-    let sources = [
-        "--demo",
-        "--inventory",
-        inventory.to_str().unwrap(),
-        "--here",
-        "twin",
-    ];
-    let server = Arc::new(Server::start_with(dir.path(), 100, &sources).await);
-    let (status, added) = server
-        .send(
-            "POST",
-            "/api/models",
-            json!({"name": "chat", "engine": "command", "default_share_percent": 10,
-                   "model_path": "chat", "command": format!("{} demo-engine", env!("CARGO_BIN_EXE_tessera"))}),
-        )
-        .await;
-    assert_eq!(status, 201, "{added}");
     // Each answer takes about a second: requests sent together are in flight together.
-    deploy(
-        &server,
-        json!({"model": "chat", "gpus": ["atlas:0", "twin:0"], "share": 10,
-               "env": {"TESSERA_DEMO_TOKEN_MS": "150"}}),
-    )
-    .await;
-    server.wait_healthy(2).await;
+    let server = on_atlas_and_twin(dir.path(), &["chat"]).await;
 
     // One long system prompt, many users, one at a time: one engine, whose prompt cache holds it.
     let manual = "You answer questions about the operations manual of the fleet. ".repeat(8);
