@@ -101,6 +101,10 @@ test("a removal is asked in a dialog over the table, the menu closed and Cancel 
   const models = new ModelsTab(page);
   await expect(models.row("speech")).toBeVisible();
   await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
+  // Both serving, so that the rows are measured as they stay (a starting row says more, and is taller).
+  for (const model of ["glm-5.3", "speech"]) {
+    await expect(models.row(model).getByTestId("state")).toContainText("Serving");
+  }
   const cells = await models.row("speech").locator("th, td").count();
   const rowHeight = (await models.row("speech").boundingBox())!.height;
   await models.menu("speech", "Remove");

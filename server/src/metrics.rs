@@ -325,6 +325,19 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
         "1 while the engine answers its health check.",
         &engine_labels,
     )?;
+    let in_flight = gauge(
+        "tessera_engine_requests_in_flight",
+        "The gateway's requests to the engine now, sent and not yet answered to the end.",
+        &engine_labels,
+    )?;
+    let waiting = gauge(
+        "tessera_model_requests_waiting",
+        "Requests the gateway holds for the model now, waiting for an engine of it to be ready (a load, a restart).",
+        &["model"],
+    )?;
+    for (model, n) in state.gateway.waiting() {
+        waiting.with_label_values(&[model.as_str()]).set(n as i64);
+    }
     let restarts = IntCounterVec::new(
         Opts::new(
             "tessera_engine_restarts_total",
@@ -363,6 +376,9 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
         healthy
             .with_label_values(&labels)
             .set(i64::from(engine.state == EngineState::Healthy));
+        in_flight
+            .with_label_values(&labels)
+            .set(fleet.runtime().requests_in_flight(&engine.unit) as i64);
         restarts
             .with_label_values(&labels)
             .inc_by(u64::from(engine.restarts));

@@ -142,6 +142,62 @@ async fn a_request_goes_to_an_engine_of_the_model_it_names_and_its_answer_comes_
     server.stop().await;
 }
 
+/// The value of the `/metrics` series whose line starts `series{` and holds `label`, if there is one.
+fn series(metrics: &str, name: &str, label: &str) -> Option<f64> {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_models_requests_waiting_for_an_engine_and_those_in_flight_to_each_engine_are_in_the_metrics(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // Engines that take two seconds to load: a request sent at once waits.
+    let server = Arc::new(Server::start(dir.path(), 2_000).await);
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40,
+               "env": {"TESSERA_DEMO_TOKEN_MS": "150"}}),
+    )
+    .await;
+    let asking = {
+        let server = server.clone();
+        tokio::spawn(async move {
+            let body = json!({"model": "glm-5.3", "stream": true, "messages": [{"role": "user", "content": "hello"}]});
+            ask(&server, "/v1/chat/completions", body).await
+        })
+    };
+    let metrics =
+        || async { String::from_utf8(server.get_bytes("/metrics").await.1.to_vec()).unwrap() };
+    support::wait_until("the request waits for glm-5.3", || async {
+        series(
+            &metrics().await,
+            "tessera_model_requests_waiting",
+            r#"model="glm-5.3""#,
+        ) == Some(1.0)
+    })
+    .await;
+    support::wait_until("the request is in flight to glm-5.3's engine", || async {
+        let now = metrics().await;
+        series(&now, "tessera_engine_requests_in_flight", "glm-5.3") == Some(1.0)
+            && series(&now, "tessera_model_requests_waiting", "glm-5.3").is_none()
+    })
+    .await;
+    let answer = asking.await.unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    assert_eq!(
+        series(
+            &metrics().await,
+            "tessera_engine_requests_in_flight",
+            "glm-5.3"
+        ),
+        Some(0.0)
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_answer_passes_through_chunk_by_chunk() {
     let dir = tempfile::tempdir().unwrap();

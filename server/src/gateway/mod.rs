@@ -42,7 +42,7 @@ use metering::Meter;
 use model_field::Rename;
 use serde_json::{json, Value};
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 /// The largest request body the gateway takes (an audio upload fits).
@@ -66,6 +66,26 @@ pub struct Gateway {
     turns: Mutex<HashMap<String, usize>>,
     /// How long a request for a model with no engine ready waits for one.
     wait: Duration,
+    /// Requests waiting for a ready engine of each model now: with those in flight, a model's load.
+    waiting: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// A request counted as waiting for a ready engine of its model until it is dropped.
+pub(crate) struct Queued {
+    waiting: Arc<Mutex<HashMap<String, usize>>>,
+    model: String,
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = waiting.get_mut(&self.model) {
+            *n -= 1;
+            if *n == 0 {
+                waiting.remove(&self.model);
+            }
+        }
+    }
 }
 
 impl Default for Gateway {
@@ -81,7 +101,24 @@ impl Gateway {
             client: engine_client(),
             turns: Mutex::default(),
             wait,
+            waiting: Arc::default(),
         }
+    }
+
+    /// Counts a request for `model` as waiting for a ready engine, for as long as the answer is kept.
+    fn queue(&self, model: &str) -> Queued {
+        let mut waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        *waiting.entry(model.to_owned()).or_default() += 1;
+        Queued {
+            waiting: self.waiting.clone(),
+            model: model.to_owned(),
+        }
+    }
+
+    /// The requests waiting for a ready engine now, by model (those with none left out).
+    pub fn waiting(&self) -> Vec<(String, usize)> {
+        let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
+        waiting.iter().map(|(m, n)| (m.clone(), *n)).collect()
     }
 
     /// `model`'s next turn: one rotation per model, so that one model's requests do not move another's.

@@ -50,6 +50,7 @@ pub(super) async fn ready_engine(
     // Requests waiting for one model share its load: only the one holding the model's turn tries it (a
     // fleet write), the others look for its engine.
     let mut turn: Option<OwnedMutexGuard<()>> = None;
+    let mut queued = None;
     let taken = loop {
         if on_demand == Some(true) && first.is_none() {
             failed_load(state, model).await?;
@@ -109,6 +110,8 @@ pub(super) async fn ready_engine(
                 retry_after(state, model, None),
             ));
         }
+        // Counted as waiting from its first look that found no engine ready until it has one.
+        queued.get_or_insert_with(|| state.gateway.queue(model));
         tokio::time::sleep(READY_POLL).await;
         // A pinned model stays pinned; an on-demand one may have been loaded or unloaded meanwhile.
         if on_demand.is_some() {
@@ -118,7 +121,7 @@ pub(super) async fn ready_engine(
     if on_demand.is_some() {
         activity.answered(model, state.fleet.runtime().last_load(&taken.engine.unit));
     }
-    drop(waiting);
+    drop((waiting, queued));
     Ok(taken)
 }
 
