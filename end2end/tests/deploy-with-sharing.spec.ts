@@ -1,5 +1,5 @@
 // Seed 003, "Deploy a Model That Shares a GPU": the wizard from the Models tab to a healthy model.
-import { deploy, expect, test } from "./fixtures/tessera";
+import { deploy, expect, healthy, test } from "./fixtures/tessera";
 import { FITS, ModelsTab, OVER, Wizard } from "./fixtures/console";
 
 test("a model joins the running group, another member gives up room, and the model serves", async ({ page, request }) => {
@@ -97,14 +97,14 @@ test("with sharing off, the model takes whole GPUs", async ({ page, request }) =
 test("a removal is asked in a dialog over the table, the menu closed and Cancel first, and stops that model alone", async ({ page, request }) => {
   await deploy(request, { model: "glm-5.3", gpus: ["atlas:0"], share: 40 });
   await deploy(request, { model: "speech", gpus: ["atlas:0"], share: 10, revision: 1 });
+  // Both serving before the page is read, so that the rows are measured as they stay (a starting row
+  // says more, and is taller).
+  await healthy(request, "glm-5.3");
+  await healthy(request, "speech");
   await page.goto("/models");
   const models = new ModelsTab(page);
   await expect(models.row("speech")).toBeVisible();
   await expect(page.locator('main[data-hydrated="true"]')).toHaveCount(1);
-  // Both serving, so that the rows are measured as they stay (a starting row says more, and is taller).
-  for (const model of ["glm-5.3", "speech"]) {
-    await expect(models.row(model).getByTestId("state")).toContainText("Serving");
-  }
   const cells = await models.row("speech").locator("th, td").count();
   const rowHeight = (await models.row("speech").boundingBox())!.height;
   await models.menu("speech", "Remove");

@@ -50,12 +50,13 @@ pub(super) fn prefix_key(body: &[u8]) -> Option<u64> {
     let mut text = String::new();
     match (&prompt.messages, prompt.prompt) {
         (Some(messages), _) if !messages.is_empty() => {
-            for m in messages {
-                for part in [m.role, m.content].into_iter().flatten() {
-                    text.push_str(part.get());
-                    if text.len() >= PREFIX_CHARS * 4 {
-                        break;
-                    }
+            // Enough bytes for the characters hashed, however wide: the rest of a long conversation
+            // (or an image's base64) is not copied.
+            let parts = messages.iter().flat_map(|m| [m.role, m.content]).flatten();
+            for part in parts {
+                text.push_str(part.get());
+                if text.len() >= PREFIX_CHARS * 4 {
+                    break;
                 }
             }
         }
