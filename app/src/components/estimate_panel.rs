@@ -107,10 +107,19 @@ pub fn EstimatePanel(
     );
     // The estimate goes into the model's row of the share panel: its segment marks it, and the row turns
     // amber while the share is below it.
+    // Where no estimate can be made (no file Tessera can read), inputs that change nothing are not offered.
+    // A signal set here rather than the resource read in the attribute: an attribute hydrates as the server
+    // rendered it (before the estimate was read), and an effect runs after hydration, so the change shows.
+    let estimable = RwSignal::new(true);
     {
         let model = model.clone();
         Effect::new(move |_| {
-            let needed = match estimate.get() {
+            let answer = estimate.get();
+            estimable.set(!matches!(
+                answer,
+                Some(Ok(Some(EstimateAnswer::NotEstimated(_))))
+            ));
+            let needed = match answer {
                 Some(Ok(Some(EstimateAnswer::Estimated(e)))) => Some(e.total()),
                 _ => None,
             };
@@ -127,13 +136,6 @@ pub fn EstimatePanel(
             }
         });
     }
-    // Where no estimate can be made (no file Tessera can read), inputs that change nothing are not offered.
-    let estimable = move || {
-        !matches!(
-            estimate.get(),
-            Some(Ok(Some(EstimateAnswer::NotEstimated(_))))
-        )
-    };
     let share = {
         let model = model.clone();
         move || {
@@ -219,7 +221,7 @@ pub fn EstimatePanel(
             {(!takes_inputs).then(|| view! {
                 <p class="muted" data-testid="estimate-command">"A command recipe's server sizes itself: the estimate takes the model's own context, one sequence."</p>
             })}
-            <div class="estimate-inputs" hidden=move || !takes_inputs || !estimable()>
+            <div class="estimate-inputs" hidden=move || !takes_inputs || !estimable.get()>
                 <label for=context_id.clone()>{context_label}</label>
                 <input id=context_id type="text" inputmode="numeric" size="16" placeholder="the model's own"
                     prop:value=move || context.get() on:input=move |ev| context.set(event_target_value(&ev)) />

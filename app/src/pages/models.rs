@@ -127,7 +127,11 @@ pub fn ModelsPage() -> impl IntoView {
                     data-testid="models-search" prop:value=search on:input=typed />
                 <A href="/deploy" attr:class="button primary">"Deploy Model"</A>
             </div>
-            {move || notice().map(|line| view! { <p class="notice" role="status" data-testid="notice">{line}</p> })}
+            // Inside a Transition: the line reads the rows, and outside one the server would write it before
+            // they are read and hydration would keep that.
+            <Transition fallback=|| ()>
+                {move || notice().map(|line| view! { <p class="notice" role="status" data-testid="notice">{line}</p> })}
+            </Transition>
             {move || removed().map(|r| match r {
                 Ok(_) => view! { <p class="notice" role="status">"Removed. Its engines stop."</p> }.into_any(),
                 Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),
