@@ -14,6 +14,7 @@
 //! - [`names`]: names people type (environment variables), checked alike in the browser and the server.
 //! - [`estimate`]: a model's memory from its GGUF header: weights, KV cache, compute buffers, each shown.
 //! - [`rightsize`]: a model's measured peak against its share, and the smaller share that would hold it.
+//! - [`scale`]: replicas that follow a model's load, added after a short window, removed after a long one.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -31,6 +32,7 @@ pub mod repack;
 pub mod request;
 pub mod restart;
 pub mod rightsize;
+pub mod scale;
 pub mod schedule;
 pub mod sharing;
 pub mod units;

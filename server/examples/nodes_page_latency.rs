@@ -73,6 +73,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             revision: (i > 0).then_some(i as i64),
                             demand: Default::default(),
                             demands: Default::default(),
+                            replicas: None,
                         },
                         serving: ServingSettings::default(),
                     },

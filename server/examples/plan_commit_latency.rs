@@ -35,6 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 revision,
                 demand: Default::default(),
                 demands: Default::default(),
+                replicas: None,
             },
             serving: ServingSettings::default(),
         })

@@ -31,6 +31,7 @@ mod mig;
 pub mod peaks;
 pub mod readings;
 pub mod repack;
+pub mod replicas;
 mod sharing;
 mod workers;
 
@@ -70,6 +71,8 @@ pub struct Fleet {
     activity: Arc<demand::Activity>,
     /// Each model's latency through the gateway, and the models slowed by their neighbours.
     latencies: interference::Latencies,
+    /// The autoscaled models' load of late and their scale decisions.
+    scaling: replicas::Scaling,
     /// The repack being carried out, or the last one.
     repack: std::sync::Mutex<Option<repack::Repacking>>,
     /// Whether the Ray cluster answers, where there is one (`--ray`).
@@ -236,6 +239,7 @@ impl Fleet {
             calls: calls::Calls::default(),
             activity: Arc::new(demand::Activity::new()),
             latencies: interference::Latencies::default(),
+            scaling: replicas::Scaling::default(),
             repack: std::sync::Mutex::default(),
             cluster_status: std::sync::RwLock::default(),
             measured: std::sync::RwLock::default(),

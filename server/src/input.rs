@@ -11,6 +11,7 @@ use crate::catalog::{CatalogModel, Engine};
 use crate::error::ApiError;
 use app::auth::Role;
 use app::views::{TokenLimits, TokenScope};
+use placement::scale::Autoscale;
 use placement::sharing::{GpuSharing, Sharing as GpuMode, SharingError};
 use placement::{BasisPoints, Demand, GpuChoice, GpuRef, RequestedResources, WorkerRequest};
 use std::collections::BTreeMap;
@@ -259,6 +260,8 @@ pub enum Sharing {
         demand: Demand,
         /// New demand for other members of the group it joins.
         demands: BTreeMap<String, Demand>,
+        /// Replicas that follow its load, one per machine of the group at most; none: one on each.
+        replicas: Option<Autoscale>,
     },
     /// The GPUs whole, all of one machine.
     Whole,
@@ -274,7 +277,10 @@ impl Sharing {
         revision: Option<i64>,
         demand: Demand,
         demands: BTreeMap<String, Demand>,
+        replicas: Option<Autoscale>,
     ) -> Result<Sharing, ApiError> {
+        Autoscale::check_demand(replicas, demand)
+            .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
         if shared {
             return Ok(Sharing::Shared {
                 share,
@@ -282,7 +288,14 @@ impl Sharing {
                 revision,
                 demand,
                 demands,
+                replicas,
             });
+        }
+        if replicas.is_some() {
+            return Err(ApiError::Unprocessable(
+                "replicas are for a model that shares its GPUs: deploy it with \"shared\": true"
+                    .to_owned(),
+            ));
         }
         if demand.is_on_demand() || !demands.is_empty() {
             return Err(ApiError::Unprocessable(

@@ -473,6 +473,10 @@ pub async fn run(
         Duration::from_secs(config.gateway_wait_s),
         config.trusted_proxy.clone(),
     );
+    tokio::spawn(gateway::scaling::keep_scaling(
+        state.clone(),
+        gateway::scaling::SAMPLE,
+    ));
     // The engines a previous server left are registered before the first request is taken: a request
     // for a model they serve waits for their first health check, never finds the model without engines.
     runtime.taken_up().await;

@@ -338,6 +338,30 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     for (model, n) in state.gateway.waiting() {
         waiting.with_label_values(&[model.as_str()]).set(n as i64);
     }
+    let autoscaled = fleet.autoscaled();
+    if !autoscaled.is_empty() {
+        let running = gauge(
+            "tessera_model_replicas_running",
+            "The replicas of an autoscaled model placed now (serving, starting or draining).",
+            &["model"],
+        )?;
+        let desired = gauge(
+            "tessera_model_replicas_desired",
+            "The replicas its load last asked for; above running while some wait for room.",
+            &["model"],
+        )?;
+        for model in autoscaled {
+            if let Some(view) = fleet.replicas_view(&model.model) {
+                let label = [model.model.as_str()];
+                running
+                    .with_label_values(&label)
+                    .set(i64::from(view.running));
+                desired
+                    .with_label_values(&label)
+                    .set(i64::from(view.desired));
+            }
+        }
+    }
     let restarts = IntCounterVec::new(
         Opts::new(
             "tessera_engine_restarts_total",

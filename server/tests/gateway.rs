@@ -6,6 +6,9 @@ mod support;
 #[path = "gateway/answers.rs"]
 mod answers;
 
+#[path = "gateway/scaling.rs"]
+mod scaling;
+
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use serde_json::{json, Value};

@@ -7,7 +7,7 @@ use serde_json::{json, Value};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use support::{wait_until_within, Server};
+use support::{member, wait_until_within, Server};
 
 fn on_demand(keep_alive: u32) -> Value {
     json!({"mode": "on_demand", "keep_alive": keep_alive})
@@ -44,19 +44,6 @@ async fn chat(server: &Server, model: &str) -> (u16, Value) {
             json!({"model": model, "messages": [{"role": "user", "content": "hello"}]}),
         )
         .await
-}
-
-/// The group member `model`, as the API shows it.
-async fn member(server: &Server, model: &str) -> Value {
-    let (_, groups) = server.get("/api/groups").await;
-    groups
-        .as_array()
-        .unwrap()
-        .iter()
-        .flat_map(|g| g["members"].as_array().unwrap())
-        .find(|m| m["name"] == model)
-        .cloned()
-        .unwrap_or_else(|| panic!("{model} in {groups}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,6 +20,7 @@ use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
 use leptos_router::components::A;
 use leptos_router::hooks::use_navigate;
+use placement::scale::Autoscale;
 use placement::{judge, Verdict};
 
 /// The catalog, the nodes and the groups, as committed now.
@@ -107,6 +108,8 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
     let args = RwSignal::new(String::new());
     let env = RwSignal::new(String::new());
     let rows = RwSignal::new(Vec::<ShareRow>::new());
+    let fewest = RwSignal::new(String::new());
+    let most = RwSignal::new(String::new());
     let confirming = RwSignal::new(None::<(Vec<String>, Vec<String>)>);
     let deploy = ServerAction::<DeployModel>::new();
     let hydrated = RwSignal::new(false);
@@ -150,10 +153,27 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             Err(_) => judge(&[], &[]),
         })
     });
+    // Replicas as typed, judged by the same rule the server applies: at most one on each machine of the
+    // group, and none for a model loaded on demand.
+    let replicas = Memo::new(move |_| {
+        let machines = shared.with(|plan| plan.as_ref().map_or(1, |p| machines_of(&p.gpus)));
+        let demand = rows.with(|r| {
+            let name = model.get();
+            share_form::plan(r)
+                .into_iter()
+                .find(|m| m.name == name)
+                .map(|m| m.demand)
+                .unwrap_or_default()
+        });
+        Autoscale::typed(&fewest.get(), &most.get(), machines)
+            .and_then(|r| Autoscale::check_demand(r, demand).map(|()| r))
+            .map_err(|e| e.to_string())
+    });
     let refused = move || {
         sharing.get()
             && (verdict.with(Verdict::is_refused)
-                || !rows.with(|r| share_form::keep_alives_valid(r)))
+                || !rows.with(|r| share_form::keep_alives_valid(r))
+                || replicas.with(Result::is_err))
     };
 
     let navigate = use_navigate();
@@ -200,6 +220,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 shared: true,
                 model,
                 serving,
+                replicas: replicas.get_untracked().ok().flatten(),
             })
         } else {
             Some(DeployRequest {
@@ -212,6 +233,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 shared: false,
                 model,
                 serving,
+                replicas: None,
             })
         }
     };
@@ -256,7 +278,7 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             {move || match step.get() {
                 0 => view! { <PlacementStep options model nodes width sharing group /> }.into_any(),
                 1 => view! { <ServingFields args env engine=engine /> }.into_any(),
-                _ => view! { <SharingStep model engine sharing shared rows verdict whole /> }.into_any(),
+                _ => view! { <SharingStep model engine sharing shared rows verdict whole fewest most replicas /> }.into_any(),
             }}
             {move || (step.get() == 0).then(|| placement_problem().filter(|_| !model.get().is_empty() && !nodes.get().is_empty()).map(|p| view! {
                 <p class="error" role="alert" data-testid="placement-problem">{p}</p>
@@ -432,6 +454,9 @@ fn SharingStep(
     rows: RwSignal<Vec<ShareRow>>,
     verdict: Memo<Verdict>,
     whole: Memo<Result<Vec<placement::GpuRef>, String>>,
+    fewest: RwSignal<String>,
+    most: RwSignal<String>,
+    replicas: Memo<Result<Option<Autoscale>, String>>,
 ) -> impl IntoView {
     view! {
         <div class="toggle">
@@ -462,6 +487,7 @@ fn SharingStep(
                         <p class="group-line" data-testid="group-line">{plan.choice.line()}</p>
                         <p class="muted">"On " {on} "."</p>
                         <SharedGpuMemoryPanel rows verdict gpu_total />
+                        {(machines_of(&plan.gpus) > 1).then(|| view! { <ReplicasFields machines=machines_of(&plan.gpus) fewest most replicas /> })}
                         <EstimatePanel model=model.get_untracked() engine=engine.get_untracked() machine gpu_total rows />
                     }.into_any()
                 }
@@ -476,5 +502,39 @@ fn SharingStep(
                 Err(e) => view! { <p class="error" role="alert">{e}</p> }.into_any(),
             }
         }}
+    }
+}
+
+/// How many machines `gpus` are on: at most one replica of a model runs on each.
+fn machines_of(gpus: &[placement::GroupGpu]) -> u32 {
+    let machines: std::collections::BTreeSet<&str> =
+        gpus.iter().map(|g| g.gpu.machine.as_str()).collect();
+    machines.len() as u32
+}
+
+/// The replicas of a model whose group spans several machines: left empty, one on each; with a most, as
+/// many as its load asks for, between the fewest and the most.
+#[component]
+fn ReplicasFields(
+    machines: u32,
+    fewest: RwSignal<String>,
+    most: RwSignal<String>,
+    replicas: Memo<Result<Option<Autoscale>, String>>,
+) -> impl IntoView {
+    view! {
+        <fieldset class="replicas" data-testid="replicas">
+            <legend>"Replicas"</legend>
+            <p class="muted">{format!(
+                "One on each of the group's {machines} machines, or type a most: as many as its load asks for, added after {} s above target and removed after {} s below.",
+                Autoscale::UP_S, Autoscale::DOWN_S
+            )}</p>
+            <label for="replicas-fewest">"Fewest"</label>
+            <input id="replicas-fewest" type="text" inputmode="numeric" size="4" placeholder="1"
+                prop:value=move || fewest.get() on:input=move |ev| fewest.set(event_target_value(&ev)) />
+            <label for="replicas-most">"Most"</label>
+            <input id="replicas-most" type="text" inputmode="numeric" size="4" placeholder="one on each"
+                prop:value=move || most.get() on:input=move |ev| most.set(event_target_value(&ev)) />
+            {move || replicas.get().err().map(|e| view! { <p class="field-error" role="alert" data-testid="replicas-error">{e}</p> })}
+        </fieldset>
     }
 }

@@ -8,7 +8,8 @@ use crate::components::live::use_live;
 use crate::components::pager::{page_param, use_replace, use_search_and_page, Pager};
 use crate::error::AppError;
 use crate::views::{
-    ChangeOutcome, EngineState, LoadState, ModelRow, OnDemand, Page, PlanProgress, StepState,
+    ChangeOutcome, EngineState, LoadState, ModelRow, OnDemand, Page, PlanProgress, Replicas,
+    StepState,
 };
 use leptos::prelude::*;
 use leptos::server_fn::codec::Json;
@@ -329,6 +330,9 @@ fn ModelLine(
                 }).collect_view()}
                 {move || row.with(|r| r.on_demand.as_ref().map(OnDemand::line)).map(|line| view! {
                     <span class="why" data-testid="on-demand">{line}</span>
+                })}
+                {move || row.with(|r| r.replicas.as_ref().map(Replicas::line)).map(|line| view! {
+                    <span class="why" data-testid="replicas">{line}</span>
                 })}
                 {move || row.with(|r| r.slowed.clone()).map(|line| view! {
                     <span class="why bad" data-testid="slowed">{line}</span>

@@ -112,6 +112,9 @@ pub struct DeployRequest {
     pub revision: Option<i64>,
     /// Its serving configuration.
     pub serving: Serving,
+    /// Replicas that follow its load, when shared; none: one on each machine of its group.
+    #[serde(default)]
+    pub replicas: Option<placement::scale::Autoscale>,
 }
 
 /// The Serving configuration form of a running model.

@@ -27,7 +27,9 @@ pub use machines::{
     GpuCell, GpuDetail, GpuPoint, GpuUse, MachineDetail, MigPlan, NodeModel, NodeRow, NodeSort,
     NodesPage, PendingLine, Sharer, SharingChange, WorkerLine,
 };
-pub use models::{EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand};
+pub use models::{
+    EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand, Replicas, ScaleEvent,
+};
 pub use overview::{Alarm, AlarmKind, Overview};
 pub use page::{holds, Page, PER_PAGE};
 pub use playground::Playground;

@@ -104,6 +104,9 @@ pub struct ModelRow {
     /// For a model loaded on demand: whether it is loaded, when it was last used, its last cold start.
     #[serde(default)]
     pub on_demand: Option<OnDemand>,
+    /// For a model whose replicas follow its load: how many, where, and the last decisions.
+    #[serde(default)]
+    pub replicas: Option<Replicas>,
     /// Why it is flagged as slowed by its neighbours, if it is (seed 002's interference alarm).
     #[serde(default)]
     pub slowed: Option<String>,
@@ -180,6 +183,69 @@ pub struct OnDemand {
     /// made way to stop), in milliseconds.
     #[serde(default)]
     pub cold_wait_ms: Option<u64>,
+}
+
+/// A scale decision carried out.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScaleEvent {
+    /// When, RFC 3339.
+    pub at: String,
+    /// Replicas before.
+    pub from: u32,
+    /// Replicas after.
+    pub to: u32,
+    /// Why, in words.
+    pub why: String,
+}
+
+/// The replicas of a model whose number follows its load.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replicas {
+    /// The fewest.
+    pub min: u32,
+    /// The most.
+    pub max: u32,
+    /// Requests in flight per replica it aims for.
+    pub target: u32,
+    /// Placed now (serving, starting or draining).
+    pub running: u32,
+    /// What the last decision asked for.
+    pub desired: u32,
+    /// Asked for and not placed: no machine of its group has the room.
+    pub pending: u32,
+    /// Why each is pending, per machine.
+    #[serde(skip_serializing_if = "Vec::is_empty", default)]
+    pub pending_reasons: Vec<String>,
+    /// The machines its replicas are on.
+    pub machines: Vec<String>,
+    /// The last decisions carried out, newest first.
+    pub decisions: Vec<ScaleEvent>,
+}
+
+impl Replicas {
+    /// The Models tab's line: `Replicas by load, 1 to 3 (target 1): 2 running; 1 waiting for room (GPU 0
+    /// of twin: …); last 1 → 2 at …: why.`
+    pub fn line(&self) -> String {
+        let mut line = format!(
+            "Replicas by load, {} to {} (target {}): {} running",
+            self.min, self.max, self.target, self.running
+        );
+        if self.pending > 0 {
+            line.push_str(&format!(
+                "; {} waiting for room ({})",
+                self.pending,
+                self.pending_reasons.join("; ")
+            ));
+        }
+        if let Some(last) = self.decisions.first() {
+            line.push_str(&format!(
+                "; last {} → {} at {}: {}",
+                last.from, last.to, last.at, last.why
+            ));
+        }
+        line.push('.');
+        line
+    }
 }
 
 impl OnDemand {
@@ -331,6 +397,7 @@ impl ModelRow {
             system: false,
             revision: 1,
             on_demand: None,
+            replicas: None,
             slowed: None,
             over_share: None,
             peak: None,

@@ -102,6 +102,10 @@ pub struct Deploy {
     /// Serving configuration: environment variables added to the model's recipe.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
+    /// Replicas that follow its load (`{"min": 1, "max": 4}`), at most one on each machine of its group;
+    /// none: one on each.
+    #[serde(default)]
+    pub replicas: Option<placement::scale::Wire>,
 }
 
 /// `PUT /api/deployments/{model}/serving`: the whole serving configuration, read at `revision` (the
@@ -137,6 +141,10 @@ impl Deploy {
                 self.revision,
                 self.demand,
                 self.demands,
+                self.replicas
+                    .map(placement::scale::Autoscale::try_from)
+                    .transpose()
+                    .map_err(|e| ApiError::Unprocessable(e.to_string()))?,
             )?,
             model: self.model,
             gpus,

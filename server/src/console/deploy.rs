@@ -171,6 +171,7 @@ impl ConsoleService {
             request.revision,
             request.demand,
             request.demands.into_iter().collect(),
+            request.replicas,
         );
         let deploy = DeployCommand {
             model: request.model,

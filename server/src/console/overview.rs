@@ -367,6 +367,7 @@ mod tests {
             system: false,
             revision: 1,
             on_demand: None,
+            replicas: None,
             slowed: None,
             over_share: None,
             peak: None,

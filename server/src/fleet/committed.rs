@@ -303,7 +303,7 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
             .fetch_all(&mut *conn)
             .await?;
     let members: Vec<Member> = sqlx::query_as(
-        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded FROM group_members ORDER BY group_name, position",
+        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded, autoscale, placed FROM group_members ORDER BY group_name, position",
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -321,7 +321,7 @@ pub(crate) async fn load_group(
             .fetch_all(&mut *conn)
             .await?;
     let members: Vec<Member> = sqlx::query_as(
-        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded FROM group_members WHERE group_name = ? ORDER BY position",
+        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded, autoscale, placed FROM group_members WHERE group_name = ? ORDER BY position",
     )
     .bind(name)
     .fetch_all(&mut *conn)
@@ -329,8 +329,20 @@ pub(crate) async fn load_group(
     Ok(groups_of(groups, &members)?.pop())
 }
 
-/// A row of `group_members`: group, model, share, args, env, on demand, keep-alive, loaded.
-type Member = (String, String, i64, String, String, bool, i64, bool);
+/// A row of `group_members`: group, model, share, args, env, on demand, keep-alive, loaded, autoscale (JSON),
+/// the machines its replicas are placed on (JSON).
+type Member = (
+    String,
+    String,
+    i64,
+    String,
+    String,
+    bool,
+    i64,
+    bool,
+    Option<String>,
+    Option<String>,
+);
 
 /// The groups of rows `groups`, each with its `members` (in their order).
 fn groups_of(
@@ -355,8 +367,8 @@ fn groups_of(
                     .collect(),
                 demand: mine
                     .clone()
-                    .filter(|(.., on_demand, _, _)| *on_demand)
-                    .map(|(_, m, .., keep_alive, _)| {
+                    .filter(|(.., on_demand, _, _, _, _)| *on_demand)
+                    .map(|(_, m, _, _, _, _, keep_alive, ..)| {
                         let keep_alive = u32::try_from(*keep_alive)
                             .ok()
                             .and_then(|s| KeepAlive::from_secs(s).ok())
@@ -368,9 +380,29 @@ fn groups_of(
                     .collect::<Result<_, ApiError>>()?,
                 loaded: mine
                     .clone()
-                    .filter(|(.., on_demand, _, loaded)| *on_demand && *loaded)
+                    .filter(|(.., on_demand, _, loaded, _, _)| *on_demand && *loaded)
                     .map(|(_, m, ..)| m.clone())
                     .collect(),
+                autoscale: mine
+                    .clone()
+                    .filter_map(|(_, m, .., autoscale, _)| Some((m, autoscale.as_deref()?)))
+                    .map(|(m, json)| {
+                        Ok((
+                            m.clone(),
+                            serde_json::from_str(json).map_err(ApiError::internal)?,
+                        ))
+                    })
+                    .collect::<Result<_, ApiError>>()?,
+                placed: mine
+                    .clone()
+                    .filter_map(|(_, m, .., placed)| Some((m, placed.as_deref()?)))
+                    .map(|(m, json)| {
+                        Ok((
+                            m.clone(),
+                            serde_json::from_str(json).map_err(ApiError::internal)?,
+                        ))
+                    })
+                    .collect::<Result<_, ApiError>>()?,
                 serving: mine
                     .map(|(_, m, _, args, env, ..)| {
                         Ok((

@@ -130,6 +130,7 @@ impl Fleet {
                 revision,
                 demand,
                 demands,
+                replicas,
             } = &deploy.sharing
             else {
                 return fleet.deploy_whole(&deploy, &actor).await;
@@ -148,7 +149,7 @@ impl Fleet {
             let choice = choose_group(&model.name, model.group.as_deref(), &on_nodes)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let share = share.unwrap_or(model.default_share);
-            let (group, mut plan, moving) = match &choice {
+            let (mut group, mut plan, moving) = match &choice {
                 GroupChoice::Join(name) => {
                     let group = committed
                         .group(name)
@@ -189,6 +190,8 @@ impl Fleet {
                         serving: BTreeMap::new(),
                         demand: BTreeMap::new(),
                         loaded: BTreeSet::new(),
+                        autoscale: BTreeMap::new(),
+                        placed: BTreeMap::new(),
                     };
                     (group, plan, router)
                 }
@@ -201,6 +204,24 @@ impl Fleet {
                 demand: *demand,
                 ..PlanMember::new(&model.name, share)
             });
+            if let Some(replicas) = replicas {
+                let replicas = replicas
+                    .within(group.machines().len() as u32)
+                    .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+                group.autoscale.insert(model.name.clone(), replicas);
+                // Its first replicas, by best fit, beside what the plan keeps of the others there.
+                let mut trial = group.clone();
+                trial
+                    .members
+                    .push(placement::Share::new(&model.name, share));
+                let placed = super::replicas::first_placed(
+                    &state.ledger,
+                    &trial,
+                    &model.name,
+                    replicas.min(),
+                );
+                group.placed.insert(model.name.clone(), placed);
+            }
             let serving = Serving::from(deploy.serving.clone());
             let mut change = fleet
                 .commit(

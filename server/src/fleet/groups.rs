@@ -15,6 +15,7 @@ use crate::error::ApiError;
 use crate::input::ServingSettings;
 use crate::runtime::{EngineState, Progress};
 use placement::holder::Holder;
+use placement::scale::Autoscale;
 use placement::{judge, Demand, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember, Scheduler, Share};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -56,6 +57,9 @@ pub struct MemberView {
     /// For a member loaded on demand: loaded or not, last used, its last cold start.
     #[serde(skip_serializing_if = "Option::is_none", default)]
     pub on_demand: Option<app::views::OnDemand>,
+    /// For a member whose replicas follow its load: how many, where, and the last decisions.
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub replicas: Option<app::views::Replicas>,
 }
 
 /// A member's engine on one machine.
@@ -101,6 +105,11 @@ pub(crate) struct Group {
     pub(crate) demand: BTreeMap<String, KeepAlive>,
     /// The on-demand members loaded now.
     pub(crate) loaded: BTreeSet<String>,
+    /// The members whose replicas follow their load; every other member runs on each of the group's
+    /// machines.
+    pub(crate) autoscale: BTreeMap<String, Autoscale>,
+    /// The machines each of those runs a replica on now.
+    pub(crate) placed: BTreeMap<String, BTreeSet<String>>,
 }
 
 impl Group {
@@ -115,6 +124,20 @@ impl Group {
     /// Whether `member` runs an engine now: pinned, or on demand and loaded.
     pub(crate) fn runs(&self, member: &str) -> bool {
         !self.demand.contains_key(member) || self.loaded.contains(member)
+    }
+
+    /// Whether `member` runs an engine on `machine` now: where it runs, on each machine of the group, or
+    /// where a replica of it was placed.
+    pub(crate) fn runs_on(&self, member: &str, machine: &str) -> bool {
+        self.runs(member)
+            && (!self.autoscale.contains_key(member)
+                || self.placed.get(member).is_some_and(|p| p.contains(machine)))
+    }
+
+    /// The machines of the group, in name order.
+    pub(crate) fn machines(&self) -> Vec<&str> {
+        let machines: BTreeSet<&str> = self.gpus.iter().map(|g| g.machine.as_str()).collect();
+        machines.into_iter().collect()
     }
 
     /// Its committed plan, with `system` members (the router) locked.
@@ -195,6 +218,7 @@ impl Fleet {
                 .collect();
             let prefix = placement::holder::member_prefix(&g.name, &member.name);
             member.on_demand = self.on_demand_view(&member.name);
+            member.replicas = self.replicas_view(&member.name);
             member.not_held = views
                 .unplaced
                 .iter()
@@ -284,6 +308,7 @@ fn group_view(group: &Group, system: &[String]) -> GroupView {
                 engines: Vec::new(),
                 not_held: Vec::new(),
                 on_demand: None,
+                replicas: None,
             })
             .collect(),
         // The most the plan holds at once: on-demand members take turns.

@@ -55,6 +55,10 @@ fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
     let mut holds = Vec::new();
     for (member, share) in held {
         for (machine, gpus) in &by_machine {
+            // A member whose replicas follow its load holds only where one is placed.
+            if member != TURNS && !group.runs_on(&member, machine) {
+                continue;
+            }
             holds.push((
                 holder::member(&group.name, &member, machine),
                 share,

@@ -20,6 +20,7 @@ mod keys;
 mod metering;
 mod model_field;
 mod on_demand;
+pub mod scaling;
 
 use crate::auth::Actor;
 use crate::fleet::calls::Key;

@@ -185,6 +185,14 @@ const ERAS: &[(i64, &str)] = &[
         UPDATE instance SET home = 'fixture-machine /srv/tessera/tessera.db';
         "#,
     ),
+    (
+        20,
+        r#"
+        -- A member whose replicas follow its load, placed on the group's one machine.
+        UPDATE group_members SET autoscale = '{"min":1,"max":1,"up_s":6,"down_s":60}', placed = '["atlas"]'
+          WHERE model = 'embedder';
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.
@@ -343,6 +351,15 @@ async fn a_database_of_every_earlier_schema_opens_with_every_plan_worker_account
             assert_eq!(embedder.args, ["--max-batch-tokens", "8192"], "{at}");
             assert!(embedder.command.is_some(), "{at}");
             assert_eq!(embed.demand.contains_key("reranker"), version >= 11, "{at}");
+            assert_eq!(
+                embed.autoscale.get("embedder").copied(),
+                (version >= 20).then(|| placement::scale::Autoscale::new(1, 1).unwrap()),
+                "{at}: an autoscaled member"
+            );
+            assert!(
+                embed.runs_on("embedder", "atlas"),
+                "{at}: placed where it was, or on every machine before replicas"
+            );
         }
         if version >= 9 {
             assert_eq!(

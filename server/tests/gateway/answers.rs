@@ -10,12 +10,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// The machine of the engine that answered (`…@atlas`).
-fn machine(answer: &Answer) -> String {
+pub(super) fn machine(answer: &Answer) -> String {
     let engine = answer.headers["x-tessera-engine"].to_str().unwrap();
     engine.rsplit('@').next().unwrap().to_owned()
 }
 
-fn chat(model: &str, stream: bool) -> Value {
+pub(super) fn chat(model: &str, stream: bool) -> Value {
     json!({"model": model, "stream": stream, "messages": [{"role": "user", "content": "one two three"}]})
 }
 
@@ -40,6 +40,17 @@ memory_gb = 96
 /// The server over the demo fleet and twin, with `models` (the demo engine as their command, each answer
 /// taking about a second) each on atlas:0 and twin:0: an engine of each on both, all healthy.
 async fn on_atlas_and_twin(dir: &std::path::Path, models: &[&str]) -> Arc<Server> {
+    on_atlas_and_twin_with(dir, models, json!({}), 2).await
+}
+
+/// [`on_atlas_and_twin`], each deploy with the fields of `extra` too, once `engines_each` engines of each
+/// model are healthy.
+pub(super) async fn on_atlas_and_twin_with(
+    dir: &std::path::Path,
+    models: &[&str],
+    extra: Value,
+    engines_each: usize,
+) -> Arc<Server> {
     let inventory = dir.join("twin.toml");
     std::fs::write(&inventory, TWIN).unwrap();
     let sources = [
@@ -62,15 +73,15 @@ async fn on_atlas_and_twin(dir: &std::path::Path, models: &[&str]) -> Arc<Server
             )
             .await;
         assert_eq!(status, 201, "{added}");
-        let deployed = deploy(
-            &server,
-            json!({"model": model, "gpus": ["atlas:0", "twin:0"], "share": 10, "revision": revision,
-                   "env": {"TESSERA_DEMO_TOKEN_MS": "150"}}),
-        )
-        .await;
+        let mut body = json!({"model": model, "gpus": ["atlas:0", "twin:0"], "share": 10, "revision": revision,
+                   "env": {"TESSERA_DEMO_TOKEN_MS": "150"}});
+        for (field, value) in extra.as_object().into_iter().flatten() {
+            body[field] = value.clone();
+        }
+        let deployed = deploy(&server, body).await;
         revision = deployed["revision"].clone();
     }
-    server.wait_healthy(2 * models.len()).await;
+    server.wait_healthy(engines_each * models.len()).await;
     server
 }
 

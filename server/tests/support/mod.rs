@@ -560,3 +560,16 @@ pub fn at(event: &Value) -> time::OffsetDateTime {
     )
     .unwrap()
 }
+
+/// The group member `model`, as the API shows it.
+pub async fn member(server: &Server, model: &str) -> Value {
+    let (_, groups) = server.get("/api/groups").await;
+    groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["members"].as_array().unwrap())
+        .find(|m| m["name"] == model)
+        .cloned()
+        .unwrap_or_else(|| panic!("{model} in {groups}"))
+}

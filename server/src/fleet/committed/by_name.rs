@@ -130,6 +130,8 @@ mod tests {
             serving: Default::default(),
             demand: Default::default(),
             loaded: Default::default(),
+            autoscale: Default::default(),
+            placed: Default::default(),
         })
     }
 

@@ -212,7 +212,21 @@ impl Fleet {
         for (position, s) in after.iter().enumerate() {
             let serving = configs.remove(&s.member).unwrap_or_default();
             let keep_alive = demand.get(&s.member);
-            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env, on_demand, keep_alive_s, loaded) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            let autoscale = planned
+                .autoscale
+                .get(&s.member)
+                .map(|a| serde_json::to_string(a).map_err(ApiError::internal))
+                .transpose()?;
+            let placed = match autoscale {
+                Some(_) => Some(
+                    serde_json::to_string(
+                        &planned.placed.get(&s.member).cloned().unwrap_or_default(),
+                    )
+                    .map_err(ApiError::internal)?,
+                ),
+                None => None,
+            };
+            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env, on_demand, keep_alive_s, loaded, autoscale, placed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
                 .bind(&group.name)
                 .bind(&s.member)
                 .bind(i64::from(s.share.get()))
@@ -222,6 +236,8 @@ impl Fleet {
                 .bind(keep_alive.is_some())
                 .bind(i64::from(keep_alive.copied().unwrap_or_default().secs()))
                 .bind(planned.loaded.contains(&s.member))
+                .bind(autoscale)
+                .bind(placed)
                 .execute(&mut *tx)
                 .await?;
         }

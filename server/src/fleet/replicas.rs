@@ -1,0 +1,480 @@
+//! Replicas that follow traffic: a group member deployed with `replicas` runs on some of its group's
+//! machines, between `min` and `max` of them. Each replica holds the member's share on its machine's GPUs
+//! in the ledger from the moment it is decided, placed by best fit (the machine left with the least room);
+//! one that finds no room waits with the reasons, and the model serves on what it has. The gateway samples
+//! each model's load; `placement::scale` decides; a decision is a fleet write like any other (committed
+//! with its audit entry, held, carried out by the runtime, which drains a replica before it stops it).
+
+use super::groups::Group;
+use super::ledger::Ledger;
+use super::Fleet;
+use crate::error::ApiError;
+use crate::runtime::sizing::flag_value;
+use app::views::{Replicas as ReplicasView, ScaleEvent};
+use placement::holder;
+use placement::scale::{Autoscale, Decision, Scaler};
+use placement::{BasisPoints, Bytes, GpuRef, Hold};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::{Mutex, PoisonError};
+
+/// How many scale decisions of a model are kept to show.
+const DECISIONS_KEPT: usize = 10;
+
+/// What the fleet keeps in memory of each autoscaled model: its load of late, and its decisions.
+#[derive(Default)]
+pub(super) struct Scaling {
+    models: Mutex<BTreeMap<String, ModelScaling>>,
+}
+
+#[derive(Default)]
+struct ModelScaling {
+    scaler: Scaler,
+    /// What the last decision asked for, where it was not all placed.
+    desired: Option<u32>,
+    pending_reasons: Vec<String>,
+    decisions: VecDeque<ScaleEvent>,
+}
+
+impl Scaling {
+    fn with<T>(&self, model: &str, f: impl FnOnce(&mut ModelScaling) -> T) -> T {
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        f(models.entry(model.to_owned()).or_default())
+    }
+}
+
+/// The requests in flight one replica of `member` aims for: `set`, else its engine's own slots as its
+/// arguments say (llama.cpp's `--parallel`, vLLM's `--max-num-seqs`, SGLang's `--max-running-requests`),
+/// else one.
+fn target_of(set: Option<u32>, args: &[String]) -> u32 {
+    set.or_else(|| {
+        flag_value(
+            args,
+            &[
+                "-np",
+                "--parallel",
+                "--max-num-seqs",
+                "--max-running-requests",
+            ],
+        )?
+        .parse()
+        .ok()
+    })
+    .filter(|&n| n > 0)
+    .unwrap_or(1)
+}
+
+/// The machines of `group` not in `placed` where `share` of each of the machine's group GPUs fits beside
+/// what `ledger` holds there, best fit first (the least room left after); and why each other one does not.
+fn best_fit(
+    ledger: &Ledger,
+    group: &Group,
+    share: BasisPoints,
+    placed: &BTreeSet<String>,
+) -> (Vec<String>, Vec<String>) {
+    let mut fits: Vec<(Bytes, String)> = Vec::new();
+    let mut reasons = Vec::new();
+    for machine in group.machines() {
+        if placed.contains(machine) {
+            continue;
+        }
+        let gpus: Vec<&GpuRef> = group.gpus.iter().filter(|g| g.machine == machine).collect();
+        let mut left = Bytes::ZERO;
+        let mut short = None;
+        for gpu in gpus {
+            let Some(found) = ledger.inventory().gpu(gpu) else {
+                short = Some(format!("GPU {} of {machine} is gone", gpu.index));
+                break;
+            };
+            let need = found.total.share(share);
+            let taken = ledger
+                .scheduler()
+                .hold(gpu)
+                .map(Hold::taken)
+                .unwrap_or_default();
+            let free = Bytes(found.offered().get().saturating_sub(taken.get()));
+            if free < need {
+                short = Some(format!(
+                    "GPU {} of {machine}: {} free, a replica needs {}",
+                    gpu.index,
+                    free.size_text(),
+                    need.size_text()
+                ));
+                break;
+            }
+            left += Bytes(free.get() - need.get());
+        }
+        match short {
+            Some(why) => reasons.push(why),
+            None => fits.push((left, machine.to_owned())),
+        }
+    }
+    fits.sort();
+    (fits.into_iter().map(|(_, m)| m).collect(), reasons)
+}
+
+/// Where `model`'s first `min` replicas go in `group`, best fit first; fewer where fewer machines have the
+/// room (the rest wait for it).
+pub(super) fn first_placed(
+    ledger: &Ledger,
+    group: &Group,
+    model: &str,
+    min: u32,
+) -> BTreeSet<String> {
+    let share = group
+        .members
+        .iter()
+        .find(|s| s.member == model)
+        .map(|s| s.share)
+        .unwrap_or_default();
+    let (fits, _) = best_fit(ledger, group, share, &BTreeSet::new());
+    fits.into_iter().take(min as usize).collect()
+}
+
+/// An autoscaled model as the gateway samples it.
+#[derive(Debug, Clone)]
+pub struct Autoscaled {
+    /// The model.
+    pub model: String,
+    /// Its replicas placed now.
+    pub running: u32,
+}
+
+impl Fleet {
+    /// Every autoscaled model, with its replicas placed now.
+    pub fn autoscaled(&self) -> Vec<Autoscaled> {
+        let committed = self.committed();
+        committed
+            .groups
+            .iter()
+            .flat_map(|g| {
+                g.autoscale.keys().map(|m| Autoscaled {
+                    model: m.clone(),
+                    running: g.placed.get(m).map_or(0, |p| p.len() as u32),
+                })
+            })
+            .collect()
+    }
+
+    /// `model`'s setting and target, where it is autoscaled.
+    fn scale_of(&self, model: &str) -> Option<(Autoscale, u32)> {
+        let committed = self.committed();
+        let group = committed.group_of(model)?;
+        let scale = *group.autoscale.get(model)?;
+        let mut args = committed
+            .model(model)
+            .map(|m| m.args.clone())
+            .unwrap_or_default();
+        args.extend(
+            group
+                .serving
+                .get(model)
+                .map(|s| s.args.clone())
+                .unwrap_or_default(),
+        );
+        Some((scale, target_of(scale.target(), &args)))
+    }
+
+    /// `model`'s load was `load` (requests in flight and waiting) at `now_ms`, with `running` replicas
+    /// placed: what it asks for, if anything.
+    pub fn observe_load(
+        &self,
+        model: &str,
+        running: u32,
+        load: u32,
+        now_ms: u64,
+    ) -> Option<Decision> {
+        let (scale, target) = self.scale_of(model)?;
+        self.scaling.with(model, |s| {
+            s.scaler.observe(now_ms, load, scale.keep_s());
+            let decision = s.scaler.decide(scale, running, target, now_ms);
+            if decision.is_none() {
+                s.desired = None;
+                s.pending_reasons.clear();
+            }
+            decision
+        })
+    }
+
+    /// `model`'s replicas as the API shows them; `None` for a model that is not autoscaled.
+    pub fn replicas_view(&self, model: &str) -> Option<ReplicasView> {
+        let (scale, target) = self.scale_of(model)?;
+        let committed = self.committed();
+        let group = committed.group_of(model)?;
+        let machines: Vec<String> = group
+            .placed
+            .get(model)
+            .map(|p| p.iter().cloned().collect())
+            .unwrap_or_default();
+        let running = machines.len() as u32;
+        self.scaling.with(model, |s| {
+            let desired = s.desired.unwrap_or(running);
+            Some(ReplicasView {
+                min: scale.min(),
+                max: scale.max(),
+                target,
+                running,
+                desired,
+                pending: desired.saturating_sub(running),
+                pending_reasons: s.pending_reasons.clone(),
+                machines,
+                decisions: s.decisions.iter().rev().cloned().collect(),
+            })
+        })
+    }
+
+    /// Carries out `decision` for `model`: adds replicas where they fit, best fit first (those that do not
+    /// wait, with why), or removes the least busy ones (the runtime drains each before it stops it).
+    /// Committed with its audit entry (`model.scale`, by Tessera); a decision that changes nothing (no room
+    /// for any new replica) writes nothing.
+    pub async fn scale(
+        self: &std::sync::Arc<Self>,
+        model: &str,
+        decision: Decision,
+    ) -> Result<u32, ApiError> {
+        let model = model.to_owned();
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let committed = state.committed.clone();
+            let group = committed
+                .group_of(&model)
+                .filter(|g| g.autoscale.contains_key(&model))
+                .ok_or_else(|| ApiError::NotFound(format!("{model} is not autoscaled")))?
+                .clone();
+            let mut placed = group.placed.get(&model).cloned().unwrap_or_default();
+            let from = placed.len() as u32;
+            let mut reasons = Vec::new();
+            if decision.to > from {
+                let share = group
+                    .members
+                    .iter()
+                    .find(|s| s.member == model)
+                    .map(|s| s.share)
+                    .unwrap_or_default();
+                let (fits, why) = best_fit(&state.ledger, &group, share, &placed);
+                placed.extend(fits.into_iter().take((decision.to - from) as usize));
+                reasons = why;
+            } else {
+                // The least busy go first; among those as busy, the last by name.
+                let mut by_load: Vec<(usize, std::cmp::Reverse<String>)> = placed
+                    .iter()
+                    .map(|m| {
+                        let unit = holder::member(&group.name, &model, m);
+                        (
+                            fleet.runtime.requests_in_flight(&unit),
+                            std::cmp::Reverse(m.clone()),
+                        )
+                    })
+                    .collect();
+                by_load.sort();
+                for (_, std::cmp::Reverse(m)) in by_load.into_iter().take((from - decision.to) as usize) {
+                    placed.remove(&m);
+                }
+            }
+            let to = placed.len() as u32;
+            let now = super::usage::now_ms();
+            fleet.scaling.with(&model, |s| {
+                s.desired = (decision.to != to).then_some(decision.to);
+                s.pending_reasons = if decision.to > to { reasons } else { Vec::new() };
+            });
+            if to == from {
+                return Ok(to);
+            }
+            let mut tx = crate::db::write(&fleet.pool).await?;
+            sqlx::query("UPDATE group_members SET placed = ? WHERE model = ?")
+                .bind(serde_json::to_string(&placed).map_err(ApiError::internal)?)
+                .bind(&model)
+                .execute(&mut *tx)
+                .await?;
+            // The plan (its shares) is as it was: its revision stays, so that a change of plan read before
+            // the step still saves.
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(crate::audit::TESSERA, "model.scale", &model).after(
+                    serde_json::json!({ "from": from, "to": to, "why": decision.why, "machines": placed }),
+                ),
+            )
+            .await?;
+            fleet.finish(&mut state, tx, None, None).await?;
+            tracing::info!("{model}: {from} → {to} replicas ({})", decision.why);
+            fleet.scaling.with(&model, |s| {
+                s.scaler.reset();
+                s.decisions.push_back(ScaleEvent {
+                    at: super::usage::rfc3339(now).unwrap_or_default(),
+                    from,
+                    to,
+                    why: decision.why,
+                });
+                while s.decisions.len() > DECISIONS_KEPT {
+                    s.decisions.pop_front();
+                }
+            });
+            Ok(to)
+        })
+        .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TestApp;
+    use axum::http::StatusCode;
+    use serde_json::{json, Value};
+
+    /// east and west: one 80 GB GPU each.
+    const EAST_AND_WEST: &str = r#"
+[[machine]]
+name = "east"
+cpu_cores = 32
+memory_gb = 256
+[[machine.gpu]]
+index = 0
+model = "NVIDIA H100 80GB HBM3"
+memory_gb = 80
+[[machine]]
+name = "west"
+cpu_cores = 32
+memory_gb = 256
+[[machine.gpu]]
+index = 0
+model = "NVIDIA H100 80GB HBM3"
+memory_gb = 80
+"#;
+
+    /// What `who` holds on `machine`'s GPU 0, in GB, as its machine view shows it.
+    async fn held(app: &TestApp, machine: &str, who: &str) -> Option<f64> {
+        let (_, view) = app.get(&format!("/api/machines/{machine}")).await;
+        view["gpus"][0]["sharers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|s| s["worker"] == who)
+            .map(|s| s["gb"].as_f64().unwrap())
+    }
+
+    async fn east_and_west() -> TestApp {
+        let app = TestApp::new(EAST_AND_WEST).await;
+        app.fleet
+            .seed_catalog(&crate::inventory::demo::demo_catalog())
+            .await
+            .unwrap();
+        app
+    }
+
+    fn decision(from: u32, to: u32) -> Decision {
+        Decision {
+            from,
+            to,
+            why: "a test asked".to_owned(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_replica_holds_its_share_only_on_the_machine_it_is_placed_on_from_the_moment_it_is_decided_and_the_kept_state_agrees_with_a_rebuild(
+    ) {
+        let app = east_and_west().await;
+        let (status, change) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let view = app.fleet.replicas_view("vision").unwrap();
+        assert_eq!((view.running, view.machines.len()), (1, 1), "{view:?}");
+        let (on, off) = match view.machines[0].as_str() {
+            "east" => ("east", "west"),
+            _ => ("west", "east"),
+        };
+        assert_eq!(held(&app, on, "vision").await, Some(16.0));
+        assert_eq!(held(&app, off, "vision").await, None);
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        let group = change["group"].as_str().unwrap();
+        let revision = app.fleet.group(group).unwrap().revision;
+        assert_eq!(app.fleet.scale("vision", decision(1, 2)).await.unwrap(), 2);
+        assert_eq!(
+            app.fleet.group(group).unwrap().revision,
+            revision,
+            "a scale step is no change of plan"
+        );
+        assert_eq!(held(&app, off, "vision").await, Some(16.0));
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+        let (_, audit) = app.get("/api/audit?action=model.scale").await;
+        assert_eq!(audit[0]["actor"], "tessera", "{audit}");
+        assert_eq!(audit[0]["after"]["why"], "a test asked", "{audit}");
+
+        assert_eq!(app.fleet.scale("vision", decision(2, 1)).await.unwrap(), 1);
+        let left: Vec<Option<f64>> = vec![
+            held(&app, "east", "vision").await,
+            held(&app, "west", "vision").await,
+        ];
+        assert_eq!(left.iter().flatten().count(), 1, "{left:?}");
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        // A restart of Tessera finds the replica where it was.
+        let placed = app.fleet.replicas_view("vision").unwrap().machines;
+        let app = app.restart().await;
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().machines, placed);
+    }
+
+    #[tokio::test]
+    async fn replicas_past_the_machines_of_the_group_for_whole_gpus_or_for_an_on_demand_model_are_refused_with_what_to_fix(
+    ) {
+        let app = east_and_west().await;
+        let refused = |body: Value| {
+            let app = &app;
+            async move {
+                let (status, answer) = app.deploy(body).await;
+                assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+                answer["error"].as_str().unwrap_or_default().to_owned()
+            }
+        };
+        // vision at 20 % on both machines, with `fields` too.
+        let on_both = |fields: Value| {
+            let mut body = json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20});
+            for (field, value) in fields.as_object().into_iter().flatten() {
+                body[field] = value.clone();
+            }
+            body
+        };
+        let more = refused(on_both(json!({"replicas": {"min": 1, "max": 3}}))).await;
+        assert!(
+            more.starts_with("replicas.max (3) is more than the 2 machine(s)"),
+            "{more}"
+        );
+        let whole = refused(
+            json!({"model": "vision", "gpus": ["east:0"], "shared": false,
+                                   "replicas": {"max": 1}}),
+        )
+        .await;
+        assert!(
+            whole.starts_with("replicas are for a model that shares its GPUs"),
+            "{whole}"
+        );
+        let on_demand = refused(on_both(json!({
+            "demand": {"mode": "on_demand", "keep_alive": 60}, "replicas": {"max": 2}
+        })))
+        .await;
+        assert!(
+            on_demand.starts_with("an on-demand model loads on every machine"),
+            "{on_demand}"
+        );
+        let backwards = refused(on_both(json!({"replicas": {"min": 2, "max": 1}}))).await;
+        assert_eq!(
+            backwards,
+            "replicas.min (2) is above replicas.max (1): make max at least min"
+        );
+        assert!(app.fleet.groups().is_empty());
+    }
+
+    #[test]
+    fn a_replica_aims_at_its_engines_own_slots_unless_a_target_is_set() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert_eq!(target_of(None, &args(&["--parallel", "4"])), 4);
+        assert_eq!(target_of(None, &args(&["--max-num-seqs", "8"])), 8);
+        assert_eq!(target_of(Some(2), &args(&["-np", "4"])), 2);
+        assert_eq!(target_of(None, &[]), 1);
+        assert_eq!(target_of(None, &args(&["--parallel", "zero"])), 1);
+    }
+}

@@ -1,0 +1,241 @@
+//! Replicas that follow traffic, through the real binary: a model deployed with `replicas` on atlas:0 and
+//! twin:0 (the demo engine, each answer taking about a second) starts on one of them; a burst of clients
+//! adds the other, the end of it removes it again, draining it; and where the other has no room the
+//! replica waits with why while the first serves.
+
+use super::answers::{chat, machine, on_atlas_and_twin_with};
+use super::ask;
+use crate::support::{self, wait_until_within, Server};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// `model`'s replicas as `GET /api/groups` shows them.
+async fn replicas(server: &Server, model: &str) -> Value {
+    support::member(server, model).await["replicas"].clone()
+}
+
+/// Clients asking `model` one request after another each, until told to stop: each answer's status and
+/// the machine that gave it.
+struct Clients {
+    stop: Arc<AtomicBool>,
+    answers: Arc<Mutex<Vec<(u16, String)>>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Clients {
+    fn start(server: &Arc<Server>, model: &'static str, count: usize) -> Clients {
+        let stop = Arc::new(AtomicBool::new(false));
+        let answers = Arc::new(Mutex::new(Vec::new()));
+        let tasks = (0..count)
+            .map(|_| {
+                let (server, stop, answers) = (server.clone(), stop.clone(), answers.clone());
+                tokio::spawn(async move {
+                    // Bounded: a client stops after 60 requests whatever happens.
+                    for _ in 0..60 {
+                        if stop.load(Ordering::SeqCst) {
+                            break;
+                        }
+                        let answer = ask(&server, "/v1/chat/completions", chat(model, true)).await;
+                        let by = answer
+                            .headers
+                            .get("x-tessera-engine")
+                            .map(|_| machine(&answer))
+                            .unwrap_or_else(|| answer.text());
+                        answers.lock().unwrap().push((answer.status, by));
+                    }
+                })
+            })
+            .collect();
+        Clients {
+            stop,
+            answers,
+            tasks,
+        }
+    }
+
+    /// The machines that answered so far.
+    fn machines(&self) -> BTreeSet<String> {
+        self.answers
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, m)| m.clone())
+            .collect()
+    }
+
+    /// Stops them; every answer they got.
+    async fn stop(self) -> Vec<(u16, String)> {
+        self.stop.store(true, Ordering::SeqCst);
+        for task in self.tasks {
+            task.await.unwrap();
+        }
+        Arc::try_unwrap(self.answers).unwrap().into_inner().unwrap()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_clients_grows_a_one_replica_model_onto_another_machine_and_once_it_ends_the_model_shrinks_back_to_its_least_draining_the_replica_with_no_request_failing(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let scaled = json!({"replicas": {"min": 1, "max": 2, "up_s": 2, "down_s": 4}});
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1).await;
+    let first = replicas(&server, "chat").await;
+    assert_eq!(
+        (
+            first["min"].clone(),
+            first["max"].clone(),
+            first["running"].clone()
+        ),
+        (json!(1), json!(2), json!(1)),
+        "{first}"
+    );
+    assert_eq!(
+        first["target"], 1,
+        "the demo engine names no slots: {first}"
+    );
+
+    // Six clients at once on one replica of target 1: after the short window, a second replica.
+    let burst = Clients::start(&server, "chat", 6);
+    wait_until_within(
+        "chat grows to 2 replicas",
+        Duration::from_secs(30),
+        || async { replicas(&server, "chat").await["running"] == 2 },
+    )
+    .await;
+    wait_until_within("both replicas answer", Duration::from_secs(30), || async {
+        burst.machines().len() == 2
+    })
+    .await;
+    let grown = replicas(&server, "chat").await;
+    let why = grown["decisions"][0]["why"].as_str().unwrap().to_owned();
+    assert!(
+        why.ends_with("requests in flight or waiting on 1 replica of target 1 for 2 s"),
+        "{grown}"
+    );
+    assert_eq!(grown["machines"], json!(["atlas", "twin"]));
+    let answers = burst.stop().await;
+
+    // One client goes on, one request at a time: the long window sees at most 1 on 2 replicas of target 1,
+    // and one replica drains and stops while that client's requests go on.
+    let trickle = Clients::start(&server, "chat", 1);
+    wait_until_within(
+        "chat shrinks to 1 replica",
+        Duration::from_secs(40),
+        || async { replicas(&server, "chat").await["running"] == 1 },
+    )
+    .await;
+    wait_until_within(
+        "the removed replica's engine stops",
+        Duration::from_secs(30),
+        || async {
+            server
+                .engines()
+                .await
+                .iter()
+                .filter(|e| e["model"] == "chat")
+                .count()
+                == 1
+        },
+    )
+    .await;
+    let trickled = trickle.stop().await;
+    let failed: Vec<_> = answers
+        .iter()
+        .chain(&trickled)
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    let shrunk = replicas(&server, "chat").await;
+    assert_eq!(shrunk["decisions"][0]["from"], 2, "{shrunk}");
+    assert_eq!(shrunk["decisions"][0]["to"], 1, "{shrunk}");
+    assert!(
+        shrunk["decisions"][0]["why"]
+            .as_str()
+            .unwrap()
+            .ends_with("on 2 replicas of target 1 for 4 s"),
+        "{shrunk}"
+    );
+
+    // Each step is in the audit log, by Tessera, and the replica counts are in the metrics.
+    let (_, audit) = server.get("/api/audit?action=model.scale").await;
+    let steps: Vec<(Value, Value, Value)> = audit
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["actor"].clone(),
+                e["after"]["from"].clone(),
+                e["after"]["to"].clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        steps,
+        [
+            (json!("tessera"), json!(2), json!(1)),
+            (json!("tessera"), json!(1), json!(2))
+        ],
+        "{audit}"
+    );
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    let metrics = String::from_utf8(metrics.to_vec()).unwrap();
+    assert!(
+        metrics.contains("tessera_model_replicas_running{model=\"chat\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("tessera_model_replicas_desired{model=\"chat\"} 1"),
+        "{metrics}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_finds_no_room_waits_with_why_while_the_model_serves_on_the_replica_it_has()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let scaled = json!({"replicas": {"min": 1, "max": 2, "up_s": 2}});
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1).await;
+    let first = replicas(&server, "chat").await;
+    let placed = first["machines"][0].as_str().unwrap().to_owned();
+    let other = if placed == "atlas" { "twin" } else { "atlas" };
+
+    // Shared work takes the room the second replica would have had.
+    let (_, gpus) = server.get("/api/nodes").await;
+    let filler = json!({"name": "filler", "requested_resources": {"gpu_requests": {
+        "count": 1, "ids": [format!("{other}:0")], "shared": true, "memory_gb": 90}}});
+    let (status, worker) = server.send("POST", "/api/workers", filler).await;
+    assert_eq!(status, 201, "{worker} {gpus}");
+
+    let burst = Clients::start(&server, "chat", 4);
+    wait_until_within(
+        "a replica waits for room",
+        Duration::from_secs(30),
+        || async { replicas(&server, "chat").await["pending"] == 1 },
+    )
+    .await;
+    let waiting = replicas(&server, "chat").await;
+    assert_eq!(
+        (waiting["running"].clone(), waiting["desired"].clone()),
+        (json!(1), json!(2)),
+        "{waiting}"
+    );
+    let reasons = waiting["pending_reasons"].to_string();
+    assert!(
+        reasons.contains(&format!("GPU 0 of {other}:"))
+            && reasons.contains("a replica needs 9.6 GB"),
+        "{waiting}"
+    );
+    let answers = burst.stop().await;
+    assert!(
+        answers
+            .iter()
+            .all(|(status, by)| *status == 200 && *by == placed),
+        "{answers:?}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
