@@ -332,9 +332,12 @@ impl Fleet {
                         .filter(|m| m.name != model)
                         .collect();
                     let note = Note::new(&actor, "deployment.remove", &model);
-                    fleet
+                    let change = fleet
                         .commit(&mut state, &group, plan, None, None, note)
-                        .await
+                        .await?;
+                    // Its load and decisions go with it: a model deployed again under its name starts afresh.
+                    fleet.scaling.forget(&model);
+                    Ok(change)
                 }
             }
         })

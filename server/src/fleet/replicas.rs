@@ -36,6 +36,12 @@ struct ModelScaling {
 }
 
 impl Scaling {
+    /// Forgets `model`: removed.
+    pub(super) fn forget(&self, model: &str) {
+        let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
+        models.remove(model);
+    }
+
     fn with<T>(&self, model: &str, f: impl FnOnce(&mut ModelScaling) -> T) -> T {
         let mut models = self.models.lock().unwrap_or_else(PoisonError::into_inner);
         f(models.entry(model.to_owned()).or_default())
@@ -139,17 +145,33 @@ pub struct Autoscaled {
     pub running: u32,
 }
 
+/// The machines `model`'s replicas hold their share on in `group`: placed there, a machine of the group
+/// (a repack may have moved the group), and held by the ledger (not kept aside: its GPU left the inventory).
+fn holding(group: &Group, model: &str, unplaced: &BTreeMap<String, String>) -> BTreeSet<String> {
+    let machines = group.machines();
+    group
+        .placed
+        .get(model)
+        .into_iter()
+        .flatten()
+        .filter(|m| machines.contains(&m.as_str()))
+        .filter(|m| !unplaced.contains_key(&holder::member(&group.name, model, m)))
+        .cloned()
+        .collect()
+}
+
 impl Fleet {
-    /// Every autoscaled model, with its replicas placed now.
+    /// Every autoscaled model, with its replicas that hold their share now.
     pub fn autoscaled(&self) -> Vec<Autoscaled> {
-        let committed = self.committed();
-        committed
+        let views = self.views();
+        views
+            .committed
             .groups
             .iter()
             .flat_map(|g| {
                 g.autoscale.keys().map(|m| Autoscaled {
                     model: m.clone(),
-                    running: g.placed.get(m).map_or(0, |p| p.len() as u32),
+                    running: holding(g, m, &views.unplaced).len() as u32,
                 })
             })
             .collect()
@@ -198,13 +220,9 @@ impl Fleet {
     /// `model`'s replicas as the API shows them; `None` for a model that is not autoscaled.
     pub fn replicas_view(&self, model: &str) -> Option<ReplicasView> {
         let (scale, target) = self.scale_of(model)?;
-        let committed = self.committed();
-        let group = committed.group_of(model)?;
-        let machines: Vec<String> = group
-            .placed
-            .get(model)
-            .map(|p| p.iter().cloned().collect())
-            .unwrap_or_default();
+        let views = self.views();
+        let group = views.committed.group_of(model)?;
+        let machines: Vec<String> = holding(group, model, &views.unplaced).into_iter().collect();
         let running = machines.len() as u32;
         self.scaling.with(model, |s| {
             let desired = s.desired.unwrap_or(running);
@@ -240,7 +258,10 @@ impl Fleet {
                 .filter(|g| g.autoscale.contains_key(&model))
                 .ok_or_else(|| ApiError::NotFound(format!("{model} is not autoscaled")))?
                 .clone();
-            let mut placed = group.placed.get(&model).cloned().unwrap_or_default();
+            // A replica placed where it holds nothing (its machine left the group or the inventory) is
+            // none: it goes, and the count starts from those that hold their share.
+            let mut placed = holding(&group, &model, state.ledger.all_unplaced());
+            let dropped = group.placed.get(&model).is_some_and(|p| *p != placed);
             let from = placed.len() as u32;
             let mut reasons = Vec::new();
             if decision.to > from {
@@ -276,7 +297,7 @@ impl Fleet {
                 s.desired = (decision.to != to).then_some(decision.to);
                 s.pending_reasons = if decision.to > to { reasons } else { Vec::new() };
             });
-            if to == from {
+            if to == from && !dropped {
                 return Ok(to);
             }
             let mut tx = crate::db::write(&fleet.pool).await?;
@@ -416,6 +437,36 @@ memory_gb = 80
         let placed = app.fleet.replicas_view("vision").unwrap().machines;
         let app = app.restart().await;
         assert_eq!(app.fleet.replicas_view("vision").unwrap().machines, placed);
+    }
+
+    #[tokio::test]
+    async fn a_replica_whose_machine_leaves_the_inventory_is_none_and_the_model_is_placed_again_where_there_is_room(
+    ) {
+        let app = east_and_west().await;
+        let (status, change) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let gone = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
+        let stays = if gone == "east" { "west" } else { "east" };
+        let only = EAST_AND_WEST
+            .split("[[machine]]")
+            .find(|m| m.contains(&format!("name = \"{stays}\"")))
+            .unwrap();
+        let app = app.restart_with(&format!("[[machine]]{only}")).await;
+
+        let autoscaled = app.fleet.autoscaled();
+        assert_eq!(autoscaled[0].running, 0, "{gone} holds nothing now");
+        let decision = app.fleet.observe_load("vision", 0, 0, 1_000).unwrap();
+        assert_eq!((decision.from, decision.to), (0, 1));
+        assert_eq!(decision.why, "fewer than its least, 1 replica");
+        assert_eq!(app.fleet.scale("vision", decision).await.unwrap(), 1);
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().machines, [stays]);
+        assert_eq!(held(&app, stays, "vision").await, Some(16.0));
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
     }
 
     #[tokio::test]
