@@ -17,6 +17,9 @@ use placement::{BasisPoints, Bytes, GpuRef, Hold};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
+/// How long a model whose new replica found no room waits before it is tried again, ms.
+const NO_ROOM_AGAIN_MS: u64 = 5_000;
+
 /// How many scale decisions of a model are kept to show.
 const DECISIONS_KEPT: usize = 10;
 
@@ -33,6 +36,9 @@ struct ModelScaling {
     desired: Option<u32>,
     pending_reasons: Vec<String>,
     decisions: VecDeque<ScaleEvent>,
+    /// A replica found no room: no step is tried again before this (ms since the epoch), so that models
+    /// waiting for room do not take the write lock every second.
+    retry_at_ms: u64,
 }
 
 impl Scaling {
@@ -213,6 +219,9 @@ impl Fleet {
                 s.desired = None;
                 s.pending_reasons.clear();
             }
+            if now_ms < s.retry_at_ms {
+                return None;
+            }
             decision
         })
     }
@@ -298,6 +307,7 @@ impl Fleet {
                 s.pending_reasons = if decision.to > to { reasons } else { Vec::new() };
             });
             if to == from && !dropped {
+                fleet.scaling.with(&model, |s| s.retry_at_ms = now + NO_ROOM_AGAIN_MS);
                 return Ok(to);
             }
             let mut tx = crate::db::write(&fleet.pool).await?;
@@ -467,6 +477,51 @@ memory_gb = 80
         assert_eq!(app.fleet.replicas_view("vision").unwrap().machines, [stays]);
         assert_eq!(held(&app, stays, "vision").await, Some(16.0));
         assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_finds_no_room_waits_with_why_and_is_tried_again_after_a_pause_not_at_every_sample(
+    ) {
+        let app = east_and_west().await;
+        let (status, change) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let placed = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
+        let other = if placed == "east" { "west" } else { "east" };
+        let filler = json!({"name": "filler", "requested_resources": {"gpu_requests": {
+            "count": 1, "ids": [format!("{other}:0")], "shared": true, "memory_gb": 70}}});
+        let (status, worker) = app.post_worker(&filler.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "{worker}");
+
+        // Four requests on one replica of target 1 for the whole short window (6 s).
+        let now = crate::fleet::usage::now_ms();
+        let mut decision = None;
+        for s in (0..=6).rev() {
+            decision = app.fleet.observe_load("vision", 1, 4, now - s * 1000);
+        }
+        let decision = decision.expect("a step up");
+        assert_eq!((decision.from, decision.to), (1, 2));
+        assert_eq!(app.fleet.scale("vision", decision).await.unwrap(), 1);
+        let view = app.fleet.replicas_view("vision").unwrap();
+        assert_eq!((view.running, view.desired, view.pending), (1, 2, 1));
+        assert_eq!(
+            view.pending_reasons,
+            [format!(
+                "GPU 0 of {other}: 10 GB free, a replica needs 16 GB"
+            )]
+        );
+        assert_eq!(held(&app, other, "vision").await, None);
+        // The next second asks for the same, and is not tried: the pause after no room.
+        assert_eq!(app.fleet.observe_load("vision", 1, 4, now + 1000), None);
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().pending, 1);
+        let later = app
+            .fleet
+            .observe_load("vision", 1, 4, now + 1000 + NO_ROOM_AGAIN_MS);
+        assert_eq!(later.map(|d| d.to), Some(2));
     }
 
     #[tokio::test]
