@@ -9,6 +9,11 @@
 /// those loaded hold: not a model's name (those have no spaces), so no engine or usage is ever its.
 pub const TURNS: &str = "on-demand turns";
 
+/// The member name under which a group keeps a GPU of a machine where none of its members holds now (each
+/// is a replica placed elsewhere): nothing, so that the GPU stays shared and no worker takes it whole while
+/// the group's plan counts on it.
+pub const REPLICA_ROOM: &str = "replica room";
+
 /// Who holds a share, and whose engine a unit is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Holder<'a> {
@@ -57,9 +62,16 @@ impl<'a> Holder<'a> {
         }
     }
 
-    /// Whether it is the room a group's on-demand members take turns in.
+    /// Whether it is room a group keeps that no engine allocates: where its on-demand members take turns
+    /// ([`TURNS`]), or a GPU kept for replicas ([`REPLICA_ROOM`]).
     pub fn is_turns(&self) -> bool {
-        matches!(self, Holder::Member { member: TURNS, .. })
+        matches!(
+            self,
+            Holder::Member {
+                member: TURNS | REPLICA_ROOM,
+                ..
+            }
+        )
     }
 }
 
@@ -112,6 +124,7 @@ mod tests {
     #[test]
     fn the_turns_room_of_a_group_is_known_as_such() {
         assert!(Holder::parse(&member("chat", TURNS, "vega")).is_turns());
+        assert!(Holder::parse(&member("chat", REPLICA_ROOM, "vega")).is_turns());
         assert!(!Holder::parse(&member("chat", "qwen", "vega")).is_turns());
     }
 }

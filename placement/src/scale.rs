@@ -56,7 +56,7 @@ fn down_default() -> u32 {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AutoscaleError {
     /// `min` is 0.
-    #[error("replicas.min must be at least 1: a model with no replica at all is an on-demand model (deploy it on demand)")]
+    #[error("replicas.min must be at least 1: a model with no replica while idle is an on-demand model (deploy it on demand, without replicas)")]
     NoMin,
     /// `min` is above `max`.
     #[error("replicas.min ({min}) is above replicas.max ({max}): make max at least min")]
@@ -69,11 +69,11 @@ pub enum AutoscaleError {
     /// `max` is above [`Autoscale::MOST`].
     #[error("replicas.max ({0}) is above {most}: a model runs at most {most} replicas", most = Autoscale::MOST)]
     TooMany(u32),
-    /// `target` is 0.
-    #[error("replicas.target must be at least 1 request per replica")]
-    NoTarget,
+    /// `target` is 0 or past [`Autoscale::TARGET_MOST`].
+    #[error("replicas.target ({0}) must be between 1 and {most} requests per replica", most = Autoscale::TARGET_MOST)]
+    Target(u32),
     /// More replicas than machines to run them on.
-    #[error("replicas.max ({max}) is more than the {machines} machine(s) its GPUs are on: a replica runs on each machine of its group at most; choose GPUs on more nodes, or lower max")]
+    #[error("replicas.max ({max}) is more than the {machines} machine(s) its GPUs are on: at most one replica runs on each machine of its group; choose GPUs on more nodes, or lower max")]
     MoreThanMachines {
         /// As sent.
         max: u32,
@@ -116,8 +116,11 @@ impl TryFrom<Wire> for Autoscale {
         if w.max > Autoscale::MOST {
             return Err(AutoscaleError::TooMany(w.max));
         }
-        if w.target == Some(0) {
-            return Err(AutoscaleError::NoTarget);
+        if let Some(target) = w
+            .target
+            .filter(|t| !(1..=Autoscale::TARGET_MOST).contains(t))
+        {
+            return Err(AutoscaleError::Target(target));
         }
         let window = |name, given: u32| {
             if (Autoscale::WINDOW_LEAST..=Autoscale::WINDOW_MOST).contains(&given) {
@@ -156,6 +159,8 @@ impl From<Autoscale> for Wire {
 impl Autoscale {
     /// The most replicas a model may have.
     pub const MOST: u32 = 64;
+    /// The most requests in flight a replica may aim for.
+    pub const TARGET_MOST: u32 = 100_000;
     /// The default window before a replica is added: Knative's panic window (a tenth of its stable one).
     pub const UP_S: u32 = 6;
     /// The default window before a replica is removed: Knative's stable window.
@@ -285,7 +290,9 @@ impl Scaler {
     pub fn observe(&mut self, at_ms: u64, load: u32, keep_s: u32) {
         self.samples.push_back(Sample { at_ms, load });
         let oldest = at_ms.saturating_sub(u64::from(keep_s) * 1000);
-        while self.samples.front().is_some_and(|s| s.at_ms < oldest) {
+        // The newest sample at or before the cutoff stays: it is what says the longest window is whole,
+        // whatever the milliseconds the samples were taken at.
+        while self.samples.get(1).is_some_and(|s| s.at_ms <= oldest) {
             self.samples.pop_front();
         }
     }
@@ -320,7 +327,7 @@ impl Scaler {
         target: u32,
         now_ms: u64,
     ) -> Option<Decision> {
-        let target = target.max(1);
+        let target = target.clamp(1, Autoscale::TARGET_MOST);
         let wanted = |load: u32| load.div_ceil(target).clamp(scale.min, scale.max);
         if running < scale.min {
             return Some(Decision {
@@ -338,7 +345,7 @@ impl Scaler {
         }
         if running < scale.max {
             if let Some(lowest) = self.window(now_ms, scale.up_s).and_then(Iterator::min) {
-                if lowest > running * target {
+                if lowest > running.saturating_mul(target) {
                     return Some(Decision {
                         from: running,
                         to: wanted(lowest).max(running + 1),
@@ -353,7 +360,7 @@ impl Scaler {
         }
         if running > scale.min {
             if let Some(highest) = self.window(now_ms, scale.down_s).and_then(Iterator::max) {
-                if highest <= (running - 1) * target {
+                if highest <= (running - 1).saturating_mul(target) {
                     return Some(Decision {
                         from: running,
                         to: running - 1,
@@ -399,6 +406,22 @@ mod tests {
             decision.why,
             "3 requests in flight or waiting on 1 replica of target 1 for 6 s"
         );
+    }
+
+    #[test]
+    fn samples_taken_at_any_millisecond_make_a_whole_window_once_they_span_it() {
+        let scale = Autoscale::new(1, 4).unwrap().with_windows(6, 60).unwrap();
+        let mut scaler = Scaler::default();
+        // A second apart, each a few milliseconds late, as a busy server's ticks are.
+        let mut now = 0;
+        for s in 0..=61u64 {
+            now = s * 1000 + (s * 7) % 13;
+            scaler.observe(now, 1, scale.keep_s());
+        }
+        let decision = scaler
+            .decide(scale, 3, 1, now)
+            .expect("a whole long window");
+        assert_eq!((decision.from, decision.to), (3, 2));
     }
 
     #[test]
@@ -456,7 +479,7 @@ mod tests {
         assert!(unknown.is_err());
         assert_eq!(
             Autoscale::new(1, 3).unwrap().within(2).unwrap_err().to_string(),
-            "replicas.max (3) is more than the 2 machine(s) its GPUs are on: a replica runs on each machine of its group at most; choose GPUs on more nodes, or lower max"
+            "replicas.max (3) is more than the 2 machine(s) its GPUs are on: at most one replica runs on each machine of its group; choose GPUs on more nodes, or lower max"
         );
     }
 
@@ -521,6 +544,17 @@ mod tests {
             match scaler.decide(scale, running, target, now) {
                 None => {
                     prop_assert!(running >= scale.min() && running <= scale.max());
+                    // And none was owed: a whole window above (or within one fewer) asks for a step.
+                    if running < scale.max() {
+                        if let Some(window) = within(5) {
+                            prop_assert!(!window.iter().all(|&l| l > running * target));
+                        }
+                    }
+                    if running > scale.min() {
+                        if let Some(window) = within(20) {
+                            prop_assert!(!window.iter().all(|&l| l <= (running - 1) * target));
+                        }
+                    }
                 }
                 Some(d) => {
                     prop_assert!(d.to >= scale.min() && d.to <= scale.max());

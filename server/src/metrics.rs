@@ -342,7 +342,7 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     if !autoscaled.is_empty() {
         let running = gauge(
             "tessera_model_replicas_running",
-            "The replicas of an autoscaled model placed now (serving, starting or draining).",
+            "The replicas of an autoscaled model placed now (serving or starting; one being removed drains uncounted).",
             &["model"],
         )?;
         let desired = gauge(

@@ -165,6 +165,10 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 .map(|m| m.demand)
                 .unwrap_or_default()
         });
+        // On one machine the fields are not offered, and what was typed for more is not sent.
+        if machines <= 1 {
+            return Ok(None);
+        }
         Autoscale::typed(&fewest.get(), &most.get(), machines)
             .and_then(|r| Autoscale::check_demand(r, demand).map(|()| r))
             .map_err(|e| e.to_string())
@@ -525,7 +529,7 @@ fn ReplicasFields(
         <fieldset class="replicas" data-testid="replicas">
             <legend>"Replicas"</legend>
             <p class="muted">{format!(
-                "One on each of the group's {machines} machines, or type a most: as many as its load asks for, added after {} s above target and removed after {} s below.",
+                "One on each of the group's {machines} machines, or type a most: as many as its load asks for, added after {} s above target and removed one at a time after {} s within what one fewer holds.",
                 Autoscale::UP_S, Autoscale::DOWN_S
             )}</p>
             <label for="replicas-fewest">"Fewest"</label>

@@ -207,7 +207,7 @@ pub struct Replicas {
     pub max: u32,
     /// Requests in flight per replica it aims for.
     pub target: u32,
-    /// Placed now (serving, starting or draining).
+    /// Placed now: serving or starting (a replica being removed drains uncounted).
     pub running: u32,
     /// What the last decision asked for.
     pub desired: u32,

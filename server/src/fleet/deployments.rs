@@ -199,6 +199,12 @@ impl Fleet {
             if model.system && demand.is_on_demand() {
                 return Err(router_stays_pinned(&model.name));
             }
+            if model.system && replicas.is_some() {
+                return Err(ApiError::Unprocessable(format!(
+                    "{} routes every request of its group: it runs on each of its machines; leave replicas out",
+                    model.name
+                )));
+            }
             plan.push(PlanMember {
                 locked: model.system,
                 demand: *demand,
@@ -209,17 +215,9 @@ impl Fleet {
                     .within(group.machines().len() as u32)
                     .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
                 group.autoscale.insert(model.name.clone(), replicas);
-                // Its first replicas, by best fit, beside what the plan keeps of the others there.
-                let mut trial = group.clone();
-                trial
-                    .members
-                    .push(placement::Share::new(&model.name, share));
-                let placed = super::replicas::first_placed(
-                    &state.ledger,
-                    &trial,
-                    &model.name,
-                    replicas.min(),
-                );
+                // Its first replicas, by best fit, beside what the ledger holds there.
+                let placed =
+                    super::replicas::first_placed(&state.ledger, &group, share, replicas.min());
                 group.placed.insert(model.name.clone(), placed);
             }
             let serving = Serving::from(deploy.serving.clone());

@@ -8,7 +8,7 @@
 
 use super::committed::Committed;
 use super::groups::Group;
-use placement::holder::{self, Holder, TURNS};
+use placement::holder::{self, Holder, REPLICA_ROOM, TURNS};
 use placement::sharing::{Sharing, SharingError};
 use placement::{
     group::member_assignments, Assignment, BasisPoints, Bytes, GpuRef, Hold, Inventory, Scheduler,
@@ -53,15 +53,28 @@ fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
         .map(|s| (s.member, s.share))
         .chain(turns(group).map(|share| (TURNS.to_owned(), share)));
     let mut holds = Vec::new();
+    let mut kept = BTreeSet::new();
     for (member, share) in held {
         for (machine, gpus) in &by_machine {
             // A member whose replicas follow its load holds only where one is placed.
             if member != TURNS && !group.runs_on(&member, machine) {
                 continue;
             }
+            kept.insert(*machine);
             holds.push((
                 holder::member(&group.name, &member, machine),
                 share,
+                gpus.clone(),
+            ));
+        }
+    }
+    // A machine where no member holds now (its replicas run elsewhere) stays the group's: shared, holding
+    // nothing, so that no worker takes its GPUs whole.
+    for (machine, gpus) in &by_machine {
+        if !kept.contains(machine) && !group.autoscale.is_empty() {
+            holds.push((
+                holder::member(&group.name, REPLICA_ROOM, machine),
+                BasisPoints(0),
                 gpus.clone(),
             ));
         }

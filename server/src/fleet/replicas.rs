@@ -98,11 +98,15 @@ fn best_fit(
                 break;
             };
             let need = found.total.share(share);
-            let taken = ledger
-                .scheduler()
-                .hold(gpu)
-                .map(Hold::taken)
-                .unwrap_or_default();
+            let hold = ledger.scheduler().hold(gpu);
+            if let Some(Hold::Whole(worker)) = hold {
+                short = Some(format!(
+                    "GPU {} of {machine} is held whole by {worker}",
+                    gpu.index
+                ));
+                break;
+            }
+            let taken = hold.map(Hold::taken).unwrap_or_default();
             let free = Bytes(found.offered().get().saturating_sub(taken.get()));
             if free < need {
                 short = Some(format!(
@@ -124,22 +128,26 @@ fn best_fit(
     (fits.into_iter().map(|(_, m)| m).collect(), reasons)
 }
 
-/// Where `model`'s first `min` replicas go in `group`, best fit first; fewer where fewer machines have the
-/// room (the rest wait for it).
+/// Where the first `min` replicas of a model with `share` go in `group`, best fit first; fewer where fewer
+/// machines have the room (the rest wait for it).
 pub(super) fn first_placed(
     ledger: &Ledger,
     group: &Group,
-    model: &str,
+    share: BasisPoints,
     min: u32,
 ) -> BTreeSet<String> {
-    let share = group
+    let (fits, _) = best_fit(ledger, group, share, &BTreeSet::new());
+    fits.into_iter().take(min as usize).collect()
+}
+
+/// `model`'s share in `group`.
+fn share_of(group: &Group, model: &str) -> Result<BasisPoints, ApiError> {
+    group
         .members
         .iter()
         .find(|s| s.member == model)
         .map(|s| s.share)
-        .unwrap_or_default();
-    let (fits, _) = best_fit(ledger, group, share, &BTreeSet::new());
-    fits.into_iter().take(min as usize).collect()
+        .ok_or_else(|| ApiError::internal(format!("{model} is not a member of {}", group.name)))
 }
 
 /// An autoscaled model as the gateway samples it.
@@ -152,7 +160,8 @@ pub struct Autoscaled {
 }
 
 /// The machines `model`'s replicas hold their share on in `group`: placed there, a machine of the group
-/// (a repack may have moved the group), and held by the ledger (not kept aside: its GPU left the inventory).
+/// (a repack may have moved the group), and held by the ledger (not kept aside, with why: its GPU left the
+/// inventory, or the hold was refused).
 fn holding(group: &Group, model: &str, unplaced: &BTreeMap<String, String>) -> BTreeSet<String> {
     let machines = group.machines();
     group
@@ -160,6 +169,7 @@ fn holding(group: &Group, model: &str, unplaced: &BTreeMap<String, String>) -> B
         .get(model)
         .into_iter()
         .flatten()
+        .filter(|_| group.runs(model))
         .filter(|m| machines.contains(&m.as_str()))
         .filter(|m| !unplaced.contains_key(&holder::member(&group.name, model, m)))
         .cloned()
@@ -251,8 +261,9 @@ impl Fleet {
 
     /// Carries out `decision` for `model`: adds replicas where they fit, best fit first (those that do not
     /// wait, with why), or removes the least busy ones (the runtime drains each before it stops it).
-    /// Committed with its audit entry (`model.scale`, by Tessera); a decision that changes nothing (no room
-    /// for any new replica) writes nothing.
+    /// Committed with its audit entry (`model.scale`, by Tessera), as is the removal of a replica that holds
+    /// nothing; a decision that changes nothing (no room for any new replica, or taken on a count that
+    /// changed since) writes nothing. Says how many replicas it has now.
     pub async fn scale(
         self: &std::sync::Arc<Self>,
         model: &str,
@@ -272,14 +283,13 @@ impl Fleet {
             let mut placed = holding(&group, &model, state.ledger.all_unplaced());
             let dropped = group.placed.get(&model).is_some_and(|p| *p != placed);
             let from = placed.len() as u32;
+            // Decided on a count that changed since (a machine left): the next sample decides again.
+            if decision.from != from && !dropped {
+                return Ok(from);
+            }
             let mut reasons = Vec::new();
             if decision.to > from {
-                let share = group
-                    .members
-                    .iter()
-                    .find(|s| s.member == model)
-                    .map(|s| s.share)
-                    .unwrap_or_default();
+                let share = share_of(&group, &model)?;
                 let (fits, why) = best_fit(&state.ledger, &group, share, &placed);
                 placed.extend(fits.into_iter().take((decision.to - from) as usize));
                 reasons = why;
@@ -307,6 +317,7 @@ impl Fleet {
                 s.pending_reasons = if decision.to > to { reasons } else { Vec::new() };
             });
             if to == from && !dropped {
+                // Asked for more and none fitted: not tried again at every sample.
                 fleet.scaling.with(&model, |s| s.retry_at_ms = now + NO_ROOM_AGAIN_MS);
                 return Ok(to);
             }
@@ -518,10 +529,49 @@ memory_gb = 80
         // The next second asks for the same, and is not tried: the pause after no room.
         assert_eq!(app.fleet.observe_load("vision", 1, 4, now + 1000), None);
         assert_eq!(app.fleet.replicas_view("vision").unwrap().pending, 1);
+        // Well past the pause, whatever this machine's speed: tried again.
         let later = app
             .fleet
-            .observe_load("vision", 1, 4, now + 1000 + NO_ROOM_AGAIN_MS);
+            .observe_load("vision", 1, 4, now + 3 * NO_ROOM_AGAIN_MS);
         assert_eq!(later.map(|d| d.to), Some(2));
+    }
+
+    #[tokio::test]
+    async fn a_machine_of_the_group_where_no_replica_runs_stays_the_group_s_no_worker_takes_it_whole_and_no_plan_makes_the_model_on_demand(
+    ) {
+        let app = east_and_west().await;
+        let (status, change) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let placed = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
+        let other = if placed == "east" { "west" } else { "east" };
+        assert_eq!(held(&app, other, "replica room").await, Some(0.0));
+        let whole = json!({"name": "trainer", "requested_resources": {"gpu_requests": {
+            "count": 1, "ids": [format!("{other}:0")]}}});
+        let (_, worker) = app.post_worker(&whole.to_string()).await;
+        assert_eq!(worker["assignment"], Value::Null, "{worker}");
+
+        let group = change["group"].as_str().unwrap();
+        let (status, answer) = app
+            .put_plan(
+                group,
+                json!({"revision": change["revision"], "shares": {"vision": 20},
+                       "demand": {"vision": {"mode": "on_demand", "keep_alive": 60}}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
+        assert!(
+            answer["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("vision: an on-demand model loads on every machine"),
+            "{answer}"
+        );
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
     }
 
     #[tokio::test]

@@ -27,9 +27,10 @@ async fn sample(state: &AppState) {
         return;
     }
     let waiting: HashMap<String, usize> = state.gateway.waiting().into_iter().collect();
-    let now = crate::fleet::usage::now_ms();
     let runtime = state.fleet.runtime();
     for model in autoscaled {
+        // Taken for each: a step carried out for the one before may have waited for the write lock.
+        let now = crate::fleet::usage::now_ms();
         let in_flight: usize = runtime
             .engines_of(&model.model)
             .iter()

@@ -173,8 +173,9 @@ async fn a_burst_of_clients_grows_a_one_replica_model_onto_another_machine_and_o
             )
         })
         .collect();
+    // The newest two: the step down after the step up (the audit lists the newest first).
     assert_eq!(
-        steps,
+        steps[..2],
         [
             (json!("tessera"), json!(2), json!(1)),
             (json!("tessera"), json!(1), json!(2))

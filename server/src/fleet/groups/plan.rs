@@ -337,6 +337,14 @@ pub(in crate::fleet) fn plan_with(
                 Some(demand) if locked && demand.is_on_demand() => {
                     return Err(router_stays_pinned(&s.member));
                 }
+                Some(&demand) if group.autoscale.contains_key(&s.member) => {
+                    placement::scale::Autoscale::check_demand(
+                        group.autoscale.get(&s.member).copied(),
+                        demand,
+                    )
+                    .map_err(|e| ApiError::Unprocessable(format!("{}: {e}", s.member)))?;
+                    demand
+                }
                 Some(&demand) => demand,
                 None => group.demand_of(&s.member),
             };
