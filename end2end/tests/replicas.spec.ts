@@ -1,7 +1,7 @@
 // Replicas that follow traffic (issue 44): a model deployed on two machines with a most of two starts on
 // one of them, and the wizard refuses more replicas than machines, and replicas for an on-demand model.
 import { expect, test } from "./fixtures/tessera";
-import { ModelsTab, Wizard } from "./fixtures/console";
+import { ModelsTab, open, Wizard } from "./fixtures/console";
 
 /** Two machines alike, each with one 80 GB GPU: a group on both holds a member's share on each (no agent
  * runs there, so no engine starts: what is shown here is the plan's). */
@@ -23,7 +23,7 @@ test("a model deployed with a most of two replicas on two machines starts on one
   // Left empty: one on each machine, as any member. More than the machines: refused, Deploy blocked.
   await replicas.getByLabel("Most").fill("3");
   await expect(page.getByTestId("replicas-error")).toHaveText(
-    "replicas.max (3) is more than the 2 machine(s) its GPUs are on: a replica runs on each machine of its group at most; choose GPUs on more nodes, or lower max",
+    "replicas.max (3) is more than the 2 machine(s) its GPUs are on: at most one replica runs on each machine of its group; choose GPUs on more nodes, or lower max",
   );
   await expect(wizard.deploy).toBeDisabled();
   await replicas.getByLabel("Most").fill("2");
@@ -37,4 +37,10 @@ test("a model deployed with a most of two replicas on two machines starts on one
   const groups = await (await request.get("/api/groups")).json();
   const vision = groups.flatMap((g: any) => g.members).find((m: any) => m.name === "vision");
   expect([vision.replicas.min, vision.replicas.max, vision.replicas.running, vision.replicas.machines.length]).toEqual([1, 2, 1, 1]);
+
+  // The model's own page has its replicas: how many, and where.
+  await open(page, "/models/vision");
+  const panel = page.getByTestId("model-replicas");
+  await expect(panel).toContainText("Replicas by load, 1 to 2 (target 1): 1 running.");
+  await expect(panel).toContainText(`On: ${vision.replicas.machines[0]}.`);
 });

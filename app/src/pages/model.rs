@@ -116,6 +116,7 @@ fn Model(page: ModelPage) -> impl IntoView {
                 <tbody>{engines}</tbody>
             </table>
         </section>
+        {row.replicas.clone().map(|replicas| view! { <ReplicasPanel replicas /> })}
         {page.change.map(|change| view! { <LastChange change /> })}
         <section class="panel" aria-labelledby="model-log">
             <h2 id="model-log">{format!("The engine's last {} log lines", crate::pages::playground::LOG_LINES)}</h2>
@@ -155,6 +156,33 @@ fn LastChange(change: PlanProgress) -> impl IntoView {
                     view! { <li class=class>{s.text()}</li> }
                 }).collect_view()}
             </ol>
+        </section>
+    }
+}
+
+/// A model whose replicas follow its load: how many, where, and its last steps with why.
+#[component]
+fn ReplicasPanel(replicas: crate::views::Replicas) -> impl IntoView {
+    let line = replicas.line();
+    let steps = replicas
+        .decisions
+        .iter()
+        .map(|d| {
+            let text = format!("{}: {} → {}, {}", d.at, d.from, d.to, d.why);
+            view! { <li>{text}</li> }
+        })
+        .collect_view();
+    let machines = if replicas.machines.is_empty() {
+        "none".to_owned()
+    } else {
+        replicas.machines.join(", ")
+    };
+    view! {
+        <section class="panel" aria-labelledby="model-replicas" data-testid="model-replicas">
+            <h2 id="model-replicas">"Replicas"</h2>
+            <p>{line}</p>
+            <p>{format!("On: {machines}.")}</p>
+            {(!replicas.decisions.is_empty()).then(|| view! { <ol class="muted" data-testid="model-scale-steps">{steps}</ol> })}
         </section>
     }
 }

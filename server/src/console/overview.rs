@@ -248,6 +248,29 @@ fn waiting_alarms(pending: &[WorkerView]) -> Vec<Alarm> {
         .collect()
 }
 
+/// The alarms replicas that wait for room raise: one per model, with the first machine's reason, linked
+/// to the model's page.
+fn replica_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
+    rows.iter()
+        .filter_map(|row| {
+            let replicas = row.replicas.as_ref().filter(|r| r.pending > 0)?;
+            let waits = match replicas.pending {
+                1 => "1 replica waits".to_owned(),
+                n => format!("{n} replicas wait"),
+            };
+            let why = replicas
+                .pending_reasons
+                .first()
+                .map_or_else(|| ".".to_owned(), |r| format!(": {r}"));
+            Some(Alarm {
+                kind: AlarmKind::Waiting,
+                line: format!("{}: {waits} for room{why}", row.name),
+                href: format!("/models/{}", row.name),
+            })
+        })
+        .collect()
+}
+
 /// Alarms of one kind shown one by one; past these, one line counts the rest: on a bad day a fleet of
 /// thousands raises thousands, and the page must still load and be read.
 const ALARMS_PER_KIND: usize = 5;
@@ -309,6 +332,7 @@ impl ConsoleService {
         alarms.extend(machine_alarms(&machines));
         alarms.extend(model_alarms(&rows));
         alarms.extend(waiting_alarms(&self.fleet.pending_workers()));
+        alarms.extend(replica_alarms(&rows));
         let (requests, failed) = (
             calls.iter().map(|c| c.requests).sum(),
             calls.iter().map(|c| c.failed).sum(),
@@ -375,6 +399,37 @@ mod tests {
             hour_requests: 0,
             hour_failed: 0,
         }
+    }
+
+    #[test]
+    fn a_replica_that_waits_for_room_is_an_alarm_with_its_first_reason_linked_to_its_model() {
+        let mut waiting = row("vision", EngineState::Healthy, 0);
+        waiting.replicas = Some(app::views::Replicas {
+            min: 1,
+            max: 3,
+            target: 1,
+            running: 1,
+            desired: 3,
+            pending: 2,
+            pending_reasons: vec!["GPU 0 of twin: 6 GB free, a replica needs 9.6 GB".into()],
+            machines: vec!["atlas".into()],
+            decisions: Vec::new(),
+        });
+        let mut placed = row("glm-5.3", EngineState::Healthy, 0);
+        placed.replicas = waiting.replicas.clone().map(|r| app::views::Replicas {
+            pending: 0,
+            desired: 1,
+            pending_reasons: Vec::new(),
+            ..r
+        });
+        let alarms = replica_alarms(&[waiting, placed]);
+        assert_eq!(alarms.len(), 1);
+        assert_eq!(alarms[0].kind, AlarmKind::Waiting);
+        assert_eq!(
+            alarms[0].line,
+            "vision: 2 replicas wait for room: GPU 0 of twin: 6 GB free, a replica needs 9.6 GB"
+        );
+        assert_eq!(alarms[0].href, "/models/vision");
     }
 
     #[test]
