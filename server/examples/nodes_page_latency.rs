@@ -9,10 +9,9 @@ mod support;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use http_body_util::BodyExt;
-use placement::{BasisPoints, Machine};
+use placement::Machine;
 use placement::{GpuChoice, GpuRef};
-use server::catalog::{CatalogModel, Engine};
-use server::input::{DeployCommand, NewModel, ServingSettings, Sharing};
+use server::input::{DeployCommand, ServingSettings, Sharing};
 use std::time::{Duration, Instant};
 use support::Bench;
 use tower::ServiceExt;
@@ -42,21 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         for (i, member) in ["llm", "embedder", "speech"].iter().enumerate() {
             let name = format!("{member}-{n:03}");
             fleet
-                .add_model(
-                    NewModel::parse(CatalogModel {
-                        name: name.clone(),
-                        engine: Engine::Command,
-                        default_share: BasisPoints::percent(20),
-                        group: None,
-                        model_path: String::new(),
-                        system: false,
-                        command: Some("engine --port {port}".into()),
-                        args: Vec::new(),
-                        env: Default::default(),
-                        secret_env: Vec::new(),
-                    })?,
-                    "bench",
-                )
+                .add_model(support::command_model(&name, None)?, "bench")
                 .await
                 .map_err(|e| e.to_string())?;
             fleet

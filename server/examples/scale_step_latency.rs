@@ -7,9 +7,8 @@
 mod support;
 
 use placement::scale::{Autoscale, Decision};
-use placement::{BasisPoints, GpuChoice, GpuRef};
-use server::catalog::{CatalogModel, Engine};
-use server::input::{DeployCommand, NewModel, ServingSettings, Sharing};
+use placement::{GpuChoice, GpuRef};
+use server::input::{DeployCommand, ServingSettings, Sharing};
 use std::time::{Duration, Instant};
 use support::Bench;
 
@@ -63,21 +62,7 @@ async fn steps(
     for n in 0..models {
         let name = format!("model-{n:04}");
         fleet
-            .add_model(
-                NewModel::parse(CatalogModel {
-                    name: name.clone(),
-                    engine: Engine::Command,
-                    default_share: BasisPoints::percent(20),
-                    group: Some(name.clone()),
-                    model_path: String::new(),
-                    system: false,
-                    command: Some("engine --port {port}".into()),
-                    args: Vec::new(),
-                    env: Default::default(),
-                    secret_env: Vec::new(),
-                })?,
-                "bench",
-            )
+            .add_model(support::command_model(&name, Some(name.clone()))?, "bench")
             .await
             .map_err(|e| e.to_string())?;
         let (pair, gpu) = (n / GPUS, (n % GPUS) as u32);

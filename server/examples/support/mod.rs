@@ -1,6 +1,6 @@
 //! What the benchmark examples share: a fleet on a fresh SQLite file, its machines all remote (what is
 //! measured is the server, not engines starting), an operator's API token, the whole router, machines of
-//! eight H100s, and shared workers made as the API makes them.
+//! eight H100s, catalog models that run a command, and shared workers made as the API makes them.
 // Each example compiles this module and uses a part of it.
 #![allow(dead_code)]
 
@@ -169,4 +169,25 @@ pub fn pct(samples: &[f64], p: f64) -> f64 {
     let mut sorted = samples.to_vec();
     sorted.sort_by(f64::total_cmp);
     sorted[((p / 100.0) * (sorted.len() - 1) as f64).round() as usize]
+}
+
+/// A catalog model named `name` (in `group`, if any) that runs a command, with a default share of 20 %.
+pub fn command_model(
+    name: &str,
+    group: Option<String>,
+) -> Result<server::input::NewModel, Box<dyn Error>> {
+    Ok(server::input::NewModel::parse(
+        server::catalog::CatalogModel {
+            name: name.to_owned(),
+            engine: server::catalog::Engine::Command,
+            default_share: placement::BasisPoints::percent(20),
+            group,
+            model_path: String::new(),
+            system: false,
+            command: Some("engine --port {port}".into()),
+            args: Vec::new(),
+            env: Default::default(),
+            secret_env: Vec::new(),
+        },
+    )?)
 }

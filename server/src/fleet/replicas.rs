@@ -403,6 +403,22 @@ memory_gb = 80
         app
     }
 
+    /// vision deployed at 20 % on east and west with replicas 1 to 2: the app, the deploy's answer, the
+    /// machine its replica went to and the other one.
+    async fn vision_on_one_of_two() -> (TestApp, Value, String, &'static str) {
+        let app = east_and_west().await;
+        let (status, change) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let placed = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
+        let other = if placed == "east" { "west" } else { "east" };
+        (app, change, placed, other)
+    }
+
     fn decision(from: u32, to: u32) -> Decision {
         Decision {
             from,
@@ -414,20 +430,10 @@ memory_gb = 80
     #[tokio::test]
     async fn a_replica_holds_its_share_only_on_the_machine_it_is_placed_on_from_the_moment_it_is_decided_and_the_kept_state_agrees_with_a_rebuild(
     ) {
-        let app = east_and_west().await;
-        let (status, change) = app
-            .deploy(
-                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
-                           "replicas": {"min": 1, "max": 2}}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let (app, change, on, off) = vision_on_one_of_two().await;
         let view = app.fleet.replicas_view("vision").unwrap();
         assert_eq!((view.running, view.machines.len()), (1, 1), "{view:?}");
-        let (on, off) = match view.machines[0].as_str() {
-            "east" => ("east", "west"),
-            _ => ("west", "east"),
-        };
+        let on = on.as_str();
         assert_eq!(held(&app, on, "vision").await, Some(16.0));
         assert_eq!(held(&app, off, "vision").await, None);
         assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
@@ -463,16 +469,7 @@ memory_gb = 80
     #[tokio::test]
     async fn a_replica_whose_machine_leaves_the_inventory_is_none_and_the_model_is_placed_again_where_there_is_room(
     ) {
-        let app = east_and_west().await;
-        let (status, change) = app
-            .deploy(
-                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
-                           "replicas": {"min": 1, "max": 2}}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{change}");
-        let gone = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
-        let stays = if gone == "east" { "west" } else { "east" };
+        let (app, _, gone, stays) = vision_on_one_of_two().await;
         let only = EAST_AND_WEST
             .split("[[machine]]")
             .find(|m| m.contains(&format!("name = \"{stays}\"")))
@@ -493,16 +490,7 @@ memory_gb = 80
     #[tokio::test]
     async fn a_replica_that_finds_no_room_waits_with_why_and_is_tried_again_after_a_pause_not_at_every_sample(
     ) {
-        let app = east_and_west().await;
-        let (status, change) = app
-            .deploy(
-                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
-                           "replicas": {"min": 1, "max": 2}}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{change}");
-        let placed = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
-        let other = if placed == "east" { "west" } else { "east" };
+        let (app, _, _, other) = vision_on_one_of_two().await;
         let filler = json!({"name": "filler", "requested_resources": {"gpu_requests": {
             "count": 1, "ids": [format!("{other}:0")], "shared": true, "memory_gb": 70}}});
         let (status, worker) = app.post_worker(&filler.to_string()).await;
@@ -539,16 +527,7 @@ memory_gb = 80
     #[tokio::test]
     async fn a_machine_of_the_group_where_no_replica_runs_stays_the_group_s_no_worker_takes_it_whole_and_no_plan_makes_the_model_on_demand(
     ) {
-        let app = east_and_west().await;
-        let (status, change) = app
-            .deploy(
-                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
-                           "replicas": {"min": 1, "max": 2}}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED, "{change}");
-        let placed = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
-        let other = if placed == "east" { "west" } else { "east" };
+        let (app, change, _, other) = vision_on_one_of_two().await;
         assert_eq!(held(&app, other, "replica room").await, Some(0.0));
         let whole = json!({"name": "trainer", "requested_resources": {"gpu_requests": {
             "count": 1, "ids": [format!("{other}:0")]}}});
