@@ -383,26 +383,8 @@ fn groups_of(
                     .filter(|(.., on_demand, _, loaded, _, _)| *on_demand && *loaded)
                     .map(|(_, m, ..)| m.clone())
                     .collect(),
-                autoscale: mine
-                    .clone()
-                    .filter_map(|(_, m, .., autoscale, _)| Some((m, autoscale.as_deref()?)))
-                    .map(|(m, json)| {
-                        Ok((
-                            m.clone(),
-                            serde_json::from_str(json).map_err(ApiError::internal)?,
-                        ))
-                    })
-                    .collect::<Result<_, ApiError>>()?,
-                placed: mine
-                    .clone()
-                    .filter_map(|(_, m, .., placed)| Some((m, placed.as_deref()?)))
-                    .map(|(m, json)| {
-                        Ok((
-                            m.clone(),
-                            serde_json::from_str(json).map_err(ApiError::internal)?,
-                        ))
-                    })
-                    .collect::<Result<_, ApiError>>()?,
+                autoscale: by_member(mine.clone().map(|(_, m, .., autoscale, _)| (m, autoscale)))?,
+                placed: by_member(mine.clone().map(|(_, m, .., placed)| (m, placed)))?,
                 serving: mine
                     .map(|(_, m, _, args, env, ..)| {
                         Ok((
@@ -416,6 +398,21 @@ fn groups_of(
                     .collect::<Result<_, ApiError>>()?,
                 name,
             })
+        })
+        .collect()
+}
+
+/// Each member's JSON column read, for the members whose column is not NULL.
+fn by_member<'a, T: serde::de::DeserializeOwned>(
+    columns: impl Iterator<Item = (&'a String, &'a Option<String>)>,
+) -> Result<BTreeMap<String, T>, ApiError> {
+    columns
+        .filter_map(|(m, json)| Some((m, json.as_deref()?)))
+        .map(|(m, json)| {
+            Ok((
+                m.clone(),
+                serde_json::from_str(json).map_err(ApiError::internal)?,
+            ))
         })
         .collect()
 }
