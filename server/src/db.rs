@@ -63,12 +63,16 @@ pub async fn open_read_only(
     data_dir: &Path,
 ) -> Result<SqlitePool, OpenError> {
     let options = named(database_url, data_dir)?;
-    let mut wal = options.get_filename().as_os_str().to_owned();
-    wal.push("-wal");
-    // Without a write-ahead log beside it (its server stopped cleanly), even a read-only connection makes
-    // one and its shared-memory file; the file alone is then all there is, and read as unchangeable
-    // nothing is made. With one, both are there already and the log's pages are read too.
-    let immutable = !Path::new(&wal).exists();
+    let beside = |suffix: &str| {
+        let mut name = options.get_filename().as_os_str().to_owned();
+        name.push(suffix);
+        Path::new(&name).exists()
+    };
+    // Without a write-ahead log and its shared-memory file beside it (its server stopped, and the stop
+    // folded the log back in or left the log alone), even a read-only connection makes what is missing;
+    // the file is then read as unchangeable and nothing is made (a log left alone is not read: the
+    // database as of its last checkpoint). With both, the log's pages are read too.
+    let immutable = !(beside("-wal") && beside("-shm"));
     pool(
         options
             .read_only(true)
