@@ -47,6 +47,11 @@ pub struct Profile {
     /// The part of its share (from `weights` to 1) it holds once loaded where it sizes itself by neither
     /// vLLM's nor SGLang's rule: llama.cpp sized to its share holds 90 to 100 % of it.
     pub holds: f64,
+    /// The part of its share it keeps on its GPUs asleep: the CUDA context and what the engine keeps.
+    pub asleep_holds: f64,
+    /// How fast its weights come back from host memory as it wakes from sleep level 1, GB/s (a PCIe 4.0
+    /// x16 link carries about 25).
+    pub host_to_device_gb_s: f64,
 }
 
 impl Default for Profile {
@@ -64,6 +69,8 @@ impl Default for Profile {
             hang_after: None,
             helper: 0.0,
             holds: 1.0,
+            asleep_holds: 0.05,
+            host_to_device_gb_s: 25.0,
         }
     }
 }
@@ -89,9 +96,12 @@ impl Profile {
             || !(0.0..=1.0).contains(&profile.weights)
             || !(0.0..=profile.weights).contains(&profile.helper)
             || !(profile.weights..=1.0).contains(&profile.holds)
+            || !(0.0..=profile.weights).contains(&profile.asleep_holds)
+            || profile.host_to_device_gb_s.is_nan()
+            || profile.host_to_device_gb_s <= 0.0
         {
             return Err(format!(
-                "{PROFILE_VAR}: speed must be above 0, weights from 0 to 1, helper from 0 to weights and holds from weights to 1"
+                "{PROFILE_VAR}: speed must be above 0, weights from 0 to 1, helper from 0 to weights, holds from weights to 1, asleep_holds from 0 to weights and host_to_device_gb_s above 0"
             ));
         }
         Ok(profile)
@@ -141,6 +151,33 @@ impl Memory {
         let bytes = self.part(part);
         for gpu in &self.gpus {
             self.take_on(gpu, bytes)?;
+        }
+        Ok(())
+    }
+
+    /// What it holds on each of its GPUs now.
+    pub fn holding(&self) -> Vec<Bytes> {
+        let me = [std::process::id()];
+        self.gpus.iter().map(|g| self.held_by(g, &me)).collect()
+    }
+
+    /// Frees all it holds on its GPUs but `part` of its share on each: what it keeps asleep.
+    pub fn keep_only(&self, part: f64) -> Result<(), String> {
+        for gpu in &self.gpus {
+            self.sim
+                .release(gpu, std::process::id())
+                .map_err(|e| e.to_string())?;
+        }
+        self.take(part)
+    }
+
+    /// Holds `bytes` on each of its GPUs again (what [`Memory::holding`] said), in place of what it holds
+    /// now; CUDA's error where a GPU refuses.
+    pub fn hold_again(&self, bytes: &[Bytes]) -> Result<(), String> {
+        let me = std::process::id();
+        for (gpu, want) in self.gpus.iter().zip(bytes) {
+            let now = self.held_by(gpu, &[me]);
+            self.take_on(gpu, want.saturating_sub(now))?;
         }
         Ok(())
     }
