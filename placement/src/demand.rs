@@ -145,6 +145,41 @@ pub fn expired(loaded: &[Loaded], now_ms: u64) -> Vec<&str> {
         .collect()
 }
 
+/// What the keep-alives make of a loaded on-demand model now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tier {
+    /// It stays as it is.
+    Stays,
+    /// Awake, idle past its keep-alive, and its engine can sleep: put to sleep.
+    Sleeps,
+    /// Idle past its keep-alive and its engine cannot sleep, or asleep past `keep_asleep`: unloaded.
+    Unloads,
+}
+
+/// What becomes of `loaded` at `now_ms`: awake (`asleep_since_ms` none) and idle past its keep-alive, it
+/// sleeps where its engine can (`sleeps`), else it unloads; asleep since `asleep_since_ms`, it unloads
+/// once `keep_asleep_ms` have passed with no request waiting for it.
+pub fn tier(
+    loaded: &Loaded,
+    sleeps: bool,
+    asleep_since_ms: Option<u64>,
+    keep_asleep_ms: u64,
+    now_ms: u64,
+) -> Tier {
+    if loaded.busy {
+        return Tier::Stays;
+    }
+    match asleep_since_ms {
+        Some(since) if now_ms.saturating_sub(since) >= keep_asleep_ms => Tier::Unloads,
+        Some(_) => Tier::Stays,
+        None if now_ms.saturating_sub(loaded.last_used_ms) < loaded.keep_alive.millis() => {
+            Tier::Stays
+        }
+        None if sleeps => Tier::Sleeps,
+        None => Tier::Unloads,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -157,6 +192,22 @@ mod tests {
             busy,
             keep_alive: KeepAlive::from_secs(60).unwrap(),
         }
+    }
+
+    #[test]
+    fn an_idle_model_sleeps_past_its_keep_alive_where_it_can_and_unloads_past_the_second_one() {
+        let idle = loaded("vision", 1_000, false);
+        // Keep-alive 60 s, asleep for at most 600 s.
+        let at = |now, sleeps, since| tier(&idle, sleeps, since, 600_000, now);
+        assert_eq!(at(60_999, true, None), Tier::Stays);
+        assert_eq!(at(61_000, true, None), Tier::Sleeps);
+        assert_eq!(at(61_000, false, None), Tier::Unloads);
+        assert_eq!(at(660_999, true, Some(61_000)), Tier::Stays);
+        assert_eq!(at(661_000, true, Some(61_000)), Tier::Unloads);
+        // A request waiting for it (a wake under way) keeps it as it is.
+        let waited_for = loaded("vision", 1_000, true);
+        assert_eq!(tier(&waited_for, true, Some(0), 0, 10_000_000), Tier::Stays);
+        assert_eq!(tier(&waited_for, true, None, 0, 10_000_000), Tier::Stays);
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub mod usage;
 #[cfg(test)]
 mod testing;
 
-pub use demand::{eviction_order, expired, Demand, KeepAlive, KeepAliveError, Loaded};
+pub use demand::{eviction_order, expired, tier, Demand, KeepAlive, KeepAliveError, Loaded, Tier};
 pub use group::{
     check_new_group, choose_group, group_gpus, member_assignments, pick_new_group_gpus, Candidate,
     GroupChoice, GroupError,

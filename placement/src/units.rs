@@ -262,6 +262,19 @@ impl BasisPoints {
         BasisPoints((u128::from(part.0) * 10_000 / u128::from(whole.0)) as u32)
     }
 
+    /// The share of `part` in `whole`, rounded up (what holds `part` whole); the whole when `whole` is
+    /// zero.
+    pub fn ratio_up(part: Bytes, whole: Bytes) -> BasisPoints {
+        if whole.0 == 0 {
+            return BasisPoints::WHOLE;
+        }
+        BasisPoints(
+            (u128::from(part.0) * 10_000)
+                .div_ceil(u128::from(whole.0))
+                .min(u128::from(u32::MAX)) as u32,
+        )
+    }
+
     /// The percentage as a float, for JSON answers only; never compared.
     pub fn as_percent_f64(self) -> f64 {
         f64::from(self.0) / 100.0
@@ -313,6 +326,29 @@ pub enum UnitError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_part_rounded_up_to_basis_points_holds_all_of_it_and_no_point_more() {
+        let gpu = Bytes::gb(80);
+        // 1.2 GB of 80 is 150 points exactly; a byte more needs a point more.
+        assert_eq!(
+            BasisPoints::ratio_up(Bytes(1_200_000_000), gpu),
+            BasisPoints(150)
+        );
+        assert_eq!(
+            BasisPoints::ratio_up(Bytes(1_200_000_001), gpu),
+            BasisPoints(151)
+        );
+        assert_eq!(
+            BasisPoints::ratio(Bytes(1_200_000_001), gpu),
+            BasisPoints(150)
+        );
+        assert_eq!(BasisPoints::ratio_up(Bytes(0), gpu), BasisPoints::ZERO);
+        assert_eq!(
+            BasisPoints::ratio_up(Bytes(1), Bytes(0)),
+            BasisPoints::WHOLE
+        );
+    }
 
     #[test]
     fn a_size_under_a_gb_is_shown_in_mb_rounded_up_and_a_larger_one_in_gb() {

@@ -311,6 +311,15 @@ pub struct EngineFlags {
         value_name = "S"
     )]
     pub evict_after_s: u64,
+    /// How long an on-demand model put to sleep past its keep-alive (its engine can sleep) stays asleep
+    /// with no request before its engine is stopped, in seconds.
+    #[arg(
+        long,
+        env = "TESSERA_KEEP_ASLEEP_S",
+        default_value_t = 3600,
+        value_name = "S"
+    )]
+    pub keep_asleep_s: u64,
     /// NVIDIA's MPS control program, run to start and stop the MPS daemon of each GPU shared under MPS.
     #[arg(
         long,
@@ -364,6 +373,7 @@ impl EngineFlags {
             max_restarts: self.max_restarts,
             drain_grace: Duration::from_secs(self.drain_grace_s),
             evict_after: Duration::from_secs(self.evict_after_s),
+            keep_asleep: Duration::from_secs(self.keep_asleep_s),
             mps_control: self.mps_control.clone(),
             node_data_dir: self.node_data_dir.clone(),
             nvidia_smi: self.nvidia_smi.clone(),

@@ -652,8 +652,14 @@ mod tests {
             serde_json::from_slice::<Value>(&body).unwrap()["is_sleeping"] == true
         };
         assert!(!sleeping().await);
-        assert_eq!(status(&router, "POST", "/sleep?level=3").await, StatusCode::BAD_REQUEST);
-        assert_eq!(status(&router, "POST", "/sleep?level=1").await, StatusCode::OK);
+        assert_eq!(
+            status(&router, "POST", "/sleep?level=3").await,
+            StatusCode::BAD_REQUEST
+        );
+        assert_eq!(
+            status(&router, "POST", "/sleep?level=1").await,
+            StatusCode::OK
+        );
         assert!(sleeping().await);
         assert_eq!(
             status(&router, "GET", "/v1/models").await,
@@ -662,7 +668,11 @@ mod tests {
         assert_eq!(status(&router, "GET", "/health").await, StatusCode::OK);
         let woke = std::time::Instant::now();
         assert_eq!(status(&router, "POST", "/wake_up").await, StatusCode::OK);
-        assert!(woke.elapsed() >= Duration::from_micros(7_600), "{:?}", woke.elapsed());
+        assert!(
+            woke.elapsed() >= Duration::from_micros(7_600),
+            "{:?}",
+            woke.elapsed()
+        );
         assert!(!sleeping().await);
         assert_eq!(status(&router, "GET", "/v1/models").await, StatusCode::OK);
     }

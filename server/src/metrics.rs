@@ -183,12 +183,13 @@ pub async fn metrics(State(state): State<AppState>) -> Response {
     }
 }
 
-const STATES: [(EngineState, &str); 7] = [
+const STATES: [(EngineState, &str); 8] = [
     (EngineState::Starting, "starting"),
     (EngineState::Healthy, "healthy"),
     (EngineState::Draining, "draining"),
     (EngineState::Unhealthy, "unhealthy"),
     (EngineState::Restarting, "restarting"),
+    (EngineState::Asleep, "asleep"),
     (EngineState::Stopped, "stopped"),
     (EngineState::Failed, "failed"),
 ];
@@ -417,7 +418,8 @@ async fn render(state: &AppState) -> Result<String, prometheus::Error> {
     String::from_utf8(out).map_err(|e| prometheus::Error::Msg(e.to_string()))
 }
 
-/// Each on-demand model's loads tried and its last cold start, the load apart from the wait before it.
+/// Each on-demand model's loads tried, its last cold start (the load apart from the wait before it) and its
+/// last wake from sleep.
 fn on_demand_figures(
     registry: &Registry,
     fleet: &crate::fleet::Fleet,
@@ -436,12 +438,24 @@ fn on_demand_figures(
         ),
         &["model", "part"],
     )?;
+    let wake = GaugeVec::new(
+        Opts::new(
+            "tessera_on_demand_wake_seconds",
+            "An on-demand model's last wake from sleep, from the request that woke it to its engine taking it: beside its cold start, what sleeping instead of stopping saves.",
+        ),
+        &["model"],
+    )?;
     registry.register(Box::new(attempts.clone()))?;
     registry.register(Box::new(cold_start.clone()))?;
+    registry.register(Box::new(wake.clone()))?;
     for (model, usage) in fleet.on_demand_usage() {
         attempts
             .with_label_values(&[model.as_str()])
             .inc_by(usage.load_attempts);
+        if let Some(took) = usage.last_wake {
+            wake.with_label_values(&[model.as_str()])
+                .set(took.as_secs_f64());
+        }
         if let Some(cold) = usage.cold_start {
             for (part, took) in [("load", cold.load), ("wait", cold.waited)] {
                 cold_start

@@ -409,3 +409,212 @@ async fn two_on_demand_models_asked_without_a_pause_take_turns_and_both_answer()
     );
     Arc::into_inner(server).unwrap().stop().await;
 }
+
+/// Tessera on the demo fleet with its GPUs simulated in `sim` (the engines really allocate there), a demo
+/// engine loading in 3 s and waking over a 50 GB/s link, and models asleep for at most `keep_asleep_s`.
+async fn on_simulated_gpus(
+    data: &std::path::Path,
+    sim: &std::path::Path,
+    keep_asleep_s: u32,
+) -> Server {
+    let sim = sim.display().to_string();
+    let keep_asleep_s = keep_asleep_s.to_string();
+    let profile = json!({"load_s": [3, 3], "host_to_device_gb_s": 50}).to_string();
+    Server::start_with_env(
+        data,
+        0,
+        &[
+            "--demo",
+            "--simulate-gpus",
+            &sim,
+            "--keep-asleep-s",
+            &keep_asleep_s,
+        ],
+        &[("TESSERA_DEMO_PROFILE", &profile)],
+    )
+    .await
+}
+
+/// On atlas:0 (96 GiB), glm-5.3 (vLLM, its sleep mode on) on demand at 50 % and speech (llama.cpp, which
+/// cannot sleep) on demand at 45 %, each with a keep-alive of 10 s: one turn at a time, by the plan.
+async fn sleeper_and_speech(server: &Server) {
+    deploy(
+        server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 50, "demand": on_demand(10), "args": ["--enable-sleep-mode"]}),
+    )
+    .await;
+    deploy(
+        server,
+        json!({"model": "speech", "gpus": ["atlas:0"], "share": 45, "revision": 1, "demand": on_demand(10)}),
+    )
+    .await;
+}
+
+/// What atlas:0 holds now in the simulated driver, GB.
+fn atlas_0_used_gb(sim: &std::path::Path) -> f64 {
+    let gpus = server::inventory::simulated::SimulatedGpus::open(sim);
+    let reading = gpus.read(&"atlas:0".parse().unwrap()).unwrap();
+    reading.used.get() as f64 / 1e9
+}
+
+/// Waits until `model` is asleep with what it keeps measured; its member as the API shows it then.
+async fn until_asleep(server: &Server, model: &str) -> Value {
+    wait_until_within(
+        &format!("{model} falls asleep"),
+        Duration::from_secs(30),
+        || async {
+            let on_demand = &member(server, model).await["on_demand"];
+            on_demand["state"] == "asleep" && on_demand["asleep"]["held_bytes"].is_u64()
+        },
+    )
+    .await;
+    member(server, model).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_idle_past_its_keep_alive_sleeps_and_its_gpu_memory_becomes_the_turns_room() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 3600).await;
+    sleeper_and_speech(&server).await;
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    let awake = atlas_0_used_gb(sim.path());
+    assert!(
+        (51.0..=51.6).contains(&awake),
+        "glm-5.3 holds its 48 GiB: {awake}"
+    );
+
+    // 10 s with no request: asleep, not stopped; it keeps 5 % of its share, measured, and says so.
+    let glm = until_asleep(&server, "glm-5.3").await;
+    let held = glm["on_demand"]["asleep"]["held_bytes"].as_u64().unwrap();
+    // 5 % of 48 GiB.
+    assert_eq!(held, 2_576_980_377, "{glm}");
+    assert!(glm["on_demand"]["asleep"]["since"].is_string(), "{glm}");
+    let engine = server.engine("glm-5.3").await;
+    assert_eq!(engine["state"], "asleep", "{engine}");
+    assert_eq!(engine["held_asleep_bytes"], held, "{engine}");
+    let asleep = atlas_0_used_gb(sim.path());
+    assert!(
+        (2.5..=2.6).contains(&asleep),
+        "only what it keeps: {asleep}"
+    );
+    let (_, audit) = server.get("/api/audit?action=model.sleep").await;
+    assert_eq!(audit[0]["target"], "glm-5.3", "{audit}");
+    assert_eq!(
+        audit[0]["after"]["reason"], "no request for its keep-alive of 10 s",
+        "{audit}"
+    );
+
+    // speech loads into the room it gave up, beside it: glm-5.3 is neither stopped nor woken for it.
+    assert_eq!(chat(&server, "speech").await.0, 200);
+    assert_eq!(
+        member(&server, "glm-5.3").await["on_demand"]["state"],
+        "asleep"
+    );
+    let (_, unloads) = server.get("/api/audit?action=model.unload").await;
+    assert_eq!(unloads, json!([]), "nothing was unloaded for it");
+    let both = atlas_0_used_gb(sim.path());
+    assert!(both <= 96.0, "{both}");
+    server.stop().await;
+    assert!(
+        server::inventory::simulated::SimulatedGpus::open(sim.path())
+            .refusals()
+            .is_empty()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_wakes_a_sleeping_model_in_its_wake_time_not_its_load_time() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 3600).await;
+    sleeper_and_speech(&server).await;
+    let cold = std::time::Instant::now();
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    let cold = cold.elapsed();
+    let pid = server.engine("glm-5.3").await["pid"].clone();
+    until_asleep(&server, "glm-5.3").await;
+
+    let woken = std::time::Instant::now();
+    let (status, answer) = chat(&server, "glm-5.3").await;
+    let woken = woken.elapsed();
+    assert_eq!(status, 200, "{answer}");
+    // 30.9 GB of weights over 50 GB/s: 0.6 s, where its cold start took its 3 s load.
+    assert!(cold >= Duration::from_secs(3), "{cold:?}");
+    assert!(woken < Duration::from_millis(2_000), "{woken:?}");
+    let glm = member(&server, "glm-5.3").await;
+    assert_eq!(glm["on_demand"]["state"], "loaded", "{glm}");
+    let wake_ms = glm["on_demand"]["last_wake_ms"].as_u64().unwrap();
+    assert!((500..2_000).contains(&wake_ms), "{glm}");
+    assert!(
+        glm["on_demand"]["cold_start_ms"].as_u64().unwrap() >= 3_000,
+        "{glm}"
+    );
+    // The same engine, woken: not started again.
+    let engine = server.engine("glm-5.3").await;
+    assert_eq!(engine["pid"], pid, "{engine}");
+    assert!(engine["last_wake_ms"].as_u64().unwrap() >= 500, "{engine}");
+    let (_, audit) = server.get("/api/audit?action=model.wake").await;
+    assert_eq!(audit[0]["target"], "glm-5.3", "{audit}");
+    let used = atlas_0_used_gb(sim.path());
+    assert!(
+        (51.0..=51.6).contains(&used),
+        "its whole share again: {used}"
+    );
+    let (_, metrics) = server.get_bytes("/metrics").await;
+    let metrics = String::from_utf8_lossy(&metrics);
+    assert!(
+        metrics.contains("tessera_on_demand_wake_seconds{model=\"glm-5.3\"}"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_whose_engine_died_asleep_falls_back_to_a_cold_start_saying_why() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 3600).await;
+    sleeper_and_speech(&server).await;
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    until_asleep(&server, "glm-5.3").await;
+    let pid = server.engine("glm-5.3").await["pid"].as_u64().unwrap() as u32;
+    support::kill(pid, "KILL");
+
+    let (status, answer) = chat(&server, "glm-5.3").await;
+    assert_eq!(status, 200, "a cold start answers it: {answer}");
+    let glm = member(&server, "glm-5.3").await;
+    assert_eq!(glm["on_demand"]["state"], "loaded", "{glm}");
+    let fell_back = glm["on_demand"]["fell_back"].as_str().unwrap();
+    assert!(fell_back.contains("died asleep"), "{glm}");
+    let engine = server.engine("glm-5.3").await;
+    assert_ne!(engine["pid"], pid, "{engine}");
+    let (_, audit) = server.get("/api/audit?action=model.unload").await;
+    assert!(
+        audit[0]["after"]["reason"]
+            .as_str()
+            .unwrap()
+            .starts_with("its engine died asleep"),
+        "{audit}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_asleep_past_its_second_keep_alive_is_stopped() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 2).await;
+    sleeper_and_speech(&server).await;
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    let glm = until_asleep(&server, "glm-5.3").await;
+    assert_eq!(glm["on_demand"]["keep_asleep_s"], 2, "{glm}");
+    wait_until_within("glm-5.3 is stopped", Duration::from_secs(15), || async {
+        member(&server, "glm-5.3").await["on_demand"]["state"] == "not_loaded"
+            && server.engine_if_any("glm-5.3").await.is_none()
+    })
+    .await;
+    let (_, audit) = server.get("/api/audit?action=model.unload").await;
+    assert_eq!(
+        audit[0]["after"]["reason"], "asleep for 2 s with no request",
+        "{audit}"
+    );
+    assert!(atlas_0_used_gb(sim.path()) < 0.01);
+    server.stop().await;
+}

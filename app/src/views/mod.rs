@@ -28,7 +28,8 @@ pub use machines::{
     NodesPage, PendingLine, Sharer, SharingChange, WorkerLine,
 };
 pub use models::{
-    EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand, Replicas, ScaleEvent,
+    AsleepView, EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand, Replicas,
+    ScaleEvent,
 };
 pub use overview::{Alarm, AlarmKind, Overview};
 pub use page::{holds, Page, PER_PAGE};

@@ -19,6 +19,9 @@ pub enum EngineState {
     Draining,
     /// Exited; waiting out its backoff before it starts again.
     Restarting,
+    /// Running, asleep: its weights in host memory, out of the gateway's rotation until a request wakes
+    /// it (an on-demand model past its keep-alive).
+    Asleep,
     /// Not running, as wanted (or on a machine Tessera cannot start engines on).
     Stopped,
     /// Not running, against what was wanted: its start failed, or it failed too often in a row.
@@ -34,6 +37,7 @@ impl EngineState {
             EngineState::Unhealthy => "Unhealthy",
             EngineState::Draining => "Draining",
             EngineState::Restarting => "Restarting",
+            EngineState::Asleep => "Asleep",
             EngineState::Stopped => "Stopped",
             EngineState::Failed => "Failed",
         }
@@ -47,6 +51,7 @@ impl EngineState {
             EngineState::Unhealthy => "unhealthy",
             EngineState::Draining => "draining",
             EngineState::Restarting => "restarting",
+            EngineState::Asleep => "asleep",
             EngineState::Stopped => "stopped",
             EngineState::Failed => "failed",
         }
@@ -55,7 +60,7 @@ impl EngineState {
     /// How much the state needs an operator's eye: the row shows its worst engine.
     pub fn concern(self) -> u8 {
         match self {
-            EngineState::Healthy => 0,
+            EngineState::Healthy | EngineState::Asleep => 0,
             EngineState::Starting => 1,
             EngineState::Draining | EngineState::Restarting => 2,
             EngineState::Stopped => 3,
@@ -154,6 +159,8 @@ pub enum LoadState {
     Loading,
     /// Its engine serves.
     Loaded,
+    /// Its engine sleeps (its weights in host memory): the next request wakes it.
+    Asleep,
 }
 
 impl LoadState {
@@ -163,6 +170,7 @@ impl LoadState {
             LoadState::NotLoaded => "not loaded",
             LoadState::Loading => "loading",
             LoadState::Loaded => "loaded",
+            LoadState::Asleep => "asleep",
         }
     }
 }
@@ -183,6 +191,29 @@ pub struct OnDemand {
     /// made way to stop), in milliseconds.
     #[serde(default)]
     pub cold_wait_ms: Option<u64>,
+    /// Where its engine can sleep (vLLM's or SGLang's sleep mode): how long it stays asleep with no
+    /// request before its engine is stopped, seconds. Past its keep-alive it is put to sleep, not stopped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_asleep_s: Option<u64>,
+    /// Asleep: since when (RFC 3339), and what it keeps on each of its GPUs, in bytes, once measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub asleep: Option<AsleepView>,
+    /// Its last wake from sleep, from the request that woke it to its first answer, in milliseconds.
+    #[serde(default)]
+    pub last_wake_ms: Option<u64>,
+    /// Why its last wake fell back to a cold start, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fell_back: Option<String>,
+}
+
+/// An on-demand model asleep.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AsleepView {
+    /// Since when, RFC 3339.
+    pub since: String,
+    /// What it keeps on each of its GPUs asleep, in bytes, measured once it slept; none until then (or
+    /// where it cannot be measured: a cluster's node), when it is held its whole share.
+    pub held_bytes: Option<u64>,
 }
 
 /// A scale decision carried out.
@@ -252,15 +283,38 @@ impl OnDemand {
     /// The Models tab's line: `On demand, unloaded after 300 s idle: loaded; last used …; last cold start
     /// 1.2 s.`
     pub fn line(&self) -> String {
-        let mut line = format!(
-            "On demand, unloaded after {} s idle: {}",
-            self.keep_alive_s,
-            self.state.label()
-        );
+        let mut line = match self.keep_asleep_s {
+            Some(asleep) => format!(
+                "On demand, asleep after {} s idle and unloaded after {asleep} s asleep: {}",
+                self.keep_alive_s,
+                self.state.label()
+            ),
+            None => format!(
+                "On demand, unloaded after {} s idle: {}",
+                self.keep_alive_s,
+                self.state.label()
+            ),
+        };
+        let seconds = |ms: u64| format!("{}.{} s", ms / 1000, ms % 1000 / 100);
+        if let Some(asleep) = &self.asleep {
+            line.push_str(&format!(" since {}", asleep.since));
+            match asleep.held_bytes {
+                Some(bytes) => line.push_str(&format!(
+                    ", keeping {:.1} GB of each GPU",
+                    bytes as f64 / 1e9
+                )),
+                None => line.push_str(", holding its share until what it keeps is measured"),
+            }
+        }
         if let Some(at) = &self.last_used {
             line.push_str(&format!("; last used {at}"));
         }
-        let seconds = |ms: u64| format!("{}.{} s", ms / 1000, ms % 1000 / 100);
+        if let Some(ms) = self.last_wake_ms {
+            line.push_str(&format!("; last wake {}", seconds(ms)));
+        }
+        if let Some(why) = &self.fell_back {
+            line.push_str(&format!("; its last wake fell back to a cold start: {why}"));
+        }
         if let Some(ms) = self.cold_start_ms {
             line.push_str(&format!("; last cold start {}", seconds(ms)));
             if let Some(waited) = self.cold_wait_ms.filter(|&w| w >= 100) {
@@ -500,6 +554,10 @@ mod tests {
             last_used: None,
             cold_start_ms: None,
             cold_wait_ms: None,
+            keep_asleep_s: None,
+            asleep: None,
+            last_wake_ms: None,
+            fell_back: None,
         });
         assert_eq!(
             r.state(),
@@ -518,6 +576,10 @@ mod tests {
             last_used: Some("2026-12-04T03:10:00Z".into()),
             cold_start_ms: Some(1_234),
             cold_wait_ms: Some(40),
+            keep_asleep_s: None,
+            asleep: None,
+            last_wake_ms: None,
+            fell_back: None,
         };
         assert_eq!(
             loaded.line(),
@@ -526,11 +588,25 @@ mod tests {
         let after_a_wait = OnDemand {
             cold_start_ms: Some(300),
             cold_wait_ms: Some(2_900),
-            ..loaded
+            ..loaded.clone()
         };
         assert_eq!(
             after_a_wait.line(),
             "On demand, unloaded after 60 s idle: loaded; last used 2026-12-04T03:10:00Z; last cold start 0.3 s, after 2.9 s waiting for its turn."
+        );
+        let asleep = OnDemand {
+            keep_asleep_s: Some(3600),
+            state: LoadState::Asleep,
+            asleep: Some(AsleepView {
+                since: "2026-12-04T03:11:00Z".into(),
+                held_bytes: Some(1_200_000_000),
+            }),
+            last_wake_ms: Some(420),
+            ..loaded
+        };
+        assert_eq!(
+            asleep.line(),
+            "On demand, asleep after 60 s idle and unloaded after 3600 s asleep: asleep since 2026-12-04T03:11:00Z, keeping 1.2 GB of each GPU; last used 2026-12-04T03:10:00Z; last wake 0.4 s; last cold start 1.2 s."
         );
     }
 

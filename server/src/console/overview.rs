@@ -64,7 +64,7 @@ fn model_states(rows: &[ModelRow]) -> (u32, u32, u32, u32) {
         let not_loaded = row
             .on_demand
             .as_ref()
-            .is_some_and(|o| o.state == LoadState::NotLoaded);
+            .is_some_and(|o| matches!(o.state, LoadState::NotLoaded | LoadState::Asleep));
         match row.state().0 {
             // Stopped where it should serve: as much a fault as a failure, never "loading".
             EngineState::Failed | EngineState::Unhealthy | EngineState::Stopped => failing += 1,
@@ -170,7 +170,7 @@ fn model_alarms(rows: &[ModelRow]) -> Vec<Alarm> {
         let not_loaded = row
             .on_demand
             .as_ref()
-            .is_some_and(|o| o.state == LoadState::NotLoaded);
+            .is_some_and(|o| matches!(o.state, LoadState::NotLoaded | LoadState::Asleep));
         for engine in &row.engines {
             let why = engine
                 .message

@@ -303,7 +303,7 @@ async fn load_groups(conn: &mut sqlx::SqliteConnection) -> Result<Vec<Group>, Ap
             .fetch_all(&mut *conn)
             .await?;
     let members: Vec<Member> = sqlx::query_as(
-        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded, autoscale, placed FROM group_members ORDER BY group_name, position",
+        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded, autoscale, placed, asleep FROM group_members ORDER BY group_name, position",
     )
     .fetch_all(&mut *conn)
     .await?;
@@ -321,7 +321,7 @@ pub(crate) async fn load_group(
             .fetch_all(&mut *conn)
             .await?;
     let members: Vec<Member> = sqlx::query_as(
-        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded, autoscale, placed FROM group_members WHERE group_name = ? ORDER BY position",
+        "SELECT group_name, model, share, args, env, on_demand, keep_alive_s, loaded, autoscale, placed, asleep FROM group_members WHERE group_name = ? ORDER BY position",
     )
     .bind(name)
     .fetch_all(&mut *conn)
@@ -330,7 +330,7 @@ pub(crate) async fn load_group(
 }
 
 /// A row of `group_members`: group, model, share, args, env, on demand, keep-alive, loaded, autoscale (JSON),
-/// the machines its replicas are placed on (JSON).
+/// the machines its replicas are placed on (JSON), asleep (JSON).
 type Member = (
     String,
     String,
@@ -340,6 +340,7 @@ type Member = (
     bool,
     i64,
     bool,
+    Option<String>,
     Option<String>,
     Option<String>,
 );
@@ -367,7 +368,7 @@ fn groups_of(
                     .collect(),
                 demand: mine
                     .clone()
-                    .filter(|(.., on_demand, _, _, _, _)| *on_demand)
+                    .filter(|(.., on_demand, _, _, _, _, _)| *on_demand)
                     .map(|(_, m, _, _, _, _, keep_alive, ..)| {
                         let keep_alive = u32::try_from(*keep_alive)
                             .ok()
@@ -380,11 +381,15 @@ fn groups_of(
                     .collect::<Result<_, ApiError>>()?,
                 loaded: mine
                     .clone()
-                    .filter(|(.., on_demand, _, loaded, _, _)| *on_demand && *loaded)
+                    .filter(|(.., on_demand, _, loaded, _, _, _)| *on_demand && *loaded)
                     .map(|(_, m, ..)| m.clone())
                     .collect(),
-                autoscale: by_member(mine.clone().map(|(_, m, .., autoscale, _)| (m, autoscale)))?,
-                placed: by_member(mine.clone().map(|(_, m, .., placed)| (m, placed)))?,
+                autoscale: by_member(
+                    mine.clone()
+                        .map(|(_, m, .., autoscale, _, _)| (m, autoscale)),
+                )?,
+                placed: by_member(mine.clone().map(|(_, m, .., placed, _)| (m, placed)))?,
+                asleep: by_member(mine.clone().map(|(_, m, .., asleep)| (m, asleep)))?,
                 serving: mine
                     .map(|(_, m, _, args, env, ..)| {
                         Ok((

@@ -5,11 +5,13 @@
 //! used, and whether a request waits for it, is kept here in memory.
 
 use super::committed::Committed;
+use super::groups::Asleep;
 use super::ledger::{Ledger, Takes};
 use super::{Fleet, State};
 use crate::error::ApiError;
+use crate::runtime::EngineState;
 use crate::runtime::EngineView;
-use placement::{eviction_order, expired, Bytes, GpuRef, Hold, Loaded};
+use placement::{eviction_order, tier, BasisPoints, Bytes, GpuRef, Hold, Loaded, Tier};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -40,6 +42,12 @@ struct Use {
     /// The cold model it was asked to yield its room to: while that one waits, it takes no new request,
     /// so that once those in flight end it is idle and that one's load unloads it.
     yields_to: Option<String>,
+    /// Committed awake, for the request that asked at this instant, and not yet answered once.
+    waking: Option<Instant>,
+    /// Its last wake, from the request that woke it to that request's engine.
+    last_wake: Option<Duration>,
+    /// Why its engine, asleep, could not be woken and a cold start took the wake's place.
+    fell_back: Option<String>,
 }
 
 /// A cold start: the load itself, and what the request that asked for it waited before the load began
@@ -61,6 +69,10 @@ pub struct Usage {
     pub cold_start: Option<ColdStart>,
     /// The loads tried for it since the server started.
     pub load_attempts: u64,
+    /// Its last wake from sleep.
+    pub last_wake: Option<Duration>,
+    /// Why its last wake fell back to a cold start, when it did.
+    pub fell_back: Option<String>,
 }
 
 /// A request waiting for an on-demand model: while one does, the model is busy and never unloads.
@@ -128,6 +140,10 @@ impl Activity {
     /// been `load`: a fresh load is over, and its cold start is recorded.
     pub fn answered(&self, model: &str, load: Option<crate::runtime::Load>) {
         self.with(model, |u| {
+            if let Some(asked) = u.waking.take() {
+                u.last_wake = Some(asked.elapsed());
+                return;
+            }
             let Some(asked) = u.loading.take() else {
                 return;
             };
@@ -172,6 +188,8 @@ impl Activity {
             last_used_ms: (found.last_used_ms > 0).then_some(found.last_used_ms),
             cold_start: found.cold_start,
             load_attempts: found.load_attempts,
+            last_wake: found.last_wake,
+            fell_back: found.fell_back,
         }
     }
 
@@ -207,9 +225,12 @@ impl Activity {
         self.yielding(model) && self.with(model, |u| u.yields_to.as_deref() == Some(to))
     }
 
-    /// `model` was unloaded: whatever it yielded, it yields no more.
+    /// `model` was unloaded: whatever it yielded, it yields no more, and no wake of it is under way.
     fn unloaded(&self, model: &str) {
-        self.with(model, |u| u.yields_to = None);
+        self.with(model, |u| {
+            u.yields_to = None;
+            u.waking = None;
+        });
     }
 
     /// `model` was loaded: its turn has come, so no model yields to it any more (those that yielded and
@@ -221,6 +242,11 @@ impl Activity {
                 u.yields_to = None;
             }
         }
+    }
+
+    /// Whether `model` was committed awake for a request that has not been answered yet.
+    fn waking(&self, model: &str) -> bool {
+        self.with(model, |u| u.waking.is_some())
     }
 
     /// When the request that loaded `model` asked, while the load has not answered once.
@@ -237,6 +263,11 @@ pub enum Load {
     Loaded,
     /// This request loads it, unloading these (least recently used first) to make room.
     Loading {
+        /// The on-demand models unloaded for it.
+        unloaded: Vec<String>,
+    },
+    /// It was asleep: this request wakes it, unloading these to make room.
+    Waking {
         /// The on-demand models unloaded for it.
         unloaded: Vec<String>,
     },
@@ -270,6 +301,8 @@ fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
     } else {
         group.loaded.remove(model);
     }
+    // Loaded for a request, or unloaded: either way awake (a model not loaded sleeps no more).
+    group.asleep.remove(model);
     committed.groups.put(Arc::new(group));
 }
 
@@ -329,10 +362,11 @@ impl Fleet {
         &self.activity
     }
 
-    /// Whether `model` is an on-demand member, and if so whether it is loaded now.
+    /// Whether `model` is an on-demand member, and if so whether it is loaded and awake now (one asleep
+    /// takes a request only once a load wakes it).
     pub fn on_demand(&self, model: &str) -> Option<bool> {
         let committed = self.committed();
-        Some(committed.on_demand_group(model)?.loaded.contains(model))
+        Some(committed.on_demand_group(model)?.awake(model))
     }
 
     /// Every on-demand member, with how it has been used.
@@ -354,8 +388,10 @@ impl Fleet {
         let ready = self.runtime.engines_of(model).iter().any(|e| {
             e.model.as_deref() == Some(model) && e.state == crate::runtime::EngineState::Healthy
         });
+        let asleep = group.asleep.get(model);
         let state = match (group.loaded.contains(model), ready) {
             (false, _) => LoadState::NotLoaded,
+            _ if asleep.is_some() => LoadState::Asleep,
             (true, false) => LoadState::Loading,
             (true, true) => LoadState::Loaded,
         };
@@ -366,6 +402,14 @@ impl Fleet {
             last_used: usage.last_used_ms.and_then(super::usage::rfc3339),
             cold_start_ms: usage.cold_start.map(|c| c.load.as_millis() as u64),
             cold_wait_ms: usage.cold_start.map(|c| c.waited.as_millis() as u64),
+            keep_asleep_s: super::engines::member_sleeps(&committed, group, model)
+                .then(|| self.runtime.keep_asleep().as_secs()),
+            asleep: asleep.map(|a| app::views::AsleepView {
+                since: super::usage::rfc3339(a.since_ms).unwrap_or_default(),
+                held_bytes: a.held_bytes.map(Bytes::get),
+            }),
+            last_wake_ms: usage.last_wake.map(|d| d.as_millis() as u64),
+            fell_back: usage.fell_back,
         })
     }
 
@@ -521,10 +565,15 @@ impl Fleet {
     /// Loads `model`, an on-demand member, for a request through the gateway that asked at `asked`:
     /// committed as loaded (with the idle models that make way for it unloaded), then started by the
     /// runtime after what it replaces has stopped; it stays loaded, whoever asks, until it has answered once
-    /// or failed. Refused (409) when its GPUs lack the room even with every idle on-demand model there
-    /// unloaded.
+    /// or failed. One asleep is woken the same way: it needs its whole share again, made room for by the
+    /// same rule, and the runtime wakes it once what makes way has stopped. Refused (409) when its GPUs
+    /// lack the room even with every idle on-demand model there unloaded.
     pub async fn load_for(self: &Arc<Self>, model: &str, asked: Instant) -> Result<Load, ApiError> {
         self.activity.with(model, |u| u.load_attempts += 1);
+        // Asleep, its engine may have died: then unloaded first, and loaded cold below.
+        if self.on_demand(model) == Some(false) {
+            self.unload_failed(model).await?;
+        }
         let model = model.to_owned();
         self.write(|fleet| async move {
 
@@ -535,7 +584,8 @@ impl Fleet {
                     "{model} is not an on-demand model"
                 )));
             };
-            if group.loaded.contains(&model) {
+            let waking = group.asleep.contains_key(&model);
+            if group.loaded.contains(&model) && !waking {
                 return Ok(Load::Loaded);
             }
             let mut wanted = (*committed).clone();
@@ -548,40 +598,52 @@ impl Fleet {
                     ))
                 })?;
             let mut tx = crate::db::write(&fleet.pool).await?;
-            sqlx::query("UPDATE group_members SET loaded = 1 WHERE model = ?")
+            sqlx::query("UPDATE group_members SET loaded = 1, asleep = NULL WHERE model = ?")
                 .bind(&model)
                 .execute(&mut *tx)
                 .await?;
             for other in &unloaded {
-                sqlx::query("UPDATE group_members SET loaded = 0 WHERE model = ?")
+                sqlx::query("UPDATE group_members SET loaded = 0, asleep = NULL WHERE model = ?")
                     .bind(other)
                     .execute(&mut *tx)
                     .await?;
             }
+            let action = if waking { "model.wake" } else { "model.load" };
             crate::audit::record(
                 &mut tx,
-                crate::audit::Entry::new(crate::audit::TESSERA, "model.load", &model).after(
+                crate::audit::Entry::new(crate::audit::TESSERA, action, &model).after(
                     serde_json::json!({ "reason": "a request asked for it", "unloaded": unloaded }),
                 ),
             )
             .await?;
             fleet.finish(&mut state, tx, None, None).await?;
             fleet.activity.with(&model, |u| {
-                u.loading = Some(asked);
+                if waking {
+                    u.waking = Some(asked);
+                } else {
+                    u.loading = Some(asked);
+                }
                 u.failed = None;
             });
             for other in &unloaded {
                 fleet.activity.unloaded(other);
             }
             fleet.activity.loaded(&model);
+            if waking {
+                tracing::info!("waking {model} for a request; unloaded to make room: {unloaded:?}");
+                return Ok(Load::Waking { unloaded });
+            }
             tracing::info!("loading {model} for a request; unloaded to make room: {unloaded:?}");
             Ok(Load::Loading { unloaded })
         })
         .await
     }
 
-    /// Unloads every loaded on-demand model whose keep-alive ran out with no request, and every one whose
-    /// engines all failed to load (which would book its memory for nothing).
+    /// Carries out what the keep-alives say of the loaded on-demand models (placement's [`tier`]): each
+    /// awake one idle past its keep-alive is put to sleep where its engine can sleep, else unloaded; each
+    /// asleep past the runtime's `keep_asleep` is unloaded. Also unloads every one whose engines all failed
+    /// to load (which would book its memory for nothing), died asleep, or could not be put to sleep; and
+    /// holds each one asleep to what it was measured to keep, once its engines say.
     pub async fn unload_expired(self: &Arc<Self>) -> Result<Vec<String>, ApiError> {
         if self.committed().groups.iter().all(|g| g.loaded.is_empty()) {
             return Ok(Vec::new());
@@ -598,48 +660,104 @@ impl Fleet {
             let gpus: Vec<GpuRef> = gpus.into_iter().collect();
             let loaded = fleet.loaded_on(&committed, &gpus, None);
             let now = super::usage::now_ms();
-            let mut unload: Vec<(String, Unloaded)> = expired(&loaded, now)
-                .into_iter()
-                .filter_map(|m| {
-                    let l = loaded.iter().find(|l| l.name == m)?;
-                    Some((m.to_owned(), Unloaded::Idle(l.keep_alive.secs())))
-                })
-                .collect();
+            let keep_asleep = fleet.runtime.keep_asleep().as_millis() as u64;
+            let mut settled = Settled::default();
             for l in &loaded {
-                if let Some(why) = failed_among(&fleet.runtime.engines_of(&l.name), &l.name) {
-                    if !unload.iter().any(|(m, _)| *m == l.name) {
-                        unload.push((l.name.clone(), Unloaded::Failed(why)));
+                let Some(group) = committed.on_demand_group(&l.name) else {
+                    continue;
+                };
+                let engines = fleet.runtime.engines_of(&l.name);
+                let asleep = group.asleep.get(&l.name);
+                if let Some(why) = failed_among(&engines, &l.name) {
+                    settled.unload.push((
+                        l.name.clone(),
+                        match asleep {
+                            Some(_) => Unloaded::DiedAsleep(why),
+                            None => Unloaded::Failed(why),
+                        },
+                    ));
+                    continue;
+                }
+                if let Some(why) = engines.iter().find_map(|e| e.sleep_failed.clone()) {
+                    if asleep.is_some() {
+                        settled
+                            .unload
+                            .push((l.name.clone(), Unloaded::CouldNotSleep(why)));
+                        continue;
+                    }
+                }
+                let sleeps = super::engines::member_sleeps(&committed, group, &l.name);
+                match tier(l, sleeps, asleep.map(|a| a.since_ms), keep_asleep, now) {
+                    Tier::Sleeps => settled.sleep.push(l.name.clone()),
+                    Tier::Unloads => settled.unload.push((
+                        l.name.clone(),
+                        match asleep {
+                            Some(_) => Unloaded::Asleep(keep_asleep / 1000),
+                            None => Unloaded::Idle(l.keep_alive.secs()),
+                        },
+                    )),
+                    Tier::Stays => {
+                        if let Some(asleep) = asleep.filter(|a| a.held.is_none()) {
+                            if let Some(kept) = measured(&state.ledger, &engines, &l.name, asleep) {
+                                settled.measured.push((l.name.clone(), kept));
+                            }
+                        }
                     }
                 }
             }
-            fleet.unload(&mut state, unload).await
+            let unloaded = settled.unload.iter().map(|(m, _)| m.clone()).collect();
+            fleet.settle_demand(&mut state, settled).await?;
+            Ok(unloaded)
         })
         .await
     }
 
     /// Unloads `model`, an on-demand member, if it is loaded and its engines all failed to load; says why
-    /// they failed, when it did.
+    /// they failed, when it did (the request is refused for the cool-off). One whose engine died asleep, or
+    /// as it was woken, is unloaded saying so, with no cool-off: its next load is a cold start. That one
+    /// is waited for until the runtime has let the dead engine go, so that the load that follows starts
+    /// an engine anew and is not taken for a failed one.
     pub async fn unload_failed(self: &Arc<Self>, model: &str) -> Result<Option<String>, ApiError> {
         // Looked at on every poll of a waiting request: a write only where there is something to unload.
         if self.failed(model).is_none() {
             return Ok(None);
         }
-        let model = model.to_owned();
-        self.write(|fleet| async move {
-            let mut state = fleet.state.lock().await;
-            let loaded = state
-                .committed
-                .on_demand_group(&model)
-                .is_some_and(|g| g.loaded.contains(&model));
-            let Some(why) = fleet.failed(&model).filter(|_| loaded) else {
-                return Ok(None);
-            };
-            fleet
-                .unload(&mut state, vec![(model, Unloaded::Failed(why.clone()))])
-                .await?;
-            Ok(Some(why))
-        })
-        .await
+        let name = model.to_owned();
+        let unloaded = self
+            .write(|fleet| async move {
+                let mut state = fleet.state.lock().await;
+                let Some(group) = state.committed.on_demand_group(&name).cloned() else {
+                    return Ok(None);
+                };
+                let Some(why) = fleet.failed(&name).filter(|_| group.loaded.contains(&name))
+                else {
+                    return Ok(None);
+                };
+                let unloaded = if group.asleep.contains_key(&name) || fleet.activity.waking(&name)
+                {
+                    Unloaded::DiedAsleep(why)
+                } else {
+                    Unloaded::Failed(why)
+                };
+                let refused = match &unloaded {
+                    Unloaded::Failed(why) => Some(why.clone()),
+                    _ => None,
+                };
+                fleet.unload(&mut state, vec![(name, unloaded)]).await?;
+                Ok(Some(refused))
+            })
+            .await?;
+        match unloaded {
+            None => Ok(None),
+            Some(Some(why)) => Ok(Some(why)),
+            Some(None) => {
+                let until = Instant::now() + self.runtime.stop_timeout();
+                while self.failed(model).is_some() && Instant::now() < until {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(None)
+            }
+        }
     }
 
     /// Commits `models` as not loaded, each with why, in one write.
@@ -648,12 +766,27 @@ impl Fleet {
         state: &mut State,
         models: Vec<(String, Unloaded)>,
     ) -> Result<Vec<String>, ApiError> {
-        if models.is_empty() {
-            return Ok(Vec::new());
+        let names = models.iter().map(|(m, _)| m.clone()).collect();
+        self.settle_demand(
+            state,
+            Settled {
+                unload: models,
+                ..Settled::default()
+            },
+        )
+        .await?;
+        Ok(names)
+    }
+
+    /// Commits what the keep-alives settled, in one write: models unloaded (each with why), put to sleep,
+    /// and held asleep to what they were measured to keep.
+    async fn settle_demand(&self, state: &mut State, settled: Settled) -> Result<(), ApiError> {
+        if settled.is_empty() {
+            return Ok(());
         }
         let mut tx = crate::db::write(&self.pool).await?;
-        for (model, why) in &models {
-            sqlx::query("UPDATE group_members SET loaded = 0 WHERE model = ?")
+        for (model, why) in &settled.unload {
+            sqlx::query("UPDATE group_members SET loaded = 0, asleep = NULL WHERE model = ?")
                 .bind(model)
                 .execute(&mut *tx)
                 .await?;
@@ -664,16 +797,55 @@ impl Fleet {
             )
             .await?;
         }
+        let now = super::usage::now_ms();
+        for model in &settled.sleep {
+            let asleep = Asleep {
+                since_ms: now,
+                held: None,
+                held_bytes: None,
+            };
+            set_asleep(&mut tx, model, Some(&asleep)).await?;
+            let keep_alive = state
+                .committed
+                .on_demand_group(model)
+                .and_then(|g| g.demand.get(model))
+                .map(|k| k.secs())
+                .unwrap_or_default();
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(crate::audit::TESSERA, "model.sleep", model).after(
+                    serde_json::json!({ "reason": format!("no request for its keep-alive of {keep_alive} s") }),
+                ),
+            )
+            .await?;
+        }
+        for (model, asleep) in &settled.measured {
+            set_asleep(&mut tx, model, Some(asleep)).await?;
+        }
         self.finish(state, tx, None, None).await?;
-        for (model, why) in &models {
+        for (model, why) in &settled.unload {
             self.activity.unloaded(model);
-            if let Unloaded::Failed(why) = why {
-                self.activity.failed(model, why.clone());
+            match why {
+                Unloaded::Failed(why) => self.activity.failed(model, why.clone()),
+                Unloaded::DiedAsleep(why) | Unloaded::CouldNotSleep(why) => {
+                    self.activity
+                        .with(model, |u| u.fell_back = Some(why.clone()));
+                }
+                Unloaded::Idle(_) | Unloaded::Asleep(_) => {}
             }
         }
-        let names: Vec<String> = models.into_iter().map(|(m, _)| m).collect();
-        tracing::info!("unloaded: {names:?}");
-        Ok(names)
+        for (model, asleep) in &settled.measured {
+            tracing::info!(
+                "{model} asleep keeps {} of each GPU",
+                asleep.held_bytes.unwrap_or_default()
+            );
+        }
+        tracing::info!(
+            "unloaded: {:?}; put to sleep: {:?}",
+            settled.unload.iter().map(|(m, _)| m).collect::<Vec<_>>(),
+            settled.sleep
+        );
+        Ok(())
     }
 
     /// Unloads on-demand models whose keep-alive ran out, looking every `every`, for as long as the server
@@ -715,6 +887,12 @@ enum Unloaded {
     Idle(u32),
     /// Its engines all failed to load, for this reason.
     Failed(String),
+    /// It stayed asleep this many seconds with no request.
+    Asleep(u64),
+    /// Its engine died asleep, for this reason: its next request starts it cold.
+    DiedAsleep(String),
+    /// Its engine could not be put to sleep, for this reason.
+    CouldNotSleep(String),
 }
 
 impl Unloaded {
@@ -724,8 +902,81 @@ impl Unloaded {
                 format!("no request for its keep-alive of {keep_alive} s")
             }
             Unloaded::Failed(why) => format!("its engine failed to load: {why}"),
+            Unloaded::Asleep(s) => format!("asleep for {s} s with no request"),
+            Unloaded::DiedAsleep(why) => {
+                format!("its engine died asleep ({why}); its next request starts it cold")
+            }
+            Unloaded::CouldNotSleep(why) => why.clone(),
         }
     }
+}
+
+/// What the keep-alives settled in one look.
+#[derive(Default)]
+struct Settled {
+    unload: Vec<(String, Unloaded)>,
+    sleep: Vec<String>,
+    measured: Vec<(String, Asleep)>,
+}
+
+impl Settled {
+    fn is_empty(&self) -> bool {
+        self.unload.is_empty() && self.sleep.is_empty() && self.measured.is_empty()
+    }
+}
+
+/// `model` asleep as `asleep` says, or awake where none.
+async fn set_asleep(
+    tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+    model: &str,
+    asleep: Option<&Asleep>,
+) -> Result<(), ApiError> {
+    let json = asleep
+        .map(serde_json::to_string)
+        .transpose()
+        .map_err(ApiError::internal)?;
+    sqlx::query("UPDATE group_members SET asleep = ? WHERE model = ?")
+        .bind(json)
+        .bind(model)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// `model`, put to sleep (`asleep`), as its engines (`engines`) were measured to keep once each slept:
+/// the most any keeps, as a share of its GPU rounded up. None until every engine of it sleeps with a
+/// measure (where none can be taken, a cluster's node, it goes on holding its whole share).
+fn measured(
+    ledger: &Ledger,
+    engines: &[EngineView],
+    model: &str,
+    asleep: &Asleep,
+) -> Option<Asleep> {
+    let of: Vec<&EngineView> = engines
+        .iter()
+        .filter(|e| e.model.as_deref() == Some(model))
+        .collect();
+    if of.is_empty() || of.iter().any(|e| e.state != EngineState::Asleep) {
+        return None;
+    }
+    let mut held = BasisPoints::ZERO;
+    let mut held_bytes = Bytes::ZERO;
+    for engine in of {
+        let bytes = Bytes(engine.held_asleep_bytes?);
+        let total = engine
+            .gpus
+            .iter()
+            .filter_map(|i| ledger.inventory().gpu(&GpuRef::new(&engine.machine, *i)))
+            .map(|g| g.total)
+            .min()?;
+        held = held.max(BasisPoints::ratio_up(bytes, total));
+        held_bytes = held_bytes.max(bytes);
+    }
+    Some(Asleep {
+        held: Some(held),
+        held_bytes: Some(held_bytes),
+        ..*asleep
+    })
 }
 
 #[cfg(test)]

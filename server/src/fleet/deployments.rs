@@ -192,6 +192,7 @@ impl Fleet {
                         loaded: BTreeSet::new(),
                         autoscale: BTreeMap::new(),
                         placed: BTreeMap::new(),
+                        asleep: BTreeMap::new(),
                     };
                     (group, plan, router)
                 }

@@ -2,13 +2,14 @@
 //! follows. Derived from the committed state and the ledger alone, so that it costs no database read.
 
 use super::committed::{Committed, Models, Worker};
+use super::groups::Group;
 use super::ledger::Ledger;
 use crate::catalog::{CatalogModel, Engine};
 use crate::inventory::Ours;
 use crate::runtime::spec::{EngineSpec, Host, MpsClient, Recipe};
 use crate::runtime::Hosts;
 use placement::sharing::Sharing;
-use placement::{Assignment, Bytes, GpuRef, Hold};
+use placement::{Assignment, BasisPoints, Bytes, GpuRef, Hold};
 use std::collections::BTreeMap;
 
 /// Every engine the committed state wants running: each group member on each machine of its group, then
@@ -104,7 +105,7 @@ pub(super) fn group_engines(
     machines.dedup();
     let mut out = Vec::new();
     for member in &group.members {
-        let Some(model) = committed.model(&member.member) else {
+        let Some(recipe) = member_recipe(committed, group, &member.member) else {
             tracing::error!(
                 "{} of group {} is not in the catalog",
                 member.member,
@@ -112,29 +113,52 @@ pub(super) fn group_engines(
             );
             continue;
         };
-        let serving = group
-            .serving
-            .get(&member.member)
-            .cloned()
-            .unwrap_or_default();
-        let mut recipe = model_recipe(model);
-        recipe.args.extend(serving.args);
-        recipe.env.extend(serving.env);
+        let asleep = group.asleep.contains_key(&member.member);
         for machine in &machines {
             let unit = placement::holder::member(&group.name, &member.member, machine);
             if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
-                out.push(spec(
-                    committed,
-                    ledger,
-                    hosts,
-                    &unit,
-                    assignment,
-                    recipe.clone(),
-                ));
+                let mut spec = spec(committed, ledger, hosts, &unit, assignment, recipe.clone());
+                if asleep {
+                    // Asleep it holds only what it keeps, but it is the engine it was started as: its
+                    // whole share, so that neither a sleep nor a wake restarts it.
+                    spec.share = awake_share(ledger, assignment, member.share).or(spec.share);
+                    spec.asleep = true;
+                }
+                out.push(spec);
             }
         }
     }
     out
+}
+
+/// What `member` of `group` runs: its catalog model's recipe with its own serving configuration.
+fn member_recipe(committed: &Committed, group: &Group, member: &str) -> Option<Recipe> {
+    let model = committed.model(member)?;
+    let serving = group.serving.get(member).cloned().unwrap_or_default();
+    let mut recipe = model_recipe(model);
+    recipe.args.extend(serving.args);
+    recipe.env.extend(serving.env);
+    Some(recipe)
+}
+
+/// Whether `member` of `group` runs an engine that can sleep (its command line asks for vLLM's or
+/// SGLang's sleep mode): past its keep-alive, an on-demand one is put to sleep, not stopped.
+pub(super) fn member_sleeps(committed: &Committed, group: &Group, member: &str) -> bool {
+    member_recipe(committed, group, member).is_some_and(|r| r.sleep_api().is_some())
+}
+
+/// What a member's `share` takes of each GPU of `assignment` (what it holds asleep): what it took awake.
+fn awake_share(ledger: &Ledger, assignment: &Assignment, share: BasisPoints) -> Option<Bytes> {
+    let gpus: Vec<GpuRef> = assignment
+        .gpus
+        .iter()
+        .map(|i| GpuRef::new(&assignment.machine, *i))
+        .collect();
+    placement::group::member_assignments(ledger.inventory(), &gpus, share)
+        .ok()?
+        .into_iter()
+        .next()?
+        .shared
 }
 
 fn spec(
@@ -195,6 +219,7 @@ fn spec(
             .filter(|g| matches!(g.mig, Some(placement::MigRole::Instance { .. })))
             .map(|g| (g.index, g.uuid.clone()))
             .collect(),
+        asleep: false,
     }
 }
 

@@ -16,7 +16,9 @@ use crate::input::ServingSettings;
 use crate::runtime::{EngineState, Progress};
 use placement::holder::Holder;
 use placement::scale::Autoscale;
-use placement::{judge, Demand, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember, Scheduler, Share};
+use placement::{
+    judge, BasisPoints, Demand, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember, Scheduler, Share,
+};
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -110,6 +112,22 @@ pub(crate) struct Group {
     pub(crate) autoscale: BTreeMap<String, Autoscale>,
     /// The machines each of those runs a replica on now.
     pub(crate) placed: BTreeMap<String, BTreeSet<String>>,
+    /// The loaded on-demand members asleep now: their engines run, holding only what they keep asleep.
+    pub(crate) asleep: BTreeMap<String, Asleep>,
+}
+
+/// An on-demand member asleep: its engine runs with its weights in host memory, and holds on its GPUs only
+/// what it keeps asleep, once that was measured.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct Asleep {
+    /// When it was put to sleep, ms since the epoch.
+    pub(crate) since_ms: u64,
+    /// What it keeps on each of its GPUs, measured once it slept, as a share of the GPU rounded up; none
+    /// until then, while it holds its whole share.
+    pub(crate) held: Option<BasisPoints>,
+    /// The same in bytes, on the most-used of its GPUs, as measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) held_bytes: Option<placement::Bytes>,
 }
 
 impl Group {
@@ -119,6 +137,21 @@ impl Group {
             Some(&keep_alive) => Demand::OnDemand { keep_alive },
             None => Demand::Pinned,
         }
+    }
+
+    /// What `member`, which runs, holds on each of its GPUs: its share, or what it keeps asleep.
+    pub(crate) fn held(&self, share: &Share) -> BasisPoints {
+        match self.asleep.get(&share.member) {
+            Some(Asleep {
+                held: Some(held), ..
+            }) => (*held).min(share.share),
+            _ => share.share,
+        }
+    }
+
+    /// Whether `member`, on demand, is loaded and awake: it takes requests.
+    pub(crate) fn awake(&self, member: &str) -> bool {
+        self.loaded.contains(member) && !self.asleep.contains_key(member)
     }
 
     /// Whether `member` runs an engine now: pinned, or on demand and loaded.
@@ -161,12 +194,12 @@ impl Group {
             .collect()
     }
 
-    /// The members that run an engine now, with their shares.
+    /// The members that run an engine now, with what each holds: its share, or what it keeps asleep.
     pub(crate) fn running(&self) -> Vec<Share> {
         self.members
             .iter()
             .filter(|s| self.runs(&s.member))
-            .cloned()
+            .map(|s| Share::new(&s.member, self.held(s)))
             .collect()
     }
 }

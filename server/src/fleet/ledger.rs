@@ -16,8 +16,8 @@ use placement::{
 use std::collections::{BTreeMap, BTreeSet};
 
 /// What a group keeps for its on-demand members beside what the loaded ones hold: the largest on-demand
-/// share (the verdict checked that much fits), less what the loaded ones hold already; none when that is
-/// nothing.
+/// share (the verdict checked that much fits), less what the loaded ones hold already (awake, their
+/// shares; asleep, what they keep); none when that is nothing.
 fn turns(group: &Group) -> Option<BasisPoints> {
     let share = |m: &str| {
         group
@@ -27,11 +27,12 @@ fn turns(group: &Group) -> Option<BasisPoints> {
             .map(|s| s.share)
     };
     let largest = group.demand.keys().filter_map(|m| share(m)).max()?;
+    // A member asleep counts for what it keeps: the rest of its share is the turns room again.
     let loaded: u32 = group
-        .loaded
+        .running()
         .iter()
-        .filter_map(|m| share(m))
-        .map(BasisPoints::get)
+        .filter(|s| group.loaded.contains(&s.member))
+        .map(|s| s.share.get())
         .sum();
     let left = largest.get().saturating_sub(loaded);
     (left > 0).then_some(BasisPoints(left))

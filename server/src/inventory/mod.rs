@@ -27,6 +27,12 @@ pub trait LocalGpus: Send + Sync {
     fn processes_on(&self, _index: u32) -> Vec<u32> {
         Vec::new()
     }
+
+    /// What the processes `pids` hold on GPU `index` now, as the driver says per process; none where it
+    /// cannot say.
+    fn held_by(&self, _index: u32, _pids: &[u32]) -> Option<Bytes> {
+        None
+    }
 }
 
 /// What Tessera's own engines hold on this machine, so that a reading does not count it as held outside.

@@ -182,6 +182,32 @@ impl LocalGpus for NvmlGpus {
 
     fn processes_on(&self, index: u32) -> Vec<u32> {
         // A GPU that cannot be asked has nothing to wait for: the next start says if memory is short.
+        self.compute_processes(index)
+            .map(|processes| processes.into_iter().map(|p| p.pid).collect())
+            .unwrap_or_default()
+    }
+
+    fn held_by(&self, index: u32, pids: &[u32]) -> Option<Bytes> {
+        let mut held = Bytes::ZERO;
+        for process in self.compute_processes(index).ok()? {
+            if pids.contains(&process.pid) {
+                // A driver that gives no figure per process (WSL2) cannot say what a sleeper keeps.
+                let UsedGpuMemory::Used(bytes) = process.used_gpu_memory else {
+                    return None;
+                };
+                held += Bytes(bytes);
+            }
+        }
+        Some(held)
+    }
+}
+
+impl NvmlGpus {
+    /// The compute processes on GPU (or MIG instance) `index` now, as the driver lists them.
+    fn compute_processes(
+        &self,
+        index: u32,
+    ) -> Result<Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>, NvmlError> {
         let device = match placement::mig::instance_of(index) {
             Some((parent, n)) => self
                 .nvml
@@ -189,10 +215,7 @@ impl LocalGpus for NvmlGpus {
                 .and_then(|parent| parent.mig_device_by_index(n)),
             None => self.nvml.device_by_index(index),
         };
-        device
-            .and_then(|device| device.running_compute_processes())
-            .map(|processes| processes.into_iter().map(|p| p.pid).collect())
-            .unwrap_or_default()
+        device.and_then(|device| device.running_compute_processes())
     }
 }
 

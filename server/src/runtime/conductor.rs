@@ -235,7 +235,7 @@ impl Conductor {
             .shared
             .lock()
             .iter()
-            .map(|(name, u)| (name.clone(), (gpus_of(&u.spec), u.spec.fingerprint())))
+            .map(|(name, u)| (name.clone(), (gpus_of(&u.spec), as_running(&u.spec))))
             .collect();
         let mut queued: HashMap<&str, BTreeSet<Gpu>> = HashMap::new();
         for start in self.jobs.iter().flat_map(|j| &j.starts) {
@@ -268,18 +268,22 @@ impl Conductor {
         // undoing). The others, most of a large fleet at any write, cost nothing more.
         let mut busy = vec![false; parts.len()];
         let mut starts: Vec<Vec<EngineSpec>> = vec![Vec::new(); parts.len()];
+        let wanted_as: HashMap<&str, String> = desired
+            .iter()
+            .map(|d| (d.unit.as_str(), as_running(d)))
+            .collect();
         for d in &desired {
             let Some(part) = parts.part_of(&gpus_of(d)) else {
                 continue;
             };
-            if running.get(&d.unit).map(|(_, print)| print) != wanted.get(d.unit.as_str()) {
+            if running.get(&d.unit).map(|(_, print)| print) != wanted_as.get(d.unit.as_str()) {
                 busy[part] = true;
             }
             starts[part].push(d.clone());
         }
         for (name, (gpus, print)) in &running {
             if let Some(part) = parts.part_of(gpus) {
-                if wanted.get(name.as_str()) != Some(print) {
+                if wanted_as.get(name.as_str()) != Some(print) {
                     busy[part] = true;
                 }
             }
@@ -336,7 +340,9 @@ impl Conductor {
                 .filter(|s| s.unit == spec.unit)
                 .map(gpus_of)
                 .collect();
-            let as_wanted = now.is_some_and(|(_, s)| Some(&s.fingerprint()) == wanted.get(&s.unit));
+            let as_wanted = now.is_some_and(|(_, s)| {
+                Some(&s.fingerprint()) == wanted.get(&s.unit) && s.asleep == spec.asleep
+            });
             if as_wanted && queued.is_empty() {
                 continue;
             }
@@ -584,6 +590,30 @@ async fn apply_to(
             .collect()
     };
     shared.stop_units(&stale).await;
+    // Then the sleeps (which free memory) side by side, then the wakes (which take it back) and the starts.
+    let (sleeps, wakes): (Vec<&EngineSpec>, Vec<&EngineSpec>) = {
+        let units = shared.lock();
+        desired
+            .iter()
+            .filter(|s| within.holds(s))
+            .filter(|s| {
+                units.get(&s.unit).is_some_and(|u| {
+                    u.spec.asleep != s.asleep && u.spec.fingerprint() == s.fingerprint()
+                })
+            })
+            .partition(|s| s.asleep)
+    };
+    let slept = sleeps.iter().map(|s| shared.sleep_or_wake(&s.unit, true));
+    for (spec, slept) in sleeps.iter().zip(futures::future::join_all(slept).await) {
+        if let Err(why) = slept {
+            tracing::warn!("{} could not be put to sleep: {why}", spec.unit);
+        }
+    }
+    for spec in wakes {
+        if let Err(why) = shared.sleep_or_wake(&spec.unit, false).await {
+            tracing::warn!("{} could not be woken: {why}", spec.unit);
+        }
+    }
     for spec in desired.iter().filter(|s| within.holds(s)) {
         if !shared.has(&spec.unit) {
             // A start that fails says so in its state and events; the others still start.
@@ -592,6 +622,17 @@ async fn apply_to(
                 Err(StartError::Superseded | StartError::Closing) => return,
             }
         }
+    }
+}
+
+/// How an engine runs, for telling whether a change has anything to do for it: what it is, and whether it
+/// sleeps.
+fn as_running(spec: &EngineSpec) -> String {
+    let print = spec.fingerprint();
+    if spec.asleep {
+        print + " asleep"
+    } else {
+        print
     }
 }
 

@@ -20,6 +20,10 @@ use tokio::sync::{broadcast, mpsc, watch};
 pub(super) enum Control {
     /// Stop the engine gracefully; the supervisor ends once it has exited.
     Stop,
+    /// Put it to sleep (drained first); says what came of it.
+    Sleep(super::sleep::Reply),
+    /// Wake it; says what came of it.
+    Wake(super::sleep::Reply),
 }
 
 /// How the supervisor begins.
@@ -61,6 +65,12 @@ pub(super) struct Status {
     pub(super) api_key: Option<String>,
     /// What its own log said it allocated on each of its GPUs, in their order, once it served.
     pub(super) reported: Vec<Bytes>,
+    /// Asleep, what it keeps on the most-used of its GPUs, as measured once it slept.
+    pub(super) held_asleep: Option<Bytes>,
+    /// Its last wake: from the wake asked to the engine answering it.
+    pub(super) last_wake: Option<Duration>,
+    /// Why it could not be put to sleep, when it could not (it serves on, awake).
+    pub(super) sleep_failed: Option<String>,
 }
 
 /// The engines the runtime knows of, by unit, with the units of each name (a worker's, or a member's model)
@@ -110,6 +120,13 @@ impl Units {
         };
         forget(&mut self.by_name, Holder::parse(name).name());
         forget(&mut self.on_machine, &unit.spec.machine);
+    }
+
+    /// `name`'s engine is asleep now, or awake: as its registered spec says from here.
+    pub(super) fn mark_asleep(&mut self, name: &str, asleep: bool) {
+        if let Some(unit) = self.all.get_mut(name) {
+            unit.spec.asleep = asleep;
+        }
     }
 
     /// The engines of `name`: a worker's, or those of a member's model in any group and on any machine.
@@ -220,6 +237,9 @@ pub(super) fn view(unit: &Unit) -> EngineView {
         sizing: status.launch.as_ref().and_then(|l| l.sizing.clone()),
         reported_bytes: (!status.reported.is_empty())
             .then(|| status.reported.iter().map(|b| b.get()).sum()),
+        held_asleep_bytes: status.held_asleep.map(Bytes::get),
+        last_wake_ms: status.last_wake.map(|d| d.as_millis() as u64),
+        sleep_failed: status.sleep_failed.clone(),
         // Its key is Tessera's alone: shown to no one, admins included.
         command: status.launch.as_ref().map(|l| {
             std::iter::once(l.program.clone())
@@ -320,6 +340,9 @@ impl Shared {
             launch: None,
             api_key: None,
             reported: Vec::new(),
+            held_asleep: None,
+            last_wake: None,
+            sleep_failed: None,
         });
         let (control, commands) = if remote {
             (None, None)
@@ -462,6 +485,7 @@ impl Shared {
                         | EngineState::Healthy
                         | EngineState::Unhealthy
                         | EngineState::Draining
+                        | EngineState::Asleep
                 );
                 s.state = state;
                 s.pid = pid;
@@ -500,6 +524,24 @@ impl Shared {
         }
     }
 
+    /// Asleep now, keeping `held` (where it was measured); or awake again, its wake having taken `woke`;
+    /// or, with `failed`, still awake because it could not sleep.
+    pub(super) fn set_sleep(
+        &self,
+        unit: &str,
+        held: Option<Bytes>,
+        woke: Option<Duration>,
+        failed: Option<String>,
+    ) {
+        if let Some(u) = self.lock().get(unit) {
+            u.status.send_modify(|s| {
+                s.held_asleep = held;
+                s.last_wake = woke.or(s.last_wake);
+                s.sleep_failed = failed;
+            });
+        }
+    }
+
     pub(super) fn set_api_key(&self, unit: &str, key: Option<String>) {
         if let Some(u) = self.lock().get(unit) {
             u.status.send_modify(|s| s.api_key = key);
@@ -528,6 +570,7 @@ impl Shared {
                         | EngineState::Healthy
                         | EngineState::Unhealthy
                         | EngineState::Draining
+                        | EngineState::Asleep
                 )
             })
             .map(|u| u.spec.memory())

@@ -21,6 +21,7 @@ mod ray;
 mod readiness;
 mod settings;
 pub mod sizing;
+mod sleep;
 pub mod spec;
 mod supervisor;
 
@@ -153,6 +154,15 @@ pub struct EngineView {
     /// What its own log said it allocated on its GPUs (llama.cpp's buffers), in bytes, once it served.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reported_bytes: Option<u64>,
+    /// Asleep, what it keeps on the most-used of its GPUs, in bytes, where that was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_asleep_bytes: Option<u64>,
+    /// How long its last wake from sleep took, in milliseconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_wake_ms: Option<u64>,
+    /// Why it could not be put to sleep, when it could not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sleep_failed: Option<String>,
     /// The command line it was started with.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub command: Option<Vec<String>>,
@@ -427,6 +437,16 @@ impl Runtime {
     /// How long a GPU must stay over-committed before the over-commit policy stops a shared worker there.
     pub fn evict_after(&self) -> std::time::Duration {
         self.shared.settings.evict_after
+    }
+
+    /// How long an engine is given to exit after SIGTERM.
+    pub fn stop_timeout(&self) -> std::time::Duration {
+        self.shared.settings.stop_timeout
+    }
+
+    /// How long an on-demand model stays asleep with no request before its engine is stopped.
+    pub fn keep_asleep(&self) -> std::time::Duration {
+        self.shared.settings.keep_asleep
     }
 
     /// How long a model whose engine failed to load is refused before a request loads it again: the

@@ -96,7 +96,9 @@ impl Readiness {
                 let backoff = timing.resumes?.saturating_duration_since(now);
                 Some(backoff + load.unwrap_or_default())
             }
-            EngineState::Unhealthy
+            // A wake's length is the fleet's to say: it knows it wakes it.
+            EngineState::Asleep
+            | EngineState::Unhealthy
             | EngineState::Draining
             | EngineState::Stopped
             | EngineState::Failed => None,

@@ -44,6 +44,8 @@ pub struct Settings {
     pub drain_grace: Duration,
     /// How long a GPU must stay over-committed before the over-commit policy stops a shared worker there.
     pub evict_after: Duration,
+    /// How long an on-demand model stays asleep with no request before its engine is stopped.
+    pub keep_asleep: Duration,
     /// How often a node's engine's job log is read again for its processes while the node's GPUs run
     /// a process that no engine's last report accounts for (one may have started since).
     pub processes_reread: Duration,
@@ -72,6 +74,7 @@ impl std::fmt::Debug for Settings {
             .field("restart_unhealthy_after", &self.restart_unhealthy_after)
             .field("drain_grace", &self.drain_grace)
             .field("evict_after", &self.evict_after)
+            .field("keep_asleep", &self.keep_asleep)
             .field("processes_reread", &self.processes_reread)
             .field("gpus", &self.gpus.is_some())
             .field(
@@ -106,6 +109,7 @@ impl Settings {
             restart_unhealthy_after: 15,
             drain_grace: Duration::from_secs(30),
             evict_after: Duration::from_secs(30),
+            keep_asleep: Duration::from_secs(3600),
             processes_reread: Duration::from_secs(30),
             sim_dir: None,
             gpus: None,

@@ -95,6 +95,62 @@ pub struct EngineSpec {
     /// instance.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub mig: BTreeMap<u32, String>,
+    /// Wanted asleep (an on-demand member past its keep-alive): its engine runs, put to sleep, not
+    /// started again. Not part of what it is: a sleep or a wake never restarts it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub asleep: bool,
+}
+
+/// How an engine is put to sleep and woken, where it can be: by the endpoints of the engine whose flag
+/// its command line carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SleepApi {
+    /// vLLM's `--enable-sleep-mode`: `POST /sleep?level=1`, `POST /wake_up` (served with
+    /// `VLLM_SERVER_DEV_MODE=1`, which Tessera sets).
+    Vllm,
+    /// SGLang's `--enable-memory-saver` with `--enable-weights-cpu-backup` (its weights kept in host
+    /// memory): `POST /release_memory_occupation`, `POST /resume_memory_occupation`.
+    Sglang,
+}
+
+impl SleepApi {
+    /// The path that puts it to sleep (level 1: weights to host memory, KV cache dropped).
+    pub fn sleep_path(self) -> &'static str {
+        match self {
+            SleepApi::Vllm => "/sleep?level=1",
+            SleepApi::Sglang => "/release_memory_occupation",
+        }
+    }
+
+    /// The path that wakes it.
+    pub fn wake_path(self) -> &'static str {
+        match self {
+            SleepApi::Vllm => "/wake_up",
+            SleepApi::Sglang => "/resume_memory_occupation",
+        }
+    }
+}
+
+impl Recipe {
+    /// How its engine sleeps, where its command line asks for sleep mode: whatever the engine field says,
+    /// a `command` recipe that runs vLLM or SGLang with the flag sleeps as they do.
+    pub fn sleep_api(&self) -> Option<SleepApi> {
+        let words = || {
+            self.command
+                .iter()
+                .flat_map(|c| c.split_whitespace())
+                .chain(self.args.iter().map(String::as_str))
+        };
+        if words().any(|w| w == "--enable-sleep-mode") {
+            Some(SleepApi::Vllm)
+        } else if words().any(|w| w == "--enable-memory-saver")
+            && words().any(|w| w == "--enable-weights-cpu-backup")
+        {
+            Some(SleepApi::Sglang)
+        } else {
+            None
+        }
+    }
 }
 
 /// An engine as a client of its GPU's MPS server.
@@ -419,6 +475,10 @@ impl EngineSpec {
         // memory: on a shared GPU, the neighbours' room. Its variable, which a build without it ignores.
         if self.recipe.engine == Engine::LlamaCpp && self.share.is_some() {
             env.insert("LLAMA_ARG_FIT".into(), "off".into());
+        }
+        // vLLM serves its sleep endpoints only in its development mode.
+        if self.recipe.sleep_api() == Some(SleepApi::Vllm) {
+            env.insert("VLLM_SERVER_DEV_MODE".into(), "1".into());
         }
         env
     }

@@ -46,6 +46,9 @@ pub(super) async fn supervise(
     loop {
         // An SGLang engine's turn to read what is free on its GPUs, until its KV cache is allocated.
         let mut reading = None;
+        // Adopted where the committed state has it asleep: it was put to sleep (or was being) before
+        // Tessera restarted, and is taken at that.
+        let adopted_asleep = adopted.is_some() && spec.asleep;
         let mut running = match adopted.take() {
             Some(running) => running,
             None => match start(&shared, &spec).await {
@@ -90,19 +93,72 @@ pub(super) async fn supervise(
         let mut next_probe = tokio::time::Instant::now();
         let mut starting_wait = STARTING_PROBE;
         let mut waiting_for: Option<String> = None;
+        // Asleep: it runs, holding only what it keeps, and takes no request until it is woken.
+        let mut asleep = false;
+        if adopted_asleep {
+            healthy_once = true;
+            asleep = put_to_sleep(
+                &shared,
+                &spec,
+                running.as_ref(),
+                (&host, port, key.as_deref()),
+            )
+            .await
+            .is_ok();
+        }
         let why = loop {
             tokio::select! {
-                message = control.recv() => {
-                    let Some(Control::Stop) = message else { return };
-                    drain(&shared, &unit, running.as_ref(), port).await;
-                    let _freeing = freeing(&shared, &spec).await;
-                    let stuck = running.stop().await;
-                    running.forget().await;
-                    shared.set(&unit, EngineState::Stopped, None, None, stuck);
-                    return;
-                }
+                message = control.recv() => match message {
+                    None => return,
+                    Some(Control::Stop) => {
+                        drain(&shared, &unit, running.as_ref(), port).await;
+                        let _freeing = freeing(&shared, &spec).await;
+                        let stuck = running.stop().await;
+                        running.forget().await;
+                        shared.set(&unit, EngineState::Stopped, None, None, stuck);
+                        return;
+                    }
+                    Some(Control::Sleep(reply)) => {
+                        let slept = match (asleep, healthy_once) {
+                            (true, _) => Ok(()),
+                            (false, true) => put_to_sleep(&shared, &spec, running.as_ref(), (&host, port, key.as_deref())).await,
+                            (false, false) => Err("it has not loaded yet".to_owned()),
+                        };
+                        asleep = asleep || slept.is_ok();
+                        let _ = reply.send(slept);
+                    }
+                    Some(Control::Wake(reply)) => {
+                        if !asleep {
+                            let _ = reply.send(Ok(()));
+                            continue;
+                        }
+                        let api = spec.recipe.sleep_api().unwrap_or(super::spec::SleepApi::Vllm);
+                        match super::sleep::wake(api, (&host, port, key.as_deref()), settings.start_timeout).await {
+                            Ok(took) => {
+                                asleep = false;
+                                shared.set_sleep(&unit, None, Some(took), None);
+                                shared.set(&unit, EngineState::Healthy, running.pid(), Some(port), None);
+                                let _ = reply.send(Ok(()));
+                            }
+                            Err(why) => {
+                                // Its memory did not come back as it was: started again, a cold start.
+                                let _ = reply.send(Err(why.clone()));
+                                shared.set_sleep(&unit, None, None, None);
+                                let stuck = running.stop().await;
+                                break with_stuck(format!("its wake failed ({why}), so it starts again"), stuck);
+                            }
+                        }
+                    }
+                },
                 how = running.exited() => {
                     let stuck = running.clean_up().await;
+                    if asleep {
+                        // Started again it would load its whole share, where the plan holds only what it kept
+                        // asleep: it stays down until the fleet unloads it, and its next request starts it.
+                        running.forget().await;
+                        died_asleep(&shared, &unit, with_stuck(how, stuck), &mut control).await;
+                        return;
+                    }
                     break with_stuck(how, stuck);
                 }
                 () = tokio::time::sleep_until(next_probe) => {
@@ -121,7 +177,21 @@ pub(super) async fn supervise(
                         say_starting(&shared, &unit, running.pid(), port, why, &mut waiting_for);
                     }
                     // A loaded machine answers slowly: a probe may take longer than the interval.
-                    if serving.is_ok() && healthy(&host, port, key.as_deref(), settings.health_interval.max(PROBE_TIMEOUT)).await {
+                    if asleep {
+                        // vLLM and SGLang answer their health check asleep: one that does not is gone.
+                        if healthy(&host, port, key.as_deref(), settings.health_interval.max(PROBE_TIMEOUT)).await {
+                            failed_checks = 0;
+                        } else {
+                            failed_checks += 1;
+                            if failed_checks >= settings.restart_unhealthy_after {
+                                let stuck = running.stop().await;
+                                running.forget().await;
+                                let why = with_stuck(format!("failed {failed_checks} health checks in a row"), stuck);
+                                died_asleep(&shared, &unit, why, &mut control).await;
+                                return;
+                            }
+                        }
+                    } else if serving.is_ok() && healthy(&host, port, key.as_deref(), settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
                             if !healthy_once {
@@ -193,6 +263,62 @@ async fn drain(shared: &Shared, unit: &str, running: &dyn Running, port: u16) {
             shared.settings.drain_grace
         );
     }
+}
+
+/// Puts a serving engine to sleep: out of the gateway's rotation and its requests in flight done (the
+/// drain), then asleep by its recipe's endpoint, keeping what is measured then. One that cannot sleep
+/// serves on, saying why.
+async fn put_to_sleep(
+    shared: &Shared,
+    spec: &EngineSpec,
+    running: &dyn Running,
+    (host, port, key): (&str, u16, Option<&str>),
+) -> Result<(), String> {
+    let unit = &spec.unit;
+    let Some(api) = spec.recipe.sleep_api() else {
+        return Err("its command line asks for no sleep mode".to_owned());
+    };
+    drain(shared, unit, running, port).await;
+    match super::sleep::fall_asleep(
+        &shared.settings,
+        spec,
+        api,
+        running.pid(),
+        (host, port, key),
+    )
+    .await
+    {
+        Ok(held) => {
+            shared.set_sleep(unit, held, None, None);
+            shared.set(unit, EngineState::Asleep, running.pid(), Some(port), None);
+            Ok(())
+        }
+        Err(why) => {
+            let why = format!("it could not be put to sleep: {why}");
+            shared.set_sleep(unit, None, None, Some(why.clone()));
+            shared.set(unit, EngineState::Healthy, running.pid(), Some(port), None);
+            Err(why)
+        }
+    }
+}
+
+/// An engine that died asleep: failed, not started again, until it is stopped.
+async fn died_asleep(
+    shared: &Shared,
+    unit: &str,
+    why: String,
+    control: &mut mpsc::Receiver<Control>,
+) {
+    shared.set_sleep(unit, None, None, None);
+    shared.set(
+        unit,
+        EngineState::Failed,
+        None,
+        None,
+        Some(format!("it died asleep: {why}")),
+    );
+    wait_for_stop(control).await;
+    shared.set(unit, EngineState::Stopped, None, None, None);
 }
 
 /// What a supervisor does after a failure.
@@ -455,7 +581,14 @@ fn with_stuck(why: String, stuck: Option<String>) -> String {
 }
 
 async fn wait_for_stop(control: &mut mpsc::Receiver<Control>) {
-    let _ = control.recv().await;
+    loop {
+        match control.recv().await {
+            None | Some(Control::Stop) => return,
+            Some(Control::Sleep(reply) | Control::Wake(reply)) => {
+                let _ = reply.send(Err("its engine is not running".to_owned()));
+            }
+        }
+    }
 }
 
 /// `GET /health` on the engine (with its key, where it has one) answers 2xx within `within`; and where

@@ -132,6 +132,7 @@ mod tests {
             loaded: Default::default(),
             autoscale: Default::default(),
             placed: Default::default(),
+            asleep: Default::default(),
         })
     }
 

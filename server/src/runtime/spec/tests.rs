@@ -18,6 +18,7 @@ fn spec(engine: Engine, share_gb: Option<u64>, gpus: &[u32]) -> EngineSpec {
         },
         mps: None,
         mig: BTreeMap::new(),
+        asleep: false,
     }
 }
 

@@ -77,6 +77,7 @@ fn command(unit: &str, gpu: u32, command: &str) -> EngineSpec {
         },
         mps: None,
         mig: BTreeMap::new(),
+        asleep: false,
     }
 }
 

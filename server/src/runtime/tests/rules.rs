@@ -59,6 +59,9 @@ fn unit(name: &str, machine: &str) -> engines::Unit {
             launch: None,
             api_key: None,
             reported: Vec::new(),
+            held_asleep: None,
+            last_wake: None,
+            sleep_failed: None,
         })
         .0,
         control: None,
