@@ -61,6 +61,8 @@ struct Engine {
     share: placement::Bytes,
     /// How it sleeps, while it does (locked while it falls asleep or wakes).
     asleep: Arc<tokio::sync::Mutex<Option<sleep::Asleep>>>,
+    /// From the moment it begins to fall asleep until it is awake again: it answers no request.
+    sleeping: Arc<AtomicBool>,
 }
 
 /// A request being answered: how much slower than alone its neighbours make it, and (on simulated GPUs)
@@ -136,6 +138,7 @@ pub async fn run(stands_in_for: Vec<String>) -> Result<(), String> {
         memory,
         share: placement::Bytes(var("TESSERA_GPU_MEMORY_BYTES").parse().unwrap_or(0)),
         asleep: Arc::default(),
+        sleeping: Arc::default(),
     };
     // SIGTERM ends it at once, its answers in flight cut off, as an engine may: whatever must not be
     // lost is drained by Tessera before the signal.
@@ -203,8 +206,7 @@ async fn with_key(
 ) -> Response {
     let guarded = request.uri().path().starts_with("/v1/") || request.uri().path() == "/route";
     // Asleep (or falling asleep, or waking), it answers no request: its memory is not there.
-    let awake = engine.asleep.try_lock().is_ok_and(|a| a.is_none());
-    if guarded && !awake {
+    if guarded && engine.sleeping.load(Ordering::SeqCst) {
         return sleep::refused();
     }
     let Some(key) = engine.key.as_deref().filter(|_| guarded) else {
@@ -570,6 +572,7 @@ mod tests {
             memory: None,
             share: placement::Bytes(32_000_000_000),
             asleep: Arc::default(),
+            sleeping: Arc::default(),
         }
     }
 

@@ -618,3 +618,49 @@ async fn a_model_asleep_past_its_second_keep_alive_is_stopped() {
     assert!(atlas_0_used_gb(sim.path()) < 0.01);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_restarts_a_sleeping_model_stops_it_and_its_next_request_starts_it_cold() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 3600).await;
+    sleeper_and_speech(&server).await;
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    until_asleep(&server, "glm-5.3").await;
+    let pid = server.engine("glm-5.3").await["pid"].clone();
+    let revision = server.get("/api/groups").await.1[0]["revision"].clone();
+
+    // A serving change restarts an engine: asleep, it would load its whole share where the plan holds
+    // only what it kept. It is stopped and unloaded instead.
+    let (status, answer) = server
+        .send(
+            "PUT",
+            "/api/deployments/glm-5.3/serving",
+            json!({"revision": revision, "args": ["--enable-sleep-mode", "--max-model-len", "4096"]}),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    wait_until_within("glm-5.3 is unloaded", Duration::from_secs(15), || async {
+        member(&server, "glm-5.3").await["on_demand"]["state"] == "not_loaded"
+    })
+    .await;
+    assert!(server.engine_if_any("glm-5.3").await.is_none());
+
+    let (status, answer) = chat(&server, "glm-5.3").await;
+    assert_eq!(status, 200, "{answer}");
+    let engine = server.engine("glm-5.3").await;
+    assert_ne!(engine["pid"], pid, "started anew: {engine}");
+    assert!(
+        engine["command"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a == "4096"),
+        "{engine}"
+    );
+    server.stop().await;
+    assert!(
+        server::inventory::simulated::SimulatedGpus::open(sim.path())
+            .refusals()
+            .is_empty()
+    );
+}

@@ -1,6 +1,7 @@
 //! The chaos soak: the demo fleet on simulated GPUs (`--simulate-gpus`), its demo engines loading, draining
 //! and failing like real ones (a profile, time-compressed), clients calling models through the gateway all
-//! along, an operator changing the fleet at random, and faults: an engine crash, a hang, an outside
+//! along in bursts (each model has quiet stretches, where an on-demand one sleeps or unloads), an operator
+//! changing the fleet at random, and faults: an engine crash, a hang, an outside
 //! allocation spike on a GPU, and Tessera itself restarted (SIGTERM and a start), upgraded (SIGTERM and a
 //! start of a new copy of its binary, renamed over the old as dpkg does) or killed (`kill -9` and a start), on
 //! the same data and on the socket the soak holds as systemd's `tessera.socket` does. Counted throughout:
@@ -52,6 +53,9 @@ struct Report {
     /// Each overfill: the GPU, who asked, and what held it.
     overfill_examples: Vec<String>,
     refusals_outside: u64,
+    /// On-demand models put to sleep past their keep-alive, and woken by a request.
+    sleeps: u64,
+    wakes: u64,
     /// After each burst of changes and faults, the time until every model that should serve did.
     converged_ms: Vec<u64>,
     converged_p50_ms: u64,
@@ -145,6 +149,19 @@ impl Faulted {
 }
 
 /// Clients calling the models served, until `done`.
+/// Traffic comes in bursts: in each phase of this many seconds, a third of the models (drawn by the seed)
+/// get no request, so that an on-demand one idles past its keep-alive (and sleeps or unloads), then is
+/// woken or loaded by the next phase's burst.
+const QUIET_PHASE_S: u64 = 15;
+
+/// Whether `model` gets no request in `phase`: the same for every client of one soak.
+fn quiet(model: &str, phase: u64, seed: u64) -> bool {
+    let name = model.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
+    });
+    Rng::new(name ^ seed.wrapping_add(phase)).below(3) == 0
+}
+
 async fn client(
     current: Current,
     done: Arc<AtomicBool>,
@@ -152,9 +169,12 @@ async fn client(
     kills: Arc<Kills>,
     report: Arc<Mutex<Report>>,
     seed: u64,
+    quiet_seed: u64,
 ) {
     let mut rng = Rng::new(seed);
+    let started = Instant::now();
     while !done.load(Ordering::SeqCst) {
+        let phase = started.elapsed().as_secs() / QUIET_PHASE_S;
         let (_, served) = call(&current, "GET", "/v1/models", Value::Null).await;
         let models: Vec<String> = served["data"]
             .as_array()
@@ -162,6 +182,7 @@ async fn client(
                 d.iter()
                     .filter_map(|m| m["id"].as_str().map(str::to_owned))
                     .filter(|m| m != "semantic-router")
+                    .filter(|m| !quiet(m, phase, quiet_seed))
                     .collect()
             })
             .unwrap_or_default();
@@ -263,8 +284,11 @@ async fn soak(seed: u64, seconds: u64) -> Report {
         speed,
         ..Report::default()
     }));
-    for (model, gpu, share) in [("glm-5.3", "atlas:0", 40), ("vision", "h200-node:0", 25)] {
-        let body = json!({"model": model, "gpus": [gpu], "share": share});
+    // glm-5.3 on demand, sleeping past its keep-alive (its quiet stretches put it to sleep), vision pinned.
+    let glm = json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40, "args": ["--enable-sleep-mode"],
+                     "demand": {"mode": "on_demand", "keep_alive": 10}});
+    let vision = json!({"model": "vision", "gpus": ["h200-node:0"], "share": 25});
+    for body in [glm, vision] {
         assert_eq!(
             call(&current, "POST", "/api/deployments", body).await.0,
             201
@@ -282,6 +306,7 @@ async fn soak(seed: u64, seconds: u64) -> Report {
                 kills.clone(),
                 report.clone(),
                 seed * 31 + i,
+                seed,
             ))
         })
         .collect();
@@ -408,6 +433,14 @@ async fn soak(seed: u64, seconds: u64) -> Report {
         .map(|r| format!("{r:?}"))
         .collect();
     report.refusals_outside = refusals.len() as u64 - report.overfills;
+    for (action, count) in [
+        ("model.sleep", &mut report.sleeps),
+        ("model.wake", &mut report.wakes),
+    ] {
+        let path = format!("/api/audit?action={action}&limit=500");
+        let (_, entries) = call(&current, "GET", &path, Value::Null).await;
+        *count = entries.as_array().map_or(0, |e| e.len() as u64);
+    }
     // No orphan, no duplicate: Tessera's processes are exactly its engines', one per engine.
     let (_, engines) = call(&current, "GET", "/api/engines", Value::Null).await;
     let engines = engines.as_array().cloned().unwrap_or_default();

@@ -18,6 +18,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use placement::Bytes;
 use serde_json::json;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 /// How it sleeps, while it does.
@@ -67,6 +68,7 @@ async fn fall_asleep(engine: &Engine, level: u8) -> Response {
     if asleep.is_some() {
         return StatusCode::OK.into_response();
     }
+    engine.sleeping.store(true, Ordering::SeqCst);
     let held = engine
         .memory
         .as_ref()
@@ -74,6 +76,7 @@ async fn fall_asleep(engine: &Engine, level: u8) -> Response {
         .unwrap_or_default();
     if let Some(memory) = &engine.memory {
         if let Err(e) = memory.keep_only(engine.profile.asleep_holds) {
+            engine.sleeping.store(false, Ordering::SeqCst);
             return (StatusCode::INTERNAL_SERVER_ERROR, e).into_response();
         }
     }
@@ -98,6 +101,7 @@ pub(super) async fn wake_up(State(engine): State<Engine>) -> Response {
     }
     println!("awake");
     *asleep = None;
+    engine.sleeping.store(false, Ordering::SeqCst);
     StatusCode::OK.into_response()
 }
 

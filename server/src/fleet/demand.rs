@@ -668,6 +668,18 @@ impl Fleet {
                 };
                 let engines = fleet.runtime.engines_of(&l.name);
                 let asleep = group.asleep.get(&l.name);
+                let runs = engines
+                    .iter()
+                    .any(|e| e.model.as_deref() == Some(l.name.as_str()));
+                if asleep.is_some() && !runs {
+                    // Its engine was stopped asleep (a change that restarts it, or gone while Tessera
+                    // was away): it is not started asleep again.
+                    let why = "its engine stopped while it slept".to_owned();
+                    settled
+                        .unload
+                        .push((l.name.clone(), Unloaded::DiedAsleep(why)));
+                    continue;
+                }
                 if let Some(why) = failed_among(&engines, &l.name) {
                     settled.unload.push((
                         l.name.clone(),
@@ -729,12 +741,10 @@ impl Fleet {
                 let Some(group) = state.committed.on_demand_group(&name).cloned() else {
                     return Ok(None);
                 };
-                let Some(why) = fleet.failed(&name).filter(|_| group.loaded.contains(&name))
-                else {
+                let Some(why) = fleet.failed(&name).filter(|_| group.loaded.contains(&name)) else {
                     return Ok(None);
                 };
-                let unloaded = if group.asleep.contains_key(&name) || fleet.activity.waking(&name)
-                {
+                let unloaded = if group.asleep.contains_key(&name) || fleet.activity.waking(&name) {
                     Unloaded::DiedAsleep(why)
                 } else {
                     Unloaded::Failed(why)
@@ -851,6 +861,9 @@ impl Fleet {
     /// Unloads on-demand models whose keep-alive ran out, looking every `every`, for as long as the server
     /// runs.
     pub async fn keep_unloading(self: Arc<Fleet>, every: Duration) {
+        // Not before the engines a previous server left are registered: a sleeper adopted is asleep, not
+        // gone.
+        self.runtime.taken_up().await;
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {

@@ -165,7 +165,10 @@ impl Conductor {
                     vec![spec.clone()],
                     move |shared, mut cancel| async move {
                         shared.stop_units(std::slice::from_ref(&unit)).await;
-                        let _ = shared.start_and_wait(spec, &mut cancel).await;
+                        // A sleeper restarted is stopped, and starts cold at its next request.
+                        if !spec.asleep {
+                            let _ = shared.start_and_wait(spec, &mut cancel).await;
+                        }
                     },
                 );
             }
@@ -614,7 +617,10 @@ async fn apply_to(
             tracing::warn!("{} could not be woken: {why}", spec.unit);
         }
     }
-    for spec in desired.iter().filter(|s| within.holds(s)) {
+    // A sleeper is only ever an engine that fell asleep: one wanted asleep and not running as it (gone,
+    // or to restart for a change) is not started, as it would load its whole share where the plan holds
+    // only what it kept asleep. The fleet unloads its model; its next request starts it cold.
+    for spec in desired.iter().filter(|s| within.holds(s) && !s.asleep) {
         if !shared.has(&spec.unit) {
             // A start that fails says so in its state and events; the others still start.
             match shared.start_and_wait(spec.clone(), cancel).await {
@@ -731,7 +737,7 @@ async fn carry_out(
                 let mut outcome = Ok(());
                 for spec in members
                     .iter()
-                    .filter(|s| is_member(&s.unit, Some(group), member))
+                    .filter(|s| is_member(&s.unit, Some(group), member) && !s.asleep)
                 {
                     if shared.has(&spec.unit) {
                         continue;

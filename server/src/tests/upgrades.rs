@@ -7,7 +7,7 @@ use crate::db;
 use crate::testing::{TestApp, ATLAS, HOPPER, MAJIN};
 use axum::http::{Method, StatusCode};
 use placement::sharing::Sharing;
-use placement::{Assignment, Bytes, GpuRef};
+use placement::{Assignment, BasisPoints, Bytes, GpuRef};
 use sha2::{Digest, Sha256};
 use std::path::Path;
 
@@ -193,6 +193,15 @@ const ERAS: &[(i64, &str)] = &[
           WHERE model = 'embedder';
         "#,
     ),
+    (
+        21,
+        r#"
+        -- An on-demand member asleep, keeping what it was measured to keep.
+        UPDATE group_members SET loaded = 1,
+          asleep = '{"since_ms":1764547200000,"held":150,"held_bytes":1200000000}'
+          WHERE model = 'reranker';
+        "#,
+    ),
 ];
 
 /// Every machine the fixtures' workers and groups are on.
@@ -359,6 +368,11 @@ async fn a_database_of_every_earlier_schema_opens_with_every_plan_worker_account
             assert!(
                 embed.runs_on("embedder", "atlas"),
                 "{at}: placed where it was, or on every machine before replicas"
+            );
+            assert_eq!(
+                embed.asleep.get("reranker").and_then(|a| a.held),
+                (version >= 21).then_some(BasisPoints(150)),
+                "{at}: asleep, holding what it keeps"
             );
         }
         if version >= 9 {

@@ -204,6 +204,15 @@ pub async fn revision_on(current: &Current, gpu: &str) -> Option<i64> {
         .and_then(|g| g["revision"].as_i64())
 }
 
+/// vLLM's sleep mode, which the demo engine serves whatever it stands in for.
+const SLEEP_MODE: &str = "--enable-sleep-mode";
+
+/// Whether `model`, deployed on demand, sleeps past its keep-alive rather than unloading: two of the
+/// demo models do, the others do not.
+fn sleeps(model: &str) -> bool {
+    matches!(model, "glm-5.3" | "vision")
+}
+
 /// One of the operator's random changes to `models` on `gpus`; whether the server took it.
 pub async fn act(
     current: &Current,
@@ -218,11 +227,20 @@ pub async fn act(
         let gpu = *rng.pick(gpus);
         let revision = revision_on(current, gpu).await;
         let share = 10 + rng.below(35);
-        return if rng.below(4) == 0 {
-            let body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision,
+        return if rng.below(3) == 0 {
+            let mut body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision,
                               "demand": {"mode": "on_demand", "keep_alive": 10}});
+            let sleeps = sleeps(model);
+            if sleeps {
+                body["args"] = json!([SLEEP_MODE]);
+            }
             let status = call(current, "POST", "/api/deployments", body).await.0;
-            ("deploy on demand", taken(status))
+            let what = if sleeps {
+                "deploy on demand, sleeping"
+            } else {
+                "deploy on demand"
+            };
+            (what, taken(status))
         } else {
             let body = json!({"model": model, "gpus": [gpu], "share": share, "revision": revision});
             let status = call(current, "POST", "/api/deployments", body).await.0;
@@ -243,7 +261,10 @@ pub async fn act(
         2 => {
             // Its answers' pace changes: it restarts alone.
             let pace = (10 + rng.below(40)).to_string();
-            let body = json!({"revision": revision, "env": {"TESSERA_DEMO_TOKEN_MS": pace}});
+            let mut body = json!({"revision": revision, "env": {"TESSERA_DEMO_TOKEN_MS": pace}});
+            if sleeps(model) {
+                body["args"] = json!([SLEEP_MODE]);
+            }
             let path = format!("/api/deployments/{model}/serving");
             (
                 "serving change",
@@ -299,6 +320,10 @@ pub async fn settled(current: &Current) -> (bool, Vec<String>) {
                 continue;
             }
             wanted.insert(name.to_owned());
+            // Asleep, its engine runs and serves no request until one wakes it.
+            if on_demand.is_object() && on_demand["state"] == "asleep" {
+                continue;
+            }
             let serving = engines
                 .iter()
                 .any(|e| e["model"] == name && e["state"] == "healthy");

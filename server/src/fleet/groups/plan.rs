@@ -135,6 +135,13 @@ impl Fleet {
         for m in &unloaded {
             planned.loaded.remove(m);
         }
+        // A sleeper sleeps on where its share stays as it was (its engine is kept); one whose share
+        // changes starts again, awake.
+        let share_of =
+            |members: &[Share], m: &str| members.iter().find(|s| s.member == m).map(|s| s.share);
+        planned.asleep.retain(|m, _| {
+            planned.loaded.contains(m) && share_of(&group.members, m) == share_of(&after, m)
+        });
         let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
         let running_after: Vec<Share> = running_after
             .into_iter()
@@ -226,7 +233,12 @@ impl Fleet {
                 ),
                 None => None,
             };
-            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env, on_demand, keep_alive_s, loaded, autoscale, placed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
+            let asleep = planned
+                .asleep
+                .get(&s.member)
+                .map(|a| serde_json::to_string(a).map_err(ApiError::internal))
+                .transpose()?;
+            sqlx::query("INSERT INTO group_members (group_name, model, share, position, args, env, on_demand, keep_alive_s, loaded, autoscale, placed, asleep) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)")
                 .bind(&group.name)
                 .bind(&s.member)
                 .bind(i64::from(s.share.get()))
@@ -238,6 +250,7 @@ impl Fleet {
                 .bind(planned.loaded.contains(&s.member))
                 .bind(autoscale)
                 .bind(placed)
+                .bind(asleep)
                 .execute(&mut *tx)
                 .await?;
         }
