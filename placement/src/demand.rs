@@ -3,6 +3,7 @@
 //! and its GPUs lack the room, the least recently used idle on-demand models there make way first; a model
 //! with requests in flight, or waiting for it, is never unloaded.
 
+use crate::Bytes;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
@@ -180,6 +181,38 @@ pub fn tier(
     }
 }
 
+/// A model asleep on a machine, as the host memory budget for sleepers sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sleeper {
+    /// The model.
+    pub name: String,
+    /// When a request last began or ended for it (ms since the epoch).
+    pub last_used_ms: u64,
+    /// What it keeps in the machine's memory asleep (its weights).
+    pub host: Bytes,
+}
+
+/// Which of `sleepers` (on one machine) are stopped, least recently used first, so that one more keeping
+/// `wanted` of the machine's memory asleep stays within `budget`: the fewest; `None` where even all of
+/// them stopped leaves too little.
+pub fn make_host_room(sleepers: &[Sleeper], wanted: Bytes, budget: Bytes) -> Option<Vec<&str>> {
+    if wanted > budget {
+        return None;
+    }
+    let mut order: Vec<&Sleeper> = sleepers.iter().collect();
+    order.sort_by(|a, b| (a.last_used_ms, &a.name).cmp(&(b.last_used_ms, &b.name)));
+    let mut used: Bytes = sleepers.iter().map(|s| s.host).sum();
+    let mut stopped = Vec::new();
+    for sleeper in order {
+        if used + wanted <= budget {
+            break;
+        }
+        used = used.saturating_sub(sleeper.host);
+        stopped.push(sleeper.name.as_str());
+    }
+    (used + wanted <= budget).then_some(stopped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -192,6 +225,29 @@ mod tests {
             busy,
             keep_alive: KeepAlive::from_secs(60).unwrap(),
         }
+    }
+
+    #[test]
+    fn a_sleeper_past_the_host_budget_stops_the_least_recently_used_sleepers_and_no_more() {
+        let gb = Bytes::gb;
+        let sleeper = |name: &str, last_used_ms, host| Sleeper {
+            name: name.into(),
+            last_used_ms,
+            host: gb(host),
+        };
+        let asleep = [
+            sleeper("vision", 2_000, 30),
+            sleeper("glm", 1_000, 30),
+            sleeper("speech", 3_000, 10),
+        ];
+        // 70 of 100 GB used: 30 more fit as they are; 50 once glm, the least recently used, stops.
+        assert_eq!(make_host_room(&asleep, gb(30), gb(100)), Some(vec![]));
+        assert_eq!(make_host_room(&asleep, gb(50), gb(100)), Some(vec!["glm"]));
+        assert_eq!(
+            make_host_room(&asleep, gb(95), gb(100)),
+            Some(vec!["glm", "vision", "speech"])
+        );
+        assert_eq!(make_host_room(&asleep, gb(101), gb(100)), None);
     }
 
     #[test]

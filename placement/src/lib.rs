@@ -41,7 +41,10 @@ pub mod usage;
 #[cfg(test)]
 mod testing;
 
-pub use demand::{eviction_order, expired, tier, Demand, KeepAlive, KeepAliveError, Loaded, Tier};
+pub use demand::{
+    eviction_order, expired, make_host_room, tier, Demand, KeepAlive, KeepAliveError, Loaded,
+    Sleeper, Tier,
+};
 pub use group::{
     check_new_group, choose_group, group_gpus, member_assignments, pick_new_group_gpus, Candidate,
     GroupChoice, GroupError,

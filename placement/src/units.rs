@@ -329,7 +329,7 @@ mod tests {
 
     #[test]
     fn a_part_rounded_up_to_basis_points_holds_all_of_it_and_no_point_more() {
-        let gpu = Bytes::gb(80);
+        let gpu = Bytes(80_000_000_000);
         // 1.2 GB of 80 is 150 points exactly; a byte more needs a point more.
         assert_eq!(
             BasisPoints::ratio_up(Bytes(1_200_000_000), gpu),

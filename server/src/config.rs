@@ -320,6 +320,16 @@ pub struct EngineFlags {
         value_name = "S"
     )]
     pub keep_asleep_s: u64,
+    /// The part of each machine's memory, in percent, that models asleep may keep there (level 1 keeps
+    /// their weights in host memory); past it the least recently used sleepers are stopped.
+    #[arg(
+        long,
+        env = "TESSERA_SLEEPERS_HOST_MEMORY_PERCENT",
+        default_value_t = 25,
+        value_name = "PERCENT",
+        value_parser = clap::value_parser!(u8).range(1..=100)
+    )]
+    pub sleepers_host_memory_percent: u8,
     /// NVIDIA's MPS control program, run to start and stop the MPS daemon of each GPU shared under MPS.
     #[arg(
         long,
@@ -374,6 +384,7 @@ impl EngineFlags {
             drain_grace: Duration::from_secs(self.drain_grace_s),
             evict_after: Duration::from_secs(self.evict_after_s),
             keep_asleep: Duration::from_secs(self.keep_asleep_s),
+            sleepers_host_percent: self.sleepers_host_memory_percent,
             mps_control: self.mps_control.clone(),
             node_data_dir: self.node_data_dir.clone(),
             nvidia_smi: self.nvidia_smi.clone(),

@@ -417,22 +417,20 @@ async fn on_simulated_gpus(
     sim: &std::path::Path,
     keep_asleep_s: u32,
 ) -> Server {
+    on_simulated_gpus_with(data, sim, &["--keep-asleep-s", &keep_asleep_s.to_string()]).await
+}
+
+/// [`on_simulated_gpus`] with flags of the test's own.
+async fn on_simulated_gpus_with(
+    data: &std::path::Path,
+    sim: &std::path::Path,
+    flags: &[&str],
+) -> Server {
     let sim = sim.display().to_string();
-    let keep_asleep_s = keep_asleep_s.to_string();
     let profile = json!({"load_s": [3, 3], "host_to_device_gb_s": 50}).to_string();
-    Server::start_with_env(
-        data,
-        0,
-        &[
-            "--demo",
-            "--simulate-gpus",
-            &sim,
-            "--keep-asleep-s",
-            &keep_asleep_s,
-        ],
-        &[("TESSERA_DEMO_PROFILE", &profile)],
-    )
-    .await
+    let mut args = vec!["--demo", "--simulate-gpus", &sim];
+    args.extend(flags);
+    Server::start_with_env(data, 0, &args, &[("TESSERA_DEMO_PROFILE", &profile)]).await
 }
 
 /// On atlas:0 (96 GiB), glm-5.3 (vLLM, its sleep mode on) on demand at 50 % and speech (llama.cpp, which
@@ -663,4 +661,59 @@ async fn a_change_that_restarts_a_sleeping_model_stops_it_and_its_next_request_s
             .refusals()
             .is_empty()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sleeper_is_stopped_when_host_memory_for_sleepers_runs_short_least_recently_used_first() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // atlas has 512 GiB: sleepers may keep 12 % of it, 66 GB, where each of these keeps up to 51.5.
+    let server = on_simulated_gpus_with(
+        dir.path(),
+        sim.path(),
+        &["--sleepers-host-memory-percent", "12"],
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 50, "demand": on_demand(10), "args": ["--enable-sleep-mode"]}),
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "vision", "gpus": ["atlas:1"], "share": 50, "demand": on_demand(10),
+               "args": ["--enable-memory-saver", "--enable-weights-cpu-backup"]}),
+    )
+    .await;
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(chat(&server, "vision").await.0, 200);
+
+    // glm-5.3 idles past its keep-alive first and sleeps; then vision: the two would keep more of atlas's
+    // memory than sleepers may, so glm-5.3, the least recently used, is stopped for it.
+    let vision = until_asleep(&server, "vision").await;
+    assert!(
+        vision["on_demand"]["asleep"]["host_bytes"].is_u64(),
+        "{vision}"
+    );
+    wait_until_within("glm-5.3 is stopped", Duration::from_secs(10), || async {
+        member(&server, "glm-5.3").await["on_demand"]["state"] == "not_loaded"
+    })
+    .await;
+    let (_, audit) = server
+        .get("/api/audit?action=model.unload&target=glm-5.3")
+        .await;
+    let reason = audit[0]["after"]["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("the memory models asleep may keep on atlas ("),
+        "{audit}"
+    );
+    let (_, slept) = server.get("/api/audit?action=model.sleep").await;
+    let slept: Vec<&Value> = slept
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["target"])
+        .collect();
+    assert_eq!(slept, ["vision", "glm-5.3"], "newest first");
+    server.stop().await;
 }

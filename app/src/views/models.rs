@@ -214,6 +214,10 @@ pub struct AsleepView {
     /// What it keeps on each of its GPUs asleep, in bytes, measured once it slept; none until then (or
     /// where it cannot be measured: a cluster's node), when it is held its whole share.
     pub held_bytes: Option<u64>,
+    /// What its sleep freed on its GPUs, in bytes: the most it keeps in its machine's memory (its
+    /// weights), once measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_bytes: Option<u64>,
 }
 
 /// A scale decision carried out.
@@ -304,6 +308,12 @@ impl OnDemand {
                     bytes as f64 / 1e9
                 )),
                 None => line.push_str(", holding its share until what it keeps is measured"),
+            }
+            if let Some(bytes) = asleep.host_bytes {
+                line.push_str(&format!(
+                    " and up to {:.1} GB of its machine's memory",
+                    bytes as f64 / 1e9
+                ));
             }
         }
         if let Some(at) = &self.last_used {
@@ -600,13 +610,14 @@ mod tests {
             asleep: Some(AsleepView {
                 since: "2026-12-04T03:11:00Z".into(),
                 held_bytes: Some(1_200_000_000),
+                host_bytes: Some(30_900_000_000),
             }),
             last_wake_ms: Some(420),
             ..loaded
         };
         assert_eq!(
             asleep.line(),
-            "On demand, asleep after 60 s idle and unloaded after 3600 s asleep: asleep since 2026-12-04T03:11:00Z, keeping 1.2 GB of each GPU; last used 2026-12-04T03:10:00Z; last wake 0.4 s; last cold start 1.2 s."
+            "On demand, asleep after 60 s idle and unloaded after 3600 s asleep: asleep since 2026-12-04T03:11:00Z, keeping 1.2 GB of each GPU and up to 30.9 GB of its machine's memory; last used 2026-12-04T03:10:00Z; last wake 0.4 s; last cold start 1.2 s."
         );
     }
 

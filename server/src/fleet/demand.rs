@@ -11,7 +11,9 @@ use super::{Fleet, State};
 use crate::error::ApiError;
 use crate::runtime::EngineState;
 use crate::runtime::EngineView;
-use placement::{eviction_order, tier, BasisPoints, Bytes, GpuRef, Hold, Loaded, Tier};
+use placement::{
+    eviction_order, make_host_room, tier, BasisPoints, Bytes, GpuRef, Hold, Loaded, Sleeper, Tier,
+};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -407,6 +409,7 @@ impl Fleet {
             asleep: asleep.map(|a| app::views::AsleepView {
                 since: super::usage::rfc3339(a.since_ms).unwrap_or_default(),
                 held_bytes: a.held_bytes.map(Bytes::get),
+                host_bytes: a.host_bytes.map(Bytes::get),
             }),
             last_wake_ms: usage.last_wake.map(|d| d.as_millis() as u64),
             fell_back: usage.fell_back,
@@ -717,11 +720,121 @@ impl Fleet {
                     }
                 }
             }
+            fleet.keep_host_budget(&state, &committed, &loaded, &mut settled);
             let unloaded = settled.unload.iter().map(|(m, _)| m.clone()).collect();
             fleet.settle_demand(&mut state, settled).await?;
             Ok(unloaded)
         })
         .await
+    }
+
+    /// Where putting `settled.sleep` to sleep would keep more of a machine's memory than sleepers may
+    /// (`--sleepers-host-memory-percent`): the least recently used sleepers there are stopped first (placement's
+    /// [`make_host_room`]), or, where even that leaves too little, the model is unloaded rather than put to
+    /// sleep. A sleeper counts for what its sleep was measured to free, else its share (the most it can
+    /// be); one about to sleep counts for its share.
+    fn keep_host_budget(
+        &self,
+        state: &State,
+        committed: &Committed,
+        loaded: &[Loaded],
+        settled: &mut Settled,
+    ) {
+        let inventory = state.ledger.inventory();
+        let last_used = |m: &str| {
+            loaded
+                .iter()
+                .find(|l| l.name == m)
+                .map_or(0, |l| l.last_used_ms)
+        };
+        let leaving: BTreeSet<String> = settled.unload.iter().map(|(m, _)| m.clone()).collect();
+        let mut on_machine: BTreeMap<String, Vec<Sleeper>> = BTreeMap::new();
+        for group in &committed.groups {
+            for (model, asleep) in &group.asleep {
+                if leaving.contains(model) {
+                    continue;
+                }
+                let measured = settled
+                    .measured
+                    .iter()
+                    .find(|(m, _)| m == model)
+                    .and_then(|(_, a)| a.host_bytes);
+                for machine in group.machines() {
+                    if !group.runs_on(model, machine) {
+                        continue;
+                    }
+                    let host = measured
+                        .or(asleep.host_bytes)
+                        .unwrap_or_else(|| group.share_on(inventory, model, machine));
+                    on_machine
+                        .entry(machine.to_owned())
+                        .or_default()
+                        .push(Sleeper {
+                            name: model.clone(),
+                            last_used_ms: last_used(model),
+                            host,
+                        });
+                }
+            }
+        }
+        for model in std::mem::take(&mut settled.sleep) {
+            let Some(group) = committed.on_demand_group(&model) else {
+                continue;
+            };
+            let machines: Vec<&str> = group
+                .machines()
+                .into_iter()
+                .filter(|m| group.runs_on(&model, m))
+                .collect();
+            let mut stopped = Vec::new();
+            let mut short = None;
+            for machine in &machines {
+                let budget = self.runtime.sleepers_host_budget(
+                    inventory
+                        .machine(machine)
+                        .map(|m| m.memory)
+                        .unwrap_or_default(),
+                );
+                let wanted = group.share_on(inventory, &model, machine);
+                let sleepers = on_machine
+                    .get(*machine)
+                    .map(Vec::as_slice)
+                    .unwrap_or_default();
+                match make_host_room(sleepers, wanted, budget) {
+                    Some(names) => {
+                        stopped.extend(names.into_iter().map(|n| (n.to_owned(), machine, budget)))
+                    }
+                    None => short = Some((machine, budget)),
+                }
+            }
+            if let Some((machine, budget)) = short {
+                settled
+                    .unload
+                    .push((model, Unloaded::HostShort(machine.to_string(), budget)));
+                continue;
+            }
+            for (name, machine, budget) in stopped {
+                for sleepers in on_machine.values_mut() {
+                    sleepers.retain(|s| s.name != name);
+                }
+                if !settled.unload.iter().any(|(m, _)| *m == name) {
+                    settled
+                        .unload
+                        .push((name, Unloaded::HostShort(machine.to_string(), budget)));
+                }
+            }
+            for machine in &machines {
+                on_machine
+                    .entry(machine.to_string())
+                    .or_default()
+                    .push(Sleeper {
+                        name: model.clone(),
+                        last_used_ms: last_used(&model),
+                        host: group.share_on(inventory, &model, machine),
+                    });
+            }
+            settled.sleep.push(model);
+        }
     }
 
     /// Unloads `model`, an on-demand member, if it is loaded and its engines all failed to load; says why
@@ -813,6 +926,7 @@ impl Fleet {
                 since_ms: now,
                 held: None,
                 held_bytes: None,
+                host_bytes: None,
             };
             set_asleep(&mut tx, model, Some(&asleep)).await?;
             let keep_alive = state
@@ -841,7 +955,7 @@ impl Fleet {
                     self.activity
                         .with(model, |u| u.fell_back = Some(why.clone()));
                 }
-                Unloaded::Idle(_) | Unloaded::Asleep(_) => {}
+                Unloaded::Idle(_) | Unloaded::Asleep(_) | Unloaded::HostShort(..) => {}
             }
         }
         for (model, asleep) in &settled.measured {
@@ -906,6 +1020,8 @@ enum Unloaded {
     DiedAsleep(String),
     /// Its engine could not be put to sleep, for this reason.
     CouldNotSleep(String),
+    /// The memory models asleep may keep on this machine (this much) was taken.
+    HostShort(String, Bytes),
 }
 
 impl Unloaded {
@@ -920,6 +1036,10 @@ impl Unloaded {
                 format!("its engine died asleep ({why}); its next request starts it cold")
             }
             Unloaded::CouldNotSleep(why) => why.clone(),
+            Unloaded::HostShort(machine, budget) => format!(
+                "the memory models asleep may keep on {machine} ({}) is taken; the least recently used stops first",
+                budget.size_text()
+            ),
         }
     }
 }
@@ -974,7 +1094,11 @@ fn measured(
     }
     let mut held = BasisPoints::ZERO;
     let mut held_bytes = Bytes::ZERO;
+    let mut host_bytes = Some(Bytes::ZERO);
     for engine in of {
+        host_bytes = host_bytes
+            .zip(engine.freed_asleep_bytes)
+            .map(|(most, freed)| most.max(Bytes(freed)));
         let bytes = Bytes(engine.held_asleep_bytes?);
         let total = engine
             .gpus
@@ -988,6 +1112,7 @@ fn measured(
     Some(Asleep {
         held: Some(held),
         held_bytes: Some(held_bytes),
+        host_bytes,
         ..*asleep
     })
 }

@@ -26,7 +26,7 @@ use std::sync::Arc;
 /// Where a deployed model runs.
 pub(crate) enum Deployed {
     /// In a sharing group.
-    Group(Group),
+    Group(Box<Group>),
     /// On whole GPUs, as this worker.
     Whole(Box<Worker>),
 }
@@ -435,7 +435,7 @@ impl Fleet {
 /// Where `model` runs in `committed`, if it runs.
 fn deployed(committed: &Committed, model: &str) -> Option<Deployed> {
     if let Some(group) = committed.group_of(model) {
-        return Some(Deployed::Group(group.clone()));
+        return Some(Deployed::Group(Box::new(group.clone())));
     }
     committed
         .whole_deployment(model)

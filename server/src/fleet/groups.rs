@@ -128,6 +128,10 @@ pub(crate) struct Asleep {
     /// The same in bytes, on the most-used of its GPUs, as measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) held_bytes: Option<placement::Bytes>,
+    /// What its sleep freed on its GPUs (on one machine, the most of any), as measured: the most it keeps
+    /// in host memory; none until then, while its share stands for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) host_bytes: Option<placement::Bytes>,
 }
 
 impl Group {
@@ -147,6 +151,24 @@ impl Group {
             }) => (*held).min(share.share),
             _ => share.share,
         }
+    }
+
+    /// What `member`'s share takes of its GPUs on `machine`, all together.
+    pub(crate) fn share_on(
+        &self,
+        inventory: &placement::Inventory,
+        member: &str,
+        machine: &str,
+    ) -> placement::Bytes {
+        let Some(share) = self.members.iter().find(|s| s.member == member) else {
+            return placement::Bytes::ZERO;
+        };
+        self.gpus
+            .iter()
+            .filter(|g| g.machine == machine)
+            .filter_map(|g| inventory.gpu(g))
+            .map(|g| g.total.share(share.share))
+            .sum()
     }
 
     /// Whether `member`, on demand, is loaded and awake: it takes requests.

@@ -65,8 +65,8 @@ pub(super) struct Status {
     pub(super) api_key: Option<String>,
     /// What its own log said it allocated on each of its GPUs, in their order, once it served.
     pub(super) reported: Vec<Bytes>,
-    /// Asleep, what it keeps on the most-used of its GPUs, as measured once it slept.
-    pub(super) held_asleep: Option<Bytes>,
+    /// Asleep, what it keeps on its GPUs and what its sleep freed there, as measured.
+    pub(super) asleep: Option<super::sleep::Slept>,
     /// Its last wake: from the wake asked to the engine answering it.
     pub(super) last_wake: Option<Duration>,
     /// Why it could not be put to sleep, when it could not (it serves on, awake).
@@ -237,7 +237,8 @@ pub(super) fn view(unit: &Unit) -> EngineView {
         sizing: status.launch.as_ref().and_then(|l| l.sizing.clone()),
         reported_bytes: (!status.reported.is_empty())
             .then(|| status.reported.iter().map(|b| b.get()).sum()),
-        held_asleep_bytes: status.held_asleep.map(Bytes::get),
+        held_asleep_bytes: status.asleep.and_then(|a| a.kept).map(Bytes::get),
+        freed_asleep_bytes: status.asleep.and_then(|a| a.freed).map(Bytes::get),
         last_wake_ms: status.last_wake.map(|d| d.as_millis() as u64),
         sleep_failed: status.sleep_failed.clone(),
         // Its key is Tessera's alone: shown to no one, admins included.
@@ -340,7 +341,7 @@ impl Shared {
             launch: None,
             api_key: None,
             reported: Vec::new(),
-            held_asleep: None,
+            asleep: None,
             last_wake: None,
             sleep_failed: None,
         });
@@ -524,18 +525,18 @@ impl Shared {
         }
     }
 
-    /// Asleep now, keeping `held` (where it was measured); or awake again, its wake having taken `woke`;
-    /// or, with `failed`, still awake because it could not sleep.
+    /// Asleep now, as `slept` measured it; or awake again, its wake having taken `woke`; or, with
+    /// `failed`, still awake because it could not sleep.
     pub(super) fn set_sleep(
         &self,
         unit: &str,
-        held: Option<Bytes>,
+        slept: Option<super::sleep::Slept>,
         woke: Option<Duration>,
         failed: Option<String>,
     ) {
         if let Some(u) = self.lock().get(unit) {
             u.status.send_modify(|s| {
-                s.held_asleep = held;
+                s.asleep = slept;
                 s.last_wake = woke.or(s.last_wake);
                 s.sleep_failed = failed;
             });

@@ -157,6 +157,10 @@ pub struct EngineView {
     /// Asleep, what it keeps on the most-used of its GPUs, in bytes, where that was measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_asleep_bytes: Option<u64>,
+    /// Asleep, what its sleep freed on its GPUs, all together, in bytes: the most it can keep in host
+    /// memory (its weights), where that was measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub freed_asleep_bytes: Option<u64>,
     /// How long its last wake from sleep took, in milliseconds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub last_wake_ms: Option<u64>,
@@ -447,6 +451,11 @@ impl Runtime {
     /// How long an on-demand model stays asleep with no request before its engine is stopped.
     pub fn keep_asleep(&self) -> std::time::Duration {
         self.shared.settings.keep_asleep
+    }
+
+    /// What models asleep may keep of a machine with `memory`.
+    pub fn sleepers_host_budget(&self, memory: placement::Bytes) -> placement::Bytes {
+        placement::Bytes(memory.get() / 100 * u64::from(self.shared.settings.sleepers_host_percent))
     }
 
     /// How long a model whose engine failed to load is refused before a request loads it again: the

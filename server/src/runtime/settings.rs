@@ -46,6 +46,8 @@ pub struct Settings {
     pub evict_after: Duration,
     /// How long an on-demand model stays asleep with no request before its engine is stopped.
     pub keep_asleep: Duration,
+    /// The part of each machine's memory, in percent, that models asleep may keep there.
+    pub sleepers_host_percent: u8,
     /// How often a node's engine's job log is read again for its processes while the node's GPUs run
     /// a process that no engine's last report accounts for (one may have started since).
     pub processes_reread: Duration,
@@ -75,6 +77,7 @@ impl std::fmt::Debug for Settings {
             .field("drain_grace", &self.drain_grace)
             .field("evict_after", &self.evict_after)
             .field("keep_asleep", &self.keep_asleep)
+            .field("sleepers_host_percent", &self.sleepers_host_percent)
             .field("processes_reread", &self.processes_reread)
             .field("gpus", &self.gpus.is_some())
             .field(
@@ -110,6 +113,7 @@ impl Settings {
             drain_grace: Duration::from_secs(30),
             evict_after: Duration::from_secs(30),
             keep_asleep: Duration::from_secs(3600),
+            sleepers_host_percent: 25,
             processes_reread: Duration::from_secs(30),
             sim_dir: None,
             gpus: None,

@@ -49,21 +49,43 @@ impl Shared {
     }
 }
 
+/// What an engine's sleep came to, as measured on its GPUs (none where they cannot be read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Slept {
+    /// What it keeps asleep on the most-used of its GPUs.
+    pub(super) kept: Option<Bytes>,
+    /// What the sleep freed on its GPUs, all together: the most it can have moved to host memory (its
+    /// weights; the KV cache it drops is freed too).
+    pub(super) freed: Option<Bytes>,
+}
+
 /// Puts the engine at `host:port` to sleep by `api`, once its requests in flight are done (the
-/// supervisor drained it): what it keeps on its GPUs then, where that can be measured. One found asleep
-/// already (adopted after Tessera's restart, where vLLM can say) is not asked again.
+/// supervisor drained it): what it keeps on its GPUs then, and what the sleep freed, where that can be
+/// measured. One found asleep already (adopted after Tessera's restart, where vLLM can say) is not asked
+/// again, and what its sleep freed is not known.
 pub(super) async fn fall_asleep(
     settings: &Settings,
     spec: &EngineSpec,
     api: SleepApi,
     pid: Option<u32>,
     (host, port, key): (&str, u16, Option<&str>),
-) -> Result<Option<Bytes>, String> {
+) -> Result<Slept, String> {
     let already = api == SleepApi::Vllm && is_sleeping(host, port, key).await == Some(true);
+    let before = match already {
+        true => None,
+        false => held(settings, spec, pid).await,
+    };
     if !already {
         post(host, port, key, api.sleep_path(), SLEEP_WITHIN).await?;
     }
-    Ok(held(settings, spec, pid).await)
+    let after = held(settings, spec, pid).await;
+    let total = |each: &Vec<Bytes>| each.iter().copied().sum::<Bytes>();
+    Ok(Slept {
+        kept: after.as_ref().and_then(|each| each.iter().copied().max()),
+        freed: before
+            .zip(after)
+            .map(|(before, after)| total(&before).saturating_sub(total(&after))),
+    })
 }
 
 /// vLLM's `GET /is_sleeping`: whether it sleeps, where it says.
@@ -153,10 +175,10 @@ async fn post(
         .unwrap_or_else(|_| Err(format!("POST {path} had no answer within {within:?}")))
 }
 
-/// What the engine's processes (those of its process group, led by `pid`) hold on the most-used of its
-/// GPUs, as the simulated driver or NVML reads it; none where it cannot be read (a cluster's node, where
-/// Ray gives no PIDs).
-async fn held(settings: &Settings, spec: &EngineSpec, pid: Option<u32>) -> Option<Bytes> {
+/// What the engine's processes (those of its process group, led by `pid`) hold on each of its GPUs, as
+/// the simulated driver or NVML reads it; none where it cannot be read (a cluster's node, where Ray gives
+/// no PIDs).
+async fn held(settings: &Settings, spec: &EngineSpec, pid: Option<u32>) -> Option<Vec<Bytes>> {
     use super::process::{group_members, off_executor};
     let pid = pid?;
     let (machine, gpus) = (spec.machine.clone(), spec.gpus.clone());
@@ -178,9 +200,7 @@ async fn held(settings: &Settings, spec: &EngineSpec, pid: Option<u32>) -> Optio
                     })
                     .collect::<Option<Vec<Bytes>>>()
             })
-            .await?
-            .into_iter()
-            .max()
+            .await
         }
         Host::Local => {
             let reader = settings.gpus.clone()?;
@@ -190,9 +210,7 @@ async fn held(settings: &Settings, spec: &EngineSpec, pid: Option<u32>) -> Optio
                     .map(|i| reader.held_by(*i, &ours))
                     .collect::<Option<Vec<Bytes>>>()
             })
-            .await?
-            .into_iter()
-            .max()
+            .await
         }
         Host::Remote | Host::Cluster { .. } => None,
     }

@@ -288,8 +288,8 @@ async fn put_to_sleep(
     )
     .await
     {
-        Ok(held) => {
-            shared.set_sleep(unit, held, None, None);
+        Ok(slept) => {
+            shared.set_sleep(unit, Some(slept), None, None);
             shared.set(unit, EngineState::Asleep, running.pid(), Some(port), None);
             Ok(())
         }

@@ -59,7 +59,7 @@ fn unit(name: &str, machine: &str) -> engines::Unit {
             launch: None,
             api_key: None,
             reported: Vec::new(),
-            held_asleep: None,
+            asleep: None,
             last_wake: None,
             sleep_failed: None,
         })
