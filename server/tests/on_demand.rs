@@ -717,3 +717,51 @@ async fn a_sleeper_is_stopped_when_host_memory_for_sleepers_runs_short_least_rec
     assert_eq!(slept, ["vision", "glm-5.3"], "newest first");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_model_that_slept_before_is_put_to_sleep_not_stopped_to_make_room_for_a_load() {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 3600).await;
+    // On atlas:0, glm-5.3 at 60 % and speech at 45 %: together they do not fit.
+    deploy(
+        &server,
+        json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 60, "demand": on_demand(10), "args": ["--enable-sleep-mode"]}),
+    )
+    .await;
+    deploy(
+        &server,
+        json!({"model": "speech", "gpus": ["atlas:0"], "share": 45, "revision": 1, "demand": on_demand(10)}),
+    )
+    .await;
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    until_asleep(&server, "glm-5.3").await;
+    // speech loads beside the sleeper; glm-5.3's wake then needs speech's room (speech cannot sleep).
+    assert_eq!(chat(&server, "speech").await.0, 200);
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    let pid = server.engine("glm-5.3").await["pid"].clone();
+    assert_eq!(
+        member(&server, "speech").await["on_demand"]["state"],
+        "not_loaded"
+    );
+
+    // speech again: glm-5.3, idle and measured asleep once, sleeps to make room rather than stopping.
+    assert_eq!(chat(&server, "speech").await.0, 200);
+    let glm = member(&server, "glm-5.3").await;
+    assert_eq!(glm["on_demand"]["state"], "asleep", "{glm}");
+    assert_eq!(server.engine("glm-5.3").await["pid"], pid);
+    let (_, audit) = server.get("/api/audit?action=model.sleep").await;
+    assert_eq!(
+        audit[0]["after"]["reason"], "idle, it makes room for speech",
+        "{audit}"
+    );
+    // And it wakes, not loads, for its next request.
+    assert_eq!(chat(&server, "glm-5.3").await.0, 200);
+    let (_, wakes) = server.get("/api/audit?action=model.wake").await;
+    assert_eq!(wakes.as_array().unwrap().len(), 2, "{wakes}");
+    server.stop().await;
+    assert!(
+        server::inventory::simulated::SimulatedGpus::open(sim.path())
+            .refusals()
+            .is_empty()
+    );
+}

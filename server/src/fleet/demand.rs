@@ -50,6 +50,8 @@ struct Use {
     last_wake: Option<Duration>,
     /// Why its engine, asleep, could not be woken and a cold start took the wake's place.
     fell_back: Option<String>,
+    /// How it was at its last sleep, as measured: what a sleep to make room counts on it keeping.
+    last_asleep: Option<Asleep>,
 }
 
 /// A cold start: the load itself, and what the request that asked for it waited before the load began
@@ -514,6 +516,86 @@ impl Fleet {
         Some(order[..k].iter().map(|m| (*m).to_owned()).collect())
     }
 
+    /// How the loaded on-demand models on `gpus` make way for the load (or wake) of `loading`, least
+    /// recently used idle first, until `committed` fits: each put to sleep where it is awake, its engine
+    /// can sleep, what it keeps asleep was measured at an earlier sleep, and its machines' memory for
+    /// sleepers takes it; else unloaded (a sleeper is stopped). `None` when it does not fit even with
+    /// every idle one gone.
+    fn make_way(
+        &self,
+        state: &State,
+        committed: &Committed,
+        gpus: &[GpuRef],
+        loading: &str,
+    ) -> Option<Vec<(String, Way)>> {
+        let loaded = self.loaded_on(committed, gpus, Some(loading));
+        let order: Vec<&str> = eviction_order(&loaded)
+            .into_iter()
+            .filter(|m| *m != loading)
+            .collect();
+        let now = super::usage::now_ms();
+        let ways: Vec<Way> = order
+            .iter()
+            .map(|m| self.way_of(state, committed, m, now))
+            .collect();
+        let k = (0..=order.len()).find(|&k| {
+            let mut trial = committed.clone();
+            for (m, way) in order[..k].iter().zip(&ways) {
+                match way {
+                    Way::Unload => set_loaded(&mut trial, m, false),
+                    Way::Sleep(asleep) => put_asleep(&mut trial, m, *asleep),
+                }
+            }
+            fits(&state.ledger, &state.committed, &trial, gpus)
+        })?;
+        Some(
+            order[..k]
+                .iter()
+                .map(|m| (*m).to_owned())
+                .zip(ways)
+                .collect(),
+        )
+    }
+
+    /// How idle `model` makes way: asleep, keeping what it kept at its last sleep, where it can.
+    fn way_of(&self, state: &State, committed: &Committed, model: &str, now: u64) -> Way {
+        let Some(group) = committed.on_demand_group(model) else {
+            return Way::Unload;
+        };
+        if group.asleep.contains_key(model)
+            || !super::engines::member_sleeps(committed, group, model)
+        {
+            return Way::Unload;
+        }
+        let Some(last) = self.activity.with(model, |u| u.last_asleep) else {
+            return Way::Unload;
+        };
+        let inventory = state.ledger.inventory();
+        let room = group
+            .machines()
+            .into_iter()
+            .filter(|m| group.runs_on(model, m))
+            .all(|machine| {
+                let budget = self.runtime.sleepers_host_budget(
+                    inventory
+                        .machine(machine)
+                        .map(|m| m.memory)
+                        .unwrap_or_default(),
+                );
+                let wanted = last
+                    .host_bytes
+                    .unwrap_or_else(|| group.share_on(inventory, model, machine));
+                host_taken(committed, inventory, machine) + wanted <= budget
+            });
+        match room {
+            true => Way::Sleep(Asleep {
+                since_ms: now,
+                ..last
+            }),
+            false => Way::Unload,
+        }
+    }
+
     /// Asks the loaded on-demand models that keep `model` (cold, with a request that has waited its turn)
     /// from loading, though they are busy, to yield their room: the fewest, least recently used first, that
     /// make room for it. Each then takes no new request (the gateway holds those as it holds a load's),
@@ -593,8 +675,8 @@ impl Fleet {
             }
             let mut wanted = (*committed).clone();
             set_loaded(&mut wanted, &model, true);
-            let unloaded = fleet
-                .make_room(&state, &wanted, &group.gpus, Some(&model))
+            let way = fleet
+                .make_way(&state, &wanted, &group.gpus, &model)
                 .ok_or_else(|| {
                     ApiError::Conflict(format!(
                         "{model} cannot load: its GPUs lack the room even with every idle on-demand model there unloaded; try again when a request in flight or a load under way there ends"
@@ -605,11 +687,30 @@ impl Fleet {
                 .bind(&model)
                 .execute(&mut *tx)
                 .await?;
-            for other in &unloaded {
-                sqlx::query("UPDATE group_members SET loaded = 0, asleep = NULL WHERE model = ?")
-                    .bind(other)
-                    .execute(&mut *tx)
-                    .await?;
+            let mut unloaded = Vec::new();
+            for (other, how) in &way {
+                match how {
+                    Way::Unload => {
+                        sqlx::query(
+                            "UPDATE group_members SET loaded = 0, asleep = NULL WHERE model = ?",
+                        )
+                        .bind(other)
+                        .execute(&mut *tx)
+                        .await?;
+                        unloaded.push(other.clone());
+                    }
+                    Way::Sleep(asleep) => {
+                        set_asleep(&mut tx, other, Some(asleep)).await?;
+                        crate::audit::record(
+                            &mut tx,
+                            crate::audit::Entry::new(crate::audit::TESSERA, "model.sleep", other)
+                                .after(serde_json::json!({
+                                    "reason": format!("idle, it makes room for {model}")
+                                })),
+                        )
+                        .await?;
+                    }
+                }
             }
             let action = if waking { "model.wake" } else { "model.load" };
             crate::audit::record(
@@ -712,9 +813,13 @@ impl Fleet {
                         },
                     )),
                     Tier::Stays => {
-                        if let Some(asleep) = asleep.filter(|a| a.held.is_none()) {
+                        // Held as measured once it sleeps; one put to sleep to make room counted on
+                        // its last sleep's figures, and is held as measured this time.
+                        if let Some(asleep) = asleep {
                             if let Some(kept) = measured(&state.ledger, &engines, &l.name, asleep) {
-                                settled.measured.push((l.name.clone(), kept));
+                                if kept != *asleep {
+                                    settled.measured.push((l.name.clone(), kept));
+                                }
                             }
                         }
                     }
@@ -959,6 +1064,7 @@ impl Fleet {
             }
         }
         for (model, asleep) in &settled.measured {
+            self.activity.with(model, |u| u.last_asleep = Some(*asleep));
             tracing::info!(
                 "{model} asleep keeps {} of each GPU",
                 asleep.held_bytes.unwrap_or_default()
@@ -1042,6 +1148,40 @@ impl Unloaded {
             ),
         }
     }
+}
+
+/// How an idle on-demand model makes way for a load.
+#[derive(Debug, Clone, Copy)]
+enum Way {
+    /// Unloaded: its engine stops.
+    Unload,
+    /// Put to sleep, keeping this.
+    Sleep(Asleep),
+}
+
+/// `model` asleep as `asleep` says in `committed`, wherever its group is.
+fn put_asleep(committed: &mut Committed, model: &str, asleep: Asleep) {
+    let Some(group) = committed.on_demand_group(model) else {
+        return;
+    };
+    let mut group = group.clone();
+    group.asleep.insert(model.to_owned(), asleep);
+    committed.groups.put(Arc::new(group));
+}
+
+/// What the models asleep on `machine` keep of its memory: each what its sleep was measured to free,
+/// else its share there.
+fn host_taken(committed: &Committed, inventory: &placement::Inventory, machine: &str) -> Bytes {
+    committed
+        .groups
+        .iter()
+        .flat_map(|g| g.asleep.iter().map(move |(m, a)| (g, m, a)))
+        .filter(|(g, m, _)| g.runs_on(m, machine))
+        .map(|(g, m, a)| {
+            a.host_bytes
+                .unwrap_or_else(|| g.share_on(inventory, m, machine))
+        })
+        .sum()
 }
 
 /// What the keep-alives settled in one look.
