@@ -448,6 +448,13 @@ async fn sleeper_and_speech(server: &Server) {
     .await;
 }
 
+/// Stops `server`, and checks that the simulated driver refused no engine's allocation all along.
+async fn stop_with_no_refusal(server: Server, sim: &std::path::Path) {
+    server.stop().await;
+    let refusals = server::inventory::simulated::SimulatedGpus::open(sim).refusals();
+    assert!(refusals.is_empty(), "{refusals:?}");
+}
+
 /// What atlas:0 holds now in the simulated driver, GB.
 fn atlas_0_used_gb(sim: &std::path::Path) -> f64 {
     let gpus = server::inventory::simulated::SimulatedGpus::open(sim);
@@ -512,12 +519,7 @@ async fn a_model_idle_past_its_keep_alive_sleeps_and_its_gpu_memory_becomes_the_
     assert_eq!(unloads, json!([]), "nothing was unloaded for it");
     let both = atlas_0_used_gb(sim.path());
     assert!(both <= 96.0, "{both}");
-    server.stop().await;
-    assert!(
-        server::inventory::simulated::SimulatedGpus::open(sim.path())
-            .refusals()
-            .is_empty()
-    );
+    stop_with_no_refusal(server, sim.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -655,12 +657,7 @@ async fn a_change_that_restarts_a_sleeping_model_stops_it_and_its_next_request_s
             .any(|a| a == "4096"),
         "{engine}"
     );
-    server.stop().await;
-    assert!(
-        server::inventory::simulated::SimulatedGpus::open(sim.path())
-            .refusals()
-            .is_empty()
-    );
+    stop_with_no_refusal(server, sim.path()).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -758,10 +755,5 @@ async fn an_idle_model_that_slept_before_is_put_to_sleep_not_stopped_to_make_roo
     assert_eq!(chat(&server, "glm-5.3").await.0, 200);
     let (_, wakes) = server.get("/api/audit?action=model.wake").await;
     assert_eq!(wakes.as_array().unwrap().len(), 2, "{wakes}");
-    server.stop().await;
-    assert!(
-        server::inventory::simulated::SimulatedGpus::open(sim.path())
-            .refusals()
-            .is_empty()
-    );
+    stop_with_no_refusal(server, sim.path()).await;
 }
