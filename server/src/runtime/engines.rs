@@ -21,9 +21,22 @@ pub(super) enum Control {
     /// Stop the engine gracefully; the supervisor ends once it has exited.
     Stop,
     /// Put it to sleep (drained first); says what came of it.
-    Sleep(super::sleep::Reply),
+    Sleep(Reply),
     /// Wake it; says what came of it.
-    Wake(super::sleep::Reply),
+    Wake(Reply),
+}
+
+/// A sleep or a wake asked of an engine's supervisor: what came of it.
+pub(super) type Reply = tokio::sync::oneshot::Sender<Result<(), String>>;
+
+/// What an engine's sleep came to, as measured on its GPUs (none where they cannot be read).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct Slept {
+    /// What it keeps asleep on the most-used of its GPUs.
+    pub(super) kept: Option<Bytes>,
+    /// What the sleep freed on its GPUs, all together: the most it can have moved to host memory (its
+    /// weights; the KV cache it drops is freed too).
+    pub(super) freed: Option<Bytes>,
 }
 
 /// How the supervisor begins.
@@ -66,7 +79,7 @@ pub(super) struct Status {
     /// What its own log said it allocated on each of its GPUs, in their order, once it served.
     pub(super) reported: Vec<Bytes>,
     /// Asleep, what it keeps on its GPUs and what its sleep freed there, as measured.
-    pub(super) asleep: Option<super::sleep::Slept>,
+    pub(super) asleep: Option<Slept>,
     /// Its last wake: from the wake asked to the engine answering it.
     pub(super) last_wake: Option<Duration>,
     /// Why it could not be put to sleep, when it could not (it serves on, awake).
@@ -530,7 +543,7 @@ impl Shared {
     pub(super) fn set_sleep(
         &self,
         unit: &str,
-        slept: Option<super::sleep::Slept>,
+        slept: Option<Slept>,
         woke: Option<Duration>,
         failed: Option<String>,
     ) {

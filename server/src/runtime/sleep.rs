@@ -3,7 +3,7 @@
 //! fleet decides who sleeps; this carries it out, in the order the conductor gives (a sleep frees memory
 //! before a wake or a start beside it takes it).
 
-use super::engines::{Control, Shared};
+use super::engines::{Control, Shared, Slept};
 use super::spec::{EngineSpec, Host, SleepApi};
 use super::Settings;
 use placement::{Bytes, GpuRef};
@@ -13,9 +13,6 @@ use tokio::time::{timeout, Instant};
 
 /// How long a sleep may take: its weights copied to host memory, at least a few GB/s.
 const SLEEP_WITHIN: Duration = Duration::from_secs(120);
-
-/// A sleep or a wake asked of an engine's supervisor: what came of it.
-pub(super) type Reply = oneshot::Sender<Result<(), String>>;
 
 impl Shared {
     /// Puts `unit`'s engine to sleep (or wakes it, where `asleep` is false), through its supervisor, and
@@ -47,16 +44,6 @@ impl Shared {
         }
         outcome
     }
-}
-
-/// What an engine's sleep came to, as measured on its GPUs (none where they cannot be read).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(super) struct Slept {
-    /// What it keeps asleep on the most-used of its GPUs.
-    pub(super) kept: Option<Bytes>,
-    /// What the sleep freed on its GPUs, all together: the most it can have moved to host memory (its
-    /// weights; the KV cache it drops is freed too).
-    pub(super) freed: Option<Bytes>,
 }
 
 /// Puts the engine at `host:port` to sleep by `api`, once its requests in flight are done (the
