@@ -136,16 +136,6 @@ pub fn eviction_order(loaded: &[Loaded]) -> Vec<&str> {
     idle.into_iter().map(|l| l.name.as_str()).collect()
 }
 
-/// The loaded on-demand models whose keep-alive has run out at `now_ms` with no request: idle, and unused
-/// for at least their keep-alive.
-pub fn expired(loaded: &[Loaded], now_ms: u64) -> Vec<&str> {
-    loaded
-        .iter()
-        .filter(|l| !l.busy && now_ms.saturating_sub(l.last_used_ms) >= l.keep_alive.millis())
-        .map(|l| l.name.as_str())
-        .collect()
-}
-
 /// What the keep-alives make of a loaded on-demand model now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Tier {
@@ -284,9 +274,16 @@ mod tests {
             loaded("b", 0, true),
             loaded("c", 30_000, false),
         ];
-        assert_eq!(expired(&models, 59_999), Vec::<&str>::new());
-        assert_eq!(expired(&models, 60_000), ["a"]);
-        assert_eq!(expired(&models, 90_000), ["a", "c"]);
+        let out = |now| -> Vec<&str> {
+            models
+                .iter()
+                .filter(|l| tier(l, false, None, 0, now) == Tier::Unloads)
+                .map(|l| l.name.as_str())
+                .collect()
+        };
+        assert_eq!(out(59_999), Vec::<&str>::new());
+        assert_eq!(out(60_000), ["a"]);
+        assert_eq!(out(90_000), ["a", "c"]);
     }
 
     #[test]

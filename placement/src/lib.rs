@@ -42,8 +42,7 @@ pub mod usage;
 mod testing;
 
 pub use demand::{
-    eviction_order, expired, make_host_room, tier, Demand, KeepAlive, KeepAliveError, Loaded,
-    Sleeper, Tier,
+    eviction_order, make_host_room, tier, Demand, KeepAlive, KeepAliveError, Loaded, Sleeper, Tier,
 };
 pub use group::{
     check_new_group, choose_group, group_gpus, member_assignments, pick_new_group_gpus, Candidate,

@@ -534,9 +534,11 @@ impl Fleet {
             .filter(|m| *m != loading)
             .collect();
         let now = super::usage::now_ms();
+        // What the models put to sleep before each keep of each machine's memory, added up.
+        let mut added: BTreeMap<String, Bytes> = BTreeMap::new();
         let ways: Vec<Way> = order
             .iter()
-            .map(|m| self.way_of(state, committed, m, now))
+            .map(|m| self.way_of(state, committed, m, now, &mut added))
             .collect();
         let k = (0..=order.len()).find(|&k| {
             let mut trial = committed.clone();
@@ -557,8 +559,17 @@ impl Fleet {
         )
     }
 
-    /// How idle `model` makes way: asleep, keeping what it kept at its last sleep, where it can.
-    fn way_of(&self, state: &State, committed: &Committed, model: &str, now: u64) -> Way {
+    /// How idle `model` makes way: asleep, keeping what it kept at its last sleep, where it can and its
+    /// machines' memory for sleepers takes it beside those already asleep and those put to sleep before it
+    /// (`added`, which it adds to).
+    fn way_of(
+        &self,
+        state: &State,
+        committed: &Committed,
+        model: &str,
+        now: u64,
+        added: &mut BTreeMap<String, Bytes>,
+    ) -> Way {
         let Some(group) = committed.on_demand_group(model) else {
             return Way::Unload;
         };
@@ -571,29 +582,37 @@ impl Fleet {
             return Way::Unload;
         };
         let inventory = state.ledger.inventory();
-        let room = group
+        let wanted: Vec<(&str, Bytes)> = group
             .machines()
             .into_iter()
             .filter(|m| group.runs_on(model, m))
-            .all(|machine| {
-                let budget = self.runtime.sleepers_host_budget(
-                    inventory
-                        .machine(machine)
-                        .map(|m| m.memory)
-                        .unwrap_or_default(),
-                );
-                let wanted = last
+            .map(|machine| {
+                let host = last
                     .host_bytes
                     .unwrap_or_else(|| group.share_on(inventory, model, machine));
-                host_taken(committed, inventory, machine) + wanted <= budget
-            });
-        match room {
-            true => Way::Sleep(Asleep {
-                since_ms: now,
-                ..last
-            }),
-            false => Way::Unload,
+                (machine, host)
+            })
+            .collect();
+        let room = wanted.iter().all(|(machine, host)| {
+            let budget = self.runtime.sleepers_host_budget(
+                inventory
+                    .machine(machine)
+                    .map(|m| m.memory)
+                    .unwrap_or_default(),
+            );
+            let before = added.get(*machine).copied().unwrap_or_default();
+            host_taken(committed, inventory, machine) + before + *host <= budget
+        });
+        if !room {
+            return Way::Unload;
         }
+        for (machine, host) in wanted {
+            *added.entry(machine.to_owned()).or_default() += host;
+        }
+        Way::Sleep(Asleep {
+            since_ms: now,
+            ..last
+        })
     }
 
     /// Asks the loaded on-demand models that keep `model` (cold, with a request that has waited its turn)
@@ -817,7 +836,16 @@ impl Fleet {
                         // its last sleep's figures, and is held as measured this time.
                         if let Some(asleep) = asleep {
                             if let Some(kept) = measured(&state.ledger, &engines, &l.name, asleep) {
-                                if kept != *asleep {
+                                let more = asleep.held.is_some_and(|h| kept.held > Some(h));
+                                if more
+                                    && !fits_kept(&state, &committed, &l.name, kept, &group.gpus)
+                                {
+                                    // It keeps more than its last sleep did, where the room is taken.
+                                    let why = "asleep it keeps more than it did, and its GPUs lack that room";
+                                    settled
+                                        .unload
+                                        .push((l.name.clone(), Unloaded::CouldNotSleep(why.to_owned())));
+                                } else if kept != *asleep {
                                     settled.measured.push((l.name.clone(), kept));
                                 }
                             }
@@ -922,6 +950,9 @@ impl Fleet {
                 for sleepers in on_machine.values_mut() {
                     sleepers.retain(|s| s.name != name);
                 }
+                // Stopped, it is neither put to sleep nor held as measured in the same write.
+                settled.sleep.retain(|m| *m != name);
+                settled.measured.retain(|(m, _)| *m != name);
                 if !settled.unload.iter().any(|(m, _)| *m == name) {
                     settled
                         .unload
@@ -1159,6 +1190,19 @@ enum Way {
     Sleep(Asleep),
 }
 
+/// Whether `committed` with `model` keeping `kept` asleep fits on `gpus` as `state`'s ledger holds them.
+fn fits_kept(
+    state: &State,
+    committed: &Committed,
+    model: &str,
+    kept: Asleep,
+    gpus: &[GpuRef],
+) -> bool {
+    let mut trial = committed.clone();
+    put_asleep(&mut trial, model, kept);
+    fits(&state.ledger, &state.committed, &trial, gpus)
+}
+
 /// `model` asleep as `asleep` says in `committed`, wherever its group is.
 fn put_asleep(committed: &mut Committed, model: &str, asleep: Asleep) {
     let Some(group) = committed.on_demand_group(model) else {
@@ -1208,7 +1252,7 @@ async fn set_asleep(
         .map(serde_json::to_string)
         .transpose()
         .map_err(ApiError::internal)?;
-    sqlx::query("UPDATE group_members SET asleep = ? WHERE model = ?")
+    sqlx::query("UPDATE group_members SET asleep = ? WHERE model = ? AND loaded = 1")
         .bind(json)
         .bind(model)
         .execute(&mut **tx)

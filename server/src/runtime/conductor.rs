@@ -228,7 +228,12 @@ impl Conductor {
             .iter()
             .map(|d| (d.unit.as_str(), d.fingerprint()))
             .collect();
-        self.cancel(|s| wanted.get(s.unit.as_str()) != Some(&s.fingerprint()));
+        let wanted_as: HashMap<&str, String> = desired
+            .iter()
+            .map(|d| (d.unit.as_str(), as_running(d)))
+            .collect();
+        // A job that would put to sleep what is now to wake (or the other way) is moot too.
+        self.cancel(|s| wanted_as.get(s.unit.as_str()) != Some(&as_running(s)));
         self.stop_now(
             self.shared
                 .registered(|s| !wanted.contains_key(s.unit.as_str())),
@@ -271,10 +276,6 @@ impl Conductor {
         // undoing). The others, most of a large fleet at any write, cost nothing more.
         let mut busy = vec![false; parts.len()];
         let mut starts: Vec<Vec<EngineSpec>> = vec![Vec::new(); parts.len()];
-        let wanted_as: HashMap<&str, String> = desired
-            .iter()
-            .map(|d| (d.unit.as_str(), as_running(d)))
-            .collect();
         for d in &desired {
             let Some(part) = parts.part_of(&gpus_of(d)) else {
                 continue;
@@ -321,9 +322,14 @@ impl Conductor {
             .iter()
             .map(|d| (d.unit.clone(), d.fingerprint()))
             .collect();
+        let wanted_as: HashMap<&str, String> = desired
+            .iter()
+            .map(|d| (d.unit.as_str(), as_running(d)))
+            .collect();
         let scope: HashSet<&str> = units.iter().map(String::as_str).collect();
         self.cancel(|s| {
-            scope.contains(s.unit.as_str()) && wanted.get(s.unit.as_str()) != Some(&s.fingerprint())
+            scope.contains(s.unit.as_str())
+                && wanted_as.get(s.unit.as_str()) != Some(&as_running(s))
         });
         let (gone, running): (Vec<_>, Vec<_>) = self
             .shared
@@ -607,11 +613,18 @@ async fn apply_to(
             .partition(|s| s.asleep)
     };
     let slept = sleeps.iter().map(|s| shared.sleep_or_wake(&s.unit, true));
+    let mut awake = Vec::new();
     for (spec, slept) in sleeps.iter().zip(futures::future::join_all(slept).await) {
         if let Err(why) = slept {
-            tracing::warn!("{} could not be put to sleep: {why}", spec.unit);
+            tracing::warn!(
+                "{} could not be put to sleep, so it stops: {why}",
+                spec.unit
+            );
+            awake.push(spec.unit.clone());
         }
     }
+    // The plan counts it as asleep: awake beside what starts next it would overfill its GPU.
+    shared.stop_units(&awake).await;
     for spec in wakes {
         if let Err(why) = shared.sleep_or_wake(&spec.unit, false).await {
             tracing::warn!("{} could not be woken: {why}", spec.unit);

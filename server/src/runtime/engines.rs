@@ -377,8 +377,12 @@ impl Shared {
                 return None;
             }
             // Registered before its supervisor runs, so that the supervisor's first state is not lost.
+            // One adopted is registered awake until it is found asleep: a sleep wanted of it is then
+            // carried out in its GPU's order, before what starts beside it.
+            let mut registered = spec.clone();
+            registered.asleep &= !matches!(begin, Begin::Adopt(_));
             units.insert(Unit {
-                spec: spec.clone(),
+                spec: registered,
                 status,
                 control,
             });

@@ -39,7 +39,8 @@ impl Shared {
         let outcome = outcome
             .await
             .unwrap_or_else(|_| Err("its supervisor ended first".to_owned()));
-        if outcome.is_ok() {
+        // A wake that failed starts the engine again, awake.
+        if outcome.is_ok() || !asleep {
             self.lock().mark_asleep(unit, asleep);
         }
         outcome
@@ -76,7 +77,7 @@ pub(super) async fn fall_asleep(
 }
 
 /// vLLM's `GET /is_sleeping`: whether it sleeps, where it says.
-async fn is_sleeping(host: &str, port: u16, key: Option<&str>) -> Option<bool> {
+pub(super) async fn is_sleeping(host: &str, port: u16, key: Option<&str>) -> Option<bool> {
     use http_body_util::{BodyExt, Empty};
     use hyper_util::rt::TokioIo;
     let asked = async {
@@ -160,6 +161,16 @@ async fn post(
     timeout(within, asked)
         .await
         .unwrap_or_else(|_| Err(format!("POST {path} had no answer within {within:?}")))
+}
+
+/// What an engine found asleep keeps on its GPUs (what its sleep freed is not known).
+pub(super) async fn measure(settings: &Settings, spec: &EngineSpec, pid: Option<u32>) -> Slept {
+    Slept {
+        kept: held(settings, spec, pid)
+            .await
+            .and_then(|each| each.into_iter().max()),
+        freed: None,
+    }
 }
 
 /// What the engine's processes (those of its process group, led by `pid`) hold on each of its GPUs, as

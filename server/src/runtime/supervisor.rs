@@ -46,9 +46,9 @@ pub(super) async fn supervise(
     loop {
         // An SGLang engine's turn to read what is free on its GPUs, until its KV cache is allocated.
         let mut reading = None;
-        // Adopted where the committed state has it asleep: it was put to sleep (or was being) before
-        // Tessera restarted, and is taken at that.
-        let adopted_asleep = adopted.is_some() && spec.asleep;
+        // Adopted, an engine that can sleep is asked whether it does (Tessera may have restarted between
+        // a sleep or a wake committed and carried out).
+        let adopted_sleeper = adopted.is_some() && spec.recipe.sleep_api().is_some();
         let mut running = match adopted.take() {
             Some(running) => running,
             None => match start(&shared, &spec).await {
@@ -95,18 +95,28 @@ pub(super) async fn supervise(
         let mut waiting_for: Option<String> = None;
         // Asleep: it runs, holding only what it keeps, and takes no request until it is woken.
         let mut asleep = false;
-        if adopted_asleep {
-            healthy_once = true;
-            asleep = put_to_sleep(
+        let mut broken = None;
+        if adopted_sleeper {
+            match take_up_asleep(
                 &shared,
                 &spec,
                 running.as_ref(),
                 (&host, port, key.as_deref()),
             )
             .await
-            .is_ok();
+            {
+                Ok(taken_up) => {
+                    asleep = taken_up;
+                    healthy_once = taken_up;
+                }
+                Err(why) => broken = Some(why),
+            }
         }
         let why = loop {
+            if let Some(why) = broken.take() {
+                let stuck = running.stop().await;
+                break with_stuck(why, stuck);
+            }
             tokio::select! {
                 message = control.recv() => match message {
                     None => return,
@@ -302,6 +312,44 @@ async fn put_to_sleep(
     }
 }
 
+/// An adopted engine that can sleep, as it is: registered awake, it is found asleep where vLLM says so.
+/// Asleep and wanted asleep, it is taken up asleep, what it keeps measured; asleep and wanted awake (a wake
+/// committed before Tessera restarted), it is woken now, as the plan holds its whole share; one that does
+/// not wake is started again (the error). Awake and wanted asleep, the conductor puts it to sleep in its
+/// GPU's order. Says whether it is asleep.
+async fn take_up_asleep(
+    shared: &Shared,
+    spec: &EngineSpec,
+    running: &dyn Running,
+    (host, port, key): (&str, u16, Option<&str>),
+) -> Result<bool, String> {
+    let Some(api) = spec.recipe.sleep_api() else {
+        return Ok(false);
+    };
+    if super::sleep::is_sleeping(host, port, key).await != Some(true) {
+        return Ok(false);
+    }
+    if !spec.asleep {
+        return super::sleep::wake(api, (host, port, key), shared.settings.start_timeout)
+            .await
+            .map(|_| false)
+            .map_err(|why| {
+                format!("it was found asleep and did not wake ({why}), so it starts again")
+            });
+    }
+    let slept = super::sleep::measure(&shared.settings, spec, running.pid()).await;
+    shared.set_sleep(&spec.unit, Some(slept), None, None);
+    shared.set(
+        &spec.unit,
+        EngineState::Asleep,
+        running.pid(),
+        Some(port),
+        None,
+    );
+    shared.lock().mark_asleep(&spec.unit, true);
+    Ok(true)
+}
+
 /// An engine that died asleep: failed, not started again, until it is stopped.
 async fn died_asleep(
     shared: &Shared,
@@ -367,11 +415,21 @@ async fn back_off(
             settings.max_restarts
         )),
     );
-    tokio::select! {
-        () = sleep(delay) => Next::Retry,
-        _ = control.recv() => {
-            shared.set(unit, EngineState::Stopped, None, None, None);
-            Next::End
+    let wait = sleep(delay);
+    tokio::pin!(wait);
+    loop {
+        tokio::select! {
+            () = &mut wait => return Next::Retry,
+            message = control.recv() => match message {
+                // Not running, it can be neither put to sleep nor woken: it starts awake after its backoff.
+                Some(Control::Sleep(reply) | Control::Wake(reply)) => {
+                    let _ = reply.send(Err("its engine is not running".to_owned()));
+                }
+                None | Some(Control::Stop) => {
+                    shared.set(unit, EngineState::Stopped, None, None, None);
+                    return Next::End;
+                }
+            }
         }
     }
 }

@@ -127,6 +127,13 @@ impl Fleet {
             .cloned()
             .collect();
         planned.demand = demand.clone();
+        // A sleeper sleeps on where its share stays as it was (its engine is kept); one whose share
+        // changes starts again, awake, and is judged so.
+        let share_of =
+            |members: &[Share], m: &str| members.iter().find(|s| s.member == m).map(|s| s.share);
+        planned.asleep.retain(|m, _| {
+            planned.loaded.contains(m) && share_of(&group.members, m) == share_of(&after, m)
+        });
         let mut trial = (*state.committed).clone();
         trial.groups.put(Arc::new(planned.clone()));
         let unloaded = self
@@ -134,14 +141,8 @@ impl Fleet {
             .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
         for m in &unloaded {
             planned.loaded.remove(m);
+            planned.asleep.remove(m);
         }
-        // A sleeper sleeps on where its share stays as it was (its engine is kept); one whose share
-        // changes starts again, awake.
-        let share_of =
-            |members: &[Share], m: &str| members.iter().find(|s| s.member == m).map(|s| s.share);
-        planned.asleep.retain(|m, _| {
-            planned.loaded.contains(m) && share_of(&group.members, m) == share_of(&after, m)
-        });
         let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
         let running_after: Vec<Share> = running_after
             .into_iter()
