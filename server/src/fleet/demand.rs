@@ -5,7 +5,7 @@
 //! used, and whether a request waits for it, is kept here in memory.
 
 use super::committed::Committed;
-use super::groups::Asleep;
+use super::groups::{Asleep, Group};
 use super::ledger::{Ledger, Takes};
 use super::{Fleet, State};
 use crate::error::ApiError;
@@ -296,17 +296,24 @@ fn fewest_to_unload(
 
 /// `model` loaded or not in `committed`, wherever its group is.
 fn set_loaded(committed: &mut Committed, model: &str, loaded: bool) {
+    edit_group(committed, model, |group| {
+        if loaded {
+            group.loaded.insert(model.to_owned());
+        } else {
+            group.loaded.remove(model);
+        }
+        // Loaded for a request, or unloaded: either way awake (a model not loaded sleeps no more).
+        group.asleep.remove(model);
+    });
+}
+
+/// `edit` done to the group of `model`, an on-demand member, in `committed`.
+fn edit_group(committed: &mut Committed, model: &str, edit: impl FnOnce(&mut Group)) {
     let Some(group) = committed.on_demand_group(model) else {
         return;
     };
     let mut group = group.clone();
-    if loaded {
-        group.loaded.insert(model.to_owned());
-    } else {
-        group.loaded.remove(model);
-    }
-    // Loaded for a request, or unloaded: either way awake (a model not loaded sleeps no more).
-    group.asleep.remove(model);
+    edit(&mut group);
     committed.groups.put(Arc::new(group));
 }
 
@@ -587,9 +594,7 @@ impl Fleet {
             .into_iter()
             .filter(|m| group.runs_on(model, m))
             .map(|machine| {
-                let host = last
-                    .host_bytes
-                    .unwrap_or_else(|| group.share_on(inventory, model, machine));
+                let host = group.host_kept(inventory, model, machine, last.host_bytes);
                 (machine, host)
             })
             .collect();
@@ -896,9 +901,8 @@ impl Fleet {
                     if !group.runs_on(model, machine) {
                         continue;
                     }
-                    let host = measured
-                        .or(asleep.host_bytes)
-                        .unwrap_or_else(|| group.share_on(inventory, model, machine));
+                    let host =
+                        group.host_kept(inventory, model, machine, measured.or(asleep.host_bytes));
                     on_machine
                         .entry(machine.to_owned())
                         .or_default()
@@ -1205,12 +1209,9 @@ fn fits_kept(
 
 /// `model` asleep as `asleep` says in `committed`, wherever its group is.
 fn put_asleep(committed: &mut Committed, model: &str, asleep: Asleep) {
-    let Some(group) = committed.on_demand_group(model) else {
-        return;
-    };
-    let mut group = group.clone();
-    group.asleep.insert(model.to_owned(), asleep);
-    committed.groups.put(Arc::new(group));
+    edit_group(committed, model, |group| {
+        group.asleep.insert(model.to_owned(), asleep);
+    });
 }
 
 /// What the models asleep on `machine` keep of its memory: each what its sleep was measured to free,
@@ -1221,10 +1222,7 @@ fn host_taken(committed: &Committed, inventory: &placement::Inventory, machine: 
         .iter()
         .flat_map(|g| g.asleep.iter().map(move |(m, a)| (g, m, a)))
         .filter(|(g, m, _)| g.runs_on(m, machine))
-        .map(|(g, m, a)| {
-            a.host_bytes
-                .unwrap_or_else(|| g.share_on(inventory, m, machine))
-        })
+        .map(|(g, m, a)| g.host_kept(inventory, m, machine, a.host_bytes))
         .sum()
 }
 

@@ -171,6 +171,18 @@ impl Group {
             .sum()
     }
 
+    /// What `member` asleep keeps of `machine`'s memory: what its sleep was measured to free there
+    /// (`measured`), else its share of its GPUs there, the most it can be.
+    pub(crate) fn host_kept(
+        &self,
+        inventory: &placement::Inventory,
+        member: &str,
+        machine: &str,
+        measured: Option<placement::Bytes>,
+    ) -> placement::Bytes {
+        measured.unwrap_or_else(|| self.share_on(inventory, member, machine))
+    }
+
     /// Whether `member`, on demand, is loaded and awake: it takes requests.
     pub(crate) fn awake(&self, member: &str) -> bool {
         self.loaded.contains(member) && !self.asleep.contains_key(member)
