@@ -757,3 +757,67 @@ async fn an_idle_model_that_slept_before_is_put_to_sleep_not_stopped_to_make_roo
     assert_eq!(wakes.as_array().unwrap().len(), 2, "{wakes}");
     stop_with_no_refusal(server, sim.path()).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wake_queued_behind_a_load_never_runs_before_the_sleep_that_makes_its_room_even_when_a_newer_request_wakes_the_model_it_first_put_to_sleep(
+) {
+    let (dir, sim) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let server = on_simulated_gpus(dir.path(), sim.path(), 3600).await;
+    // On atlas:0, four vLLM models in sleep mode: 40 + 25 + 20 + 30 % take turns in 100 %.
+    for (revision, (model, share)) in [("big", 40), ("mid", 25), ("small", 20), ("cold", 30)]
+        .into_iter()
+        .enumerate()
+    {
+        let (status, answer) = server
+            .send(
+                "POST",
+                "/api/models",
+                json!({"name": model, "engine": "vllm", "default_share_percent": share, "model_path": format!("test/{model}")}),
+            )
+            .await;
+        assert_eq!(status, 201, "{answer}");
+        let mut body = json!({"model": model, "gpus": ["atlas:0"], "share": share, "demand": on_demand(10), "args": ["--enable-sleep-mode"]});
+        if revision > 0 {
+            body["revision"] = json!(revision);
+        }
+        deploy(&server, body).await;
+    }
+    // big, mid and small load together and fall asleep once: each is then put to sleep to make room.
+    let server = Arc::new(server);
+    let asked = |model: &'static str| {
+        let server = server.clone();
+        tokio::spawn(async move { chat(&server, model).await.0 })
+    };
+    let warm = [asked("big"), asked("mid"), asked("small")];
+    for answered in warm {
+        assert_eq!(answered.await.unwrap(), 200);
+    }
+    for model in ["big", "mid", "small"] {
+        until_asleep(&server, model).await;
+    }
+    // mid woken before big: mid is the least recently used.
+    assert_eq!(chat(&server, "mid").await.0, 200);
+    assert_eq!(chat(&server, "big").await.0, 200);
+
+    // cold loads (3 s: every job on atlas:0 waits behind it); small's wake puts mid to sleep; then mid's
+    // wake makes that sleep moot and puts big to sleep instead. small must not wake before big sleeps.
+    let cold = asked("cold");
+    wait_until_within("cold is loading", Duration::from_secs(10), || async {
+        member(&server, "cold").await["on_demand"]["state"] == "loading"
+    })
+    .await;
+    let small = asked("small");
+    wait_until_within(
+        "mid is put to sleep for small",
+        Duration::from_secs(10),
+        || async { member(&server, "mid").await["on_demand"]["state"] == "asleep" },
+    )
+    .await;
+    let mid = asked("mid");
+    for answered in [cold, small, mid] {
+        assert_eq!(answered.await.unwrap(), 200);
+    }
+    let (_, sleeps) = server.get("/api/audit?action=model.sleep").await;
+    assert_eq!(sleeps[0]["target"], "big", "big made way for mid: {sleeps}");
+    stop_with_no_refusal(Arc::into_inner(server).unwrap(), sim.path()).await;
+}

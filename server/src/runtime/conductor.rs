@@ -158,19 +158,20 @@ impl Conductor {
                 let Some(spec) = self.shared.lock().get(&unit).map(|u| u.spec.clone()) else {
                     return;
                 };
-                self.cancel(|s| s.unit == unit);
-                let gpus = self.related(std::slice::from_ref(&unit), |u| u == unit);
-                self.queue(
-                    gpus,
-                    vec![spec.clone()],
-                    move |shared, mut cancel| async move {
-                        shared.stop_units(std::slice::from_ref(&unit)).await;
-                        // A sleeper restarted is stopped, and starts cold at its next request.
-                        if !spec.asleep {
-                            let _ = shared.start_and_wait(spec, &mut cancel).await;
-                        }
-                    },
-                );
+                let left = self.cancel(|s| s.unit == unit);
+                let mut gpus = self.related(std::slice::from_ref(&unit), |u| u == unit);
+                let left = self.carry(left, &mut gpus);
+                let mut starts = vec![spec.clone()];
+                starts.extend(left.desired.iter().cloned());
+                self.queue(gpus, starts, move |shared, mut cancel| async move {
+                    left.free(&shared).await;
+                    shared.stop_units(std::slice::from_ref(&unit)).await;
+                    // A sleeper restarted is stopped, and starts cold at its next request.
+                    if !spec.asleep {
+                        let _ = shared.start_and_wait(spec, &mut cancel).await;
+                    }
+                    left.take(&shared, &mut cancel).await;
+                });
             }
             Change::Plan {
                 group,
@@ -198,7 +199,7 @@ impl Conductor {
                         .map(|(unit, _)| unit.to_owned())
                         .collect()
                 };
-                self.cancel(|s| {
+                let left = self.cancel(|s| {
                     touched(&s.unit)
                         && !members
                             .iter()
@@ -206,13 +207,14 @@ impl Conductor {
                 });
                 let mut gpus = self.related(&touched_now, touched);
                 gpus.extend(members.iter().flat_map(gpus_of));
-                self.queue(
-                    gpus,
-                    members.clone(),
-                    move |shared, mut cancel| async move {
-                        carry_out(&shared, &group, revision, &steps, &members, &mut cancel).await;
-                    },
-                );
+                let left = self.carry(left, &mut gpus);
+                let mut starts = members.clone();
+                starts.extend(left.desired.iter().cloned());
+                self.queue(gpus, starts, move |shared, mut cancel| async move {
+                    left.free(&shared).await;
+                    carry_out(&shared, &group, revision, &steps, &members, &mut cancel).await;
+                    left.take(&shared, &mut cancel).await;
+                });
             }
         }
     }
@@ -232,8 +234,9 @@ impl Conductor {
             .iter()
             .map(|d| (d.unit.as_str(), as_running(d)))
             .collect();
-        // A job that would put to sleep what is now to wake (or the other way) is moot too.
-        self.cancel(|s| wanted_as.get(s.unit.as_str()) != Some(&as_running(s)));
+        // A job that would put to sleep what is now to wake (or the other way) is moot too. What else it
+        // was to do is wanted still, or not: `desired` is the whole of it, and the jobs below carry it out.
+        let _ = self.cancel(|s| wanted_as.get(s.unit.as_str()) != Some(&as_running(s)));
         self.stop_now(
             self.shared
                 .registered(|s| !wanted.contains_key(s.unit.as_str())),
@@ -317,8 +320,8 @@ impl Conductor {
     /// job under way for it) gets a job of its own on the GPUs it is wanted on and those it runs or is
     /// about to start on, which stops it where it runs otherwise, then starts it. Every other engine is
     /// left as it is, so that a write costs the engines it changed.
-    fn update(&mut self, units: &[String], desired: Vec<EngineSpec>) {
-        let wanted: HashMap<String, String> = desired
+    fn update(&mut self, units: &[String], mut desired: Vec<EngineSpec>) {
+        let mut wanted: HashMap<String, String> = desired
             .iter()
             .map(|d| (d.unit.clone(), d.fingerprint()))
             .collect();
@@ -326,11 +329,26 @@ impl Conductor {
             .iter()
             .map(|d| (d.unit.as_str(), as_running(d)))
             .collect();
-        let scope: HashSet<&str> = units.iter().map(String::as_str).collect();
-        self.cancel(|s| {
+        let mut scope: HashSet<&str> = units.iter().map(String::as_str).collect();
+        let left = self.cancel(|s| {
             scope.contains(s.unit.as_str())
                 && wanted_as.get(s.unit.as_str()) != Some(&as_running(s))
         });
+        // What the cancelled jobs were to do besides is done by this change's jobs, with its own.
+        for spec in left {
+            if wanted
+                .insert(spec.unit.clone(), spec.fingerprint())
+                .is_none()
+            {
+                desired.push(spec);
+            }
+        }
+        let scope_left: Vec<String> = desired
+            .iter()
+            .map(|d| d.unit.clone())
+            .filter(|u| !scope.contains(u.as_str()))
+            .collect();
+        scope.extend(scope_left.iter().map(String::as_str));
         let (gone, running): (Vec<_>, Vec<_>) = self
             .shared
             .registered_of(scope.iter().copied())
@@ -397,12 +415,14 @@ impl Conductor {
         }
     }
 
-    /// Cancels the jobs that may start an engine `moot` says a newer change no longer wants as it is. The
-    /// other engines such a job was to start are still wanted as they were (the newer change is not about
-    /// them), and it may have stopped them already to start them again: a job of their own starts them,
-    /// after it. Moving toward what was committed before the newer change never overfills a GPU: that
-    /// state held them all.
-    fn cancel(&mut self, moot: impl Fn(&EngineSpec) -> bool) {
+    /// Cancels the jobs that may start an engine `moot` says a newer change no longer wants as it is, and
+    /// returns the other engines those jobs were to start (or wake, or put to sleep): still wanted as they
+    /// were, as the newer change is not about them, and perhaps stopped already to start again. The newer
+    /// change's own job must carry them out, not one of their own before it: the room a wake of theirs was
+    /// committed with may come from a sleep or a stop of the newer change (the sleep committed beside the
+    /// wake being the one made moot), and only within one job does every stop and sleep come before any
+    /// wake or start.
+    fn cancel(&mut self, moot: impl Fn(&EngineSpec) -> bool) -> Vec<EngineSpec> {
         let mut left: BTreeMap<String, EngineSpec> = BTreeMap::new();
         for job in &self.jobs {
             if !*job.cancel.borrow() && job.starts.iter().any(&moot) {
@@ -412,18 +432,19 @@ impl Conductor {
                 }
             }
         }
-        if left.is_empty() {
-            return;
+        left.into_values().collect()
+    }
+
+    /// What cancelled jobs left (`left`), to be carried out by a job on `gpus`, which it joins with the
+    /// GPUs those engines run on or were to start on.
+    fn carry(&self, left: Vec<EngineSpec>, gpus: &mut BTreeSet<Gpu>) -> Carried {
+        let units: Vec<String> = left.iter().map(|s| s.unit.clone()).collect();
+        gpus.extend(self.related(&units, |unit| units.iter().any(|u| u == unit)));
+        gpus.extend(left.iter().flat_map(gpus_of));
+        Carried {
+            within: Within::Units(units.into_iter().collect()),
+            desired: Arc::new(left),
         }
-        let units: Vec<String> = left.keys().cloned().collect();
-        let starts: Vec<EngineSpec> = left.into_values().collect();
-        let mut gpus = self.related(&units, |unit| units.iter().any(|u| u == unit));
-        gpus.extend(starts.iter().flat_map(gpus_of));
-        let within = Within::Units(units.into_iter().collect());
-        let desired = Arc::new(starts.clone());
-        self.queue(gpus, starts, move |shared, mut cancel| async move {
-            apply_to(&shared, &desired, &within, &mut cancel).await;
-        });
     }
 
     /// The GPUs of the engines `running` names (those of them registered now), and of those `pick` takes
@@ -585,6 +606,34 @@ async fn apply_to(
     within: &Within,
     cancel: &mut Cancel,
 ) {
+    free(shared, desired, within).await;
+    take(shared, desired, within, cancel).await;
+}
+
+/// Engines of cancelled jobs that a newer change's job carries out beside its own: their stops and sleeps
+/// before its work, their wakes and starts after it.
+struct Carried {
+    within: Within,
+    desired: Arc<Vec<EngineSpec>>,
+}
+
+impl Carried {
+    async fn free(&self, shared: &Arc<Shared>) {
+        if !self.desired.is_empty() {
+            free(shared, &self.desired, &self.within).await;
+        }
+    }
+
+    async fn take(&self, shared: &Arc<Shared>, cancel: &mut Cancel) {
+        if !self.desired.is_empty() {
+            take(shared, &self.desired, &self.within, cancel).await;
+        }
+    }
+}
+
+/// The half of [`apply_to`] that frees memory: what runs `within` and is not wanted as it runs stops, and
+/// what is wanted asleep is put to sleep (or stopped, where it cannot be).
+async fn free(shared: &Arc<Shared>, desired: &[EngineSpec], within: &Within) {
     let stale: Vec<String> = {
         let units = shared.lock();
         within
@@ -599,19 +648,8 @@ async fn apply_to(
             .collect()
     };
     shared.stop_units(&stale).await;
-    // Then the sleeps (which free memory) side by side, then the wakes (which take it back) and the starts.
-    let (sleeps, wakes): (Vec<&EngineSpec>, Vec<&EngineSpec>) = {
-        let units = shared.lock();
-        desired
-            .iter()
-            .filter(|s| within.holds(s))
-            .filter(|s| {
-                units.get(&s.unit).is_some_and(|u| {
-                    u.spec.asleep != s.asleep && u.spec.fingerprint() == s.fingerprint()
-                })
-            })
-            .partition(|s| s.asleep)
-    };
+    // Then the sleeps, side by side.
+    let sleeps = turning(shared, desired, within, true);
     let slept = sleeps.iter().map(|s| shared.sleep_or_wake(&s.unit, true));
     let mut awake = Vec::new();
     for (spec, slept) in sleeps.iter().zip(futures::future::join_all(slept).await) {
@@ -625,7 +663,31 @@ async fn apply_to(
     }
     // The plan counts it as asleep: awake beside what starts next it would overfill its GPU.
     shared.stop_units(&awake).await;
-    for spec in wakes {
+}
+
+/// Those of `desired` within that run, as they are wanted to, but `asleep` where they are awake or awake
+/// where they are asleep.
+fn turning<'a>(
+    shared: &Shared,
+    desired: &'a [EngineSpec],
+    within: &Within,
+    asleep: bool,
+) -> Vec<&'a EngineSpec> {
+    let units = shared.lock();
+    desired
+        .iter()
+        .filter(|s| within.holds(s) && s.asleep == asleep)
+        .filter(|s| {
+            units.get(&s.unit).is_some_and(|u| {
+                u.spec.asleep != s.asleep && u.spec.fingerprint() == s.fingerprint()
+            })
+        })
+        .collect()
+}
+
+/// The half of [`apply_to`] that takes memory, once [`free`] has run: the wakes, then the starts.
+async fn take(shared: &Arc<Shared>, desired: &[EngineSpec], within: &Within, cancel: &mut Cancel) {
+    for spec in turning(shared, desired, within, false) {
         if let Err(why) = shared.sleep_or_wake(&spec.unit, false).await {
             tracing::warn!("{} could not be woken: {why}", spec.unit);
         }
