@@ -101,6 +101,7 @@ pub fn table() -> Vec<ApiRoute> {
         route("/api/plans/validate", M::POST, post(groups::validate_plan)),
         route("/api/models", M::GET, get(models::list_models)),
         route("/api/models", M::POST, post(models::add_model)),
+        route("/api/models/{name}", M::GET, get(models::get_model)),
         route(
             "/api/models/{name}/estimate",
             M::GET,

@@ -3,11 +3,13 @@
 use super::{page, ApiJson};
 use crate::auth::Actor;
 use crate::catalog::CatalogModel;
+use crate::console::ConsoleService;
 use crate::error::ApiError;
 use crate::fleet::authority::Sight;
 use crate::fleet::groups::engine_name;
 use crate::input::NewModel;
 use crate::AppState;
+use app::views::ModelRow;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, Uri};
@@ -62,6 +64,47 @@ pub(super) async fn add_model(
         StatusCode::CREATED,
         Json(state.fleet.add_model(model, &actor.name).await?),
     ))
+}
+
+/// `GET /api/models/{name}`'s answer.
+#[derive(Debug, Serialize)]
+pub(super) struct ModelAnswer {
+    /// The model.
+    name: String,
+    /// Its recipe in the catalog (secrets redacted for all but admins), where it has one.
+    recipe: Option<CatalogModel>,
+    /// How it runs, as the Models tab shows it (engines, share, on demand, replicas and their last scale
+    /// steps), where it is deployed.
+    deployed: Option<ModelRow>,
+}
+
+/// `GET /api/models/{name}`: the model's recipe and, where it is deployed, how it runs.
+pub(super) async fn get_model(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(name): Path<String>,
+) -> Result<Json<ModelAnswer>, ApiError> {
+    let recipe = state
+        .fleet
+        .models_shown(Sight::of(&actor))
+        .into_iter()
+        .find(|m| m.name == name);
+    let console = ConsoleService::new(
+        state.fleet.clone(),
+        state.pool.clone(),
+        state.tokens.clone(),
+    );
+    let deployed = console.deployed_model(&name).await?;
+    if recipe.is_none() && deployed.is_none() {
+        return Err(ApiError::NotFound(format!(
+            "no model named {name} is in the catalog or deployed"
+        )));
+    }
+    Ok(Json(ModelAnswer {
+        name,
+        recipe,
+        deployed,
+    }))
 }
 
 /// One GPU's peak as the REST API answers it: the figures, and what the rule makes of them.

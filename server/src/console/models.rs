@@ -174,21 +174,28 @@ impl ConsoleService {
         })
     }
 
-    /// A model's own page.
-    pub(super) async fn model_own_page(
-        &self,
-        caller: Caller,
-        model: &str,
-    ) -> Result<ModelPage, AppError> {
+    /// `model` as the Models tab shows it, with its figures; `None` where it is not deployed.
+    pub async fn deployed_model(&self, model: &str) -> Result<Option<ModelRow>, ApiError> {
         // Its own figures alone: not every member's peaks read to show one.
         let mut rows: Vec<ModelRow> = self
             .model_rows()
             .into_iter()
             .filter(|r| r.name == model)
             .collect();
-        self.with_figures(&mut rows).await.map_err(app_error)?;
-        let row = rows
-            .pop()
+        self.with_figures(&mut rows).await?;
+        Ok(rows.pop())
+    }
+
+    /// A model's own page.
+    pub(super) async fn model_own_page(
+        &self,
+        caller: Caller,
+        model: &str,
+    ) -> Result<ModelPage, AppError> {
+        let row = self
+            .deployed_model(model)
+            .await
+            .map_err(app_error)?
             .ok_or_else(|| AppError::NotFound(format!("no model named {model} is deployed")))?;
         let neighbours = row
             .group

@@ -338,10 +338,18 @@ impl Fleet {
             .await?;
             fleet.finish(&mut state, tx, None, None).await?;
             tracing::info!("{model}: {from} → {to} replicas ({})", decision.why);
+            let at = super::usage::rfc3339(now).unwrap_or_default();
+            fleet.runtime.publish(crate::runtime::Event::Scale {
+                at: at.clone(),
+                model: model.clone(),
+                from,
+                to,
+                why: decision.why.clone(),
+            });
             fleet.scaling.with(&model, |s| {
                 s.scaler.reset();
                 s.decisions.push_back(ScaleEvent {
-                    at: super::usage::rfc3339(now).unwrap_or_default(),
+                    at,
                     from,
                     to,
                     why: decision.why,
@@ -419,12 +427,54 @@ memory_gb = 80
         (app, change, placed, other)
     }
 
+    /// The first scale step the event stream carries.
+    async fn scale_event(
+        events: impl futures::Stream<Item = crate::runtime::Event>,
+    ) -> crate::runtime::Event {
+        use futures::StreamExt;
+        let mut scales =
+            std::pin::pin!(events
+                .filter(|e| std::future::ready(matches!(e, crate::runtime::Event::Scale { .. }))));
+        tokio::time::timeout(std::time::Duration::from_secs(5), scales.next())
+            .await
+            .expect("a scale event within 5 s")
+            .expect("the stream is open")
+    }
+
     fn decision(from: u32, to: u32) -> Decision {
         Decision {
             from,
             to,
             why: "a test asked".to_owned(),
         }
+    }
+
+    #[tokio::test]
+    async fn get_api_models_name_shows_the_recipe_and_how_the_model_runs_with_its_replicas_and_last_steps_and_an_unknown_name_is_not_found(
+    ) {
+        let (app, _, _, _) = vision_on_one_of_two().await;
+        app.fleet.scale("vision", decision(1, 2)).await.unwrap();
+        let (status, answer) = app.get("/api/models/vision").await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["recipe"]["name"], "vision", "{answer}");
+        let replicas = &answer["deployed"]["replicas"];
+        assert_eq!(
+            (
+                replicas["running"].as_u64(),
+                replicas["max"].as_u64(),
+                replicas["decisions"][0]["to"].as_u64(),
+                replicas["decisions"][0]["why"].as_str(),
+            ),
+            (Some(2), Some(2), Some(2), Some("a test asked")),
+            "{answer}"
+        );
+
+        let (status, answer) = app.get("/api/models/nothing-of-the-kind").await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{answer}");
+        assert_eq!(
+            answer["error"],
+            "no model named nothing-of-the-kind is in the catalog or deployed"
+        );
     }
 
     #[tokio::test]
@@ -440,6 +490,7 @@ memory_gb = 80
 
         let group = change["group"].as_str().unwrap();
         let revision = app.fleet.group(group).unwrap().revision;
+        let events = app.fleet.runtime().events();
         assert_eq!(app.fleet.scale("vision", decision(1, 2)).await.unwrap(), 2);
         assert_eq!(
             app.fleet.group(group).unwrap().revision,
@@ -451,6 +502,22 @@ memory_gb = 80
         let (_, audit) = app.get("/api/audit?action=model.scale").await;
         assert_eq!(audit[0]["actor"], "tessera", "{audit}");
         assert_eq!(audit[0]["after"]["why"], "a test asked", "{audit}");
+        let crate::runtime::Event::Scale {
+            at,
+            model,
+            from,
+            to,
+            why,
+        } = scale_event(events).await
+        else {
+            unreachable!("only scale events are taken")
+        };
+        assert_eq!(
+            (model.as_str(), from, to, why.as_str()),
+            ("vision", 1, 2, "a test asked"),
+            "the step is an event on /api/events too, at {at}"
+        );
+        assert!(at.starts_with("20"), "{at}");
 
         assert_eq!(app.fleet.scale("vision", decision(2, 1)).await.unwrap(), 1);
         let left: Vec<Option<f64>> = vec![

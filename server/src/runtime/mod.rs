@@ -93,6 +93,19 @@ pub enum Event {
         /// The neighbours busy during its slow requests, the most often busy first.
         busy_neighbours: Vec<String>,
     },
+    /// Tessera added or removed a replica of a model (its audit entry is `model.scale`).
+    Scale {
+        /// When, RFC 3339.
+        at: String,
+        /// The model.
+        model: String,
+        /// Its replicas before.
+        from: u32,
+        /// And after.
+        to: u32,
+        /// Why, in the load's words: `6 requests in flight or waiting on 1 replica of target 1 for 6 s`.
+        why: String,
+    },
 }
 
 /// Where a step of a plan change is.
