@@ -120,18 +120,20 @@ pub struct Loaded {
     pub last_used_ms: u64,
     /// A request is in flight to it, or waits for it.
     pub busy: bool,
+    /// Its engine sleeps.
+    pub asleep: bool,
     /// How long it stays loaded with no request.
     pub keep_alive: KeepAlive,
 }
 
-/// The loaded on-demand models that may make way, in the order they do: idle ones only, least recently
-/// used first, ties by name.
+/// The loaded on-demand models that may make way, in the order they do: idle ones only, the awake before
+/// the asleep, each least recently used first, ties by name. A sleeper makes way last: stopped, it frees
+/// only the little it keeps asleep, and its next request becomes a cold start; an awake one frees its
+/// share (by its own sleep, where it can).
 pub fn eviction_order(loaded: &[Loaded]) -> Vec<&str> {
     let mut idle: Vec<&Loaded> = loaded.iter().filter(|l| !l.busy).collect();
     idle.sort_by(|a, b| {
-        a.last_used_ms
-            .cmp(&b.last_used_ms)
-            .then_with(|| a.name.cmp(&b.name))
+        (a.asleep, a.last_used_ms, &a.name).cmp(&(b.asleep, b.last_used_ms, &b.name))
     });
     idle.into_iter().map(|l| l.name.as_str()).collect()
 }
@@ -213,6 +215,7 @@ mod tests {
             name: name.into(),
             last_used_ms,
             busy,
+            asleep: false,
             keep_alive: KeepAlive::from_secs(60).unwrap(),
         }
     }
@@ -268,6 +271,24 @@ mod tests {
     }
 
     #[test]
+    fn a_sleeper_makes_way_after_every_idle_awake_model_however_long_it_slept() {
+        let asleep = |name, used| Loaded {
+            asleep: true,
+            ..loaded(name, used, false)
+        };
+        let models = [
+            asleep("glm", 1_000),
+            loaded("speech", 3_000, false),
+            asleep("vision", 500),
+            loaded("rerank", 2_000, false),
+        ];
+        assert_eq!(
+            eviction_order(&models),
+            ["rerank", "speech", "vision", "glm"]
+        );
+    }
+
+    #[test]
     fn a_keep_alive_runs_out_only_for_an_idle_model_unused_that_long() {
         let models = [
             loaded("a", 0, false),
@@ -316,16 +337,19 @@ mod tests {
     }
 
     proptest! {
-        /// Against the plain definition: the order is a permutation of the idle models, each used no later
-        /// than the next.
+        /// Against the plain definition: the order is a permutation of the idle models, no sleeper before
+        /// an awake one, and within each, each used no later than the next.
         #[test]
         fn eviction_takes_every_idle_model_oldest_first(
-            models in proptest::collection::vec((0u64..50, any::<bool>()), 0..12)
+            models in proptest::collection::vec((0u64..50, any::<bool>(), any::<bool>()), 0..12)
         ) {
             let models: Vec<Loaded> = models
                 .iter()
                 .enumerate()
-                .map(|(i, &(used, busy))| loaded(&format!("m{i:02}"), used, busy))
+                .map(|(i, &(used, busy, asleep))| Loaded {
+                    asleep,
+                    ..loaded(&format!("m{i:02}"), used, busy)
+                })
                 .collect();
             let order = eviction_order(&models);
             let idle = models.iter().filter(|m| !m.busy).count();
@@ -336,7 +360,9 @@ mod tests {
             }
             for pair in order.windows(2) {
                 let (a, b) = (used(pair[0]), used(pair[1]));
-                prop_assert!((a.last_used_ms, &a.name) < (b.last_used_ms, &b.name));
+                prop_assert!(
+                    (a.asleep, a.last_used_ms, &a.name) < (b.asleep, b.last_used_ms, &b.name)
+                );
             }
         }
     }

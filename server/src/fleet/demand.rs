@@ -497,6 +497,7 @@ impl Fleet {
                         name: m.clone(),
                         last_used_ms: self.activity.last_used_ms(m),
                         busy: in_flight > 0 || (self.activity.waiting(m) && !yields) || loading,
+                        asleep: g.asleep.contains_key(m),
                         keep_alive,
                     })
                 })
@@ -523,8 +524,8 @@ impl Fleet {
         Some(order[..k].iter().map(|m| (*m).to_owned()).collect())
     }
 
-    /// How the loaded on-demand models on `gpus` make way for the load (or wake) of `loading`, least
-    /// recently used idle first, until `committed` fits: each put to sleep where it is awake, its engine
+    /// How the loaded on-demand models on `gpus` make way for the load (or wake) of `loading`, in
+    /// [`eviction_order`] (idle ones, the awake before sleepers, least recently used first), until `committed` fits: each put to sleep where it is awake, its engine
     /// can sleep, what it keeps asleep was measured at an earlier sleep, and its machines' memory for
     /// sleepers takes it; else unloaded (a sleeper is stopped). `None` when it does not fit even with
     /// every idle one gone.
@@ -697,6 +698,9 @@ impl Fleet {
             if group.loaded.contains(&model) && !waking {
                 return Ok(Load::Loaded);
             }
+            // A sleep the fleet's look has not measured yet is read now, before the wake undoes it: what
+            // it kept is what a later sleep to make way counts on (`way_of`).
+            let unmeasured = group.asleep.get(&model).filter(|a| a.held.is_none()).copied();
             let mut wanted = (*committed).clone();
             set_loaded(&mut wanted, &model, true);
             let way = fleet
@@ -745,6 +749,12 @@ impl Fleet {
             )
             .await?;
             fleet.finish(&mut state, tx, None, None).await?;
+            if let Some(asleep) = unmeasured {
+                let engines = fleet.runtime.engines_of(&model);
+                if let Some(kept) = measured(&state.ledger, &engines, &model, &asleep) {
+                    fleet.activity.with(&model, |u| u.last_asleep = Some(kept));
+                }
+            }
             fleet.activity.with(&model, |u| {
                 if waking {
                     u.waking = Some(asked);
