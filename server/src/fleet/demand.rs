@@ -748,12 +748,12 @@ impl Fleet {
                 ),
             )
             .await?;
+            let kept = unmeasured.and_then(|asleep| {
+                measured(&state.ledger, &fleet.runtime.engines_of(&model), &model, &asleep)
+            });
             fleet.finish(&mut state, tx, None, None).await?;
-            if let Some(asleep) = unmeasured {
-                let engines = fleet.runtime.engines_of(&model);
-                if let Some(kept) = measured(&state.ledger, &engines, &model, &asleep) {
-                    fleet.activity.with(&model, |u| u.last_asleep = Some(kept));
-                }
+            if kept.is_some() {
+                fleet.activity.with(&model, |u| u.last_asleep = kept);
             }
             fleet.activity.with(&model, |u| {
                 if waking {

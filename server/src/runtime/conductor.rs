@@ -73,7 +73,17 @@ fn gpus_of(spec: &EngineSpec) -> BTreeSet<Gpu> {
 struct Job {
     /// The engines it may start: a newer change that wants one of them gone or different cancels it.
     starts: Vec<EngineSpec>,
+    /// The engines it is to stop and not start again (a plan's members that leave): a change that cancels
+    /// it stops them instead.
+    stops: Vec<String>,
     cancel: watch::Sender<bool>,
+}
+
+/// What the jobs a newer change cancelled were to do besides what the change made moot: engines to start,
+/// wake or put to sleep as they were wanted, and engines to stop.
+struct Left {
+    specs: Vec<EngineSpec>,
+    stops: Vec<String>,
 }
 
 struct Conductor {
@@ -155,7 +165,19 @@ impl Conductor {
             Change::Apply(desired) => self.apply(desired),
             Change::Update { units, desired } => self.update(&units, desired),
             Change::Restart(unit) => {
-                let Some(spec) = self.shared.lock().get(&unit).map(|u| u.spec.clone()) else {
+                // As the changes before it want it (a sleep or a wake of it may still be queued), else as
+                // it runs.
+                let queued = self
+                    .jobs
+                    .iter()
+                    .rev()
+                    .filter(|j| !*j.cancel.borrow())
+                    .flat_map(|j| &j.starts)
+                    .find(|s| s.unit == unit)
+                    .cloned();
+                let Some(spec) =
+                    queued.or_else(|| self.shared.lock().get(&unit).map(|u| u.spec.clone()))
+                else {
                     return;
                 };
                 let left = self.cancel(|s| s.unit == unit);
@@ -163,7 +185,8 @@ impl Conductor {
                 let left = self.carry(left, &mut gpus);
                 let mut starts = vec![spec.clone()];
                 starts.extend(left.desired.iter().cloned());
-                self.queue(gpus, starts, move |shared, mut cancel| async move {
+                let stops = left.stops();
+                self.queue(gpus, starts, stops, move |shared, mut cancel| async move {
                     left.free(&shared).await;
                     shared.stop_units(std::slice::from_ref(&unit)).await;
                     // A sleeper restarted is stopped, and starts cold at its next request.
@@ -199,18 +222,27 @@ impl Conductor {
                         .map(|(unit, _)| unit.to_owned())
                         .collect()
                 };
-                let left = self.cancel(|s| {
+                let mut left = self.cancel(|s| {
                     touched(&s.unit)
                         && !members
                             .iter()
-                            .any(|m| m.unit == s.unit && m.fingerprint() == s.fingerprint())
+                            .any(|m| m.unit == s.unit && as_running(m) == as_running(s))
                 });
+                // A member is as the plan has it, whatever a cancelled job wanted of it.
+                left.specs
+                    .retain(|s| !members.iter().any(|m| m.unit == s.unit));
                 let mut gpus = self.related(&touched_now, touched);
                 gpus.extend(members.iter().flat_map(gpus_of));
                 let left = self.carry(left, &mut gpus);
                 let mut starts = members.clone();
                 starts.extend(left.desired.iter().cloned());
-                self.queue(gpus, starts, move |shared, mut cancel| async move {
+                // What runs of the group and is no member of it stops (the plan's last step).
+                let mut stops: Vec<String> = touched_now
+                    .into_iter()
+                    .filter(|u| !members.iter().any(|m| &m.unit == u))
+                    .collect();
+                stops.extend(left.stops());
+                self.queue(gpus, starts, stops, move |shared, mut cancel| async move {
                     left.free(&shared).await;
                     carry_out(&shared, &group, revision, &steps, &members, &mut cancel).await;
                     left.take(&shared, &mut cancel).await;
@@ -309,9 +341,14 @@ impl Conductor {
             }
             let within = Within::Gpus(part.clone());
             let desired = Arc::new(starts.clone());
-            self.queue(part, starts, move |shared, mut cancel| async move {
-                apply_to(&shared, &desired, &within, &mut cancel).await;
-            });
+            self.queue(
+                part,
+                starts,
+                Vec::new(),
+                move |shared, mut cancel| async move {
+                    apply_to(&shared, &desired, &within, &mut cancel).await;
+                },
+            );
         }
     }
 
@@ -334,18 +371,18 @@ impl Conductor {
             scope.contains(s.unit.as_str())
                 && wanted_as.get(s.unit.as_str()) != Some(&as_running(s))
         });
-        // What the cancelled jobs were to do besides is done by this change's jobs, with its own.
-        for spec in left {
-            if wanted
-                .insert(spec.unit.clone(), spec.fingerprint())
-                .is_none()
-            {
+        // What the cancelled jobs were to do besides is done by this change's jobs, with its own: their
+        // engines to stop are not wanted, so they stop at once below.
+        for spec in left.specs {
+            if !wanted.contains_key(&spec.unit) {
+                wanted.insert(spec.unit.clone(), spec.fingerprint());
                 desired.push(spec);
             }
         }
         let scope_left: Vec<String> = desired
             .iter()
             .map(|d| d.unit.clone())
+            .chain(left.stops.into_iter().filter(|u| !wanted.contains_key(u)))
             .filter(|u| !scope.contains(u.as_str()))
             .collect();
         scope.extend(scope_left.iter().map(String::as_str));
@@ -391,9 +428,14 @@ impl Conductor {
         for (part, starts) in parts.into_sets().into_iter().zip(starts) {
             let within = Within::Units(starts.iter().map(|s| s.unit.clone()).collect());
             let desired = Arc::new(starts.clone());
-            self.queue(part, starts, move |shared, mut cancel| async move {
-                apply_to(&shared, &desired, &within, &mut cancel).await;
-            });
+            self.queue(
+                part,
+                starts,
+                Vec::new(),
+                move |shared, mut cancel| async move {
+                    apply_to(&shared, &desired, &within, &mut cancel).await;
+                },
+            );
         }
     }
 
@@ -422,28 +464,41 @@ impl Conductor {
     /// committed with may come from a sleep or a stop of the newer change (the sleep committed beside the
     /// wake being the one made moot), and only within one job does every stop and sleep come before any
     /// wake or start.
-    fn cancel(&mut self, moot: impl Fn(&EngineSpec) -> bool) -> Vec<EngineSpec> {
-        let mut left: BTreeMap<String, EngineSpec> = BTreeMap::new();
+    fn cancel(&mut self, moot: impl Fn(&EngineSpec) -> bool) -> Left {
+        let mut specs: BTreeMap<String, EngineSpec> = BTreeMap::new();
+        let mut stops: BTreeSet<String> = BTreeSet::new();
         for job in &self.jobs {
             if !*job.cancel.borrow() && job.starts.iter().any(&moot) {
                 job.cancel.send_replace(true);
                 for start in job.starts.iter().filter(|s| !moot(s)) {
-                    left.insert(start.unit.clone(), start.clone());
+                    specs.insert(start.unit.clone(), start.clone());
                 }
+                stops.extend(job.stops.iter().cloned());
             }
         }
-        left.into_values().collect()
+        Left {
+            stops: stops
+                .into_iter()
+                .filter(|u| !specs.contains_key(u))
+                .collect(),
+            specs: specs.into_values().collect(),
+        }
     }
 
     /// What cancelled jobs left (`left`), to be carried out by a job on `gpus`, which it joins with the
     /// GPUs those engines run on or were to start on.
-    fn carry(&self, left: Vec<EngineSpec>, gpus: &mut BTreeSet<Gpu>) -> Carried {
-        let units: Vec<String> = left.iter().map(|s| s.unit.clone()).collect();
+    fn carry(&self, left: Left, gpus: &mut BTreeSet<Gpu>) -> Carried {
+        let units: Vec<String> = left
+            .specs
+            .iter()
+            .map(|s| s.unit.clone())
+            .chain(left.stops)
+            .collect();
         gpus.extend(self.related(&units, |unit| units.iter().any(|u| u == unit)));
-        gpus.extend(left.iter().flat_map(gpus_of));
+        gpus.extend(left.specs.iter().flat_map(gpus_of));
         Carried {
             within: Within::Units(units.into_iter().collect()),
-            desired: Arc::new(left),
+            desired: Arc::new(left.specs),
         }
     }
 
@@ -479,14 +534,23 @@ impl Conductor {
     }
 
     /// Runs `work` once every job queued before it on `gpus` has ended (skipping it when cancelled by then).
-    fn queue<F, Fut>(&mut self, gpus: BTreeSet<Gpu>, starts: Vec<EngineSpec>, work: F)
-    where
+    fn queue<F, Fut>(
+        &mut self,
+        gpus: BTreeSet<Gpu>,
+        starts: Vec<EngineSpec>,
+        stops: Vec<String>,
+        work: F,
+    ) where
         F: FnOnce(Arc<Shared>, Cancel) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
         let (ended, before) = self.last_on(gpus);
         let (cancel, cancelled) = watch::channel(false);
-        self.jobs.push(Job { starts, cancel });
+        self.jobs.push(Job {
+            starts,
+            stops,
+            cancel,
+        });
         let shared = self.shared.clone();
         tokio::spawn(async move {
             let _ended = ended;
@@ -618,10 +682,20 @@ struct Carried {
 }
 
 impl Carried {
-    async fn free(&self, shared: &Arc<Shared>) {
-        if !self.desired.is_empty() {
-            free(shared, &self.desired, &self.within).await;
+    /// The engines it is to stop (those of its units it does not want).
+    fn stops(&self) -> Vec<String> {
+        match &self.within {
+            Within::Units(units) => units
+                .iter()
+                .filter(|u| !self.desired.iter().any(|s| &s.unit == *u))
+                .cloned()
+                .collect(),
+            Within::Gpus(_) | Within::Group(_) => Vec::new(),
         }
+    }
+
+    async fn free(&self, shared: &Arc<Shared>) {
+        free(shared, &self.desired, &self.within).await;
     }
 
     async fn take(&self, shared: &Arc<Shared>, cancel: &mut Cancel) {

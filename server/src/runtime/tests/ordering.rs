@@ -263,3 +263,49 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_a_plan_removes_is_stopped_even_when_a_newer_change_cancels_the_plan_before_it_runs(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    let unit = |member: &str| placement::holder::member("g", member, "here");
+    // x runs and never answers a health check: its start, and every job queued behind it, waits.
+    let leaving = command(&unit("x"), 0, "sleep 1000");
+    runtime.submit(Change::Apply(vec![leaving.clone()]));
+    wait_until("x is loading", || {
+        runtime.engine(&unit("x")).and_then(|e| e.pid).is_some()
+    })
+    .await;
+    // The plan: x leaves the group and y joins it, queued behind x's start.
+    let joining = command(&unit("y"), 0, "sleep 1000");
+    runtime.submit(Change::Plan {
+        group: "g".to_owned(),
+        revision: 2,
+        steps: vec![
+            placement::Step::Stop("x".to_owned()),
+            placement::Step::Start(
+                "y".to_owned(),
+                placement::BasisPoints::from_percent(50.0).unwrap(),
+            ),
+        ],
+        members: vec![joining],
+    });
+    // A newer change wants y otherwise: the plan's job is cancelled before it ran.
+    let otherwise = command(&unit("y"), 0, "sleep 999");
+    runtime.submit(Change::Update {
+        units: vec![unit("y")],
+        desired: vec![otherwise],
+    });
+    wait_until("x, which the plan removed, stops", || {
+        runtime.engine(&unit("x")).is_none()
+    })
+    .await;
+    wait_until("y starts as the newer change wants it", || {
+        runtime.engine(&unit("y")).and_then(|e| e.pid).is_some()
+    })
+    .await;
+    runtime.shutdown().await;
+}
