@@ -340,15 +340,7 @@ impl Conductor {
                 continue;
             }
             let within = Within::Gpus(part.clone());
-            let desired = Arc::new(starts.clone());
-            self.queue(
-                part,
-                starts,
-                Vec::new(),
-                move |shared, mut cancel| async move {
-                    apply_to(&shared, &desired, &within, &mut cancel).await;
-                },
-            );
+            self.queue_apply(part, starts, within);
         }
     }
 
@@ -427,15 +419,7 @@ impl Conductor {
         }
         for (part, starts) in parts.into_sets().into_iter().zip(starts) {
             let within = Within::Units(starts.iter().map(|s| s.unit.clone()).collect());
-            let desired = Arc::new(starts.clone());
-            self.queue(
-                part,
-                starts,
-                Vec::new(),
-                move |shared, mut cancel| async move {
-                    apply_to(&shared, &desired, &within, &mut cancel).await;
-                },
-            );
+            self.queue_apply(part, starts, within);
         }
     }
 
@@ -455,6 +439,19 @@ impl Conductor {
                 }
             });
         }
+    }
+
+    /// Queues a job that brings the engines `within` takes to `starts` ([`apply_to`]) on `gpus`.
+    fn queue_apply(&mut self, gpus: BTreeSet<Gpu>, starts: Vec<EngineSpec>, within: Within) {
+        let desired = Arc::new(starts.clone());
+        self.queue(
+            gpus,
+            starts,
+            Vec::new(),
+            move |shared, mut cancel| async move {
+                apply_to(&shared, &desired, &within, &mut cancel).await;
+            },
+        );
     }
 
     /// Cancels the jobs that may start an engine `moot` says a newer change no longer wants as it is, and
