@@ -1,5 +1,5 @@
-// Replicas that follow traffic (issue 44): a model deployed on two machines with a most of two starts on
-// one of them, and the wizard refuses more replicas than machines, and replicas for an on-demand model.
+// Replicas that follow traffic (issue 44): a model deployed on two GPUs with a most of two starts on one
+// of them, and the wizard refuses more replicas than GPUs.
 import { expect, test } from "./fixtures/tessera";
 import { ModelsTab, open, Wizard } from "./fixtures/console";
 
@@ -11,19 +11,19 @@ test.use({
     .join(""),
 });
 
-test("a model deployed with a most of two replicas on two machines starts on one and says so, and the wizard refuses more replicas than machines", async ({ page, request }) => {
+test("a model deployed with a most of two replicas on two GPUs starts on one and says so, and the wizard refuses more replicas than GPUs", async ({ page, request }) => {
   const wizard = new Wizard(page);
   await wizard.open();
   await wizard.place("vision", ["east", "west"]);
   const sharing = page.getByRole("switch", { name: "GPU sharing" });
   if (!(await sharing.isChecked())) await sharing.check();
   const replicas = page.getByTestId("replicas");
-  await expect(replicas).toContainText("One on each of the group's 2 machines");
+  await expect(replicas).toContainText("each on one of the group's 2 GPUs");
 
-  // Left empty: one on each machine, as any member. More than the machines: refused, Deploy blocked.
+  // Left empty: one on each machine, as any member. More than the GPUs: refused, Deploy blocked.
   await replicas.getByLabel("Most").fill("3");
   await expect(page.getByTestId("replicas-error")).toHaveText(
-    "replicas.max (3) is more than the 2 machine(s) its GPUs are on: at most one replica runs on each machine of its group; choose GPUs on more nodes, or lower max",
+    "replicas.max (3) is more than the 2 GPU(s) of its group: each replica runs on a GPU of its own; choose more GPUs, or lower max",
   );
   await expect(wizard.deploy).toBeDisabled();
   await replicas.getByLabel("Most").fill("2");
@@ -36,11 +36,11 @@ test("a model deployed with a most of two replicas on two machines starts on one
   await expect(row.getByTestId("replicas")).toHaveText("Replicas by load, 1 to 2 (target 1): 1 running.");
   const groups = await (await request.get("/api/groups")).json();
   const vision = groups.flatMap((g: any) => g.members).find((m: any) => m.name === "vision");
-  expect([vision.replicas.min, vision.replicas.max, vision.replicas.running, vision.replicas.machines.length]).toEqual([1, 2, 1, 1]);
+  expect([vision.replicas.min, vision.replicas.max, vision.replicas.running, vision.replicas.gpus.length]).toEqual([1, 2, 1, 1]);
 
   // The model's own page has its replicas: how many, and where.
   await open(page, "/models/vision");
   const panel = page.getByTestId("model-replicas");
   await expect(panel).toContainText("Replicas by load, 1 to 2 (target 1): 1 running.");
-  await expect(panel).toContainText(`On: ${vision.replicas.machines[0]}.`);
+  await expect(panel).toContainText(`On: GPU 0 of ${vision.replicas.gpus[0].machine}.`);
 });

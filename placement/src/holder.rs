@@ -2,8 +2,12 @@
 //! The server's fleet makes them, its runtime reads them, and the console's repack page names who restarts
 //! by them; here, below all three, none imports another for it.
 //!
-//! A worker's unit is the worker's own name; a group member's is `group:{group}/{member}@{machine}`. Worker
-//! names cannot contain `:`, `/` or `@`, so the two never meet.
+//! A worker's unit is the worker's own name; a group member's is `group:{group}/{member}@{machine}`, and a
+//! replica's (a member that runs on one GPU of its group, as many times as its load asks) is
+//! `group:{group}/{member}@{machine}:{index}`. Worker and machine names cannot contain `:`, `/` or `@`, so
+//! none of these meet.
+
+use crate::GpuRef;
 
 /// The member name under which a group holds the room its on-demand members take turns in, beyond what
 /// those loaded hold: not a model's name (those have no spaces), so no engine or usage is ever its.
@@ -19,7 +23,7 @@ pub const REPLICA_ROOM: &str = "replica room";
 pub enum Holder<'a> {
     /// A worker, by its name.
     Worker(&'a str),
-    /// A member of a sharing group (its model's name) on one machine.
+    /// A member of a sharing group (its model's name) on one machine, or a replica of it on one GPU.
     Member {
         /// The group.
         group: &'a str,
@@ -27,6 +31,8 @@ pub enum Holder<'a> {
         member: &'a str,
         /// The machine it holds room on.
         machine: &'a str,
+        /// A replica's GPU on that machine; none for a member that holds on each of the group's GPUs there.
+        gpu: Option<u32>,
     },
 }
 
@@ -36,11 +42,16 @@ impl<'a> Holder<'a> {
         name.strip_prefix("group:")
             .and_then(|rest| rest.split_once('/'))
             .and_then(|(group, rest)| {
-                let (member, machine) = rest.rsplit_once('@')?;
+                let (member, place) = rest.rsplit_once('@')?;
+                let (machine, gpu) = match place.split_once(':') {
+                    Some((machine, index)) => (machine, Some(index.parse().ok()?)),
+                    None => (place, None),
+                };
                 Some(Holder::Member {
                     group,
                     member,
                     machine,
+                    gpu,
                 })
             })
             .unwrap_or(Holder::Worker(name))
@@ -80,12 +91,17 @@ pub fn member(group: &str, member: &str, machine: &str) -> String {
     format!("group:{group}/{member}@{machine}")
 }
 
+/// The unit name of a replica of `member` of `group` on `gpu` alone.
+pub fn replica(group: &str, member: &str, gpu: &GpuRef) -> String {
+    format!("group:{group}/{member}@{}:{}", gpu.machine, gpu.index)
+}
+
 /// What every unit name of `group`'s members begins with.
 pub fn group_prefix(group: &str) -> String {
     format!("group:{group}/")
 }
 
-/// What every unit name of `member` of `group`, on any machine, begins with.
+/// What every unit name of `member` of `group`, on any machine or GPU, begins with.
 pub fn member_prefix(group: &str, member: &str) -> String {
     format!("group:{group}/{member}@")
 }
@@ -102,13 +118,34 @@ mod tests {
             Holder::Member {
                 group: "chat",
                 member: "qwen",
-                machine: "vega"
+                machine: "vega",
+                gpu: None,
             }
         );
         assert!(name.starts_with(&group_prefix("chat")));
         assert!(name.starts_with(&member_prefix("chat", "qwen")));
         assert_eq!(Holder::parse(&name).name(), "qwen");
         assert_eq!(Holder::parse(&name).group(), Some("chat"));
+    }
+
+    #[test]
+    fn a_replica_s_unit_name_parses_back_into_its_group_member_machine_and_gpu() {
+        let name = replica("chat", "qwen", &GpuRef::new("vega", 3));
+        assert_eq!(
+            Holder::parse(&name),
+            Holder::Member {
+                group: "chat",
+                member: "qwen",
+                machine: "vega",
+                gpu: Some(3),
+            }
+        );
+        assert!(name.starts_with(&member_prefix("chat", "qwen")));
+        assert_ne!(name, member("chat", "qwen", "vega"));
+        assert_eq!(
+            Holder::parse("group:chat/qwen@vega:x"),
+            Holder::Worker("group:chat/qwen@vega:x")
+        );
     }
 
     #[test]

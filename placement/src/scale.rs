@@ -72,13 +72,13 @@ pub enum AutoscaleError {
     /// `target` is 0 or past [`Autoscale::TARGET_MOST`].
     #[error("replicas.target ({0}) must be between 1 and {most} requests per replica", most = Autoscale::TARGET_MOST)]
     Target(u32),
-    /// More replicas than machines to run them on.
-    #[error("replicas.max ({max}) is more than the {machines} machine(s) its GPUs are on: at most one replica runs on each machine of its group; choose GPUs on more nodes, or lower max")]
-    MoreThanMachines {
+    /// More replicas than GPUs to run them on.
+    #[error("replicas.max ({max}) is more than the {gpus} GPU(s) of its group: each replica runs on a GPU of its own; choose more GPUs, or lower max")]
+    MoreThanGpus {
         /// As sent.
         max: u32,
-        /// The machines its group's GPUs are on.
-        machines: u32,
+        /// The GPUs of its group.
+        gpus: u32,
     },
     /// Replicas asked of an on-demand model.
     #[error("an on-demand model loads on every machine of its group when asked for: leave replicas out, or pin it")]
@@ -210,12 +210,12 @@ impl Autoscale {
         })
     }
 
-    /// The same, refused where `max` is more than the `machines` its group's GPUs are on.
-    pub fn within(self, machines: u32) -> Result<Autoscale, AutoscaleError> {
-        if self.max > machines {
-            return Err(AutoscaleError::MoreThanMachines {
+    /// The same, refused where `max` is more than the `gpus` of its group (a replica runs on one).
+    pub fn within(self, gpus: u32) -> Result<Autoscale, AutoscaleError> {
+        if self.max > gpus {
+            return Err(AutoscaleError::MoreThanGpus {
                 max: self.max,
-                machines,
+                gpus,
             });
         }
         Ok(self)
@@ -232,9 +232,9 @@ impl Autoscale {
         }
     }
 
-    /// Replicas as typed in the deploy wizard for a group on `machines` machines: `max` left empty is
-    /// none (one on each machine, as a member without replicas); `min` left empty is 1.
-    pub fn typed(min: &str, max: &str, machines: u32) -> Result<Option<Autoscale>, AutoscaleError> {
+    /// Replicas as typed in the deploy wizard for a group of `gpus` GPUs: `max` left empty is none (one
+    /// engine on each machine, as a member without replicas); `min` left empty is 1.
+    pub fn typed(min: &str, max: &str, gpus: u32) -> Result<Option<Autoscale>, AutoscaleError> {
         let (min, max) = (min.trim(), max.trim());
         if max.is_empty() {
             return Ok(None);
@@ -248,7 +248,7 @@ impl Autoscale {
                 .parse()
                 .map_err(|_| AutoscaleError::NotANumber("Fewest"))?,
         };
-        Autoscale::new(min, max)?.within(machines).map(Some)
+        Autoscale::new(min, max)?.within(gpus).map(Some)
     }
 }
 
@@ -479,7 +479,7 @@ mod tests {
         assert!(unknown.is_err());
         assert_eq!(
             Autoscale::new(1, 3).unwrap().within(2).unwrap_err().to_string(),
-            "replicas.max (3) is more than the 2 machine(s) its GPUs are on: at most one replica runs on each machine of its group; choose GPUs on more nodes, or lower max"
+            "replicas.max (3) is more than the 2 GPU(s) of its group: each replica runs on a GPU of its own; choose more GPUs, or lower max"
         );
     }
 
@@ -501,10 +501,7 @@ mod tests {
         );
         assert!(matches!(
             Autoscale::typed("1", "4", 3),
-            Err(AutoscaleError::MoreThanMachines {
-                max: 4,
-                machines: 3
-            })
+            Err(AutoscaleError::MoreThanGpus { max: 4, gpus: 3 })
         ));
     }
 

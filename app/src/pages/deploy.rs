@@ -153,10 +153,10 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             Err(_) => judge(&[], &[]),
         })
     });
-    // Replicas as typed, judged by the same rule the server applies: at most one on each machine of the
+    // Replicas as typed, judged by the same rule the server applies: at most one on each GPU of the
     // group, and none for a model loaded on demand.
     let replicas = Memo::new(move |_| {
-        let machines = shared.with(|plan| plan.as_ref().map_or(1, |p| machines_of(&p.gpus)));
+        let gpus = shared.with(|plan| plan.as_ref().map_or(1, |p| p.gpus.len() as u32));
         let demand = rows.with(|r| {
             let name = model.get();
             share_form::plan(r)
@@ -165,11 +165,11 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
                 .map(|m| m.demand)
                 .unwrap_or_default()
         });
-        // On one machine the fields are not offered, and what was typed for more is not sent.
-        if machines <= 1 {
+        // On one GPU the fields are not offered, and what was typed for more is not sent.
+        if gpus <= 1 {
             return Ok(None);
         }
-        Autoscale::typed(&fewest.get(), &most.get(), machines)
+        Autoscale::typed(&fewest.get(), &most.get(), gpus)
             .and_then(|r| Autoscale::check_demand(r, demand).map(|()| r))
             .map_err(|e| e.to_string())
     });
@@ -491,7 +491,7 @@ fn SharingStep(
                         <p class="group-line" data-testid="group-line">{plan.choice.line()}</p>
                         <p class="muted">"On " {on} "."</p>
                         <SharedGpuMemoryPanel rows verdict gpu_total />
-                        {(machines_of(&plan.gpus) > 1).then(|| view! { <ReplicasFields machines=machines_of(&plan.gpus) fewest most replicas /> })}
+                        {(plan.gpus.len() > 1).then(|| view! { <ReplicasFields gpus=plan.gpus.len() fewest most replicas /> })}
                         <EstimatePanel model=model.get_untracked() engine=engine.get_untracked() machine gpu_total rows />
                     }.into_any()
                 }
@@ -509,18 +509,12 @@ fn SharingStep(
     }
 }
 
-/// How many machines `gpus` are on: at most one replica of a model runs on each.
-fn machines_of(gpus: &[placement::GroupGpu]) -> u32 {
-    let machines: std::collections::BTreeSet<&str> =
-        gpus.iter().map(|g| g.gpu.machine.as_str()).collect();
-    machines.len() as u32
-}
-
-/// The replicas of a model whose group spans several machines: left empty, one on each; with a most, as
-/// many as its load asks for, between the fewest and the most.
+/// The replicas of a model whose group has several GPUs: left empty, one engine on each machine across
+/// its GPUs there; with a most, as many as its load asks for, each on a GPU of its own, between the fewest
+/// and the most.
 #[component]
 fn ReplicasFields(
-    machines: u32,
+    gpus: usize,
     fewest: RwSignal<String>,
     most: RwSignal<String>,
     replicas: Memo<Result<Option<Autoscale>, String>>,
@@ -529,14 +523,14 @@ fn ReplicasFields(
         <fieldset class="replicas" data-testid="replicas">
             <legend>"Replicas"</legend>
             <p class="muted">{format!(
-                "One on each of the group's {machines} machines, or type a most: as many as its load asks for, added after {} s above target and removed one at a time after {} s within what one fewer holds.",
+                "Left empty, one engine on each machine of the group across its GPUs there; or type a most: as many replicas as its load asks for, each on one of the group's {gpus} GPUs, added after {} s above target and removed one at a time after {} s within what one fewer holds.",
                 Autoscale::UP_S, Autoscale::DOWN_S
             )}</p>
             <label for="replicas-fewest">"Fewest"</label>
             <input id="replicas-fewest" type="text" inputmode="numeric" size="4" placeholder="1"
                 prop:value=move || fewest.get() on:input=move |ev| fewest.set(event_target_value(&ev)) />
             <label for="replicas-most">"Most"</label>
-            <input id="replicas-most" type="text" inputmode="numeric" size="4" placeholder="one on each"
+            <input id="replicas-most" type="text" inputmode="numeric" size="4" placeholder="none"
                 prop:value=move || most.get() on:input=move |ev| most.set(event_target_value(&ev)) />
             {move || replicas.get().err().map(|e| view! { <p class="field-error" role="alert" data-testid="replicas-error">{e}</p> })}
         </fieldset>

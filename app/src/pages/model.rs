@@ -172,16 +172,17 @@ fn ReplicasPanel(replicas: crate::views::Replicas) -> impl IntoView {
             view! { <li>{text}</li> }
         })
         .collect_view();
-    let machines = if replicas.machines.is_empty() {
+    let on = if replicas.gpus.is_empty() {
         "none".to_owned()
     } else {
-        replicas.machines.join(", ")
+        let gpus: Vec<String> = replicas.gpus.iter().map(ToString::to_string).collect();
+        gpus.join(", ")
     };
     view! {
         <section class="panel" aria-labelledby="model-replicas" data-testid="model-replicas">
             <h2 id="model-replicas">"Replicas"</h2>
             <p>{line}</p>
-            <p>{format!("On: {machines}.")}</p>
+            <p>{format!("On: {on}.")}</p>
             {(!replicas.decisions.is_empty()).then(|| view! { <ol class="muted" data-testid="model-scale-steps">{steps}</ol> })}
         </section>
     }

@@ -1,7 +1,7 @@
 //! The Models tab's rows: each deployed model with its engines' states and, for one loaded on demand,
 //! whether it is loaded. The engine states live here too, as the Models tab is where they are worded.
 
-use placement::BasisPoints;
+use placement::{BasisPoints, GpuRef};
 use serde::{Deserialize, Serialize};
 
 /// Where an engine is in its life, as the runtime reports it.
@@ -246,13 +246,13 @@ pub struct Replicas {
     pub running: u32,
     /// What the last decision asked for.
     pub desired: u32,
-    /// Asked for and not placed: no machine of its group has the room.
+    /// Asked for and not placed: no GPU of its group has the room.
     pub pending: u32,
-    /// Why each is pending, per machine.
+    /// Why each is pending, per GPU.
     #[serde(skip_serializing_if = "Vec::is_empty", default)]
     pub pending_reasons: Vec<String>,
-    /// The machines its replicas are on.
-    pub machines: Vec<String>,
+    /// The GPUs its replicas are on, one each.
+    pub gpus: Vec<GpuRef>,
     /// The last decisions carried out, newest first.
     pub decisions: Vec<ScaleEvent>,
 }

@@ -412,7 +412,7 @@ mod tests {
             desired: 3,
             pending: 2,
             pending_reasons: vec!["GPU 0 of twin: 6 GB free, a replica needs 9.6 GB".into()],
-            machines: vec!["atlas".into()],
+            gpus: vec![placement::GpuRef::new("atlas", 0)],
             decisions: Vec::new(),
         });
         let mut placed = row("glm-5.3", EngineState::Healthy, 0);

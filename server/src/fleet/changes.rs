@@ -164,18 +164,12 @@ impl Touched {
         }
     }
 
-    /// Group `group`'s machines and the units of its members on each.
+    /// Group `group`'s machines and the units of its members on each (a replica's on each of its GPUs).
     fn note_group(&mut self, group: &Group) {
-        let mut machines: Vec<&str> = group.gpus.iter().map(|g| g.machine.as_str()).collect();
-        machines.dedup();
-        for machine in machines {
-            self.machines.insert(machine.to_owned());
+        for gpu in &group.gpus {
+            self.machines.insert(gpu.machine.clone());
             for member in &group.members {
-                self.units.insert(placement::holder::member(
-                    &group.name,
-                    &member.member,
-                    machine,
-                ));
+                self.units.insert(group.unit_on(&member.member, gpu));
             }
         }
     }

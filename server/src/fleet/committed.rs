@@ -9,7 +9,7 @@ use crate::db::{self, WorkerRow};
 use crate::error::ApiError;
 use placement::sharing::{GpuSharing, Sharing};
 use placement::{Assignment, BasisPoints, GpuRef, KeepAlive, RequestedResources, Share};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 mod by_name;
@@ -359,8 +359,8 @@ fn groups_of(
         .into_iter()
         .map(|(name, gpus, revision)| {
             let mine = by_group.get(name.as_str()).into_iter().flatten().copied();
+            let gpus: Vec<GpuRef> = serde_json::from_str(&gpus).map_err(ApiError::internal)?;
             Ok(Group {
-                gpus: serde_json::from_str(&gpus).map_err(ApiError::internal)?,
                 revision,
                 members: mine
                     .clone()
@@ -388,7 +388,12 @@ fn groups_of(
                     mine.clone()
                         .map(|(_, m, .., autoscale, _, _)| (m, autoscale)),
                 )?,
-                placed: by_member(mine.clone().map(|(_, m, .., placed, _)| (m, placed)))?,
+                placed: by_member::<Vec<String>>(
+                    mine.clone().map(|(_, m, .., placed, _)| (m, placed)),
+                )?
+                .into_iter()
+                .map(|(m, places)| (m, placed_of(&gpus, &places)))
+                .collect(),
                 asleep: by_member(mine.clone().map(|(_, m, .., asleep)| (m, asleep)))?,
                 serving: mine
                     .map(|(_, m, _, args, env, ..)| {
@@ -402,9 +407,29 @@ fn groups_of(
                     })
                     .collect::<Result<_, ApiError>>()?,
                 name,
+                gpus,
             })
         })
         .collect()
+}
+
+/// A member's replicas' GPUs as stored (`machine:index`, each as [`GpuRef::id`]). A replica stored by a
+/// Tessera that placed one on a machine (a name without an index) is taken to be on the first of the
+/// group's GPUs there (and dropped where the group has none there: it held nothing).
+fn placed_of(gpus: &[GpuRef], places: &[String]) -> BTreeSet<GpuRef> {
+    places
+        .iter()
+        .filter_map(|place| match place.parse::<GpuRef>() {
+            Ok(gpu) => Some(gpu),
+            Err(_) => gpus.iter().find(|g| g.machine == *place).cloned(),
+        })
+        .collect()
+}
+
+/// A member's replicas' GPUs as stored: the `machine:index` of each.
+pub(super) fn placed_json(placed: &BTreeSet<GpuRef>) -> Result<String, ApiError> {
+    serde_json::to_string(&placed.iter().map(GpuRef::id).collect::<Vec<_>>())
+        .map_err(ApiError::internal)
 }
 
 /// Each member's JSON column read, for the members whose column is not NULL.
@@ -557,4 +582,28 @@ fn model_of(
         env: serde_json::from_str(&env).map_err(ApiError::internal)?,
         secret_env: serde_json::from_str(&secret_env).map_err(ApiError::internal)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_stored_by_machine_is_read_as_on_the_first_of_the_group_s_gpus_there_and_one_by_gpu_as_that_gpu(
+    ) {
+        let gpus = [
+            GpuRef::new("east", 2),
+            GpuRef::new("east", 3),
+            GpuRef::new("west", 0),
+        ];
+        let stored = ["east".to_owned(), "west:0".to_owned(), "gone".to_owned()];
+        assert_eq!(
+            placed_of(&gpus, &stored),
+            BTreeSet::from([GpuRef::new("east", 2), GpuRef::new("west", 0)])
+        );
+        let written = placed_json(&placed_of(&gpus, &stored)).unwrap();
+        assert_eq!(written, r#"["east:2","west:0"]"#);
+        let again: Vec<String> = serde_json::from_str(&written).unwrap();
+        assert_eq!(placed_of(&gpus, &again), placed_of(&gpus, &stored));
+    }
 }

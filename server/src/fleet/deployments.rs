@@ -213,7 +213,7 @@ impl Fleet {
             });
             if let Some(replicas) = replicas {
                 let replicas = replicas
-                    .within(group.machines().len() as u32)
+                    .within(group.gpus.len() as u32)
                     .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
                 group.autoscale.insert(model.name.clone(), replicas);
                 // Its first replicas, by best fit, beside what the ledger holds there.

@@ -91,7 +91,8 @@ pub(super) fn of_holders(
     desired
 }
 
-/// The engines of one group's members, in plan order, one per machine the member holds its share on.
+/// The engines of one group's members, in plan order, one per unit the member holds its share under (on a
+/// machine, or a replica's GPU).
 pub(super) fn group_engines(
     committed: &Committed,
     ledger: &Ledger,
@@ -101,8 +102,6 @@ pub(super) fn group_engines(
     let Some(group) = committed.group(group) else {
         return Vec::new();
     };
-    let mut machines: Vec<&str> = group.gpus.iter().map(|g| g.machine.as_str()).collect();
-    machines.dedup();
     let mut out = Vec::new();
     for member in &group.members {
         let Some(recipe) = member_recipe(committed, group, &member.member) else {
@@ -114,8 +113,7 @@ pub(super) fn group_engines(
             continue;
         };
         let asleep = group.asleep.contains_key(&member.member);
-        for machine in &machines {
-            let unit = placement::holder::member(&group.name, &member.member, machine);
+        for (unit, _) in group.units(&member.member) {
             if let Some(assignment) = ledger.scheduler().workers().get(&unit) {
                 let mut spec = spec(committed, ledger, hosts, &unit, assignment, recipe.clone());
                 if asleep {

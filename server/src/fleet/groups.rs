@@ -14,7 +14,7 @@ use crate::catalog::Engine;
 use crate::error::ApiError;
 use crate::input::ServingSettings;
 use crate::runtime::{EngineState, Progress};
-use placement::holder::Holder;
+use placement::holder::{self, Holder};
 use placement::scale::Autoscale;
 use placement::{
     judge, BasisPoints, Demand, GpuRef, GroupGpu, Hold, KeepAlive, PlanMember, Scheduler, Share,
@@ -107,11 +107,11 @@ pub(crate) struct Group {
     pub(crate) demand: BTreeMap<String, KeepAlive>,
     /// The on-demand members loaded now.
     pub(crate) loaded: BTreeSet<String>,
-    /// The members whose replicas follow their load; every other member runs on each of the group's
-    /// machines.
+    /// The members whose replicas follow their load, each replica on one GPU of the group; every other
+    /// member runs on each of the group's machines, across the group's GPUs there.
     pub(crate) autoscale: BTreeMap<String, Autoscale>,
-    /// The machines each of those runs a replica on now.
-    pub(crate) placed: BTreeMap<String, BTreeSet<String>>,
+    /// The GPUs each of those runs a replica on now.
+    pub(crate) placed: BTreeMap<String, BTreeSet<GpuRef>>,
     /// The loaded on-demand members asleep now: their engines run, holding only what they keep asleep.
     pub(crate) asleep: BTreeMap<String, Asleep>,
 }
@@ -198,7 +198,42 @@ impl Group {
     pub(crate) fn runs_on(&self, member: &str, machine: &str) -> bool {
         self.runs(member)
             && (!self.autoscale.contains_key(member)
-                || self.placed.get(member).is_some_and(|p| p.contains(machine)))
+                || self
+                    .placed
+                    .get(member)
+                    .is_some_and(|p| p.iter().any(|g| g.machine == machine)))
+    }
+
+    /// `member`'s units that run now, each with the GPUs it holds its share on: one on each of the group's
+    /// machines across its GPUs there, or one for each GPU a replica of it is placed on.
+    pub(crate) fn units(&self, member: &str) -> Vec<(String, Vec<GpuRef>)> {
+        if !self.runs(member) {
+            return Vec::new();
+        }
+        if self.autoscale.contains_key(member) {
+            return self
+                .gpus
+                .iter()
+                .filter(|g| self.placed.get(member).is_some_and(|p| p.contains(*g)))
+                .map(|g| (holder::replica(&self.name, member, g), vec![g.clone()]))
+                .collect();
+        }
+        self.machines()
+            .into_iter()
+            .map(|machine| {
+                let gpus = self.gpus.iter().filter(|g| g.machine == machine).cloned();
+                (holder::member(&self.name, member, machine), gpus.collect())
+            })
+            .collect()
+    }
+
+    /// The unit under which `member` holds (or would hold) its share on `gpu`.
+    pub(crate) fn unit_on(&self, member: &str, gpu: &GpuRef) -> String {
+        if self.autoscale.contains_key(member) {
+            holder::replica(&self.name, member, gpu)
+        } else {
+            holder::member(&self.name, member, &gpu.machine)
+        }
     }
 
     /// The machines of the group, in name order.

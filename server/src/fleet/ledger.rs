@@ -38,8 +38,9 @@ fn turns(group: &Group) -> Option<BasisPoints> {
     (left > 0).then_some(BasisPoints(left))
 }
 
-/// Who holds for `group`, with what share, on which GPUs: each member that runs on each of the group's
-/// machines (`holder::member`), and the room its on-demand members take turns in.
+/// Who holds for `group`, with what share, on which GPUs: each unit of each member that runs
+/// ([`Group::units`]: on each of the group's machines, or a replica on one GPU), and the room its on-demand
+/// members take turns in.
 fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
     let mut by_machine: BTreeMap<&str, Vec<GpuRef>> = BTreeMap::new();
     for gpu in &group.gpus {
@@ -48,36 +49,36 @@ fn group_holds(group: &Group) -> Vec<(String, BasisPoints, Vec<GpuRef>)> {
             .or_default()
             .push(gpu.clone());
     }
-    let held = group
-        .running()
-        .into_iter()
-        .map(|s| (s.member, s.share))
-        .chain(turns(group).map(|share| (TURNS.to_owned(), share)));
     let mut holds = Vec::new();
-    let mut kept = BTreeSet::new();
-    for (member, share) in held {
+    let mut kept: BTreeSet<&GpuRef> = BTreeSet::new();
+    for (member, share) in group.running().into_iter().map(|s| (s.member, s.share)) {
+        for (unit, gpus) in group.units(&member) {
+            kept.extend(group.gpus.iter().filter(|g| gpus.contains(g)));
+            holds.push((unit, share, gpus));
+        }
+    }
+    if let Some(share) = turns(group) {
         for (machine, gpus) in &by_machine {
-            // A member whose replicas follow its load holds only where one is placed.
-            if member != TURNS && !group.runs_on(&member, machine) {
-                continue;
-            }
-            kept.insert(*machine);
+            kept.extend(gpus.iter());
             holds.push((
-                holder::member(&group.name, &member, machine),
+                holder::member(&group.name, TURNS, machine),
                 share,
                 gpus.clone(),
             ));
         }
     }
-    // A machine where no member holds now (its replicas run elsewhere) stays the group's: shared, holding
-    // nothing, so that no worker takes its GPUs whole.
-    for (machine, gpus) in &by_machine {
-        if !kept.contains(machine) && !group.autoscale.is_empty() {
-            holds.push((
-                holder::member(&group.name, REPLICA_ROOM, machine),
-                BasisPoints(0),
-                gpus.clone(),
-            ));
+    // A GPU where no member holds now (the replicas run elsewhere) stays the group's: shared, holding
+    // nothing, so that no worker takes it whole.
+    if !group.autoscale.is_empty() {
+        for (machine, gpus) in &by_machine {
+            let free: Vec<GpuRef> = gpus.iter().filter(|g| !kept.contains(g)).cloned().collect();
+            if !free.is_empty() {
+                holds.push((
+                    holder::member(&group.name, REPLICA_ROOM, machine),
+                    BasisPoints(0),
+                    free,
+                ));
+            }
         }
     }
     holds

@@ -167,11 +167,22 @@ impl Fleet {
             gpu.problem = problems.get(&(name.clone(), gpu.index)).cloned();
             let here = GpuRef::new(&name, gpu.index).to_string();
             for sharer in &mut gpu.sharers {
-                let holder = match &sharer.group {
-                    Some(group) => placement::holder::member(group, &sharer.worker, &name),
-                    None => sharer.worker.clone(),
+                // A member's engine there is its unit on the machine, or its replica on this GPU.
+                let holders = match &sharer.group {
+                    Some(group) => vec![
+                        placement::holder::member(group, &sharer.worker, &name),
+                        placement::holder::replica(
+                            group,
+                            &sharer.worker,
+                            &GpuRef::new(&name, gpu.index),
+                        ),
+                    ],
+                    None => vec![sharer.worker.clone()],
                 };
-                if let Some(&used) = measured.get(&(name.clone(), gpu.index, holder)) {
+                if let Some(&used) = holders
+                    .into_iter()
+                    .find_map(|h| measured.get(&(name.clone(), gpu.index, h)))
+                {
                     sharer.measured_bytes = Some(used.get());
                     sharer.over_share = placement::sharing::over_share(
                         &sharer.worker,

@@ -73,19 +73,16 @@ impl Fleet {
         let fills_share = committed
             .model(model)
             .is_some_and(|m| matches!(m.engine, Engine::Vllm | Engine::Sglang));
-        let Some(gpus) = committed
-            .groups
-            .iter()
-            .find(|g| g.name == group)
-            .map(|g| g.gpus.clone())
-        else {
+        let Some(group) = committed.groups.iter().find(|g| g.name == group) else {
             return Ok(Vec::new());
         };
         let now: Vec<(String, String, u32, Bytes)> = {
             let state = self.state.lock().await;
-            gpus.iter()
+            group
+                .gpus
+                .iter()
                 .filter_map(|gpu| {
-                    let holder = placement::holder::member(group, model, &gpu.machine);
+                    let holder = group.unit_on(model, gpu);
                     let Hold::Shared(sharers) = state.ledger.scheduler().hold(gpu)? else {
                         return None;
                     };
@@ -167,12 +164,11 @@ impl Fleet {
                 let Some(Fit::Smaller { share }) = peaks.first().map(|p| p.peak.fit()) else {
                     continue;
                 };
-                let mut units: Vec<String> = group
-                    .gpus
-                    .iter()
-                    .map(|gpu| placement::holder::member(&group.name, &member.member, &gpu.machine))
+                let units: Vec<String> = group
+                    .units(&member.member)
+                    .into_iter()
+                    .map(|(unit, _)| unit)
                     .collect();
-                units.dedup();
                 out.push(RightSized {
                     group: group.name.clone(),
                     member: member.member.clone(),

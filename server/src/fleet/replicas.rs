@@ -1,6 +1,6 @@
-//! Replicas that follow traffic: a group member deployed with `replicas` runs on some of its group's
-//! machines, between `min` and `max` of them. Each replica holds the member's share on its machine's GPUs
-//! in the ledger from the moment it is decided, placed by best fit (the machine left with the least room);
+//! Replicas that follow traffic: a group member deployed with `replicas` runs on some of its group's GPUs,
+//! between `min` and `max` of them, an engine on each. Each replica holds the member's share on its GPU in
+//! the ledger from the moment it is decided, placed by best fit (the GPU left with the least room);
 //! one that finds no room waits with the reasons, and the model serves on what it has. The gateway samples
 //! each model's load; `placement::scale` decides; a decision is a fleet write like any other (committed
 //! with its audit entry, held, carried out by the runtime, which drains a replica before it stops it).
@@ -75,67 +75,51 @@ fn target_of(set: Option<u32>, args: &[String]) -> u32 {
     .unwrap_or(1)
 }
 
-/// The machines of `group` not in `placed` where `share` of each of the machine's group GPUs fits beside
-/// what `ledger` holds there, best fit first (the least room left after); and why each other one does not.
+/// The GPUs of `group` not in `placed` where `share` fits beside what `ledger` holds there, best fit first
+/// (the least room left after); and why each other one does not.
 fn best_fit(
     ledger: &Ledger,
     group: &Group,
     share: BasisPoints,
-    placed: &BTreeSet<String>,
-) -> (Vec<String>, Vec<String>) {
-    let mut fits: Vec<(Bytes, String)> = Vec::new();
+    placed: &BTreeSet<GpuRef>,
+) -> (Vec<GpuRef>, Vec<String>) {
+    let mut fits: Vec<(Bytes, GpuRef)> = Vec::new();
     let mut reasons = Vec::new();
-    for machine in group.machines() {
-        if placed.contains(machine) {
+    for gpu in group.gpus.iter().filter(|g| !placed.contains(*g)) {
+        let Some(found) = ledger.inventory().gpu(gpu) else {
+            reasons.push(format!("{gpu} is gone"));
+            continue;
+        };
+        let need = found.total.share(share);
+        let hold = ledger.scheduler().hold(gpu);
+        if let Some(Hold::Whole(worker)) = hold {
+            reasons.push(format!("{gpu} is held whole by {worker}"));
             continue;
         }
-        let gpus: Vec<&GpuRef> = group.gpus.iter().filter(|g| g.machine == machine).collect();
-        let mut left = Bytes::ZERO;
-        let mut short = None;
-        for gpu in gpus {
-            let Some(found) = ledger.inventory().gpu(gpu) else {
-                short = Some(format!("GPU {} of {machine} is gone", gpu.index));
-                break;
-            };
-            let need = found.total.share(share);
-            let hold = ledger.scheduler().hold(gpu);
-            if let Some(Hold::Whole(worker)) = hold {
-                short = Some(format!(
-                    "GPU {} of {machine} is held whole by {worker}",
-                    gpu.index
-                ));
-                break;
-            }
-            let taken = hold.map(Hold::taken).unwrap_or_default();
-            let free = Bytes(found.offered().get().saturating_sub(taken.get()));
-            if free < need {
-                short = Some(format!(
-                    "GPU {} of {machine}: {} free, a replica needs {}",
-                    gpu.index,
-                    free.size_text(),
-                    need.size_text()
-                ));
-                break;
-            }
-            left += Bytes(free.get() - need.get());
+        let taken = hold.map(Hold::taken).unwrap_or_default();
+        let free = Bytes(found.offered().get().saturating_sub(taken.get()));
+        if free < need {
+            reasons.push(format!(
+                "{gpu}: {} free, a replica needs {}",
+                free.size_text(),
+                need.size_text()
+            ));
+            continue;
         }
-        match short {
-            Some(why) => reasons.push(why),
-            None => fits.push((left, machine.to_owned())),
-        }
+        fits.push((Bytes(free.get() - need.get()), gpu.clone()));
     }
     fits.sort();
-    (fits.into_iter().map(|(_, m)| m).collect(), reasons)
+    (fits.into_iter().map(|(_, g)| g).collect(), reasons)
 }
 
 /// Where the first `min` replicas of a model with `share` go in `group`, best fit first; fewer where fewer
-/// machines have the room (the rest wait for it).
+/// GPUs have the room (the rest wait for it).
 pub(super) fn first_placed(
     ledger: &Ledger,
     group: &Group,
     share: BasisPoints,
     min: u32,
-) -> BTreeSet<String> {
+) -> BTreeSet<GpuRef> {
     let (fits, _) = best_fit(ledger, group, share, &BTreeSet::new());
     fits.into_iter().take(min as usize).collect()
 }
@@ -159,19 +143,18 @@ pub struct Autoscaled {
     pub running: u32,
 }
 
-/// The machines `model`'s replicas hold their share on in `group`: placed there, a machine of the group
-/// (a repack may have moved the group), and held by the ledger (not kept aside, with why: its GPU left the
+/// The GPUs `model`'s replicas hold their share on in `group`: placed there, a GPU of the group (a repack
+/// may have moved the group), and held by the ledger (not kept aside, with why: its GPU left the
 /// inventory, or the hold was refused).
-fn holding(group: &Group, model: &str, unplaced: &BTreeMap<String, String>) -> BTreeSet<String> {
-    let machines = group.machines();
+fn holding(group: &Group, model: &str, unplaced: &BTreeMap<String, String>) -> BTreeSet<GpuRef> {
     group
         .placed
         .get(model)
         .into_iter()
         .flatten()
         .filter(|_| group.runs(model))
-        .filter(|m| machines.contains(&m.as_str()))
-        .filter(|m| !unplaced.contains_key(&holder::member(&group.name, model, m)))
+        .filter(|g| group.gpus.contains(g))
+        .filter(|g| !unplaced.contains_key(&holder::replica(&group.name, model, g)))
         .cloned()
         .collect()
 }
@@ -241,8 +224,8 @@ impl Fleet {
         let (scale, target) = self.scale_of(model)?;
         let views = self.views();
         let group = views.committed.group_of(model)?;
-        let machines: Vec<String> = holding(group, model, &views.unplaced).into_iter().collect();
-        let running = machines.len() as u32;
+        let gpus: Vec<GpuRef> = holding(group, model, &views.unplaced).into_iter().collect();
+        let running = gpus.len() as u32;
         self.scaling.with(model, |s| {
             let desired = s.desired.unwrap_or(running);
             Some(ReplicasView {
@@ -253,7 +236,7 @@ impl Fleet {
                 desired,
                 pending: desired.saturating_sub(running),
                 pending_reasons: s.pending_reasons.clone(),
-                machines,
+                gpus,
                 decisions: s.decisions.iter().rev().cloned().collect(),
             })
         })
@@ -278,12 +261,12 @@ impl Fleet {
                 .filter(|g| g.autoscale.contains_key(&model))
                 .ok_or_else(|| ApiError::NotFound(format!("{model} is not autoscaled")))?
                 .clone();
-            // A replica placed where it holds nothing (its machine left the group or the inventory) is
+            // A replica placed where it holds nothing (its GPU left the group or the inventory) is
             // none: it goes, and the count starts from those that hold their share.
             let mut placed = holding(&group, &model, state.ledger.all_unplaced());
             let dropped = group.placed.get(&model).is_some_and(|p| *p != placed);
             let from = placed.len() as u32;
-            // Decided on a count that changed since (a machine left): the next sample decides again.
+            // Decided on a count that changed since (a GPU left): the next sample decides again.
             if decision.from != from && !dropped {
                 return Ok(from);
             }
@@ -295,19 +278,19 @@ impl Fleet {
                 reasons = why;
             } else {
                 // The least busy go first; among those as busy, the last by name.
-                let mut by_load: Vec<(usize, std::cmp::Reverse<String>)> = placed
+                let mut by_load: Vec<(usize, std::cmp::Reverse<GpuRef>)> = placed
                     .iter()
-                    .map(|m| {
-                        let unit = holder::member(&group.name, &model, m);
+                    .map(|g| {
+                        let unit = holder::replica(&group.name, &model, g);
                         (
                             fleet.runtime.requests_in_flight(&unit),
-                            std::cmp::Reverse(m.clone()),
+                            std::cmp::Reverse(g.clone()),
                         )
                     })
                     .collect();
                 by_load.sort();
-                for (_, std::cmp::Reverse(m)) in by_load.into_iter().take((from - decision.to) as usize) {
-                    placed.remove(&m);
+                for (_, std::cmp::Reverse(g)) in by_load.into_iter().take((from - decision.to) as usize) {
+                    placed.remove(&g);
                 }
             }
             let to = placed.len() as u32;
@@ -323,7 +306,7 @@ impl Fleet {
             }
             let mut tx = crate::db::write(&fleet.pool).await?;
             sqlx::query("UPDATE group_members SET placed = ? WHERE model = ?")
-                .bind(serde_json::to_string(&placed).map_err(ApiError::internal)?)
+                .bind(super::committed::placed_json(&placed)?)
                 .bind(&model)
                 .execute(&mut *tx)
                 .await?;
@@ -332,7 +315,7 @@ impl Fleet {
             crate::audit::record(
                 &mut tx,
                 crate::audit::Entry::new(crate::audit::TESSERA, "model.scale", &model).after(
-                    serde_json::json!({ "from": from, "to": to, "why": decision.why, "machines": placed }),
+                    serde_json::json!({ "from": from, "to": to, "why": decision.why, "gpus": placed.iter().map(GpuRef::id).collect::<Vec<_>>() }),
                 ),
             )
             .await?;
@@ -422,7 +405,9 @@ memory_gb = 80
             )
             .await;
         assert_eq!(status, StatusCode::CREATED, "{change}");
-        let placed = app.fleet.replicas_view("vision").unwrap().machines[0].clone();
+        let placed = app.fleet.replicas_view("vision").unwrap().gpus[0]
+            .machine
+            .clone();
         let other = if placed == "east" { "west" } else { "east" };
         (app, change, placed, other)
     }
@@ -482,7 +467,7 @@ memory_gb = 80
     ) {
         let (app, change, on, off) = vision_on_one_of_two().await;
         let view = app.fleet.replicas_view("vision").unwrap();
-        assert_eq!((view.running, view.machines.len()), (1, 1), "{view:?}");
+        assert_eq!((view.running, view.gpus.len()), (1, 1), "{view:?}");
         let on = on.as_str();
         assert_eq!(held(&app, on, "vision").await, Some(16.0));
         assert_eq!(held(&app, off, "vision").await, None);
@@ -528,9 +513,9 @@ memory_gb = 80
         assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
 
         // A restart of Tessera finds the replica where it was.
-        let placed = app.fleet.replicas_view("vision").unwrap().machines;
+        let placed = app.fleet.replicas_view("vision").unwrap().gpus;
         let app = app.restart().await;
-        assert_eq!(app.fleet.replicas_view("vision").unwrap().machines, placed);
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().gpus, placed);
     }
 
     #[tokio::test]
@@ -549,7 +534,10 @@ memory_gb = 80
         assert_eq!((decision.from, decision.to), (0, 1));
         assert_eq!(decision.why, "fewer than its least, 1 replica");
         assert_eq!(app.fleet.scale("vision", decision).await.unwrap(), 1);
-        assert_eq!(app.fleet.replicas_view("vision").unwrap().machines, [stays]);
+        assert_eq!(
+            app.fleet.replicas_view("vision").unwrap().gpus,
+            [GpuRef::new(stays, 0)]
+        );
         assert_eq!(held(&app, stays, "vision").await, Some(16.0));
         assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
     }
@@ -621,7 +609,7 @@ memory_gb = 80
     }
 
     #[tokio::test]
-    async fn replicas_past_the_machines_of_the_group_for_whole_gpus_or_for_an_on_demand_model_are_refused_with_what_to_fix(
+    async fn replicas_past_the_gpus_of_the_group_for_whole_gpus_or_for_an_on_demand_model_are_refused_with_what_to_fix(
     ) {
         let app = east_and_west().await;
         let refused = |body: Value| {
@@ -642,7 +630,7 @@ memory_gb = 80
         };
         let more = refused(on_both(json!({"replicas": {"min": 1, "max": 3}}))).await;
         assert!(
-            more.starts_with("replicas.max (3) is more than the 2 machine(s)"),
+            more.starts_with("replicas.max (3) is more than the 2 GPU(s) of its group"),
             "{more}"
         );
         let whole = refused(
@@ -668,6 +656,128 @@ memory_gb = 80
             "replicas.min (2) is above replicas.max (1): make max at least min"
         );
         assert!(app.fleet.groups().is_empty());
+    }
+
+    /// octo: one machine of four 80 GB GPUs.
+    const OCTO: &str = r#"
+[[machine]]
+name = "octo"
+cpu_cores = 64
+memory_gb = 512
+"#;
+
+    /// What `who` holds on each of `machine`'s GPUs, in GB, as its machine view shows it.
+    async fn held_on_each(app: &TestApp, machine: &str, who: &str) -> Vec<Option<f64>> {
+        let (_, view) = app.get(&format!("/api/machines/{machine}")).await;
+        view["gpus"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|gpu| {
+                gpu["sharers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .find(|s| s["worker"] == who)
+                    .map(|s| s["gb"].as_f64().unwrap())
+            })
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn replicas_on_one_machine_of_four_gpus_each_run_on_a_gpu_of_their_own_beside_a_member_across_all_four_and_grow_onto_the_others(
+    ) {
+        let gpus: String = (0..4)
+            .map(|i| {
+                format!("[[machine.gpu]]\nindex = {i}\nmodel = \"NVIDIA H100 80GB HBM3\"\nmemory_gb = 80\n")
+            })
+            .collect();
+        let app = TestApp::new(&format!("{OCTO}{gpus}")).await;
+        app.fleet
+            .seed_catalog(&crate::inventory::demo::demo_catalog())
+            .await
+            .unwrap();
+        let all = json!(["octo:0", "octo:1", "octo:2", "octo:3"]);
+        let (status, change) = app
+            .deploy(json!({"model": "vision", "gpus": all, "share": 20,
+                           "replicas": {"min": 1, "max": 3}}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let (status, answer) = app
+            .deploy(json!({"model": "glm-5.3", "gpus": all, "share": 30,
+                           "revision": change["revision"]}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{answer}");
+        let first = held_on_each(&app, "octo", "vision").await;
+        assert_eq!(
+            first.iter().flatten().count(),
+            1,
+            "one GPU holds it: {first:?}"
+        );
+        assert_eq!(
+            held_on_each(&app, "octo", "glm-5.3").await,
+            [Some(24.0); 4],
+            "a member without replicas runs across the group's GPUs"
+        );
+
+        assert_eq!(app.fleet.scale("vision", decision(1, 3)).await.unwrap(), 3);
+        let grown = held_on_each(&app, "octo", "vision").await;
+        assert_eq!(
+            grown.iter().flatten().collect::<Vec<_>>(),
+            [&16.0; 3],
+            "{grown:?}"
+        );
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().gpus.len(), 3);
+        // Each replica is an engine on its GPU alone; the other member's is one across all four.
+        let mut engines: Vec<(String, Vec<u32>)> = app
+            .fleet
+            .desired()
+            .await
+            .into_iter()
+            .map(|spec| (spec.unit, spec.gpus))
+            .collect();
+        engines.sort();
+        let replicas: Vec<&(String, Vec<u32>)> = engines
+            .iter()
+            .filter(|(unit, _)| unit.contains("/vision@"))
+            .collect();
+        assert_eq!(replicas.len(), 3, "{engines:?}");
+        for (unit, gpus) in &replicas {
+            assert_eq!(
+                unit,
+                &holder::replica(
+                    change["group"].as_str().unwrap(),
+                    "vision",
+                    &GpuRef::new("octo", gpus[0])
+                ),
+            );
+            assert_eq!(gpus.len(), 1, "{unit}");
+        }
+        assert!(
+            engines
+                .iter()
+                .any(|(unit, gpus)| unit.ends_with("/glm-5.3@octo") && gpus == &[0, 1, 2, 3]),
+            "{engines:?}"
+        );
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+        app.fleet.check_engines().await.unwrap();
+
+        // Down to one: the GPUs it left are the group's again, kept for replicas, holding nothing.
+        assert_eq!(app.fleet.scale("vision", decision(3, 1)).await.unwrap(), 1);
+        let left = held_on_each(&app, "octo", "vision").await;
+        assert_eq!(left.iter().flatten().count(), 1, "{left:?}");
+        assert_eq!(
+            held_on_each(&app, "octo", "replica room")
+                .await
+                .iter()
+                .flatten()
+                .count(),
+            0
+        );
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+        let placed = app.fleet.replicas_view("vision").unwrap().gpus;
+        let app = app.restart().await;
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().gpus, placed);
     }
 
     #[test]

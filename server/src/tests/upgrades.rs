@@ -369,6 +369,14 @@ async fn a_database_of_every_earlier_schema_opens_with_every_plan_worker_account
                 embed.runs_on("embedder", "atlas"),
                 "{at}: placed where it was, or on every machine before replicas"
             );
+            if version >= 20 {
+                let first = embed.gpus.iter().find(|g| g.machine == "atlas").cloned();
+                assert_eq!(
+                    embed.placed["embedder"].iter().cloned().collect::<Vec<_>>(),
+                    Vec::from_iter(first),
+                    "{at}: a replica stored by machine is on the first of the group's GPUs there"
+                );
+            }
             assert_eq!(
                 embed.asleep.get("reranker").and_then(|a| a.held),
                 (version >= 21).then_some(BasisPoints(150)),

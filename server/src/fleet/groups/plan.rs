@@ -226,12 +226,9 @@ impl Fleet {
                 .map(|a| serde_json::to_string(a).map_err(ApiError::internal))
                 .transpose()?;
             let placed = match autoscale {
-                Some(_) => Some(
-                    serde_json::to_string(
-                        &planned.placed.get(&s.member).cloned().unwrap_or_default(),
-                    )
-                    .map_err(ApiError::internal)?,
-                ),
+                Some(_) => Some(super::super::committed::placed_json(
+                    &planned.placed.get(&s.member).cloned().unwrap_or_default(),
+                )?),
                 None => None,
             };
             let asleep = planned
