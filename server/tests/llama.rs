@@ -295,6 +295,12 @@ fn allocated(log: &[String]) -> u64 {
 /// own server (xllamacpp here), found on the PATH as a llamacpp recipe runs it. Each start of it is
 /// written down in `dir/llama-server.starts`.
 async fn on_small_l4(dir: &Path) -> Server {
+    on_this_machine(dir, SMALL).await
+}
+
+/// A server whose one machine, `small`, is this one as `inventory` describes it, with llama.cpp's own
+/// server as `llama-server` as [`on_small_l4`] has it.
+async fn on_this_machine(dir: &Path, inventory_toml: &str) -> Server {
     let bin = dir.join("bin");
     std::fs::create_dir(&bin).unwrap();
     let llama_server = bin.join("llama-server");
@@ -318,7 +324,7 @@ async fn on_small_l4(dir: &Path) -> Server {
         std::env::var("PATH").unwrap_or_default()
     );
     let inventory = dir.join("small.toml");
-    std::fs::write(&inventory, SMALL).unwrap();
+    std::fs::write(&inventory, inventory_toml).unwrap();
     let sources = [
         "--inventory",
         inventory.to_str().unwrap(),
@@ -496,4 +502,211 @@ async fn a_llamacpp_recipe_is_started_with_the_longest_context_its_share_holds_a
     let (status, answer) = chat(&server, false).await;
     assert_eq!(status, 200, "{answer}");
     server.stop().await;
+}
+
+/// `small` with three 8 GB L4s.
+fn three_l4s() -> String {
+    let gpus: String = (1..3)
+        .map(|i| format!("[[machine.gpu]]\nindex = {i}\nmodel = \"NVIDIA L4\"\nmemory_gb = 8\n"))
+        .collect();
+    format!("{SMALL}{gpus}")
+}
+
+/// The requests in flight to each of `model`'s engines now, as the gateway counts them (`/metrics`).
+async fn in_flight(server: &Server, model: &str) -> Vec<u32> {
+    let (status, text) = server.get_bytes("/metrics").await;
+    assert_eq!(status, 200);
+    String::from_utf8_lossy(&text)
+        .lines()
+        .filter(|l| l.starts_with("tessera_engine_requests_in_flight{"))
+        .filter(|l| l.contains(&format!("worker=\"{model}\"")))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// An answer: its status, and its content, or the whole answer where it has none.
+type Answered = (u16, Result<String, Value>);
+
+/// A chat completion's content, or the whole answer where it has none (cut, or an error).
+fn content(answer: Value) -> Result<String, Value> {
+    match answer["choices"][0]["message"]["content"].as_str() {
+        Some(text) => Ok(text.to_owned()),
+        None => Err(answer),
+    }
+}
+
+/// `model`'s engines.
+async fn engines_of(server: &Server, model: &str) -> Vec<Value> {
+    let engines = server.engines().await;
+    engines
+        .into_iter()
+        .filter(|e| e["model"] == model)
+        .collect()
+}
+
+/// The model's replicas as `GET /api/models/{model}` shows them.
+async fn replicas(server: &Server, model: &str) -> Value {
+    let (status, answer) = server.get(&format!("/api/models/{model}")).await;
+    assert_eq!(status, 200, "{answer}");
+    answer["deployed"]["replicas"].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_grows_a_one_replica_model_onto_other_gpus_and_its_queue_shrinks_a_replica_with_no_room_waits_saying_why_while_the_others_serve_and_after_the_burst_it_shrinks_back_with_no_request_failed_or_cut(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let weights = tiny_model(dir.path());
+    let server = Arc::new(on_this_machine(dir.path(), &three_l4s()).await);
+    // One slot (`-np 1`): a replica aims at one request in flight.
+    let (status, added) = server
+        .send(
+            "POST",
+            "/api/models",
+            json!({"name": "tiny", "engine": "llamacpp", "default_share_percent": 1,
+                   "model_path": weights, "args": ["-np", "1"]}),
+        )
+        .await;
+    assert_eq!(status, 201, "{added}");
+    let (status, deployed) = server
+        .send(
+            "POST",
+            "/api/deployments",
+            json!({"model": "tiny", "gpus": ["small:0", "small:1", "small:2"], "share": 1,
+                   "replicas": {"min": 1, "max": 3, "up_s": 2, "down_s": 2}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{deployed}");
+    server.wait_healthy(1).await;
+    // Shared work (a hold alone: it runs nothing) takes GPU 2's room after the deploy: the third replica will find none there.
+    let (status, filler) = server
+        .send(
+            "POST",
+            "/api/workers",
+            json!({"name": "filler", "requested_resources": {"gpu_requests": {
+                "count": 1, "ids": ["small:2"], "shared": true, "memory_gb": 7.95}}}),
+        )
+        .await;
+    assert_eq!(status, 201, "{filler}");
+    assert_eq!(filler["state"], "placed", "{filler}");
+
+    // Four clients, each asking one thing after another, every prompt its own.
+    let stop = Arc::new(AtomicBool::new(false));
+    let answered: Arc<Mutex<Vec<Answered>>> = Arc::default();
+    let clients: Vec<_> = (0..4)
+        .map(|client| {
+            let (server, stop, answered) = (server.clone(), stop.clone(), answered.clone());
+            tokio::spawn(async move {
+                let mut n = 0;
+                while !stop.load(Ordering::Relaxed) {
+                    n += 1;
+                    let (status, answer) = server
+                        .send(
+                            "POST",
+                            "/v1/chat/completions",
+                            json!({"model": "tiny", "max_tokens": 8, "messages": [
+                                {"role": "user", "content": format!("{n} from client {client}: hello")}]}),
+                        )
+                        .await;
+                    answered.lock().unwrap().push((status, content(answer)));
+                }
+            })
+        })
+        .collect();
+    // On one replica, the four wait on its one slot.
+    let mut alone = Vec::new();
+    for _ in 0..10 {
+        alone.extend(in_flight(&server, "tiny").await.into_iter().max());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    support::wait_until(
+        "a second replica, and the third waiting for room",
+        || async {
+            let r = replicas(&server, "tiny").await;
+            r["running"] == 2 && r["pending"] == 1
+        },
+    )
+    .await;
+    let grown = replicas(&server, "tiny").await;
+    let why = grown["pending_reasons"][0].as_str().unwrap_or_default();
+    assert!(
+        why.starts_with("GPU 2 of small: ") && why.contains("a replica needs"),
+        "{grown}"
+    );
+    assert_eq!(grown["desired"], 3, "it asked for three: {grown}");
+    support::wait_until("two replicas serving", || async {
+        let engines = engines_of(&server, "tiny").await;
+        engines.len() == 2 && engines.iter().all(|e| e["state"] == "healthy")
+    })
+    .await;
+    let engines = engines_of(&server, "tiny").await;
+    let mut gpus: Vec<Value> = engines.iter().map(|e| e["gpus"].clone()).collect();
+    gpus.sort_by_key(|g| g.to_string());
+    assert_eq!(
+        gpus,
+        [json!([0]), json!([1])],
+        "a replica on each GPU with room"
+    );
+    // Two replicas share the four: the busiest has fewer waiting on it than the one had.
+    let mut shared = Vec::new();
+    for _ in 0..10 {
+        shared.extend(in_flight(&server, "tiny").await.into_iter().max());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mean = |v: &[u32]| f64::from(v.iter().sum::<u32>()) / v.len().max(1) as f64;
+    assert!(
+        mean(&shared) < mean(&alone),
+        "the busiest replica's requests in flight: {alone:?} on one, {shared:?} on two"
+    );
+
+    // The burst ends; one client asks on, one thing at a time, while the model shrinks back to one.
+    stop.store(true, Ordering::Relaxed);
+    for client in clients {
+        client.await.unwrap();
+    }
+    let trickle = {
+        let (server, answered) = (server.clone(), answered.clone());
+        let done = Arc::new(AtomicBool::new(false));
+        let finished = done.clone();
+        let task = tokio::spawn(async move {
+            let mut n = 0;
+            while !finished.load(Ordering::Relaxed) {
+                n += 1;
+                let (status, answer) = server
+                    .send(
+                        "POST",
+                        "/v1/chat/completions",
+                        json!({"model": "tiny", "max_tokens": 8, "messages": [
+                            {"role": "user", "content": format!("{n}: after the burst")}]}),
+                    )
+                    .await;
+                answered.lock().unwrap().push((status, content(answer)));
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        });
+        (done, task)
+    };
+    support::wait_until("back to one replica, its engine alone left", || async {
+        replicas(&server, "tiny").await["running"] == 1
+            && engines_of(&server, "tiny").await.len() == 1
+    })
+    .await;
+    trickle.0.store(true, Ordering::Relaxed);
+    trickle.1.await.unwrap();
+    let last = replicas(&server, "tiny").await;
+    assert_eq!(
+        (&last["decisions"][0]["from"], &last["decisions"][0]["to"]),
+        (&json!(2), &json!(1)),
+        "{last}"
+    );
+    let answered = std::mem::take(&mut *answered.lock().unwrap());
+    let failed: Vec<&Answered> = answered
+        .iter()
+        .filter(|(status, content)| *status != 200 || content.is_err())
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "of {} requests: {failed:?}",
+        answered.len()
+    );
+    Arc::into_inner(server).unwrap().stop().await;
 }
