@@ -78,6 +78,16 @@ pub struct Config {
         value_name = "S"
     )]
     pub gateway_wait_s: u64,
+    /// How the gateway chooses among a model's engines (replicas): `prefix` sends requests whose prompts
+    /// begin alike to the same engine, so that its prompt cache is used; `least-busy` ignores the prompt.
+    #[arg(
+        long,
+        env = "TESSERA_GATEWAY_ROUTING",
+        value_enum,
+        default_value_t = crate::gateway::Routing::Prefix,
+        value_name = "HOW"
+    )]
+    pub gateway_routing: crate::gateway::Routing,
     /// A model is flagged as slowed by its neighbours when its p99 beside busy neighbours passes this many
     /// times its p99 alone (seed 002's 1.5).
     #[arg(

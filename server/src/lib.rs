@@ -150,20 +150,19 @@ impl AppState {
             fleet,
             pool,
             false,
-            Duration::from_secs(30),
+            gateway::Gateway::default(),
             Vec::new(),
         )
     }
 
-    /// The state over `fleet`; `https` when the console is reached over https; the gateway's requests
-    /// wait up to `gateway_wait` for a model's engine to be ready; `trusted_proxies` name the client in
-    /// X-Forwarded-For.
+    /// The state over `fleet`; `https` when the console is reached over https; the `gateway` in front of
+    /// the engines; `trusted_proxies` name the client in X-Forwarded-For.
     pub fn serving(
         leptos_options: LeptosOptions,
         fleet: Arc<Fleet>,
         pool: sqlx::SqlitePool,
         https: bool,
-        gateway_wait: Duration,
+        gateway: gateway::Gateway,
         trusted_proxies: Vec<std::net::IpAddr>,
     ) -> AppState {
         AppState(Arc::new(Shared {
@@ -175,7 +174,7 @@ impl AppState {
             tokens: Arc::default(),
             https,
             trusted_proxies,
-            gateway: Arc::new(gateway::Gateway::new(gateway_wait)),
+            gateway: Arc::new(gateway),
             stopping: Arc::default(),
         }))
     }
@@ -470,7 +469,10 @@ pub async fn run(
         fleet.clone(),
         pool,
         config.https || tls.is_some(),
-        Duration::from_secs(config.gateway_wait_s),
+        gateway::Gateway::new(
+            Duration::from_secs(config.gateway_wait_s),
+            config.gateway_routing,
+        ),
         config.trusted_proxy.clone(),
     );
     tokio::spawn(gateway::scaling::keep_scaling(

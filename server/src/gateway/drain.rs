@@ -27,7 +27,7 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
     }
     // The body is read for its prompt only where there is a choice to make.
     let prefix = body
-        .filter(|_| ready.len() > 1)
+        .filter(|_| ready.len() > 1 && state.gateway.routing == super::Routing::Prefix)
         .and_then(affinity::prefix_key);
     match prefix {
         Some(key) => {

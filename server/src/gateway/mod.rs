@@ -64,6 +64,7 @@ const PLAYGROUND_WAIT: Duration = Duration::from_secs(20);
 /// rotation.
 pub struct Gateway {
     client: Client<HttpConnector, Full<Bytes>>,
+    routing: Routing,
     turns: Mutex<HashMap<String, usize>>,
     /// How long a request for a model with no engine ready waits for one.
     wait: Duration,
@@ -89,17 +90,31 @@ impl Drop for Queued {
     }
 }
 
+/// How the gateway chooses among a model's engines.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Routing {
+    /// A request with a prompt goes to the engine its prompt's start ranks first while that engine is not
+    /// too busy, so that requests sharing a system prompt use one engine's prompt cache; others go to the
+    /// least busy.
+    #[default]
+    Prefix,
+    /// Every request goes to the least busy engine (what the prefix routing is measured against).
+    LeastBusy,
+}
+
 impl Default for Gateway {
     fn default() -> Gateway {
-        Gateway::new(Duration::from_secs(30))
+        Gateway::new(Duration::from_secs(30), Routing::default())
     }
 }
 
 impl Gateway {
-    /// A gateway whose requests wait up to `wait` for a model's engine to be ready.
-    pub fn new(wait: Duration) -> Gateway {
+    /// A gateway whose requests wait up to `wait` for a model's engine to be ready, and choose among its
+    /// engines by `routing`.
+    pub fn new(wait: Duration, routing: Routing) -> Gateway {
         Gateway {
             client: engine_client(),
+            routing,
             turns: Mutex::default(),
             wait,
             waiting: Arc::default(),

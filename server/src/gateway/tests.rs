@@ -302,7 +302,7 @@ async fn requests_waiting_for_one_on_demand_model_share_one_load_attempt() {
         app.fleet.clone(),
         app.pool.clone(),
         false,
-        Duration::from_secs(1),
+        super::Gateway::new(Duration::from_secs(1), super::Routing::Prefix),
         Vec::new(),
     );
     let waiters = (0..20)

@@ -40,16 +40,17 @@ memory_gb = 96
 /// The server over the demo fleet and twin, with `models` (the demo engine as their command, each answer
 /// taking about a second) each on atlas:0 and twin:0: an engine of each on both, all healthy.
 async fn on_atlas_and_twin(dir: &std::path::Path, models: &[&str]) -> Arc<Server> {
-    on_atlas_and_twin_with(dir, models, json!({}), 2).await
+    on_atlas_and_twin_with(dir, models, json!({}), 2, &[]).await
 }
 
 /// [`on_atlas_and_twin`], each deploy with the fields of `extra` too, once `engines_each` engines of each
-/// model are healthy.
+/// model are healthy; the server started with `env` too.
 pub(super) async fn on_atlas_and_twin_with(
     dir: &std::path::Path,
     models: &[&str],
     extra: Value,
     engines_each: usize,
+    env: &[(&str, &str)],
 ) -> Arc<Server> {
     let inventory = dir.join("twin.toml");
     std::fs::write(&inventory, TWIN).unwrap();
@@ -60,7 +61,7 @@ pub(super) async fn on_atlas_and_twin_with(
         "--here",
         "twin",
     ];
-    let server = Arc::new(Server::start_with(dir, 100, &sources).await);
+    let server = Arc::new(Server::start_with_env(dir, 100, &sources, env).await);
     let demo_engine = format!("{} demo-engine", env!("CARGO_BIN_EXE_tessera"));
     let mut revision = Value::Null;
     for model in models {
@@ -196,6 +197,22 @@ async fn requests_whose_prompts_begin_alike_go_to_one_engine_of_a_model_until_it
     }
     assert_eq!(counts.len(), 2, "{counts:?}");
     assert!(counts.values().all(|&n| n <= 5), "{counts:?}");
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_least_busy_routing_requests_whose_prompts_begin_alike_take_turns_across_a_model_s_engines(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let routing = [("TESSERA_GATEWAY_ROUTING", "least-busy")];
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], json!({}), 2, &routing).await;
+    let manual = "You answer questions about the operations manual of the fleet. ".repeat(8);
+    let mut engines = std::collections::BTreeSet::new();
+    for user in ["drain a node", "what is MIG", "repack", "on demand"] {
+        let answer = ask(&server, "/v1/chat/completions", with_system(&manual, user)).await;
+        engines.insert(answered_by(&answer));
+    }
+    assert_eq!(engines.len(), 2, "{engines:?}");
     Arc::into_inner(server).unwrap().stop().await;
 }
 

@@ -81,7 +81,7 @@ async fn a_burst_of_clients_grows_a_one_replica_model_onto_another_machine_and_o
 ) {
     let dir = tempfile::tempdir().unwrap();
     let scaled = json!({"replicas": {"min": 1, "max": 2, "up_s": 2, "down_s": 4}});
-    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1).await;
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1, &[]).await;
     let first = replicas(&server, "chat").await;
     assert_eq!(
         (
@@ -200,7 +200,7 @@ async fn a_replica_that_finds_no_room_waits_with_why_while_the_model_serves_on_t
 {
     let dir = tempfile::tempdir().unwrap();
     let scaled = json!({"replicas": {"min": 1, "max": 2, "up_s": 2}});
-    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1).await;
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1, &[]).await;
     let first = replicas(&server, "chat").await;
     let placed = first["machines"][0].as_str().unwrap().to_owned();
     let other = if placed == "atlas" { "twin" } else { "atlas" };
