@@ -5,6 +5,7 @@
 //! each model's load; `placement::scale` decides; a decision is a fleet write like any other (committed
 //! with its audit entry, held, carried out by the runtime, which drains a replica before it stops it).
 
+use super::committed::Committed;
 use super::groups::Group;
 use super::ledger::Ledger;
 use super::Fleet;
@@ -124,6 +125,18 @@ pub(super) fn first_placed(
     fits.into_iter().take(min as usize).collect()
 }
 
+/// The arguments `model`'s engines run with: its recipe's, then its deployment's.
+fn args_of(committed: &Committed, model: &str) -> Vec<String> {
+    let mut args = committed
+        .model(model)
+        .map(|m| m.args.clone())
+        .unwrap_or_default();
+    if let Some(serving) = committed.group_of(model).and_then(|g| g.serving.get(model)) {
+        args.extend(serving.args.iter().cloned());
+    }
+    args
+}
+
 /// `model`'s share in `group`.
 fn share_of(group: &Group, model: &str) -> Result<BasisPoints, ApiError> {
     group
@@ -179,20 +192,23 @@ impl Fleet {
     /// `model`'s setting and target, where it is autoscaled.
     fn scale_of(&self, model: &str) -> Option<(Autoscale, u32)> {
         let committed = self.committed();
-        let group = committed.group_of(model)?;
-        let scale = *group.autoscale.get(model)?;
-        let mut args = committed
-            .model(model)
-            .map(|m| m.args.clone())
-            .unwrap_or_default();
-        args.extend(
-            group
-                .serving
-                .get(model)
-                .map(|s| s.args.clone())
-                .unwrap_or_default(),
-        );
-        Some((scale, target_of(scale.target(), &args)))
+        let scale = *committed.group_of(model)?.autoscale.get(model)?;
+        Some((
+            scale,
+            target_of(scale.target(), &args_of(&committed, model)),
+        ))
+    }
+
+    /// The requests one engine of `model` takes at once, as the gateway keeps a prompt's prefixes on it:
+    /// its replicas' target where it is autoscaled, else its engine's own slots as its arguments say, else
+    /// one.
+    pub fn slots(&self, model: &str) -> u32 {
+        let committed = self.committed();
+        let set = committed
+            .group_of(model)
+            .and_then(|g| g.autoscale.get(model))
+            .and_then(|a| a.target());
+        target_of(set, &args_of(&committed, model))
     }
 
     /// `model`'s load was `load` (requests in flight and waiting) at `now_ms`, with `running` replicas

@@ -3,9 +3,11 @@
 //! read once per engine, not once per request. The prompt's first characters are hashed; the engines are
 //! ranked for that hash by rendezvous hashing (each engine's score is a hash of the prefix's hash and the
 //! engine's name), which moves only the prefixes of an engine that comes or goes. A ranked engine is
-//! passed over while it is busier than the least busy engine allows (a bound on load, as consistent
-//! hashing with bounded loads has): an idle engine is never passed over for a busy one's cache, and one
-//! popular prefix spreads out instead of queueing on one engine.
+//! passed over once it has no free slot and is busier than the least busy engine allows (a bound on load,
+//! as consistent hashing with bounded loads has): a request never waits on a full engine's cache while
+//! another is idle, one popular prefix spreads out instead of queueing on one engine, and an engine with
+//! a slot free keeps its prefixes (a request sent elsewhere would read its whole prompt again, and push
+//! out another's there).
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -19,10 +21,11 @@ pub(super) const PREFIX_CHARS: usize = 256;
 /// prefixes: a quarter more requests in flight, and never one more where the least busy is idle.
 const LOAD_BOUND_PERCENT: usize = 125;
 
-/// The requests in flight below which an engine takes the prefixes it ranks first, where the least busy of
-/// the model's engines has `least`.
-fn bound(least: usize) -> usize {
-    least + 1 + least * (LOAD_BOUND_PERCENT - 100) / 100
+/// The requests in flight below which an engine of `slots` takes the prefixes it ranks first, where the
+/// least busy of the model's engines has `least`: while it has a slot free, and past that while it has at
+/// most a quarter more than the least busy (and never one more where the least busy is idle).
+fn bound(least: usize, slots: usize) -> usize {
+    (least + 1 + least * (LOAD_BOUND_PERCENT - 100) / 100).max(slots)
 }
 
 /// The parts of an OpenAI request that begin its prompt: chat messages, or a completion's prompt.
@@ -72,11 +75,12 @@ pub(super) fn prefix_key(body: &[u8]) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// The order in which a request for `key` tries `engines` (each its name and requests in flight now): by
-/// rendezvous rank, those within the load bound first, then the rest by how busy they are.
-pub(super) fn order(key: u64, engines: &[(&str, usize)]) -> Vec<usize> {
+/// The order in which a request for `key` tries `engines` (each its name and requests in flight now), each
+/// of `slots` slots: by rendezvous rank, those within the load bound first, then the rest by how busy they
+/// are.
+pub(super) fn order(key: u64, engines: &[(&str, usize)], slots: usize) -> Vec<usize> {
     let least = engines.iter().map(|(_, n)| *n).min().unwrap_or(0);
-    let bound = bound(least);
+    let bound = bound(least, slots);
     let score = |name: &str| {
         let mut hasher = DefaultHasher::new();
         (key, name).hash(&mut hasher);
@@ -134,16 +138,45 @@ mod tests {
     #[test]
     fn a_busy_engine_keeps_its_prefixes_until_it_is_a_quarter_busier_than_the_least_busy() {
         let key = (0..u64::MAX)
-            .find(|&k| order(k, &[("a", 0), ("b", 0)])[0] == 0)
+            .find(|&k| order(k, &[("a", 0), ("b", 0)], 1)[0] == 0)
             .unwrap();
         assert_eq!(
-            order(key, &[("a", 1), ("b", 0)])[0],
+            order(key, &[("a", 1), ("b", 0)], 1)[0],
             1,
             "never past an idle engine"
         );
-        assert_eq!(order(key, &[("a", 4), ("b", 4)])[0], 0);
-        assert_eq!(order(key, &[("a", 5), ("b", 4)])[0], 0, "5 < 4 + 1 + 1");
-        assert_eq!(order(key, &[("a", 6), ("b", 4)])[0], 1);
+        assert_eq!(order(key, &[("a", 4), ("b", 4)], 1)[0], 0);
+        assert_eq!(order(key, &[("a", 5), ("b", 4)], 1)[0], 0, "5 < 4 + 1 + 1");
+        assert_eq!(order(key, &[("a", 6), ("b", 4)], 1)[0], 1);
+    }
+
+    #[test]
+    fn an_engine_with_a_slot_free_keeps_its_prefixes_and_one_with_none_is_passed_over_for_an_idle_one(
+    ) {
+        let key = (0..u64::MAX)
+            .find(|&k| order(k, &[("a", 0), ("b", 0)], 2)[0] == 0)
+            .unwrap();
+        assert_eq!(
+            order(key, &[("a", 1), ("b", 0)], 2)[0],
+            0,
+            "a has a slot free"
+        );
+        assert_eq!(
+            order(key, &[("a", 2), ("b", 0)], 2)[0],
+            1,
+            "a is full, b idle"
+        );
+        assert_eq!(order(key, &[("a", 7), ("b", 6)], 8)[0], 0);
+        assert_eq!(
+            order(key, &[("a", 8), ("b", 6)], 8)[0],
+            1,
+            "full, and past 6 + 1 + a quarter of 6"
+        );
+        assert_eq!(
+            order(key, &[("a", 10), ("b", 9)], 8)[0],
+            0,
+            "10 < 9 + 1 + 2"
+        );
     }
 
     #[test]
@@ -151,8 +184,8 @@ mod tests {
         let four = [("a", 0), ("b", 0), ("c", 0), ("d", 0)];
         let three = [("a", 0), ("b", 0), ("d", 0)];
         for key in 0..2_000u64 {
-            let before = four[order(key, &four)[0]].0;
-            let after = three[order(key, &three)[0]].0;
+            let before = four[order(key, &four, 1)[0]].0;
+            let after = three[order(key, &three, 1)[0]].0;
             if before != "c" {
                 assert_eq!(before, after, "key {key}");
             }
@@ -160,21 +193,25 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the loads, the engine chosen is within a quarter (and one request) of the least
-        /// busy, and where the least busy is idle, idle too.
+        /// Whatever the loads, the engine chosen has a slot free or is within a quarter (and one request)
+        /// of the least busy; with one slot, where the least busy is idle, it is idle too.
         #[test]
         fn the_engine_chosen_is_never_much_busier_than_the_least_busy(
             key in any::<u64>(),
             loads in proptest::collection::vec(0usize..40, 1..8),
+            slots in 1usize..10,
         ) {
             let names: Vec<String> = (0..loads.len()).map(|i| format!("engine-{i}")).collect();
             let engines: Vec<(&str, usize)> =
                 names.iter().map(String::as_str).zip(loads.iter().copied()).collect();
-            let order = order(key, &engines);
+            let order = order(key, &engines, slots);
             prop_assert_eq!(order.len(), loads.len());
             let least = *loads.iter().min().unwrap();
             let chosen = loads[order[0]];
-            prop_assert!(chosen * 4 <= least * 5, "{} chosen, {} the least", chosen, least);
+            prop_assert!(
+                chosen < slots || chosen * 4 <= least * 5,
+                "{} chosen, {} the least, {} slots", chosen, least, slots
+            );
         }
 
         /// With no load, every engine takes about its part of many prefixes.
@@ -186,7 +223,7 @@ mod tests {
             for key in 0..6_000u64 {
                 let mut h = DefaultHasher::new();
                 key.hash(&mut h);
-                counts[order(h.finish(), &idle)[0]] += 1;
+                counts[order(h.finish(), &idle, 1)[0]] += 1;
             }
             let fair = 6_000 / engines;
             for c in counts {

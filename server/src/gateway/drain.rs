@@ -2,7 +2,7 @@
 //! in flight there until the last of its answer has gone (`answer` holds the count that long), so an engine
 //! taken out of the rotation finishes what it was given before it is stopped. The same count chooses among
 //! a model's engines: the least busy first, or, for a request with a prompt, the engine its prompt's first
-//! characters rank first while it is not too busy (`affinity`).
+//! characters rank first while it has a slot free or is not too busy (`affinity`).
 
 use super::affinity;
 use crate::runtime::{InFlight, Serving};
@@ -35,7 +35,7 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
                 .iter()
                 .map(|e| (e.unit.as_str(), runtime.requests_in_flight(&e.unit)))
                 .collect();
-            let order = affinity::order(key, &busy);
+            let order = affinity::order(key, &busy, state.fleet.slots(model) as usize);
             let mut slots: Vec<Option<Serving>> = ready.into_iter().map(Some).collect();
             ready = order.into_iter().filter_map(|i| slots[i].take()).collect();
         }

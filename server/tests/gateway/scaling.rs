@@ -115,7 +115,10 @@ async fn a_burst_of_clients_grows_a_one_replica_model_onto_another_machine_and_o
         why.ends_with("requests in flight or waiting on 1 replica of target 1 for 2 s"),
         "{grown}"
     );
-    assert_eq!(grown["machines"], json!(["atlas", "twin"]));
+    assert_eq!(
+        grown["gpus"],
+        json!([{"machine": "atlas", "index": 0}, {"machine": "twin", "index": 0}])
+    );
     let answers = burst.stop().await;
 
     // One client goes on, one request at a time: the long window sees at most 1 on 2 replicas of target 1,
@@ -202,7 +205,7 @@ async fn a_replica_that_finds_no_room_waits_with_why_while_the_model_serves_on_t
     let scaled = json!({"replicas": {"min": 1, "max": 2, "up_s": 2}});
     let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1, &[]).await;
     let first = replicas(&server, "chat").await;
-    let placed = first["machines"][0].as_str().unwrap().to_owned();
+    let placed = first["gpus"][0]["machine"].as_str().unwrap().to_owned();
     let other = if placed == "atlas" { "twin" } else { "atlas" };
 
     // Shared work takes the room the second replica would have had.
@@ -235,8 +238,100 @@ async fn a_replica_that_finds_no_room_waits_with_why_while_the_model_serves_on_t
     assert!(
         answers
             .iter()
-            .all(|(status, by)| *status == 200 && *by == placed),
+            .all(|(status, by)| *status == 200 && *by == format!("{placed}:0")),
         "{answers:?}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_replica_finishes_the_stream_it_has_and_stops_before_an_engine_placed_on_its_gpu_since_starts(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let scaled = json!({"replicas": {"min": 1, "max": 2, "up_s": 2, "down_s": 2, "target": 2}});
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], scaled, 1, &[]).await;
+    let events = server.follow_events().await;
+    let burst = Clients::start(&server, "chat", 6);
+    wait_until_within(
+        "chat serves on 2 replicas",
+        Duration::from_secs(30),
+        || async {
+            let engines = server.engines().await;
+            engines
+                .iter()
+                .filter(|e| e["model"] == "chat" && e["state"] == "healthy")
+                .count()
+                == 2
+        },
+    )
+    .await;
+    burst.stop().await;
+
+    // Two long streams (about 7 s each), one on each replica: two in flight on 2 replicas of target 2
+    // is within what one holds, so one replica goes while it still streams.
+    let long = "a long question of many words for the demo engine to hear and say back ".repeat(4);
+    let streams: Vec<_> = (0..2)
+        .map(|_| {
+            let (server, long) = (server.clone(), long.clone());
+            tokio::spawn(async move {
+                let body = json!({"model": "chat", "stream": true,
+                                  "messages": [{"role": "user", "content": long}]});
+                ask(&server, "/v1/chat/completions", body).await
+            })
+        })
+        .collect();
+    wait_until_within(
+        "chat shrinks to 1 replica",
+        Duration::from_secs(30),
+        || async { replicas(&server, "chat").await["running"] == 1 },
+    )
+    .await;
+    let stays = replicas(&server, "chat").await["gpus"][0]["machine"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let gone = if stays == "atlas" { "twin" } else { "atlas" };
+    // Shared work placed on the GPU the removed replica still drains on.
+    let demo_engine = format!("{} demo-engine", env!("CARGO_BIN_EXE_tessera"));
+    let next = json!({"name": "next", "command": demo_engine, "requested_resources": {
+        "gpu_requests": {"count": 1, "ids": [format!("{gone}:0")], "shared": true, "memory_gb": 10}}});
+    let (status, worker) = server.send("POST", "/api/workers", next).await;
+    assert_eq!(status, 201, "{worker}");
+
+    for stream in streams {
+        let answer = stream.await.unwrap();
+        assert_eq!(answer.status, 200, "{}", answer.text());
+        assert!(
+            answer.text().ends_with("data: [DONE]\n\n"),
+            "cut: {}",
+            answer.text()
+        );
+    }
+    wait_until_within("next serves", Duration::from_secs(30), || async {
+        server
+            .engine_if_any("next")
+            .await
+            .is_some_and(|e| e["state"] == "healthy")
+    })
+    .await;
+    let seen = events.all();
+    let at = |what: &dyn Fn(&Value) -> bool| seen.iter().position(what);
+    let removed = format!("/chat@{gone}:0");
+    let drained = at(&|e| {
+        e["kind"] == "engine"
+            && e["engine"].as_str().is_some_and(|u| u.ends_with(&removed))
+            && e["state"] == "draining"
+    });
+    let stopped = at(&|e| {
+        e["kind"] == "engine"
+            && e["engine"].as_str().is_some_and(|u| u.ends_with(&removed))
+            && e["state"] == "stopped"
+    });
+    let started =
+        at(&|e| e["kind"] == "engine" && e["engine"] == "next" && e["state"] == "starting");
+    assert!(
+        drained.is_some() && drained < stopped && stopped < started,
+        "draining at {drained:?}, stopped at {stopped:?}, next starting at {started:?}: {seen:#?}"
     );
     Arc::into_inner(server).unwrap().stop().await;
 }

@@ -1,11 +1,13 @@
 """llama.cpp's own HTTP server (PyPI's xllamacpp) on CPU: the real engine of the tests.
 
-    python serve.py --model PATH --host HOST --port PORT [--alias NAME] [-c N] [-np N] [-ngl N]
+    python serve.py --model PATH --host HOST --port PORT [--alias NAME] [-c N] [-np N] [-ngl N] [-cram MIB]
 
 Serves /health, /v1/chat/completions, /v1/completions, /v1/models, /metrics until SIGTERM or SIGINT. Takes
 llama-server's own spellings too (-m, -a, --ctx-size, --parallel), so that it stands in for llama-server in
 the `llamacpp` recipe; -ngl is taken and ignored (this is CPU). With -c it logs llama.cpp's own lines (the
-buffers it allocated); without it, a context of 256.
+buffers it allocated); without it, a context of 256. -cram (llama-server's --cache-ram) bounds the host
+memory its prompt cache keeps beside its slots (0: each slot's last prompt alone, as a GPU's KV cache bounds
+an engine's).
 """
 import argparse
 import signal
@@ -20,6 +22,7 @@ parser.add_argument("-a", "--alias", help="the name it answers under (the weight
 parser.add_argument("-c", "--ctx-size", type=int)
 parser.add_argument("-np", "--parallel", type=int)
 parser.add_argument("-ngl", "--n-gpu-layers", type=int)
+parser.add_argument("-cram", "--cache-ram", type=int)
 args = parser.parse_args()
 
 params = xllamacpp.CommonParams()
@@ -31,6 +34,8 @@ params.port = args.port
 params.n_ctx = args.ctx_size or 256
 if args.parallel:
     params.n_parallel = args.parallel
+if args.cache_ram is not None:
+    params.cache_ram_mib = args.cache_ram
 if args.ctx_size:
     params.verbosity = 4
     params.fit_params = False
