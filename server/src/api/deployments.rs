@@ -69,6 +69,33 @@ pub(super) async fn change_serving(
     ))
 }
 
+/// `PUT /api/deployments/{model}/replicas`: an autoscaled model's replicas; no engine restarts.
+pub(super) async fn change_replicas(
+    State(state): State<AppState>,
+    Actor(actor): Actor,
+    Path(model): Path<String>,
+    ApiJson(update): ApiJson<ReplicasUpdate>,
+) -> Result<Json<crate::fleet::replicas::ReplicasChange>, ApiError> {
+    let replicas = placement::scale::Autoscale::try_from(update.replicas)
+        .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+    Ok(Json(
+        state
+            .fleet
+            .change_replicas(&model, update.revision, replicas, &actor.name)
+            .await?,
+    ))
+}
+
+/// `PUT /api/deployments/{model}/replicas`: the model's replicas, read at its group's `revision`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplicasUpdate {
+    /// The group's revision it was read at.
+    pub revision: i64,
+    /// Its replicas: `{"min": 1, "max": 4}`, and `target`, `up_s`, `down_s` where set.
+    pub replicas: placement::scale::Wire,
+}
+
 /// `POST /api/deployments`: a catalog model onto a share of the chosen GPUs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -102,8 +129,8 @@ pub struct Deploy {
     /// Serving configuration: environment variables added to the model's recipe.
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Replicas that follow its load (`{"min": 1, "max": 4}`), at most one on each machine of its group;
-    /// none: one on each.
+    /// Replicas that follow its load (`{"min": 1, "max": 4}`), each on a GPU of its own of its group;
+    /// none: an engine on each machine of its group, across its GPUs there.
     #[serde(default)]
     pub replicas: Option<placement::scale::Wire>,
 }

@@ -122,6 +122,11 @@ pub fn table() -> Vec<ApiRoute> {
             M::PUT,
             put(deployments::change_serving),
         ),
+        route(
+            "/api/deployments/{model}/replicas",
+            M::PUT,
+            put(deployments::change_replicas),
+        ),
         route("/api/engines", M::GET, get(engines::list_engines)),
         route("/api/engines/{id}", M::GET, get(engines::get_engine)),
         route("/api/engines/{id}/logs", M::GET, get(engines::engine_logs)),

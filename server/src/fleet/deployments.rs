@@ -443,7 +443,7 @@ fn deployed(committed: &Committed, model: &str) -> Option<Deployed> {
         .map(|w| Deployed::Whole(Box::new(w)))
 }
 
-fn not_deployed(model: &str) -> ApiError {
+pub(super) fn not_deployed(model: &str) -> ApiError {
     ApiError::NotFound(format!(
         "{model} is not deployed; GET /api/groups and GET /api/workers list what runs"
     ))

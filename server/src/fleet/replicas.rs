@@ -147,6 +147,46 @@ fn share_of(group: &Group, model: &str) -> Result<BasisPoints, ApiError> {
         .ok_or_else(|| ApiError::internal(format!("{model} is not a member of {}", group.name)))
 }
 
+/// The `count` replicas of `model` in `placed` to remove: the least busy first; among those as busy, the
+/// last by GPU.
+fn least_busy(
+    fleet: &Fleet,
+    group: &Group,
+    model: &str,
+    placed: &BTreeSet<GpuRef>,
+    count: usize,
+) -> Vec<GpuRef> {
+    let mut by_load: Vec<(usize, std::cmp::Reverse<&GpuRef>)> = placed
+        .iter()
+        .map(|g| {
+            let unit = holder::replica(&group.name, model, g);
+            (
+                fleet.runtime.requests_in_flight(&unit),
+                std::cmp::Reverse(g),
+            )
+        })
+        .collect();
+    by_load.sort();
+    by_load
+        .into_iter()
+        .take(count)
+        .map(|(_, std::cmp::Reverse(g))| g.clone())
+        .collect()
+}
+
+/// A change of a model's replicas, as `PUT /api/deployments/{model}/replicas` answers it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ReplicasChange {
+    /// The model.
+    pub model: String,
+    /// Its group.
+    pub group: String,
+    /// The group's revision after the change.
+    pub revision: i64,
+    /// Its replicas now.
+    pub replicas: ReplicasView,
+}
+
 /// An autoscaled model as the gateway samples it.
 #[derive(Debug, Clone)]
 pub struct Autoscaled {
@@ -258,6 +298,81 @@ impl Fleet {
         })
     }
 
+    /// Sets an autoscaled `model`'s replicas to `replicas`, read at its group's `revision`: no engine
+    /// restarts. Replicas past the new most go, the least busy first (each drained); fewer than the new
+    /// least are added by the next sample, as any step. A model deployed without replicas keeps running on
+    /// each machine of its group: it is removed and deployed again to take them (its engines change).
+    pub async fn change_replicas(
+        self: &std::sync::Arc<Self>,
+        model: &str,
+        revision: i64,
+        replicas: Autoscale,
+        actor: &str,
+    ) -> Result<ReplicasChange, ApiError> {
+        let (model, actor) = (model.to_owned(), actor.to_owned());
+        self.write(|fleet| async move {
+            let mut state = fleet.state.lock().await;
+            let committed = state.committed.clone();
+            let group = committed
+                .group_of(&model)
+                .ok_or_else(|| super::deployments::not_deployed(&model))?;
+            super::groups::check_revision(group, Some(revision))?;
+            let Some(&before) = group.autoscale.get(&model) else {
+                return Err(ApiError::Unprocessable(format!(
+                    "{model} runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
+                )));
+            };
+            let replicas = replicas
+                .within(group.gpus.len() as u32)
+                .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
+            let mut placed = holding(group, &model, state.ledger.all_unplaced());
+            let from = placed.len() as u32;
+            if from > replicas.max() {
+                for gpu in least_busy(&fleet, group, &model, &placed, (from - replicas.max()) as usize) {
+                    placed.remove(&gpu);
+                }
+            }
+            let mut tx = crate::db::write(&fleet.pool).await?;
+            sqlx::query("UPDATE group_members SET autoscale = ?, placed = ? WHERE model = ?")
+                .bind(serde_json::to_string(&replicas).map_err(ApiError::internal)?)
+                .bind(super::committed::placed_json(&placed)?)
+                .bind(&model)
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("UPDATE groups SET revision = revision + 1 WHERE name = ?")
+                .bind(&group.name)
+                .execute(&mut *tx)
+                .await?;
+            let revision = group.revision + 1;
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(&actor, "model.replicas", &model)
+                    .before(serde_json::to_value(before).map_err(ApiError::internal)?)
+                    .after(serde_json::to_value(replicas).map_err(ApiError::internal)?)
+                    .revision(revision),
+            )
+            .await?;
+            let group_name = group.name.clone();
+            fleet.finish(&mut state, tx, None, None).await?;
+            drop(state);
+            // The windows and the target may differ: the load of late is judged afresh.
+            fleet.scaling.with(&model, |s| {
+                s.scaler.reset();
+                s.retry_at_ms = 0;
+            });
+            let replicas = fleet
+                .replicas_view(&model)
+                .ok_or_else(|| ApiError::internal(format!("{model} is not autoscaled after its change")))?;
+            Ok(ReplicasChange {
+                model,
+                group: group_name,
+                revision,
+                replicas,
+            })
+        })
+        .await
+    }
+
     /// Carries out `decision` for `model`: adds replicas where they fit, best fit first (those that do not
     /// wait, with why), or removes the least busy ones (the runtime drains each before it stops it).
     /// Committed with its audit entry (`model.scale`, by Tessera), as is the removal of a replica that holds
@@ -293,20 +408,8 @@ impl Fleet {
                 placed.extend(fits.into_iter().take((decision.to - from) as usize));
                 reasons = why;
             } else {
-                // The least busy go first; among those as busy, the last by name.
-                let mut by_load: Vec<(usize, std::cmp::Reverse<GpuRef>)> = placed
-                    .iter()
-                    .map(|g| {
-                        let unit = holder::replica(&group.name, &model, g);
-                        (
-                            fleet.runtime.requests_in_flight(&unit),
-                            std::cmp::Reverse(g.clone()),
-                        )
-                    })
-                    .collect();
-                by_load.sort();
-                for (_, std::cmp::Reverse(g)) in by_load.into_iter().take((from - decision.to) as usize) {
-                    placed.remove(&g);
+                for gpu in least_busy(&fleet, &group, &model, &placed, (from - decision.to) as usize) {
+                    placed.remove(&gpu);
                 }
             }
             let to = placed.len() as u32;
@@ -672,6 +775,90 @@ memory_gb = 80
             "replicas.min (2) is above replicas.max (1): make max at least min"
         );
         assert!(app.fleet.groups().is_empty());
+    }
+
+    #[tokio::test]
+    async fn put_replicas_changes_an_autoscaled_model_s_replicas_at_its_revision_with_no_restart_removing_those_past_the_new_most_and_refuses_what_it_cannot_do(
+    ) {
+        let (app, change, _, _) = vision_on_one_of_two().await;
+        assert_eq!(app.fleet.scale("vision", decision(1, 2)).await.unwrap(), 2);
+        let group = change["group"].as_str().unwrap().to_owned();
+        let revision = app.fleet.group(&group).unwrap().revision;
+        let engines = app.fleet.desired().await;
+        let put = |body: Value| {
+            let app = &app;
+            async move {
+                app.call(
+                    axum::http::Method::PUT,
+                    "/api/deployments/vision/replicas",
+                    Some(&body.to_string()),
+                )
+                .await
+            }
+        };
+
+        let (status, answer) = put(json!({"revision": revision,
+            "replicas": {"min": 1, "max": 1, "target": 3, "down_s": 30}}))
+        .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["revision"], revision + 1, "{answer}");
+        let replicas = &answer["replicas"];
+        assert_eq!(
+            (&replicas["max"], &replicas["target"], &replicas["running"]),
+            (&json!(1), &json!(3), &json!(1)),
+            "the replica past the new most goes: {answer}"
+        );
+        let kept = app.fleet.desired().await;
+        assert_eq!(kept.len(), 1);
+        assert!(
+            engines
+                .iter()
+                .any(|e| e.unit == kept[0].unit && e.fingerprint() == kept[0].fingerprint()),
+            "the replica that stays is the engine it was"
+        );
+        let (_, audit) = app.get("/api/audit?action=model.replicas").await;
+        assert_eq!(audit[0]["before"]["max"], 2, "{audit}");
+        assert_eq!(audit[0]["after"]["max"], 1, "{audit}");
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        let (status, stale) = put(json!({"revision": revision, "replicas": {"max": 2}})).await;
+        assert_eq!(status, StatusCode::CONFLICT, "{stale}");
+        let (status, more) = put(json!({"revision": revision + 1, "replicas": {"max": 3}})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{more}");
+        assert!(
+            more["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("replicas.max (3) is more than the 2 GPU(s)"),
+            "{more}"
+        );
+        let (status, _) = app
+            .deploy(
+                json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 20,
+                           "revision": revision + 1}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED);
+        let (status, pinned) = app
+            .call(
+                axum::http::Method::PUT,
+                "/api/deployments/glm-5.3/replicas",
+                Some(&json!({"revision": revision + 2, "replicas": {"max": 2}}).to_string()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{pinned}");
+        assert_eq!(
+            pinned["error"],
+            "glm-5.3 runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
+        );
+        let (status, _) = app
+            .call(
+                axum::http::Method::PUT,
+                "/api/deployments/nothing/replicas",
+                Some(&json!({"revision": 1, "replicas": {"max": 2}}).to_string()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
     }
 
     /// octo: one machine of four 80 GB GPUs.
