@@ -3,14 +3,16 @@
 //! read once per engine, not once per request. The prompt's first characters are hashed; the engines are
 //! ranked for that hash by rendezvous hashing (each engine's score is a hash of the prefix's hash and the
 //! engine's name), which moves only the prefixes of an engine that comes or goes. A ranked engine is
-//! passed over once it has no free slot and is busier than the least busy engine allows (a bound on load,
-//! as consistent hashing with bounded loads has): a request never waits on a full engine's cache while
-//! another is idle, one popular prefix spreads out instead of queueing on one engine, and an engine with
-//! a slot free keeps its prefixes (a request sent elsewhere would read its whole prompt again, and push
-//! out another's there).
+//! passed over once it has no free slot and is busier than the least busy engine allows, or once it has
+//! answered a quarter more requests of late than the least busy (bounds on load, as consistent hashing
+//! with bounded loads has): a request never waits on a full engine's cache while another is idle, one
+//! popular prefix (or a few that hash alike) spreads out to their next choices instead of queueing on one
+//! engine, and an engine with a slot free and no more than its part of the traffic keeps its prefixes (a
+//! request sent elsewhere would read its whole prompt again, and push out another's there).
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
+use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 
 /// The leading characters of a prompt that choose its engine: within a system prompt or a few-shot
@@ -20,6 +22,48 @@ pub(super) const PREFIX_CHARS: usize = 256;
 /// How much busier than the model's least busy engine an engine may be and still take a request for its
 /// prefixes: a quarter more requests in flight, and never one more where the least busy is idle.
 const LOAD_BOUND_PERCENT: usize = 125;
+
+/// How long a request counts toward its engine's requests of late: each counts `e^(-age / τ)`, τ this many
+/// ms.
+const RECENT_TAU_MS: f64 = 60_000.0;
+
+/// The requests of late an engine may have answered past a quarter more than the least busy of its
+/// model's and still take its prefixes: at a trickle, no prefix moves.
+const RECENT_SLACK: f64 = 8.0;
+
+/// Each engine's requests of late, decaying: what keeps an engine's part of a model's traffic within a
+/// quarter of the least busy's when a few prefixes hash alike onto it.
+#[derive(Debug, Default)]
+pub(super) struct Recent {
+    /// By unit: when it last took a request (ms), and its count then.
+    by_unit: HashMap<String, (u64, f64)>,
+}
+
+/// The most engines kept; past it, those whose count has decayed to nothing are forgotten.
+const RECENT_KEPT: usize = 4096;
+
+impl Recent {
+    /// `unit`'s requests of late at `now_ms`.
+    pub(super) fn of(&self, unit: &str, now_ms: u64) -> f64 {
+        self.by_unit
+            .get(unit)
+            .map_or(0.0, |&(at, count)| decayed(count, at, now_ms))
+    }
+
+    /// Counts a request sent to `unit` at `now_ms`.
+    pub(super) fn count(&mut self, unit: &str, now_ms: u64) {
+        if self.by_unit.len() >= RECENT_KEPT && !self.by_unit.contains_key(unit) {
+            self.by_unit
+                .retain(|_, &mut (at, count)| decayed(count, at, now_ms) >= 0.01);
+        }
+        let entry = self.by_unit.entry(unit.to_owned()).or_insert((now_ms, 0.0));
+        *entry = (now_ms, decayed(entry.1, entry.0, now_ms) + 1.0);
+    }
+}
+
+fn decayed(count: f64, at_ms: u64, now_ms: u64) -> f64 {
+    count * (-(now_ms.saturating_sub(at_ms) as f64) / RECENT_TAU_MS).exp()
+}
 
 /// The requests in flight below which an engine of `slots` takes the prefixes it ranks first, where the
 /// least busy of the model's engines has `least`: while it has a slot free, and past that while it has at
@@ -75,12 +119,14 @@ pub(super) fn prefix_key(body: &[u8]) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// The order in which a request for `key` tries `engines` (each its name and requests in flight now), each
-/// of `slots` slots: by rendezvous rank, those within the load bound first, then the rest by how busy they
-/// are.
-pub(super) fn order(key: u64, engines: &[(&str, usize)], slots: usize) -> Vec<usize> {
-    let least = engines.iter().map(|(_, n)| *n).min().unwrap_or(0);
+/// The order in which a request for `key` tries `engines` (each its name, requests in flight now and
+/// requests of late), each of `slots` slots: by rendezvous rank, those within the bounds on load first,
+/// then the rest by how busy they are.
+pub(super) fn order(key: u64, engines: &[(&str, usize, f64)], slots: usize) -> Vec<usize> {
+    let least = engines.iter().map(|e| e.1).min().unwrap_or(0);
     let bound = bound(least, slots);
+    let least_recent = engines.iter().map(|e| e.2).fold(f64::INFINITY, f64::min);
+    let recent_bound = least_recent * LOAD_BOUND_PERCENT as f64 / 100.0 + RECENT_SLACK;
     let score = |name: &str| {
         let mut hasher = DefaultHasher::new();
         (key, name).hash(&mut hasher);
@@ -88,13 +134,13 @@ pub(super) fn order(key: u64, engines: &[(&str, usize)], slots: usize) -> Vec<us
     };
     let mut ranked: Vec<usize> = (0..engines.len()).collect();
     ranked.sort_by_key(|&i| std::cmp::Reverse(score(engines[i].0)));
-    // Stable: among those over the bound, the least busy first, rank deciding between equals.
+    // Stable: among those over a bound, the least busy first, rank deciding between equals.
     ranked.sort_by_key(|&i| {
-        let busy = engines[i].1;
-        if busy < bound {
+        let (_, busy, recent) = engines[i];
+        if busy < bound && recent <= recent_bound {
             0
         } else {
-            busy
+            busy + 1
         }
     });
     ranked
@@ -138,51 +184,85 @@ mod tests {
     #[test]
     fn a_busy_engine_keeps_its_prefixes_until_it_is_a_quarter_busier_than_the_least_busy() {
         let key = (0..u64::MAX)
-            .find(|&k| order(k, &[("a", 0), ("b", 0)], 1)[0] == 0)
+            .find(|&k| order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 1)[0] == 0)
             .unwrap();
         assert_eq!(
-            order(key, &[("a", 1), ("b", 0)], 1)[0],
+            order(key, &[("a", 1, 0.0), ("b", 0, 0.0)], 1)[0],
             1,
             "never past an idle engine"
         );
-        assert_eq!(order(key, &[("a", 4), ("b", 4)], 1)[0], 0);
-        assert_eq!(order(key, &[("a", 5), ("b", 4)], 1)[0], 0, "5 < 4 + 1 + 1");
-        assert_eq!(order(key, &[("a", 6), ("b", 4)], 1)[0], 1);
+        assert_eq!(order(key, &[("a", 4, 0.0), ("b", 4, 0.0)], 1)[0], 0);
+        assert_eq!(
+            order(key, &[("a", 5, 0.0), ("b", 4, 0.0)], 1)[0],
+            0,
+            "5 < 4 + 1 + 1"
+        );
+        assert_eq!(order(key, &[("a", 6, 0.0), ("b", 4, 0.0)], 1)[0], 1);
     }
 
     #[test]
     fn an_engine_with_a_slot_free_keeps_its_prefixes_and_one_with_none_is_passed_over_for_an_idle_one(
     ) {
         let key = (0..u64::MAX)
-            .find(|&k| order(k, &[("a", 0), ("b", 0)], 2)[0] == 0)
+            .find(|&k| order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 2)[0] == 0)
             .unwrap();
         assert_eq!(
-            order(key, &[("a", 1), ("b", 0)], 2)[0],
+            order(key, &[("a", 1, 0.0), ("b", 0, 0.0)], 2)[0],
             0,
             "a has a slot free"
         );
         assert_eq!(
-            order(key, &[("a", 2), ("b", 0)], 2)[0],
+            order(key, &[("a", 2, 0.0), ("b", 0, 0.0)], 2)[0],
             1,
             "a is full, b idle"
         );
-        assert_eq!(order(key, &[("a", 7), ("b", 6)], 8)[0], 0);
+        assert_eq!(order(key, &[("a", 7, 0.0), ("b", 6, 0.0)], 8)[0], 0);
         assert_eq!(
-            order(key, &[("a", 8), ("b", 6)], 8)[0],
+            order(key, &[("a", 8, 0.0), ("b", 6, 0.0)], 8)[0],
             1,
             "full, and past 6 + 1 + a quarter of 6"
         );
         assert_eq!(
-            order(key, &[("a", 10), ("b", 9)], 8)[0],
+            order(key, &[("a", 10, 0.0), ("b", 9, 0.0)], 8)[0],
             0,
             "10 < 9 + 1 + 2"
         );
     }
 
     #[test]
+    fn a_prefix_whose_engine_answered_a_quarter_more_than_the_least_busy_of_late_goes_to_its_next_choice(
+    ) {
+        let key = (0..u64::MAX)
+            .find(|&k| order(k, &[("a", 0, 0.0), ("b", 0, 0.0), ("c", 0, 0.0)], 1)[..2] == [0, 1])
+            .unwrap();
+        let late =
+            |a: f64, b: f64, c: f64| order(key, &[("a", 0, a), ("b", 0, b), ("c", 0, c)], 1)[0];
+        assert_eq!(late(50.0, 40.0, 40.0), 0, "50 <= 40 + a quarter + 8");
+        assert_eq!(
+            late(59.0, 40.0, 40.0),
+            1,
+            "past it: the next choice, not the least busy"
+        );
+        assert_eq!(late(9.0, 0.0, 0.0), 1, "at a trickle, 8 requests of slack");
+        assert_eq!(late(8.0, 0.0, 0.0), 0);
+    }
+
+    #[test]
+    fn an_engine_s_requests_of_late_decay_with_a_minute_s_time_constant() {
+        let mut recent = Recent::default();
+        for at in 0..10 {
+            recent.count("a", at);
+        }
+        assert!((recent.of("a", 10) - 10.0).abs() < 0.01);
+        let later = recent.of("a", 60_010);
+        assert!((later - 10.0 / std::f64::consts::E).abs() < 0.01, "{later}");
+        assert_eq!(recent.of("b", 10), 0.0);
+    }
+
+    #[test]
     fn an_engine_that_comes_or_goes_moves_only_its_own_prefixes() {
-        let four = [("a", 0), ("b", 0), ("c", 0), ("d", 0)];
-        let three = [("a", 0), ("b", 0), ("d", 0)];
+        let four = [("a", 0, 0.0), ("b", 0, 0.0), ("c", 0, 0.0), ("d", 0, 0.0)];
+        let three = [("a", 0, 0.0), ("b", 0, 0.0), ("d", 0, 0.0)];
         for key in 0..2_000u64 {
             let before = four[order(key, &four, 1)[0]].0;
             let after = three[order(key, &three, 1)[0]].0;
@@ -199,11 +279,15 @@ mod tests {
         fn the_engine_chosen_is_never_much_busier_than_the_least_busy(
             key in any::<u64>(),
             loads in proptest::collection::vec(0usize..40, 1..8),
+            recent in proptest::collection::vec(0.0f64..200.0, 8),
             slots in 1usize..10,
         ) {
             let names: Vec<String> = (0..loads.len()).map(|i| format!("engine-{i}")).collect();
-            let engines: Vec<(&str, usize)> =
-                names.iter().map(String::as_str).zip(loads.iter().copied()).collect();
+            let engines: Vec<(&str, usize, f64)> = names
+                .iter()
+                .zip(loads.iter().zip(&recent))
+                .map(|(n, (&busy, &recent))| (n.as_str(), busy, recent))
+                .collect();
             let order = order(key, &engines, slots);
             prop_assert_eq!(order.len(), loads.len());
             let least = *loads.iter().min().unwrap();
@@ -218,7 +302,7 @@ mod tests {
         #[test]
         fn idle_engines_share_the_prefixes_evenly(engines in 2usize..6) {
             let names: Vec<String> = (0..engines).map(|i| format!("unit-{i}")).collect();
-            let idle: Vec<(&str, usize)> = names.iter().map(|n| (n.as_str(), 0)).collect();
+            let idle: Vec<(&str, usize, f64)> = names.iter().map(|n| (n.as_str(), 0, 0.0)).collect();
             let mut counts = vec![0usize; engines];
             for key in 0..6_000u64 {
                 let mut h = DefaultHasher::new();

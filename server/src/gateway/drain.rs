@@ -31,10 +31,17 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
         .and_then(affinity::prefix_key);
     match prefix {
         Some(key) => {
-            let busy: Vec<(&str, usize)> = ready
-                .iter()
-                .map(|e| (e.unit.as_str(), runtime.requests_in_flight(&e.unit)))
-                .collect();
+            let now = crate::fleet::usage::now_ms();
+            let busy: Vec<(&str, usize, f64)> = {
+                let recent = state.gateway.recent();
+                ready
+                    .iter()
+                    .map(|e| {
+                        let unit = e.unit.as_str();
+                        (unit, runtime.requests_in_flight(unit), recent.of(unit, now))
+                    })
+                    .collect()
+            };
             let order = affinity::order(key, &busy, state.fleet.slots(model) as usize);
             let mut slots: Vec<Option<Serving>> = ready.into_iter().map(Some).collect();
             ready = order.into_iter().filter_map(|i| slots[i].take()).collect();
@@ -46,8 +53,13 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
             ready.sort_by_cached_key(|engine| runtime.requests_in_flight(&engine.unit));
         }
     }
-    ready.into_iter().find_map(|engine| {
+    let taken = ready.into_iter().find_map(|engine| {
         let in_flight = runtime.begin_request(&engine.unit)?;
         Some(Taken { in_flight, engine })
-    })
+    })?;
+    state
+        .gateway
+        .recent()
+        .count(&taken.engine.unit, crate::fleet::usage::now_ms());
+    Some(taken)
 }

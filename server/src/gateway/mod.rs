@@ -65,6 +65,8 @@ const PLAYGROUND_WAIT: Duration = Duration::from_secs(20);
 pub struct Gateway {
     client: Client<HttpConnector, Full<Bytes>>,
     routing: Routing,
+    /// Each engine's requests of late, which bound its part of its model's prefixes.
+    recent: Mutex<affinity::Recent>,
     turns: Mutex<HashMap<String, usize>>,
     /// How long a request for a model with no engine ready waits for one.
     wait: Duration,
@@ -115,6 +117,7 @@ impl Gateway {
         Gateway {
             client: engine_client(),
             routing,
+            recent: Mutex::default(),
             turns: Mutex::default(),
             wait,
             waiting: Arc::default(),
@@ -135,6 +138,11 @@ impl Gateway {
     pub fn waiting(&self) -> Vec<(String, usize)> {
         let waiting = self.waiting.lock().unwrap_or_else(PoisonError::into_inner);
         waiting.iter().map(|(m, n)| (m.clone(), *n)).collect()
+    }
+
+    /// Each engine's requests of late.
+    fn recent(&self) -> std::sync::MutexGuard<'_, affinity::Recent> {
+        self.recent.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// `model`'s next turn: one rotation per model, so that one model's requests do not move another's.
