@@ -291,7 +291,7 @@ def part_two(weights):
     for routing in ["prefix", "least-busy"]:
         tessera = Tessera(weights, routing)
         try:
-            tessera.deploy(["-np", "2", "-cram", "8"], {"min": 3, "max": 3})
+            tessera.deploy(["-np", "2", "-cram", "12"], {"min": 3, "max": 3})
             results, _ = replay(tessera, events)
             per_replica = tessera.requests_per_engine()
         finally:

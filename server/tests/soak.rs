@@ -1,7 +1,7 @@
 //! The chaos soak: the demo fleet on simulated GPUs (`--simulate-gpus`), its demo engines loading, draining
 //! and failing like real ones (a profile, time-compressed), clients calling models through the gateway all
 //! along in bursts (each model has quiet stretches, where an on-demand one sleeps or unloads), an operator
-//! changing the fleet at random, and faults: an engine crash, a hang, an outside
+//! changing the fleet at random (one model's replicas following the bursts), and faults: an engine crash, a hang, an outside
 //! allocation spike on a GPU, and Tessera itself restarted (SIGTERM and a start), upgraded (SIGTERM and a
 //! start of a new copy of its binary, renamed over the old as dpkg does) or killed (`kill -9` and a start), on
 //! the same data and on the socket the soak holds as systemd's `tessera.socket` does. Counted throughout:
@@ -56,6 +56,10 @@ struct Report {
     /// On-demand models put to sleep past their keep-alive, and woken by a request.
     sleeps: u64,
     wakes: u64,
+    /// Steps of the autoscaled model's replicas, up or down, each placed where it fits.
+    scale_steps: u64,
+    /// The autoscaled model's replicas at the end (`GET /api/models/{name}`), where it is deployed so.
+    replicas_at_end: Value,
     /// After each burst of changes and faults, the time until every model that should serve did.
     converged_ms: Vec<u64>,
     converged_p50_ms: u64,
@@ -75,7 +79,12 @@ struct Report {
 /// The clients calling the models all along.
 const CLIENTS: u64 = 3;
 
-const MODELS: [&str; 5] = ["glm-5.3", "embedder", "vision", "speech", "semantic-router"];
+/// The model deployed with replicas that follow its load.
+const AUTOSCALED: &str = "embedder";
+
+/// The models the operator deploys, changes and removes at random; the autoscaled one stays, changed only
+/// by its load (and moved by a repack).
+const MODELS: [&str; 4] = ["glm-5.3", "vision", "speech", "semantic-router"];
 const GPUS: [&str; 5] = [
     "atlas:0",
     "atlas:1",
@@ -190,9 +199,15 @@ async fn client(
             tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         }
-        let model = rng.pick(&models).clone();
+        // The autoscaled model is the busy one while it is asked: two requests in three, streamed (each a
+        // second or so), so that its bursts grow it and its quiet phases shrink it.
+        let model = match models.iter().find(|m| *m == AUTOSCALED) {
+            Some(busy) if rng.below(3) > 0 => busy.clone(),
+            _ => rng.pick(&models).clone(),
+        };
         let began = Instant::now();
-        let outcome = ask(&current, &model, rng.below(2) == 0).await;
+        let stream = model == AUTOSCALED || rng.below(2) == 0;
+        let outcome = ask(&current, &model, stream).await;
         let mut r = report.lock().unwrap();
         r.requests += 1;
         match outcome {
@@ -284,15 +299,18 @@ async fn soak(seed: u64, seconds: u64) -> Report {
         speed,
         ..Report::default()
     }));
-    // glm-5.3 on demand, sleeping past its keep-alive (its quiet stretches put it to sleep), vision pinned.
+    // glm-5.3 on demand, sleeping past its keep-alive (its quiet stretches put it to sleep), vision pinned,
+    // embedder autoscaled between one and three replicas on three GPUs, each answer taking a second or so
+    // (the bursts grow it, the quiet stretches shrink it).
     let glm = json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40, "args": ["--enable-sleep-mode"],
                      "demand": {"mode": "on_demand", "keep_alive": 10}});
     let vision = json!({"model": "vision", "gpus": ["h200-node:0"], "share": 25});
-    for body in [glm, vision] {
-        assert_eq!(
-            call(&current, "POST", "/api/deployments", body).await.0,
-            201
-        );
+    let embedder = json!({"model": AUTOSCALED, "gpus": ["h200-node:1", "h200-node:2", "h200-node:3"],
+                          "share": 10, "replicas": {"min": 1, "max": 3, "up_s": 2, "down_s": 4},
+                          "env": {"TESSERA_DEMO_TOKEN_MS": "150"}});
+    for body in [glm, vision, embedder] {
+        let (status, answer) = call(&current, "POST", "/api/deployments", body).await;
+        assert_eq!(status, 201, "{answer}");
     }
     let done = Arc::new(AtomicBool::new(false));
     let kills = Arc::new(Kills::default());
@@ -436,11 +454,20 @@ async fn soak(seed: u64, seconds: u64) -> Report {
     for (action, count) in [
         ("model.sleep", &mut report.sleeps),
         ("model.wake", &mut report.wakes),
+        ("model.scale", &mut report.scale_steps),
     ] {
         let path = format!("/api/audit?action={action}&limit=500");
         let (_, entries) = call(&current, "GET", &path, Value::Null).await;
         *count = entries.as_array().map_or(0, |e| e.len() as u64);
     }
+    let (_, autoscaled) = call(
+        &current,
+        "GET",
+        &format!("/api/models/{AUTOSCALED}"),
+        Value::Null,
+    )
+    .await;
+    report.replicas_at_end = autoscaled["deployed"]["replicas"].clone();
     // No orphan, no duplicate: Tessera's processes are exactly its engines', one per engine.
     let (_, engines) = call(&current, "GET", "/api/engines", Value::Null).await;
     let engines = engines.as_array().cloned().unwrap_or_default();

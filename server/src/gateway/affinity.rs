@@ -56,8 +56,13 @@ impl Recent {
             self.by_unit
                 .retain(|_, &mut (at, count)| decayed(count, at, now_ms) >= 0.01);
         }
-        let entry = self.by_unit.entry(unit.to_owned()).or_insert((now_ms, 0.0));
-        *entry = (now_ms, decayed(entry.1, entry.0, now_ms) + 1.0);
+        // The name is copied once, at the engine's first request.
+        match self.by_unit.get_mut(unit) {
+            Some(entry) => *entry = (now_ms, decayed(entry.1, entry.0, now_ms) + 1.0),
+            None => {
+                self.by_unit.insert(unit.to_owned(), (now_ms, 1.0));
+            }
+        }
     }
 }
 
