@@ -544,6 +544,34 @@ async fn engines_of(server: &Server, model: &str) -> Vec<Value> {
         .collect()
 }
 
+/// A client asking the tiny model one chat after another (the `n`th with `prompt(n)`), `pause` between,
+/// until `stop`; each answer kept in `answered`.
+fn keep_asking(
+    server: &Arc<Server>,
+    stop: &Arc<AtomicBool>,
+    answered: &Arc<Mutex<Vec<Answered>>>,
+    pause: Duration,
+    prompt: impl Fn(u32) -> String + Send + 'static,
+) -> tokio::task::JoinHandle<()> {
+    let (server, stop, answered) = (server.clone(), stop.clone(), answered.clone());
+    tokio::spawn(async move {
+        let mut n = 0;
+        while !stop.load(Ordering::Relaxed) {
+            n += 1;
+            let (status, answer) = server
+                .send(
+                    "POST",
+                    "/v1/chat/completions",
+                    json!({"model": "tiny", "max_tokens": 8,
+                           "messages": [{"role": "user", "content": prompt(n)}]}),
+                )
+                .await;
+            answered.lock().unwrap().push((status, content(answer)));
+            tokio::time::sleep(pause).await;
+        }
+    })
+}
+
 /// The model's replicas as `GET /api/models/{model}` shows them.
 async fn replicas(server: &Server, model: &str) -> Value {
     let (status, answer) = server.get(&format!("/api/models/{model}")).await;
@@ -594,22 +622,8 @@ async fn a_burst_grows_a_one_replica_model_onto_other_gpus_and_its_queue_shrinks
     let answered: Arc<Mutex<Vec<Answered>>> = Arc::default();
     let clients: Vec<_> = (0..4)
         .map(|client| {
-            let (server, stop, answered) = (server.clone(), stop.clone(), answered.clone());
-            tokio::spawn(async move {
-                let mut n = 0;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let (status, answer) = server
-                        .send(
-                            "POST",
-                            "/v1/chat/completions",
-                            json!({"model": "tiny", "max_tokens": 8, "messages": [
-                                {"role": "user", "content": format!("{n} from client {client}: hello")}]}),
-                        )
-                        .await;
-                    answered.lock().unwrap().push((status, content(answer)));
-                }
-            })
+            let prompt = move |n| format!("{n} from client {client}: hello");
+            keep_asking(&server, &stop, &answered, Duration::ZERO, prompt)
         })
         .collect();
     // On one replica, the four wait on its one slot.
@@ -663,35 +677,16 @@ async fn a_burst_grows_a_one_replica_model_onto_other_gpus_and_its_queue_shrinks
     for client in clients {
         client.await.unwrap();
     }
-    let trickle = {
-        let (server, answered) = (server.clone(), answered.clone());
-        let done = Arc::new(AtomicBool::new(false));
-        let finished = done.clone();
-        let task = tokio::spawn(async move {
-            let mut n = 0;
-            while !finished.load(Ordering::Relaxed) {
-                n += 1;
-                let (status, answer) = server
-                    .send(
-                        "POST",
-                        "/v1/chat/completions",
-                        json!({"model": "tiny", "max_tokens": 8, "messages": [
-                            {"role": "user", "content": format!("{n}: after the burst")}]}),
-                    )
-                    .await;
-                answered.lock().unwrap().push((status, content(answer)));
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        });
-        (done, task)
-    };
+    let done = Arc::new(AtomicBool::new(false));
+    let prompt = |n| format!("{n}: after the burst");
+    let trickle = keep_asking(&server, &done, &answered, Duration::from_millis(50), prompt);
     support::wait_until("back to one replica, its engine alone left", || async {
         replicas(&server, "tiny").await["running"] == 1
             && engines_of(&server, "tiny").await.len() == 1
     })
     .await;
-    trickle.0.store(true, Ordering::Relaxed);
-    trickle.1.await.unwrap();
+    done.store(true, Ordering::Relaxed);
+    trickle.await.unwrap();
     let last = replicas(&server, "tiny").await;
     assert_eq!(
         (&last["decisions"][0]["from"], &last["decisions"][0]["to"]),
