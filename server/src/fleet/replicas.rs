@@ -239,23 +239,6 @@ impl Fleet {
         ))
     }
 
-    /// Whether `model`, of which `serving` replicas serve now, has a replica to come: one placed that does
-    /// not serve yet (starting), or one its load may yet add (fewer placed than its most, none of them
-    /// waiting for room). False for a model not autoscaled.
-    pub fn replica_to_come(&self, model: &str, serving: usize) -> bool {
-        let committed = self.committed();
-        let Some(group) = committed.group_of(model) else {
-            return false;
-        };
-        let Some(scale) = group.autoscale.get(model) else {
-            return false;
-        };
-        let placed = group.placed.get(model).map_or(0, BTreeSet::len);
-        serving < placed
-            || (placed < scale.max() as usize
-                && self.scaling.with(model, |s| s.pending_reasons.is_empty()))
-    }
-
     /// The requests one engine of `model` takes at once, as the gateway keeps a prompt's prefixes on it:
     /// its replicas' target where it is autoscaled, else its engine's own slots as its arguments say, else
     /// one.

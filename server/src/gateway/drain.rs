@@ -15,7 +15,7 @@ pub(super) struct Taken {
 }
 
 /// A healthy engine of `model` for a request whose body is `body`, the request counted in flight to it;
-/// `None` while none serves, or while every replica of an autoscaled model is full and another is to come. For a prompt, the engine its start ranks first within the load bound; else
+/// `None` while none serves. For a prompt, the engine its start ranks first within the load bound; else
 /// the engine with the fewest requests in flight, and among engines as busy as each other the model's own
 /// rotation decides, so that requests that never overlap still take turns, whatever other models are asked
 /// meanwhile.
@@ -24,18 +24,6 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
     let mut ready = runtime.serving(model);
     if ready.is_empty() {
         return None;
-    }
-    // Every replica of an autoscaled model full while another is to come: the request waits here for a
-    // slot or for that replica, not in a full engine's queue, so that the replicas a burst adds take
-    // the requests that wait.
-    if state.fleet.replica_to_come(model, ready.len()) {
-        let slots = state.fleet.slots(model) as usize;
-        if ready
-            .iter()
-            .all(|e| runtime.requests_in_flight(&e.unit) >= slots)
-        {
-            return None;
-        }
     }
     // The body is read for its prompt only where there is a choice to make.
     let prefix = body

@@ -51,12 +51,7 @@ pub(super) async fn ready_engine(
     // fleet write), the others look for its engine.
     let mut turn: Option<OwnedMutexGuard<()>> = None;
     let mut queued = None;
-    let freed = state.fleet.runtime().freed();
     let taken = loop {
-        // Told before it looks, so that a slot freed between its look and its wait is not missed.
-        let slot_freed = freed.notified();
-        tokio::pin!(slot_freed);
-        slot_freed.as_mut().enable();
         if on_demand == Some(true) && first.is_none() {
             failed_load(state, model).await?;
         }
@@ -106,27 +101,18 @@ pub(super) async fn ready_engine(
             break taken;
         }
         if Instant::now() >= deadline {
-            let message = if state.fleet.runtime().serving(model).is_empty() {
+            return Err(unavailable(
+                "model_not_ready",
                 format!(
                     "{model} is deployed but none of its engines was ready within {} s; try again shortly",
                     wait.as_secs()
-                )
-            } else {
-                format!(
-                    "every replica of {model} was busy for {} s while more were to come; try again shortly",
-                    wait.as_secs()
-                )
-            };
-            return Err(unavailable(
-                "model_not_ready",
-                message,
+                ),
                 retry_after(state, model, None),
             ));
         }
         // Counted as waiting from its first look that found no engine ready until it has one.
         queued.get_or_insert_with(|| state.gateway.queue(model));
-        // A slot freed on an engine of any model wakes it at once; an engine ready, within the poll.
-        let _ = tokio::time::timeout(READY_POLL, slot_freed).await;
+        tokio::time::sleep(READY_POLL).await;
         // A pinned model stays pinned; an on-demand one may have been loaded or unloaded meanwhile.
         if on_demand.is_some() {
             on_demand = state.fleet.on_demand(model);

@@ -216,8 +216,6 @@ pub(crate) struct Shared {
     pub(super) progress: Mutex<BTreeMap<String, Progress>>,
     /// The gateway's requests in flight, by unit.
     pub(super) in_flight: Mutex<BTreeMap<String, Arc<AtomicUsize>>>,
-    /// Told each time a request in flight ends: what requests waiting for a slot wake on.
-    pub(super) freed: Arc<tokio::sync::Notify>,
     /// How long each engine's last load took, and when one waiting out a backoff starts again.
     pub(super) readiness: super::readiness::Readiness,
     /// SGLang's loads and its neighbours' stops, kept apart on a GPU.

@@ -257,14 +257,12 @@ pub struct Serving {
     pub api_key: Option<String>,
 }
 
-/// A request in flight to an engine, counted until it is dropped (with the last of its answer), which
-/// tells those waiting for a slot.
-pub struct InFlight(Arc<AtomicUsize>, Arc<tokio::sync::Notify>);
+/// A request in flight to an engine, counted until it is dropped (with the last of its answer).
+pub struct InFlight(Arc<AtomicUsize>);
 
 impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
-        self.1.notify_waiters();
     }
 }
 
@@ -301,7 +299,6 @@ impl Runtime {
             events: broadcast::channel(1024).0,
             progress: Mutex::default(),
             in_flight: Mutex::default(),
-            freed: Arc::default(),
             readiness: readiness::Readiness::default(),
             free_readers: Arc::default(),
         });
@@ -395,13 +392,8 @@ impl Runtime {
     pub fn begin_request(&self, unit: &str) -> Option<InFlight> {
         let counter = self.shared.counter(unit);
         counter.fetch_add(1, Ordering::SeqCst);
-        let in_flight = InFlight(counter, self.shared.freed.clone());
+        let in_flight = InFlight(counter);
         (self.shared.state(unit) == Some(EngineState::Healthy)).then_some(in_flight)
-    }
-
-    /// Told each time one of the gateway's requests in flight ends, whichever engine it was on.
-    pub fn freed(&self) -> Arc<tokio::sync::Notify> {
-        self.shared.freed.clone()
     }
 
     /// The models (or workers) with the gateway's requests in flight to an engine on one of the GPUs
