@@ -586,3 +586,10 @@ async fn read_local(
 
 #[cfg(test)]
 mod tests;
+
+/// The answer for a model that runs nowhere.
+fn not_deployed(model: &str) -> ApiError {
+    ApiError::NotFound(format!(
+        "{model} is not deployed; GET /api/groups and GET /api/workers list what runs"
+    ))
+}

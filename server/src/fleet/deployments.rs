@@ -56,7 +56,10 @@ impl Fleet {
         &self,
         model: &str,
     ) -> Result<(Vec<String>, BTreeMap<String, String>), ApiError> {
-        match self.deployed(model).ok_or_else(|| not_deployed(model))? {
+        match self
+            .deployed(model)
+            .ok_or_else(|| super::not_deployed(model))?
+        {
             Deployed::Group(group) => {
                 let serving = group.serving.get(model).cloned().unwrap_or_default();
                 Ok((serving.args, serving.env))
@@ -301,7 +304,7 @@ impl Fleet {
         self.write(|fleet| async move {
             let mut state = fleet.state.lock().await;
             let system = state.committed.system_models();
-            match deployed(&state.committed, &model).ok_or_else(|| not_deployed(&model))? {
+            match deployed(&state.committed, &model).ok_or_else(|| super::not_deployed(&model))? {
                 Deployed::Whole(worker) => {
                     fleet
                         .end_worker(&mut state, &worker.name, Some(revision), &actor)
@@ -377,7 +380,7 @@ impl Fleet {
             let env = serde_json::to_string(&serving.env).map_err(ApiError::internal)?;
             let mut tx = crate::db::write(&fleet.pool).await?;
             let (group, new_revision) =
-                match deployed(&state.committed, &model).ok_or_else(|| not_deployed(&model))? {
+                match deployed(&state.committed, &model).ok_or_else(|| super::not_deployed(&model))? {
                     Deployed::Group(group) => {
                         check_revision(&group, Some(revision))?;
                         sqlx::query("UPDATE group_members SET args = ?, env = ? WHERE model = ?")
@@ -441,12 +444,6 @@ fn deployed(committed: &Committed, model: &str) -> Option<Deployed> {
         .whole_deployment(model)
         .cloned()
         .map(|w| Deployed::Whole(Box::new(w)))
-}
-
-pub(super) fn not_deployed(model: &str) -> ApiError {
-    ApiError::NotFound(format!(
-        "{model} is not deployed; GET /api/groups and GET /api/workers list what runs"
-    ))
 }
 
 #[cfg(test)]

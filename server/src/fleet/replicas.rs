@@ -315,7 +315,7 @@ impl Fleet {
             let committed = state.committed.clone();
             let group = committed
                 .group_of(&model)
-                .ok_or_else(|| super::deployments::not_deployed(&model))?;
+                .ok_or_else(|| super::not_deployed(&model))?;
             super::groups::check_revision(group, Some(revision))?;
             let Some(&before) = group.autoscale.get(&model) else {
                 return Err(ApiError::Unprocessable(format!(
