@@ -112,7 +112,8 @@ pub struct DeployRequest {
     pub revision: Option<i64>,
     /// Its serving configuration.
     pub serving: Serving,
-    /// Replicas that follow its load, when shared; none: one on each machine of its group.
+    /// Replicas that follow its load, when shared, each on a GPU of its own; none: one engine on each
+    /// machine of its group, across its GPUs there.
     #[serde(default)]
     pub replicas: Option<placement::scale::Autoscale>,
 }
