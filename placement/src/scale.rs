@@ -270,6 +270,10 @@ pub struct Decision {
     pub why: String,
 }
 
+/// A load at least this many times what a model's replicas hold adds replicas at its first sample, as
+/// Knative's panic mode does: a burst does not wait out the short window queueing on what runs.
+pub const PANIC_TIMES: u32 = 2;
+
 /// One model's recent load, and the decisions it asks for.
 #[derive(Debug, Clone, Default)]
 pub struct Scaler {
@@ -317,9 +321,10 @@ impl Scaler {
 
     /// What `running` replicas (placed, serving or starting) of a model scaled by `scale`, each aiming at
     /// `target` requests, should become at `now_ms`: `None` to stay. Below `min` or above `max` it goes
-    /// there at once; up, to as many as the window's lowest load needs once it stayed above what `running`
-    /// hold for the short window; down, by one once the window's highest load stayed within what one fewer
-    /// holds for the long window.
+    /// there at once; up, at once to as many as the newest load needs where it is [`PANIC_TIMES`] what
+    /// `running` hold, else to as many as the window's lowest load needs once it stayed above what
+    /// `running` hold for the short window; down, by one once the window's highest load stayed within what
+    /// one fewer holds for the long window.
     pub fn decide(
         &self,
         scale: Autoscale,
@@ -344,6 +349,20 @@ impl Scaler {
             });
         }
         if running < scale.max {
+            let holds = running.saturating_mul(target);
+            if let Some(newest) = self.samples.back().filter(|s| s.at_ms <= now_ms) {
+                if newest.load >= holds.saturating_mul(PANIC_TIMES) {
+                    return Some(Decision {
+                        from: running,
+                        to: wanted(newest.load).max(running + 1),
+                        why: format!(
+                            "{} requests in flight or waiting on {} of target {target}: {PANIC_TIMES} times what they hold",
+                            newest.load,
+                            replicas(running)
+                        ),
+                    });
+                }
+            }
             if let Some(lowest) = self.window(now_ms, scale.up_s).and_then(Iterator::min) {
                 if lowest > running.saturating_mul(target) {
                     return Some(Decision {
@@ -399,13 +418,28 @@ mod tests {
     #[test]
     fn a_load_above_target_for_the_short_window_adds_as_many_replicas_as_its_lowest_point_needs() {
         let scale = Autoscale::new(1, 4).unwrap();
-        let loads: Vec<(u64, u32)> = (0..=6).map(|s| (s, 3 + (s as u32 % 2))).collect();
-        let decision = fed(&loads, 60).decide(scale, 1, 1, 6_000).unwrap();
-        assert_eq!((decision.from, decision.to), (1, 3));
+        // On 2 replicas of target 2: above the 4 they hold, below the 8 that add at once.
+        let loads: Vec<(u64, u32)> = (0..=6).map(|s| (s, 5 + (s as u32 % 3))).collect();
+        let decision = fed(&loads, 60).decide(scale, 2, 2, 6_000).unwrap();
+        assert_eq!((decision.from, decision.to), (2, 3));
         assert_eq!(
             decision.why,
-            "3 requests in flight or waiting on 1 replica of target 1 for 6 s"
+            "5 requests in flight or waiting on 2 replicas of target 2 for 6 s"
         );
+    }
+
+    #[test]
+    fn a_load_twice_what_the_replicas_hold_adds_as_many_as_it_needs_at_its_first_sample() {
+        let scale = Autoscale::new(1, 4).unwrap();
+        let loads = [(0, 0), (1, 0), (2, 9)];
+        let decision = fed(&loads, 60).decide(scale, 1, 1, 2_000).unwrap();
+        assert_eq!((decision.from, decision.to), (1, 4));
+        assert_eq!(
+            decision.why,
+            "9 requests in flight or waiting on 1 replica of target 1: 2 times what they hold"
+        );
+        let just_below = [(0, 0), (1, 0), (2, 3)];
+        assert_eq!(fed(&just_below, 60).decide(scale, 2, 1, 2_000), None);
     }
 
     #[test]
@@ -425,17 +459,17 @@ mod tests {
     }
 
     #[test]
-    fn a_burst_shorter_than_the_short_window_adds_nothing() {
+    fn a_burst_shorter_than_the_short_window_and_below_twice_what_runs_adds_nothing() {
         let scale = Autoscale::new(1, 4).unwrap();
-        let loads = [(0, 0), (1, 0), (2, 9), (3, 9), (4, 9), (5, 9), (6, 9)];
-        assert_eq!(fed(&loads, 60).decide(scale, 1, 1, 6_000), None);
+        let loads = [(0, 0), (1, 0), (2, 3), (3, 3), (4, 3), (5, 3), (6, 3)];
+        assert_eq!(fed(&loads, 60).decide(scale, 1, 2, 6_000), None);
     }
 
     #[test]
     fn no_decision_is_taken_on_less_than_a_whole_window_of_samples() {
         let scale = Autoscale::new(1, 4).unwrap();
-        let loads = [(3, 9), (4, 9), (5, 9), (6, 9)];
-        assert_eq!(fed(&loads, 60).decide(scale, 1, 1, 6_000), None);
+        let loads = [(3, 3), (4, 3), (5, 3), (6, 3)];
+        assert_eq!(fed(&loads, 60).decide(scale, 1, 2, 6_000), None);
     }
 
     #[test]
@@ -521,8 +555,8 @@ mod tests {
 
     proptest! {
         /// Against the rule written out: a decision stays within min and max, adds only after a whole
-        /// short window above what the replicas hold, and removes only one, after a whole long window
-        /// within what one fewer holds.
+        /// short window above what the replicas hold or at a load twice that, and removes only one, after
+        /// a whole long window within what one fewer holds.
         #[test]
         fn a_decision_keeps_within_its_bounds_and_follows_only_a_whole_window(
             min in 1u32..4, extra in 0u32..5, running in 0u32..10, target in 1u32..4,
@@ -546,6 +580,7 @@ mod tests {
                         if let Some(window) = within(5) {
                             prop_assert!(!window.iter().all(|&l| l > running * target));
                         }
+                        prop_assert!(loads.last().is_none_or(|&l| l < running * target * PANIC_TIMES));
                     }
                     if running > scale.min() {
                         if let Some(window) = within(20) {
@@ -558,8 +593,9 @@ mod tests {
                     prop_assert_ne!(d.to, d.from);
                     if running >= scale.min() && running <= scale.max() {
                         if d.to > d.from {
-                            let window = within(5).expect("a whole short window");
-                            prop_assert!(window.iter().all(|&l| l > running * target));
+                            let panic = loads.last().is_some_and(|&l| l >= running * target * PANIC_TIMES);
+                            let window = within(5).is_some_and(|w| w.iter().all(|&l| l > running * target));
+                            prop_assert!(panic || window);
                         } else {
                             prop_assert_eq!(d.to, d.from - 1);
                             let window = within(20).expect("a whole long window");

@@ -111,8 +111,9 @@ async fn a_burst_of_clients_grows_a_one_replica_model_onto_another_machine_and_o
     .await;
     let grown = replicas(&server, "chat").await;
     let why = grown["decisions"][0]["why"].as_str().unwrap().to_owned();
+    // Six on one replica of target 1: at its first sample (twice what it holds), or after the short window.
     assert!(
-        why.ends_with("requests in flight or waiting on 1 replica of target 1 for 2 s"),
+        why.contains("requests in flight or waiting on 1 replica of target 1"),
         "{grown}"
     );
     assert_eq!(
