@@ -20,7 +20,8 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 pub(super) const PREFIX_CHARS: usize = 256;
 
 /// How much busier than the model's least busy engine an engine may be and still take a request for its
-/// prefixes: a quarter more requests in flight, and never one more where the least busy is idle.
+/// prefixes: a quarter more requests in flight once its slots are full (and then never one more where the
+/// least busy is idle), and a quarter more requests of late.
 const LOAD_BOUND_PERCENT: usize = 125;
 
 /// How long a request counts toward its engine's requests of late: each counts `e^(-age / τ)`, τ this many
