@@ -1,6 +1,9 @@
 //! The Shared GPU memory panel's form state, apart from any component so that it can be tested plainly.
 
-use placement::{judge, BasisPoints, Bytes, Demand, GroupGpu, KeepAlive, PlanMember, Verdict};
+use placement::scale::Autoscale;
+use placement::{
+    judge, BasisPoints, Bytes, Demand, GroupGpu, KeepAlive, PlanMember, ReplicasWait, Verdict,
+};
 
 /// One member's row: its name, the text in its share field, whether the field is locked (the router), and
 /// whether it loads on demand, with the keep-alive field's text.
@@ -19,6 +22,8 @@ pub struct ShareRow {
     /// The member's memory estimate, once the estimate panel has read it: the bar marks it on the
     /// member's segment, and the row turns amber while its share is below it.
     pub estimate: Option<Bytes>,
+    /// Its replicas, where it has them: the verdict counts its most where they would run.
+    pub replicas: Option<Autoscale>,
 }
 
 impl ShareRow {
@@ -39,6 +44,7 @@ impl ShareRow {
                 .secs()
                 .to_string(),
             estimate: None,
+            replicas: member.replicas,
         }
     }
 
@@ -88,6 +94,7 @@ impl ShareRow {
             } else {
                 Demand::Pinned
             },
+            replicas: self.replicas,
         }
     }
 }
@@ -159,11 +166,13 @@ pub fn verdict(rows: &[ShareRow], gpus: &[GroupGpu]) -> Verdict {
     judge(&plan(rows), gpus)
 }
 
-/// The verdict as the panel states it, one line per problem (naming its member), or the line that it fits.
+/// The verdict as the panel states it, one line per problem (naming its member), or the line that it fits
+/// (with the turns on-demand models take, and the replicas that would wait for room).
 pub fn verdict_lines(verdict: &Verdict) -> Vec<String> {
     match verdict.fits_message() {
         Some(line) => std::iter::once(line)
             .chain(verdict.turns_message())
+            .chain(verdict.waits.iter().map(ReplicasWait::message))
             .collect(),
         None => verdict
             .problems

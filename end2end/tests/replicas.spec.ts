@@ -44,3 +44,35 @@ test("a model deployed with a most of two replicas on two GPUs starts on one and
   await expect(panel).toContainText("Replicas by load, 1 to 2 (target 1): 1 running.");
   await expect(panel).toContainText(`On: GPU 0 of ${vision.replicas.gpus[0].machine}.`);
 });
+
+test("a plan whose GPUs hold fewer replicas than its most is warned, not refused, saying why the rest wait, and deploys", async ({ page, request }) => {
+  // speech runs on east and west at 10 % (8 GB each); other shared work takes 60 GB of west.
+  const speech = await request.post("/api/deployments", { data: { model: "speech", gpus: ["east:0", "west:0"], share: 10 } });
+  expect(speech.status()).toBe(201);
+  const filler = await request.post("/api/workers", {
+    data: { name: "filler", requested_resources: { gpu_requests: { count: 1, ids: ["west:0"], shared: true, memory_gb: 60 } } },
+  });
+  expect(filler.status()).toBe(201);
+  const wizard = new Wizard(page);
+  await wizard.open();
+  await wizard.place("vision", ["east", "west"]);
+
+  // One engine on each machine needs west's room too: refused, in the seed's words.
+  await expect(wizard.panel.verdict).toContainText("GPU 0 of west: 60 of 80 GB taken by shared work; it needs 28");
+  await expect(wizard.deploy).toBeDisabled();
+
+  // Replicas hold the share only where they run: one fits on east, the other waits for room.
+  await page.getByTestId("replicas").getByLabel("Most").fill("2");
+  await expect(wizard.panel.verdict).toContainText("The shares add up to 35% of one accelerator, which fits.");
+  await expect(wizard.panel.verdict).toContainText(
+    "vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 68 of 80 GB taken by shared work; it needs 20",
+  );
+  await expect(wizard.deploy).toBeEnabled();
+  await wizard.deploy.click();
+
+  await expect(page).toHaveURL(/\/models\?deployed=vision$/);
+  await expect(new ModelsTab(page).row("vision").getByTestId("replicas")).toHaveText("Replicas by load, 1 to 2 (target 1): 1 running.");
+  const groups = await (await request.get("/api/groups")).json();
+  const vision = groups.flatMap((g: any) => g.members).find((m: any) => m.name === "vision");
+  expect(vision.replicas.gpus).toEqual([{ machine: "east", index: 0 }]);
+});

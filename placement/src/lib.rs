@@ -52,7 +52,7 @@ pub use inventory::{
     offered, parse_gpu_list, Gpu, GpuChoice, GpuRef, GpuRefError, Inventory, InventoryError,
     Machine, MigRole,
 };
-pub use plan::{judge, running, GroupGpu, PlanMember, Problem, Verdict};
+pub use plan::{judge, running, GroupGpu, PlanMember, Problem, ReplicasWait, Verdict};
 pub use reason::PendingReason;
 pub use repack::{
     plan_repack, GpuLoad, Movable, Move, RepackError, RepackInput, RepackPlan, RepackStep,

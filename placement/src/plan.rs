@@ -4,6 +4,7 @@ use crate::demand::Demand;
 use crate::inventory::GpuRef;
 use crate::reason::PendingReason;
 use crate::restart::Share;
+use crate::scale::Autoscale;
 use crate::units::{BasisPoints, Bytes};
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,10 @@ pub struct PlanMember {
     /// Always loaded, or loaded when asked for.
     #[serde(default)]
     pub demand: Demand,
+    /// Replicas that follow its load, each holding its share on one GPU of the group; none: it holds its
+    /// share on every GPU of the group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<Autoscale>,
 }
 
 impl PlanMember {
@@ -40,6 +45,7 @@ impl PlanMember {
             share: Some(share),
             locked: false,
             demand: Demand::Pinned,
+            replicas: None,
         }
     }
 }
@@ -137,6 +143,45 @@ pub struct Verdict {
     pub turns: Option<BasisPoints>,
     /// Why the plan is refused; empty when it fits.
     pub problems: Vec<Problem>,
+    /// Members whose most replicas the group's GPUs cannot all hold now: a warning, not a refusal (the
+    /// replicas beyond the room wait for it).
+    #[serde(default)]
+    pub waits: Vec<ReplicasWait>,
+}
+
+/// A member with replicas of which fewer than its most fit on the group's GPUs beside the rest of the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicasWait {
+    /// The member.
+    pub member: String,
+    /// How many of its replicas fit now.
+    pub fit: u32,
+    /// Its most replicas.
+    pub max: u32,
+    /// Why each GPU that holds none of them cannot, in seed 000's words.
+    pub reasons: Vec<PendingReason>,
+}
+
+impl ReplicasWait {
+    /// `vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 70 of 80 GB
+    /// taken by shared work; it needs 24`.
+    pub fn message(&self) -> String {
+        let rest = self.max - self.fit;
+        let reasons: Vec<String> = self.reasons.iter().map(ToString::to_string).collect();
+        format!(
+            "{}: {} of its {} replicas {} now; {} for room: {}",
+            self.member,
+            self.fit,
+            self.max,
+            if self.fit == 1 { "fits" } else { "fit" },
+            if rest == 1 {
+                "the other one waits".to_owned()
+            } else {
+                format!("the other {rest} wait")
+            },
+            reasons.join("; ")
+        )
+    }
 }
 
 impl Verdict {
@@ -175,7 +220,10 @@ impl Verdict {
 
 /// Judges a plan: every member needs a share above 0; the pinned shares, with each on-demand share on its own
 /// (on-demand models take turns), may add up to at most 100 %; and each GPU of the group must offer what
-/// the plan holds at most beside the shared work already on it.
+/// the plan holds at most beside the shared work already on it. A member with replicas holds its share on
+/// the GPUs its replicas run on, not on every one: its most replicas are placed where they would run, best
+/// fit first, beside the rest of the plan; fewer than its most fitting is a warning ([`ReplicasWait`]:
+/// the rest wait for room), none fitting a refusal (the model could not serve).
 pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
     let mut problems = Vec::new();
     for member in members {
@@ -189,47 +237,130 @@ pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
             Some(_) => {}
         }
     }
-    let pinned: BasisPoints = members
-        .iter()
-        .filter(|m| !m.demand.is_on_demand())
-        .filter_map(|m| m.share)
-        .sum();
+    let pinned = |replicas: bool| -> BasisPoints {
+        members
+            .iter()
+            .filter(|m| !m.demand.is_on_demand() && (replicas || m.replicas.is_none()))
+            .filter_map(|m| m.share)
+            .sum()
+    };
     let largest_turn = members
         .iter()
         .filter(|m| m.demand.is_on_demand())
         .map(|m| m.share.unwrap_or_default())
         .max();
-    let total = pinned + largest_turn.unwrap_or_default();
+    // One accelerator as the bar shows it: every replica could run on the same GPU.
+    let total = pinned(true) + largest_turn.unwrap_or_default();
+    let mut waits = Vec::new();
     if total > BasisPoints::WHOLE {
         problems.push(Problem::OverAccelerator);
     } else {
+        // What every GPU of the group holds (the members without replicas), then the replicas.
+        let everywhere = pinned(false) + largest_turn.unwrap_or_default();
+        let mut taken: Vec<Bytes> = Vec::with_capacity(gpus.len());
         for gpu in gpus {
-            let needs = gpu.total.share(total);
-            let reason = if needs > gpu.offered() {
-                Some(PendingReason::OffersTooLittle {
-                    gpu: gpu.gpu.clone(),
-                    total: gpu.total,
-                    held_outside: gpu.held_outside,
-                    needs,
-                })
-            } else if gpu.taken_by_others + needs > gpu.offered() {
-                Some(PendingReason::SharedFull {
-                    gpu: gpu.gpu.clone(),
-                    taken: gpu.taken_by_others,
-                    offered: gpu.offered(),
-                    needs,
-                })
-            } else {
-                None
-            };
-            problems.extend(reason.map(Problem::GpuShort));
+            let needs = gpu.total.share(everywhere);
+            problems.extend(short(gpu, gpu.taken_by_others, needs).map(Problem::GpuShort));
+            taken.push(gpu.taken_by_others + needs);
+        }
+        if problems.is_empty() {
+            // A model none of whose replicas fit could not serve: refused; one with fewer than its most
+            // is warned.
+            let (none, fewer): (Vec<_>, Vec<_>) = place_replicas(members, gpus, &mut taken)
+                .into_iter()
+                .partition(|w| w.fit == 0);
+            problems.extend(
+                none.into_iter()
+                    .flat_map(|w| w.reasons)
+                    .map(Problem::GpuShort),
+            );
+            waits = fewer;
         }
     }
     Verdict {
         total,
-        turns: largest_turn.map(|_| pinned.free()),
+        turns: largest_turn.map(|_| pinned(true).free()),
         problems,
+        waits,
     }
+}
+
+/// Why `gpu`, with `taken` of it taken by shared work, cannot hold `needs` more; `None` when it can.
+fn short(gpu: &GroupGpu, taken: Bytes, needs: Bytes) -> Option<PendingReason> {
+    if needs > gpu.offered() {
+        Some(PendingReason::OffersTooLittle {
+            gpu: gpu.gpu.clone(),
+            total: gpu.total,
+            held_outside: gpu.held_outside,
+            needs,
+        })
+    } else if taken + needs > gpu.offered() {
+        Some(PendingReason::SharedFull {
+            gpu: gpu.gpu.clone(),
+            taken,
+            offered: gpu.offered(),
+            needs,
+        })
+    } else {
+        None
+    }
+}
+
+/// Places the replicas of `members` that have them, one on each GPU, best fit first (the GPU left with the
+/// least room), adding what each takes to `taken`: in rounds, each member's first replica before any
+/// member's second, so that one member's most does not leave another none. Returns the members that hold
+/// fewer than their most, with why each GPU that holds none of theirs cannot.
+fn place_replicas(
+    members: &[PlanMember],
+    gpus: &[GroupGpu],
+    taken: &mut [Bytes],
+) -> Vec<ReplicasWait> {
+    let scaled: Vec<(&PlanMember, BasisPoints, u32)> = members
+        .iter()
+        .filter_map(|m| Some((m, m.share?, m.replicas?.max())))
+        .collect();
+    let mut on: Vec<Vec<bool>> = vec![vec![false; gpus.len()]; scaled.len()];
+    let mut full = vec![false; scaled.len()];
+    let rounds = scaled.iter().map(|&(_, _, max)| max).max().unwrap_or(0);
+    for round in 0..rounds {
+        for (s, &(_, share, max)) in scaled.iter().enumerate() {
+            if full[s] || round >= max {
+                continue;
+            }
+            let best = gpus
+                .iter()
+                .enumerate()
+                .filter(|&(i, gpu)| {
+                    !on[s][i] && short(gpu, taken[i], gpu.total.share(share)).is_none()
+                })
+                .min_by_key(|&(i, gpu)| (gpu.offered() - taken[i] - gpu.total.share(share), i));
+            match best {
+                Some((i, gpu)) => {
+                    on[s][i] = true;
+                    taken[i] += gpu.total.share(share);
+                }
+                None => full[s] = true,
+            }
+        }
+    }
+    scaled
+        .iter()
+        .zip(&on)
+        .filter_map(|(&(member, share, max), on)| {
+            let fit = on.iter().filter(|&&b| b).count() as u32;
+            (fit < max).then(|| ReplicasWait {
+                member: member.name.clone(),
+                fit,
+                max,
+                reasons: gpus
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| !on[i])
+                    .filter_map(|(i, gpu)| short(gpu, taken[i], gpu.total.share(share)))
+                    .collect(),
+            })
+        })
+        .collect()
 }
 
 /// The members whose engines run before a change from `before` to `after`, and after it, with their shares
@@ -267,6 +398,7 @@ mod tests {
                 share: pct.map(BasisPoints::percent),
                 locked: false,
                 demand: Demand::Pinned,
+                replicas: None,
             })
             .collect()
     }
@@ -528,6 +660,110 @@ mod tests {
                 .map(|r| r.member.as_str())
                 .collect::<Vec<_>>(),
             ["speech"]
+        );
+    }
+
+    /// Three 80 GB GPUs of east; GPU 2 with 70 GB taken by another group's work.
+    fn three_of_east() -> Vec<GroupGpu> {
+        (0..3)
+            .map(|i| GroupGpu {
+                gpu: GpuRef::new("east", i),
+                total: Bytes::gb(80),
+                held_outside: Bytes::ZERO,
+                taken_by_others: if i == 2 { Bytes::gb(70) } else { Bytes::ZERO },
+            })
+            .collect()
+    }
+
+    fn with_replicas(name: &str, pct: u32, min: u32, max: u32) -> PlanMember {
+        PlanMember {
+            replicas: Some(Autoscale::new(min, max).unwrap()),
+            ..PlanMember::new(name, BasisPoints::percent(pct))
+        }
+    }
+
+    #[test]
+    fn a_member_with_replicas_holds_its_share_only_where_they_would_run_so_a_busy_gpu_refuses_it_no_longer(
+    ) {
+        // glm holds 10 % (8 GB) of each GPU: GPU 2 has room for it (70 + 8 of 80), not for a 30 % replica.
+        let members = [
+            PlanMember::new("glm", BasisPoints::percent(10)),
+            with_replicas("vision", 30, 1, 2),
+        ];
+        let v = judge(&members, &three_of_east());
+        assert!(!v.is_refused(), "{:?}", v.problems);
+        assert!(v.waits.is_empty(), "two replicas fit on GPUs 0 and 1");
+        assert_eq!(v.total, BasisPoints::percent(40));
+        // The same share on every GPU, without replicas, is refused on GPU 2.
+        let everywhere = judge(
+            &[
+                members[0].clone(),
+                PlanMember::new("vision", BasisPoints::percent(30)),
+            ],
+            &three_of_east(),
+        );
+        assert_eq!(
+            everywhere.problems[0].message(),
+            "GPU 2 of east: 70 of 80 GB taken by shared work; it needs 32"
+        );
+    }
+
+    #[test]
+    fn fewer_gpus_with_room_than_a_member_s_most_replicas_is_warned_not_refused_saying_why_the_rest_wait(
+    ) {
+        let members = [
+            PlanMember::new("glm", BasisPoints::percent(10)),
+            with_replicas("vision", 30, 1, 3),
+        ];
+        let v = judge(&members, &three_of_east());
+        assert!(!v.is_refused());
+        assert_eq!(
+            v.waits.iter().map(ReplicasWait::message).collect::<Vec<_>>(),
+            ["vision: 2 of its 3 replicas fit now; the other one waits for room: GPU 2 of east: 78 of 80 GB taken by shared work; it needs 24"]
+        );
+    }
+
+    #[test]
+    fn each_member_s_first_replica_is_placed_before_any_member_s_second() {
+        // Two GPUs with 30 GB taken: one 40 % (32 GB) replica fits beside it, not two.
+        let gpus: Vec<GroupGpu> = three_of_east()[..2]
+            .iter()
+            .map(|g| GroupGpu {
+                taken_by_others: Bytes::gb(30),
+                ..g.clone()
+            })
+            .collect();
+        let members = [
+            with_replicas("vision", 40, 1, 2),
+            with_replicas("speech", 40, 1, 2),
+        ];
+        let v = judge(&members, &gpus);
+        assert!(!v.is_refused(), "{:?}", v.problems);
+        assert_eq!(
+            v.waits.iter().map(ReplicasWait::message).collect::<Vec<_>>(),
+            [
+                "vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 1 of east: 62 of 80 GB taken by shared work; it needs 32",
+                "speech: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of east: 62 of 80 GB taken by shared work; it needs 32",
+            ]
+        );
+    }
+
+    #[test]
+    fn a_member_none_of_whose_replicas_fit_is_refused_with_each_gpu_s_reason() {
+        let busy: Vec<GroupGpu> = three_of_east()
+            .into_iter()
+            .map(|g| GroupGpu {
+                taken_by_others: Bytes::gb(60),
+                ..g
+            })
+            .collect();
+        let v = judge(&[with_replicas("vision", 30, 1, 3)], &busy);
+        assert!(v.is_refused());
+        assert_eq!(
+            v.problems.iter().map(Problem::message).collect::<Vec<_>>(),
+            (0..3)
+                .map(|i| format!("GPU {i} of east: 60 of 80 GB taken by shared work; it needs 24"))
+                .collect::<Vec<_>>()
         );
     }
 }

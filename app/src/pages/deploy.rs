@@ -147,12 +147,6 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
             whole.get().err()
         }
     };
-    let verdict: Memo<Verdict> = Memo::new(move |_| {
-        shared.with(|plan| match plan {
-            Ok(plan) => rows.with(|r| share_form::verdict(r, &plan.gpus)),
-            Err(_) => judge(&[], &[]),
-        })
-    });
     // Replicas as typed, judged by the same rule the server applies: at most one on each GPU of the
     // group, and none for a model loaded on demand.
     let replicas = Memo::new(move |_| {
@@ -172,6 +166,28 @@ fn Wizard(options: DeployOptions) -> impl IntoView {
         Autoscale::typed(&fewest.get(), &most.get(), gpus)
             .and_then(|r| Autoscale::check_demand(r, demand).map(|()| r))
             .map_err(|e| e.to_string())
+    });
+    // The new model's replicas as typed count in the verdict: its most where they would run.
+    let verdict: Memo<Verdict> = Memo::new(move |_| {
+        shared.with(|plan| match plan {
+            Ok(plan) => rows.with(|r| {
+                let typed = replicas.get().ok().flatten();
+                let name = model.get();
+                let rows: Vec<ShareRow> = r
+                    .iter()
+                    .map(|row| ShareRow {
+                        replicas: if row.name == name {
+                            typed
+                        } else {
+                            row.replicas
+                        },
+                        ..row.clone()
+                    })
+                    .collect();
+                share_form::verdict(&rows, &plan.gpus)
+            }),
+            Err(_) => judge(&[], &[]),
+        })
     });
     let refused = move || {
         sharing.get()

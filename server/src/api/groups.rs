@@ -100,6 +100,9 @@ struct PlanMemberRequest {
     /// Pinned (the default) or on demand: on-demand members take turns beside the pinned ones.
     #[serde(default)]
     demand: Demand,
+    /// Replicas that follow its load, each on one GPU: the verdict counts its most where they would run.
+    #[serde(default)]
+    replicas: Option<placement::scale::Autoscale>,
 }
 
 /// A GPU named `machine:index`.
@@ -153,6 +156,10 @@ pub struct VerdictView {
     /// With on-demand members: `On-demand models take turns in the 30% the pinned ones leave.`
     #[serde(skip_serializing_if = "Option::is_none")]
     pub turns: Option<String>,
+    /// Members with replicas of which fewer than their most fit now (a warning: the rest wait for room),
+    /// each a sentence naming the member, how many fit and why the other GPUs cannot hold one.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<String>,
     /// Each catalog member's memory estimate against its share (`POST /api/plans/validate`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub estimates: Vec<MemberEstimate>,
@@ -211,6 +218,11 @@ impl From<&Verdict> for VerdictView {
                 })
                 .collect(),
             turns: verdict.turns_message(),
+            waits: verdict
+                .waits
+                .iter()
+                .map(placement::ReplicasWait::message)
+                .collect(),
             estimates: Vec::new(),
         }
     }
@@ -228,6 +240,7 @@ pub(super) async fn validate_plan(
             share,
             locked: m.locked,
             demand: m.demand,
+            replicas: m.replicas,
         });
     }
     let mut gpus = Vec::with_capacity(plan.gpus.len());

@@ -212,6 +212,7 @@ impl Fleet {
             plan.push(PlanMember {
                 locked: model.system,
                 demand: *demand,
+                replicas: *replicas,
                 ..PlanMember::new(&model.name, share)
             });
             if let Some(replicas) = replicas {
@@ -288,6 +289,7 @@ impl Fleet {
             }],
             steps: vec![Step::Start(deploy.model.clone(), BasisPoints::WHOLE)],
             warning: None,
+            waits: Vec::new(),
         })
     }
 
@@ -319,6 +321,7 @@ impl Fleet {
                         }],
                         steps: vec![Step::Stop(model.clone())],
                         warning: None,
+                        waits: Vec::new(),
                     })
                 }
                 Deployed::Group(_) if system.contains(&model) => {

@@ -249,6 +249,7 @@ impl Group {
             .map(|s| PlanMember {
                 locked: system.contains(&s.member),
                 demand: self.demand_of(&s.member),
+                replicas: self.autoscale.get(&s.member).copied(),
                 ..PlanMember::new(&s.member, s.share)
             })
             .collect()

@@ -699,6 +699,94 @@ memory_gb = 80
     }
 
     #[tokio::test]
+    async fn a_plan_whose_gpus_hold_fewer_replicas_than_the_most_is_deployed_with_a_warning_saying_why_the_rest_wait_where_the_same_share_on_every_gpu_is_refused(
+    ) {
+        let app = east_and_west().await;
+        let filler = json!({"name": "filler", "requested_resources": {"gpu_requests": {
+            "count": 1, "ids": ["west:0"], "shared": true, "memory_gb": 70}}});
+        let (status, worker) = app.post_worker(&filler.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "{worker}");
+        let wait = "vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 70 of 80 GB taken by shared work; it needs 16";
+
+        // The wizard's check, through the API: warned, not refused.
+        let (status, verdict) = app
+            .call(
+                axum::http::Method::POST,
+                "/api/plans/validate",
+                Some(
+                    &json!({"members": [{"name": "vision", "share": 20, "replicas": {"min": 1, "max": 2}}],
+                            "gpus": ["east:0", "west:0"]})
+                    .to_string(),
+                ),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{verdict}");
+        assert_eq!(verdict["verdict"], "fits", "{verdict}");
+        assert_eq!(verdict["waits"], json!([wait]));
+
+        // One engine on each machine (no replicas) needs west's room too: refused, in the seed's words.
+        let (status, refused) = app
+            .deploy(json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20}))
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+        assert_eq!(
+            refused["error"],
+            "GPU 0 of west: 70 of 80 GB taken by shared work; it needs 16"
+        );
+
+        let (status, change) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 20,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        assert_eq!(change["waits"], json!([wait]));
+        let view = app.fleet.replicas_view("vision").unwrap();
+        assert_eq!(view.gpus, [GpuRef::new("east", 0)]);
+        assert_eq!(held(&app, "east", "vision").await, Some(16.0));
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        // A plan change is judged the same way: the group's plan carries the member's replicas.
+        let (status, changed) = app
+            .put_plan(
+                change["group"].as_str().unwrap(),
+                json!({"revision": change["revision"], "shares": {"vision": 25}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{changed}");
+        assert_eq!(
+            changed["waits"],
+            json!([wait.replace("it needs 16", "it needs 20")])
+        );
+
+        // With no GPU that holds one, the model could not serve: refused with each GPU's reason.
+        let small = json!({"name": "small", "requested_resources": {"gpu_requests": {
+            "count": 1, "ids": ["east:0"], "shared": true, "memory_gb": 10}}});
+        let (status, worker) = app.post_worker(&small.to_string()).await;
+        assert_eq!(status, StatusCode::CREATED, "{worker}");
+        let (status, none) = app
+            .put_plan(
+                change["group"].as_str().unwrap(),
+                json!({"revision": changed["revision"], "shares": {"vision": 95}}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{none}");
+        assert_eq!(
+            none["verdict"]["problems"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["message"].as_str().unwrap())
+                .collect::<Vec<_>>(),
+            [
+                "GPU 0 of east: 10 of 80 GB taken by shared work; it needs 76",
+                "GPU 0 of west: 70 of 80 GB taken by shared work; it needs 76"
+            ]
+        );
+    }
+
+    #[tokio::test]
     async fn a_machine_of_the_group_where_no_replica_runs_stays_the_group_s_no_worker_takes_it_whole_and_no_plan_makes_the_model_on_demand(
     ) {
         let (app, change, _, other) = vision_on_one_of_two().await;

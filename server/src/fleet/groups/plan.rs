@@ -31,6 +31,10 @@ pub struct PlanChange {
     /// The Free row's warning when the committed plan is over 90 %; it did not block.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
+    /// Members with replicas of which fewer than their most fit now: the rest wait for room (it did not
+    /// block).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<String>,
 }
 
 /// Who makes a plan change and what it is, for the audit log.
@@ -295,6 +299,11 @@ impl Fleet {
             warning: verdict
                 .warns()
                 .then(|| placement::plan::FREE_ROW_WARNING.to_owned()),
+            waits: verdict
+                .waits
+                .iter()
+                .map(placement::ReplicasWait::message)
+                .collect(),
         })
     }
 }
@@ -364,6 +373,7 @@ pub(in crate::fleet) fn plan_with(
                 share,
                 locked,
                 demand,
+                replicas: group.autoscale.get(&s.member).copied(),
             })
         })
         .collect()
