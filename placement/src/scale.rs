@@ -24,7 +24,7 @@ pub struct Autoscale {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Wire {
-    /// The fewest replicas (default 1).
+    /// The fewest replicas (default 1); 0 runs none while idle, and the first request starts one.
     #[serde(default = "one")]
     pub min: u32,
     /// The most replicas.
@@ -55,9 +55,9 @@ fn down_default() -> u32 {
 /// Why an [`Autoscale`] was refused, saying what to fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum AutoscaleError {
-    /// `min` is 0.
-    #[error("replicas.min must be at least 1: a model with no replica while idle is an on-demand model (deploy it on demand, without replicas)")]
-    NoMin,
+    /// `max` is 0.
+    #[error("replicas.max must be at least 1: a model with no replica at all would never serve")]
+    NoMax,
     /// `min` is above `max`.
     #[error("replicas.min ({min}) is above replicas.max ({max}): make max at least min")]
     MinAboveMax {
@@ -81,7 +81,7 @@ pub enum AutoscaleError {
         gpus: u32,
     },
     /// Replicas asked of an on-demand model.
-    #[error("an on-demand model loads on every machine of its group when asked for: leave replicas out, or pin it")]
+    #[error("an on-demand model loads on every machine of its group when asked for: leave replicas out, or pin it (replicas with a min of 0 run none while idle and start one when asked for)")]
     OnDemand,
     /// A field typed in the wizard that is not a whole number.
     #[error("{0} replicas: type a whole number")]
@@ -104,8 +104,8 @@ impl TryFrom<Wire> for Autoscale {
     type Error = AutoscaleError;
 
     fn try_from(w: Wire) -> Result<Autoscale, AutoscaleError> {
-        if w.min == 0 {
-            return Err(AutoscaleError::NoMin);
+        if w.max == 0 {
+            return Err(AutoscaleError::NoMax);
         }
         if w.min > w.max {
             return Err(AutoscaleError::MinAboveMax {
@@ -280,6 +280,15 @@ pub struct Scaler {
     samples: VecDeque<Sample>,
 }
 
+/// `n` request(s).
+fn requests(n: u32) -> String {
+    if n == 1 {
+        "1 request".to_owned()
+    } else {
+        format!("{n} requests")
+    }
+}
+
 /// `n` replica(s).
 fn replicas(n: u32) -> String {
     if n == 1 {
@@ -351,15 +360,21 @@ impl Scaler {
         if running < scale.max {
             let holds = running.saturating_mul(target);
             if let Some(newest) = self.samples.back().filter(|s| s.at_ms <= now_ms) {
-                if newest.load >= holds.saturating_mul(PANIC_TIMES) {
+                // With none running (a min of 0, idle), any request waiting is such a load.
+                if newest.load > holds && newest.load >= holds.saturating_mul(PANIC_TIMES) {
+                    let why = if running == 0 {
+                        format!("{} waiting with no replica running", requests(newest.load))
+                    } else {
+                        format!(
+                            "{} in flight or waiting on {} of target {target}: {PANIC_TIMES} times what they hold",
+                            requests(newest.load),
+                            replicas(running)
+                        )
+                    };
                     return Some(Decision {
                         from: running,
                         to: wanted(newest.load).max(running + 1),
-                        why: format!(
-                            "{} requests in flight or waiting on {} of target {target}: {PANIC_TIMES} times what they hold",
-                            newest.load,
-                            replicas(running)
-                        ),
+                        why,
                     });
                 }
             }
@@ -499,8 +514,30 @@ mod tests {
     }
 
     #[test]
+    fn with_a_min_of_0_an_idle_model_runs_none_its_first_waiting_request_starts_one_at_once_and_a_long_window_with_none_stops_the_last(
+    ) {
+        let scale = Autoscale::new(0, 2).unwrap().with_windows(2, 10).unwrap();
+        let idle: Vec<(u64, u32)> = (0..=20).map(|s| (s, 0)).collect();
+        assert_eq!(fed(&idle, 10).decide(scale, 0, 1, 20_000), None);
+        let asked = fed(&[(0, 0), (1, 1)], 10)
+            .decide(scale, 0, 1, 1_000)
+            .unwrap();
+        assert_eq!((asked.from, asked.to), (0, 1));
+        assert_eq!(asked.why, "1 request waiting with no replica running");
+        let three = fed(&[(0, 3)], 10).decide(scale, 0, 1, 0).unwrap();
+        assert_eq!(three.to, 2, "as many as they need, up to its most");
+        let quiet = fed(&idle, 10).decide(scale, 1, 1, 20_000).unwrap();
+        assert_eq!((quiet.from, quiet.to), (1, 0));
+        assert_eq!(
+            quiet.why,
+            "at most 0 requests in flight or waiting on 1 replica of target 1 for 10 s"
+        );
+    }
+
+    #[test]
     fn replicas_are_refused_with_what_to_fix() {
-        assert_eq!(Autoscale::new(0, 2), Err(AutoscaleError::NoMin));
+        assert_eq!(Autoscale::new(0, 0), Err(AutoscaleError::NoMax));
+        assert_eq!(Autoscale::new(0, 2).unwrap().min(), 0);
         assert_eq!(
             Autoscale::new(3, 2).unwrap_err().to_string(),
             "replicas.min (3) is above replicas.max (2): make max at least min"
@@ -559,10 +596,10 @@ mod tests {
         /// a whole long window within what one fewer holds.
         #[test]
         fn a_decision_keeps_within_its_bounds_and_follows_only_a_whole_window(
-            min in 1u32..4, extra in 0u32..5, running in 0u32..10, target in 1u32..4,
+            min in 0u32..4, extra in 0u32..5, running in 0u32..10, target in 1u32..4,
             loads in proptest::collection::vec(0u32..20, 0..90),
         ) {
-            let scale = Autoscale::new(min, min + extra).unwrap().with_windows(5, 20).unwrap();
+            let scale = Autoscale::new(min, (min + extra).max(1)).unwrap().with_windows(5, 20).unwrap();
             let mut scaler = Scaler::default();
             let now = loads.len() as u64 * 1000;
             for (i, &load) in loads.iter().enumerate() {
@@ -580,7 +617,7 @@ mod tests {
                         if let Some(window) = within(5) {
                             prop_assert!(!window.iter().all(|&l| l > running * target));
                         }
-                        prop_assert!(loads.last().is_none_or(|&l| l < running * target * PANIC_TIMES));
+                        prop_assert!(loads.last().is_none_or(|&l| l <= running * target || l < running * target * PANIC_TIMES));
                     }
                     if running > scale.min() {
                         if let Some(window) = within(20) {
@@ -593,7 +630,7 @@ mod tests {
                     prop_assert_ne!(d.to, d.from);
                     if running >= scale.min() && running <= scale.max() {
                         if d.to > d.from {
-                            let panic = loads.last().is_some_and(|&l| l >= running * target * PANIC_TIMES);
+                            let panic = loads.last().is_some_and(|&l| l > running * target && l >= running * target * PANIC_TIMES);
                             let window = within(5).is_some_and(|w| w.iter().all(|&l| l > running * target));
                             prop_assert!(panic || window);
                         } else {

@@ -278,10 +278,11 @@ impl Fleet {
 
     fn serving(&self, workers: bool) -> Vec<String> {
         let committed = self.committed();
+        // Those that may run no engine now: on demand, or with replicas (a min of 0).
         let on_demand = committed
             .groups
             .iter()
-            .flat_map(|g| g.demand.keys().cloned());
+            .flat_map(|g| g.demand.keys().chain(g.autoscale.keys()).cloned());
         let mut names: Vec<String> = self
             .runtime
             .engines()

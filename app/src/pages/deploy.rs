@@ -539,7 +539,7 @@ fn ReplicasFields(
         <fieldset class="replicas" data-testid="replicas">
             <legend>"Replicas"</legend>
             <p class="muted">{format!(
-                "Left empty, one engine on each machine of the group across its GPUs there; or type a most: as many replicas as its load asks for, each on one of the group's {gpus} GPUs, added after {} s above target and removed one at a time after {} s within what one fewer holds.",
+                "Left empty, one engine on each machine of the group across its GPUs there; or type a most: as many replicas as its load asks for, each on one of the group's {gpus} GPUs, added after {} s above target and removed one at a time after {} s within what one fewer holds. A fewest of 0 runs none while idle: the first request starts one.",
                 Autoscale::UP_S, Autoscale::DOWN_S
             )}</p>
             <label for="replicas-fewest">"Fewest"</label>

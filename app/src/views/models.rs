@@ -265,6 +265,9 @@ impl Replicas {
             "Replicas by load, {} to {} (target {}): {} running",
             self.min, self.max, self.target, self.running
         );
+        if self.running == 0 && self.pending == 0 {
+            line.push_str("; the next request starts one");
+        }
         if self.pending > 0 {
             line.push_str(&format!(
                 "; {} waiting for room ({})",

@@ -229,6 +229,14 @@ impl Fleet {
             .collect()
     }
 
+    /// Whether `model` is deployed with replicas: with a min of 0 it may run none, and a request for it
+    /// waits for one all the same.
+    pub fn is_autoscaled(&self, model: &str) -> bool {
+        self.committed()
+            .group_of(model)
+            .is_some_and(|g| g.autoscale.contains_key(model))
+    }
+
     /// `model`'s setting and target, where it is autoscaled.
     fn scale_of(&self, model: &str) -> Option<(Autoscale, u32)> {
         let committed = self.committed();

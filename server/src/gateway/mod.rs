@@ -331,6 +331,7 @@ async fn carry(
     if taken.is_some()
         || state.fleet.runtime().has_engines(&model)
         || state.fleet.on_demand(&model).is_some()
+        || state.fleet.is_autoscaled(&model)
     {
         return to_model(state, &model, key, wait, parts, body, taken).await;
     }

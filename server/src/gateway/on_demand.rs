@@ -101,14 +101,7 @@ pub(super) async fn ready_engine(
             break taken;
         }
         if Instant::now() >= deadline {
-            return Err(unavailable(
-                "model_not_ready",
-                format!(
-                    "{model} is deployed but none of its engines was ready within {} s; try again shortly",
-                    wait.as_secs()
-                ),
-                retry_after(state, model, None),
-            ));
+            return Err(not_ready(state, model, wait));
         }
         // Counted as waiting from its first look that found no engine ready until it has one.
         queued.get_or_insert_with(|| state.gateway.queue(model));
@@ -123,6 +116,22 @@ pub(super) async fn ready_engine(
     }
     drop((waiting, queued));
     Ok(taken)
+}
+
+/// The 503 for `model`, none of whose engines was ready within `wait`: for a model with replicas none of
+/// which is placed, why no GPU of its group has the room.
+fn not_ready(state: &AppState, model: &str, wait: Duration) -> Response {
+    let message = match state.fleet.replicas_view(model) {
+        Some(r) if r.running == 0 && !r.pending_reasons.is_empty() => format!(
+            "{model} has no replica running and none fits now ({}); try again shortly",
+            r.pending_reasons.join("; ")
+        ),
+        _ => format!(
+            "{model} is deployed but none of its engines was ready within {} s; try again shortly",
+            wait.as_secs()
+        ),
+    };
+    unavailable("model_not_ready", message, retry_after(state, model, None))
 }
 
 /// Where every engine of `model`, an on-demand model, failed to load: unloaded, so that it books no memory,

@@ -200,6 +200,84 @@ async fn a_burst_of_clients_grows_a_one_replica_model_onto_another_machine_and_o
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_with_a_min_of_0_runs_no_engine_while_idle_its_first_request_starts_one_slow_to_load_and_is_answered_and_after_its_long_window_with_none_it_runs_none_again(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // An engine that takes 2 s to load: the request waits for it, as for an on-demand model's.
+    let scaled = json!({"replicas": {"min": 0, "max": 2, "up_s": 2, "down_s": 2},
+                        "env": {"TESSERA_DEMO_TOKEN_MS": "150", "TESSERA_DEMO_START_MS": "2000"}});
+    let server = on_atlas_and_twin_with(
+        dir.path(),
+        &["chat"],
+        scaled,
+        0,
+        &[("TESSERA_GATEWAY_WAIT_S", "8")],
+    )
+    .await;
+    let idle = replicas(&server, "chat").await;
+    assert_eq!(
+        (idle["min"].clone(), idle["running"].clone()),
+        (json!(0), json!(0)),
+        "{idle}"
+    );
+    assert!(server.engines().await.iter().all(|e| e["model"] != "chat"));
+    let (_, models) = server.get("/v1/models").await;
+    assert!(
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == "chat"),
+        "{models}"
+    );
+
+    let answer = ask(&server, "/v1/chat/completions", chat("chat", false)).await;
+    assert_eq!(answer.status, 200, "{}", answer.text());
+    let started = replicas(&server, "chat").await;
+    assert_eq!(started["running"], 1, "{started}");
+    assert_eq!(
+        started["decisions"][0]["why"], "1 request waiting with no replica running",
+        "{started}"
+    );
+
+    // No request for the long window: the last replica stops, and the model runs none again.
+    wait_until_within(
+        "chat runs no replica again",
+        Duration::from_secs(30),
+        || async {
+            replicas(&server, "chat").await["running"] == 0
+                && server.engines().await.iter().all(|e| e["model"] != "chat")
+        },
+    )
+    .await;
+    let stopped = replicas(&server, "chat").await;
+    assert_eq!(
+        (
+            stopped["decisions"][0]["from"].clone(),
+            stopped["decisions"][0]["to"].clone()
+        ),
+        (json!(1), json!(0)),
+        "{stopped}"
+    );
+    // Where no GPU has the room, a request is answered 503 saying why, once the gateway's wait is out.
+    for gpu in ["atlas:0", "twin:0"] {
+        let filler = json!({"name": format!("filler-{}", &gpu[..4]), "requested_resources": {"gpu_requests": {
+            "count": 1, "ids": [gpu], "shared": true, "memory_gb": 90}}});
+        let (status, worker) = server.send("POST", "/api/workers", filler).await;
+        assert_eq!(status, 201, "{worker}");
+    }
+    let refused = ask(&server, "/v1/chat/completions", chat("chat", false)).await;
+    assert_eq!(refused.status, 503, "{}", refused.text());
+    let why = refused.text();
+    assert!(
+        why.contains("chat has no replica running and none fits now (GPU 0 of ")
+            && why.contains("a replica needs 9.6 GB"),
+        "{why}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_finds_no_room_waits_with_why_while_the_model_serves_on_the_replica_it_has()
 {
     let dir = tempfile::tempdir().unwrap();
