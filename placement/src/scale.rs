@@ -310,9 +310,20 @@ impl Scaler {
         }
     }
 
-    /// A decision was carried out: the load of the old number of replicas says nothing of the new one.
+    /// The model's setting changed: its load of late is judged afresh.
     pub fn reset(&mut self) {
         self.samples.clear();
+    }
+
+    /// A step from `from` to `to` replicas was carried out. After a step up the load of fewer replicas
+    /// says nothing of more (their queue drains), so the windows start again. After a step down they go
+    /// on: the load the long window saw fitted in one fewer and did not depend on the replica removed, so
+    /// the next sample removes another where it fits in one fewer again, rather than after a whole new
+    /// window with replicas idle.
+    pub fn carried_out(&mut self, from: u32, to: u32) {
+        if to > from {
+            self.reset();
+        }
     }
 
     /// The samples of the last `window_s` before `now_ms`, if they cover it (the oldest kept is at least
@@ -531,6 +542,41 @@ mod tests {
         assert_eq!(
             quiet.why,
             "at most 0 requests in flight or waiting on 1 replica of target 1 for 10 s"
+        );
+    }
+
+    #[test]
+    fn after_a_step_down_the_long_window_goes_on_and_the_next_sample_removes_another_where_the_load_fits_and_after_a_step_up_the_windows_start_again(
+    ) {
+        let scale = Autoscale::new(1, 3).unwrap().with_windows(2, 10).unwrap();
+        let quiet: Vec<(u64, u32)> = (0..=10).map(|s| (s, 1)).collect();
+        let mut scaler = fed(&quiet, 10);
+        let first = scaler.decide(scale, 3, 1, 10_000).unwrap();
+        assert_eq!((first.from, first.to), (3, 2));
+        scaler.carried_out(3, 2);
+        scaler.observe(11_000, 1, 10);
+        let second = scaler.decide(scale, 2, 1, 11_000).unwrap();
+        assert_eq!(
+            (second.from, second.to),
+            (2, 1),
+            "a load of 1 fits in one replica"
+        );
+
+        // A load of 2 fits in two, not in one: the step down to two stays, and no further.
+        let mut busier = fed(&(0..=10).map(|s| (s, 2)).collect::<Vec<_>>(), 10);
+        assert_eq!(busier.decide(scale, 3, 1, 10_000).unwrap().to, 2);
+        busier.carried_out(3, 2);
+        busier.observe(11_000, 2, 10);
+        assert_eq!(busier.decide(scale, 2, 1, 11_000), None);
+
+        let mut up = fed(&[(0, 5)], 10);
+        assert_eq!(up.decide(scale, 1, 1, 0).unwrap().to, 3);
+        up.carried_out(1, 3);
+        up.observe(1_000, 0, 10);
+        assert_eq!(
+            up.decide(scale, 3, 1, 1_000),
+            None,
+            "no whole window since the step up"
         );
     }
 

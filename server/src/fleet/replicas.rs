@@ -457,7 +457,7 @@ impl Fleet {
                 why: decision.why.clone(),
             });
             fleet.scaling.with(&model, |s| {
-                s.scaler.reset();
+                s.scaler.carried_out(from, to);
                 s.decisions.push_back(ScaleEvent {
                     at,
                     from,
