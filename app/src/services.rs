@@ -56,6 +56,16 @@ pub trait Console: Send + Sync {
         revision: i64,
         serving: Serving,
     ) -> Answer<'_, ChangeOutcome>;
+    /// Sets an autoscaled model's fewest and most replicas as typed (`fewest` empty is 1), read at its
+    /// group's `revision`, keeping its target and windows; no engine restarts. Its replicas after.
+    fn change_replicas(
+        &self,
+        actor: Caller,
+        model: String,
+        revision: i64,
+        fewest: String,
+        most: String,
+    ) -> Answer<'_, crate::views::Replicas>;
     /// Removes a running model, read at `revision`; its engines stop.
     fn remove(&self, actor: Caller, model: String, revision: i64) -> Answer<'_, ChangeOutcome>;
     /// Every account and API token.

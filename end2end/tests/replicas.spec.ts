@@ -43,6 +43,20 @@ test("a model deployed with a most of two replicas on two GPUs starts on one and
   const panel = page.getByTestId("model-replicas");
   await expect(panel).toContainText("Replicas by load, 1 to 2 (target 1): 1 running.");
   await expect(panel).toContainText(`On: GPU 0 of ${vision.replicas.gpus[0].machine}.`);
+
+  // Its fewest and most change there, with no engine restarting; what cannot be is refused with why.
+  const form = page.getByTestId("replicas-form");
+  await form.getByLabel("Most").fill("3");
+  await form.getByRole("button", { name: "Save replicas" }).click();
+  await expect(panel.getByTestId("replicas-error")).toHaveText(
+    "replicas.max (3) is more than the 2 GPU(s) of its group: each replica runs on a GPU of its own; choose more GPUs, or lower max",
+  );
+  await form.getByLabel("Fewest").fill("0");
+  await form.getByLabel("Most").fill("1");
+  await form.getByRole("button", { name: "Save replicas" }).click();
+  await expect(panel).toContainText("Replicas by load, 0 to 1 (target 1): 1 running.");
+  const audit = await (await request.get("/api/audit?action=model.replicas")).json();
+  expect(audit[0].after).toMatchObject({ min: 0, max: 1 });
 });
 
 test("a plan whose GPUs hold fewer replicas than its most is warned, not refused, saying why the rest wait, and deploys", async ({ page, request }) => {

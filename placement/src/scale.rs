@@ -210,6 +210,15 @@ impl Autoscale {
         })
     }
 
+    /// The same target and windows, between `min` and `max` replicas.
+    pub fn with_bounds(self, min: u32, max: u32) -> Result<Autoscale, AutoscaleError> {
+        Autoscale::try_from(Wire {
+            min,
+            max,
+            ..Wire::from(self)
+        })
+    }
+
     /// The same, refused where `max` is more than the `gpus` of its group (a replica runs on one).
     pub fn within(self, gpus: u32) -> Result<Autoscale, AutoscaleError> {
         if self.max > gpus {

@@ -18,22 +18,42 @@ pub async fn load_model_page(name: String) -> Result<ModelPage, AppError> {
     crate::services::answer(console.model_page(caller, name)).await
 }
 
+/// Sets an autoscaled `model`'s fewest and most replicas as typed, read at its group's `revision`.
+#[server(prefix = "/rpc", endpoint = "save_replicas", input = Json, client = crate::csrf::CsrfClient)]
+pub async fn save_replicas(
+    model: String,
+    revision: i64,
+    fewest: String,
+    most: String,
+) -> Result<crate::views::Replicas, AppError> {
+    let actor = crate::auth::require(crate::auth::Role::Operator)?;
+    let console = crate::services::console()?;
+    crate::services::answer(console.change_replicas(actor, model, revision, fewest, most)).await
+}
+
 /// The page.
 #[component]
 pub fn ModelOwnPage() -> impl IntoView {
     let live = use_live();
     let params = use_params_map();
     let name = move || params.read().get("name").unwrap_or_default();
+    // Kept here, outside what a live refresh renders again, so that what is typed and the answer stay.
+    let form = ReplicasForm {
+        fewest: RwSignal::new(None),
+        most: RwSignal::new(None),
+        save: ServerAction::new(),
+    };
+    // Read again after a save of its replicas too, which is no event of the live stream.
     let page = Resource::new(
-        move || (name(), live.track()),
-        |(name, _)| load_model_page(name),
+        move || (name(), live.track(), form.save.version().get()),
+        |(name, _, _)| load_model_page(name),
     );
     view! {
         <div class="page">
             <p class="crumbs"><A href="/models">"Models"</A> " / " {name}</p>
             <Transition fallback=|| view! { <p>"Loading the model…"</p> }>
                 {move || page.get().map(|answer| match answer {
-                    Ok(page) => view! { <Model page /> }.into_any(),
+                    Ok(page) => view! { <Model page form /> }.into_any(),
                     Err(e) => view! { <h1>"No such model"</h1><p class="error" role="alert">{e.to_string()}</p> }.into_any(),
                 })}
             </Transition>
@@ -41,8 +61,16 @@ pub fn ModelOwnPage() -> impl IntoView {
     }
 }
 
+/// The replicas form's fields as typed (`None`: as the model has them) and its save.
+#[derive(Clone, Copy)]
+struct ReplicasForm {
+    fewest: RwSignal<Option<String>>,
+    most: RwSignal<Option<String>>,
+    save: ServerAction<SaveReplicas>,
+}
+
 #[component]
-fn Model(page: ModelPage) -> impl IntoView {
+fn Model(page: ModelPage, form: ReplicasForm) -> impl IntoView {
     let row = page.row;
     let name = row.name.clone();
     let (state, why) = row.state();
@@ -116,7 +144,7 @@ fn Model(page: ModelPage) -> impl IntoView {
                 <tbody>{engines}</tbody>
             </table>
         </section>
-        {row.replicas.clone().map(|replicas| view! { <ReplicasPanel replicas /> })}
+        {row.replicas.clone().map(|replicas| view! { <ReplicasPanel model=name.clone() revision=row.revision replicas form /> })}
         {page.change.map(|change| view! { <LastChange change /> })}
         <section class="panel" aria-labelledby="model-log">
             <h2 id="model-log">{format!("The engine's last {} log lines", crate::pages::playground::LOG_LINES)}</h2>
@@ -160,9 +188,15 @@ fn LastChange(change: PlanProgress) -> impl IntoView {
     }
 }
 
-/// A model whose replicas follow its load: how many, where, and its last steps with why.
+/// A model whose replicas follow its load: how many, where, its last steps with why, and its fewest and
+/// most, to change (no engine restarts).
 #[component]
-fn ReplicasPanel(replicas: crate::views::Replicas) -> impl IntoView {
+fn ReplicasPanel(
+    model: String,
+    revision: i64,
+    replicas: crate::views::Replicas,
+    form: ReplicasForm,
+) -> impl IntoView {
     let line = replicas.line();
     let steps = replicas
         .decisions
@@ -178,12 +212,44 @@ fn ReplicasPanel(replicas: crate::views::Replicas) -> impl IntoView {
         let gpus: Vec<String> = replicas.gpus.iter().map(ToString::to_string).collect();
         gpus.join(", ")
     };
+    let ReplicasForm { fewest, most, save } = form;
+    let (min, max) = (replicas.min.to_string(), replicas.max.to_string());
+    let fewest_text = {
+        let min = min.clone();
+        move || fewest.get().unwrap_or_else(|| min.clone())
+    };
+    let most_text = {
+        let max = max.clone();
+        move || most.get().unwrap_or_else(|| max.clone())
+    };
+    let submit = move |ev: leptos::ev::SubmitEvent| {
+        ev.prevent_default();
+        save.dispatch(SaveReplicas {
+            model: model.clone(),
+            revision,
+            fewest: fewest.get_untracked().unwrap_or_else(|| min.clone()),
+            most: most.get_untracked().unwrap_or_else(|| max.clone()),
+        });
+    };
     view! {
         <section class="panel" aria-labelledby="model-replicas" data-testid="model-replicas">
             <h2 id="model-replicas">"Replicas"</h2>
             <p>{line}</p>
             <p>{format!("On: {on}.")}</p>
             {(!replicas.decisions.is_empty()).then(|| view! { <ol class="muted" data-testid="model-scale-steps">{steps}</ol> })}
+            <form class="replicas" data-testid="replicas-form" on:submit=submit>
+                <label for="replicas-fewest">"Fewest"</label>
+                <input id="replicas-fewest" type="text" inputmode="numeric" size="4"
+                    prop:value=fewest_text on:input=move |ev| fewest.set(Some(event_target_value(&ev))) />
+                <label for="replicas-most">"Most"</label>
+                <input id="replicas-most" type="text" inputmode="numeric" size="4"
+                    prop:value=most_text on:input=move |ev| most.set(Some(event_target_value(&ev))) />
+                <button type="submit" disabled=move || save.pending().get()>"Save replicas"</button>
+            </form>
+            {move || save.value().get().map(|answer| match answer {
+                Ok(r) => view! { <p data-testid="replicas-saved">{format!("Saved: {} to {}; no engine restarted.", r.min, r.max)}</p> }.into_any(),
+                Err(e) => view! { <p class="error" role="alert" data-testid="replicas-error">{e.to_string()}</p> }.into_any(),
+            })}
         </section>
     }
 }

@@ -227,6 +227,44 @@ impl ConsoleService {
         })
     }
 
+    pub(super) async fn change_model_replicas(
+        &self,
+        actor: Caller,
+        model: String,
+        revision: i64,
+        fewest: String,
+        most: String,
+    ) -> Result<app::views::Replicas, AppError> {
+        let (now, gpus) = {
+            let committed = self.fleet.committed();
+            let group = committed
+                .group_of(&model)
+                .ok_or_else(|| AppError::NotFound(format!("{model} is not deployed")))?;
+            let now = group.autoscale.get(&model).copied().ok_or_else(|| {
+                AppError::Refused(format!(
+                    "{model} runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
+                ))
+            })?;
+            (now, group.gpus.len() as u32)
+        };
+        let typed = placement::scale::Autoscale::typed(&fewest, &most, gpus)
+            .map_err(|e| AppError::Refused(e.to_string()))?
+            .ok_or_else(|| {
+                AppError::Refused(
+                    "type a most: a model deployed with replicas keeps them (remove it and deploy it again without)"
+                        .to_owned(),
+                )
+            })?;
+        let replicas = now
+            .with_bounds(typed.min(), typed.max())
+            .map_err(|e| AppError::Refused(e.to_string()))?;
+        self.fleet
+            .change_replicas(&model, revision, replicas, &actor.name)
+            .await
+            .map(|change| change.replicas)
+            .map_err(app_error)
+    }
+
     pub(super) async fn remove_model(
         &self,
         actor: Caller,

@@ -144,6 +144,17 @@ impl Console for ConsoleService {
         Box::pin(self.change_model_serving(actor, model, revision, serving))
     }
 
+    fn change_replicas(
+        &self,
+        actor: Caller,
+        model: String,
+        revision: i64,
+        fewest: String,
+        most: String,
+    ) -> Answer<'_, app::views::Replicas> {
+        Box::pin(self.change_model_replicas(actor, model, revision, fewest, most))
+    }
+
     fn remove(&self, actor: Caller, model: String, revision: i64) -> Answer<'_, ChangeOutcome> {
         Box::pin(self.remove_model(actor, model, revision))
     }
