@@ -166,8 +166,19 @@ impl ReplicasWait {
     /// `vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 70 of 80 GB
     /// taken by shared work; it needs 24`.
     pub fn message(&self) -> String {
-        let rest = self.max - self.fit;
         let reasons: Vec<String> = self.reasons.iter().map(ToString::to_string).collect();
+        if self.fit == 0 {
+            let none = if self.max == 1 {
+                "its replica does not fit now beside the others; it waits".to_owned()
+            } else {
+                format!(
+                    "none of its {} replicas fits now beside the others; they wait",
+                    self.max
+                )
+            };
+            return format!("{}: {none} for room: {}", self.member, reasons.join("; "));
+        }
+        let rest = self.max - self.fit;
         format!(
             "{}: {} of its {} replicas {} now; {} for room: {}",
             self.member,
@@ -221,9 +232,10 @@ impl Verdict {
 /// Judges a plan: every member needs a share above 0; the pinned shares, with each on-demand share on its own
 /// (on-demand models take turns), may add up to at most 100 %; and each GPU of the group must offer what
 /// the plan holds at most beside the shared work already on it. A member with replicas holds its share on
-/// the GPUs its replicas run on, not on every one: its most replicas are placed where they would run, best
-/// fit first, beside the rest of the plan; fewer than its most fitting is a warning ([`ReplicasWait`]:
-/// the rest wait for room), none fitting a refusal (the model could not serve).
+/// the GPUs its replicas run on, not on every one: every such member's most replicas are placed where they
+/// would run, best fit first, beside the members without replicas; fewer than its most fitting is a
+/// warning ([`ReplicasWait`]: the rest wait for room), and a member one replica of which could not run on
+/// any GPU of the group, whatever the other replicas do, is refused (it could never serve).
 pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
     let mut problems = Vec::new();
     for member in members {
@@ -237,26 +249,30 @@ pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
             Some(_) => {}
         }
     }
-    let pinned = |replicas: bool| -> BasisPoints {
-        members
-            .iter()
-            .filter(|m| !m.demand.is_on_demand() && (replicas || m.replicas.is_none()))
-            .filter_map(|m| m.share)
-            .sum()
-    };
+    let pinned: BasisPoints = members
+        .iter()
+        .filter(|m| !m.demand.is_on_demand() && m.replicas.is_none())
+        .filter_map(|m| m.share)
+        .sum();
     let largest_turn = members
         .iter()
         .filter(|m| m.demand.is_on_demand())
         .map(|m| m.share.unwrap_or_default())
         .max();
-    // One accelerator as the bar shows it: every replica could run on the same GPU.
-    let total = pinned(true) + largest_turn.unwrap_or_default();
+    let largest_replica = members
+        .iter()
+        .filter(|m| m.replicas.is_some())
+        .filter_map(|m| m.share)
+        .max()
+        .unwrap_or_default();
+    // What every GPU of the group holds: the members without replicas, and the largest turn.
+    let everywhere = pinned + largest_turn.unwrap_or_default();
+    // The most the replicas put on one GPU of the group.
+    let mut replicas_on_one = largest_replica;
     let mut waits = Vec::new();
-    if total > BasisPoints::WHOLE {
+    if everywhere + largest_replica > BasisPoints::WHOLE {
         problems.push(Problem::OverAccelerator);
     } else {
-        // What every GPU of the group holds (the members without replicas), then the replicas.
-        let everywhere = pinned(false) + largest_turn.unwrap_or_default();
         let mut taken: Vec<Bytes> = Vec::with_capacity(gpus.len());
         for gpu in gpus {
             let needs = gpu.total.share(everywhere);
@@ -264,22 +280,33 @@ pub fn judge(members: &[PlanMember], gpus: &[GroupGpu]) -> Verdict {
             taken.push(gpu.taken_by_others + needs);
         }
         if problems.is_empty() {
-            // A model none of whose replicas fit could not serve: refused; one with fewer than its most
-            // is warned.
-            let (none, fewer): (Vec<_>, Vec<_>) = place_replicas(members, gpus, &mut taken)
-                .into_iter()
-                .partition(|w| w.fit == 0);
-            problems.extend(
-                none.into_iter()
-                    .flat_map(|w| w.reasons)
-                    .map(Problem::GpuShort),
-            );
-            waits = fewer;
+            let beside_everywhere = taken.clone();
+            let placed = place_replicas(members, gpus, &mut taken);
+            replicas_on_one = replicas_on_one.max(placed.most_on_one);
+            for wait in placed.waits {
+                let share = members
+                    .iter()
+                    .find(|m| m.name == wait.member)
+                    .and_then(|m| m.share)
+                    .unwrap_or_default();
+                // Where no GPU could hold one of its replicas even with no other replica there, it
+                // could never serve.
+                let never: Vec<PendingReason> = gpus
+                    .iter()
+                    .zip(&beside_everywhere)
+                    .map_while(|(gpu, &taken)| short(gpu, taken, gpu.total.share(share)))
+                    .collect();
+                if never.len() == gpus.len() && !gpus.is_empty() {
+                    problems.extend(never.into_iter().map(Problem::GpuShort));
+                } else {
+                    waits.push(wait);
+                }
+            }
         }
     }
     Verdict {
-        total,
-        turns: largest_turn.map(|_| pinned(true).free()),
+        total: everywhere + replicas_on_one,
+        turns: largest_turn.map(|_| (pinned + replicas_on_one).free()),
         problems,
         waits,
     }
@@ -306,20 +333,24 @@ fn short(gpu: &GroupGpu, taken: Bytes, needs: Bytes) -> Option<PendingReason> {
     }
 }
 
+/// The replicas of a plan as [`place_replicas`] placed them.
+struct Placed {
+    /// The members holding fewer than their most, with why each GPU that holds none of theirs cannot.
+    waits: Vec<ReplicasWait>,
+    /// The most the replicas put on one GPU, as a share of it.
+    most_on_one: BasisPoints,
+}
+
 /// Places the replicas of `members` that have them, one on each GPU, best fit first (the GPU left with the
 /// least room), adding what each takes to `taken`: in rounds, each member's first replica before any
-/// member's second, so that one member's most does not leave another none. Returns the members that hold
-/// fewer than their most, with why each GPU that holds none of theirs cannot.
-fn place_replicas(
-    members: &[PlanMember],
-    gpus: &[GroupGpu],
-    taken: &mut [Bytes],
-) -> Vec<ReplicasWait> {
+/// member's second, so that one member's most does not leave another none.
+fn place_replicas(members: &[PlanMember], gpus: &[GroupGpu], taken: &mut [Bytes]) -> Placed {
     let scaled: Vec<(&PlanMember, BasisPoints, u32)> = members
         .iter()
         .filter_map(|m| Some((m, m.share?, m.replicas?.max())))
         .collect();
     let mut on: Vec<Vec<bool>> = vec![vec![false; gpus.len()]; scaled.len()];
+    let mut shares_on = vec![BasisPoints::ZERO; gpus.len()];
     let mut full = vec![false; scaled.len()];
     let rounds = scaled.iter().map(|&(_, _, max)| max).max().unwrap_or(0);
     for round in 0..rounds {
@@ -338,12 +369,13 @@ fn place_replicas(
                 Some((i, gpu)) => {
                     on[s][i] = true;
                     taken[i] += gpu.total.share(share);
+                    shares_on[i] = shares_on[i] + share;
                 }
                 None => full[s] = true,
             }
         }
     }
-    scaled
+    let waits = scaled
         .iter()
         .zip(&on)
         .filter_map(|(&(member, share, max), on)| {
@@ -360,7 +392,11 @@ fn place_replicas(
                     .collect(),
             })
         })
-        .collect()
+        .collect();
+    Placed {
+        waits,
+        most_on_one: shares_on.into_iter().max().unwrap_or_default(),
+    }
 }
 
 /// The members whose engines run before a change from `before` to `after`, and after it, with their shares
@@ -745,6 +781,55 @@ mod tests {
                 "vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 1 of east: 62 of 80 GB taken by shared work; it needs 32",
                 "speech: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of east: 62 of 80 GB taken by shared work; it needs 32",
             ]
+        );
+    }
+
+    #[test]
+    fn members_with_replicas_whose_shares_add_up_past_one_gpu_fit_where_each_runs_on_a_gpu_of_its_own(
+    ) {
+        let members = [
+            with_replicas("vision", 60, 1, 1),
+            with_replicas("speech", 60, 1, 1),
+        ];
+        let v = judge(&members, &three_of_east()[..2]);
+        assert!(!v.is_refused(), "{:?}", v.problems);
+        assert!(v.waits.is_empty());
+        assert_eq!(v.total, BasisPoints::percent(60), "the most on one GPU");
+        // Each on every GPU, they would not fit.
+        let pinned = [
+            PlanMember::new("vision", BasisPoints::percent(60)),
+            PlanMember::new("speech", BasisPoints::percent(60)),
+        ];
+        assert_eq!(
+            judge(&pinned, &three_of_east()[..2]).problems,
+            [Problem::OverAccelerator]
+        );
+        // One replica past what a GPU holds beside the members without replicas never fits.
+        let too_big = [
+            PlanMember::new("glm", BasisPoints::percent(50)),
+            with_replicas("vision", 60, 0, 1),
+        ];
+        assert_eq!(
+            judge(&too_big, &three_of_east()[..2]).problems,
+            [Problem::OverAccelerator]
+        );
+    }
+
+    #[test]
+    fn a_member_whose_replicas_the_others_take_the_room_of_is_warned_not_refused_where_one_could_run_alone(
+    ) {
+        // Two 80 GB GPUs, five models of 50 % with a min of 0 and a most of 1: four run at once, packed
+        // two to a GPU (best fit), and the fifth waits for one of them to stop.
+        let members: Vec<PlanMember> = ["a", "b", "c", "d", "e"]
+            .iter()
+            .map(|name| with_replicas(name, 50, 0, 1))
+            .collect();
+        let v = judge(&members, &three_of_east()[..2]);
+        assert!(!v.is_refused(), "{:?}", v.problems);
+        assert_eq!(v.total, BasisPoints::percent(100));
+        assert_eq!(
+            v.waits.iter().map(ReplicasWait::message).collect::<Vec<_>>(),
+            ["e: its replica does not fit now beside the others; it waits for room: GPU 0 of east: 80 of 80 GB taken by shared work; it needs 40; GPU 1 of east: 80 of 80 GB taken by shared work; it needs 40"]
         );
     }
 

@@ -119,19 +119,42 @@ pub fn SharedGpuMemoryPanel(
     };
     let segments = move || {
         rows.with(|r| {
-            let pinned = r.iter().filter(|row| !row.on_demand);
-            let turn = r
+            let pinned = r
+                .iter()
+                .filter(|row| !row.on_demand && row.replicas.is_none());
+            let turn_share = r
                 .iter()
                 .filter(|row| row.on_demand)
                 .filter_map(|row| row.member().share)
-                .max()
-                .map(|s| ("on-demand turns".to_owned(), s, "turns".to_owned(), None));
+                .max();
+            let turn = turn_share.map(|s| ("on-demand turns".to_owned(), s, "turns".to_owned(), None));
+            // Replicas run on some GPUs, not all: the bar shows the most they put on one, once.
+            let beside: u32 = pinned
+                .clone()
+                .filter_map(|row| row.member().share)
+                .chain(turn_share)
+                .map(BasisPoints::get)
+                .sum();
+            let replicas = r
+                .iter()
+                .any(|row| row.replicas.is_some())
+                .then(|| verdict.with(|v| v.total.get().saturating_sub(beside)))
+                .filter(|&room| room > 0)
+                .map(|room| {
+                    (
+                        "replicas, the most on one GPU".to_owned(),
+                        BasisPoints(room),
+                        "turns".to_owned(),
+                        None,
+                    )
+                });
             let shares: Vec<(String, BasisPoints, String, Option<Bytes>)> = pinned
                 .filter_map(|row| {
                     let share = row.member().share?;
                     Some((row.name.clone(), share, colour::of(&row.name), row.estimate))
                 })
                 .chain(turn)
+                .chain(replicas)
                 .collect();
             let mut x = 0u64;
             shares
