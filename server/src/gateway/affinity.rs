@@ -8,7 +8,11 @@
 //! with bounded loads has): a request never waits on a full engine's cache while another is idle, one
 //! popular prefix (or a few that hash alike) spreads out to their next choices instead of queueing on one
 //! engine, and an engine with a slot free and no more than its part of the traffic keeps its prefixes (a
-//! request sent elsewhere would read its whole prompt again, and push out another's there).
+//! request sent elsewhere would read its whole prompt again, and push out another's there). A prefix moved
+//! off an engine over the bound on requests of late stays where it went (its home), taking its requests of
+//! late along, so that the engine it left sheds only as many prefixes as bring it back within the bound
+//! and none of them returns to find its cache gone; a request sent past a full home for a free slot
+//! leaves the prefix's home as it was.
 
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -33,11 +37,14 @@ const RECENT_TAU_MS: f64 = 60_000.0;
 const RECENT_SLACK: f64 = 8.0;
 
 /// Each engine's requests of late, decaying: what keeps an engine's part of a model's traffic within a
-/// quarter of the least busy's when a few prefixes hash alike onto it.
+/// quarter of the least busy's when a few prefixes hash alike onto it; and each prefix's engine, where it
+/// went last, with its own requests of late.
 #[derive(Debug, Default)]
 pub(super) struct Recent {
     /// By unit: when it last took a request (ms), and its count then.
     by_unit: HashMap<String, (u64, f64)>,
+    /// By prefix key: its engine, when it last took one of its requests (ms), and its count then.
+    by_prefix: HashMap<u64, (String, u64, f64)>,
 }
 
 /// The most engines kept; past it, those whose count has decayed to nothing are forgotten.
@@ -64,6 +71,41 @@ impl Recent {
                 self.by_unit.insert(unit.to_owned(), (now_ms, 1.0));
             }
         }
+    }
+}
+
+impl Recent {
+    /// The engine `key`'s prefix went to last, at home.
+    pub(super) fn placed(&self, key: u64) -> Option<&str> {
+        self.by_prefix.get(&key).map(|(unit, _, _)| unit.as_str())
+    }
+
+    /// A request of `key` went to `unit`, its prefix's home now, at `now_ms`. A prefix that moves takes its
+    /// requests of late along: the engine it left is that much less busy at once, and the one it joins
+    /// that much busier, so that one engine over the bound sheds only as many prefixes as bring it back
+    /// within it, not every one that comes while its own count decays.
+    pub(super) fn settle(&mut self, key: u64, unit: &str, now_ms: u64) {
+        if self.by_prefix.len() >= RECENT_KEPT && !self.by_prefix.contains_key(&key) {
+            self.by_prefix
+                .retain(|_, (_, at, count)| decayed(*count, *at, now_ms) >= 0.01);
+        }
+        let (count, left) = match self.by_prefix.get(&key) {
+            Some((was, at, count)) => {
+                let count = decayed(*count, *at, now_ms);
+                (count, (was != unit).then(|| was.clone()))
+            }
+            None => (0.0, None),
+        };
+        if let Some(left) = left {
+            if let Some(entry) = self.by_unit.get_mut(&left) {
+                *entry = (now_ms, (decayed(entry.1, entry.0, now_ms) - count).max(0.0));
+            }
+            if let Some(entry) = self.by_unit.get_mut(unit) {
+                *entry = (now_ms, decayed(entry.1, entry.0, now_ms) + count);
+            }
+        }
+        self.by_prefix
+            .insert(key, (unit.to_owned(), now_ms, count + 1.0));
     }
 }
 
@@ -125,14 +167,21 @@ pub(super) fn prefix_key(body: &[u8]) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// The order in which a request for `key` tries `engines` (each its name, requests in flight now and
-/// requests of late), each of `slots` slots: by rendezvous rank, those within the bounds on load first,
-/// then the rest by how busy they are.
-pub(super) fn order(key: u64, engines: &[(&str, usize, f64)], slots: usize) -> Vec<usize> {
-    let least = engines.iter().map(|e| e.1).min().unwrap_or(0);
-    let bound = bound(least, slots);
+/// The engine among `engines` (each its name, requests in flight now and requests of late) that `key`'s
+/// prefix belongs to: the one it went to last (`placed`) while that one has answered no more than a
+/// quarter more than the least busy of late, else the first by rendezvous rank that has.
+fn home(key: u64, engines: &[(&str, usize, f64)], placed: Option<&str>) -> Option<usize> {
     let least_recent = engines.iter().map(|e| e.2).fold(f64::INFINITY, f64::min);
     let recent_bound = least_recent * LOAD_BOUND_PERCENT as f64 / 100.0 + RECENT_SLACK;
+    let within = |i: &usize| engines[*i].2 <= recent_bound;
+    placed
+        .and_then(|p| engines.iter().position(|e| e.0 == p))
+        .filter(within)
+        .or_else(|| ranked(key, engines).into_iter().find(within))
+}
+
+/// `engines` by rendezvous rank for `key`: each scored by a hash of the key and its name.
+fn ranked(key: u64, engines: &[(&str, usize, f64)]) -> Vec<usize> {
     let score = |name: &str| {
         let mut hasher = DefaultHasher::new();
         (key, name).hash(&mut hasher);
@@ -140,16 +189,38 @@ pub(super) fn order(key: u64, engines: &[(&str, usize, f64)], slots: usize) -> V
     };
     let mut ranked: Vec<usize> = (0..engines.len()).collect();
     ranked.sort_by_key(|&i| std::cmp::Reverse(score(engines[i].0)));
+    ranked
+}
+
+/// The order in which a request for `key` tries `engines` (each its name, requests in flight now and
+/// requests of late), each of `slots` slots, its prefix last at `placed`: its home first (where it went
+/// last, or its first choice, within the bound on requests of late) while that has a slot free or is not
+/// too busy, then the others within both bounds by rendezvous rank, then the rest by how busy they are;
+/// and its home, to settle there.
+pub(super) fn order(
+    key: u64,
+    engines: &[(&str, usize, f64)],
+    slots: usize,
+    placed: Option<&str>,
+) -> (Vec<usize>, Option<usize>) {
+    let least = engines.iter().map(|e| e.1).min().unwrap_or(0);
+    let bound = bound(least, slots);
+    let least_recent = engines.iter().map(|e| e.2).fold(f64::INFINITY, f64::min);
+    let recent_bound = least_recent * LOAD_BOUND_PERCENT as f64 / 100.0 + RECENT_SLACK;
+    let home = home(key, engines, placed);
+    let mut ranked = ranked(key, engines);
     // Stable: among those over a bound, the least busy first, rank deciding between equals.
     ranked.sort_by_key(|&i| {
         let (_, busy, recent) = engines[i];
-        if busy < bound && recent <= recent_bound {
+        if busy < bound && Some(i) == home {
             0
+        } else if busy < bound && recent <= recent_bound {
+            1
         } else {
-            busy + 1
+            busy + 2
         }
     });
-    ranked
+    (ranked, home)
 }
 
 #[cfg(test)]
@@ -157,6 +228,11 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use serde_json::json;
+
+    /// The order for a prefix not placed yet.
+    fn first_order(key: u64, engines: &[(&str, usize, f64)], slots: usize) -> Vec<usize> {
+        order(key, engines, slots, None).0
+    }
 
     fn chat(system: &str, user: &str) -> Vec<u8> {
         json!({"model": "m", "messages": [
@@ -190,46 +266,46 @@ mod tests {
     #[test]
     fn a_busy_engine_keeps_its_prefixes_until_it_is_a_quarter_busier_than_the_least_busy() {
         let key = (0..u64::MAX)
-            .find(|&k| order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 1)[0] == 0)
+            .find(|&k| first_order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 1)[0] == 0)
             .unwrap();
         assert_eq!(
-            order(key, &[("a", 1, 0.0), ("b", 0, 0.0)], 1)[0],
+            first_order(key, &[("a", 1, 0.0), ("b", 0, 0.0)], 1)[0],
             1,
             "never past an idle engine"
         );
-        assert_eq!(order(key, &[("a", 4, 0.0), ("b", 4, 0.0)], 1)[0], 0);
+        assert_eq!(first_order(key, &[("a", 4, 0.0), ("b", 4, 0.0)], 1)[0], 0);
         assert_eq!(
-            order(key, &[("a", 5, 0.0), ("b", 4, 0.0)], 1)[0],
+            first_order(key, &[("a", 5, 0.0), ("b", 4, 0.0)], 1)[0],
             0,
             "5 < 4 + 1 + 1"
         );
-        assert_eq!(order(key, &[("a", 6, 0.0), ("b", 4, 0.0)], 1)[0], 1);
+        assert_eq!(first_order(key, &[("a", 6, 0.0), ("b", 4, 0.0)], 1)[0], 1);
     }
 
     #[test]
     fn an_engine_with_a_slot_free_keeps_its_prefixes_and_one_with_none_is_passed_over_for_an_idle_one(
     ) {
         let key = (0..u64::MAX)
-            .find(|&k| order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 2)[0] == 0)
+            .find(|&k| first_order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 2)[0] == 0)
             .unwrap();
         assert_eq!(
-            order(key, &[("a", 1, 0.0), ("b", 0, 0.0)], 2)[0],
+            first_order(key, &[("a", 1, 0.0), ("b", 0, 0.0)], 2)[0],
             0,
             "a has a slot free"
         );
         assert_eq!(
-            order(key, &[("a", 2, 0.0), ("b", 0, 0.0)], 2)[0],
+            first_order(key, &[("a", 2, 0.0), ("b", 0, 0.0)], 2)[0],
             1,
             "a is full, b idle"
         );
-        assert_eq!(order(key, &[("a", 7, 0.0), ("b", 6, 0.0)], 8)[0], 0);
+        assert_eq!(first_order(key, &[("a", 7, 0.0), ("b", 6, 0.0)], 8)[0], 0);
         assert_eq!(
-            order(key, &[("a", 8, 0.0), ("b", 6, 0.0)], 8)[0],
+            first_order(key, &[("a", 8, 0.0), ("b", 6, 0.0)], 8)[0],
             1,
             "full, and past 6 + 1 + a quarter of 6"
         );
         assert_eq!(
-            order(key, &[("a", 10, 0.0), ("b", 9, 0.0)], 8)[0],
+            first_order(key, &[("a", 10, 0.0), ("b", 9, 0.0)], 8)[0],
             0,
             "10 < 9 + 1 + 2"
         );
@@ -239,10 +315,13 @@ mod tests {
     fn a_prefix_whose_engine_answered_a_quarter_more_than_the_least_busy_of_late_goes_to_its_next_choice(
     ) {
         let key = (0..u64::MAX)
-            .find(|&k| order(k, &[("a", 0, 0.0), ("b", 0, 0.0), ("c", 0, 0.0)], 1)[..2] == [0, 1])
+            .find(|&k| {
+                first_order(k, &[("a", 0, 0.0), ("b", 0, 0.0), ("c", 0, 0.0)], 1)[..2] == [0, 1]
+            })
             .unwrap();
-        let late =
-            |a: f64, b: f64, c: f64| order(key, &[("a", 0, a), ("b", 0, b), ("c", 0, c)], 1)[0];
+        let late = |a: f64, b: f64, c: f64| {
+            first_order(key, &[("a", 0, a), ("b", 0, b), ("c", 0, c)], 1)[0]
+        };
         assert_eq!(late(50.0, 40.0, 40.0), 0, "50 <= 40 + a quarter + 8");
         assert_eq!(
             late(59.0, 40.0, 40.0),
@@ -251,6 +330,50 @@ mod tests {
         );
         assert_eq!(late(9.0, 0.0, 0.0), 1, "at a trickle, 8 requests of slack");
         assert_eq!(late(8.0, 0.0, 0.0), 0);
+    }
+
+    #[test]
+    fn a_prefix_moved_off_a_busy_engine_stays_on_its_new_one_and_takes_its_requests_of_late_along()
+    {
+        let engines = |recent: &Recent| {
+            ["a", "b"]
+                .iter()
+                .map(|&u| (u, 0, recent.of(u, 0)))
+                .collect::<Vec<_>>()
+        };
+        // Two prefixes whose first choice is a.
+        let on_a: Vec<u64> = (0..u64::MAX)
+            .filter(|&k| first_order(k, &[("a", 0, 0.0), ("b", 0, 0.0)], 1)[0] == 0)
+            .take(2)
+            .collect();
+        let mut recent = Recent::default();
+        for key in &on_a {
+            for _ in 0..20 {
+                recent.count("a", 0);
+                recent.settle(*key, "a", 0);
+            }
+        }
+        // a answered 40, b none: past 0 + a quarter + 8, the first prefix goes to b.
+        let (tried, home) = order(on_a[0], &engines(&recent), 1, recent.placed(on_a[0]));
+        assert_eq!((tried[0], home), (1, Some(1)));
+        recent.count("b", 0);
+        recent.settle(on_a[0], "b", 0);
+        assert_eq!(recent.placed(on_a[0]), Some("b"));
+        assert!(
+            (recent.of("a", 0) - 20.0).abs() < 0.01,
+            "{}",
+            recent.of("a", 0)
+        );
+        assert!(
+            (recent.of("b", 0) - 21.0).abs() < 0.01,
+            "{}",
+            recent.of("b", 0)
+        );
+        // a is within the bound again: the other prefix stays on a, and the moved one stays on b.
+        let (tried, _) = order(on_a[1], &engines(&recent), 1, recent.placed(on_a[1]));
+        assert_eq!(tried[0], 0);
+        let (tried, _) = order(on_a[0], &engines(&recent), 1, recent.placed(on_a[0]));
+        assert_eq!(tried[0], 1, "it does not go back to a");
     }
 
     #[test]
@@ -270,8 +393,8 @@ mod tests {
         let four = [("a", 0, 0.0), ("b", 0, 0.0), ("c", 0, 0.0), ("d", 0, 0.0)];
         let three = [("a", 0, 0.0), ("b", 0, 0.0), ("d", 0, 0.0)];
         for key in 0..2_000u64 {
-            let before = four[order(key, &four, 1)[0]].0;
-            let after = three[order(key, &three, 1)[0]].0;
+            let before = four[first_order(key, &four, 1)[0]].0;
+            let after = three[first_order(key, &three, 1)[0]].0;
             if before != "c" {
                 assert_eq!(before, after, "key {key}");
             }
@@ -294,7 +417,7 @@ mod tests {
                 .zip(loads.iter().zip(&recent))
                 .map(|(n, (&busy, &recent))| (n.as_str(), busy, recent))
                 .collect();
-            let order = order(key, &engines, slots);
+            let order = first_order(key, &engines, slots);
             prop_assert_eq!(order.len(), loads.len());
             let least = *loads.iter().min().unwrap();
             let chosen = loads[order[0]];
@@ -313,7 +436,7 @@ mod tests {
             for key in 0..6_000u64 {
                 let mut h = DefaultHasher::new();
                 key.hash(&mut h);
-                counts[order(h.finish(), &idle, 1)[0]] += 1;
+                counts[first_order(h.finish(), &idle, 1)[0]] += 1;
             }
             let fair = 6_000 / engines;
             for c in counts {

@@ -29,20 +29,29 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
     let prefix = body
         .filter(|_| ready.len() > 1 && state.gateway.routing == super::Routing::Prefix)
         .and_then(affinity::prefix_key);
+    // The prefix's home, where a request taken there settles it.
+    let mut home = None;
     match prefix {
         Some(key) => {
             let now = crate::fleet::usage::now_ms();
-            let busy: Vec<(&str, usize, f64)> = {
+            let (busy, placed): (Vec<(&str, usize, f64)>, Option<String>) = {
                 let recent = state.gateway.recent();
-                ready
+                let busy = ready
                     .iter()
                     .map(|e| {
                         let unit = e.unit.as_str();
                         (unit, runtime.requests_in_flight(unit), recent.of(unit, now))
                     })
-                    .collect()
+                    .collect();
+                (busy, recent.placed(key).map(str::to_owned))
             };
-            let order = affinity::order(key, &busy, state.fleet.slots(model) as usize);
+            let (order, at) = affinity::order(
+                key,
+                &busy,
+                state.fleet.slots(model) as usize,
+                placed.as_deref(),
+            );
+            home = at.map(|i| (key, busy[i].0.to_owned()));
             let mut slots: Vec<Option<Serving>> = ready.into_iter().map(Some).collect();
             ready = order.into_iter().filter_map(|i| slots[i].take()).collect();
         }
@@ -57,9 +66,13 @@ pub(super) fn take(state: &AppState, model: &str, body: Option<&[u8]>) -> Option
         let in_flight = runtime.begin_request(&engine.unit)?;
         Some(Taken { in_flight, engine })
     })?;
-    state
-        .gateway
-        .recent()
-        .count(&taken.engine.unit, crate::fleet::usage::now_ms());
+    let now = crate::fleet::usage::now_ms();
+    let mut recent = state.gateway.recent();
+    recent.count(&taken.engine.unit, now);
+    // A request sent past a full home leaves the prefix where it was.
+    if let Some((key, unit)) = home.filter(|(_, unit)| *unit == taken.engine.unit) {
+        recent.settle(key, &unit, now);
+    }
+    drop(recent);
     Some(taken)
 }
