@@ -319,6 +319,22 @@ impl Scaler {
         }
     }
 
+    /// How long, at `now_ms`, the model has had no request in flight or waiting: since its last sample
+    /// with a load (or its oldest kept); `None` while its newest has one, or before any sample.
+    pub fn idle_for(&self, now_ms: u64) -> Option<u64> {
+        if self.samples.back()?.load > 0 {
+            return None;
+        }
+        let since = self
+            .samples
+            .iter()
+            .rev()
+            .find(|s| s.load > 0)
+            .or(self.samples.front())
+            .map_or(now_ms, |s| s.at_ms);
+        Some(now_ms.saturating_sub(since))
+    }
+
     /// The model's setting changed: its load of late is judged afresh.
     pub fn reset(&mut self) {
         self.samples.clear();
@@ -587,6 +603,14 @@ mod tests {
             None,
             "no whole window since the step up"
         );
+    }
+
+    #[test]
+    fn a_model_is_idle_since_its_last_sample_with_a_load_and_not_while_its_newest_has_one() {
+        assert_eq!(Scaler::default().idle_for(5_000), None);
+        assert_eq!(fed(&[(0, 2), (1, 0), (2, 0)], 60).idle_for(3_000), Some(3_000));
+        assert_eq!(fed(&[(0, 0), (1, 3), (2, 0), (3, 0)], 60).idle_for(4_000), Some(3_000));
+        assert_eq!(fed(&[(0, 0), (1, 1)], 60).idle_for(2_000), None);
     }
 
     #[test]

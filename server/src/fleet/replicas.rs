@@ -381,11 +381,12 @@ impl Fleet {
         .await
     }
 
-    /// Carries out `decision` for `model`: adds replicas where they fit, best fit first (those that do not
-    /// wait, with why), or removes the least busy ones (the runtime drains each before it stops it).
-    /// Committed with its audit entry (`model.scale`, by Tessera), as is the removal of a replica that holds
-    /// nothing; a decision that changes nothing (no room for any new replica, or taken on a count that
-    /// changed since) writes nothing. Says how many replicas it has now.
+    /// Carries out `decision` for `model`: adds replicas where they fit, best fit first (where none has the
+    /// room, idle replicas of the group's other models above their least make way, longest idle first;
+    /// those that still do not fit wait, with why), or removes the least busy ones (the runtime drains
+    /// each before it stops it). Committed with its audit entry (`model.scale`, by Tessera), as is the
+    /// removal of a replica that holds nothing; a decision that changes nothing (no room for any new
+    /// replica, or taken on a count that changed since) writes nothing. Says how many replicas it has now.
     pub async fn scale(
         self: &std::sync::Arc<Self>,
         model: &str,
@@ -412,11 +413,43 @@ impl Fleet {
             let mut reasons = Vec::new();
             if decision.to > from {
                 let share = share_of(&group, &model)?;
-                let (fits, why) = best_fit(&state.ledger, &group, share, &placed);
-                placed.extend(fits.into_iter().take((decision.to - from) as usize));
+                let wanted = (decision.to - from) as usize;
+                let (mut fits, mut why) = best_fit(&state.ledger, &group, share, &placed);
+                // Idle replicas of other models make way, each its own step committed first, so that
+                // the runtime stops it before this model's replica starts on its GPU.
+                let mut yielded = false;
+                while fits.len() < wanted {
+                    let Some((other, gpu)) = fleet.yielder(&state, &group, &model, share, &placed)
+                    else {
+                        break;
+                    };
+                    let latest = state.committed.clone();
+                    let Some(theirs) = latest.group_of(&other) else {
+                        break;
+                    };
+                    let mut kept = holding(theirs, &other, state.ledger.all_unplaced());
+                    let before = kept.len() as u32;
+                    kept.remove(&gpu);
+                    let made_way = format!("made way for {model}: idle");
+                    fleet
+                        .commit_step(&mut state, &other, before, &kept, made_way)
+                        .await?;
+                    yielded = true;
+                    (fits, why) = best_fit(&state.ledger, &group, share, &placed);
+                }
+                if yielded {
+                    fleet.scaling.with(&model, |s| s.retry_at_ms = 0);
+                }
+                placed.extend(fits.into_iter().take(wanted));
                 reasons = why;
             } else {
-                for gpu in least_busy(&fleet, &group, &model, &placed, (from - decision.to) as usize) {
+                for gpu in least_busy(
+                    &fleet,
+                    &group,
+                    &model,
+                    &placed,
+                    (from - decision.to) as usize,
+                ) {
                     placed.remove(&gpu);
                 }
             }
@@ -424,53 +457,127 @@ impl Fleet {
             let now = super::usage::now_ms();
             fleet.scaling.with(&model, |s| {
                 s.desired = (decision.to != to).then_some(decision.to);
-                s.pending_reasons = if decision.to > to { reasons } else { Vec::new() };
+                s.pending_reasons = if decision.to > to {
+                    reasons
+                } else {
+                    Vec::new()
+                };
             });
             if to == from && !dropped {
                 // Asked for more and none fitted: not tried again at every sample.
-                fleet.scaling.with(&model, |s| s.retry_at_ms = now + NO_ROOM_AGAIN_MS);
+                fleet
+                    .scaling
+                    .with(&model, |s| s.retry_at_ms = now + NO_ROOM_AGAIN_MS);
                 return Ok(to);
             }
-            let mut tx = crate::db::write(&fleet.pool).await?;
-            sqlx::query("UPDATE group_members SET placed = ? WHERE model = ?")
-                .bind(super::committed::placed_json(&placed)?)
-                .bind(&model)
-                .execute(&mut *tx)
+            fleet
+                .commit_step(&mut state, &model, from, &placed, decision.why)
                 .await?;
-            // The plan (its shares) is as it was: its revision stays, so that a change of plan read before
-            // the step still saves.
-            crate::audit::record(
-                &mut tx,
-                crate::audit::Entry::new(crate::audit::TESSERA, "model.scale", &model).after(
-                    serde_json::json!({ "from": from, "to": to, "why": decision.why, "gpus": placed.iter().map(GpuRef::id).collect::<Vec<_>>() }),
-                ),
-            )
-            .await?;
-            fleet.finish(&mut state, tx, None, None).await?;
-            tracing::info!("{model}: {from} → {to} replicas ({})", decision.why);
-            let at = super::usage::rfc3339(now).unwrap_or_default();
-            fleet.runtime.publish(crate::runtime::Event::Scale {
-                at: at.clone(),
-                model: model.clone(),
-                from,
-                to,
-                why: decision.why.clone(),
-            });
-            fleet.scaling.with(&model, |s| {
-                s.scaler.carried_out(from, to);
-                s.decisions.push_back(ScaleEvent {
-                    at,
-                    from,
-                    to,
-                    why: decision.why,
-                });
-                while s.decisions.len() > DECISIONS_KEPT {
-                    s.decisions.pop_front();
-                }
-            });
             Ok(to)
         })
         .await
+    }
+
+    /// Commits `model`'s replicas as `placed` (from `from`), with its audit entry (`model.scale`, by
+    /// Tessera), its event and its decision kept; the ledger and the runtime follow. Under the write lock.
+    async fn commit_step(
+        &self,
+        state: &mut super::State,
+        model: &str,
+        from: u32,
+        placed: &BTreeSet<GpuRef>,
+        why: String,
+    ) -> Result<(), ApiError> {
+        let to = placed.len() as u32;
+        let now = super::usage::now_ms();
+        let mut tx = crate::db::write(&self.pool).await?;
+        sqlx::query("UPDATE group_members SET placed = ? WHERE model = ?")
+            .bind(super::committed::placed_json(placed)?)
+            .bind(model)
+            .execute(&mut *tx)
+            .await?;
+        // The plan (its shares) is as it was: its revision stays, so that a change of plan read before
+        // the step still saves.
+        crate::audit::record(
+            &mut tx,
+            crate::audit::Entry::new(crate::audit::TESSERA, "model.scale", model).after(
+                serde_json::json!({ "from": from, "to": to, "why": why, "gpus": placed.iter().map(GpuRef::id).collect::<Vec<_>>() }),
+            ),
+        )
+        .await?;
+        self.finish(state, tx, None, None).await?;
+        tracing::info!("{model}: {from} → {to} replicas ({why})");
+        let at = super::usage::rfc3339(now).unwrap_or_default();
+        self.runtime.publish(crate::runtime::Event::Scale {
+            at: at.clone(),
+            model: model.to_owned(),
+            from,
+            to,
+            why: why.clone(),
+        });
+        self.scaling.with(model, |s| {
+            s.scaler.carried_out(from, to);
+            s.decisions.push_back(ScaleEvent { at, from, to, why });
+            while s.decisions.len() > DECISIONS_KEPT {
+                s.decisions.pop_front();
+            }
+        });
+        Ok(())
+    }
+
+    /// A replica of another autoscaled model of `group` that would make room for one of `model` (`share`,
+    /// on a GPU of the group not in `placed`) by going: its model above its least, idle (no request in
+    /// flight or waiting at its last sample, none in flight to that replica now), the one idle longest
+    /// first.
+    fn yielder(
+        &self,
+        state: &super::State,
+        group: &Group,
+        model: &str,
+        share: BasisPoints,
+        placed: &BTreeSet<GpuRef>,
+    ) -> Option<(String, GpuRef)> {
+        let now = super::usage::now_ms();
+        let mut found: Option<(u64, String, GpuRef)> = None;
+        for (other, scale) in group.autoscale.iter().filter(|(m, _)| *m != model) {
+            let theirs = holding(group, other, state.ledger.all_unplaced());
+            if theirs.len() as u32 <= scale.min() {
+                continue;
+            }
+            let Some(idle_ms) = self.scaling.with(other, |s| s.scaler.idle_for(now)) else {
+                continue;
+            };
+            let Ok(their_share) = share_of(group, other) else {
+                continue;
+            };
+            for gpu in theirs.iter().filter(|g| !placed.contains(*g)) {
+                let unit = holder::replica(&group.name, other, gpu);
+                if self.runtime.requests_in_flight(&unit) > 0 {
+                    continue;
+                }
+                let Some(found_gpu) = state.ledger.inventory().gpu(gpu) else {
+                    continue;
+                };
+                let taken = state
+                    .ledger
+                    .scheduler()
+                    .hold(gpu)
+                    .map(Hold::taken)
+                    .unwrap_or_default();
+                let free_after = found_gpu.offered().get().saturating_sub(taken.get())
+                    + found_gpu.total.share(their_share).get();
+                if free_after < found_gpu.total.share(share).get() {
+                    continue;
+                }
+                if found
+                    .as_ref()
+                    .is_none_or(|(longest, _, _)| idle_ms > *longest)
+                {
+                    found = Some((idle_ms, other.clone(), gpu.clone()));
+                }
+            }
+        }
+        found.map(|(_, other, gpu)| (other, gpu))
     }
 }
 
@@ -791,6 +898,66 @@ memory_gb = 80
                 "GPU 0 of east: 10 of 80 GB taken by shared work; it needs 76",
                 "GPU 0 of west: 70 of 80 GB taken by shared work; it needs 76"
             ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_model_that_finds_no_room_for_a_replica_has_an_idle_replica_of_another_model_above_its_least_make_way_and_a_busy_one_never(
+    ) {
+        let app = east_and_west().await;
+        let mut revision = Value::Null;
+        for model in ["vision", "speech"] {
+            let (status, change) = app
+                .deploy(
+                    json!({"model": model, "gpus": ["east:0", "west:0"], "share": 60,
+                               "revision": revision, "replicas": {"min": 0, "max": 2}}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{change}");
+            revision = change["revision"].clone();
+        }
+        assert_eq!(app.fleet.scale("vision", decision(0, 2)).await.unwrap(), 2);
+        // vision busy: speech's replica waits.
+        let now = crate::fleet::usage::now_ms();
+        app.fleet.observe_load("vision", 2, 1, now);
+        assert_eq!(app.fleet.scale("speech", decision(0, 1)).await.unwrap(), 0);
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().running, 2);
+
+        // vision idle (no request in flight or waiting at its last samples): one of its replicas makes
+        // way, committed before speech's, and speech's replica runs on the GPU it left.
+        app.fleet.observe_load("vision", 2, 0, now + 1000);
+        app.fleet.observe_load("vision", 2, 0, now + 2000);
+        assert_eq!(app.fleet.scale("speech", decision(0, 1)).await.unwrap(), 1);
+        let vision = app.fleet.replicas_view("vision").unwrap();
+        let speech = app.fleet.replicas_view("speech").unwrap();
+        assert_eq!(vision.running, 1);
+        assert_eq!(vision.decisions[0].why, "made way for speech: idle");
+        assert_eq!(speech.running, 1);
+        assert!(
+            !vision.gpus.contains(&speech.gpus[0]),
+            "{vision:?} {speech:?}"
+        );
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+        let (_, audit) = app.get("/api/audit?action=model.scale").await;
+        let steps: Vec<(Value, Value, Value)> = audit
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["target"].clone(),
+                    e["after"]["from"].clone(),
+                    e["after"]["to"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            steps[..2],
+            [
+                (json!("speech"), json!(0), json!(1)),
+                (json!("vision"), json!(2), json!(1))
+            ],
+            "{audit}"
         );
     }
 
