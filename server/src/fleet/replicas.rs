@@ -21,6 +21,13 @@ use std::sync::{Mutex, PoisonError};
 /// How long a model whose new replica found no room waits before it is tried again, ms.
 const NO_ROOM_AGAIN_MS: u64 = 5_000;
 
+/// How long after other models' replicas made way for a model's it asks no more of them (they drain and
+/// stop meanwhile), ms.
+const MADE_WAY_PAUSE_MS: u64 = 10_000;
+
+/// How soon a model whose new replica waits for replicas making way for it tries again, ms.
+const MADE_WAY_AGAIN_MS: u64 = 1_000;
+
 /// How many scale decisions of a model are kept to show.
 const DECISIONS_KEPT: usize = 10;
 
@@ -40,6 +47,8 @@ struct ModelScaling {
     /// A replica found no room: no step is tried again before this (ms since the epoch), so that models
     /// waiting for room do not take the write lock every second.
     retry_at_ms: u64,
+    /// When other models' replicas last made way for this one's (ms since the epoch).
+    made_way_at_ms: u64,
 }
 
 impl Scaling {
@@ -416,29 +425,37 @@ impl Fleet {
                 let wanted = (decision.to - from) as usize;
                 let (mut fits, mut why) = best_fit(&state.ledger, &group, share, &placed);
                 // Idle replicas of other models make way, each its own step committed first, so that
-                // the runtime stops it before this model's replica starts on its GPU.
-                let mut yielded = false;
-                while fits.len() < wanted {
-                    let Some((other, gpu)) = fleet.yielder(&state, &group, &model, share, &placed)
+                // the runtime stops it before this model's replica starts on its GPU: as many as are
+                // missing, and not again while those drain (their engines hold the memory until they
+                // have stopped, and a GPU's reading counts it until then).
+                let now = super::usage::now_ms();
+                let may_ask =
+                    fleet.scaling.with(&model, |s| now >= s.made_way_at_ms + MADE_WAY_PAUSE_MS);
+                let mut yielded = 0;
+                while may_ask && fits.len() + yielded < wanted {
+                    let latest = state.committed.clone();
+                    let Some(now_group) = latest.group_of(&model) else {
+                        break;
+                    };
+                    let Some((other, gpu)) =
+                        fleet.yielder(&state, now_group, &model, share, &placed)
                     else {
                         break;
                     };
-                    let latest = state.committed.clone();
-                    let Some(theirs) = latest.group_of(&other) else {
-                        break;
-                    };
-                    let mut kept = holding(theirs, &other, state.ledger.all_unplaced());
+                    let mut kept = holding(now_group, &other, state.ledger.all_unplaced());
                     let before = kept.len() as u32;
-                    kept.remove(&gpu);
+                    if !kept.remove(&gpu) {
+                        break;
+                    }
                     let made_way = format!("made way for {model}: idle");
                     fleet
                         .commit_step(&mut state, &other, before, &kept, made_way)
                         .await?;
-                    yielded = true;
+                    yielded += 1;
                     (fits, why) = best_fit(&state.ledger, &group, share, &placed);
                 }
-                if yielded {
-                    fleet.scaling.with(&model, |s| s.retry_at_ms = 0);
+                if yielded > 0 {
+                    fleet.scaling.with(&model, |s| s.made_way_at_ms = now);
                 }
                 placed.extend(fits.into_iter().take(wanted));
                 reasons = why;
@@ -464,10 +481,16 @@ impl Fleet {
                 };
             });
             if to == from && !dropped {
-                // Asked for more and none fitted: not tried again at every sample.
-                fleet
-                    .scaling
-                    .with(&model, |s| s.retry_at_ms = now + NO_ROOM_AGAIN_MS);
+                // Asked for more and none fitted: not tried again at every sample, but at the next
+                // where others are making way for it.
+                fleet.scaling.with(&model, |s| {
+                    let again = if now < s.made_way_at_ms + MADE_WAY_PAUSE_MS {
+                        MADE_WAY_AGAIN_MS
+                    } else {
+                        NO_ROOM_AGAIN_MS
+                    };
+                    s.retry_at_ms = now + again;
+                });
                 return Ok(to);
             }
             fleet
