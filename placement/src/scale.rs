@@ -608,8 +608,14 @@ mod tests {
     #[test]
     fn a_model_is_idle_since_its_last_sample_with_a_load_and_not_while_its_newest_has_one() {
         assert_eq!(Scaler::default().idle_for(5_000), None);
-        assert_eq!(fed(&[(0, 2), (1, 0), (2, 0)], 60).idle_for(3_000), Some(3_000));
-        assert_eq!(fed(&[(0, 0), (1, 3), (2, 0), (3, 0)], 60).idle_for(4_000), Some(3_000));
+        assert_eq!(
+            fed(&[(0, 2), (1, 0), (2, 0)], 60).idle_for(3_000),
+            Some(3_000)
+        );
+        assert_eq!(
+            fed(&[(0, 0), (1, 3), (2, 0), (3, 0)], 60).idle_for(4_000),
+            Some(3_000)
+        );
         assert_eq!(fed(&[(0, 0), (1, 1)], 60).idle_for(2_000), None);
     }
 

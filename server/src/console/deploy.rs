@@ -235,18 +235,7 @@ impl ConsoleService {
         fewest: String,
         most: String,
     ) -> Result<app::views::Replicas, AppError> {
-        let (now, gpus) = {
-            let committed = self.fleet.committed();
-            let group = committed
-                .group_of(&model)
-                .ok_or_else(|| AppError::NotFound(format!("{model} is not deployed")))?;
-            let now = group.autoscale.get(&model).copied().ok_or_else(|| {
-                AppError::Refused(format!(
-                    "{model} runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
-                ))
-            })?;
-            (now, group.gpus.len() as u32)
-        };
+        let (now, gpus) = self.fleet.replicas_setting(&model).map_err(app_error)?;
         let typed = placement::scale::Autoscale::typed(&fewest, &most, gpus)
             .map_err(|e| AppError::Refused(e.to_string()))?
             .ok_or_else(|| {

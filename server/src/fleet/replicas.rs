@@ -205,6 +205,16 @@ pub struct Autoscaled {
     pub running: u32,
 }
 
+/// How `model`, a member of `group`, is scaled; refused (with what to do) for one deployed without
+/// replicas.
+fn autoscale_of(group: &Group, model: &str) -> Result<Autoscale, ApiError> {
+    group.autoscale.get(model).copied().ok_or_else(|| {
+        ApiError::Unprocessable(format!(
+            "{model} runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
+        ))
+    })
+}
+
 /// The GPUs `model`'s replicas hold their share on in `group`: placed there, a GPU of the group (a repack
 /// may have moved the group), and held by the ledger (not kept aside, with why: its GPU left the
 /// inventory, or the hold was refused).
@@ -244,6 +254,15 @@ impl Fleet {
         self.committed()
             .group_of(model)
             .is_some_and(|g| g.autoscale.contains_key(model))
+    }
+
+    /// How `model` is scaled now, and the GPUs of its group (the most replicas it may have).
+    pub fn replicas_setting(&self, model: &str) -> Result<(Autoscale, u32), ApiError> {
+        let committed = self.committed();
+        let group = committed
+            .group_of(model)
+            .ok_or_else(|| super::not_deployed(model))?;
+        Ok((autoscale_of(group, model)?, group.gpus.len() as u32))
     }
 
     /// `model`'s setting and target, where it is autoscaled.
@@ -334,18 +353,20 @@ impl Fleet {
                 .group_of(&model)
                 .ok_or_else(|| super::not_deployed(&model))?;
             super::groups::check_revision(group, Some(revision))?;
-            let Some(&before) = group.autoscale.get(&model) else {
-                return Err(ApiError::Unprocessable(format!(
-                    "{model} runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
-                )));
-            };
+            let before = autoscale_of(group, &model)?;
             let replicas = replicas
                 .within(group.gpus.len() as u32)
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let mut placed = holding(group, &model, state.ledger.all_unplaced());
             let from = placed.len() as u32;
             if from > replicas.max() {
-                for gpu in least_busy(&fleet, group, &model, &placed, (from - replicas.max()) as usize) {
+                for gpu in least_busy(
+                    &fleet,
+                    group,
+                    &model,
+                    &placed,
+                    (from - replicas.max()) as usize,
+                ) {
                     placed.remove(&gpu);
                 }
             }
@@ -377,9 +398,9 @@ impl Fleet {
                 s.scaler.reset();
                 s.retry_at_ms = 0;
             });
-            let replicas = fleet
-                .replicas_view(&model)
-                .ok_or_else(|| ApiError::internal(format!("{model} is not autoscaled after its change")))?;
+            let replicas = fleet.replicas_view(&model).ok_or_else(|| {
+                ApiError::internal(format!("{model} is not autoscaled after its change"))
+            })?;
             Ok(ReplicasChange {
                 model,
                 group: group_name,
@@ -429,8 +450,9 @@ impl Fleet {
                 // missing, and not again while those drain (their engines hold the memory until they
                 // have stopped, and a GPU's reading counts it until then).
                 let now = super::usage::now_ms();
-                let may_ask =
-                    fleet.scaling.with(&model, |s| now >= s.made_way_at_ms + MADE_WAY_PAUSE_MS);
+                let may_ask = fleet
+                    .scaling
+                    .with(&model, |s| now >= s.made_way_at_ms + MADE_WAY_PAUSE_MS);
                 let mut yielded = 0;
                 while may_ask && fits.len() + yielded < wanted {
                     let latest = state.committed.clone();
