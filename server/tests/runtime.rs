@@ -483,6 +483,14 @@ async fn a_request_admitted_to_an_engine_that_then_turns_unhealthy_is_drained_be
             .is_some_and(|e| e["state"] == "healthy" && e["pid"] != engine["pid"])
     })
     .await;
+    // The event stream is read on its own task: it may carry the last state a moment after the API shows it.
+    wait_until("the event stream carries it healthy again", || async {
+        events
+            .all()
+            .iter()
+            .any(|e| e["kind"] == "engine" && e["state"] == "healthy")
+    })
+    .await;
     let mut states: Vec<String> = events
         .all()
         .iter()
