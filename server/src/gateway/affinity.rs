@@ -167,19 +167,6 @@ pub(super) fn prefix_key(body: &[u8]) -> Option<u64> {
     Some(hasher.finish())
 }
 
-/// The engine among `engines` (each its name, requests in flight now and requests of late) that `key`'s
-/// prefix belongs to: the one it went to last (`placed`) while that one has answered no more than a
-/// quarter more than the least busy of late, else the first by rendezvous rank that has.
-fn home(key: u64, engines: &[(&str, usize, f64)], placed: Option<&str>) -> Option<usize> {
-    let least_recent = engines.iter().map(|e| e.2).fold(f64::INFINITY, f64::min);
-    let recent_bound = least_recent * LOAD_BOUND_PERCENT as f64 / 100.0 + RECENT_SLACK;
-    let within = |i: &usize| engines[*i].2 <= recent_bound;
-    placed
-        .and_then(|p| engines.iter().position(|e| e.0 == p))
-        .filter(within)
-        .or_else(|| ranked(key, engines).into_iter().find(within))
-}
-
 /// `engines` by rendezvous rank for `key`: each scored by a hash of the key and its name.
 fn ranked(key: u64, engines: &[(&str, usize, f64)]) -> Vec<usize> {
     let score = |name: &str| {
@@ -207,8 +194,14 @@ pub(super) fn order(
     let bound = bound(least, slots);
     let least_recent = engines.iter().map(|e| e.2).fold(f64::INFINITY, f64::min);
     let recent_bound = least_recent * LOAD_BOUND_PERCENT as f64 / 100.0 + RECENT_SLACK;
-    let home = home(key, engines, placed);
     let mut ranked = ranked(key, engines);
+    // Its home: where it went last while that has answered no more than a quarter more than the least
+    // busy of late, else the first by rank that has.
+    let within = |i: usize| engines[i].2 <= recent_bound;
+    let home = placed
+        .and_then(|p| engines.iter().position(|e| e.0 == p))
+        .filter(|&i| within(i))
+        .or_else(|| ranked.iter().copied().find(|&i| within(i)));
     // Stable: among those over a bound, the least busy first, rank deciding between equals.
     ranked.sort_by_key(|&i| {
         let (_, busy, recent) = engines[i];
