@@ -20,7 +20,9 @@ load:
 
     ./scripts/bench-autoscale [SECONDS]     (120 of load for each way of part 1, half that for part 2)
 
-AUTOSCALE_SEED picks another load (1 unless set); AUTOSCALE_PARTS=1 or 2 runs one part.
+AUTOSCALE_SEED picks another load (1 unless set); AUTOSCALE_PARTS=1 or 2 runs one part;
+AUTOSCALE_WAYS="fixed at 3,autoscaled 1 to 3" runs those ways of part 1 only; AUTOSCALE_LOG=FILE writes
+every request (way, second sent, time to first token, replicas placed then) as JSON lines.
 """
 import http.client
 import json
@@ -40,6 +42,7 @@ PYTHON = sys.executable
 PASSWORD = "a long benchmark password"
 
 SEED = int(os.environ.get("AUTOSCALE_SEED", "1"))
+LOG = os.environ.get("AUTOSCALE_LOG")
 SECONDS = int(sys.argv[1]) if len(sys.argv) > 1 else 120
 BASE_RATE, BURST_RATE, BURST_S, PROMPT_CHARS = 1.0, 10.0, 15, 2000
 PREFIXES, SYSTEM_CHARS, PREFIX_RATE = 12, 3000, 4.0
@@ -188,7 +191,7 @@ def prefixed(seed, seconds):
     return events
 
 
-def ask(tessera, messages, results, lock):
+def ask(tessera, at, messages, results, lock):
     body = json.dumps({"model": "tiny", "stream": True, "max_tokens": 8, "messages": messages})
     sent = time.monotonic()
     ttft, why = None, None
@@ -210,7 +213,7 @@ def ask(tessera, messages, results, lock):
     except OSError as error:
         why = str(error)
     with lock:
-        results.append({"ttft": ttft, "why": why})
+        results.append({"at": at, "ttft": ttft, "why": why})
 
 
 def replay(tessera, events):
@@ -218,20 +221,20 @@ def replay(tessera, events):
     second meanwhile. The results, and the replica-seconds over the load's time."""
     results, lock, threads = [], threading.Lock(), []
     samples, done = [], threading.Event()
+    start = time.monotonic()
 
     def sample():
         while not done.is_set():
-            samples.append(tessera.running())
+            samples.append((time.monotonic() - start, tessera.running()))
             done.wait(0.5)
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    start = time.monotonic()
     for at, messages in events:
         delay = start + at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
-        thread = threading.Thread(target=ask, args=(tessera, messages, results, lock))
+        thread = threading.Thread(target=ask, args=(tessera, at, messages, results, lock))
         thread.start()
         threads.append(thread)
     for thread in threads:
@@ -239,8 +242,19 @@ def replay(tessera, events):
     elapsed = time.monotonic() - start
     done.set()
     sampler.join()
-    replica_seconds = sum(samples) / max(len(samples), 1) * elapsed
-    return results, replica_seconds
+    replica_seconds = sum(n for _, n in samples) / max(len(samples), 1) * elapsed
+    return results, replica_seconds, samples
+
+
+def log(way, results, samples):
+    """Each request's second, time to first token and the replicas placed at the sample before it sent."""
+    if not LOG:
+        return
+    with open(LOG, "a") as f:
+        for r in sorted(results, key=lambda r: r["at"]):
+            placed = next((n for t, n in reversed(samples) if t <= r["at"]), None)
+            f.write(json.dumps({"way": way, "at": round(r["at"], 3), "ttft": r["ttft"] and round(r["ttft"], 3),
+                                "placed": placed}) + "\n")
 
 
 def summary(results, replica_seconds=None):
@@ -264,19 +278,25 @@ def part_one(weights):
     print(f"bursty load {SEED}: {len(events)} requests over {SECONDS} s, bursts at "
           f"{', '.join(f'{b:.0f}' for b in bursts)} s", flush=True)
     report = {}
-    for way, replicas in [
+    ways = [
         ("fixed at 1", {"min": 1, "max": 1}),
         ("fixed at 3", {"min": 3, "max": 3}),
         ("autoscaled 1 to 3", {"min": 1, "max": 3, "up_s": 2, "down_s": 10}),
-    ]:
+    ]
+    if "AUTOSCALE_WAYS" in os.environ:
+        ways = [w for w in ways if w[0] in os.environ["AUTOSCALE_WAYS"].split(",")]
+    for way, replicas in ways:
         tessera = Tessera(weights)
         try:
             tessera.deploy(["-np", "1"], replicas)
-            results, replica_seconds = replay(tessera, events)
+            results, replica_seconds, samples = replay(tessera, events)
+            log(way, results, samples)
         finally:
             tessera.stop()
         report[way] = summary(results, replica_seconds)
         print(way, json.dumps(report[way]), flush=True)
+    if "autoscaled 1 to 3" not in report or "fixed at 3" not in report:
+        return report
     auto, most = report["autoscaled 1 to 3"], report["fixed at 3"]
     print(f"autoscaled against fixed at 3: p95 {auto['ttft_p95_s'] / most['ttft_p95_s']:.2f}x, "
           f"replica-seconds {auto['replica_seconds'] / most['replica_seconds']:.0%}", flush=True)
@@ -292,7 +312,8 @@ def part_two(weights):
         tessera = Tessera(weights, routing)
         try:
             tessera.deploy(["-np", "2", "-cram", "12"], {"min": 3, "max": 3})
-            results, _ = replay(tessera, events)
+            results, _, samples = replay(tessera, events)
+            log(routing, results, samples)
             per_replica = tessera.requests_per_engine()
         finally:
             tessera.stop()
