@@ -1007,6 +1007,73 @@ memory_gb = 80
     }
 
     #[tokio::test]
+    async fn a_replica_that_made_way_whose_engine_s_memory_is_still_read_on_its_gpu_is_the_only_one_asked_until_it_has_gone_and_the_waiting_replica_then_takes_its_room(
+    ) {
+        let app = east_and_west().await;
+        let mut revision = Value::Null;
+        for model in ["vision", "speech"] {
+            let (status, change) = app
+                .deploy(
+                    json!({"model": model, "gpus": ["east:0", "west:0"], "share": 60,
+                               "revision": revision, "replicas": {"min": 0, "max": 2}}),
+                )
+                .await;
+            assert_eq!(status, StatusCode::CREATED, "{change}");
+            revision = change["revision"].clone();
+        }
+        assert_eq!(app.fleet.scale("vision", decision(0, 2)).await.unwrap(), 2);
+        let now = crate::fleet::usage::now_ms();
+        app.fleet.observe_load("vision", 2, 0, now);
+        app.fleet.observe_load("vision", 2, 0, now + 1000);
+        // Each GPU reads 48 GB taken outside the plan: the memory of a replica's engine that has left the
+        // plan and not yet stopped (draining), as a reading shows it until it has.
+        let reading = |machine: &str, gb: u64| {
+            let mut found = crate::inventory::file::parse_inventory(EAST_AND_WEST)
+                .unwrap()
+                .into_iter()
+                .find(|m| m.name == machine)
+                .unwrap();
+            found.gpus[0].held_outside = Bytes::gb(gb);
+            found
+        };
+        for machine in ["east", "west"] {
+            app.fleet
+                .refresh_machine(reading(machine, 48))
+                .await
+                .unwrap();
+        }
+        // One of vision's replicas makes way; its room is not free yet, so speech's replica waits, with
+        // why, and no other replica is asked, however often speech asks again meanwhile.
+        for _ in 0..5 {
+            assert_eq!(app.fleet.scale("speech", decision(0, 1)).await.unwrap(), 0);
+        }
+        let vision = app.fleet.replicas_view("vision").unwrap();
+        assert_eq!(vision.running, 1, "{vision:?}");
+        let made_way: Vec<_> = vision
+            .decisions
+            .iter()
+            .filter(|d| d.why == "made way for speech: idle")
+            .collect();
+        assert_eq!(made_way.len(), 1, "{vision:?}");
+        let speech = app.fleet.replicas_view("speech").unwrap();
+        assert_eq!((speech.desired, speech.pending), (1, 1), "{speech:?}");
+        assert!(!speech.pending_reasons.is_empty(), "{speech:?}");
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        // The engine has stopped: its GPU reads free, and speech's replica takes the room it left.
+        let left = ["east", "west"]
+            .into_iter()
+            .find(|m| vision.gpus.iter().all(|g| g.machine != *m))
+            .unwrap();
+        app.fleet.refresh_machine(reading(left, 0)).await.unwrap();
+        assert_eq!(app.fleet.scale("speech", decision(0, 1)).await.unwrap(), 1);
+        let speech = app.fleet.replicas_view("speech").unwrap();
+        assert_eq!(speech.gpus[0].machine, left, "{speech:?}");
+        assert_eq!(app.fleet.replicas_view("vision").unwrap().running, 1);
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
     async fn a_machine_of_the_group_where_no_replica_runs_stays_the_group_s_no_worker_takes_it_whole_and_no_plan_makes_the_model_on_demand(
     ) {
         let (app, change, _, other) = vision_on_one_of_two().await;
