@@ -165,7 +165,7 @@ impl Autoscale {
     pub const UP_S: u32 = 6;
     /// The default window before a replica is removed: Knative's stable window.
     pub const DOWN_S: u32 = 60;
-    /// The shortest window: the load is sampled every second.
+    /// The shortest window: a few of the load's samples (twice a second).
     pub const WINDOW_LEAST: u32 = 2;
     /// The longest window, an hour.
     pub const WINDOW_MOST: u32 = 3600;
