@@ -66,12 +66,21 @@ impl ConsoleService {
 
     /// Every deployed model with its engines and flags, as of the last write and reading.
     pub(super) fn model_rows(&self) -> Vec<ModelRow> {
+        self.model_rows_where(|_| true)
+    }
+
+    /// The deployed models `wanted` keeps, each with its engines and flags: one model's row is built
+    /// without the thousands of others a fleet runs (their replicas, turns and neighbours read).
+    fn model_rows_where(&self, wanted: impl Fn(&str) -> bool) -> Vec<ModelRow> {
         let system = self.fleet.system_models();
         let engines = self.fleet.runtime().engines();
         // Each row's engines looked up, not searched for: a fleet runs thousands.
         let mut of_member: HashMap<(&str, &str), Vec<EngineLine>> = HashMap::new();
         let mut of_worker: HashMap<&str, Vec<EngineLine>> = HashMap::new();
-        for e in &engines {
+        for e in engines
+            .iter()
+            .filter(|e| e.model.as_deref().is_none_or(&wanted))
+        {
             if let (Some(group), Some(model)) = (&e.group, &e.model) {
                 of_member
                     .entry((group, model))
@@ -86,7 +95,7 @@ impl ConsoleService {
         let mut rows = Vec::new();
         let committed = self.fleet.committed();
         for group in &committed.groups {
-            for share in &group.members {
+            for share in group.members.iter().filter(|s| wanted(&s.member)) {
                 rows.push(ModelRow {
                     name: share.member.clone(),
                     group: Some(group.name.clone()),
@@ -114,7 +123,10 @@ impl ConsoleService {
                 });
             }
         }
-        for worker in whole_deployments(&self.fleet.workers()) {
+        let workers = self.fleet.workers();
+        for worker in
+            whole_deployments(&workers).filter(|w| w.model.as_deref().is_some_and(&wanted))
+        {
             rows.push(ModelRow {
                 name: worker.model.clone().unwrap_or_default(),
                 group: None,
@@ -177,11 +189,7 @@ impl ConsoleService {
     /// `model` as the Models tab shows it, with its figures; `None` where it is not deployed.
     pub async fn deployed_model(&self, model: &str) -> Result<Option<ModelRow>, ApiError> {
         // Its own figures alone: not every member's peaks read to show one.
-        let mut rows: Vec<ModelRow> = self
-            .model_rows()
-            .into_iter()
-            .filter(|r| r.name == model)
-            .collect();
+        let mut rows = self.model_rows_where(|name| name == model);
         self.with_figures(&mut rows).await?;
         Ok(rows.pop())
     }

@@ -946,9 +946,9 @@ memory_gb = 80
         );
     }
 
-    #[tokio::test]
-    async fn a_model_that_finds_no_room_for_a_replica_has_an_idle_replica_of_another_model_above_its_least_make_way_and_a_busy_one_never(
-    ) {
+    /// vision and speech at 60 % on east and west, replicas 0 to 2 each: vision's two replicas running,
+    /// speech none (neither GPU has room for both).
+    async fn vision_on_both_speech_on_none() -> TestApp {
         let app = east_and_west().await;
         let mut revision = Value::Null;
         for model in ["vision", "speech"] {
@@ -962,6 +962,13 @@ memory_gb = 80
             revision = change["revision"].clone();
         }
         assert_eq!(app.fleet.scale("vision", decision(0, 2)).await.unwrap(), 2);
+        app
+    }
+
+    #[tokio::test]
+    async fn a_model_that_finds_no_room_for_a_replica_has_an_idle_replica_of_another_model_above_its_least_make_way_and_a_busy_one_never(
+    ) {
+        let app = vision_on_both_speech_on_none().await;
         // vision busy: speech's replica waits.
         let now = crate::fleet::usage::now_ms();
         app.fleet.observe_load("vision", 2, 1, now);
@@ -1009,19 +1016,7 @@ memory_gb = 80
     #[tokio::test]
     async fn a_replica_that_made_way_whose_engine_s_memory_is_still_read_on_its_gpu_is_the_only_one_asked_until_it_has_gone_and_the_waiting_replica_then_takes_its_room(
     ) {
-        let app = east_and_west().await;
-        let mut revision = Value::Null;
-        for model in ["vision", "speech"] {
-            let (status, change) = app
-                .deploy(
-                    json!({"model": model, "gpus": ["east:0", "west:0"], "share": 60,
-                               "revision": revision, "replicas": {"min": 0, "max": 2}}),
-                )
-                .await;
-            assert_eq!(status, StatusCode::CREATED, "{change}");
-            revision = change["revision"].clone();
-        }
-        assert_eq!(app.fleet.scale("vision", decision(0, 2)).await.unwrap(), 2);
+        let app = vision_on_both_speech_on_none().await;
         let now = crate::fleet::usage::now_ms();
         app.fleet.observe_load("vision", 2, 0, now);
         app.fleet.observe_load("vision", 2, 0, now + 1000);

@@ -312,6 +312,27 @@ async fn a_model_runs_in_a_group_or_on_whole_gpus_never_both() {
 }
 
 #[tokio::test]
+async fn a_model_s_own_answer_shows_how_it_runs_in_a_group_or_on_whole_gpus_and_no_other_model_s() {
+    let app = majin_and_atlas_with_catalog().await;
+    app.deploy(json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40}))
+        .await;
+    app.deploy(json!({"model": "vision", "gpus": ["atlas:1"], "shared": false}))
+        .await;
+    let (status, glm) = app.get("/api/models/glm-5.3").await;
+    assert_eq!(status, StatusCode::OK, "{glm}");
+    assert_eq!(glm["deployed"]["name"], "glm-5.3", "{glm}");
+    assert_eq!(glm["deployed"]["share"], 4000, "{glm}");
+    assert!(glm["deployed"]["group"].is_string(), "{glm}");
+    let (status, vision) = app.get("/api/models/vision").await;
+    assert_eq!(status, StatusCode::OK, "{vision}");
+    assert_eq!(vision["deployed"]["name"], "vision", "{vision}");
+    assert_eq!(vision["deployed"]["whole_gpus"], 1, "{vision}");
+    assert_eq!(vision["deployed"]["group"], Value::Null, "{vision}");
+    let (_, speech) = app.get("/api/models/speech").await;
+    assert_eq!(speech["deployed"], Value::Null, "{speech}");
+}
+
+#[tokio::test]
 async fn a_gpu_named_twice_in_a_deploy_is_refused_and_nothing_is_held() {
     let app = majin_and_atlas_with_catalog().await;
     for gpus in [
