@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 /// How often each autoscaled model's load is sampled. A burst is seen at most this late (the panic rule acts
-/// on one sample): at 1 s the autoscaled p95 of `scripts/bench-autoscale` was 1.31× fixed at most's, at
-/// 500 ms 1.09× (BENCHMARKS.md).
+/// on one sample), and queues on the replicas that run until it is; `scripts/bench-autoscale` cannot tell
+/// 1 s from 500 ms apart over its run-to-run noise (BENCHMARKS.md).
 pub const SAMPLE: Duration = Duration::from_millis(500);
 
 /// Samples the load of every autoscaled model every `every`, for as long as the server runs.
