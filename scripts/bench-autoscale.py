@@ -24,7 +24,8 @@ AUTOSCALE_SEED picks another load (1 unless set); AUTOSCALE_PARTS=1 or 2 runs on
 AUTOSCALE_WAYS="fixed at 3,autoscaled 1 to 3" runs those ways of part 1 only; AUTOSCALE_ROUNDS=N runs
 part 1's ways N times, one after another, and reports each round's ratios and their median (one round's
 ratio moves by more than the targets' margin on two shared cores); AUTOSCALE_LOG=FILE writes
-every request (way, second sent, time to first token, replicas placed and serving then) as JSON lines.
+every request (way, second sent, time to first token, replicas placed and serving then) and, every half
+second, each engine's requests sent and in flight (from /metrics) as JSON lines.
 """
 import http.client
 import json
@@ -146,6 +147,20 @@ class Tessera:
         return sorted(int(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
                       if line.startswith("tessera_engine_window_requests{") and 'model="tiny"' in line)
 
+    def per_engine(self):
+        """Each of the model's engines: the requests sent it (Tessera's window) and those in flight now."""
+        connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
+        connection.request("GET", "/metrics", headers={"Authorization": f"Bearer {self.token}"})
+        text = connection.getresponse().read().decode()
+        connection.close()
+        engines = {}
+        for line in text.splitlines():
+            for name, at in [("tessera_engine_window_requests{", 0), ("tessera_engine_requests_in_flight{", 1)]:
+                if line.startswith(name) and 'model="tiny"' in line:
+                    engine = line.split('engine="', 1)[1].split('"', 1)[0]
+                    engines.setdefault(engine, [0, 0])[at] = int(float(line.rsplit(" ", 1)[1]))
+        return engines
+
     def wait(self, check, what, patience=60):
         start = time.monotonic()
         while not check():
@@ -220,15 +235,20 @@ def ask(tessera, at, messages, results, lock):
 
 
 def replay(tessera, events):
-    """Sends every request at its second, each on a thread of its own; samples the replicas placed every half
-    second meanwhile. The results, and the replica-seconds over the load's time."""
+    """Sends every request at its second, each on a thread of its own; samples the replicas placed and
+    serving every half second meanwhile (and, for the log, each engine's requests). The results, the
+    replica-seconds over the load's time, and what was sampled."""
     results, lock, threads = [], threading.Lock(), []
-    samples, done = [], threading.Event()
+    samples, engines, done = [], [], threading.Event()
     start = time.monotonic()
 
     def sample():
         while not done.is_set():
-            samples.append((time.monotonic() - start, tessera.running(), tessera.healthy()))
+            at = time.monotonic() - start
+            samples.append((at, tessera.running(), tessera.healthy()))
+            # Where requests went, for the log alone: it reads the whole of /metrics each time.
+            if LOG:
+                engines.append((at, tessera.per_engine()))
             done.wait(0.5)
 
     sampler = threading.Thread(target=sample)
@@ -246,19 +266,22 @@ def replay(tessera, events):
     done.set()
     sampler.join()
     replica_seconds = sum(n for _, n, _ in samples) / max(len(samples), 1) * elapsed
-    return results, replica_seconds, samples
+    return results, replica_seconds, (samples, engines)
 
 
-def log(way, results, samples):
+def log(way, results, sampled):
     """Each request's second, time to first token, and the replicas placed and serving at the sample before
-    it was sent."""
+    it was sent; then each sample of the engines' requests."""
     if not LOG:
         return
+    replicas, engines = sampled
     with open(LOG, "a") as f:
         for r in sorted(results, key=lambda r: r["at"]):
-            placed, serving = next(((n, h) for t, n, h in reversed(samples) if t <= r["at"]), (None, None))
+            placed, serving = next(((n, h) for t, n, h in reversed(replicas) if t <= r["at"]), (None, None))
             f.write(json.dumps({"way": way, "at": round(r["at"], 3), "ttft": r["ttft"] and round(r["ttft"], 3),
                                 "placed": placed, "serving": serving}) + "\n")
+        for at, each in engines:
+            f.write(json.dumps({"way": way, "sampled": round(at, 3), "engines": each}) + "\n")
 
 
 def summary(results, replica_seconds=None):
@@ -296,8 +319,8 @@ def part_one(weights):
             tessera = Tessera(weights)
             try:
                 tessera.deploy(["-np", "1"], replicas)
-                results, replica_seconds, samples = replay(tessera, events)
-                log(f"{way} #{n + 1}", results, samples)
+                results, replica_seconds, sampled = replay(tessera, events)
+                log(f"{way} #{n + 1}", results, sampled)
             finally:
                 tessera.stop()
             report[way] = summary(results, replica_seconds)
@@ -324,8 +347,8 @@ def part_two(weights):
         tessera = Tessera(weights, routing)
         try:
             tessera.deploy(["-np", "2", "-cram", "12"], {"min": 3, "max": 3})
-            results, _, samples = replay(tessera, events)
-            log(routing, results, samples)
+            results, _, sampled = replay(tessera, events)
+            log(routing, results, sampled)
             per_replica = tessera.requests_per_engine()
         finally:
             tessera.stop()
