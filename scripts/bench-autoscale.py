@@ -155,8 +155,10 @@ class Tessera:
         connection.close()
         engines = {}
         for line in text.splitlines():
-            for name, at in [("tessera_engine_window_requests{", 0), ("tessera_engine_requests_in_flight{", 1)]:
-                if line.startswith(name) and 'model="tiny"' in line:
+            # The window's series name the model; the engines' own, the model they run as `worker`.
+            for name, label, at in [("tessera_engine_window_requests{", 'model="tiny"', 0),
+                                    ("tessera_engine_requests_in_flight{", 'worker="tiny"', 1)]:
+                if line.startswith(name) and label in line:
                     engine = line.split('engine="', 1)[1].split('"', 1)[0]
                     engines.setdefault(engine, [0, 0])[at] = int(float(line.rsplit(" ", 1)[1]))
         return engines
