@@ -1020,8 +1020,9 @@ memory_gb = 80
         let now = crate::fleet::usage::now_ms();
         app.fleet.observe_load("vision", 2, 0, now);
         app.fleet.observe_load("vision", 2, 0, now + 1000);
-        // Each GPU reads 48 GB taken outside the plan: the memory of a replica's engine that has left the
-        // plan and not yet stopped (draining), as a reading shows it until it has.
+        // Each GPU reads 48 GB taken outside the plan: what it reads of a replica's engine that has left
+        // the plan and not yet stopped (draining). Read before the replica leaves, so that the step that
+        // makes way already finds it (until then it counts that memory twice, which changes no choice).
         let reading = |machine: &str, gb: u64| {
             let mut found = crate::inventory::file::parse_inventory(EAST_AND_WEST)
                 .unwrap()
