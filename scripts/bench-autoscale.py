@@ -65,6 +65,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def median(values):
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 def quantile(values, q):
     if not values:
         return float("nan")
@@ -334,9 +340,8 @@ def part_one(weights):
             print(f"round {n + 1}: autoscaled against fixed at 3: p95 {ratios[-1][0]:.2f}x, "
                   f"replica-seconds {ratios[-1][1]:.0%}", flush=True)
     if len(ratios) > 1:
-        p95s, seconds = sorted(r[0] for r in ratios), sorted(r[1] for r in ratios)
-        print(f"median of {len(ratios)} rounds: p95 {p95s[len(p95s) // 2]:.2f}x, "
-              f"replica-seconds {seconds[len(seconds) // 2]:.0%}", flush=True)
+        print(f"median of {len(ratios)} rounds: p95 {median([r[0] for r in ratios]):.2f}x, "
+              f"replica-seconds {median([r[1] for r in ratios]):.0%}", flush=True)
     return rounds
 
 
