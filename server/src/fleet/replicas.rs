@@ -14,7 +14,7 @@ use crate::runtime::sizing::flag_value;
 use app::views::{Replicas as ReplicasView, ScaleEvent};
 use placement::holder;
 use placement::scale::{Autoscale, Decision, Scaler};
-use placement::{BasisPoints, Bytes, GpuRef, Hold};
+use placement::{BasisPoints, Bytes, Gpu, GpuRef, Hold};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
@@ -106,8 +106,7 @@ fn best_fit(
             reasons.push(format!("{gpu} is held whole by {worker}"));
             continue;
         }
-        let taken = hold.map(Hold::taken).unwrap_or_default();
-        let free = Bytes(found.offered().get().saturating_sub(taken.get()));
+        let free = free_beside(found, hold);
         if free < need {
             reasons.push(format!(
                 "{gpu}: {} free, a replica needs {}",
@@ -120,6 +119,12 @@ fn best_fit(
     }
     fits.sort();
     (fits.into_iter().map(|(_, g)| g).collect(), reasons)
+}
+
+/// What `gpu` offers shared work beyond what its sharers hold (`hold`, the ledger's hold there).
+fn free_beside(gpu: &Gpu, hold: Option<&Hold>) -> Bytes {
+    let taken = hold.map(Hold::taken).unwrap_or_default();
+    Bytes(gpu.offered().get().saturating_sub(taken.get()))
 }
 
 /// Where the first `min` replicas of a model with `share` go in `group`, best fit first; fewer where fewer
@@ -603,13 +608,7 @@ impl Fleet {
                 let Some(found_gpu) = state.ledger.inventory().gpu(gpu) else {
                     continue;
                 };
-                let taken = state
-                    .ledger
-                    .scheduler()
-                    .hold(gpu)
-                    .map(Hold::taken)
-                    .unwrap_or_default();
-                let free_after = found_gpu.offered().get().saturating_sub(taken.get())
+                let free_after = free_beside(found_gpu, state.ledger.scheduler().hold(gpu)).get()
                     + found_gpu.total.share(their_share).get();
                 if free_after < found_gpu.total.share(share).get() {
                     continue;
