@@ -327,10 +327,10 @@ impl Conductor {
                 }
             }
         }
-        for (gpu, tail) in &self.tails {
-            // A tail whose job has ended answers `has_changed` with an error.
-            if tail.has_changed().is_ok() {
-                if let Some(part) = parts.part_of(&BTreeSet::from([gpu.clone()])) {
+        for gpu in self.tails.keys() {
+            let gpu = BTreeSet::from([gpu.clone()]);
+            if self.under_way(&gpu) {
+                if let Some(part) = parts.part_of(&gpu) {
                     busy[part] = true;
                 }
             }
@@ -346,7 +346,7 @@ impl Conductor {
 
     /// Carries out a [`super::Change::Update`], as [`Conductor::apply`] does for `units` alone: what of them
     /// runs and is no longer wanted stops at once, and each wanted one not running as wanted (or with a
-    /// job under way for it) gets a job of its own on the GPUs it is wanted on and those it runs or is
+    /// job or a stop under way on its GPUs) gets a job of its own on the GPUs it is wanted on and those it runs or is
     /// about to start on, which stops it where it runs otherwise, then starts it. Every other engine is
     /// left as it is, so that a write costs the engines it changed.
     fn update(&mut self, units: &[String], mut desired: Vec<EngineSpec>) {
@@ -396,8 +396,13 @@ impl Conductor {
                 .filter(|s| s.unit == spec.unit)
                 .map(gpus_of)
                 .collect();
+            // Registered as wanted is not enough: a stop of it may be under way (a change before this one
+            // unloaded it), and it is gone once that ends. Only with nothing under way on its GPUs is it
+            // left as it is; else a job behind that work starts it, if it is gone by then.
             let as_wanted = now.is_some_and(|(_, s)| {
-                Some(&s.fingerprint()) == wanted.get(&s.unit) && s.asleep == spec.asleep
+                Some(&s.fingerprint()) == wanted.get(&s.unit)
+                    && s.asleep == spec.asleep
+                    && !self.under_way(&gpus_of(s))
             });
             if as_wanted && queued.is_empty() {
                 continue;
@@ -421,6 +426,14 @@ impl Conductor {
             let within = Within::Units(starts.iter().map(|s| s.unit.clone()).collect());
             self.queue_apply(part, starts, within);
         }
+    }
+
+    /// Whether a job or a stop queued on one of `gpus` has not ended yet.
+    fn under_way(&self, gpus: &BTreeSet<Gpu>) -> bool {
+        // A tail whose job has ended answers `has_changed` with an error.
+        gpus.iter()
+            .filter_map(|gpu| self.tails.get(gpu))
+            .any(|tail| tail.has_changed().is_ok())
     }
 
     /// Stops each of `removed` now, whatever is queued on its GPUs: a stop never needs memory, so it never

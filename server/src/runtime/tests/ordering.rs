@@ -222,26 +222,10 @@ async fn a_wait_for_some_gpus_to_settle_does_not_wait_for_an_engine_still_loadin
     let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
         .await
         .unwrap();
-    let script = dir.path().join("answer.py");
-    std::fs::write(
-        &script,
-        r#"import http.server, sys
-class Ok(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
-"#,
-    )
-    .unwrap();
     // On GPU 1, an engine that loads for as long as its start timeout (15 minutes); on GPU 0, one that
     // answers at once.
     let loading = command("loading", 1, "sleep 1000");
-    let quick = command(
-        "quick",
-        0,
-        &format!("python3 {} {{port}}", script.display()),
-    );
+    let quick = answering(dir.path(), "quick", 0, 0.0);
     runtime.submit(Change::Apply(vec![loading, quick]));
     let gpu0 = placement::GpuRef::new("here", 0);
     tokio::time::timeout(PATIENCE, runtime.settled_on(&[gpu0]))
@@ -307,5 +291,39 @@ async fn a_member_a_plan_removes_is_stopped_even_when_a_newer_change_cancels_the
         runtime.engine(&unit("y")).and_then(|e| e.pid).is_some()
     })
     .await;
+    runtime.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_wanted_again_while_it_is_still_stopping_starts_again_once_it_has_exited() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    let engine = answering(dir.path(), "od", 0, 1.0);
+    let only = |desired: Vec<EngineSpec>| Change::Update {
+        units: vec!["od".to_owned()],
+        desired,
+    };
+    runtime.submit(only(vec![engine.clone()]));
+    tokio::time::timeout(PATIENCE, runtime.settled())
+        .await
+        .expect("it starts");
+    let first = runtime.engine("od").and_then(|e| e.pid).expect("it runs");
+    // Unloaded, and asked for again while it still takes its second to exit: an on-demand model whose
+    // next request comes as its keep-alive ends.
+    runtime.submit(only(Vec::new()));
+    runtime.submit(only(vec![engine]));
+    wait_until("it runs again, as a new process", || {
+        runtime
+            .engine("od")
+            .and_then(|e| e.pid)
+            .is_some_and(|pid| pid != first)
+    })
+    .await;
+    assert!(
+        !processes_of(dir.path(), "od").contains(&first),
+        "the first has exited"
+    );
     runtime.shutdown().await;
 }
