@@ -45,7 +45,7 @@ use committed::Committed;
 use ledger::Ledger;
 use placement::{GpuRef, Inventory};
 use sqlx::SqlitePool;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::future::Future;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
@@ -263,6 +263,24 @@ impl Fleet {
     /// The runtime.
     pub fn runtime(&self) -> &Runtime {
         &self.runtime
+    }
+
+    /// An operator's restart of engine `unit`, as what is committed wants it now: submitted under the lock
+    /// writes commit under, so that it follows every change committed before it. An engine nothing
+    /// committed runs any more (its model or worker removed, unloaded or moved, its stop under way) is not
+    /// started again, beside the plan and in room the ledger no longer holds for it.
+    pub async fn restart_engine(&self, unit: &str) -> Result<(), ApiError> {
+        let state = self.state.lock().await;
+        let holders = BTreeSet::from([unit.to_owned()]);
+        let spec = engines::of_holders(&state.committed, &state.ledger, &self.hosts(), &holders)
+            .pop()
+            .ok_or_else(|| {
+                ApiError::Conflict(format!(
+                    "{unit} is being stopped: what ran it was removed, unloaded or moved, so it is not started again; GET /api/engines shows what runs"
+                ))
+            })?;
+        self.runtime.submit(Change::Restart(Box::new(spec)));
+        Ok(())
     }
 
     /// The models (and workers) with an engine now, and the on-demand models (which a request loads), by

@@ -358,6 +358,29 @@ impl TestApp {
     }
 }
 
+/// The command line of an engine that answers its health check at once and, told to stop, takes `exit_s`
+/// seconds to exit (as an engine freeing its memory does); `{port}` is left for the runtime to fill. Its
+/// script is written into `dir`.
+pub fn answering(dir: &std::path::Path, exit_s: f32) -> String {
+    let script = dir.join("answer.py");
+    std::fs::write(
+        &script,
+        r#"import http.server, signal, sys, time
+class Ok(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+def leave(*_):
+    time.sleep(float(sys.argv[2]))
+    sys.exit(0)
+signal.signal(signal.SIGTERM, leave)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
+"#,
+    )
+    .expect("the engine's script");
+    format!("python3 {} {{port}} {exit_s}", script.display())
+}
+
 /// A shared worker asking for `gb` of one GPU.
 pub fn shared_worker(name: &str, gb: f64) -> String {
     serde_json::json!({

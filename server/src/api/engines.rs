@@ -125,7 +125,8 @@ pub(super) async fn engine_logs(
 }
 
 /// `POST /api/engines/{id}/restart`: stops the engine and starts it again as it is specified now, with a
-/// fresh count of failures; 202, the restart follows the changes before it.
+/// fresh count of failures; 202, the restart follows the changes before it. 409 for one no longer wanted
+/// (its stop under way).
 pub(super) async fn restart_engine(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -138,7 +139,7 @@ pub(super) async fn restart_engine(
             engine.unit, engine.machine
         )));
     }
-    runtime.submit(crate::runtime::Change::Restart(engine.unit.clone()));
+    state.fleet.restart_engine(&engine.unit).await?;
     Ok((StatusCode::ACCEPTED, Json(engine)))
 }
 

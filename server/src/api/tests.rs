@@ -653,3 +653,48 @@ async fn every_list_is_read_in_pages_by_following_next_and_narrowed_by_its_filte
         assert!(error(&body).contains(says), "{uri}: {body}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restart_asked_while_a_removed_model_s_engine_is_still_stopping_is_refused_and_starts_nothing(
+) {
+    let app = TestApp::with_local(&majin_and_node(), Some("node")).await;
+    // Its engine takes two seconds to exit once told to stop.
+    let command = crate::testing::answering(app.dir.path(), 2.0);
+    let model = json!({"name": "slow-exit", "engine": "command", "default_share_percent": 10,
+                       "group": null, "model_path": "slow-exit", "command": command});
+    let (status, body) = app
+        .call(Method::POST, "/api/models", Some(&model.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let deploy = json!({"model": "slow-exit", "gpus": ["node:0"], "share": 10});
+    let (status, body) = app
+        .call(Method::POST, "/api/deployments", Some(&deploy.to_string()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    app.fleet.runtime().settled().await;
+    let (_, engines) = app.get("/api/engines").await;
+    assert_eq!(engines[0]["state"], "healthy", "{engines}");
+    let id = engines[0]["id"].as_str().unwrap().to_owned();
+
+    let (_, groups) = app.get("/api/groups").await;
+    let revision = &groups[0]["revision"];
+    let (status, body) = app
+        .call(
+            Method::DELETE,
+            &format!("/api/deployments/slow-exit?revision={revision}"),
+            None,
+        )
+        .await;
+    assert!(status.is_success(), "{status} {body}");
+    let (status, body) = app
+        .call(Method::POST, &format!("/api/engines/{id}/restart"), None)
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(
+        error(&body),
+        format!("{} is being stopped: what ran it was removed, unloaded or moved, so it is not started again; GET /api/engines shows what runs", engines[0]["unit"].as_str().unwrap())
+    );
+    app.fleet.runtime().settled().await;
+    assert_eq!(app.get("/api/engines").await.1, json!([]));
+    app.fleet.check_ledger().await.unwrap();
+}

@@ -164,24 +164,14 @@ impl Conductor {
             }
             Change::Apply(desired) => self.apply(desired),
             Change::Update { units, desired } => self.update(&units, desired),
-            Change::Restart(unit) => {
-                // As the changes before it want it (a sleep or a wake of it may still be queued), else as
-                // it runs.
-                let queued = self
-                    .jobs
-                    .iter()
-                    .rev()
-                    .filter(|j| !*j.cancel.borrow())
-                    .flat_map(|j| &j.starts)
-                    .find(|s| s.unit == unit)
-                    .cloned();
-                let Some(spec) =
-                    queued.or_else(|| self.shared.lock().get(&unit).map(|u| u.spec.clone()))
-                else {
-                    return;
-                };
+            Change::Restart(spec) => {
+                let spec = *spec;
+                // The fleet sent it as committed, in commit order: a sleep or a wake of it still queued is
+                // part of what it is wanted as, and that job, made moot, is cancelled.
+                let unit = spec.unit.clone();
                 let left = self.cancel(|s| s.unit == unit);
                 let mut gpus = self.related(std::slice::from_ref(&unit), |u| u == unit);
+                gpus.extend(gpus_of(&spec));
                 let left = self.carry(left, &mut gpus);
                 let mut starts = vec![spec.clone()];
                 starts.extend(left.desired.iter().cloned());

@@ -218,8 +218,8 @@ pub enum Change {
     /// At start: adopt the engines a previous server left running as committed, stop every other engine of
     /// this installation, and start what is missing.
     Reconcile(Vec<EngineSpec>),
-    /// An operator's restart of one engine (a failed one, say), as it is specified now.
-    Restart(String),
+    /// An operator's restart of one engine (a failed one, say), as what is committed wants it now.
+    Restart(Box<EngineSpec>),
     /// Make what runs match `desired`: stop what should not run (or runs as something else), then start
     /// what is missing.
     Apply(Vec<EngineSpec>),

@@ -81,30 +81,10 @@ fn command(unit: &str, gpu: u32, command: &str) -> EngineSpec {
     }
 }
 
-/// An engine on GPU `gpu` of this machine that answers its health check at once and, told to stop, takes
-/// `exit_s` seconds to exit (as an engine freeing its memory does). Its script is written into `dir`.
+/// An engine on GPU `gpu` of this machine that answers its health check at once and takes `exit_s` seconds
+/// to exit once told to stop ([`crate::testing::answering`]).
 fn answering(dir: &Path, unit: &str, gpu: u32, exit_s: f32) -> EngineSpec {
-    let script = dir.join("answer.py");
-    std::fs::write(
-        &script,
-        r#"import http.server, signal, sys, time
-class Ok(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-def leave(*_):
-    time.sleep(float(sys.argv[2]))
-    sys.exit(0)
-signal.signal(signal.SIGTERM, leave)
-http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Ok).serve_forever()
-"#,
-    )
-    .unwrap();
-    command(
-        unit,
-        gpu,
-        &format!("python3 {} {{port}} {exit_s}", script.display()),
-    )
+    command(unit, gpu, &crate::testing::answering(dir, exit_s))
 }
 
 /// Starts `spec` as a server that has since crashed would have, and records it as that server did.
