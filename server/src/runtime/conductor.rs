@@ -203,14 +203,23 @@ impl Conductor {
                 let touched = |unit: &str| {
                     unit.starts_with(&prefix) || stopped.iter().any(|m| is_member(unit, None, m))
                 };
-                // Those of them registered now, found by the group's prefix and the members' names.
-                let touched_now: Vec<String> = {
+                // Those of them registered now, found by the group's prefix and the members' names. What
+                // the stop steps stop is the engines of the members leaving that run now, wherever they
+                // run (the router moving in leaves another group), not what runs under their names by the
+                // time the steps are carried out: a newer change may have deployed one again elsewhere.
+                let (touched_now, leaving): (Vec<String>, BTreeSet<String>) = {
                     let units = self.shared.lock();
-                    units
-                        .with_prefix(&prefix)
-                        .chain(stopped.iter().flat_map(|m| units.members_named(m)))
+                    let leaving: BTreeSet<String> = stopped
+                        .iter()
+                        .flat_map(|m| units.members_named(m))
                         .map(|(unit, _)| unit.to_owned())
-                        .collect()
+                        .collect();
+                    let touched_now = units
+                        .with_prefix(&prefix)
+                        .map(|(unit, _)| unit.to_owned())
+                        .chain(leaving.iter().cloned())
+                        .collect();
+                    (touched_now, leaving)
                 };
                 let mut left = self.cancel(|s| {
                     touched(&s.unit)
@@ -234,7 +243,14 @@ impl Conductor {
                 stops.extend(left.stops());
                 self.queue(gpus, starts, stops, move |shared, mut cancel| async move {
                     left.free(&shared).await;
-                    carry_out(&shared, &group, revision, &steps, &members, &mut cancel).await;
+                    let plan = PlanChange {
+                        group: &group,
+                        revision,
+                        steps: &steps,
+                        members: &members,
+                        leaving: &leaving,
+                    };
+                    carry_out(&shared, plan, &mut cancel).await;
                     left.take(&shared, &mut cancel).await;
                 });
             }
@@ -431,6 +447,7 @@ impl Conductor {
     /// is queued on those GPUs after this starts only once the stop is over as well, its memory free.
     fn stop_now(&mut self, removed: Vec<(Registration, EngineSpec)>) {
         for (registration, spec) in removed {
+            tracing::debug!("{} is no longer wanted: it stops at once", spec.unit);
             let (ended, before) = self.last_on(gpus_of(&spec));
             let shared = self.shared.clone();
             tokio::spawn(async move {
@@ -544,6 +561,22 @@ impl Conductor {
         F: FnOnce(Arc<Shared>, Cancel) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
     {
+        // What a job does, for following the order of changes (debug): written only when it is read, as a
+        // write to a large fleet queues thousands of jobs.
+        let what = tracing::enabled!(tracing::Level::DEBUG).then(|| {
+            let starting: Vec<&str> = starts.iter().map(|s| s.unit.as_str()).collect();
+            let on: Vec<String> = gpus
+                .iter()
+                .map(|g| format!("{}:{:?}", g.machine, g.slot))
+                .collect();
+            format!("starting {starting:?}, stopping {stops:?}, on {on:?}")
+        });
+        let log = move |how: &str| {
+            if let Some(what) = &what {
+                tracing::debug!("a job {what} {how}");
+            }
+        };
+        log("is queued");
         let (ended, before) = self.last_on(gpus);
         let (cancel, cancelled) = watch::channel(false);
         self.jobs.push(Job {
@@ -558,9 +591,13 @@ impl Conductor {
             for mut job in before {
                 let _ = job.changed().await;
             }
-            if !*cancelled.borrow() {
-                work(shared, cancelled).await;
+            if *cancelled.borrow() {
+                log("was cancelled before it ran");
+                return;
             }
+            log("runs");
+            work(shared, cancelled).await;
+            log("has ended");
         });
     }
 }
@@ -838,16 +875,27 @@ impl Within {
     }
 }
 
+/// A committed plan change, as [`carry_out`] carries it out.
+struct PlanChange<'a> {
+    group: &'a str,
+    revision: i64,
+    steps: &'a [Step],
+    /// The engines the group runs once it is carried out.
+    members: &'a [EngineSpec],
+    /// The engines of the members it stops, as they ran when it was committed.
+    leaving: &'a BTreeSet<String>,
+}
+
 /// A committed plan change of `group`: its steps in order, then whatever of the group is still not as
 /// committed. Cancelled, it stops where it is: the newer change brings the group where it should be.
-async fn carry_out(
-    shared: &Arc<Shared>,
-    group: &str,
-    revision: i64,
-    steps: &[Step],
-    members: &[EngineSpec],
-    cancel: &mut Cancel,
-) {
+async fn carry_out(shared: &Arc<Shared>, plan: PlanChange<'_>, cancel: &mut Cancel) {
+    let PlanChange {
+        group,
+        revision,
+        steps,
+        members,
+        leaving,
+    } = plan;
     let mut progress = Progress {
         revision,
         steps: steps
@@ -872,12 +920,13 @@ async fn carry_out(
         let doing = matches!(step, Step::Stop(_)).then(|| "draining".to_owned());
         shared.step(group, &mut progress, i, StepStatus::Running, doing);
         let outcome = match step {
-            // Wherever it runs: the router moving in stops in the group it leaves.
+            // Wherever it ran as the plan was committed: the router moving in stops in the group it leaves.
             Step::Stop(member) => {
                 let units: Vec<String> = shared
                     .lock()
                     .members_named(member)
                     .map(|(unit, _)| unit.to_owned())
+                    .filter(|unit| leaving.contains(unit))
                     .collect();
                 shared.stop_units(&units).await;
                 Ok(())
@@ -934,7 +983,14 @@ impl Shared {
         let remote = self.executor(&spec).is_none();
         // An engine sizes itself by the memory free as it starts: not while another beside it still loads
         // (one that a cancelled change left loading, say).
-        while !remote && self.loading_beside(&spec) {
+        let mut waited_for = None;
+        while let Some(beside) = self.loading_beside(&spec).filter(|_| !remote) {
+            if waited_for.as_ref() != Some(&beside) {
+                tracing::info!(
+                    "{unit} waits for {beside}, still loading beside it, before it starts"
+                );
+                waited_for = Some(beside);
+            }
             tokio::select! {
                 () = tokio::time::sleep(self.settings.health_interval) => {}
                 _ = cancel.wait_for(|cancelled| *cancelled) => return Err(self.halted()),
@@ -977,14 +1033,17 @@ impl Shared {
         }
     }
 
-    /// Whether another engine on one of `spec`'s GPUs is still loading.
-    pub(super) fn loading_beside(&self, spec: &EngineSpec) -> bool {
-        self.lock().values().any(|u| {
-            u.spec.unit != spec.unit
-                && u.spec.machine == spec.machine
-                && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
-                && u.status.borrow().state == EngineState::Starting
-        })
+    /// Another engine on one of `spec`'s GPUs that is still loading, if any.
+    pub(super) fn loading_beside(&self, spec: &EngineSpec) -> Option<String> {
+        self.lock()
+            .values()
+            .find(|u| {
+                u.spec.unit != spec.unit
+                    && u.spec.machine == spec.machine
+                    && u.spec.gpus.iter().any(|g| spec.gpus.contains(g))
+                    && u.status.borrow().state == EngineState::Starting
+            })
+            .map(|u| u.spec.unit.clone())
     }
 }
 

@@ -327,3 +327,63 @@ async fn an_engine_wanted_again_while_it_is_still_stopping_starts_again_once_it_
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_s_stop_of_a_member_stops_it_where_it_ran_as_the_plan_was_committed_not_where_a_newer_change_deployed_it_since(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    let unit = |group: &str| placement::holder::member(group, "m", "here");
+    let update = |unit: &str, desired: Vec<EngineSpec>| Change::Update {
+        units: vec![unit.to_owned()],
+        desired,
+    };
+    runtime.submit(update(
+        &unit("a"),
+        vec![answering(dir.path(), &unit("a"), 0, 0.0)],
+    ));
+    tokio::time::timeout(PATIENCE, runtime.settled())
+        .await
+        .expect("m runs in group a");
+    // An engine that never answers holds up every change queued on GPU 0 behind its start.
+    runtime.submit(update("loading", vec![command("loading", 0, "sleep 1000")]));
+    wait_until("loading is loading", || {
+        runtime.engine("loading").and_then(|e| e.pid).is_some()
+    })
+    .await;
+    // m leaves group a, and its stop waits on GPU 0; meanwhile m is deployed again in group b, on GPU 1.
+    runtime.submit(Change::Plan {
+        group: "a".to_owned(),
+        revision: 2,
+        steps: vec![placement::Step::Stop("m".to_owned())],
+        members: Vec::new(),
+    });
+    runtime.submit(update(
+        &unit("b"),
+        vec![answering(dir.path(), &unit("b"), 1, 0.0)],
+    ));
+    wait_until("m runs in group b", || {
+        runtime
+            .engine(&unit("b"))
+            .is_some_and(|e| e.state == EngineState::Healthy)
+    })
+    .await;
+    let in_b = runtime.engine(&unit("b")).and_then(|e| e.pid);
+    // GPU 0 goes on: the plan's stop is carried out.
+    runtime.submit(update("loading", Vec::new()));
+    wait_until("m stops in group a", || {
+        runtime.engine(&unit("a")).is_none()
+    })
+    .await;
+    tokio::time::timeout(PATIENCE, runtime.settled())
+        .await
+        .expect("every change is carried out");
+    assert_eq!(
+        runtime.engine(&unit("b")).map(|e| (e.state, e.pid)),
+        Some((EngineState::Healthy, in_b)),
+        "m runs on in group b, where the newer change deployed it"
+    );
+    runtime.shutdown().await;
+}
