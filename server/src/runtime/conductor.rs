@@ -352,9 +352,9 @@ impl Conductor {
 
     /// Carries out a [`super::Change::Update`], as [`Conductor::apply`] does for `units` alone: what of them
     /// runs and is no longer wanted stops at once, and each wanted one not running as wanted (or with a
-    /// job or a stop under way on its GPUs) gets a job of its own on the GPUs it is wanted on and those it runs or is
-    /// about to start on, which stops it where it runs otherwise, then starts it. Every other engine is
-    /// left as it is, so that a write costs the engines it changed.
+    /// job or a stop under way on its GPUs) gets a job of its own on the GPUs it is wanted on and those it
+    /// runs or is about to start on, which stops it where it runs otherwise, then starts it. Every other
+    /// engine is left as it is, so that a write costs the engines it changed.
     fn update(&mut self, units: &[String], mut desired: Vec<EngineSpec>) {
         let mut wanted: HashMap<String, String> = desired
             .iter()
