@@ -56,8 +56,9 @@ pub trait Console: Send + Sync {
         revision: i64,
         serving: Serving,
     ) -> Answer<'_, ChangeOutcome>;
-    /// Sets an autoscaled model's fewest and most replicas as typed (`fewest` empty is 1), read at its
-    /// group's `revision`, keeping its target and windows; no engine restarts. Its replicas after.
+    /// Sets a model's fewest and most replicas as typed (`fewest` empty is 1; `most` empty is none), read
+    /// at its group's `revision`, keeping its target and windows: no engine restarts unless it takes
+    /// replicas or gives them up.
     fn change_replicas(
         &self,
         actor: Caller,
@@ -65,7 +66,7 @@ pub trait Console: Send + Sync {
         revision: i64,
         fewest: String,
         most: String,
-    ) -> Answer<'_, crate::views::Replicas>;
+    ) -> Answer<'_, crate::views::ReplicasSaved>;
     /// Removes a running model, read at `revision`; its engines stop.
     fn remove(&self, actor: Caller, model: String, revision: i64) -> Answer<'_, ChangeOutcome>;
     /// Every account and API token.

@@ -90,3 +90,32 @@ test("a plan whose GPUs hold fewer replicas than its most is warned, not refused
   const vision = groups.flatMap((g: any) => g.members).find((m: any) => m.name === "vision");
   expect(vision.replicas.gpus).toEqual([{ machine: "east", index: 0 }]);
 });
+
+test("a model deployed without replicas takes them on its own page, its engines restarting one to a GPU, and gives them up again", async ({ page, request }) => {
+  const speech = await request.post("/api/deployments", { data: { model: "speech", gpus: ["east:0", "west:0"], share: 10 } });
+  expect(speech.status()).toBe(201);
+  await open(page, "/models/speech");
+  const panel = page.getByTestId("model-replicas");
+  await expect(panel.getByTestId("model-replicas-line")).toHaveText(
+    "None: an engine on each machine of its group. Type a most to have replicas that follow its load, each on a GPU of its own (its engines restart).",
+  );
+
+  // A most: it takes replicas, its first on one GPU; its engines restart.
+  const form = page.getByTestId("replicas-form");
+  await form.getByLabel("Most").fill("2");
+  await form.getByRole("button", { name: "Save replicas" }).click();
+  await expect(panel.getByTestId("replicas-saved")).toHaveText("Saved: 1 to 2; its engines restart, one on each GPU a replica is placed on.");
+  await expect(panel.getByTestId("model-replicas-line")).toHaveText("Replicas by load, 1 to 2 (target 1): 1 running.");
+  const member = async () =>
+    ((await (await request.get("/api/groups")).json()) as any[]).flatMap((g) => g.members).find((m) => m.name === "speech");
+  expect((await member()).replicas.gpus).toHaveLength(1);
+
+  // The most left empty: no replicas, an engine on each machine again.
+  await form.getByLabel("Most").fill("");
+  await form.getByRole("button", { name: "Save replicas" }).click();
+  await expect(panel.getByTestId("replicas-saved")).toHaveText("Saved: no replicas; its engines restart, one on each machine of its group.");
+  await expect(panel.getByTestId("model-replicas-line")).toContainText("None: an engine on each machine of its group.");
+  expect((await member()).replicas ?? null).toBeNull();
+  const audit = await (await request.get("/api/audit?action=model.replicas")).json();
+  expect([audit[0].before.max, audit[0].after, audit[1].before, audit[1].after.max]).toEqual([2, null, null, 2]);
+});

@@ -18,14 +18,14 @@ pub async fn load_model_page(name: String) -> Result<ModelPage, AppError> {
     crate::services::answer(console.model_page(caller, name)).await
 }
 
-/// Sets an autoscaled `model`'s fewest and most replicas as typed, read at its group's `revision`.
+/// Sets `model`'s fewest and most replicas as typed (`most` empty: none), read at its group's `revision`.
 #[server(prefix = "/rpc", endpoint = "save_replicas", input = Json, client = crate::csrf::CsrfClient)]
 pub async fn save_replicas(
     model: String,
     revision: i64,
     fewest: String,
     most: String,
-) -> Result<crate::views::Replicas, AppError> {
+) -> Result<crate::views::ReplicasSaved, AppError> {
     let actor = crate::auth::require(crate::auth::Role::Operator)?;
     let console = crate::services::console()?;
     crate::services::answer(console.change_replicas(actor, model, revision, fewest, most)).await
@@ -144,7 +144,11 @@ fn Model(page: ModelPage, form: ReplicasForm) -> impl IntoView {
                 <tbody>{engines}</tbody>
             </table>
         </section>
-        {row.replicas.clone().map(|replicas| view! { <ReplicasPanel model=name.clone() revision=row.revision replicas form /> })}
+        {match (row.replicas.clone(), in_group && !row.system) {
+            (Some(replicas), _) => Some(view! { <ReplicasPanel model=name.clone() revision=row.revision replicas=Some(replicas) form /> }),
+            (None, true) => Some(view! { <ReplicasPanel model=name.clone() revision=row.revision replicas=None form /> }),
+            (None, false) => None,
+        }}
         {page.change.map(|change| view! { <LastChange change /> })}
         <section class="panel" aria-labelledby="model-log">
             <h2 id="model-log">{format!("The engine's last {} log lines", crate::pages::playground::LOG_LINES)}</h2>
@@ -189,31 +193,41 @@ fn LastChange(change: PlanProgress) -> impl IntoView {
 }
 
 /// A model whose replicas follow its load: how many, where, its last steps with why, and its fewest and
-/// most, to change (no engine restarts).
+/// most, to change (no engine restarts); or a member of a group without replicas, which may take them
+/// (its engines restart), as a model with them may give them up (most left empty).
 #[component]
 fn ReplicasPanel(
     model: String,
     revision: i64,
-    replicas: crate::views::Replicas,
+    replicas: Option<crate::views::Replicas>,
     form: ReplicasForm,
 ) -> impl IntoView {
-    let line = replicas.line();
+    let line = match &replicas {
+        Some(r) => r.line(),
+        None => "None: an engine on each machine of its group. Type a most to have replicas that follow its load, each on a GPU of its own (its engines restart).".to_owned(),
+    };
     let steps = replicas
-        .decisions
         .iter()
+        .flat_map(|r| &r.decisions)
         .map(|d| {
             let text = format!("{}: {} → {}, {}", d.at, d.from, d.to, d.why);
             view! { <li>{text}</li> }
         })
         .collect_view();
-    let on = if replicas.gpus.is_empty() {
-        "none".to_owned()
-    } else {
-        let gpus: Vec<String> = replicas.gpus.iter().map(ToString::to_string).collect();
-        gpus.join(", ")
-    };
+    let has_steps = replicas.as_ref().is_some_and(|r| !r.decisions.is_empty());
+    let on = replicas.as_ref().map(|r| {
+        if r.gpus.is_empty() {
+            "On: none.".to_owned()
+        } else {
+            let gpus: Vec<String> = r.gpus.iter().map(ToString::to_string).collect();
+            format!("On: {}.", gpus.join(", "))
+        }
+    });
     let ReplicasForm { fewest, most, save } = form;
-    let (min, max) = (replicas.min.to_string(), replicas.max.to_string());
+    let (min, max) = match &replicas {
+        Some(r) => (r.min.to_string(), r.max.to_string()),
+        None => ("1".to_owned(), String::new()),
+    };
     let fewest_text = {
         let min = min.clone();
         move || fewest.get().unwrap_or_else(|| min.clone())
@@ -234,9 +248,9 @@ fn ReplicasPanel(
     view! {
         <section class="panel" aria-labelledby="model-replicas" data-testid="model-replicas">
             <h2 id="model-replicas">"Replicas"</h2>
-            <p>{line}</p>
-            <p>{format!("On: {on}.")}</p>
-            {(!replicas.decisions.is_empty()).then(|| view! { <ol class="muted" data-testid="model-scale-steps">{steps}</ol> })}
+            <p data-testid="model-replicas-line">{line}</p>
+            {on.map(|on| view! { <p>{on}</p> })}
+            {has_steps.then(|| view! { <ol class="muted" data-testid="model-scale-steps">{steps}</ol> })}
             <form class="replicas" data-testid="replicas-form" on:submit=submit>
                 <label for="replicas-fewest">"Fewest"</label>
                 <input id="replicas-fewest" type="text" inputmode="numeric" size="4"
@@ -247,7 +261,7 @@ fn ReplicasPanel(
                 <button type="submit" disabled=move || save.pending().get()>"Save replicas"</button>
             </form>
             {move || save.value().get().map(|answer| match answer {
-                Ok(r) => view! { <p data-testid="replicas-saved">{format!("Saved: {} to {}; no engine restarted.", r.min, r.max)}</p> }.into_any(),
+                Ok(saved) => view! { <p data-testid="replicas-saved">{saved.line()}</p> }.into_any(),
                 Err(e) => view! { <p class="error" role="alert" data-testid="replicas-error">{e.to_string()}</p> }.into_any(),
             })}
         </section>

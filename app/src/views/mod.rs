@@ -29,7 +29,7 @@ pub use machines::{
 };
 pub use models::{
     AsleepView, EngineLine, EngineState, LoadState, ModelPage, ModelRow, OnDemand, Replicas,
-    ScaleEvent,
+    ReplicasSaved, ScaleEvent,
 };
 pub use overview::{Alarm, AlarmKind, Overview};
 pub use page::{holds, Page, PER_PAGE};

@@ -286,6 +286,42 @@ impl Replicas {
     }
 }
 
+/// What came of saving a model's replicas on its page.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicasSaved {
+    /// Its replicas now; none where it runs without them.
+    pub replicas: Option<Replicas>,
+    /// Whether its engines restart: it took replicas or gave them up.
+    pub restarts: bool,
+    /// Its group's plan, judged again, is over 90 % (it did not block).
+    pub warning: Option<String>,
+    /// Replicas of its group's members that do not fit now and wait for room.
+    pub waits: Vec<String>,
+}
+
+impl ReplicasSaved {
+    /// `Saved: 1 to 3; no engine restarted.`, or how its engines change.
+    pub fn line(&self) -> String {
+        let mut line = match (&self.replicas, self.restarts) {
+            (Some(r), false) => format!("Saved: {} to {}; no engine restarted.", r.min, r.max),
+            (Some(r), true) => format!(
+                "Saved: {} to {}; its engines restart, one on each GPU a replica is placed on.",
+                r.min, r.max
+            ),
+            (None, true) => {
+                "Saved: no replicas; its engines restart, one on each machine of its group."
+                    .to_owned()
+            }
+            (None, false) => "Saved: it runs without replicas, as it did.".to_owned(),
+        };
+        for said in self.warning.iter().chain(&self.waits) {
+            line.push(' ');
+            line.push_str(said);
+        }
+        line
+    }
+}
+
 impl OnDemand {
     /// The Models tab's line: `On demand, unloaded after 300 s idle: loaded; last used …; last cold start
     /// 1.2 s.`
@@ -635,6 +671,43 @@ mod tests {
                 .state()
                 .0,
             EngineState::Failed
+        );
+    }
+
+    #[test]
+    fn a_saved_replicas_line_says_whether_the_engines_restart_and_what_the_plan_warns() {
+        let replicas = Replicas {
+            min: 1,
+            max: 2,
+            target: 1,
+            running: 1,
+            desired: 1,
+            pending: 0,
+            pending_reasons: Vec::new(),
+            gpus: Vec::new(),
+            decisions: Vec::new(),
+        };
+        let saved = |replicas: Option<Replicas>, restarts: bool| ReplicasSaved {
+            replicas,
+            restarts,
+            warning: None,
+            waits: Vec::new(),
+        };
+        assert_eq!(
+            saved(Some(replicas.clone()), false).line(),
+            "Saved: 1 to 2; no engine restarted."
+        );
+        assert_eq!(
+            saved(None, true).line(),
+            "Saved: no replicas; its engines restart, one on each machine of its group."
+        );
+        let took = ReplicasSaved {
+            waits: vec!["vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 70 of 80 GB taken by shared work; it needs 16".to_owned()],
+            ..saved(Some(replicas), true)
+        };
+        assert_eq!(
+            took.line(),
+            "Saved: 1 to 2; its engines restart, one on each GPU a replica is placed on. vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 70 of 80 GB taken by shared work; it needs 16"
         );
     }
 }

@@ -69,14 +69,18 @@ pub(super) async fn change_serving(
     ))
 }
 
-/// `PUT /api/deployments/{model}/replicas`: an autoscaled model's replicas; no engine restarts.
+/// `PUT /api/deployments/{model}/replicas`: a model's replicas; no engine restarts unless it takes them or
+/// gives them up (`null`).
 pub(super) async fn change_replicas(
     State(state): State<AppState>,
     Actor(actor): Actor,
     Path(model): Path<String>,
     ApiJson(update): ApiJson<ReplicasUpdate>,
 ) -> Result<Json<crate::fleet::replicas::ReplicasChange>, ApiError> {
-    let replicas = placement::scale::Autoscale::try_from(update.replicas)
+    let replicas = update
+        .replicas
+        .map(placement::scale::Autoscale::try_from)
+        .transpose()
         .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
     Ok(Json(
         state
@@ -92,8 +96,19 @@ pub(super) async fn change_replicas(
 pub struct ReplicasUpdate {
     /// The group's revision it was read at.
     pub revision: i64,
-    /// Its replicas: `{"min": 1, "max": 4}`, and `target`, `up_s`, `down_s` where set.
-    pub replicas: placement::scale::Wire,
+    /// Its replicas: `{"min": 1, "max": 4}`, and `target`, `up_s`, `down_s` where set; `null` for none (an
+    /// engine on each machine of its group). Required: a body that leaves it out changes nothing.
+    #[serde(deserialize_with = "present")]
+    pub replicas: Option<placement::scale::Wire>,
+}
+
+/// A field that must be there, `null` or not.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    Option::deserialize(d)
 }
 
 /// `POST /api/deployments`: a catalog model onto a share of the chosen GPUs.

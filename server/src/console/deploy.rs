@@ -234,23 +234,27 @@ impl ConsoleService {
         revision: i64,
         fewest: String,
         most: String,
-    ) -> Result<app::views::Replicas, AppError> {
+    ) -> Result<app::views::ReplicasSaved, AppError> {
         let (now, gpus) = self.fleet.replicas_setting(&model).map_err(app_error)?;
         let typed = placement::scale::Autoscale::typed(&fewest, &most, gpus)
-            .map_err(|e| AppError::Refused(e.to_string()))?
-            .ok_or_else(|| {
-                AppError::Refused(
-                    "type a most: a model deployed with replicas keeps them (remove it and deploy it again without)"
-                        .to_owned(),
-                )
-            })?;
-        let replicas = now
-            .with_bounds(typed.min(), typed.max())
             .map_err(|e| AppError::Refused(e.to_string()))?;
+        // A model with replicas keeps its target and windows; one taking them has the defaults.
+        let replicas = match (now, typed) {
+            (Some(now), Some(typed)) => Some(
+                now.with_bounds(typed.min(), typed.max())
+                    .map_err(|e| AppError::Refused(e.to_string()))?,
+            ),
+            (_, typed) => typed,
+        };
         self.fleet
             .change_replicas(&model, revision, replicas, &actor.name)
             .await
-            .map(|change| change.replicas)
+            .map(|change| app::views::ReplicasSaved {
+                replicas: change.replicas,
+                restarts: change.restarts,
+                warning: change.warning,
+                waits: change.waits,
+            })
             .map_err(app_error)
     }
 

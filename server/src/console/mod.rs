@@ -151,7 +151,7 @@ impl Console for ConsoleService {
         revision: i64,
         fewest: String,
         most: String,
-    ) -> Answer<'_, app::views::Replicas> {
+    ) -> Answer<'_, app::views::ReplicasSaved> {
         Box::pin(self.change_model_replicas(actor, model, revision, fewest, most))
     }
 

@@ -7,7 +7,8 @@ use super::authority::{
 };
 use super::committed::{Committed, Worker};
 use super::groups::{
-    check_revision, no_group, plan_with, router_stays_pinned, Group, Note, PlanChange, Serving,
+    check_revision, no_group, plan_with, router_runs_everywhere, router_stays_pinned, Group, Note,
+    PlanChange, Serving,
 };
 use super::workers::ModelRun;
 use super::Fleet;
@@ -204,10 +205,7 @@ impl Fleet {
                 return Err(router_stays_pinned(&model.name));
             }
             if model.system && replicas.is_some() {
-                return Err(ApiError::Unprocessable(format!(
-                    "{} routes every request of its group: it runs on each of its machines; leave replicas out",
-                    model.name
-                )));
+                return Err(router_runs_everywhere(&model.name));
             }
             plan.push(PlanMember {
                 locked: model.system,
@@ -221,8 +219,13 @@ impl Fleet {
                     .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
                 group.autoscale.insert(model.name.clone(), replicas);
                 // Its first replicas, by best fit, beside what the ledger holds there.
-                let placed =
-                    super::replicas::first_placed(&state.ledger, &group, share, replicas.min());
+                let placed = super::replicas::first_placed(
+                    &state.ledger,
+                    &group,
+                    &model.name,
+                    share,
+                    replicas.min(),
+                );
                 group.placed.insert(model.name.clone(), placed);
             }
             let serving = Serving::from(deploy.serving.clone());

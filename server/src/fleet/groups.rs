@@ -7,7 +7,7 @@ mod plan;
 
 pub use plan::PlanChange;
 pub(crate) use plan::{check_revision, Note};
-pub(super) use plan::{plan_with, router_stays_pinned};
+pub(super) use plan::{judged, plan_with, router_runs_everywhere, router_stays_pinned};
 
 use super::{Fleet, Views};
 use crate::catalog::Engine;

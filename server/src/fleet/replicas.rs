@@ -12,7 +12,7 @@ use super::Fleet;
 use crate::error::ApiError;
 use crate::runtime::sizing::flag_value;
 use app::views::{Replicas as ReplicasView, ScaleEvent};
-use placement::holder;
+use placement::holder::{self, Holder};
 use placement::scale::{Autoscale, Decision, Scaler};
 use placement::{BasisPoints, Bytes, Gpu, GpuRef, Hold};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -85,11 +85,13 @@ fn target_of(set: Option<u32>, args: &[String]) -> u32 {
     .unwrap_or(1)
 }
 
-/// The GPUs of `group` not in `placed` where `share` fits beside what `ledger` holds there, best fit first
-/// (the least room left after); and why each other one does not.
+/// The GPUs of `group` not in `placed` where a replica of `model` with `share` fits beside what `ledger`
+/// holds there for others (what `model` holds itself there, as a member without replicas taking them, is
+/// room it leaves), best fit first (the least room left after); and why each other one does not.
 fn best_fit(
     ledger: &Ledger,
     group: &Group,
+    model: &str,
     share: BasisPoints,
     placed: &BTreeSet<GpuRef>,
 ) -> (Vec<GpuRef>, Vec<String>) {
@@ -106,7 +108,11 @@ fn best_fit(
             reasons.push(format!("{gpu} is held whole by {worker}"));
             continue;
         }
-        let free = free_beside(found, hold);
+        let free = free_beside(
+            found,
+            hold,
+            |holder| matches!(Holder::parse(holder), Holder::Member { group: g, member, .. } if g == group.name && member == model),
+        );
         if free < need {
             reasons.push(format!(
                 "{gpu}: {} free, a replica needs {}",
@@ -121,21 +127,30 @@ fn best_fit(
     (fits.into_iter().map(|(_, g)| g).collect(), reasons)
 }
 
-/// What `gpu` offers shared work beyond what its sharers hold (`hold`, the ledger's hold there).
-fn free_beside(gpu: &Gpu, hold: Option<&Hold>) -> Bytes {
-    let taken = hold.map(Hold::taken).unwrap_or_default();
+/// What `gpu` offers shared work beyond what its sharers hold (`hold`, the ledger's hold there), but those
+/// `leaving`.
+fn free_beside(gpu: &Gpu, hold: Option<&Hold>, leaving: impl Fn(&str) -> bool) -> Bytes {
+    let taken: Bytes = match hold {
+        Some(Hold::Shared(sharers)) => sharers
+            .iter()
+            .filter(|(holder, _)| !leaving(holder))
+            .map(|(_, bytes)| *bytes)
+            .sum(),
+        _ => Bytes::ZERO,
+    };
     Bytes(gpu.offered().get().saturating_sub(taken.get()))
 }
 
-/// Where the first `min` replicas of a model with `share` go in `group`, best fit first; fewer where fewer
+/// Where the first `min` replicas of `model` with `share` go in `group`, best fit first; fewer where fewer
 /// GPUs have the room (the rest wait for it).
 pub(super) fn first_placed(
     ledger: &Ledger,
     group: &Group,
+    model: &str,
     share: BasisPoints,
     min: u32,
 ) -> BTreeSet<GpuRef> {
-    let (fits, _) = best_fit(ledger, group, share, &BTreeSet::new());
+    let (fits, _) = best_fit(ledger, group, model, share, &BTreeSet::new());
     fits.into_iter().take(min as usize).collect()
 }
 
@@ -197,8 +212,16 @@ pub struct ReplicasChange {
     pub group: String,
     /// The group's revision after the change.
     pub revision: i64,
-    /// Its replicas now.
-    pub replicas: ReplicasView,
+    /// Its replicas now; none where it runs without them.
+    pub replicas: Option<ReplicasView>,
+    /// Whether its engines restart: it took replicas or gave them up.
+    pub restarts: bool,
+    /// The Free row's warning when its plan, judged again, is over 90 %; it did not block.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warning: Option<String>,
+    /// Members with replicas of which fewer than their most fit now: the rest wait for room.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waits: Vec<String>,
 }
 
 /// An autoscaled model as the gateway samples it.
@@ -208,16 +231,6 @@ pub struct Autoscaled {
     pub model: String,
     /// Its replicas placed now.
     pub running: u32,
-}
-
-/// How `model`, a member of `group`, is scaled; refused (with what to do) for one deployed without
-/// replicas.
-fn autoscale_of(group: &Group, model: &str) -> Result<Autoscale, ApiError> {
-    group.autoscale.get(model).copied().ok_or_else(|| {
-        ApiError::Unprocessable(format!(
-            "{model} runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
-        ))
-    })
 }
 
 /// The GPUs `model`'s replicas hold their share on in `group`: placed there, a GPU of the group (a repack
@@ -261,13 +274,14 @@ impl Fleet {
             .is_some_and(|g| g.autoscale.contains_key(model))
     }
 
-    /// How `model` is scaled now, and the GPUs of its group (the most replicas it may have).
-    pub fn replicas_setting(&self, model: &str) -> Result<(Autoscale, u32), ApiError> {
+    /// How `model` is scaled now (none: it runs without replicas), and the GPUs of its group (the most
+    /// replicas it may have).
+    pub fn replicas_setting(&self, model: &str) -> Result<(Option<Autoscale>, u32), ApiError> {
         let committed = self.committed();
         let group = committed
             .group_of(model)
             .ok_or_else(|| super::not_deployed(model))?;
-        Ok((autoscale_of(group, model)?, group.gpus.len() as u32))
+        Ok((group.autoscale.get(model).copied(), group.gpus.len() as u32))
     }
 
     /// `model`'s setting and target, where it is autoscaled.
@@ -339,15 +353,17 @@ impl Fleet {
         })
     }
 
-    /// Sets an autoscaled `model`'s replicas to `replicas`, read at its group's `revision`: no engine
-    /// restarts. Replicas past the new most go, the least busy first (each drained); fewer than the new
-    /// least are added by the next sample, as any step. A model deployed without replicas keeps running on
-    /// each machine of its group: it is removed and deployed again to take them (its engines change).
+    /// Sets `model`'s replicas to `replicas`, read at its group's `revision`. Between one setting and
+    /// another no engine restarts: replicas past the new most go, the least busy first (each drained);
+    /// fewer than the new least are added by the next sample, as any step. A model that runs without
+    /// replicas takes them (`Some`), and one with them gives them up (`None`): its plan judged again with
+    /// it so, and its engines change, from one on each machine of its group to one on each GPU a replica
+    /// is placed on (its first `min`, best fit, beside the others' holds), or back.
     pub async fn change_replicas(
         self: &std::sync::Arc<Self>,
         model: &str,
         revision: i64,
-        replicas: Autoscale,
+        replicas: Option<Autoscale>,
         actor: &str,
     ) -> Result<ReplicasChange, ApiError> {
         let (model, actor) = (model.to_owned(), actor.to_owned());
@@ -358,27 +374,69 @@ impl Fleet {
                 .group_of(&model)
                 .ok_or_else(|| super::not_deployed(&model))?;
             super::groups::check_revision(group, Some(revision))?;
-            let before = autoscale_of(group, &model)?;
+            let before = group.autoscale.get(&model).copied();
             let replicas = replicas
-                .within(group.gpus.len() as u32)
+                .map(|r| r.within(group.gpus.len() as u32))
+                .transpose()
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
-            let mut placed = holding(group, &model, state.ledger.all_unplaced());
-            let from = placed.len() as u32;
-            if from > replicas.max() {
-                for gpu in least_busy(
-                    &fleet,
-                    group,
-                    &model,
-                    &placed,
-                    (from - replicas.max()) as usize,
-                ) {
-                    placed.remove(&gpu);
+            let restarts = before.is_some() != replicas.is_some();
+            let (mut placed, mut verdict) = (BTreeSet::new(), None);
+            match (before, replicas) {
+                (None, None) => {
+                    return Ok(ReplicasChange {
+                        model,
+                        group: group.name.clone(),
+                        revision,
+                        replicas: None,
+                        restarts,
+                        warning: None,
+                        waits: Vec::new(),
+                    });
+                }
+                (Some(_), Some(replicas)) => {
+                    placed = holding(group, &model, state.ledger.all_unplaced());
+                    let from = placed.len() as u32;
+                    if from > replicas.max() {
+                        let gone = (from - replicas.max()) as usize;
+                        for gpu in least_busy(&fleet, group, &model, &placed, gone) {
+                            placed.remove(&gpu);
+                        }
+                    }
+                }
+                (_, replicas) => {
+                    let system = committed.system_models();
+                    if system.contains(&model) {
+                        return Err(super::groups::router_runs_everywhere(&model));
+                    }
+                    Autoscale::check_demand(replicas, group.demand_of(&model))
+                        .map_err(|e| ApiError::Unprocessable(format!("{model}: {e}")))?;
+                    let mut plan = super::groups::plan_with(
+                        group,
+                        &system,
+                        &BTreeMap::new(),
+                        &BTreeMap::new(),
+                        true,
+                    )?;
+                    for member in plan.iter_mut().filter(|m| m.name == model) {
+                        member.replicas = replicas;
+                    }
+                    verdict = Some(super::groups::judged(&state, group, &plan)?);
+                    if let Some(replicas) = replicas {
+                        let share = share_of(group, &model)?;
+                        placed = first_placed(&state.ledger, group, &model, share, replicas.min());
+                    }
                 }
             }
+            let autoscale = replicas
+                .map(|r| serde_json::to_string(&r).map_err(ApiError::internal))
+                .transpose()?;
+            let placed_json = replicas
+                .map(|_| super::committed::placed_json(&placed))
+                .transpose()?;
             let mut tx = crate::db::write(&fleet.pool).await?;
             sqlx::query("UPDATE group_members SET autoscale = ?, placed = ? WHERE model = ?")
-                .bind(serde_json::to_string(&replicas).map_err(ApiError::internal)?)
-                .bind(super::committed::placed_json(&placed)?)
+                .bind(autoscale)
+                .bind(placed_json)
                 .bind(&model)
                 .execute(&mut *tx)
                 .await?;
@@ -387,30 +445,47 @@ impl Fleet {
                 .execute(&mut *tx)
                 .await?;
             let revision = group.revision + 1;
-            crate::audit::record(
-                &mut tx,
-                crate::audit::Entry::new(&actor, "model.replicas", &model)
-                    .before(serde_json::to_value(before).map_err(ApiError::internal)?)
-                    .after(serde_json::to_value(replicas).map_err(ApiError::internal)?)
-                    .revision(revision),
-            )
-            .await?;
+            let mut entry = crate::audit::Entry::new(&actor, "model.replicas", &model)
+                .before(serde_json::to_value(before).map_err(ApiError::internal)?)
+                .after(serde_json::to_value(replicas).map_err(ApiError::internal)?)
+                .revision(revision);
+            if restarts {
+                entry = entry.restarts(vec![model.clone()]);
+            }
+            crate::audit::record(&mut tx, entry).await?;
             let group_name = group.name.clone();
             fleet.finish(&mut state, tx, None, None).await?;
             drop(state);
-            // The windows and the target may differ: the load of late is judged afresh.
-            fleet.scaling.with(&model, |s| {
-                s.scaler.reset();
-                s.retry_at_ms = 0;
-            });
-            let replicas = fleet.replicas_view(&model).ok_or_else(|| {
-                ApiError::internal(format!("{model} is not autoscaled after its change"))
-            })?;
+            if replicas.is_some() {
+                // The windows and the target may differ: the load of late is judged afresh.
+                fleet.scaling.with(&model, |s| {
+                    s.scaler.reset();
+                    s.retry_at_ms = 0;
+                });
+            } else {
+                fleet.scaling.forget(&model);
+            }
+            let view = fleet.replicas_view(&model);
+            if replicas.is_some() && view.is_none() {
+                return Err(ApiError::internal(format!(
+                    "{model} is not autoscaled after its change"
+                )));
+            }
             Ok(ReplicasChange {
                 model,
                 group: group_name,
                 revision,
-                replicas,
+                replicas: view,
+                restarts,
+                warning: verdict
+                    .as_ref()
+                    .filter(|v| v.warns())
+                    .map(|_| placement::plan::FREE_ROW_WARNING.to_owned()),
+                waits: verdict
+                    .iter()
+                    .flat_map(|v| &v.waits)
+                    .map(placement::ReplicasWait::message)
+                    .collect(),
             })
         })
         .await
@@ -449,7 +524,7 @@ impl Fleet {
             if decision.to > from {
                 let share = share_of(&group, &model)?;
                 let wanted = (decision.to - from) as usize;
-                let (mut fits, mut why) = best_fit(&state.ledger, &group, share, &placed);
+                let (mut fits, mut why) = best_fit(&state.ledger, &group, &model, share, &placed);
                 // Idle replicas of other models make way, each its own step committed first, so that
                 // the runtime stops it before this model's replica starts on its GPU: as many as are
                 // missing, and not again while those drain (their engines hold the memory until they
@@ -479,7 +554,7 @@ impl Fleet {
                         .commit_step(&mut state, &other, before, &kept, made_way)
                         .await?;
                     yielded += 1;
-                    (fits, why) = best_fit(&state.ledger, &group, share, &placed);
+                    (fits, why) = best_fit(&state.ledger, &group, &model, share, &placed);
                 }
                 if yielded > 0 {
                     fleet.scaling.with(&model, |s| s.made_way_at_ms = now);
@@ -608,8 +683,9 @@ impl Fleet {
                 let Some(found_gpu) = state.ledger.inventory().gpu(gpu) else {
                     continue;
                 };
-                let free_after = free_beside(found_gpu, state.ledger.scheduler().hold(gpu)).get()
-                    + found_gpu.total.share(their_share).get();
+                let free_after =
+                    free_beside(found_gpu, state.ledger.scheduler().hold(gpu), |_| false).get()
+                        + found_gpu.total.share(their_share).get();
                 if free_after < found_gpu.total.share(share).get() {
                     continue;
                 }
@@ -1155,23 +1231,14 @@ memory_gb = 80
         let group = change["group"].as_str().unwrap().to_owned();
         let revision = app.fleet.group(&group).unwrap().revision;
         let engines = app.fleet.desired().await;
-        let put = |body: Value| {
-            let app = &app;
-            async move {
-                app.call(
-                    axum::http::Method::PUT,
-                    "/api/deployments/vision/replicas",
-                    Some(&body.to_string()),
-                )
-                .await
-            }
-        };
+        let put = |body: Value| put_replicas(&app, "vision", body);
 
         let (status, answer) = put(json!({"revision": revision,
             "replicas": {"min": 1, "max": 1, "target": 3, "down_s": 30}}))
         .await;
         assert_eq!(status, StatusCode::OK, "{answer}");
         assert_eq!(answer["revision"], revision + 1, "{answer}");
+        assert_eq!(answer["restarts"], false, "{answer}");
         let replicas = &answer["replicas"];
         assert_eq!(
             (&replicas["max"], &replicas["target"], &replicas["running"]),
@@ -1202,33 +1269,189 @@ memory_gb = 80
                 .starts_with("replicas.max (3) is more than the 2 GPU(s)"),
             "{more}"
         );
-        let (status, _) = app
-            .deploy(
-                json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 20,
-                           "revision": revision + 1}),
-            )
-            .await;
-        assert_eq!(status, StatusCode::CREATED);
-        let (status, pinned) = app
-            .call(
-                axum::http::Method::PUT,
-                "/api/deployments/glm-5.3/replicas",
-                Some(&json!({"revision": revision + 2, "replicas": {"max": 2}}).to_string()),
-            )
-            .await;
-        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{pinned}");
-        assert_eq!(
-            pinned["error"],
-            "glm-5.3 runs without replicas, an engine on each machine of its group: remove it and deploy it again with replicas"
+        let (status, missing) = put(json!({"revision": revision + 1})).await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{missing}");
+        assert!(
+            missing["error"].as_str().unwrap().contains("replicas"),
+            "a body without replicas changes nothing, not them to none: {missing}"
         );
-        let (status, _) = app
-            .call(
-                axum::http::Method::PUT,
-                "/api/deployments/nothing/replicas",
-                Some(&json!({"revision": 1, "replicas": {"max": 2}}).to_string()),
+        assert!(app.fleet.is_autoscaled("vision"));
+        let (status, _) = put_replicas(
+            &app,
+            "nothing",
+            json!({"revision": 1, "replicas": {"max": 2}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::NOT_FOUND);
+    }
+
+    /// `PUT /api/deployments/{model}/replicas` with `body`.
+    async fn put_replicas(app: &TestApp, model: &str, body: Value) -> (StatusCode, Value) {
+        app.call(
+            axum::http::Method::PUT,
+            &format!("/api/deployments/{model}/replicas"),
+            Some(&body.to_string()),
+        )
+        .await
+    }
+
+    /// The units of the engines the fleet wants, in name order.
+    async fn units(app: &TestApp) -> Vec<String> {
+        let mut units: Vec<String> = app
+            .fleet
+            .desired()
+            .await
+            .into_iter()
+            .map(|e| e.unit)
+            .collect();
+        units.sort();
+        units
+    }
+
+    #[tokio::test]
+    async fn a_member_without_replicas_takes_them_in_the_room_it_held_itself_its_engines_changing_to_one_on_the_gpu_of_each_replica_and_gives_them_up_again(
+    ) {
+        let app = east_and_west().await;
+        let (status, change) = app
+            .deploy(json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 60}))
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{change}");
+        let group = change["group"].as_str().unwrap().to_owned();
+        let revision = change["revision"].as_i64().unwrap();
+        let on_each_machine = vec![
+            holder::member(&group, "glm-5.3", "east"),
+            holder::member(&group, "glm-5.3", "west"),
+        ];
+        assert_eq!(units(&app).await, on_each_machine);
+
+        // 48 GB of each 80 GB GPU: a replica fits only in the room the member itself leaves.
+        let (status, answer) = put_replicas(
+            &app,
+            "glm-5.3",
+            json!({"revision": revision, "replicas": {"min": 1, "max": 2}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert_eq!(answer["restarts"], true, "{answer}");
+        assert_eq!(answer["revision"], revision + 1, "{answer}");
+        assert_eq!(answer["replicas"]["running"], 1, "{answer}");
+        let gpu: GpuRef = serde_json::from_value(answer["replicas"]["gpus"][0].clone()).unwrap();
+        assert_eq!(
+            units(&app).await,
+            [holder::replica(&group, "glm-5.3", &gpu)],
+            "one engine, on its replica's GPU alone"
+        );
+        let other = if gpu.machine == "east" {
+            "west"
+        } else {
+            "east"
+        };
+        assert_eq!(held(&app, &gpu.machine, "glm-5.3").await, Some(48.0));
+        assert_eq!(held(&app, other, "glm-5.3").await, None);
+        let (_, audit) = app.get("/api/audit?action=model.replicas").await;
+        assert_eq!(audit[0]["before"], Value::Null, "{audit}");
+        assert_eq!(audit[0]["after"]["max"], 2, "{audit}");
+        assert_eq!(audit[0]["restarts"], json!(["glm-5.3"]), "{audit}");
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        let (status, back) = put_replicas(
+            &app,
+            "glm-5.3",
+            json!({"revision": revision + 1, "replicas": null}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{back}");
+        assert_eq!(
+            (&back["restarts"], &back["replicas"]),
+            (&json!(true), &Value::Null),
+            "{back}"
+        );
+        assert!(!app.fleet.is_autoscaled("glm-5.3"));
+        assert_eq!(units(&app).await, on_each_machine);
+        assert_eq!(held(&app, "east", "glm-5.3").await, Some(48.0));
+        assert_eq!(held(&app, "west", "glm-5.3").await, Some(48.0));
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+
+        let (status, same) = put_replicas(
+            &app,
+            "glm-5.3",
+            json!({"revision": revision + 2, "replicas": null}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::OK, "{same}");
+        assert_eq!(
+            (&same["restarts"], &same["revision"]),
+            (&json!(false), &json!(revision + 2)),
+            "none asked of a model without replicas writes nothing: {same}"
+        );
+    }
+
+    #[tokio::test]
+    async fn giving_up_replicas_where_the_member_on_every_gpu_would_not_fit_and_taking_them_on_demand_are_refused_and_change_nothing(
+    ) {
+        let app = east_and_west().await;
+        // Each one replica on a GPU of its own: 60 % and 50 %.
+        let (_, first) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 60,
+                           "replicas": {"min": 1, "max": 1}}),
             )
             .await;
-        assert_eq!(status, StatusCode::NOT_FOUND);
+        let (status, second) = app
+            .deploy(
+                json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 50,
+                           "replicas": {"min": 1, "max": 1}, "revision": first["revision"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{second}");
+        let revision = second["revision"].as_i64().unwrap();
+        let before = units(&app).await;
+        assert_eq!(before.len(), 2);
+
+        // vision on both GPUs would be 60 % beside glm-5.3's replica of 50 % on one of them.
+        let (status, refused) = put_replicas(
+            &app,
+            "vision",
+            json!({"revision": revision, "replicas": null}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{refused}");
+        assert!(
+            refused["verdict"]["problems"]
+                .as_array()
+                .is_some_and(|p| !p.is_empty()),
+            "refused with the verdict: {refused}"
+        );
+        assert!(app.fleet.is_autoscaled("vision"));
+        assert_eq!(units(&app).await, before);
+        let group = second["group"].as_str().unwrap();
+        assert_eq!(app.fleet.group(group).unwrap().revision, revision);
+
+        let (status, speech) = app
+            .deploy(
+                json!({"model": "speech", "gpus": ["east:0", "west:0"], "share": 10,
+                           "demand": {"mode": "on_demand", "keep_alive": 60},
+                           "revision": revision}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{speech}");
+        let revision = speech["revision"].as_i64().unwrap();
+        let (status, on_demand) = put_replicas(
+            &app,
+            "speech",
+            json!({"revision": revision, "replicas": {"min": 0, "max": 2}}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{on_demand}");
+        assert!(
+            on_demand["error"]
+                .as_str()
+                .unwrap()
+                .starts_with("speech: an on-demand model loads on every machine"),
+            "{on_demand}"
+        );
+        assert!(!app.fleet.is_autoscaled("speech"));
+        assert_eq!(app.fleet.group(group).unwrap().revision, revision);
     }
 
     /// octo: one machine of four 80 GB GPUs.

@@ -1,7 +1,8 @@
 //! Replicas that follow traffic, through the real binary: a model deployed with `replicas` on atlas:0 and
 //! twin:0 (the demo engine, each answer taking about a second) starts on one of them; a burst of clients
-//! adds the other, the end of it removes it again, draining it; and where the other has no room the
-//! replica waits with why while the first serves.
+//! adds the other, the end of it removes it again, draining it; where the other has no room the replica
+//! waits with why while the first serves; and a model deployed without replicas takes them, and gives them
+//! up, while clients ask it.
 
 use super::answers::{chat, machine, on_atlas_and_twin_with};
 use super::ask;
@@ -411,6 +412,98 @@ async fn a_removed_replica_finishes_the_stream_it_has_and_stops_before_an_engine
     assert!(
         drained.is_some() && drained < stopped && stopped < started,
         "draining at {drained:?}, stopped at {stopped:?}, next starting at {started:?}: {seen:#?}"
+    );
+    Arc::into_inner(server).unwrap().stop().await;
+}
+
+/// The revision of the group `model` is a member of, as `GET /api/groups` shows it.
+async fn group_revision(server: &Server, model: &str) -> i64 {
+    let (_, groups) = server.get("/api/groups").await;
+    groups
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| {
+            g["members"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["name"] == model)
+        })
+        .and_then(|g| g["revision"].as_i64())
+        .unwrap_or_else(|| panic!("{model} in {groups}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_takes_replicas_while_clients_ask_it_answers_them_all_from_its_replica_s_gpu_slow_to_load_and_once_it_gives_them_up_from_each_machine_again(
+) {
+    let dir = tempfile::tempdir().unwrap();
+    // Engines that load for 3 s: what asks meanwhile waits for the new ones.
+    let slow = json!({"env": {"TESSERA_DEMO_TOKEN_MS": "150", "TESSERA_DEMO_START_MS": "3000"}});
+    let server = on_atlas_and_twin_with(dir.path(), &["chat"], slow, 2, &[]).await;
+    let clients = Clients::start(&server, "chat", 2);
+    let answered_by = |by: Vec<String>| {
+        let clients = &clients;
+        move || {
+            let seen = clients.machines();
+            std::future::ready(by.iter().all(|m| seen.contains(m)))
+        }
+    };
+    wait_until_within(
+        "both machines' engines answer",
+        Duration::from_secs(30),
+        answered_by(vec!["atlas".to_owned(), "twin".to_owned()]),
+    )
+    .await;
+
+    let change = json!({"revision": group_revision(&server, "chat").await,
+                        "replicas": {"min": 1, "max": 1}});
+    let (status, answer) = server
+        .send("PUT", "/api/deployments/chat/replicas", change)
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["restarts"], true, "{answer}");
+    let replica = format!(
+        "{}:0",
+        answer["replicas"]["gpus"][0]["machine"].as_str().unwrap()
+    );
+    wait_until_within(
+        "its replica answers",
+        Duration::from_secs(60),
+        answered_by(vec![replica.clone()]),
+    )
+    .await;
+    let engines = server.wait_healthy(1).await;
+    assert!(
+        engines[0]["unit"].as_str().unwrap().ends_with(&replica),
+        "one engine, its replica's: {engines:?}"
+    );
+
+    let back = json!({"revision": group_revision(&server, "chat").await, "replicas": null});
+    let (status, answer) = server
+        .send("PUT", "/api/deployments/chat/replicas", back)
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    let before = clients.answers.lock().unwrap().len();
+    server.wait_healthy(2).await;
+    wait_until_within(
+        "both machines' engines answer again",
+        Duration::from_secs(60),
+        || {
+            let answers = clients.answers.lock().unwrap();
+            let since: BTreeSet<&str> = answers[before..].iter().map(|(_, m)| m.as_str()).collect();
+            std::future::ready(since.contains("atlas") && since.contains("twin"))
+        },
+    )
+    .await;
+    let answers = clients.stop().await;
+    let failed: Vec<_> = answers
+        .iter()
+        .filter(|(status, _)| *status != 200)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "every request answered through both changes: {failed:?}"
     );
     Arc::into_inner(server).unwrap().stop().await;
 }

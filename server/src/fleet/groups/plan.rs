@@ -8,6 +8,7 @@ use crate::fleet::{Fleet, State};
 use crate::input::PlanCommand;
 use placement::{
     judge, running, transition, BasisPoints, Demand, KeepAlive, PlanMember, Restart, Share, Step,
+    Verdict,
 };
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -95,23 +96,7 @@ impl Fleet {
         serving: Option<(&str, Serving)>,
         note: Note<'_>,
     ) -> Result<PlanChange, ApiError> {
-        let gpus = group
-            .gpus
-            .iter()
-            .map(|g| group_gpu(state.ledger.scheduler(), g, Some(&group.name)))
-            .collect::<Result<Vec<_>, _>>()?;
-        let verdict = judge(&plan, &gpus);
-        if verdict.is_refused() {
-            let first = &verdict.problems[0];
-            let message = match first.member() {
-                Some(member) => format!("{member}: {}", first.message()),
-                None => first.message(),
-            };
-            return Err(ApiError::Refused {
-                message,
-                verdict: Box::new(verdict),
-            });
-        }
+        let verdict = judged(state, group, &plan)?;
         let after: Vec<Share> = plan
             .iter()
             .map(|m| Share::new(&m.name, m.share.unwrap_or_default()))
@@ -306,6 +291,40 @@ impl Fleet {
                 .collect(),
         })
     }
+}
+
+/// `plan` judged for `group` on its GPUs as the ledger holds them now: its verdict where it fits, else
+/// refused (422) with the verdict and its first problem.
+pub(in crate::fleet) fn judged(
+    state: &State,
+    group: &Group,
+    plan: &[PlanMember],
+) -> Result<Verdict, ApiError> {
+    let gpus = group
+        .gpus
+        .iter()
+        .map(|g| group_gpu(state.ledger.scheduler(), g, Some(&group.name)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let verdict = judge(plan, &gpus);
+    if verdict.is_refused() {
+        let first = &verdict.problems[0];
+        let message = match first.member() {
+            Some(member) => format!("{member}: {}", first.message()),
+            None => first.message(),
+        };
+        return Err(ApiError::Refused {
+            message,
+            verdict: Box::new(verdict),
+        });
+    }
+    Ok(verdict)
+}
+
+/// The router asked for replicas.
+pub(in crate::fleet) fn router_runs_everywhere(router: &str) -> ApiError {
+    ApiError::Unprocessable(format!(
+        "{router} routes every request of its group: it runs on each of its machines; leave replicas out"
+    ))
 }
 
 /// The router asked to load on demand.

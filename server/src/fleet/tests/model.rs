@@ -1,5 +1,6 @@
 //! A model-based test of the fleet: random sequences of worker creates (shared, and of whole GPUs) and
-//! deletes, deploys (shared, whole and on demand), plan changes, serving changes, removals, catalog
+//! deletes, deploys (shared, whole and on demand), plan changes, serving changes, replicas taken, changed,
+//! given up and scaled, removals, catalog
 //! additions, on-demand loads and keep-alives that run out, a made-up GPU's sharing switched (MPS,
 //! time-slicing) and its cuts into MIG instances and joins, repacks carried out, readings that grow, shrink
 //! and drop GPUs, a machine read again without a GPU or with it back, the Ray cluster's node read alive,
@@ -99,6 +100,17 @@ enum Step {
     Remove {
         model: usize,
     },
+    /// A deployed model takes replicas (`(min, max)`), changes them, or gives them up (`None`); its
+    /// engines restart where it takes or gives them up.
+    ChangeReplicas {
+        model: usize,
+        replicas: Option<(u8, u8)>,
+    },
+    /// A model with replicas asked for `to` of them, as its load would.
+    Scale {
+        model: usize,
+        to: u8,
+    },
     /// A deployed model's serving configuration changed (its engine restarts alone).
     ChangeServing {
         model: usize,
@@ -144,6 +156,9 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (1u8..=100).prop_map(|percent| Step::ChangePlan { percent }),
         2 => (0..MODELS.len()).prop_map(|model| Step::Remove { model }),
         1 => (0..MODELS.len(), 1u8..8).prop_map(|(model, threads)| Step::ChangeServing { model, threads }),
+        2 => (0..MODELS.len(), proptest::option::of((0u8..=1, 1u8..=2)))
+            .prop_map(|(model, replicas)| Step::ChangeReplicas { model, replicas }),
+        1 => (0..MODELS.len(), 0u8..=2).prop_map(|(model, to)| Step::Scale { model, to }),
         1 => (0u8..4).prop_map(|n| Step::AddModel { n }),
         2 => (0u8..8).prop_map(|held_gb| Step::ReadMajin { held_gb }),
         1 => Just(Step::OvercommitLasts),
@@ -417,6 +432,28 @@ async fn apply(app: TestApp, following: &mut Following, step: &Step) -> TestApp 
                     json!({"revision": revision, "env": {"OMP_NUM_THREADS": threads.to_string()}});
                 let (status, answer) = app.call(Method::PUT, &uri, Some(&body.to_string())).await;
                 assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+            }
+        }
+        Step::ChangeReplicas { model, replicas } => {
+            if let Some(revision) = deployed_revision(&app, MODELS[*model]).await {
+                let uri = format!("/api/deployments/{}/replicas", MODELS[*model]);
+                let replicas = replicas.map(|(min, max)| json!({"min": min, "max": max}));
+                let body = json!({"revision": revision, "replicas": replicas});
+                let (status, answer) = app.call(Method::PUT, &uri, Some(&body.to_string())).await;
+                assert!(status != StatusCode::INTERNAL_SERVER_ERROR, "{answer}");
+            }
+        }
+        Step::Scale { model, to } => {
+            let model = MODELS[*model];
+            if let Some(now) = app.fleet.replicas_view(model) {
+                let decision = placement::scale::Decision {
+                    from: now.running,
+                    to: u32::from(*to),
+                    why: "the model test asked".to_owned(),
+                };
+                if let Err(e) = app.fleet.scale(model, decision).await {
+                    assert!(!matches!(e, crate::error::ApiError::Internal(_)), "{e}");
+                }
             }
         }
         Step::AddModel { n } => {
