@@ -43,6 +43,16 @@ pub fn ModelOwnPage() -> impl IntoView {
         most: RwSignal::new(None),
         save: ServerAction::new(),
     };
+    // Another model's page starts afresh.
+    Effect::new(move |was: Option<String>| {
+        let now = name();
+        if was.is_some_and(|was| was != now) {
+            form.fewest.set(None);
+            form.most.set(None);
+            form.save.value().set(None);
+        }
+        now
+    });
     // Read again after a save of its replicas too, which is no event of the live stream.
     let page = Resource::new(
         move || (name(), live.track(), form.save.version().get()),
@@ -144,7 +154,7 @@ fn Model(page: ModelPage, form: ReplicasForm) -> impl IntoView {
                 <tbody>{engines}</tbody>
             </table>
         </section>
-        {match (row.replicas.clone(), in_group && !row.system) {
+        {match (row.replicas.clone(), in_group && !row.system && row.on_demand.is_none()) {
             (Some(replicas), _) => Some(view! { <ReplicasPanel model=name.clone() revision=row.revision replicas=Some(replicas) form /> }),
             (None, true) => Some(view! { <ReplicasPanel model=name.clone() revision=row.revision replicas=None form /> }),
             (None, false) => None,

@@ -293,6 +293,8 @@ pub struct ReplicasSaved {
     pub replicas: Option<Replicas>,
     /// Whether its engines restart: it took replicas or gave them up.
     pub restarts: bool,
+    /// Loaded on-demand members of its group that no longer fitted beside it, unloaded.
+    pub unloaded: Vec<String>,
     /// Its group's plan, judged again, is over 90 % (it did not block).
     pub warning: Option<String>,
     /// Replicas of its group's members that do not fit now and wait for room.
@@ -314,6 +316,12 @@ impl ReplicasSaved {
             }
             (None, false) => "Saved: it runs without replicas, as it did.".to_owned(),
         };
+        if !self.unloaded.is_empty() {
+            line.push_str(&format!(
+                " Unloaded to make room: {}.",
+                self.unloaded.join(", ")
+            ));
+        }
         for said in self.warning.iter().chain(&self.waits) {
             line.push(' ');
             line.push_str(said);
@@ -690,6 +698,7 @@ mod tests {
         let saved = |replicas: Option<Replicas>, restarts: bool| ReplicasSaved {
             replicas,
             restarts,
+            unloaded: Vec::new(),
             warning: None,
             waits: Vec::new(),
         };
@@ -700,6 +709,14 @@ mod tests {
         assert_eq!(
             saved(None, true).line(),
             "Saved: no replicas; its engines restart, one on each machine of its group."
+        );
+        let gave_up = ReplicasSaved {
+            unloaded: vec!["vision".to_owned()],
+            ..saved(None, true)
+        };
+        assert_eq!(
+            gave_up.line(),
+            "Saved: no replicas; its engines restart, one on each machine of its group. Unloaded to make room: vision."
         );
         let took = ReplicasSaved {
             waits: vec!["vision: 1 of its 2 replicas fits now; the other one waits for room: GPU 0 of west: 70 of 80 GB taken by shared work; it needs 16".to_owned()],

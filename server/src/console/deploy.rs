@@ -252,6 +252,7 @@ impl ConsoleService {
             .map(|change| app::views::ReplicasSaved {
                 replicas: change.replicas,
                 restarts: change.restarts,
+                unloaded: change.unloaded,
                 warning: change.warning,
                 waits: change.waits,
             })

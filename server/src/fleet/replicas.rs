@@ -216,6 +216,9 @@ pub struct ReplicasChange {
     pub replicas: Option<ReplicasView>,
     /// Whether its engines restart: it took replicas or gave them up.
     pub restarts: bool,
+    /// Loaded on-demand members of its group that no longer fitted beside it, unloaded.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unloaded: Vec<String>,
     /// The Free row's warning when its plan, judged again, is over 90 %; it did not block.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
@@ -380,7 +383,7 @@ impl Fleet {
                 .transpose()
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let restarts = before.is_some() != replicas.is_some();
-            let (mut placed, mut verdict) = (BTreeSet::new(), None);
+            let (mut placed, mut verdict, mut unloaded) = (BTreeSet::new(), None, Vec::new());
             match (before, replicas) {
                 (None, None) => {
                     return Ok(ReplicasChange {
@@ -389,6 +392,7 @@ impl Fleet {
                         revision,
                         replicas: None,
                         restarts,
+                        unloaded: Vec::new(),
                         warning: None,
                         waits: Vec::new(),
                     });
@@ -421,10 +425,34 @@ impl Fleet {
                         member.replicas = replicas;
                     }
                     verdict = Some(super::groups::judged(&state, group, &plan)?);
-                    if let Some(replicas) = replicas {
-                        let share = share_of(group, &model)?;
-                        placed = first_placed(&state.ledger, group, &model, share, replicas.min());
+                    let mut planned = group.clone();
+                    match replicas {
+                        Some(replicas) => {
+                            let share = share_of(group, &model)?;
+                            placed =
+                                first_placed(&state.ledger, group, &model, share, replicas.min());
+                            planned.autoscale.insert(model.clone(), replicas);
+                            planned.placed.insert(model.clone(), placed.clone());
+                        }
+                        None => {
+                            planned.autoscale.remove(&model);
+                            planned.placed.remove(&model);
+                        }
                     }
+                    // The verdict holds one on-demand turn, and has the replicas of others wait where
+                    // they no longer fit; but more turns may be loaded where there was room, and those
+                    // replicas run. On-demand members that no longer fit beside it unload, least recently
+                    // used idle first, as through a change of plan; where that is not enough, nothing
+                    // changes.
+                    let mut trial = (*state.committed).clone();
+                    trial.groups.put(std::sync::Arc::new(planned.clone()));
+                    unloaded = fleet
+                        .make_room(&state, &trial, &group.gpus, None)
+                        .ok_or_else(|| {
+                            ApiError::Conflict(format!(
+                                "{model} on every GPU of its group would not fit beside what runs there now (the replicas of its other members, on-demand members in use): lower their most, or wait for them to be idle, and try again"
+                            ))
+                        })?;
                 }
             }
             let autoscale = replicas
@@ -440,6 +468,12 @@ impl Fleet {
                 .bind(&model)
                 .execute(&mut *tx)
                 .await?;
+            for member in &unloaded {
+                sqlx::query("UPDATE group_members SET loaded = 0, asleep = NULL WHERE model = ?")
+                    .bind(member)
+                    .execute(&mut *tx)
+                    .await?;
+            }
             sqlx::query("UPDATE groups SET revision = revision + 1 WHERE name = ?")
                 .bind(&group.name)
                 .execute(&mut *tx)
@@ -450,7 +484,8 @@ impl Fleet {
                 .after(serde_json::to_value(replicas).map_err(ApiError::internal)?)
                 .revision(revision);
             if restarts {
-                entry = entry.restarts(vec![model.clone()]);
+                let restarted = std::iter::once(&model).chain(&unloaded).cloned();
+                entry = entry.restarts(restarted.collect());
             }
             crate::audit::record(&mut tx, entry).await?;
             let group_name = group.name.clone();
@@ -477,6 +512,7 @@ impl Fleet {
                 revision,
                 replicas: view,
                 restarts,
+                unloaded,
                 warning: verdict
                     .as_ref()
                     .filter(|v| v.warns())
@@ -1452,6 +1488,56 @@ memory_gb = 80
         );
         assert!(!app.fleet.is_autoscaled("speech"));
         assert_eq!(app.fleet.group(group).unwrap().revision, revision);
+    }
+
+    #[tokio::test]
+    async fn giving_up_replicas_where_another_member_s_replica_runs_on_a_gpu_it_would_overfill_is_refused_saying_what_to_do_and_changes_nothing(
+    ) {
+        // Another program takes 20 GB of east: 60 GB left there.
+        let app = east_and_west().await;
+        let mut east = crate::inventory::file::parse_inventory(EAST_AND_WEST)
+            .unwrap()
+            .into_iter()
+            .find(|m| m.name == "east")
+            .unwrap();
+        east.gpus[0].held_outside = Bytes::gb(20);
+        app.fleet.refresh_machine(east).await.unwrap();
+        // vision's two replicas, 32 GB on each GPU; glm-5.3's one replica, 36 GB, fits on west alone.
+        let (_, first) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 40,
+                           "replicas": {"min": 2, "max": 2}}),
+            )
+            .await;
+        let (status, second) = app
+            .deploy(
+                json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 45,
+                           "replicas": {"min": 1, "max": 1}, "revision": first["revision"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{second}");
+        assert_eq!(held(&app, "west", "glm-5.3").await, Some(36.0));
+        let before = units(&app).await;
+
+        // glm-5.3 on east too would be 68 GB of its 60 beside vision's replica there: the verdict has
+        // that replica wait, but it runs.
+        let revision = second["revision"].as_i64().unwrap();
+        let (status, refused) = put_replicas(
+            &app,
+            "glm-5.3",
+            json!({"revision": revision, "replicas": null}),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+        assert_eq!(
+            refused["error"],
+            "glm-5.3 on every GPU of its group would not fit beside what runs there now (the replicas of its other members, on-demand members in use): lower their most, or wait for them to be idle, and try again"
+        );
+        assert!(app.fleet.is_autoscaled("glm-5.3"));
+        assert_eq!(units(&app).await, before);
+        let group = second["group"].as_str().unwrap();
+        assert_eq!(app.fleet.group(group).unwrap().revision, revision);
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
     }
 
     /// octo: one machine of four 80 GB GPUs.

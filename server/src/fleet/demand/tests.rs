@@ -414,3 +414,64 @@ fn a_model_yields_its_room_only_to_the_cold_model_that_still_waits_and_only_unti
     assert!(!activity.yielding("vision"));
     assert!(!activity.yields_to("vision", "speech"));
 }
+
+#[tokio::test]
+async fn a_member_that_gives_up_its_replicas_unloads_the_loaded_on_demand_members_that_no_longer_fit_beside_it(
+) {
+    // The router at 10 % and glm-5.3 with a min of 0 replicas at 45 %, running none: vision and speech,
+    // on demand at 25 % each, are loaded together.
+    let app = majin_and_atlas_with_catalog().await;
+    deploy(
+        &app,
+        json!({"model": "semantic-router", "gpus": ["atlas:1"], "share": 10}),
+    )
+    .await;
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 45, "revision": 1,
+               "replicas": {"min": 0, "max": 1}}),
+    )
+    .await;
+    for (revision, model) in [(2, "vision"), (3, "speech")] {
+        deploy(
+            &app,
+            json!({"model": model, "gpus": ["atlas:1"], "share": 25, "revision": revision, "demand": on_demand(60)}),
+        )
+        .await;
+    }
+    for model in ["vision", "speech"] {
+        app.fleet.load(model).await.unwrap();
+        answered(&app, model);
+    }
+    assert_eq!(
+        (app.fleet.on_demand("vision"), app.fleet.on_demand("speech")),
+        (Some(true), Some(true))
+    );
+
+    // Pinned on every GPU, 10 + 45 and a turn of 25 fits; both turns beside it would be 105 %.
+    let (status, answer) = app
+        .call(
+            Method::PUT,
+            "/api/deployments/glm-5.3/replicas",
+            Some(&json!({"revision": 4, "replicas": null}).to_string()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(
+        answer["unloaded"],
+        json!(["vision"]),
+        "the least recently used: {answer}"
+    );
+    assert_eq!(app.fleet.on_demand("vision"), Some(false));
+    let held_now = sharers(&app).await;
+    assert_eq!(held(&held_now, "glm-5.3"), Some(43.2), "{held_now:?}");
+    let taken: f64 = held_now.iter().map(|(_, gb)| gb).sum();
+    assert!(taken <= 96.0, "{held_now:?}");
+    let (_, audit) = app.get("/api/audit?action=model.replicas").await;
+    assert_eq!(
+        audit[0]["restarts"],
+        json!(["glm-5.3", "vision"]),
+        "{audit}"
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
