@@ -321,7 +321,12 @@ fn edit_group(committed: &mut Committed, model: &str, edit: impl FnOnce(&mut Gro
 /// Whether `trial` (the committed state `before` with its groups on `gpus` changed) fits on `gpus` as
 /// `ledger` (which holds `before`) would hold it: on each, no more than it offers, or no more than it
 /// takes already. Only the groups on those GPUs differ, so only theirs are held again, on those GPUs.
-fn fits(ledger: &Ledger, before: &Committed, trial: &Committed, gpus: &[GpuRef]) -> bool {
+pub(super) fn fits(
+    ledger: &Ledger,
+    before: &Committed,
+    trial: &Committed,
+    gpus: &[GpuRef],
+) -> bool {
     let takes = |committed: &Committed| {
         let mut takes: BTreeMap<GpuRef, Takes> = BTreeMap::new();
         for group in committed

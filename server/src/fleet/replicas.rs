@@ -227,6 +227,17 @@ pub struct ReplicasChange {
     pub waits: Vec<String>,
 }
 
+/// A model whose replicas a change of plan had wait: where they no longer fit beside it, they went.
+#[derive(Debug)]
+pub(super) struct Waited {
+    /// The model.
+    pub model: String,
+    /// Its replicas before.
+    pub from: u32,
+    /// The GPUs its replicas are on now.
+    pub placed: BTreeSet<GpuRef>,
+}
+
 /// An autoscaled model as the gateway samples it.
 #[derive(Debug, Clone)]
 pub struct Autoscaled {
@@ -234,6 +245,18 @@ pub struct Autoscaled {
     pub model: String,
     /// Its replicas placed now.
     pub running: u32,
+}
+
+/// The audit entry of a step of `model`'s replicas, from `from` to those `placed`.
+fn scale_entry(
+    model: &str,
+    from: u32,
+    placed: &BTreeSet<GpuRef>,
+    why: &str,
+) -> crate::audit::Entry {
+    let gpus: Vec<String> = placed.iter().map(GpuRef::id).collect();
+    crate::audit::Entry::new(crate::audit::TESSERA, "model.scale", model)
+        .after(serde_json::json!({ "from": from, "to": placed.len(), "why": why, "gpus": gpus }))
 }
 
 /// The GPUs `model`'s replicas hold their share on in `group`: placed there, a GPU of the group (a repack
@@ -383,7 +406,8 @@ impl Fleet {
                 .transpose()
                 .map_err(|e| ApiError::Unprocessable(e.to_string()))?;
             let restarts = before.is_some() != replicas.is_some();
-            let (mut placed, mut verdict, mut unloaded) = (BTreeSet::new(), None, Vec::new());
+            let (mut placed, mut verdict) = (BTreeSet::new(), None);
+            let (mut unloaded, mut waited) = (Vec::new(), Vec::new());
             match (before, replicas) {
                 (None, None) => {
                     return Ok(ReplicasChange {
@@ -439,20 +463,7 @@ impl Fleet {
                             planned.placed.remove(&model);
                         }
                     }
-                    // The verdict holds one on-demand turn, and has the replicas of others wait where
-                    // they no longer fit; but more turns may be loaded where there was room, and those
-                    // replicas run. On-demand members that no longer fit beside it unload, least recently
-                    // used idle first, as through a change of plan; where that is not enough, nothing
-                    // changes.
-                    let mut trial = (*state.committed).clone();
-                    trial.groups.put(std::sync::Arc::new(planned.clone()));
-                    unloaded = fleet
-                        .make_room(&state, &trial, &group.gpus, None)
-                        .ok_or_else(|| {
-                            ApiError::Conflict(format!(
-                                "{model} on every GPU of its group would not fit beside what runs there now (the replicas of its other members, on-demand members in use): lower their most, or wait for them to be idle, and try again"
-                            ))
-                        })?;
+                    (unloaded, waited) = fleet.fitted(&state, &mut planned);
                 }
             }
             let autoscale = replicas
@@ -474,6 +485,15 @@ impl Fleet {
                     .execute(&mut *tx)
                     .await?;
             }
+            for w in &waited {
+                sqlx::query("UPDATE group_members SET placed = ? WHERE model = ?")
+                    .bind(super::committed::placed_json(&w.placed)?)
+                    .bind(&w.model)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            let why = format!("waits for room: {model} changed its replicas");
+            Fleet::record_waits(&mut tx, &waited, &why).await?;
             sqlx::query("UPDATE groups SET revision = revision + 1 WHERE name = ?")
                 .bind(&group.name)
                 .execute(&mut *tx)
@@ -491,6 +511,7 @@ impl Fleet {
             let group_name = group.name.clone();
             fleet.finish(&mut state, tx, None, None).await?;
             drop(state);
+            fleet.noted_waits(waited, &why);
             if replicas.is_some() {
                 // The windows and the target may differ: the load of late is judged afresh.
                 fleet.scaling.with(&model, |s| {
@@ -639,6 +660,85 @@ impl Fleet {
         .await
     }
 
+    /// `planned` (a group as a change of plan leaves it) made to fit on its GPUs: the loaded on-demand
+    /// members that no longer fit beside it unload (the least recently used idle first; every one where
+    /// that is not enough), then the replicas that no longer fit where they run wait (taken from
+    /// `planned` on each GPU it would fill past what it offers, the least busy first). The verdict holds
+    /// one on-demand turn and has such replicas wait; but more turns may be loaded where there was room,
+    /// and those replicas run. Says which members unloaded, and whose replicas wait.
+    pub(super) fn fitted(
+        &self,
+        state: &super::State,
+        planned: &mut Group,
+    ) -> (Vec<String>, Vec<Waited>) {
+        let trial_of = |planned: &Group| {
+            let mut trial = (*state.committed).clone();
+            trial.groups.put(std::sync::Arc::new(planned.clone()));
+            trial
+        };
+        let unloaded = self
+            .make_room(state, &trial_of(planned), &planned.gpus, None)
+            .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
+        for m in &unloaded {
+            planned.loaded.remove(m);
+            planned.asleep.remove(m);
+        }
+        let before = planned.placed.clone();
+        for gpu in planned.gpus.clone() {
+            let on_gpu = std::slice::from_ref(&gpu);
+            while !super::demand::fits(&state.ledger, &state.committed, &trial_of(planned), on_gpu)
+            {
+                let least_busy = planned
+                    .autoscale
+                    .keys()
+                    .filter(|m| planned.placed.get(*m).is_some_and(|p| p.contains(&gpu)))
+                    .min_by_key(|m| {
+                        let unit = holder::replica(&planned.name, m, &gpu);
+                        self.runtime.requests_in_flight(&unit)
+                    })
+                    .cloned();
+                let Some(model) = least_busy else {
+                    break;
+                };
+                if let Some(placed) = planned.placed.get_mut(&model) {
+                    placed.remove(&gpu);
+                }
+            }
+        }
+        let waited = before
+            .into_iter()
+            .filter_map(|(model, was)| {
+                let now = planned.placed.get(&model)?;
+                (*now != was).then(|| Waited {
+                    model,
+                    from: was.len() as u32,
+                    placed: now.clone(),
+                })
+            })
+            .collect();
+        (unloaded, waited)
+    }
+
+    /// Writes `waited`'s steps, each as the audit entry of a scale step (`model.scale`, by Tessera), in the
+    /// change of plan's transaction.
+    pub(super) async fn record_waits(
+        tx: &mut sqlx::SqliteConnection,
+        waited: &[Waited],
+        why: &str,
+    ) -> Result<(), ApiError> {
+        for w in waited {
+            crate::audit::record(&mut *tx, scale_entry(&w.model, w.from, &w.placed, why)).await?;
+        }
+        Ok(())
+    }
+
+    /// Once its change of plan is committed, `waited`'s steps as events and decisions.
+    pub(super) fn noted_waits(&self, waited: Vec<Waited>, why: &str) {
+        for w in waited {
+            self.noted_step(&w.model, w.from, w.placed.len() as u32, why.to_owned());
+        }
+    }
+
     /// Commits `model`'s replicas as `placed` (from `from`), with its audit entry (`model.scale`, by
     /// Tessera), its event and its decision kept; the ledger and the runtime follow. Under the write lock.
     async fn commit_step(
@@ -650,7 +750,6 @@ impl Fleet {
         why: String,
     ) -> Result<(), ApiError> {
         let to = placed.len() as u32;
-        let now = super::usage::now_ms();
         let mut tx = crate::db::write(&self.pool).await?;
         sqlx::query("UPDATE group_members SET placed = ? WHERE model = ?")
             .bind(super::committed::placed_json(placed)?)
@@ -659,16 +758,16 @@ impl Fleet {
             .await?;
         // The plan (its shares) is as it was: its revision stays, so that a change of plan read before
         // the step still saves.
-        crate::audit::record(
-            &mut tx,
-            crate::audit::Entry::new(crate::audit::TESSERA, "model.scale", model).after(
-                serde_json::json!({ "from": from, "to": to, "why": why, "gpus": placed.iter().map(GpuRef::id).collect::<Vec<_>>() }),
-            ),
-        )
-        .await?;
+        crate::audit::record(&mut tx, scale_entry(model, from, placed, &why)).await?;
         self.finish(state, tx, None, None).await?;
+        self.noted_step(model, from, to, why);
+        Ok(())
+    }
+
+    /// A step of `model`'s replicas, committed: logged, an event, and kept among its decisions.
+    fn noted_step(&self, model: &str, from: u32, to: u32, why: String) {
         tracing::info!("{model}: {from} → {to} replicas ({why})");
-        let at = super::usage::rfc3339(now).unwrap_or_default();
+        let at = super::usage::rfc3339(super::usage::now_ms()).unwrap_or_default();
         self.runtime.publish(crate::runtime::Event::Scale {
             at: at.clone(),
             model: model.to_owned(),
@@ -683,7 +782,6 @@ impl Fleet {
                 s.decisions.pop_front();
             }
         });
-        Ok(())
     }
 
     /// A replica of another autoscaled model of `group` that would make room for one of `model` (`share`,
@@ -1491,7 +1589,7 @@ memory_gb = 80
     }
 
     #[tokio::test]
-    async fn giving_up_replicas_where_another_member_s_replica_runs_on_a_gpu_it_would_overfill_is_refused_saying_what_to_do_and_changes_nothing(
+    async fn giving_up_replicas_where_another_member_s_replica_runs_on_a_gpu_it_would_overfill_has_that_replica_wait(
     ) {
         // Another program takes 20 GB of east: 60 GB left there.
         let app = east_and_west().await;
@@ -1517,26 +1615,92 @@ memory_gb = 80
             .await;
         assert_eq!(status, StatusCode::CREATED, "{second}");
         assert_eq!(held(&app, "west", "glm-5.3").await, Some(36.0));
-        let before = units(&app).await;
 
         // glm-5.3 on east too would be 68 GB of its 60 beside vision's replica there: the verdict has
-        // that replica wait, but it runs.
+        // that replica wait, and it goes, as a scale step of its own.
         let revision = second["revision"].as_i64().unwrap();
-        let (status, refused) = put_replicas(
+        let (status, answer) = put_replicas(
             &app,
             "glm-5.3",
             json!({"revision": revision, "replicas": null}),
         )
         .await;
-        assert_eq!(status, StatusCode::CONFLICT, "{refused}");
+        assert_eq!(status, StatusCode::OK, "{answer}");
+        assert!(!answer["waits"].as_array().unwrap().is_empty(), "{answer}");
+        assert_eq!(held(&app, "east", "glm-5.3").await, Some(36.0));
+        assert_eq!(held(&app, "east", "vision").await, None, "it waits");
+        assert_eq!(held(&app, "west", "vision").await, Some(32.0));
+        let vision = app.fleet.replicas_view("vision").unwrap();
+        assert_eq!(vision.running, 1, "{vision:?}");
         assert_eq!(
-            refused["error"],
-            "glm-5.3 on every GPU of its group would not fit beside what runs there now (the replicas of its other members, on-demand members in use): lower their most, or wait for them to be idle, and try again"
+            vision.decisions.first().map(|d| d.why.as_str()),
+            Some("waits for room: glm-5.3 changed its replicas"),
+            "{vision:?}"
         );
-        assert!(app.fleet.is_autoscaled("glm-5.3"));
-        assert_eq!(units(&app).await, before);
-        let group = second["group"].as_str().unwrap();
-        assert_eq!(app.fleet.group(group).unwrap().revision, revision);
+        let (_, audit) = app.get("/api/audit?action=model.scale").await;
+        assert_eq!(audit[0]["target"], "vision", "{audit}");
+        assert_eq!(audit[0]["after"]["to"], 1, "{audit}");
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn a_plan_change_that_leaves_no_room_for_a_running_replica_has_it_wait_rather_than_overfill_its_gpu(
+    ) {
+        // Another program takes 20 GB of east: 60 GB left there.
+        let app = east_and_west().await;
+        let mut east = crate::inventory::file::parse_inventory(EAST_AND_WEST)
+            .unwrap()
+            .into_iter()
+            .find(|m| m.name == "east")
+            .unwrap();
+        east.gpus[0].held_outside = Bytes::gb(20);
+        app.fleet.refresh_machine(east).await.unwrap();
+        // vision's two replicas, 32 GB on each GPU, beside glm-5.3's 24 GB on each: 56 of east's 60.
+        let (_, first) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 40,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(app.fleet.scale("vision", decision(1, 2)).await.unwrap(), 2);
+        let (status, second) = app
+            .deploy(
+                json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 30,
+                           "revision": first["revision"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{second}");
+
+        // glm-5.3 at 40 %: 32 + 32 on east is over its 60 GB; the plan is warned, vision's replica there
+        // waits.
+        let group = second["group"].as_str().unwrap().to_owned();
+        let body = json!({"revision": second["revision"], "shares": {"vision": 40, "glm-5.3": 40}});
+        let (status, change) = app
+            .call(
+                axum::http::Method::PUT,
+                &format!("/api/groups/{group}/plan"),
+                Some(&body.to_string()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{change}");
+        assert!(!change["waits"].as_array().unwrap().is_empty(), "{change}");
+        assert_eq!(held(&app, "east", "glm-5.3").await, Some(32.0));
+        assert_eq!(held(&app, "east", "vision").await, None, "it waits");
+        let vision = app.fleet.replicas_view("vision").unwrap();
+        assert_eq!(vision.running, 1, "{vision:?}");
+        assert_eq!(
+            vision.decisions.first().map(|d| d.why.clone()),
+            Some(format!("waits for room: the plan of {group} changed")),
+            "{vision:?}"
+        );
+        assert!(
+            app.fleet
+                .desired()
+                .await
+                .iter()
+                .all(|e| e.unit != holder::replica(&group, "vision", &GpuRef::new("east", 0))),
+            "its engine there is not wanted"
+        );
         assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
     }
 

@@ -915,6 +915,22 @@ async fn carry_out(shared: &Arc<Shared>, plan: PlanChange<'_>, cancel: &mut Canc
             .collect(),
     };
     shared.set_progress(group, &progress);
+    // What runs of the group and is none of its engines now, nor a member the steps stop (a replica the
+    // plan has wait for room, one a scale step removed), stops before anything starts: the plan does not
+    // hold its memory.
+    let prefix = placement::holder::group_prefix(group);
+    let gone: Vec<String> = shared
+        .lock()
+        .with_prefix(&prefix)
+        .map(|(unit, _)| unit.to_owned())
+        .filter(|unit| !members.iter().any(|m| &m.unit == unit) && !leaving.contains(unit))
+        .filter(|unit| {
+            !steps
+                .iter()
+                .any(|s| matches!(s, Step::Stop(m) if is_member(unit, Some(group), m)))
+        })
+        .collect();
+    shared.stop_units(&gone).await;
     for (i, step) in steps.iter().enumerate() {
         // A stop first lets its engine finish the requests it has in flight.
         let doing = matches!(step, Step::Stop(_)).then(|| "draining".to_owned());

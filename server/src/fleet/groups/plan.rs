@@ -123,15 +123,7 @@ impl Fleet {
         planned.asleep.retain(|m, _| {
             planned.loaded.contains(m) && share_of(&group.members, m) == share_of(&after, m)
         });
-        let mut trial = (*state.committed).clone();
-        trial.groups.put(Arc::new(planned.clone()));
-        let unloaded = self
-            .make_room(state, &trial, &group.gpus, None)
-            .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
-        for m in &unloaded {
-            planned.loaded.remove(m);
-            planned.asleep.remove(m);
-        }
+        let (unloaded, waited) = self.fitted(state, &mut planned);
         let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
         let running_after: Vec<Share> = running_after
             .into_iter()
@@ -256,6 +248,8 @@ impl Fleet {
                 .collect::<serde_json::Map<_, _>>()
                 .into()
         };
+        let why = format!("waits for room: the plan of {} changed", group.name);
+        Fleet::record_waits(&mut tx, &waited, &why).await?;
         crate::audit::record(
             &mut tx,
             crate::audit::Entry::new(note.actor, note.action, note.target)
@@ -275,6 +269,7 @@ impl Fleet {
             Some((group.name.clone(), revision, change.steps.clone())),
         )
         .await?;
+        self.noted_waits(waited, &why);
         Ok(PlanChange {
             group: Some(group.name.clone()),
             revision,

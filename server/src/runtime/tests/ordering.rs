@@ -387,3 +387,40 @@ async fn a_plan_s_stop_of_a_member_stops_it_where_it_ran_as_the_plan_was_committ
     );
     runtime.shutdown().await;
 }
+
+#[tokio::test]
+async fn a_replica_a_plan_no_longer_runs_stops_before_the_plan_starts_anything_on_its_gpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let runtime = Runtime::open(database(dir.path()).await, settings(dir.path()))
+        .await
+        .unwrap();
+    // v's replica on GPU 0, an engine that takes a second to exit.
+    let replica = placement::holder::replica("g", "v", &placement::GpuRef::new("here", 0));
+    runtime.submit(Change::Update {
+        units: vec![replica.clone()],
+        desired: vec![answering(dir.path(), &replica, 0, 1.0)],
+    });
+    tokio::time::timeout(PATIENCE, runtime.settled())
+        .await
+        .expect("the replica runs");
+    // A plan of g whose members no longer run it (it waits for room) and start p on GPU 0.
+    let member = placement::holder::member("g", "p", "here");
+    runtime.submit(Change::Plan {
+        group: "g".to_owned(),
+        revision: 2,
+        steps: vec![placement::Step::Start(
+            "p".to_owned(),
+            placement::BasisPoints(5000),
+        )],
+        members: vec![answering(dir.path(), &member, 0, 0.0)],
+    });
+    wait_until("p starts", || runtime.engine(&member).is_some()).await;
+    assert!(
+        runtime.engine(&replica).is_none(),
+        "the replica had stopped before p started beside it"
+    );
+    tokio::time::timeout(PATIENCE, runtime.settled())
+        .await
+        .expect("every change is carried out");
+    runtime.shutdown().await;
+}
