@@ -463,7 +463,7 @@ impl Fleet {
                             planned.placed.remove(&model);
                         }
                     }
-                    (unloaded, waited) = fleet.fitted(&state, &mut planned);
+                    (unloaded, waited) = fleet.fitted(&state, &mut planned, Some(&model));
                 }
             }
             let autoscale = replicas
@@ -660,51 +660,77 @@ impl Fleet {
         .await
     }
 
-    /// `planned` (a group as a change of plan leaves it) made to fit on its GPUs: the loaded on-demand
-    /// members that no longer fit beside it unload (the least recently used idle first; every one where
-    /// that is not enough), then the replicas that no longer fit where they run wait (taken from
-    /// `planned` on each GPU it would fill past what it offers, the least busy first). The verdict holds
-    /// one on-demand turn and has such replicas wait; but more turns may be loaded where there was room,
-    /// and those replicas run. Says which members unloaded, and whose replicas wait.
+    /// `planned` (a group as a change of plan leaves it, `changing` the member it deploys or changes) made
+    /// to fit on its GPUs. The verdict holds one on-demand turn and has replicas wait where they no longer
+    /// fit; but more turns may be loaded where there was room, and those replicas run. So: the loaded
+    /// on-demand members that no longer fit beside it unload, the least recently used idle first; where
+    /// that is not enough, the replicas of the other members on a GPU it would overfill wait (taken from
+    /// `planned`, those above their model's least first, then the least busy), on each GPU where their
+    /// going makes it fit; then idle on-demand members again, and every loaded one where still needed (as
+    /// a change of plan always did). Says which members unloaded, and whose replicas wait.
     pub(super) fn fitted(
         &self,
         state: &super::State,
         planned: &mut Group,
+        changing: Option<&str>,
     ) -> (Vec<String>, Vec<Waited>) {
         let trial_of = |planned: &Group| {
             let mut trial = (*state.committed).clone();
             trial.groups.put(std::sync::Arc::new(planned.clone()));
             trial
         };
-        let unloaded = self
-            .make_room(state, &trial_of(planned), &planned.gpus, None)
-            .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
-        for m in &unloaded {
-            planned.loaded.remove(m);
-            planned.asleep.remove(m);
+        let unload = |planned: &mut Group, members: &[String]| {
+            for m in members {
+                planned.loaded.remove(m);
+                planned.asleep.remove(m);
+            }
+        };
+        if let Some(unloaded) = self.make_room(state, &trial_of(planned), &planned.gpus, None) {
+            unload(planned, &unloaded);
+            return (unloaded, Vec::new());
         }
         let before = planned.placed.clone();
         for gpu in planned.gpus.clone() {
             let on_gpu = std::slice::from_ref(&gpu);
-            while !super::demand::fits(&state.ledger, &state.committed, &trial_of(planned), on_gpu)
-            {
-                let least_busy = planned
-                    .autoscale
-                    .keys()
-                    .filter(|m| planned.placed.get(*m).is_some_and(|p| p.contains(&gpu)))
-                    .min_by_key(|m| {
-                        let unit = holder::replica(&planned.name, m, &gpu);
-                        self.runtime.requests_in_flight(&unit)
-                    })
-                    .cloned();
-                let Some(model) = least_busy else {
-                    break;
-                };
-                if let Some(placed) = planned.placed.get_mut(&model) {
+            let fits = |planned: &Group| {
+                super::demand::fits(&state.ledger, &state.committed, &trial_of(planned), on_gpu)
+            };
+            let mut candidates: Vec<(bool, usize, String)> = planned
+                .autoscale
+                .iter()
+                .filter(|(m, _)| Some(m.as_str()) != changing)
+                .filter(|(m, _)| planned.placed.get(*m).is_some_and(|p| p.contains(&gpu)))
+                .map(|(m, scale)| {
+                    let running = planned.placed.get(m).map_or(0, BTreeSet::len) as u32;
+                    let unit = holder::replica(&planned.name, m, &gpu);
+                    let busy = self.runtime.requests_in_flight(&unit);
+                    (running <= scale.min(), busy, m.clone())
+                })
+                .collect();
+            candidates.sort();
+            // Only where their going makes the GPU fit: else they run on, and the members on demand go.
+            let mut without = planned.clone();
+            for (_, _, m) in &candidates {
+                if let Some(placed) = without.placed.get_mut(m) {
                     placed.remove(&gpu);
                 }
             }
+            if fits(planned) || !fits(&without) {
+                continue;
+            }
+            for (_, _, m) in candidates {
+                if let Some(placed) = planned.placed.get_mut(&m) {
+                    placed.remove(&gpu);
+                }
+                if fits(planned) {
+                    break;
+                }
+            }
         }
+        let unloaded = self
+            .make_room(state, &trial_of(planned), &planned.gpus, None)
+            .unwrap_or_else(|| planned.loaded.iter().cloned().collect());
+        unload(planned, &unloaded);
         let waited = before
             .into_iter()
             .filter_map(|(model, was)| {
@@ -898,6 +924,17 @@ memory_gb = 80
             .clone();
         let other = if placed == "east" { "west" } else { "east" };
         (app, change, placed, other)
+    }
+
+    /// `machine` (of east and west) read again with `gb` GB of its GPU taken by another program.
+    async fn taken_outside(app: &TestApp, machine: &str, gb: u64) {
+        let mut found = crate::inventory::file::parse_inventory(EAST_AND_WEST)
+            .unwrap()
+            .into_iter()
+            .find(|m| m.name == machine)
+            .unwrap();
+        found.gpus[0].held_outside = Bytes::gb(gb);
+        app.fleet.refresh_machine(found).await.unwrap();
     }
 
     /// The first scale step the event stream carries.
@@ -1232,20 +1269,8 @@ memory_gb = 80
         // Each GPU reads 48 GB taken outside the plan: what it reads of a replica's engine that has left
         // the plan and not yet stopped (draining). Read before the replica leaves, so that the step that
         // makes way already finds it (until then it counts that memory twice, which changes no choice).
-        let reading = |machine: &str, gb: u64| {
-            let mut found = crate::inventory::file::parse_inventory(EAST_AND_WEST)
-                .unwrap()
-                .into_iter()
-                .find(|m| m.name == machine)
-                .unwrap();
-            found.gpus[0].held_outside = Bytes::gb(gb);
-            found
-        };
         for machine in ["east", "west"] {
-            app.fleet
-                .refresh_machine(reading(machine, 48))
-                .await
-                .unwrap();
+            taken_outside(&app, machine, 48).await;
         }
         // One of vision's replicas makes way; its room is not free yet, so speech's replica waits, with
         // why, and no other replica is asked, however often speech asks again meanwhile.
@@ -1270,7 +1295,7 @@ memory_gb = 80
             .into_iter()
             .find(|m| vision.gpus.iter().all(|g| g.machine != *m))
             .unwrap();
-        app.fleet.refresh_machine(reading(left, 0)).await.unwrap();
+        taken_outside(&app, left, 0).await;
         assert_eq!(app.fleet.scale("speech", decision(0, 1)).await.unwrap(), 1);
         let speech = app.fleet.replicas_view("speech").unwrap();
         assert_eq!(speech.gpus[0].machine, left, "{speech:?}");
@@ -1593,13 +1618,7 @@ memory_gb = 80
     ) {
         // Another program takes 20 GB of east: 60 GB left there.
         let app = east_and_west().await;
-        let mut east = crate::inventory::file::parse_inventory(EAST_AND_WEST)
-            .unwrap()
-            .into_iter()
-            .find(|m| m.name == "east")
-            .unwrap();
-        east.gpus[0].held_outside = Bytes::gb(20);
-        app.fleet.refresh_machine(east).await.unwrap();
+        taken_outside(&app, "east", 20).await;
         // vision's two replicas, 32 GB on each GPU; glm-5.3's one replica, 36 GB, fits on west alone.
         let (_, first) = app
             .deploy(
@@ -1648,13 +1667,7 @@ memory_gb = 80
     ) {
         // Another program takes 20 GB of east: 60 GB left there.
         let app = east_and_west().await;
-        let mut east = crate::inventory::file::parse_inventory(EAST_AND_WEST)
-            .unwrap()
-            .into_iter()
-            .find(|m| m.name == "east")
-            .unwrap();
-        east.gpus[0].held_outside = Bytes::gb(20);
-        app.fleet.refresh_machine(east).await.unwrap();
+        taken_outside(&app, "east", 20).await;
         // vision's two replicas, 32 GB on each GPU, beside glm-5.3's 24 GB on each: 56 of east's 60.
         let (_, first) = app
             .deploy(
@@ -1701,6 +1714,54 @@ memory_gb = 80
                 .all(|e| e.unit != holder::replica(&group, "vision", &GpuRef::new("east", 0))),
             "its engine there is not wanted"
         );
+        assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
+    }
+
+    #[tokio::test]
+    async fn where_a_plan_change_leaves_room_for_fewer_replicas_on_a_gpu_one_above_its_model_s_least_waits_before_one_at_it(
+    ) {
+        // Another program takes 20 GB of east: 60 GB left there.
+        let app = east_and_west().await;
+        taken_outside(&app, "east", 20).await;
+        // vision's two replicas (its least 1) on both GPUs, speech's one (its least 1) on east, 20 GB
+        // each, beside glm-5.3's 16 GB on each: 56 of east's 60.
+        let (_, first) = app
+            .deploy(
+                json!({"model": "vision", "gpus": ["east:0", "west:0"], "share": 25,
+                           "replicas": {"min": 1, "max": 2}}),
+            )
+            .await;
+        assert_eq!(app.fleet.scale("vision", decision(1, 2)).await.unwrap(), 2);
+        let (_, second) = app
+            .deploy(
+                json!({"model": "speech", "gpus": ["east:0", "west:0"], "share": 25,
+                           "replicas": {"min": 1, "max": 1}, "revision": first["revision"]}),
+            )
+            .await;
+        assert_eq!(held(&app, "east", "speech").await, Some(20.0));
+        let (status, third) = app
+            .deploy(
+                json!({"model": "glm-5.3", "gpus": ["east:0", "west:0"], "share": 20,
+                           "revision": second["revision"]}),
+            )
+            .await;
+        assert_eq!(status, StatusCode::CREATED, "{third}");
+
+        // glm-5.3 at 30 %: east holds one replica beside it, not two. vision has one to spare.
+        let group = third["group"].as_str().unwrap().to_owned();
+        let body = json!({"revision": third["revision"],
+                          "shares": {"vision": 25, "speech": 25, "glm-5.3": 30}});
+        let (status, change) = app
+            .call(
+                axum::http::Method::PUT,
+                &format!("/api/groups/{group}/plan"),
+                Some(&body.to_string()),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{change}");
+        assert_eq!(held(&app, "east", "speech").await, Some(20.0));
+        assert_eq!(held(&app, "east", "vision").await, None);
+        assert_eq!(held(&app, "west", "vision").await, Some(20.0));
         assert_eq!(app.fleet.check().await.unwrap(), Vec::<String>::new());
     }
 

@@ -123,7 +123,8 @@ impl Fleet {
         planned.asleep.retain(|m, _| {
             planned.loaded.contains(m) && share_of(&group.members, m) == share_of(&after, m)
         });
-        let (unloaded, waited) = self.fitted(state, &mut planned);
+        let changing = serving.as_ref().map(|(model, _)| *model);
+        let (unloaded, waited) = self.fitted(state, &mut planned, changing);
         let moving_in: Vec<&str> = moving.iter().map(|(_, s)| s.member.as_str()).collect();
         let running_after: Vec<Share> = running_after
             .into_iter()
