@@ -577,7 +577,7 @@ impl Fleet {
             if decision.from != from && !dropped {
                 return Ok(from);
             }
-            let mut reasons = Vec::new();
+            let (mut reasons, mut unloads) = (Vec::new(), Vec::new());
             if decision.to > from {
                 let share = share_of(&group, &model)?;
                 let wanted = (decision.to - from) as usize;
@@ -608,7 +608,7 @@ impl Fleet {
                     }
                     let made_way = format!("made way for {model}: idle");
                     fleet
-                        .commit_step(&mut state, &other, before, &kept, made_way)
+                        .commit_step(&mut state, &other, before, &kept, made_way, &[])
                         .await?;
                     yielded += 1;
                     (fits, why) = best_fit(&state.ledger, &group, &model, share, &placed);
@@ -616,7 +616,12 @@ impl Fleet {
                 if yielded > 0 {
                     fleet.scaling.with(&model, |s| s.made_way_at_ms = now);
                 }
+                let missing = wanted.saturating_sub(fits.len() + yielded);
+                let (made_room, unloading) =
+                    fleet.on_demand_make_way(&state, &model, &placed, &fits, missing);
+                unloads = unloading;
                 placed.extend(fits.into_iter().take(wanted));
+                placed.extend(made_room);
                 reasons = why;
             } else {
                 for gpu in least_busy(
@@ -653,7 +658,7 @@ impl Fleet {
                 return Ok(to);
             }
             fleet
-                .commit_step(&mut state, &model, from, &placed, decision.why)
+                .commit_step(&mut state, &model, from, &placed, decision.why, &unloads)
                 .await?;
             Ok(to)
         })
@@ -765,8 +770,60 @@ impl Fleet {
         }
     }
 
+    /// The GPUs of `model`'s group, not in `placed` nor `fits`, where idle on-demand members loaded
+    /// beside the plan's turn going lets a replica of it run: up to `missing` of them, with those members
+    /// (least recently used first, as a load makes way). Under the write lock.
+    fn on_demand_make_way(
+        &self,
+        state: &super::State,
+        model: &str,
+        placed: &BTreeSet<GpuRef>,
+        fits: &[GpuRef],
+        missing: usize,
+    ) -> (Vec<GpuRef>, Vec<String>) {
+        let (mut made_room, mut unloads) = (Vec::new(), Vec::new());
+        let latest = state.committed.clone();
+        let Some(mut planned) = latest.group_of(model).cloned() else {
+            return (made_room, unloads);
+        };
+        let candidates: Vec<GpuRef> = planned
+            .gpus
+            .iter()
+            .filter(|g| !placed.contains(*g) && !fits.contains(*g))
+            .cloned()
+            .collect();
+        for gpu in candidates {
+            if made_room.len() >= missing {
+                break;
+            }
+            let mut trial_group = planned.clone();
+            trial_group
+                .placed
+                .entry(model.to_owned())
+                .or_default()
+                .insert(gpu.clone());
+            let mut trial = (*latest).clone();
+            trial.groups.put(std::sync::Arc::new(trial_group.clone()));
+            let Some(unload) = self
+                .make_room(state, &trial, std::slice::from_ref(&gpu), None)
+                .filter(|u| !u.is_empty())
+            else {
+                continue;
+            };
+            for m in &unload {
+                trial_group.loaded.remove(m);
+                trial_group.asleep.remove(m);
+            }
+            planned = trial_group;
+            made_room.push(gpu);
+            unloads.extend(unload);
+        }
+        (made_room, unloads)
+    }
+
     /// Commits `model`'s replicas as `placed` (from `from`), with its audit entry (`model.scale`, by
-    /// Tessera), its event and its decision kept; the ledger and the runtime follow. Under the write lock.
+    /// Tessera), its event and its decision kept, and the on-demand members `unloading` to make way for
+    /// it unloaded; the ledger and the runtime follow. Under the write lock.
     async fn commit_step(
         &self,
         state: &mut super::State,
@@ -774,6 +831,7 @@ impl Fleet {
         from: u32,
         placed: &BTreeSet<GpuRef>,
         why: String,
+        unloading: &[String],
     ) -> Result<(), ApiError> {
         let to = placed.len() as u32;
         let mut tx = crate::db::write(&self.pool).await?;
@@ -782,6 +840,19 @@ impl Fleet {
             .bind(model)
             .execute(&mut *tx)
             .await?;
+        for other in unloading {
+            sqlx::query("UPDATE group_members SET loaded = 0, asleep = NULL WHERE model = ?")
+                .bind(other)
+                .execute(&mut *tx)
+                .await?;
+            let reason = format!("idle, it makes room for a replica of {model}");
+            crate::audit::record(
+                &mut tx,
+                crate::audit::Entry::new(crate::audit::TESSERA, "model.unload", other)
+                    .after(serde_json::json!({ "reason": reason })),
+            )
+            .await?;
+        }
         // The plan (its shares) is as it was: its revision stays, so that a change of plan read before
         // the step still saves.
         crate::audit::record(&mut tx, scale_entry(model, from, placed, &why)).await?;

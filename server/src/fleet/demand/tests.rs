@@ -475,3 +475,58 @@ async fn a_member_that_gives_up_its_replicas_unloads_the_loaded_on_demand_member
     );
     app.fleet.check_ledger().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_replica_that_finds_no_room_has_idle_on_demand_members_loaded_beside_the_turn_unload_least_recently_used_first(
+) {
+    // The router at 10 %, vision and speech on demand at 35 % each, glm-5.3 with a min of 0 replicas at
+    // 30 %: the plan holds 10 + 35 + 30. vision and speech are loaded together (80 %), idle.
+    let app = majin_and_atlas_with_catalog().await;
+    deploy(
+        &app,
+        json!({"model": "semantic-router", "gpus": ["atlas:1"], "share": 10}),
+    )
+    .await;
+    let mut revision = 1;
+    for model in ["vision", "speech"] {
+        let change = deploy(
+            &app,
+            json!({"model": model, "gpus": ["atlas:1"], "share": 35, "revision": revision, "demand": on_demand(60)}),
+        )
+        .await;
+        revision = change["revision"].as_i64().unwrap();
+    }
+    deploy(
+        &app,
+        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 30, "revision": revision,
+               "replicas": {"min": 0, "max": 1}}),
+    )
+    .await;
+    for model in ["vision", "speech"] {
+        app.fleet.load(model).await.unwrap();
+        answered(&app, model);
+    }
+
+    // A request for glm-5.3 asks for a replica: 30 % more than the 20 % left.
+    let decision = placement::scale::Decision {
+        from: 0,
+        to: 1,
+        why: "1 request waiting with no replica running".to_owned(),
+    };
+    assert_eq!(app.fleet.scale("glm-5.3", decision).await.unwrap(), 1);
+    assert_eq!(
+        (app.fleet.on_demand("vision"), app.fleet.on_demand("speech")),
+        (Some(false), Some(true)),
+        "the least recently used made way"
+    );
+    let held_now = sharers(&app).await;
+    let taken: f64 = held_now.iter().map(|(_, gb)| gb).sum();
+    assert!(taken <= 96.0, "{held_now:?}");
+    let (_, audit) = app.get("/api/audit?action=model.unload").await;
+    assert_eq!(audit[0]["target"], "vision", "{audit}");
+    assert_eq!(
+        audit[0]["after"]["reason"],
+        "idle, it makes room for a replica of glm-5.3"
+    );
+    app.fleet.check_ledger().await.unwrap();
+}
