@@ -415,34 +415,36 @@ fn a_model_yields_its_room_only_to_the_cold_model_that_still_waits_and_only_unti
     assert!(!activity.yields_to("vision", "speech"));
 }
 
-#[tokio::test]
-async fn a_member_that_gives_up_its_replicas_unloads_the_loaded_on_demand_members_that_no_longer_fit_beside_it(
-) {
-    // The router at 10 % and glm-5.3 with a min of 0 replicas at 45 %, running none: vision and speech,
-    // on demand at 25 % each, are loaded together.
+/// The router at 10 % on atlas:1, then each of `members` (a deploy's fields, less its GPUs and revision)
+/// there in order; then vision and speech, on demand among them, loaded (vision first) and idle.
+async fn router_and(members: &[Value]) -> TestApp {
     let app = majin_and_atlas_with_catalog().await;
-    deploy(
-        &app,
-        json!({"model": "semantic-router", "gpus": ["atlas:1"], "share": 10}),
-    )
-    .await;
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 45, "revision": 1,
-               "replicas": {"min": 0, "max": 1}}),
-    )
-    .await;
-    for (revision, model) in [(2, "vision"), (3, "speech")] {
-        deploy(
-            &app,
-            json!({"model": model, "gpus": ["atlas:1"], "share": 25, "revision": revision, "demand": on_demand(60)}),
-        )
-        .await;
+    let router = json!({"model": "semantic-router", "gpus": ["atlas:1"], "share": 10});
+    let mut revision = deploy(&app, router).await["revision"].clone();
+    for member in members {
+        let mut body = member.clone();
+        body["gpus"] = json!(["atlas:1"]);
+        body["revision"] = revision;
+        revision = deploy(&app, body).await["revision"].clone();
     }
     for model in ["vision", "speech"] {
         app.fleet.load(model).await.unwrap();
         answered(&app, model);
     }
+    app
+}
+
+#[tokio::test]
+async fn a_member_that_gives_up_its_replicas_unloads_the_loaded_on_demand_members_that_no_longer_fit_beside_it(
+) {
+    // The router at 10 % and glm-5.3 with a min of 0 replicas at 45 %, running none: vision and speech,
+    // on demand at 25 % each, are loaded together.
+    let app = router_and(&[
+        json!({"model": "glm-5.3", "share": 45, "replicas": {"min": 0, "max": 1}}),
+        json!({"model": "vision", "share": 25, "demand": on_demand(60)}),
+        json!({"model": "speech", "share": 25, "demand": on_demand(60)}),
+    ])
+    .await;
     assert_eq!(
         (app.fleet.on_demand("vision"), app.fleet.on_demand("speech")),
         (Some(true), Some(true))
@@ -481,31 +483,12 @@ async fn a_replica_that_finds_no_room_has_idle_on_demand_members_loaded_beside_t
 ) {
     // The router at 10 %, vision and speech on demand at 35 % each, glm-5.3 with a min of 0 replicas at
     // 30 %: the plan holds 10 + 35 + 30. vision and speech are loaded together (80 %), idle.
-    let app = majin_and_atlas_with_catalog().await;
-    deploy(
-        &app,
-        json!({"model": "semantic-router", "gpus": ["atlas:1"], "share": 10}),
-    )
+    let app = router_and(&[
+        json!({"model": "vision", "share": 35, "demand": on_demand(60)}),
+        json!({"model": "speech", "share": 35, "demand": on_demand(60)}),
+        json!({"model": "glm-5.3", "share": 30, "replicas": {"min": 0, "max": 1}}),
+    ])
     .await;
-    let mut revision = 1;
-    for model in ["vision", "speech"] {
-        let change = deploy(
-            &app,
-            json!({"model": model, "gpus": ["atlas:1"], "share": 35, "revision": revision, "demand": on_demand(60)}),
-        )
-        .await;
-        revision = change["revision"].as_i64().unwrap();
-    }
-    deploy(
-        &app,
-        json!({"model": "glm-5.3", "gpus": ["atlas:1"], "share": 30, "revision": revision,
-               "replicas": {"min": 0, "max": 1}}),
-    )
-    .await;
-    for model in ["vision", "speech"] {
-        app.fleet.load(model).await.unwrap();
-        answered(&app, model);
-    }
 
     // A request for glm-5.3 asks for a replica: 30 % more than the 20 % left.
     let decision = placement::scale::Decision {
