@@ -207,19 +207,28 @@ impl Conductor {
                 // the stop steps stop is the engines of the members leaving that run now, wherever they
                 // run (the router moving in leaves another group), not what runs under their names by the
                 // time the steps are carried out: a newer change may have deployed one again elsewhere.
-                let (touched_now, leaving): (Vec<String>, BTreeSet<String>) = {
+                let (touched_now, leaving, gone): (
+                    Vec<String>,
+                    BTreeSet<String>,
+                    BTreeSet<String>,
+                ) = {
                     let units = self.shared.lock();
                     let leaving: BTreeSet<String> = stopped
                         .iter()
                         .flat_map(|m| units.members_named(m))
                         .map(|(unit, _)| unit.to_owned())
                         .collect();
+                    let gone = units
+                        .with_prefix(&prefix)
+                        .map(|(unit, _)| unit.to_owned())
+                        .filter(|u| !members.iter().any(|m| &m.unit == u) && !leaving.contains(u))
+                        .collect();
                     let touched_now = units
                         .with_prefix(&prefix)
                         .map(|(unit, _)| unit.to_owned())
                         .chain(leaving.iter().cloned())
                         .collect();
-                    (touched_now, leaving)
+                    (touched_now, leaving, gone)
                 };
                 let mut left = self.cancel(|s| {
                     touched(&s.unit)
@@ -249,6 +258,7 @@ impl Conductor {
                         steps: &steps,
                         members: &members,
                         leaving: &leaving,
+                        gone: &gone,
                     };
                     carry_out(&shared, plan, &mut cancel).await;
                     left.take(&shared, &mut cancel).await;
@@ -884,6 +894,8 @@ struct PlanChange<'a> {
     members: &'a [EngineSpec],
     /// The engines of the members it stops, as they ran when it was committed.
     leaving: &'a BTreeSet<String>,
+    /// The other engines of the group that ran when it was committed and that it no longer runs.
+    gone: &'a BTreeSet<String>,
 }
 
 /// A committed plan change of `group`: its steps in order, then whatever of the group is still not as
@@ -895,6 +907,7 @@ async fn carry_out(shared: &Arc<Shared>, plan: PlanChange<'_>, cancel: &mut Canc
         steps,
         members,
         leaving,
+        gone,
     } = plan;
     let mut progress = Progress {
         revision,
@@ -915,20 +928,17 @@ async fn carry_out(shared: &Arc<Shared>, plan: PlanChange<'_>, cancel: &mut Canc
             .collect(),
     };
     shared.set_progress(group, &progress);
-    // What runs of the group and is none of its engines now, nor a member the steps stop (a replica the
-    // plan has wait for room, one a scale step removed), stops before anything starts: the plan does not
-    // hold its memory.
-    let prefix = placement::holder::group_prefix(group);
-    let gone: Vec<String> = shared
-        .lock()
-        .with_prefix(&prefix)
-        .map(|(unit, _)| unit.to_owned())
-        .filter(|unit| !members.iter().any(|m| &m.unit == unit) && !leaving.contains(unit))
+    // What ran of the group as it was committed and is none of its engines, nor a member the steps stop
+    // (a replica the plan has wait for room, one a scale step removed), stops before anything starts:
+    // the plan does not hold its memory. What a newer change started since is that change's.
+    let gone: Vec<String> = gone
+        .iter()
         .filter(|unit| {
             !steps
                 .iter()
                 .any(|s| matches!(s, Step::Stop(m) if is_member(unit, Some(group), m)))
         })
+        .cloned()
         .collect();
     shared.stop_units(&gone).await;
     for (i, step) in steps.iter().enumerate() {
