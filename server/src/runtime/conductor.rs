@@ -207,29 +207,28 @@ impl Conductor {
                 // the stop steps stop is the engines of the members leaving that run now, wherever they
                 // run (the router moving in leaves another group), not what runs under their names by the
                 // time the steps are carried out: a newer change may have deployed one again elsewhere.
-                let (touched_now, leaving, gone): (
-                    Vec<String>,
-                    BTreeSet<String>,
-                    BTreeSet<String>,
-                ) = {
+                let (touched_now, leaving): (Vec<String>, BTreeSet<String>) = {
                     let units = self.shared.lock();
                     let leaving: BTreeSet<String> = stopped
                         .iter()
                         .flat_map(|m| units.members_named(m))
                         .map(|(unit, _)| unit.to_owned())
                         .collect();
-                    let gone = units
-                        .with_prefix(&prefix)
-                        .map(|(unit, _)| unit.to_owned())
-                        .filter(|u| !members.iter().any(|m| &m.unit == u) && !leaving.contains(u))
-                        .collect();
                     let touched_now = units
                         .with_prefix(&prefix)
                         .map(|(unit, _)| unit.to_owned())
                         .chain(leaving.iter().cloned())
                         .collect();
-                    (touched_now, leaving, gone)
+                    (touched_now, leaving)
                 };
+                // The rest of the group as it runs now that it no longer runs, and no step stops: stopped
+                // before the steps (`carry_out`).
+                let gone: Vec<String> = touched_now
+                    .iter()
+                    .filter(|u| !members.iter().any(|m| &m.unit == *u) && !leaving.contains(*u))
+                    .filter(|u| !stopped.iter().any(|m| is_member(u, Some(&group), m)))
+                    .cloned()
+                    .collect();
                 let mut left = self.cancel(|s| {
                     touched(&s.unit)
                         && !members
@@ -894,8 +893,9 @@ struct PlanChange<'a> {
     members: &'a [EngineSpec],
     /// The engines of the members it stops, as they ran when it was committed.
     leaving: &'a BTreeSet<String>,
-    /// The other engines of the group that ran when it was committed and that it no longer runs.
-    gone: &'a BTreeSet<String>,
+    /// The other engines of the group that ran when it was committed, that it no longer runs and no step
+    /// stops.
+    gone: &'a [String],
 }
 
 /// A committed plan change of `group`: its steps in order, then whatever of the group is still not as
@@ -931,16 +931,7 @@ async fn carry_out(shared: &Arc<Shared>, plan: PlanChange<'_>, cancel: &mut Canc
     // What ran of the group as it was committed and is none of its engines, nor a member the steps stop
     // (a replica the plan has wait for room, one a scale step removed), stops before anything starts:
     // the plan does not hold its memory. What a newer change started since is that change's.
-    let gone: Vec<String> = gone
-        .iter()
-        .filter(|unit| {
-            !steps
-                .iter()
-                .any(|s| matches!(s, Step::Stop(m) if is_member(unit, Some(group), m)))
-        })
-        .cloned()
-        .collect();
-    shared.stop_units(&gone).await;
+    shared.stop_units(gone).await;
     for (i, step) in steps.iter().enumerate() {
         // A stop first lets its engine finish the requests it has in flight.
         let doing = matches!(step, Step::Stop(_)).then(|| "draining".to_owned());
