@@ -157,12 +157,13 @@ fn series(metrics: &str, name: &str, label: &str) -> Option<f64> {
 async fn a_models_requests_waiting_for_an_engine_and_those_in_flight_to_each_engine_are_in_the_metrics(
 ) {
     let dir = tempfile::tempdir().unwrap();
-    // Engines that take two seconds to load: a request sent at once waits.
-    let server = Arc::new(Server::start(dir.path(), 2_000).await);
+    // Engines that take five seconds to load: a request sent at once waits, even on a machine so busy
+    // that the request and the polls of the metrics lag by seconds; its answer streams for seconds too.
+    let server = Arc::new(Server::start(dir.path(), 5_000).await);
     deploy(
         &server,
         json!({"model": "glm-5.3", "gpus": ["atlas:0"], "share": 40,
-               "env": {"TESSERA_DEMO_TOKEN_MS": "150"}}),
+               "env": {"TESSERA_DEMO_TOKEN_MS": "400"}}),
     )
     .await;
     let asking = {

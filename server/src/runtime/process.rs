@@ -289,11 +289,13 @@ pub fn signal_one(pid: u32, signal: Signal) {
 }
 
 /// Runs blocking work (reading `/proc` or a log, starting a process) on the blocking pool, so that it does
-/// not hold up the executor's threads.
+/// not hold up the executor's threads. A panic in `work` is raised here; work the pool cancelled (only as the
+/// runtime shuts down, which drops this task too) never returns.
 pub async fn off_executor<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> T {
     match tokio::task::spawn_blocking(work).await {
         Ok(value) => value,
-        Err(e) => std::panic::resume_unwind(e.into_panic()),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(_) => std::future::pending().await,
     }
 }
 

@@ -176,7 +176,11 @@ pub(super) async fn measure(settings: &Settings, spec: &EngineSpec, pid: Option<
 /// What the engine's processes (those of its process group, led by `pid`) hold on each of its GPUs, as
 /// the simulated driver or NVML reads it; none where it cannot be read (a cluster's node, where Ray gives
 /// no PIDs).
-async fn held(settings: &Settings, spec: &EngineSpec, pid: Option<u32>) -> Option<Vec<Bytes>> {
+pub(super) async fn held(
+    settings: &Settings,
+    spec: &EngineSpec,
+    pid: Option<u32>,
+) -> Option<Vec<Bytes>> {
     use super::process::{group_members, off_executor};
     let pid = pid?;
     let (machine, gpus) = (spec.machine.clone(), spec.gpus.clone());

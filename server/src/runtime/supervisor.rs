@@ -39,6 +39,8 @@ pub(super) async fn supervise(
     let settings = shared.settings.clone();
     let unit = spec.unit.clone();
     let mut failures: u32 = 0;
+    // Starts in a row that took more than their share sizing by what was free.
+    let mut oversized: u32 = 0;
     let mut adopted = match begin {
         Begin::Adopt(running) => Some(running),
         Begin::Start => None,
@@ -204,6 +206,15 @@ pub(super) async fn supervise(
                     } else if serving.is_ok() && healthy(&host, port, key.as_deref(), settings.health_interval.max(PROBE_TIMEOUT)).await {
                         failed_checks = 0;
                         if !healthy_once || shared.state(&unit) != Some(EngineState::Healthy) {
+                            if reading.is_some() {
+                                if let Some(why) = took_too_much(&shared, &spec, running.pid(), &mut oversized).await {
+                                    // Its stop frees what it took: not while another beside it sizes itself.
+                                    reading = None;
+                                    let _freeing = freeing(&shared, &spec).await;
+                                    let stuck = running.stop().await;
+                                    break with_stuck(why, stuck);
+                                }
+                            }
                             if !healthy_once {
                                 shared.readiness.ready(&unit, Instant::now());
                                 // What it allocated, where its log says: printed as it loaded.
@@ -434,6 +445,49 @@ async fn back_off(
     }
 }
 
+/// How far past its share an engine that sized itself by what was free may be before it starts again:
+/// SGLang's fraction bounds its weights and KV cache, not its activations and graphs.
+const PAST_SHARE_PERCENT: u64 = 10;
+
+/// How many starts in a row may take too much before the engine serves on as it is (the GPU's readings
+/// flag it as over its share): memory coming and going beside it on every start is not Tessera's to end.
+const OVERSIZED_STARTS: u32 = 2;
+
+/// Why an engine that sized itself by what was free on its GPUs as it loaded must start again: it holds
+/// far more than its share on one of them, as the GPUs read now. Memory let go beside it as it loaded
+/// (another program's, an engine outside Tessera's order) became its own, and a neighbour the plan holds
+/// room for would find it taken. `None` where it took its share, cannot be read, or has taken too much
+/// [`OVERSIZED_STARTS`] times in a row already.
+async fn took_too_much(
+    shared: &Shared,
+    spec: &EngineSpec,
+    pid: Option<u32>,
+    oversized: &mut u32,
+) -> Option<String> {
+    let share = spec.share?;
+    let held = super::sleep::held(&shared.settings, spec, pid).await?;
+    let (gpu, most) = spec.gpus.iter().zip(held).max_by_key(|(_, b)| *b)?;
+    let bound = share.get() + share.get() / 100 * PAST_SHARE_PERCENT;
+    if most.get() <= bound {
+        *oversized = 0;
+        return None;
+    }
+    *oversized += 1;
+    let took = format!(
+        "it took {} on GPU {gpu} of its {} share, sizing itself by what was free as memory was let go beside it",
+        most.size_text(),
+        share.size_text()
+    );
+    if *oversized > OVERSIZED_STARTS {
+        tracing::warn!(
+            "{}: {took}, on {OVERSIZED_STARTS} starts in a row: it serves on as it is",
+            spec.unit
+        );
+        return None;
+    }
+    Some(format!("{took}, so it starts again to take its share"))
+}
+
 /// Stopping `spec`'s engine frees its memory: its turn to, once no SGLang engine beside it loads by what
 /// is free (`free_readers`); none where the server is shutting down, which waits on no load.
 async fn freeing(shared: &Arc<Shared>, spec: &EngineSpec) -> Option<Turn> {
@@ -503,10 +557,13 @@ async fn start(
         }
         false => None,
     };
-    let free = match measured_free(&shared.settings, spec).await {
-        Some(free) => free,
-        None => shared.free_at_start(spec),
-    };
+    // What the ledger leaves free, or more where the GPU reads more (a neighbour holds less than its
+    // share); never less: memory held outside the plan (another program, maybe for a moment) is not
+    // counted against the fraction, which once it is let go would take more than the share.
+    let ledger = shared.free_at_start(spec);
+    let free = measured_free(&shared.settings, spec)
+        .await
+        .map_or(ledger, |measured| measured.max(ledger));
     shared.readiness.starting(&spec.unit, Instant::now());
     let mut launch = spec
         .launch(

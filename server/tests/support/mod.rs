@@ -545,11 +545,42 @@ pub fn parent_of(pid: u32) -> Option<u32> {
     stat[stat.rfind(')')? + 2..].split(' ').nth(1)?.parse().ok()
 }
 
+/// The engine the process `pid` says it is (`TESSERA_ENGINE`): an engine's helpers inherit it.
+pub fn engine_of(pid: u32) -> Option<String> {
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    environ
+        .split(|&b| b == 0)
+        .find_map(|v| v.strip_prefix(b"TESSERA_ENGINE="))
+        .map(|v| String::from_utf8_lossy(v).into_owned())
+}
+
+/// The process `pid` in words, for a failure: the engine it says it is, its parent and its command.
+pub fn describe(pid: u32) -> String {
+    let engine = engine_of(pid).unwrap_or_default();
+    let command = std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_default()
+        .split(|&b| b == 0)
+        .map(String::from_utf8_lossy)
+        .collect::<Vec<_>>()
+        .join(" ");
+    format!(
+        "PID {pid} of engine {engine:?}, parent {:?}: {command}",
+        parent_of(pid)
+    )
+}
+
 /// Whether the process `pid` runs (a zombie is gone in all but name).
 pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
         .unwrap_or(false)
+}
+
+/// Now, in RFC 3339 as the server's log and events write it: a test's own record lines up with theirs.
+pub fn now() -> String {
+    time::OffsetDateTime::now_utc()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
 }
 
 /// An RFC 3339 time, comparable.
