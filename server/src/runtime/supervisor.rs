@@ -446,8 +446,11 @@ async fn back_off(
 }
 
 /// How far past its share an engine that sized itself by what was free may be before it starts again:
-/// SGLang's fraction bounds its weights and KV cache, not its activations and graphs.
+/// a tenth of it, and no less than 2 GB. SGLang's fraction bounds its weights and KV cache, not its
+/// activations and CUDA graphs (a GB or two on top); what memory let go beside it hands it is a
+/// neighbour's share or another program's, far more.
 const PAST_SHARE_PERCENT: u64 = 10;
+const PAST_SHARE_AT_LEAST: Bytes = Bytes(2 * placement::units::GB);
 
 /// How many starts in a row may take too much before the engine serves on as it is (the GPU's readings
 /// flag it as over its share): memory coming and going beside it on every start is not Tessera's to end.
@@ -467,8 +470,8 @@ async fn took_too_much(
     let share = spec.share?;
     let held = super::sleep::held(&shared.settings, spec, pid).await?;
     let (gpu, most) = spec.gpus.iter().zip(held).max_by_key(|(_, b)| *b)?;
-    let bound = share.get() + share.get() / 100 * PAST_SHARE_PERCENT;
-    if most.get() <= bound {
+    let past = Bytes(share.get() / 100 * PAST_SHARE_PERCENT).max(PAST_SHARE_AT_LEAST);
+    if most.get() <= share.get() + past.get() {
         *oversized = 0;
         return None;
     }
