@@ -856,9 +856,26 @@ async fn an_sglang_engine_started_while_another_program_holds_memory_on_its_gpu_
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_sglang_engine_that_took_more_than_its_share_as_another_program_let_go_of_memory_while_it_loaded_starts_again_and_takes_its_share(
+async fn an_sglang_engine_that_took_more_than_its_share_as_another_program_let_go_of_memory_while_it_loaded_starts_again_and_takes_its_share_even_where_no_failed_engine_is_restarted(
 ) {
-    let (_dir, server, sim) = simulated().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
+    std::fs::create_dir_all(&data).unwrap();
+    // `--max-restarts 0`: a start that took too much is no failure of the engine's.
+    let mut launch = launch(
+        Path::new(env!("CARGO_BIN_EXE_tessera")),
+        &data,
+        &sim_dir,
+        20.0,
+    );
+    let at = launch
+        .args
+        .iter()
+        .position(|a| a == "--max-restarts")
+        .unwrap();
+    launch.args[at + 1] = "0".to_owned();
+    let server = Server::start_as(launch).await;
+    let sim = SimulatedGpus::open(&sim_dir);
     let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
     // Another program holds a third of the GPU as vision reads what is free (1.5 s into a load of 5 s),
     // and lets go before vision allocates its KV cache (4.5 s in): what it let go becomes vision's.

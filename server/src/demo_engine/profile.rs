@@ -223,7 +223,7 @@ pub enum KvSizing {
     Utilization(f64),
     /// SGLang's `--mem-fraction-static F`: F of the memory free at its start holds its weights and its KV
     /// cache, whatever its neighbours do meanwhile (its pool is what is free after the weights, less the
-    /// rest of what was free at its start).
+    /// rest of what was free at its start), the least free of its GPUs counting for each of them.
     FreeFraction(f64),
     /// Anything else: the rest of its share.
     Share,
@@ -342,14 +342,22 @@ pub async fn load(
     };
     let ours: Vec<u32> = std::iter::once(std::process::id()).chain(helper).collect();
     let now = memory.free()?;
+    // SGLang sizes one pool for all its GPUs (its tensor-parallel ranks), by the least free on any of
+    // them at each reading.
+    let least = |readings: &[(Bytes, Bytes)]| readings.iter().map(|(_, free)| *free).min();
+    let (least_at_start, least_now) = (least(&at_start), least(&now));
     let mut kv_cache = Bytes(0);
-    for ((gpu, (total, free_at_start)), (_, free)) in memory.gpus.iter().zip(at_start).zip(now) {
+    for (gpu, (total, _)) in memory.gpus.iter().zip(at_start) {
         let bytes = match sizing {
             KvSizing::Share => memory.part(profile.holds - profile.weights),
             KvSizing::Utilization(u) => {
                 Bytes((total.get() as f64 * u) as u64).saturating_sub(memory.held_by(gpu, &ours))
             }
             KvSizing::FreeFraction(f) => {
+                let (free_at_start, free) = (
+                    least_at_start.unwrap_or_default(),
+                    least_now.unwrap_or_default(),
+                );
                 let rest = Bytes((free_at_start.get() as f64 * (1.0 - f)) as u64);
                 if free <= rest {
                     return Err("RuntimeError: Not enough memory. Please try to increase --mem-fraction-static.".to_owned());

@@ -114,6 +114,8 @@ pub(super) async fn supervise(
                 Err(why) => broken = Some(why),
             }
         }
+        // It loaded and answers, but took too much: no failure of its own, it starts again at once.
+        let mut again = false;
         let why = loop {
             if let Some(why) = broken.take() {
                 let stuck = running.stop().await;
@@ -209,6 +211,8 @@ pub(super) async fn supervise(
                             if reading.is_some() {
                                 if let Some(why) = took_too_much(&shared, &spec, running.pid(), &mut oversized).await {
                                     // Its stop frees what it took: not while another beside it sizes itself.
+                                    failures = 0;
+                                    again = true;
                                     reading = None;
                                     let _freeing = freeing(&shared, &spec).await;
                                     let stuck = running.stop().await;
@@ -258,6 +262,12 @@ pub(super) async fn supervise(
         };
         running.forget().await;
         drop(reading);
+        if again {
+            // OVERSIZED_STARTS bounds these.
+            shared.count_restart(&unit);
+            shared.set(&unit, EngineState::Restarting, None, None, Some(why));
+            continue;
+        }
         match back_off(&shared, &spec, &mut failures, why, &mut control).await {
             Next::Retry => {}
             Next::End => return,
@@ -482,6 +492,8 @@ async fn took_too_much(
         share.size_text()
     );
     if *oversized > OVERSIZED_STARTS {
+        // Its next start (after a crash, say) may try again.
+        *oversized = 0;
         tracing::warn!(
             "{}: {took}, on {OVERSIZED_STARTS} starts in a row: it serves on as it is",
             spec.unit
