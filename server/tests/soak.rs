@@ -813,25 +813,26 @@ async fn an_sglang_engine_loading_while_its_neighbour_is_removed_takes_its_share
     server.stop().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_sglang_engine_started_while_another_program_holds_memory_on_its_gpu_takes_its_share_and_no_more_once_that_program_lets_go(
-) {
-    let (_dir, server, sim) = simulated().await;
-    let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
-    // Another program holds a third of the GPU as vision starts, and lets go once vision is launched,
-    // before vision's imports are done and it reads what is free (a load of 3 s: 0.9 s of imports).
-    let mut outside = tokio::process::Command::new("sleep")
+/// Another program holds a third of `gpu`, and vision (SGLang, 40 %) is deployed there, loading for
+/// `load_s` profile seconds (a twentieth of that in time): once vision's engine is launched, that program.
+async fn vision_launched_beside_another_program(
+    server: &Server,
+    sim: &SimulatedGpus,
+    gpu: &placement::GpuRef,
+    load_s: u32,
+) -> tokio::process::Child {
+    let outside = tokio::process::Command::new("sleep")
         .arg("600")
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let third = placement::Bytes(sim.read(&gpu).unwrap().total.get() / 3);
-    sim.allocate(&gpu, outside.id().unwrap(), third, true)
+    let third = placement::Bytes(sim.read(gpu).unwrap().total.get() / 3);
+    sim.allocate(gpu, outside.id().unwrap(), third, true)
         .unwrap();
-    let slow = json!({"speed": 20, "load_s": [60, 60]});
+    let slow = json!({"speed": 20, "load_s": [load_s, load_s]});
     deploy(
-        &server,
-        json!({"model": "vision", "gpus": ["atlas:1"], "share": 40,
+        server,
+        json!({"model": "vision", "gpus": [format!("{}:{}", gpu.machine, gpu.index)], "share": 40,
                "env": {"TESSERA_DEMO_PROFILE": slow.to_string()}}),
     )
     .await;
@@ -842,16 +843,30 @@ async fn an_sglang_engine_started_while_another_program_holds_memory_on_its_gpu_
             .is_some_and(|e| e["pid"].is_u64())
     })
     .await;
-    outside.kill().await.unwrap();
-    server.wait_healthy(1).await;
-    let now = sim.read(&gpu).unwrap();
-    let vision = server.engine("vision").await;
-    let (held, share) = held_and_share(&now, &vision);
-    // Within a megabyte: SGLang's arithmetic on its fraction rounds a byte or so either way.
+    outside
+}
+
+/// `engine` holds its share on `gpu`, and no more: within a megabyte, as SGLang's arithmetic on its
+/// fraction rounds a byte or so either way.
+fn takes_its_share(sim: &SimulatedGpus, gpu: &placement::GpuRef, engine: &Value) {
+    let (held, share) = held_and_share(&sim.read(gpu).unwrap(), engine);
     assert!(
         held <= share + 1_000_000 && held * 100 >= share * 99,
-        "vision holds {held} of its {share}: {vision}"
+        "it holds {held} of its {share}: {engine}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_sglang_engine_started_while_another_program_holds_memory_on_its_gpu_takes_its_share_and_no_more_once_that_program_lets_go(
+) {
+    let (_dir, server, sim) = simulated().await;
+    let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
+    // Another program holds a third of the GPU as vision starts, and lets go once vision is launched,
+    // before vision's imports are done and it reads what is free (a load of 3 s: 0.9 s of imports).
+    let mut outside = vision_launched_beside_another_program(&server, &sim, &gpu, 60).await;
+    outside.kill().await.unwrap();
+    server.wait_healthy(1).await;
+    takes_its_share(&sim, &gpu, &server.engine("vision").await);
     server.stop().await;
 }
 
@@ -879,39 +894,14 @@ async fn an_sglang_engine_that_took_more_than_its_share_as_another_program_let_g
     let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
     // Another program holds a third of the GPU as vision reads what is free (1.5 s into a load of 5 s),
     // and lets go before vision allocates its KV cache (4.5 s in): what it let go becomes vision's.
-    let mut outside = tokio::process::Command::new("sleep")
-        .arg("600")
-        .kill_on_drop(true)
-        .spawn()
-        .unwrap();
-    let third = placement::Bytes(sim.read(&gpu).unwrap().total.get() / 3);
-    sim.allocate(&gpu, outside.id().unwrap(), third, true)
-        .unwrap();
-    let slow = json!({"speed": 20, "load_s": [100, 100]});
     let events = server.follow_events().await;
-    deploy(
-        &server,
-        json!({"model": "vision", "gpus": ["atlas:1"], "share": 40,
-               "env": {"TESSERA_DEMO_PROFILE": slow.to_string()}}),
-    )
-    .await;
-    support::wait_until("vision's engine is launched", || async {
-        server
-            .engine_if_any("vision")
-            .await
-            .is_some_and(|e| e["pid"].is_u64())
-    })
-    .await;
+    let mut outside = vision_launched_beside_another_program(&server, &sim, &gpu, 100).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     outside.kill().await.unwrap();
     server.wait_healthy(1).await;
     let vision = server.engine("vision").await;
     assert_eq!(vision["restarts"], 1, "it started again once: {vision}");
-    let (held, share) = held_and_share(&sim.read(&gpu).unwrap(), &vision);
-    assert!(
-        held <= share + 1_000_000 && held * 100 >= share * 99,
-        "vision holds {held} of its {share}: {vision}"
-    );
+    takes_its_share(&sim, &gpu, &vision);
     let said = Value::from(events.all()).to_string();
     assert!(
         said.contains("so it starts again to take its share"),
@@ -940,13 +930,8 @@ async fn an_sglang_engine_beside_a_neighbour_that_holds_less_than_its_share_take
     )
     .await;
     server.wait_healthy(2).await;
-    let now = sim.read(&"atlas:1".parse().unwrap()).unwrap();
-    let vision = server.engine("vision").await;
-    let (held, share) = held_and_share(&now, &vision);
     // SGLang's fraction is of the memory free at its start as the GPU reads, not as the ledger reckons.
-    assert!(
-        held <= share && held * 100 >= share * 99,
-        "vision holds {held} of its {share}: {vision}"
-    );
+    let vision = server.engine("vision").await;
+    takes_its_share(&sim, &"atlas:1".parse().unwrap(), &vision);
     server.stop().await;
 }
