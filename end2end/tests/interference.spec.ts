@@ -24,9 +24,10 @@ test("a model slowed by a busy neighbour is flagged on the Models tab and its ma
   const engines = await (await request.get("/api/engines")).json();
   const port = engines.find((e: any) => e.model === "glm-5.3").port;
   const engine = await playwright.request.newContext({ baseURL: `http://127.0.0.1:${port}` });
-  // Slow enough to stand out of a baseline that a loaded machine makes noisy (60 ms did not, beside the Ray
-  // suite, once in six CI runs).
-  expect((await engine.post("/slow", { data: { ms: 200 } })).status()).toBe(204);
+  // Slow enough to stand out of a baseline that a loaded machine makes noisy: the judge flags a p99 1.5×
+  // the p99 alone, and beside the Ray suite one request in a hundred alone may take a few hundred ms (60 ms
+  // did not stand out once in six CI runs, 200 ms once in four).
+  expect((await engine.post("/slow", { data: { ms: 600 } })).status()).toBe(204);
   for (let i = 0; i < 30; i++) expect((await chat("glm-5.3")).status()).toBe(200);
   busy = false;
   await Promise.all(load);
