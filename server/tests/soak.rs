@@ -104,11 +104,6 @@ fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
         .unwrap_or(default)
 }
 
-async fn start(data: &Path, sim: &Path, speed: f64) -> Server {
-    let program = Path::new(env!("CARGO_BIN_EXE_tessera"));
-    Server::start_as(launch(program, data, sim, speed)).await
-}
-
 /// How the soak starts `program` on `data`.
 fn launch(program: &Path, data: &Path, sim: &Path, speed: f64) -> support::Launch {
     // At speed 20: loads of 1 to 3 s, 50 ms to the first token, 0.5 s holding memory after SIGTERM, and a
@@ -579,10 +574,20 @@ fn assert_held(report: &Report) {
 /// The demo fleet on simulated GPUs of a folder of its own (gone with the `TempDir`), its engines loading
 /// in 1 to 3 s: the server and the GPUs.
 async fn simulated() -> (tempfile::TempDir, Server, SimulatedGpus) {
+    simulated_with(|_| {}).await
+}
+
+/// [`simulated`], its launch changed by `change` first.
+async fn simulated_with(
+    change: impl FnOnce(&mut support::Launch),
+) -> (tempfile::TempDir, Server, SimulatedGpus) {
     let dir = tempfile::tempdir().unwrap();
     let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
     std::fs::create_dir_all(&data).unwrap();
-    let server = start(&data, &sim_dir, 20.0).await;
+    let program = Path::new(env!("CARGO_BIN_EXE_tessera"));
+    let mut launch = launch(program, &data, &sim_dir, 20.0);
+    change(&mut launch);
+    let server = Server::start_as(launch).await;
     (dir, server, SimulatedGpus::open(&sim_dir))
 }
 
@@ -873,24 +878,16 @@ async fn an_sglang_engine_started_while_another_program_holds_memory_on_its_gpu_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_sglang_engine_that_took_more_than_its_share_as_another_program_let_go_of_memory_while_it_loaded_starts_again_and_takes_its_share_even_where_no_failed_engine_is_restarted(
 ) {
-    let dir = tempfile::tempdir().unwrap();
-    let (data, sim_dir) = (dir.path().join("data"), dir.path().join("sim"));
-    std::fs::create_dir_all(&data).unwrap();
     // `--max-restarts 0`: a start that took too much is no failure of the engine's.
-    let mut launch = launch(
-        Path::new(env!("CARGO_BIN_EXE_tessera")),
-        &data,
-        &sim_dir,
-        20.0,
-    );
-    let at = launch
-        .args
-        .iter()
-        .position(|a| a == "--max-restarts")
-        .unwrap();
-    launch.args[at + 1] = "0".to_owned();
-    let server = Server::start_as(launch).await;
-    let sim = SimulatedGpus::open(&sim_dir);
+    let (_dir, server, sim) = simulated_with(|launch| {
+        let at = launch
+            .args
+            .iter()
+            .position(|a| a == "--max-restarts")
+            .unwrap();
+        launch.args[at + 1] = "0".to_owned();
+    })
+    .await;
     let gpu: placement::GpuRef = "atlas:1".parse().unwrap();
     // Another program holds a third of the GPU as vision reads what is free (1.5 s into a load of 5 s),
     // and lets go before vision allocates its KV cache (4.5 s in): what it let go becomes vision's.
